@@ -1,0 +1,96 @@
+//! Owns the one access-log line per request (written in Pingora's `logging` phase) and the
+//! per-request metrics recorded with it. Fields, in a fixed order:
+//! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
+//! ttft_ms duration_ms bytes_out input_tokens output_tokens`. Bodies and keys are never
+//! logged (the key appears only as its `key_id`).
+
+use pingora::proxy::Session;
+
+use crate::metrics::metrics;
+use crate::proxy::ctx::RequestCtx;
+
+/// Log target of access lines (`RUST_LOG=sluice::access=info`).
+pub const TARGET: &str = "sluice::access";
+
+/// Writes the access line and records request metrics.
+pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCtx) {
+    let o = &ctx.outcome;
+    let status = if o.status != 0 {
+        o.status
+    } else {
+        session.response_written().map_or(0, |h| h.status.as_u16())
+    };
+    let duration = ctx.received.elapsed();
+    // Label only configured model ids (bounded cardinality).
+    let model = ctx
+        .standard_model
+        .as_deref()
+        .filter(|m| ctx.config.models.contains_key(*m))
+        .unwrap_or("none");
+    let provider = o.provider.as_deref().unwrap_or("none");
+    let outcome = if o.label.is_empty() {
+        if error.is_some() { "error" } else { "ok" }
+    } else {
+        o.label
+    };
+    let m = metrics();
+    m.requests_total
+        .with_label_values(&[model, &status.to_string()])
+        .inc();
+    if o.provider.is_some() {
+        m.request_duration_seconds
+            .with_label_values(&[model, provider, if ctx.stream { "true" } else { "false" }])
+            .observe(duration.as_secs_f64());
+        if let Some(t) = o.ttft {
+            m.ttft_seconds
+                .with_label_values(&[model, provider])
+                .observe(t.as_secs_f64());
+        }
+        m.tokens_total
+            .with_label_values(&[model, "input"])
+            .inc_by(o.input_tokens);
+        m.tokens_total
+            .with_label_values(&[model, "output"])
+            .inc_by(o.output_tokens);
+    }
+    let caller = ctx.caller.as_ref();
+    let fields: [(&str, String); 14] = [
+        ("request_id", ctx.request_id.clone()),
+        ("tenant", caller.map_or("-".into(), |c| c.tenant.clone())),
+        ("key_id", caller.map_or("-".into(), |c| c.key_id.clone())),
+        ("standard_model", ctx.standard_model.clone().unwrap_or_else(|| "-".into())),
+        ("upstream_model", o.upstream_model.clone().unwrap_or_else(|| "-".into())),
+        ("provider", provider.to_string()),
+        ("attempts", ctx.attempt_count.to_string()),
+        ("status", status.to_string()),
+        ("outcome", outcome.to_string()),
+        ("ttft_ms", o.ttft.map_or("-".into(), |t| t.as_millis().to_string())),
+        ("duration_ms", duration.as_millis().to_string()),
+        ("bytes_out", o.bytes_out.to_string()),
+        ("input_tokens", o.input_tokens.to_string()),
+        ("output_tokens", o.output_tokens.to_string()),
+    ];
+    let line = if ctx.config.server.log_format == crate::config::LogFormat::Json {
+        let mut obj = serde_json::Map::new();
+        for (k, v) in &fields {
+            obj.insert((*k).to_string(), serde_json::Value::String(v.clone()));
+        }
+        serde_json::Value::Object(obj).to_string()
+    } else {
+        let mut s = String::with_capacity(256);
+        for (i, (k, v)) in fields.iter().enumerate() {
+            if i > 0 {
+                s.push(' ');
+            }
+            s.push_str(k);
+            s.push('=');
+            if v.is_empty() || v.contains(' ') {
+                s.push_str(&format!("{v:?}"));
+            } else {
+                s.push_str(v);
+            }
+        }
+        s
+    };
+    log::info!(target: TARGET, "{line}");
+}

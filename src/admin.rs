@@ -1,0 +1,57 @@
+//! Owns the admin listener: `/healthz` (the process is up), `/readyz` (config loaded and the
+//! proxy listener bound) and `/metrics` (Prometheus text exposition, see [`crate::metrics`]).
+//! It never shares a port with client traffic.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+
+use crate::config::ConfigHandle;
+
+/// The admin HTTP app.
+#[derive(Debug)]
+pub struct AdminApp {
+    config: Arc<ConfigHandle>,
+}
+
+impl AdminApp {
+    /// An admin app reporting on `config`.
+    pub fn new(config: Arc<ConfigHandle>) -> Self {
+        Self { config }
+    }
+}
+
+fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("content-length", body.len())
+        .header("cache-control", "no-store")
+        .body(body.clone())
+        .unwrap_or_else(|_| Response::new(body))
+}
+
+#[async_trait]
+impl ServeHttp for AdminApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path().to_string();
+        match path.as_str() {
+            "/healthz" => respond(200, "text/plain", b"ok\n".to_vec()),
+            "/readyz" => {
+                let cfg = self.config.snapshot();
+                let body = format!(
+                    "ready: {} models, {} providers, config {}\n",
+                    cfg.models.len(),
+                    cfg.providers.len(),
+                    cfg.source_path.display()
+                );
+                respond(200, "text/plain", body.into_bytes())
+            }
+            "/metrics" => respond(200, "text/plain; version=0.0.4", crate::metrics::render()),
+            _ => respond(404, "text/plain", b"not found\n".to_vec()),
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Owns the configuration: loading YAML (with `include:`), validating it into the immutable
+//! [`Config`] snapshot every request pins, and the process-wide [`ConfigHandle`] that hot
+//! reload swaps.
+//!
+//! Errors come back as [`ConfigError`] naming file, line, column and key path.
+
+pub mod error;
+pub mod reload;
+pub mod schema;
+mod validate;
+
+use arc_swap::ArcSwap;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::ConfigError;
+pub use schema::{Capability, LogFormat, ProviderKind, Strategy};
+
+use crate::auth::KeyTable;
+use crate::secret::Secret;
+use crate::sse::ModelRewriter;
+
+/// A validated, immutable configuration snapshot. One is pinned per request.
+#[derive(Debug)]
+pub struct Config {
+    /// The file this snapshot was loaded from.
+    pub source_path: PathBuf,
+    /// Listener, timeout and admission settings.
+    pub server: ServerSettings,
+    /// Tenants by id.
+    pub tenants: BTreeMap<String, Arc<Tenant>>,
+    /// Virtual key lookup table (hashed keys).
+    pub keys: KeyTable,
+    /// Providers by id.
+    pub providers: BTreeMap<String, Arc<Provider>>,
+    /// Standard models by public id.
+    pub models: BTreeMap<String, Arc<Model>>,
+    /// Distributed limit settings, if any.
+    pub redis: Option<schema::RedisSection>,
+}
+
+/// `server:` after validation: durations converted once.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// Downstream listener address (`host:port`).
+    pub listen: String,
+    /// Admin listener address (`host:port`).
+    pub admin_listen: String,
+    /// Pingora worker threads.
+    pub threads: usize,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Request body limit, bytes.
+    pub max_request_body_bytes: usize,
+    /// Non-streaming upstream body limit, bytes.
+    pub max_response_body_bytes: usize,
+    /// Defaults for per-provider hop timeouts.
+    pub default_timeouts: HopTimeouts,
+    /// Downstream write timeout.
+    pub downstream_write_timeout: Duration,
+    /// Per-stream buffer bound, bytes.
+    pub max_buffered_bytes_per_stream: usize,
+    /// Shutdown grace period.
+    pub shutdown_grace: Duration,
+    /// Optional cap on one stream's total duration.
+    pub max_stream_duration: Option<Duration>,
+    /// Global concurrent upstream request cap.
+    pub max_concurrent_upstream_requests: usize,
+    /// Admission queue bound (requests).
+    pub queue_size: usize,
+    /// Admission queue wait limit.
+    pub queue_timeout: Duration,
+    /// Whether to add `x-sluice-provider` / `x-sluice-fallback-depth`.
+    pub emit_route_headers: bool,
+    /// Pingora pid file.
+    pub pid_file: String,
+    /// Pingora upgrade socket.
+    pub upgrade_sock: String,
+    /// Daemon log file.
+    pub error_log: Option<String>,
+}
+
+/// Per-hop timeouts of one provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HopTimeouts {
+    /// TCP + TLS connect.
+    pub connect: Duration,
+    /// Request sent → upstream response head.
+    pub first_byte: Duration,
+    /// Upstream response head → first SSE data event (TTFT budget).
+    pub first_event: Duration,
+    /// Longest silence of a flowing stream.
+    pub idle: Duration,
+    /// Heartbeat interval while a committed stream is silent.
+    pub heartbeat: Duration,
+}
+
+/// A tenant: who owns limits and the bill.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Tenant id.
+    pub id: String,
+    /// Limits and policy as written.
+    pub limits: schema::TenantSection,
+}
+
+/// Where a provider lives on the network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `https` (true) or `http`.
+    pub tls: bool,
+    /// Host name or IP literal (also the TLS SNI and `Host` header).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Path prefix from `base_url` without a trailing slash, e.g. `/v1`.
+    pub base_path: String,
+    /// The host as an IP literal, when it is one (no DNS needed).
+    pub ip: Option<IpAddr>,
+}
+
+impl Endpoint {
+    /// The `Host` header value (`host` or `host:port` for non-default ports).
+    pub fn host_header(&self) -> String {
+        let default_port = if self.tls { 443 } else { 80 };
+        if self.port == default_port {
+            self.host.clone()
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Passive health thresholds.
+#[derive(Debug, Clone, Copy)]
+pub struct PassiveHealth {
+    /// Consecutive failures → degraded.
+    pub degraded_after_failures: u32,
+    /// Consecutive failures → unhealthy.
+    pub unhealthy_after_failures: u32,
+    /// Rest before a half-open trial.
+    pub cooldown: Duration,
+}
+
+/// Active probe settings.
+#[derive(Debug, Clone)]
+pub struct ActiveHealthCheck {
+    /// Path appended to the base path.
+    pub path: String,
+    /// Probe interval.
+    pub interval: Duration,
+    /// Probe timeout.
+    pub timeout: Duration,
+}
+
+/// A configured provider.
+#[derive(Debug)]
+pub struct Provider {
+    /// Provider id (the key under `providers:`).
+    pub id: String,
+    /// Wire format.
+    pub kind: ProviderKind,
+    /// Network location; `None` for the built-in demo provider, which is found at run time.
+    pub endpoint: Option<Endpoint>,
+    /// The provider key, if any.
+    pub api_key: Option<Secret>,
+    /// Hop timeouts.
+    pub timeouts: HopTimeouts,
+    /// Active probe, if enabled.
+    pub health_check: Option<ActiveHealthCheck>,
+    /// Passive thresholds.
+    pub passive_health: PassiveHealth,
+}
+
+/// A standard model: what clients ask for and see.
+#[derive(Debug)]
+pub struct Model {
+    /// The public id.
+    pub id: String,
+    /// Routing strategy.
+    pub strategy: Strategy,
+    /// TTFT budget override.
+    pub first_event_timeout: Option<Duration>,
+    /// Early-commit opt-in.
+    pub early_commit_after: Option<Duration>,
+    /// Sell price, USD per million input tokens.
+    pub input_usd_per_mtok: Option<f64>,
+    /// Sell price, USD per million output tokens.
+    pub output_usd_per_mtok: Option<f64>,
+    /// Routes in file order.
+    pub routes: Vec<Route>,
+}
+
+/// One upstream target of a standard model.
+#[derive(Debug)]
+pub struct Route {
+    /// The provider.
+    pub provider: Arc<Provider>,
+    /// The provider's model name.
+    pub upstream_model: String,
+    /// Lower first.
+    pub priority: i32,
+    /// Share among equal priorities.
+    pub weight: u32,
+    /// Cost, USD per million input tokens.
+    pub input_usd_per_mtok: f64,
+    /// Cost, USD per million output tokens.
+    pub output_usd_per_mtok: f64,
+    /// Capabilities; `None` means all.
+    pub capabilities: Option<Vec<Capability>>,
+    /// Rewrites `upstream_model` back to the standard id in responses.
+    pub rewriter: ModelRewriter,
+    /// Stable health key, `provider/upstream_model`.
+    pub health_key: String,
+}
+
+impl Route {
+    /// Whether the route supports `cap`.
+    pub fn supports(&self, cap: Capability) -> bool {
+        self.capabilities.as_ref().is_none_or(|c| c.contains(&cap))
+    }
+}
+
+impl Config {
+    /// Loads and validates `path` (and its `include:`s).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming file, line, column and key path of the first problem.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        validate::load(path)
+    }
+
+    /// Timeouts for `provider` when serving `model` (the model may override the TTFT budget).
+    pub fn timeouts_for(&self, provider: &Provider, model: &Model) -> HopTimeouts {
+        let mut t = provider.timeouts;
+        if let Some(fe) = model.first_event_timeout {
+            t.first_event = fe;
+        }
+        t
+    }
+}
+
+/// The live configuration, swapped atomically by hot reload.
+#[derive(Debug)]
+pub struct ConfigHandle {
+    current: ArcSwap<Config>,
+}
+
+impl ConfigHandle {
+    /// Wraps an initial snapshot.
+    pub fn new(cfg: Config) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(cfg),
+        }
+    }
+
+    /// The current snapshot (pin it for a whole request).
+    pub fn snapshot(&self) -> Arc<Config> {
+        self.current.load_full()
+    }
+
+    /// Replaces the snapshot.
+    pub fn store(&self, cfg: Config) {
+        self.current.store(Arc::new(cfg));
+    }
+}

@@ -1,0 +1,481 @@
+//! The YAML file format, 1:1: serde structs with `deny_unknown_fields`, unit-suffixed fields
+//! (`_ms`, `_bytes`, `_usd_per_mtok`) and named default functions.
+//!
+//! These structs are what `serde_yaml` fills; [`super::validate`] turns them into the
+//! immutable [`super::Config`] snapshot the gateway serves from. The key names here are a
+//! contract with tooling outside the repository: extend, never rename.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// The whole file (`sluice.yaml`), after `include:` files are merged in.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Further files (paths or glob patterns, relative to this file's folder) whose
+    /// `providers`, `models`, `tenants` and `virtual_keys` are merged into this one.
+    /// A folder path includes every `*.yaml`/`*.yml` in it.
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Listener, thread and per-hop timeout settings.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// Tenants by id: who owns limits and the bill.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantSection>,
+    /// Gateway-issued client credentials.
+    #[serde(default)]
+    pub virtual_keys: Vec<VirtualKeySection>,
+    /// Providers by id.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderSection>,
+    /// Standard models by public id (e.g. `openai/gpt-4o-mini`).
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSection>,
+    /// Optional distributed rate limiting through Redis; absent means local limits only.
+    #[serde(default)]
+    pub redis: Option<RedisSection>,
+}
+
+/// A file named by `include:`: the same sections minus `server`, `include` and `redis`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct IncludedFile {
+    /// Tenants by id.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantSection>,
+    /// Virtual keys.
+    #[serde(default)]
+    pub virtual_keys: Vec<VirtualKeySection>,
+    /// Providers by id.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderSection>,
+    /// Standard models by id (their routes are appended to any routes the model already has).
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSection>,
+}
+
+/// Log line format.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// `timestamp level target key=value ...`
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `server:`: listeners, threads, body limits, per-hop timeouts and admission settings.
+/// Listener, thread and daemon fields need a restart (or graceful upgrade) to change;
+/// everything else reloads in place.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Downstream HTTP listener, `host:port` (default `127.0.0.1:8080`).
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Admin listener serving `/metrics`, `/healthz`, `/readyz` (default `127.0.0.1:9090`).
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: String,
+    /// Pingora worker threads (default: the number of CPUs).
+    #[serde(default)]
+    pub threads: Option<usize>,
+    /// Log line format (`text` or `json`).
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Largest accepted request body in bytes (default 10 MiB); larger gets 413.
+    #[serde(default = "default_max_request_body_bytes")]
+    pub max_request_body_bytes: usize,
+    /// Largest non-streaming upstream response body Sluice buffers to rewrite, in bytes
+    /// (default 32 MiB); a larger one fails with 502.
+    #[serde(default = "default_max_response_body_bytes")]
+    pub max_response_body_bytes: usize,
+    /// Default TCP + TLS connect timeout to a provider, ms (default 10000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Default time from request sent to upstream response head, ms (default 60000).
+    #[serde(default = "default_first_byte_timeout_ms")]
+    pub first_byte_timeout_ms: u64,
+    /// Default time from upstream response head to the first SSE data event, ms (default 60000).
+    #[serde(default = "default_first_event_timeout_ms")]
+    pub first_event_timeout_ms: u64,
+    /// Default stream idle limit: no upstream bytes for this long ends the stream, ms (default 300000).
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Default interval of `: keepalive` comments while a committed stream is silent, ms (default 15000).
+    #[serde(default = "default_heartbeat_interval_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// A client that accepts no bytes for this long is disconnected, ms (default 60000).
+    #[serde(default = "default_downstream_write_timeout_ms")]
+    pub downstream_write_timeout_ms: u64,
+    /// Most bytes Sluice holds for one stream before it stops reading upstream (default 65536).
+    #[serde(default = "default_max_buffered_bytes_per_stream")]
+    pub max_buffered_bytes_per_stream: usize,
+    /// On SIGTERM/SIGQUIT, how long open streams may run before they are cancelled, ms (default 30000).
+    #[serde(default = "default_shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
+    /// Optional cap on one stream's total duration, ms (default: none).
+    #[serde(default)]
+    pub max_stream_duration_ms: Option<u64>,
+    /// Global cap on concurrent upstream requests (default 1024).
+    #[serde(default = "default_max_concurrent_upstream_requests")]
+    pub max_concurrent_upstream_requests: usize,
+    /// Requests that may wait for a slot once the cap is reached (default 256).
+    #[serde(default = "default_queue_size")]
+    pub queue_size: usize,
+    /// Longest wait in the admission queue, ms (default 2000).
+    #[serde(default = "default_queue_timeout_ms")]
+    pub queue_timeout_ms: u64,
+    /// Add `x-sluice-provider` and `x-sluice-fallback-depth` to responses (default true).
+    #[serde(default = "default_true")]
+    pub emit_route_headers: bool,
+    /// Pingora pid file, used with `-d` (default `/tmp/sluice.pid`).
+    #[serde(default = "default_pid_file")]
+    pub pid_file: String,
+    /// Pingora graceful-upgrade socket, used with `-u` (default `/tmp/sluice_upgrade.sock`).
+    #[serde(default = "default_upgrade_sock")]
+    pub upgrade_sock: String,
+    /// Where a daemonized (`-d`) Sluice writes its log (default: stderr).
+    #[serde(default)]
+    pub error_log: Option<String>,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            admin_listen: default_admin_listen(),
+            threads: None,
+            log_format: LogFormat::Text,
+            max_request_body_bytes: default_max_request_body_bytes(),
+            max_response_body_bytes: default_max_response_body_bytes(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            first_byte_timeout_ms: default_first_byte_timeout_ms(),
+            first_event_timeout_ms: default_first_event_timeout_ms(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            heartbeat_interval_ms: default_heartbeat_interval_ms(),
+            downstream_write_timeout_ms: default_downstream_write_timeout_ms(),
+            max_buffered_bytes_per_stream: default_max_buffered_bytes_per_stream(),
+            shutdown_grace_ms: default_shutdown_grace_ms(),
+            max_stream_duration_ms: None,
+            max_concurrent_upstream_requests: default_max_concurrent_upstream_requests(),
+            queue_size: default_queue_size(),
+            queue_timeout_ms: default_queue_timeout_ms(),
+            emit_route_headers: true,
+            pid_file: default_pid_file(),
+            upgrade_sock: default_upgrade_sock(),
+            error_log: None,
+        }
+    }
+}
+
+/// `tenants.<id>`: limits for one tenant (all optional; absent means unlimited).
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSection {
+    /// Concurrent streams (in-flight requests) across the tenant's keys.
+    #[serde(default)]
+    pub max_concurrent_streams: Option<u32>,
+    /// Requests per minute.
+    #[serde(default)]
+    pub requests_per_minute: Option<u32>,
+    /// Tokens (input + output) per minute.
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    /// Standard models the tenant may use (absent: all).
+    #[serde(default)]
+    pub allowed_models: Option<Vec<String>>,
+    /// Providers the tenant's requests may go to (absent: all).
+    #[serde(default)]
+    pub allowed_providers: Option<Vec<String>>,
+}
+
+/// One `virtual_keys[]` entry: what a client presents instead of a provider key.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct VirtualKeySection {
+    /// The key itself (for tests and quick starts); prefer `key_sha256`.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Hex SHA-256 of the key, so the secret need not sit in the file.
+    #[serde(default)]
+    pub key_sha256: Option<String>,
+    /// Tenant id this key belongs to.
+    pub tenant: String,
+    /// A human name for logs (default: a fingerprint of the key hash).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Standard models this key may use (absent: the tenant's set).
+    #[serde(default)]
+    pub allowed_models: Option<Vec<String>>,
+    /// Providers this key's requests may go to (absent: the tenant's set).
+    #[serde(default)]
+    pub allowed_providers: Option<Vec<String>>,
+    /// Routing strategy override for this key.
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+}
+
+/// The wire format a provider speaks.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions (and every OpenAI-compatible API: DeepSeek, vLLM, Ollama...).
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+    /// The built-in demo provider (no key, no network).
+    Demo,
+}
+
+/// `providers.<id>`: one provider endpoint and account.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    /// Wire format.
+    pub kind: ProviderKind,
+    /// Base URL including the API version, SDK style (`https://api.openai.com/v1`);
+    /// not used for `demo`.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Environment variable holding the provider key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// A literal provider key (tests only; prefer `api_key_env`).
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// TCP + TLS connect timeout, ms (default `server.connect_timeout_ms`).
+    #[serde(default)]
+    pub connect_timeout_ms: Option<u64>,
+    /// Upstream response head timeout, ms (default `server.first_byte_timeout_ms`).
+    #[serde(default)]
+    pub first_byte_timeout_ms: Option<u64>,
+    /// First SSE data event timeout, ms (default `server.first_event_timeout_ms`).
+    #[serde(default)]
+    pub first_event_timeout_ms: Option<u64>,
+    /// Stream idle limit, ms (default `server.idle_timeout_ms`).
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Heartbeat interval, ms (default `server.heartbeat_interval_ms`).
+    #[serde(default)]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Active health probe settings (default: probe `GET {base_url}/models`).
+    #[serde(default)]
+    pub health_check: Option<HealthCheckSection>,
+    /// Passive health thresholds.
+    #[serde(default)]
+    pub health: Option<PassiveHealthSection>,
+}
+
+/// `providers.<id>.health_check`: the active probe.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckSection {
+    /// Probe on or off (default on).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Path appended to `base_url` (default `/models`).
+    #[serde(default = "default_health_path")]
+    pub path: String,
+    /// Probe interval, ms (default 10000).
+    #[serde(default = "default_health_interval_ms")]
+    pub interval_ms: u64,
+    /// Probe timeout, ms (default 2000).
+    #[serde(default = "default_health_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+/// `providers.<id>.health`: passive (request-outcome) health thresholds.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct PassiveHealthSection {
+    /// Consecutive failures that make a route degraded (default 1).
+    #[serde(default = "default_degraded_after")]
+    pub degraded_after_failures: u32,
+    /// Consecutive failures that make a route unhealthy (default 3).
+    #[serde(default = "default_unhealthy_after")]
+    pub unhealthy_after_failures: u32,
+    /// How long an unhealthy route rests before one trial request, ms (default 10000).
+    #[serde(default = "default_cooldown_ms")]
+    pub cooldown_ms: u64,
+}
+
+/// Routing strategy for a standard model.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Lower `priority` first; ties spread by `weight`.
+    #[default]
+    Priority,
+    /// Cheapest estimated cost for this request first.
+    LowestCost,
+    /// Lowest recent TTFT first.
+    LowestLatency,
+}
+
+/// A capability a route may lack.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    /// `tools` / `tool_choice`.
+    Tools,
+    /// Image content parts.
+    Vision,
+    /// `response_format: {type: json_schema}`.
+    JsonSchema,
+}
+
+/// `models.<id>`: one standard model.
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Routing strategy (default `priority`).
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+    /// TTFT budget override, ms.
+    #[serde(default)]
+    pub first_event_timeout_ms: Option<u64>,
+    /// Opt in to sending `200` + heartbeats when the first event is slower than this, ms.
+    #[serde(default)]
+    pub early_commit_after_ms: Option<u64>,
+    /// Sell price for input tokens, USD per million tokens.
+    #[serde(default)]
+    pub input_usd_per_mtok: Option<f64>,
+    /// Sell price for output tokens, USD per million tokens.
+    #[serde(default)]
+    pub output_usd_per_mtok: Option<f64>,
+    /// Ordered upstream targets.
+    #[serde(default)]
+    pub routes: Vec<RouteSection>,
+}
+
+/// `models.<id>.routes[]`: one upstream target.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    /// Provider id.
+    pub provider: String,
+    /// The provider's model name.
+    pub upstream_model: String,
+    /// Lower is tried first (default 10).
+    #[serde(default = "default_priority")]
+    pub priority: i32,
+    /// Share among routes of equal priority (default 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Cost of input tokens, USD per million tokens (default 0).
+    #[serde(default)]
+    pub input_usd_per_mtok: f64,
+    /// Cost of output tokens, USD per million tokens (default 0).
+    #[serde(default)]
+    pub output_usd_per_mtok: f64,
+    /// Capabilities; absent means all.
+    #[serde(default)]
+    pub capabilities: Option<Vec<Capability>>,
+}
+
+/// `redis:`: distributed rate limits.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSection {
+    /// `redis://host:port[/db]`.
+    pub url: String,
+    /// A check slower than this fails open, ms (default 50).
+    #[serde(default = "default_redis_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Replica count; the local fail-open share is limit / replicas (default 1).
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
+    /// Rate window, ms (default 60000; tests shorten it).
+    #[serde(default = "default_window_ms")]
+    pub window_ms: u64,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_admin_listen() -> String {
+    "127.0.0.1:9090".into()
+}
+fn default_max_request_body_bytes() -> usize {
+    10 * 1024 * 1024
+}
+fn default_max_response_body_bytes() -> usize {
+    32 * 1024 * 1024
+}
+fn default_connect_timeout_ms() -> u64 {
+    10_000
+}
+fn default_first_byte_timeout_ms() -> u64 {
+    60_000
+}
+fn default_first_event_timeout_ms() -> u64 {
+    60_000
+}
+fn default_idle_timeout_ms() -> u64 {
+    300_000
+}
+fn default_heartbeat_interval_ms() -> u64 {
+    15_000
+}
+fn default_downstream_write_timeout_ms() -> u64 {
+    60_000
+}
+fn default_max_buffered_bytes_per_stream() -> usize {
+    65_536
+}
+fn default_shutdown_grace_ms() -> u64 {
+    30_000
+}
+fn default_max_concurrent_upstream_requests() -> usize {
+    1024
+}
+fn default_queue_size() -> usize {
+    256
+}
+fn default_queue_timeout_ms() -> u64 {
+    2000
+}
+fn default_true() -> bool {
+    true
+}
+fn default_pid_file() -> String {
+    "/tmp/sluice.pid".into()
+}
+fn default_upgrade_sock() -> String {
+    "/tmp/sluice_upgrade.sock".into()
+}
+fn default_health_path() -> String {
+    "/models".into()
+}
+fn default_health_interval_ms() -> u64 {
+    10_000
+}
+fn default_health_timeout_ms() -> u64 {
+    2000
+}
+fn default_degraded_after() -> u32 {
+    1
+}
+fn default_unhealthy_after() -> u32 {
+    3
+}
+fn default_cooldown_ms() -> u64 {
+    10_000
+}
+fn default_priority() -> i32 {
+    10
+}
+fn default_weight() -> u32 {
+    1
+}
+fn default_redis_timeout_ms() -> u64 {
+    50
+}
+fn default_replicas() -> u32 {
+    1
+}
+fn default_window_ms() -> u64 {
+    60_000
+}

@@ -1,0 +1,622 @@
+//! Schema → [`Config`]: reads the files (`include:` folders and globs too), checks
+//! cross-references (route → provider, key → tenant, policy names), ranges and duplicates,
+//! converts `_ms` fields to `Duration`s and reads provider keys from the environment.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::ConfigError;
+use super::schema::{FileConfig, IncludedFile, ProviderKind, ProviderSection};
+use super::{
+    ActiveHealthCheck, Config, Endpoint, HopTimeouts, Model, PassiveHealth, Provider, Route,
+    ServerSettings, Tenant,
+};
+use crate::auth::{hash_key, Caller, KeyTable};
+use crate::secret::Secret;
+use crate::sse::ModelRewriter;
+
+/// Where each section came from, for error locations.
+struct Sources {
+    /// (file, text) of every file read, main file first.
+    files: Vec<(PathBuf, String)>,
+    /// Provider id → index into `files`.
+    provider_file: BTreeMap<String, usize>,
+    /// Model id → index into `files` of the file that defined each route, in order.
+    route_files: BTreeMap<String, Vec<(usize, usize)>>,
+    /// Index into `files` of each virtual key.
+    key_files: Vec<(usize, usize)>,
+}
+
+impl Sources {
+    fn err(&self, file_idx: usize, key: &str, msg: impl Into<String>) -> ConfigError {
+        let (f, s) = &self.files[file_idx];
+        ConfigError::at(f, Some(s), key, msg)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let key = if key == "." { String::new() } else { key };
+        let inner = e.into_inner();
+        let (line, column) = inner
+            .location()
+            .map_or((None, None), |l| (Some(l.line()), Some(l.column())));
+        // serde_yaml's message repeats the location; strip it so it is printed once.
+        let mut message = inner.to_string();
+        if let Some(i) = message.find(" at line ") {
+            message.truncate(i);
+        }
+        ConfigError {
+            file: path.to_path_buf(),
+            line,
+            column,
+            key_path: key,
+            message,
+        }
+    })
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError::io(path, &e))
+}
+
+/// Expands one `include:` entry relative to `base`.
+fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
+    let full = if Path::new(pattern).is_absolute() {
+        PathBuf::from(pattern)
+    } else {
+        base.join(pattern)
+    };
+    if full.is_dir() {
+        let mut out: Vec<PathBuf> = std::fs::read_dir(&full)
+            .map_err(|e| format!("cannot read folder {}: {e}", full.display()))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+            .collect();
+        out.sort();
+        return Ok(out);
+    }
+    let pat = full.to_string_lossy().to_string();
+    let mut out: Vec<PathBuf> = glob::glob(&pat)
+        .map_err(|e| format!("bad pattern `{pattern}`: {e}"))?
+        .filter_map(Result::ok)
+        .collect();
+    out.sort();
+    if out.is_empty() {
+        return Err(format!("`{pattern}` matches no file"));
+    }
+    Ok(out)
+}
+
+/// Loads `path` and its includes and validates them.
+pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = read(path)?;
+    let mut main: FileConfig = parse(path, &text)?;
+    let mut sources = Sources {
+        files: vec![(path.to_path_buf(), text)],
+        provider_file: BTreeMap::new(),
+        route_files: BTreeMap::new(),
+        key_files: Vec::new(),
+    };
+    for id in main.providers.keys() {
+        sources.provider_file.insert(id.clone(), 0);
+    }
+    for (id, m) in &main.models {
+        sources
+            .route_files
+            .insert(id.clone(), (0..m.routes.len()).map(|i| (0, i)).collect());
+    }
+    sources.key_files = (0..main.virtual_keys.len()).map(|i| (0, i)).collect();
+
+    let base = path.parent().unwrap_or_else(|| Path::new("."));
+    for (n, pattern) in main.include.clone().iter().enumerate() {
+        let files = expand_include(base, pattern)
+            .map_err(|m| sources.err(0, &format!("include[{n}]"), m))?;
+        for file in files {
+            let text = read(&file)?;
+            let inc: IncludedFile = parse(&file, &text)?;
+            let idx = sources.files.len();
+            sources.files.push((file.clone(), text));
+            merge(&mut main, inc, idx, &mut sources)?;
+        }
+    }
+    build(main, &sources)
+}
+
+fn merge(
+    main: &mut FileConfig,
+    inc: IncludedFile,
+    idx: usize,
+    sources: &mut Sources,
+) -> Result<(), ConfigError> {
+    for (id, t) in inc.tenants {
+        if main.tenants.contains_key(&id) {
+            return Err(sources.err(idx, &format!("tenants.{id}"), "tenant defined twice"));
+        }
+        main.tenants.insert(id, t);
+    }
+    for (id, p) in inc.providers {
+        if main.providers.contains_key(&id) {
+            return Err(sources.err(idx, &format!("providers.{id}"), "provider defined twice"));
+        }
+        sources.provider_file.insert(id.clone(), idx);
+        main.providers.insert(id, p);
+    }
+    for (i, k) in inc.virtual_keys.into_iter().enumerate() {
+        sources.key_files.push((idx, i));
+        main.virtual_keys.push(k);
+    }
+    for (id, m) in inc.models {
+        let entry = main.models.entry(id.clone()).or_default();
+        let files = sources.route_files.entry(id).or_default();
+        for (i, r) in m.routes.into_iter().enumerate() {
+            files.push((idx, i));
+            entry.routes.push(r);
+        }
+        entry.strategy = entry.strategy.or(m.strategy);
+        entry.first_event_timeout_ms = entry.first_event_timeout_ms.or(m.first_event_timeout_ms);
+        entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
+        entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
+        entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
+    }
+    Ok(())
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+/// Parses `http(s)://host[:port][/path]`.
+fn parse_base_url(url: &str) -> Result<Endpoint, String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err(format!("`{url}` must start with http:// or https://"));
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.is_empty() {
+        return Err(format!("`{url}` has no host"));
+    }
+    let (host, port) = if let Some(stripped) = authority.strip_prefix('[') {
+        // [v6]:port
+        let end = stripped.find(']').ok_or_else(|| format!("`{url}`: bad IPv6 host"))?;
+        let host = &stripped[..end];
+        let port = stripped[end + 1..].strip_prefix(':');
+        (host.to_string(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (authority.to_string(), None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse::<u16>().map_err(|_| format!("`{url}`: bad port `{p}`"))?,
+        None if tls => 443,
+        None => 80,
+    };
+    let ip = host.parse::<IpAddr>().ok();
+    Ok(Endpoint {
+        tls,
+        host,
+        port,
+        base_path: path.trim_end_matches('/').to_string(),
+        ip,
+    })
+}
+
+fn build_provider(
+    id: &str,
+    p: ProviderSection,
+    defaults: HopTimeouts,
+    sources: &Sources,
+) -> Result<Provider, ConfigError> {
+    let fidx = sources.provider_file.get(id).copied().unwrap_or(0);
+    let key = |k: &str| format!("providers.{id}.{k}");
+    let ProviderSection {
+        kind,
+        base_url,
+        api_key_env,
+        api_key,
+        connect_timeout_ms,
+        first_byte_timeout_ms,
+        first_event_timeout_ms,
+        idle_timeout_ms,
+        heartbeat_interval_ms,
+        health_check,
+        health,
+    } = p;
+    let endpoint = match (kind, base_url) {
+        (ProviderKind::Demo, None) => None,
+        (ProviderKind::Demo, Some(_)) => {
+            return Err(sources.err(fidx, &key("base_url"), "the demo provider has no base_url"))
+        }
+        (_, None) => return Err(sources.err(fidx, &format!("providers.{id}"), "base_url is required")),
+        (_, Some(u)) => Some(parse_base_url(&u).map_err(|m| sources.err(fidx, &key("base_url"), m))?),
+    };
+    let api_key = match (api_key, api_key_env) {
+        (Some(_), Some(_)) => {
+            return Err(sources.err(fidx, &key("api_key"), "set api_key or api_key_env, not both"))
+        }
+        (Some(k), None) => Some(Secret::new(k)),
+        (None, Some(var)) => match std::env::var(&var) {
+            Ok(v) if !v.is_empty() => Some(Secret::new(v)),
+            _ => {
+                return Err(sources.err(
+                    fidx,
+                    &key("api_key_env"),
+                    format!("environment variable `{var}` is not set"),
+                ))
+            }
+        },
+        (None, None) => None,
+    };
+    let timeouts = HopTimeouts {
+        connect: connect_timeout_ms.map_or(defaults.connect, ms),
+        first_byte: first_byte_timeout_ms.map_or(defaults.first_byte, ms),
+        first_event: first_event_timeout_ms.map_or(defaults.first_event, ms),
+        idle: idle_timeout_ms.map_or(defaults.idle, ms),
+        heartbeat: heartbeat_interval_ms.map_or(defaults.heartbeat, ms),
+    };
+    for (name, d) in [
+        ("connect_timeout_ms", timeouts.connect),
+        ("first_byte_timeout_ms", timeouts.first_byte),
+        ("first_event_timeout_ms", timeouts.first_event),
+        ("idle_timeout_ms", timeouts.idle),
+        ("heartbeat_interval_ms", timeouts.heartbeat),
+    ] {
+        if d.is_zero() {
+            return Err(sources.err(fidx, &key(name), "must be greater than 0"));
+        }
+    }
+    let health_check = match (kind, health_check) {
+        (ProviderKind::Demo, _) => None,
+        (_, Some(h)) if !h.enabled => None,
+        (_, Some(h)) => Some(ActiveHealthCheck {
+            path: h.path,
+            interval: ms(h.interval_ms.max(100)),
+            timeout: ms(h.timeout_ms.max(1)),
+        }),
+        (_, None) => Some(ActiveHealthCheck {
+            path: "/models".into(),
+            interval: ms(10_000),
+            timeout: ms(2000),
+        }),
+    };
+    let passive_health = match health {
+        Some(h) => {
+            if h.unhealthy_after_failures < h.degraded_after_failures
+                || h.degraded_after_failures == 0
+            {
+                return Err(sources.err(
+                    fidx,
+                    &key("health"),
+                    "need 0 < degraded_after_failures <= unhealthy_after_failures",
+                ));
+            }
+            PassiveHealth {
+                degraded_after_failures: h.degraded_after_failures,
+                unhealthy_after_failures: h.unhealthy_after_failures,
+                cooldown: ms(h.cooldown_ms),
+            }
+        }
+        None => PassiveHealth {
+            degraded_after_failures: 1,
+            unhealthy_after_failures: 3,
+            cooldown: ms(10_000),
+        },
+    };
+    Ok(Provider {
+        id: id.to_string(),
+        kind,
+        endpoint,
+        api_key,
+        timeouts,
+        health_check,
+        passive_health,
+    })
+}
+
+fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
+    let FileConfig {
+        include: _,
+        server,
+        tenants,
+        virtual_keys,
+        providers,
+        models,
+        redis,
+    } = f;
+    let main_err = |key: &str, msg: String| sources.err(0, key, msg);
+
+    for (k, v) in [("server.listen", &server.listen), ("server.admin_listen", &server.admin_listen)] {
+        if v.parse::<std::net::SocketAddr>().is_err() {
+            return Err(main_err(k, format!("`{v}` is not an address like 127.0.0.1:8080")));
+        }
+    }
+    if server.max_request_body_bytes == 0 {
+        return Err(main_err("server.max_request_body_bytes", "must be greater than 0".into()));
+    }
+    if server.max_buffered_bytes_per_stream < 1024 {
+        return Err(main_err(
+            "server.max_buffered_bytes_per_stream",
+            "must be at least 1024".into(),
+        ));
+    }
+    if server.max_concurrent_upstream_requests == 0 {
+        return Err(main_err(
+            "server.max_concurrent_upstream_requests",
+            "must be greater than 0".into(),
+        ));
+    }
+    let threads = server.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    if threads == 0 {
+        return Err(main_err("server.threads", "must be greater than 0".into()));
+    }
+    let defaults = HopTimeouts {
+        connect: ms(server.connect_timeout_ms),
+        first_byte: ms(server.first_byte_timeout_ms),
+        first_event: ms(server.first_event_timeout_ms),
+        idle: ms(server.idle_timeout_ms),
+        heartbeat: ms(server.heartbeat_interval_ms),
+    };
+    let settings = ServerSettings {
+        listen: server.listen,
+        admin_listen: server.admin_listen,
+        threads,
+        log_format: server.log_format,
+        max_request_body_bytes: server.max_request_body_bytes,
+        max_response_body_bytes: server.max_response_body_bytes,
+        default_timeouts: defaults,
+        downstream_write_timeout: ms(server.downstream_write_timeout_ms.max(1)),
+        max_buffered_bytes_per_stream: server.max_buffered_bytes_per_stream,
+        shutdown_grace: ms(server.shutdown_grace_ms),
+        max_stream_duration: server.max_stream_duration_ms.map(ms),
+        max_concurrent_upstream_requests: server.max_concurrent_upstream_requests,
+        queue_size: server.queue_size,
+        queue_timeout: ms(server.queue_timeout_ms),
+        emit_route_headers: server.emit_route_headers,
+        pid_file: server.pid_file,
+        upgrade_sock: server.upgrade_sock,
+        error_log: server.error_log,
+    };
+
+    let mut provider_map = BTreeMap::new();
+    for (id, p) in providers {
+        let built = build_provider(&id, p, defaults, sources)?;
+        provider_map.insert(id, Arc::new(built));
+    }
+    let known_providers = || provider_map.keys().cloned().collect::<Vec<_>>().join(", ");
+
+    let mut model_map = BTreeMap::new();
+    for (id, m) in models {
+        if id.trim().is_empty() {
+            return Err(main_err("models", "a standard model id is empty".into()));
+        }
+        if m.routes.is_empty() {
+            return Err(main_err(&format!("models.{id}.routes"), "a model needs at least one route".into()));
+        }
+        let files = sources.route_files.get(&id).cloned().unwrap_or_default();
+        let mut routes = Vec::with_capacity(m.routes.len());
+        for (i, r) in m.routes.into_iter().enumerate() {
+            let (fidx, local) = files.get(i).copied().unwrap_or((0, i));
+            let key = format!("models.{id}.routes[{local}]");
+            let provider = provider_map.get(&r.provider).cloned().ok_or_else(|| {
+                sources.err(
+                    fidx,
+                    &format!("{key}.provider"),
+                    format!("unknown provider `{}` (known: {})", r.provider, known_providers()),
+                )
+            })?;
+            if r.upstream_model.trim().is_empty() {
+                return Err(sources.err(fidx, &format!("{key}.upstream_model"), "must not be empty"));
+            }
+            if r.weight == 0 {
+                return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
+            }
+            if r.input_usd_per_mtok < 0.0 || r.output_usd_per_mtok < 0.0 {
+                return Err(sources.err(fidx, &key, "prices must not be negative"));
+            }
+            routes.push(Route {
+                health_key: format!("{}/{}", provider.id, r.upstream_model),
+                rewriter: ModelRewriter::new(&r.upstream_model, &id),
+                provider,
+                upstream_model: r.upstream_model,
+                priority: r.priority,
+                weight: r.weight,
+                input_usd_per_mtok: r.input_usd_per_mtok,
+                output_usd_per_mtok: r.output_usd_per_mtok,
+                capabilities: r.capabilities,
+            });
+        }
+        model_map.insert(
+            id.clone(),
+            Arc::new(Model {
+                id,
+                strategy: m.strategy.unwrap_or_default(),
+                first_event_timeout: m.first_event_timeout_ms.map(ms),
+                early_commit_after: m.early_commit_after_ms.map(ms),
+                input_usd_per_mtok: m.input_usd_per_mtok,
+                output_usd_per_mtok: m.output_usd_per_mtok,
+                routes,
+            }),
+        );
+    }
+
+    let check_lists = |fidx: usize,
+                       key: &str,
+                       models: Option<&Vec<String>>,
+                       providers: Option<&Vec<String>>|
+     -> Result<(), ConfigError> {
+        for (i, m) in models.into_iter().flatten().enumerate() {
+            if !model_map.contains_key(m) {
+                return Err(sources.err(fidx, &format!("{key}.allowed_models[{i}]"), format!("unknown model `{m}`")));
+            }
+        }
+        for (i, p) in providers.into_iter().flatten().enumerate() {
+            if !provider_map.contains_key(p) {
+                return Err(sources.err(fidx, &format!("{key}.allowed_providers[{i}]"), format!("unknown provider `{p}`")));
+            }
+        }
+        Ok(())
+    };
+
+    let mut tenant_map = BTreeMap::new();
+    for (id, t) in tenants {
+        check_lists(0, &format!("tenants.{id}"), t.allowed_models.as_ref(), t.allowed_providers.as_ref())?;
+        tenant_map.insert(id.clone(), Arc::new(Tenant { id, limits: t }));
+    }
+
+    let mut keys = KeyTable::default();
+    for (n, k) in virtual_keys.into_iter().enumerate() {
+        let (fidx, local) = sources.key_files.get(n).copied().unwrap_or((0, n));
+        let key = format!("virtual_keys[{local}]");
+        let tenant = tenant_map.get(&k.tenant).ok_or_else(|| {
+            sources.err(fidx, &format!("{key}.tenant"), format!("unknown tenant `{}`", k.tenant))
+        })?;
+        let hash = match (&k.key, &k.key_sha256) {
+            (Some(raw), None) => {
+                if raw.len() < 8 {
+                    return Err(sources.err(fidx, &format!("{key}.key"), "a key needs at least 8 characters"));
+                }
+                hash_key(raw)
+            }
+            (None, Some(hex_hash)) => {
+                let bytes = hex::decode(hex_hash.trim())
+                    .ok()
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                    .ok_or_else(|| {
+                        sources.err(fidx, &format!("{key}.key_sha256"), "must be 64 hex characters (SHA-256)")
+                    })?;
+                bytes
+            }
+            _ => {
+                return Err(sources.err(fidx, &key, "set exactly one of `key` or `key_sha256`"));
+            }
+        };
+        if keys.contains_hash(&hash) {
+            return Err(sources.err(fidx, &key, "duplicate virtual key"));
+        }
+        check_lists(fidx, &key, k.allowed_models.as_ref(), k.allowed_providers.as_ref())?;
+        // A key's lists narrow its tenant's lists.
+        let allowed_models = intersect(k.allowed_models, tenant.limits.allowed_models.clone());
+        let allowed_providers = intersect(k.allowed_providers, tenant.limits.allowed_providers.clone());
+        keys.insert(
+            hash,
+            Caller {
+                tenant: k.tenant.clone(),
+                key_id: k.name.unwrap_or_else(|| format!("key-{}", hex::encode(&hash[..4]))),
+                allowed_models: allowed_models.map(Into::into),
+                allowed_providers: allowed_providers.map(Into::into),
+                strategy: k.strategy,
+            },
+        );
+    }
+
+    if let Some(r) = &redis {
+        if !(r.url.starts_with("redis://") || r.url.starts_with("rediss://")) {
+            return Err(main_err("redis.url", format!("`{}` must start with redis://", r.url)));
+        }
+        if r.replicas == 0 {
+            return Err(main_err("redis.replicas", "must be at least 1".into()));
+        }
+    }
+
+    Ok(Config {
+        source_path: sources.files[0].0.clone(),
+        server: settings,
+        tenants: tenant_map,
+        keys,
+        providers: provider_map,
+        models: model_map,
+        redis,
+    })
+}
+
+fn intersect(a: Option<Vec<String>>, b: Option<Vec<String>>) -> Option<Vec<String>> {
+    match (a, b) {
+        (None, x) | (x, None) => x,
+        (Some(a), Some(b)) => Some(a.into_iter().filter(|x| b.contains(x)).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(yaml: &str) -> Result<Config, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("sluice-cfg-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("sluice.yaml");
+        std::fs::write(&p, yaml).unwrap();
+        let r = load(&p);
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+
+    const MINIMAL: &str = "server:\n  listen: 127.0.0.1:8080\n  admin_listen: 127.0.0.1:9090\ntenants:\n  team-a: {}\nvirtual_keys:\n  - key: sk-sluice-team-a-0001\n    tenant: team-a\nproviders:\n  local-mock:\n    kind: openai\n    base_url: http://127.0.0.1:18000/v1\n    api_key: test-key\nmodels:\n  acme/chat-small:\n    routes:\n      - provider: local-mock\n        upstream_model: mock-small-v1\n        priority: 10\n";
+
+    #[test]
+    fn minimal_contract_loads() {
+        let c = load_str(MINIMAL).unwrap();
+        let p = &c.providers["local-mock"];
+        let ep = p.endpoint.as_ref().unwrap();
+        assert_eq!((ep.host.as_str(), ep.port, ep.base_path.as_str(), ep.tls), ("127.0.0.1", 18000, "/v1", false));
+        assert_eq!(c.models["acme/chat-small"].routes[0].upstream_model, "mock-small-v1");
+        assert!(c.keys.authenticate("sk-sluice-team-a-0001").is_some());
+        assert!(c.server.threads >= 1);
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_line() {
+        let bad = MINIMAL.replace("  admin_listen", "  admn_listen");
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.to_string().contains("admn_listen"), "{e}");
+    }
+
+    #[test]
+    fn unknown_provider_names_line_and_key() {
+        let bad = MINIMAL.replace("- provider: local-mock", "- provider: nope");
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, "models.acme/chat-small.routes[0].provider");
+        assert_eq!(e.line, Some(17), "{e}");
+        assert!(e.message.contains("unknown provider `nope`"), "{e}");
+    }
+
+    #[test]
+    fn missing_env_key_is_an_error() {
+        let bad = MINIMAL.replace("api_key: test-key", "api_key_env: SLUICE_TEST_SURELY_UNSET_VAR");
+        let e = load_str(&bad).unwrap_err();
+        assert!(e.to_string().contains("SLUICE_TEST_SURELY_UNSET_VAR"), "{e}");
+    }
+
+    #[test]
+    fn base_url_forms() {
+        let e = parse_base_url("https://api.openai.com/v1").unwrap();
+        assert_eq!((e.port, e.tls, e.base_path.as_str(), e.ip), (443, true, "/v1", None));
+        assert_eq!(e.host_header(), "api.openai.com");
+        let e = parse_base_url("http://[::1]:8000/v1/").unwrap();
+        assert_eq!((e.host.as_str(), e.port, e.base_path.as_str()), ("::1", 8000, "/v1"));
+        assert!(parse_base_url("ftp://x").is_err());
+    }
+
+    #[test]
+    fn bad_key_hash_rejected() {
+        let bad = MINIMAL.replace("key: sk-sluice-team-a-0001", "key_sha256: abc");
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, "virtual_keys[0].key_sha256");
+    }
+}

@@ -1,0 +1,303 @@
+//! Owns what a client sees when a request fails: [`GatewayError`] (status, OpenAI error type
+//! and code, `Retry-After`, metric label, JSON body) and [`AttemptError`], the record of one
+//! failed upstream attempt kept in order per request (logged, never sent to the client).
+//!
+//! The JSON shape is OpenAI's: `{"error":{"message","type","param","code"}}`
+//! (<https://platform.openai.com/docs/guides/error-codes>).
+
+use std::time::Duration;
+
+/// A client-facing error. Each variant knows its HTTP status and OpenAI error type.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GatewayError {
+    /// 400: malformed JSON, missing `model`, bad field.
+    #[error("{message}")]
+    InvalidRequest {
+        /// Human-readable reason.
+        message: String,
+        /// The offending parameter, if known.
+        param: Option<String>,
+    },
+    /// 401: missing or unknown virtual key.
+    #[error("{0}")]
+    InvalidVirtualKey(String),
+    /// 403: the key may not use this model.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// 404: unknown standard model or path.
+    #[error("{message}")]
+    NotFound {
+        /// Human-readable reason.
+        message: String,
+        /// `model_not_found` or `not_found`.
+        code: &'static str,
+    },
+    /// 405: wrong method for the path.
+    #[error("method {0} is not allowed on this path")]
+    MethodNotAllowed(String),
+    /// 413: request body over `server.max_request_body_bytes`.
+    #[error("request body exceeds the limit of {limit_bytes} bytes")]
+    PayloadTooLarge {
+        /// The configured limit, bytes.
+        limit_bytes: usize,
+    },
+    /// 429: a tenant limit.
+    #[error("{message}")]
+    RateLimited {
+        /// Which limit.
+        message: String,
+        /// Metric label (`tenant_rpm`, …).
+        reason: &'static str,
+        /// When to come back.
+        retry_after: Duration,
+    },
+    /// 503: the gateway is overloaded (queue full or timed out).
+    #[error("{message}")]
+    Overloaded {
+        /// Why.
+        message: String,
+        /// Metric label (`queue_full`, `queue_timeout`).
+        reason: &'static str,
+        /// When to come back.
+        retry_after: Duration,
+    },
+    /// 503: no candidate route is left (unhealthy, excluded, lacking a capability).
+    #[error("{message}")]
+    NoRoute {
+        /// Why nothing is left.
+        message: String,
+        /// Suggested wait, if a cool-down is known.
+        retry_after: Option<Duration>,
+    },
+    /// 502: every provider failed or was unreachable.
+    #[error("{message}")]
+    UpstreamUnavailable {
+        /// Summary (never includes provider keys).
+        message: String,
+        /// Suggested wait from an upstream `Retry-After`, if any.
+        retry_after: Option<Duration>,
+    },
+    /// 504: the upstream did not answer in time.
+    #[error("{0}")]
+    UpstreamTimeout(String),
+    /// An upstream error passed through with its status, normalized to OpenAI's shape.
+    #[error("{message}")]
+    Upstream {
+        /// The upstream status.
+        status: u16,
+        /// OpenAI error type.
+        error_type: String,
+        /// OpenAI error code, if any.
+        code: Option<String>,
+        /// Message (scrubbed of provider keys).
+        message: String,
+        /// Upstream `Retry-After`, if any.
+        retry_after: Option<Duration>,
+    },
+    /// 500: a bug or an impossible state.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    /// A 400 with a parameter name.
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: param.map(str::to_string),
+        }
+    }
+
+    /// HTTP status code.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::InvalidRequest { .. } => 400,
+            Self::InvalidVirtualKey(_) => 401,
+            Self::PermissionDenied(_) => 403,
+            Self::NotFound { .. } => 404,
+            Self::MethodNotAllowed(_) => 405,
+            Self::PayloadTooLarge { .. } => 413,
+            Self::RateLimited { .. } => 429,
+            Self::Overloaded { .. } | Self::NoRoute { .. } => 503,
+            Self::UpstreamUnavailable { .. } => 502,
+            Self::UpstreamTimeout(_) => 504,
+            Self::Upstream { status, .. } => *status,
+            Self::Internal(_) => 500,
+        }
+    }
+
+    /// OpenAI `error.type`.
+    pub fn openai_type(&self) -> &str {
+        match self {
+            Self::InvalidRequest { .. }
+            | Self::NotFound { .. }
+            | Self::MethodNotAllowed(_)
+            | Self::PayloadTooLarge { .. } => "invalid_request_error",
+            Self::InvalidVirtualKey(_) => "authentication_error",
+            Self::PermissionDenied(_) => "permission_error",
+            Self::RateLimited { .. } => "rate_limit_error",
+            Self::Overloaded { .. } | Self::NoRoute { .. } => "overloaded_error",
+            Self::UpstreamUnavailable { .. } | Self::UpstreamTimeout(_) | Self::Internal(_) => {
+                "api_error"
+            }
+            Self::Upstream { error_type, .. } => error_type,
+        }
+    }
+
+    /// OpenAI `error.code`.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::InvalidRequest { .. } => Some("invalid_request"),
+            Self::InvalidVirtualKey(_) => Some("invalid_api_key"),
+            Self::PermissionDenied(_) => Some("model_not_allowed"),
+            Self::NotFound { code, .. } => Some(code),
+            Self::MethodNotAllowed(_) => Some("method_not_allowed"),
+            Self::PayloadTooLarge { .. } => Some("request_too_large"),
+            Self::RateLimited { reason, .. } | Self::Overloaded { reason, .. } => Some(reason),
+            Self::NoRoute { .. } => Some("no_route_available"),
+            Self::UpstreamUnavailable { .. } => Some("upstream_unavailable"),
+            Self::UpstreamTimeout(_) => Some("upstream_timeout"),
+            Self::Upstream { code, .. } => code.as_deref(),
+            Self::Internal(_) => Some("internal_error"),
+        }
+    }
+
+    /// The `param` field.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            Self::InvalidRequest { param, .. } => param.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// `Retry-After`, when the client should come back.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RateLimited { retry_after, .. } | Self::Overloaded { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            Self::NoRoute { retry_after, .. }
+            | Self::UpstreamUnavailable { retry_after, .. }
+            | Self::Upstream { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Low-cardinality label for metrics and the access log's `outcome`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest { .. } => "invalid_request",
+            Self::InvalidVirtualKey(_) => "unauthorized",
+            Self::PermissionDenied(_) => "forbidden",
+            Self::NotFound { .. } => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::RateLimited { reason, .. } | Self::Overloaded { reason, .. } => reason,
+            Self::NoRoute { .. } => "no_route",
+            Self::UpstreamUnavailable { .. } => "upstream_unavailable",
+            Self::UpstreamTimeout(_) => "upstream_timeout",
+            Self::Upstream { .. } => "upstream_error",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// The OpenAI-style JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.openai_type(),
+                "param": self.param(),
+                "code": self.code(),
+            }
+        });
+        serde_json::to_vec(&body).unwrap_or_else(|_| b"{\"error\":{}}".to_vec())
+    }
+}
+
+/// How one upstream attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptFailure {
+    /// TCP/TLS connect failed or timed out.
+    Connect,
+    /// No response head within `first_byte_timeout_ms`.
+    FirstByteTimeout,
+    /// No first SSE data event within `first_event_timeout_ms`.
+    FirstEventTimeout,
+    /// A retryable status (408/409/429/5xx).
+    Status(u16),
+    /// The upstream closed or broke the protocol before its first event.
+    Protocol,
+}
+
+impl AttemptFailure {
+    /// Metric label (`reason`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::FirstByteTimeout => "first_byte_timeout",
+            Self::FirstEventTimeout => "first_event_timeout",
+            Self::Status(429) => "status_429",
+            Self::Status(s) if s >= 500 => "status_5xx",
+            Self::Status(_) => "status_4xx",
+            Self::Protocol => "protocol",
+        }
+    }
+}
+
+/// One failed attempt, kept in order in the request context.
+#[derive(Debug, Clone)]
+pub struct AttemptError {
+    /// Provider id.
+    pub provider: String,
+    /// Upstream model.
+    pub upstream_model: String,
+    /// What went wrong.
+    pub failure: AttemptFailure,
+    /// Detail for the log (never provider keys).
+    pub detail: String,
+    /// Upstream `Retry-After`, if any.
+    pub retry_after: Option<Duration>,
+}
+
+/// Parses a `Retry-After` header value (delta-seconds; HTTP dates are ignored).
+pub fn parse_retry_after(v: &[u8]) -> Option<Duration> {
+    let s = std::str::from_utf8(v).ok()?.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    s.parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite() && *f >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+/// Formats a `Retry-After` value: whole seconds, rounded up, at least 1.
+pub fn retry_after_header(d: Duration) -> String {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shape_and_status() {
+        let e = GatewayError::invalid("missing `model`", Some("model"));
+        assert_eq!(e.status(), 400);
+        let v: serde_json::Value = serde_json::from_slice(&e.to_json()).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(v["error"]["message"], "missing `model`");
+    }
+
+    #[test]
+    fn retry_after_round_trip() {
+        assert_eq!(parse_retry_after(b" 7 "), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after(b"1.5"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_retry_after(b"Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(retry_after_header(Duration::from_millis(1200)), "2");
+        assert_eq!(retry_after_header(Duration::ZERO), "1");
+    }
+}

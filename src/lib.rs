@@ -1,0 +1,46 @@
+//! Sluice: an LLM inference gateway on Cloudflare Pingora.
+//!
+//! One OpenAI-compatible entry point in front of many model providers: it streams SSE token
+//! by token (normalized, model names rewritten to the public id), routes a standard model id
+//! to ordered upstream models on several providers and falls back before the first byte,
+//! cancels upstream work when the client leaves, and applies backpressure.
+//!
+//! Architecture map (one module per concern):
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`cli`] | the command line contract (`-c`, `-t`, `-d`, `-u`) |
+//! | [`config`] | YAML schema, validation with file:line:key errors, hot reload |
+//! | [`server`] | Pingora server assembly: proxy, admin, background services |
+//! | [`proxy`] | the one `ProxyHttp` impl, endpoints, the attempt loop |
+//! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
+//! | [`providers`] | peers, upstream request heads, OpenAI/Anthropic wire formats, the demo provider |
+//! | [`sse`] | the SSE hot path: normalizer, model rewrite, usage |
+//! | [`backpressure`] | admission: concurrency, bounded queue |
+//! | [`auth`] | virtual keys |
+//! | [`error`] | client-facing errors and attempt records |
+//! | [`metrics`], [`access_log`], [`logging`] | observability |
+//! | [`admin`] | `/healthz`, `/readyz`, `/metrics` |
+//! | [`mock_upstream`] | the mock provider used by tests, benches and the demo |
+//!
+//! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
+//! [`auth`], [`proxy::request`], [`backpressure`], [`routing`], [`proxy::attempt`] (which calls
+//! [`providers`] and [`sse`]); `logging` → [`access_log`].
+
+pub mod access_log;
+pub mod admin;
+pub mod auth;
+pub mod backpressure;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod logging;
+pub mod metrics;
+pub mod mock_upstream;
+pub mod providers;
+pub mod proxy;
+pub mod routing;
+pub mod secret;
+pub mod server;
+pub mod shutdown;
+pub mod sse;

@@ -1,0 +1,45 @@
+//! Owns log output: `env_logger` with `RUST_LOG` (default `info`), formatted as
+//! `timestamp level target message` or, with `server.log_format: json`, one JSON object per
+//! line (`ts`, `level`, `target`, `msg`; access lines carry their fields at the top level).
+
+use std::io::Write;
+
+use crate::config::LogFormat;
+
+/// Installs the global logger. Safe to call once; later calls are ignored.
+pub fn init(format: LogFormat) {
+    let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    match format {
+        LogFormat::Text => {
+            b.format(|buf, record| {
+                writeln!(
+                    buf,
+                    "{} {:<5} {} {}",
+                    buf.timestamp_millis(),
+                    record.level(),
+                    record.target(),
+                    record.args()
+                )
+            });
+        }
+        LogFormat::Json => {
+            b.format(|buf, record| {
+                let msg = record.args().to_string();
+                let mut obj = serde_json::Map::new();
+                obj.insert("ts".into(), buf.timestamp_millis().to_string().into());
+                obj.insert("level".into(), record.level().as_str().into());
+                obj.insert("target".into(), record.target().into());
+                match serde_json::from_str::<serde_json::Value>(&msg) {
+                    Ok(serde_json::Value::Object(fields)) if record.target() == crate::access_log::TARGET => {
+                        obj.extend(fields);
+                    }
+                    _ => {
+                        obj.insert("msg".into(), msg.into());
+                    }
+                }
+                writeln!(buf, "{}", serde_json::Value::Object(obj))
+            });
+        }
+    }
+    let _ = b.try_init();
+}

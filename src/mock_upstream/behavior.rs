@@ -1,0 +1,240 @@
+//! Behaviour knobs ("scenarios") of the mock upstream: what a response looks like,
+//! how slowly it is written, and how it fails.
+//!
+//! A [`Behavior`] is set at three levels, highest precedence first: per request
+//! (the JSON body field `"mock"`, or the `x-mock-behavior` header), process-wide
+//! (`POST /_mock/behavior`), and at startup (CLI `--behavior`). Levels merge field by
+//! field: a knob set at a higher level wins, unset knobs fall through.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// How each SSE event (or non-stream body) is cut into separate TCP writes / HTTP chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// One write (one HTTP chunk) per SSE event (default).
+    #[default]
+    None,
+    /// Each event goes out in 2-3 pieces, cut in the middle of lines.
+    MidLine,
+    /// Each event is cut inside every multi-byte UTF-8 character it contains
+    /// (events without one are cut mid-line). Without `text`, tokens become `"tök{i} "`
+    /// so that there is a multi-byte character to cut.
+    MidUtf8,
+    /// One byte per write (and per HTTP chunk), flushed each.
+    Bytewise,
+}
+
+/// Behaviour knobs of the mock upstream. Every field is optional; `None` means
+/// "inherit from the lower-precedence level, else the documented default".
+///
+/// Wire formats follow the provider references:
+/// <https://platform.openai.com/docs/api-reference/chat/streaming>,
+/// <https://platform.openai.com/docs/api-reference/chat/object>,
+/// <https://docs.anthropic.com/en/api/messages-streaming>,
+/// <https://docs.anthropic.com/en/api/messages>.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Behavior {
+    /// Number of generated tokens `"tok0 "`, `"tok1 "`, … (default 5). Ignored when `text` is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Reply text; split into whitespace-delimited tokens, each keeping its trailing whitespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Delay before each content token event, in ms (default 0; 20 in demo mode).
+    /// For non-stream responses the head is delayed by `tokens * token_delay_ms` in total.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_delay_ms: Option<u64>,
+    /// Delay after the request was read and before the response head is written, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_byte_delay_ms: Option<u64>,
+    /// Delay after the response head and before the first SSE event (non-stream: before
+    /// the body), in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_event_delay_ms: Option<u64>,
+    /// Respond with this HTTP status and a provider-shaped error JSON (unless 2xx).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Error body override: a JSON string is sent verbatim (may be non-JSON text),
+    /// any other JSON value is serialized.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_body: Option<serde_json::Value>,
+    /// Message inside the default provider-shaped error body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    /// `Retry-After` header value in seconds, sent with error statuses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<u64>,
+    /// The first N requests with this (effective) behaviour get `status` (default 503);
+    /// later ones succeed. Counted per process, keyed by `fail_key` or the behaviour itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail_first: Option<u64>,
+    /// Name of the `fail_first` counter (default: the serialized effective behaviour).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail_key: Option<String>,
+    /// Read the request, then send nothing until the peer closes (bounded by `stall_max_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stall: Option<bool>,
+    /// Stream N content tokens, then go silent (bounded by `stall_max_ms`).
+    /// Non-stream: send the head and half of the body, then go silent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stall_after_tokens: Option<u64>,
+    /// Upper bound of any stall, in ms (default 600000); afterwards the connection is closed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stall_max_ms: Option<u64>,
+    /// Stream N content tokens, then close the TCP connection without the chunked terminator.
+    /// Non-stream: send the head and half of the body, then close.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drop_after_tokens: Option<u64>,
+    /// Send the 200 response head, then close the connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub close_before_first_event: Option<bool>,
+    /// When the mock closes abruptly (`drop_after_tokens`, `close_before_first_event`),
+    /// send a TCP RST (SO_LINGER 0) instead of a FIN.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reset: Option<bool>,
+    /// After N content tokens, emit a provider-shaped error event and end the stream
+    /// (OpenAI: `data: {"error":…}`; Anthropic: `event: error`), without `[DONE]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_after_tokens: Option<u64>,
+    /// Use `\r\n` line endings in the SSE stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crlf: Option<bool>,
+    /// Use bare `\r` line endings in the SSE stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lone_cr: Option<bool>,
+    /// How events are cut into separate writes / HTTP chunks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
+    /// Emit SSE comment events `: OPENROUTER PROCESSING` before every event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comments: Option<bool>,
+    /// Split each event's JSON across two `data:` lines (cut after the first top-level comma).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multi_line_data: Option<bool>,
+    /// Add `event: chunk` lines to OpenAI events (Anthropic events always carry names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_names: Option<bool>,
+    /// Write `data:` / `event:` without the space after the colon.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_space: Option<bool>,
+    /// Force the final OpenAI usage chunk even without `stream_options.include_usage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<bool>,
+    /// Slow-reader mode: stream ~1 KiB content chunks as fast as the peer reads until this
+    /// many response body bytes were written, then finish normally.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_bytes: Option<u64>,
+    /// Extra response headers (name → value) on every response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Demo mode: reply `"Hello from Sluice's built-in demo provider. You said: <last user
+    /// message, first 200 chars>"`, one token per word, `token_delay_ms` default 20.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demo: Option<bool>,
+    /// Fixed response id (default `chatcmpl-mock…` / `msg_mock…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Fixed `created` timestamp, Unix seconds (default: now).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<u64>,
+    /// Override of `finish_reason` (OpenAI, default `stop`) / `stop_reason` (Anthropic, default `end_turn`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// Override of the prompt/input token count (default: words in the request messages, min 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    /// Model ids listed by `GET …/models` (default `["mock-model"]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// Answer with `Connection: close` and close the connection after the response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub close: Option<bool>,
+}
+
+macro_rules! merge_fields {
+    ($hi:expr, $lo:expr, $($f:ident),* $(,)?) => {
+        Behavior { $($f: $hi.$f.clone().or_else(|| $lo.$f.clone()),)* }
+    };
+}
+
+impl Behavior {
+    /// The behaviour of the built-in demo provider (`demo: true`).
+    pub fn demo() -> Self {
+        Behavior {
+            demo: Some(true),
+            ..Behavior::default()
+        }
+    }
+
+    /// Parse a behaviour from JSON text (unknown fields are rejected).
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Field-wise merge: knobs set on `self` win, unset ones are taken from `lower`.
+    pub fn merged_over(&self, lower: &Behavior) -> Behavior {
+        merge_fields!(
+            self,
+            lower,
+            tokens,
+            text,
+            token_delay_ms,
+            first_byte_delay_ms,
+            first_event_delay_ms,
+            status,
+            error_body,
+            error_message,
+            retry_after_s,
+            fail_first,
+            fail_key,
+            stall,
+            stall_after_tokens,
+            stall_max_ms,
+            drop_after_tokens,
+            close_before_first_event,
+            reset,
+            error_after_tokens,
+            crlf,
+            lone_cr,
+            split,
+            comments,
+            multi_line_data,
+            event_names,
+            no_space,
+            usage,
+            total_bytes,
+            headers,
+            demo,
+            id,
+            created,
+            finish_reason,
+            prompt_tokens,
+            models,
+            close,
+        )
+    }
+
+    pub(crate) fn flag(v: Option<bool>) -> bool {
+        v.unwrap_or(false)
+    }
+
+    /// Effective delay before each token, in ms.
+    pub(crate) fn token_delay(&self) -> u64 {
+        self.token_delay_ms
+            .unwrap_or(if Self::flag(self.demo) { 20 } else { 0 })
+    }
+
+    /// Effective split mode.
+    pub(crate) fn split_mode(&self) -> Split {
+        self.split.unwrap_or_default()
+    }
+
+    /// Effective stall bound, in ms.
+    pub(crate) fn stall_max(&self) -> u64 {
+        self.stall_max_ms.unwrap_or(600_000)
+    }
+}

@@ -1,0 +1,340 @@
+//! Mock model provider ("mock upstream") for Sluice's tests and its built-in demo provider.
+//!
+//! This module owns a small raw HTTP/1.1 server on tokio that speaks the provider wire
+//! formats byte for byte:
+//!
+//! - `POST {prefix}/chat/completions` — OpenAI Chat Completions, non-stream
+//!   (<https://platform.openai.com/docs/api-reference/chat/object>) and SSE stream
+//!   (<https://platform.openai.com/docs/api-reference/chat/streaming>);
+//! - `POST {prefix}/messages` — Anthropic Messages, non-stream
+//!   (<https://docs.anthropic.com/en/api/messages>) and SSE stream
+//!   (<https://docs.anthropic.com/en/api/messages-streaming>);
+//! - `GET {prefix}/models` — an OpenAI-style model list (health probes).
+//!
+//! Its behaviour (latency, failures, stalls, abrupt closes, SSE framing quirks, write
+//! splitting, slow-reader back-pressure) is scripted with [`Behavior`] knobs, per request
+//! (body field `"mock"`), per process (`POST /_mock/behavior`) or at startup. Every
+//! provider request is recorded in a [`RequestRecord`] log (`GET /_mock/log`), including
+//! when the peer closed the connection early; the socket is watched for EOF/RST while the
+//! response is delayed, stalled or streamed.
+//!
+//! Control endpoints (never logged): `GET /_mock/log`, `POST /_mock/reset`,
+//! `GET /_mock/healthz`, `GET|POST /_mock/behavior`.
+//!
+//! Peer-close detection treats EOF on the read side as "the peer is gone", so a client
+//! that half-closes (shuts down its write side) after sending a request gets its response
+//! aborted. Malformed requests (400/413/431 answered by the HTTP layer) are not logged.
+//!
+//! The module is self-contained (only external crates), so it can be embedded by the
+//! gateway (demo provider, see [`MockState::demo`]) and by the `sluice-mock-upstream` binary.
+
+mod behavior;
+mod h1;
+mod record;
+mod respond;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+pub use self::behavior::{Behavior, Split};
+pub use self::record::{Phase, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
+
+use self::h1::{read_request, simple_response, ReadError};
+use self::record::{lock, mark_peer_closed, RecordHandle};
+use self::respond::After;
+
+/// Stop watching the socket for EOF when this many pipelined bytes are buffered (bytes).
+const MAX_PIPELINE_BUFFER: usize = 8 * 1024 * 1024;
+
+/// Shared state of one mock upstream process: default behaviour, request log and
+/// `fail_first` counters. Times in records are ms since this state was created.
+#[derive(Debug)]
+pub struct MockState {
+    start: Instant,
+    default: Mutex<Behavior>,
+    log: Mutex<Vec<RecordHandle>>,
+    seq: AtomicU64,
+    ids: AtomicU64,
+    conns: AtomicU64,
+    fail_counters: Mutex<HashMap<String, u64>>,
+}
+
+impl MockState {
+    /// New state whose process-wide default behaviour is `default_behavior`.
+    /// Wrap it in an `Arc` to pass it to [`serve`] / [`MockServer::start`].
+    pub fn new(default_behavior: Behavior) -> Self {
+        MockState {
+            start: Instant::now(),
+            default: Mutex::new(default_behavior),
+            log: Mutex::new(Vec::new()),
+            seq: AtomicU64::new(0),
+            ids: AtomicU64::new(0),
+            conns: AtomicU64::new(0),
+            fail_counters: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// State for the gateway's built-in demo provider ([`Behavior::demo`]: deterministic
+    /// "Hello from Sluice's built-in demo provider. You said: …" replies, 20 ms per token).
+    pub fn demo() -> Self {
+        Self::new(Behavior::demo())
+    }
+
+    /// Milliseconds since this state was created (the clock of all record times).
+    pub fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Current process-wide default behaviour.
+    pub fn default_behavior(&self) -> Behavior {
+        lock(&self.default).clone()
+    }
+
+    /// Replace the process-wide default behaviour (what `POST /_mock/behavior` does).
+    pub fn set_default_behavior(&self, behavior: Behavior) {
+        *lock(&self.default) = behavior;
+    }
+
+    /// Snapshot of the request log, oldest first.
+    pub fn log(&self) -> Vec<RequestRecord> {
+        lock(&self.log).iter().map(|r| lock(r).clone()).collect()
+    }
+
+    /// Clear the request log, restart sequence numbers and clear `fail_first` counters.
+    pub fn reset(&self) {
+        let mut log = lock(&self.log);
+        log.clear();
+        self.seq.store(0, Ordering::SeqCst);
+        lock(&self.fail_counters).clear();
+    }
+
+    fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn push_record(&self, mut rec: RequestRecord) -> RecordHandle {
+        let mut log = lock(&self.log);
+        rec.seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let h = Arc::new(Mutex::new(rec));
+        log.push(h.clone());
+        h
+    }
+
+    fn log_json(&self) -> String {
+        #[derive(serde::Serialize)]
+        struct LogBody {
+            requests: Vec<RequestRecord>,
+        }
+        serde_json::to_string(&LogBody {
+            requests: self.log(),
+        })
+        .unwrap_or_else(|_| "{\"requests\":[]}".to_string())
+    }
+}
+
+/// Accept loop: serves every connection of `listener` in its own task, forever.
+/// Accept errors are logged and retried after 10 ms.
+pub async fn serve(listener: TcpListener, state: Arc<MockState>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let st = state.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = handle_connection(stream, st).await {
+                        log::debug!("mock upstream: connection from {peer}: {e}");
+                    }
+                });
+            }
+            Err(e) => {
+                log::warn!("mock upstream: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// A running embedded mock upstream (see [`MockServer::start`]); the accept loop is
+/// aborted when this is dropped.
+#[derive(Debug)]
+pub struct MockServer {
+    addr: SocketAddr,
+    state: Arc<MockState>,
+    task: JoinHandle<()>,
+}
+
+impl MockServer {
+    /// Bind `addr` (e.g. `"127.0.0.1:0"`) and serve with `state` in a background task.
+    pub async fn start(addr: &str, state: Arc<MockState>) -> io::Result<MockServer> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(serve(listener, state.clone()));
+        Ok(MockServer { addr, state, task })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL `http://ADDR` (append e.g. `/v1/chat/completions`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The shared state (log, default behaviour).
+    pub fn state(&self) -> &Arc<MockState> {
+        &self.state
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn control(
+    state: &MockState,
+    req: &h1::Request,
+    wr: &mut OwnedWriteHalf,
+    close: bool,
+) -> io::Result<()> {
+    let path = req.path();
+    let (status, body): (u16, String) = match (req.method.as_str(), path) {
+        ("GET", "/_mock/healthz") => (200, "{\"ok\":true}".into()),
+        ("GET", "/_mock/log") => (200, state.log_json()),
+        ("POST", "/_mock/reset") => {
+            state.reset();
+            (200, "{\"ok\":true}".into())
+        }
+        ("GET", "/_mock/behavior") => (
+            200,
+            serde_json::to_string(&state.default_behavior()).unwrap_or_default(),
+        ),
+        ("POST", "/_mock/behavior") => {
+            let text = String::from_utf8_lossy(&req.body);
+            let parsed = if text.trim().is_empty() {
+                Ok(Behavior::default())
+            } else {
+                Behavior::from_json(&text)
+            };
+            match parsed {
+                Ok(b) => {
+                    state.set_default_behavior(b);
+                    (200, "{\"ok\":true}".into())
+                }
+                Err(e) => (
+                    400,
+                    serde_json::json!({"ok": false, "error": e.to_string()}).to_string(),
+                ),
+            }
+        }
+        _ => (
+            404,
+            serde_json::json!({"ok": false, "error": format!("no control endpoint {} {}", req.method, path)})
+                .to_string(),
+        ),
+    };
+    simple_response(wr, status, "application/json", body.as_bytes(), close).await
+}
+
+/// Close a connection, abruptly with RST when `reset`.
+fn abort_connection(rd: OwnedReadHalf, wr: OwnedWriteHalf, reset: bool) {
+    match rd.reunite(wr) {
+        Ok(stream) => {
+            if reset {
+                if let Err(e) = stream.set_zero_linger() {
+                    log::debug!("mock upstream: set_zero_linger: {e}");
+                }
+            }
+            drop(stream);
+        }
+        Err(e) => log::debug!("mock upstream: reunite: {e}"),
+    }
+}
+
+async fn handle_connection(stream: TcpStream, state: Arc<MockState>) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let conn_id = state.conns.fetch_add(1, Ordering::SeqCst) + 1;
+    let (mut rd, mut wr) = stream.into_split();
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut conn_seq = 0u64;
+    loop {
+        let req = match read_request(&mut rd, &mut wr, &mut buf).await {
+            Ok(r) => r,
+            Err(ReadError::Closed) => return Ok(()),
+            Err(ReadError::Io(e)) => return Err(e),
+            Err(ReadError::Bad(msg)) => {
+                let body = wire::openai_error(400, &msg);
+                simple_response(&mut wr, 400, "application/json", body.as_bytes(), true).await?;
+                return Ok(());
+            }
+            Err(ReadError::TooLarge(status)) => {
+                let body = wire::openai_error(status, "request too large");
+                simple_response(&mut wr, status, "application/json", body.as_bytes(), true).await?;
+                return Ok(());
+            }
+        };
+        if req.path().starts_with("/_mock/") {
+            let close = !req.keep_alive;
+            control(&state, &req, &mut wr, close).await?;
+            if close {
+                let _ = wr.shutdown().await;
+                return Ok(());
+            }
+            continue;
+        }
+        conn_seq += 1;
+        let (rec, plan) = respond::prepare(&state, &req, conn_id, conn_seq);
+        let close = !req.keep_alive || Behavior::flag(plan.behavior.close);
+        let after = {
+            let fut = respond::respond(&state, &plan, &rec, &mut wr, close);
+            tokio::pin!(fut);
+            let mut watch = true;
+            loop {
+                tokio::select! {
+                    a = &mut fut => break a,
+                    r = tokio::io::AsyncReadExt::read_buf(&mut rd, &mut buf), if watch => {
+                        match r {
+                            Ok(0) | Err(_) => {
+                                mark_peer_closed(&rec, state.now_ms());
+                                break After::PeerGone;
+                            }
+                            Ok(_) => {
+                                if buf.len() > MAX_PIPELINE_BUFFER {
+                                    watch = false;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        match after {
+            After::Keep if !close => continue,
+            After::Keep | After::Close => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
+                return Ok(());
+            }
+            After::Abort { reset } => {
+                abort_connection(rd, wr, reset);
+                return Ok(());
+            }
+            After::PeerGone => return Ok(()),
+        }
+    }
+}

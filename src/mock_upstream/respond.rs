@@ -1,0 +1,671 @@
+//! Turning one parsed request into a response plan (effective behaviour, recorded entry)
+//! and writing that response according to the behaviour knobs.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::net::tcp::OwnedWriteHalf;
+
+use super::behavior::{Behavior, Split};
+use super::h1::{Framing, Out, Request};
+use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
+use super::wire::{self, Provider, ReplyMeta, SseStyle};
+use super::MockState;
+
+/// Size of one bulk content token in `total_bytes` mode, bytes.
+const BULK_TOKEN_BYTES: usize = 1024;
+/// Size of one write for large non-stream bodies, bytes.
+const BODY_PIECE_BYTES: usize = 16 * 1024;
+
+/// What endpoint a request addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Chat(Provider),
+    Models,
+    NotFound,
+}
+
+/// Where the generated tokens come from.
+#[derive(Debug, Clone)]
+pub(crate) enum Tokens {
+    List(Vec<String>),
+    /// ~1 KiB tokens until `total` body bytes were written.
+    Bulk {
+        total: u64,
+        chunk: String,
+    },
+}
+
+/// Everything needed to write the response.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub kind: Kind,
+    pub behavior: Behavior,
+    pub stream: bool,
+    pub meta: ReplyMeta,
+    pub tokens: Tokens,
+    /// Error response to send instead: (status, body).
+    pub error: Option<(u16, String)>,
+}
+
+/// What the connection does after a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum After {
+    /// Response complete; connection reusable (if the request allows keep-alive).
+    Keep,
+    /// Close the connection gracefully.
+    Close,
+    /// Close abruptly (RST when `reset`).
+    Abort { reset: bool },
+    /// The peer is gone (write failed).
+    PeerGone,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn classify(req: &Request) -> Kind {
+    let path = req.path().trim_end_matches('/');
+    if req.method == "POST" && path.ends_with("/chat/completions") {
+        Kind::Chat(Provider::OpenAi)
+    } else if req.method == "POST" && path.ends_with("/messages") {
+        Kind::Chat(Provider::Anthropic)
+    } else if req.method == "GET" && path.ends_with("/models") {
+        Kind::Models
+    } else {
+        Kind::NotFound
+    }
+}
+
+fn make_record(req: &Request, body: &Option<Value>) -> RequestRecord {
+    let mut headers = std::collections::BTreeMap::new();
+    for (k, v) in &req.headers {
+        if SELECTED_HEADERS.contains(&k.as_str()) {
+            headers
+                .entry(k.clone())
+                .and_modify(|e: &mut String| {
+                    e.push_str(", ");
+                    e.push_str(v);
+                })
+                .or_insert_with(|| v.clone());
+        }
+    }
+    let copy = &req.body[..req.body.len().min(BODY_COPY_LIMIT)];
+    RequestRecord {
+        method: req.method.clone(),
+        path: req.target.clone(),
+        headers,
+        header_names: req.headers.iter().map(|(k, _)| k.clone()).collect(),
+        all_headers: req.headers.clone(),
+        model: body
+            .as_ref()
+            .and_then(|b| b.get("model"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        stream: body
+            .as_ref()
+            .and_then(|b| b.get("stream"))
+            .and_then(Value::as_bool),
+        body_bytes: req.body.len() as u64,
+        body: String::from_utf8_lossy(copy).into_owned(),
+        body_truncated: req.body.len() > BODY_COPY_LIMIT,
+        ..RequestRecord::default()
+    }
+}
+
+fn bulk_chunk() -> String {
+    let words = ["lorem ", "ipsum ", "dolor ", "sit ", "amet "];
+    let mut s = String::with_capacity(BULK_TOKEN_BYTES + 8);
+    let mut i = 0;
+    while s.len() < BULK_TOKEN_BYTES {
+        s.push_str(words[i % words.len()]);
+        i += 1;
+    }
+    s.truncate(BULK_TOKEN_BYTES);
+    s
+}
+
+/// Build the plan for a provider request and append its record to the log.
+pub(crate) fn prepare(
+    state: &MockState,
+    req: &Request,
+    conn_id: u64,
+    conn_seq: u64,
+) -> (RecordHandle, Plan) {
+    let kind = classify(req);
+    let parsed: Result<Option<Value>, String> = if req.body.is_empty() {
+        Ok(None)
+    } else {
+        serde_json::from_slice::<Value>(&req.body)
+            .map(Some)
+            .map_err(|e| format!("request body is not valid JSON: {e}"))
+    };
+    let body = parsed.as_ref().ok().cloned().flatten();
+    let mut record = make_record(req, &body);
+    record.conn_id = conn_id;
+    record.conn_seq = conn_seq;
+    record.received_at_ms = state.now_ms();
+
+    let provider = match kind {
+        Kind::Chat(p) => p,
+        _ => Provider::OpenAi,
+    };
+    let mut bad_request: Option<String> = None;
+    if let (Kind::Chat(_), Err(e)) = (kind, &parsed) {
+        bad_request = Some(e.clone());
+    }
+
+    // Behaviour levels: body "mock" > x-mock-behavior header > process default.
+    let mut per_request = Behavior::default();
+    if let Some(h) = req.header("x-mock-behavior") {
+        match Behavior::from_json(h) {
+            Ok(b) => per_request = b,
+            Err(e) => bad_request = Some(format!("invalid x-mock-behavior header: {e}")),
+        }
+    }
+    if let Some(m) = body.as_ref().and_then(|b| b.get("mock")) {
+        match Behavior::deserialize(m) {
+            Ok(b) => per_request = b.merged_over(&per_request),
+            Err(e) => bad_request = Some(format!("invalid \"mock\" behavior: {e}")),
+        }
+    }
+    let behavior = per_request.merged_over(&state.default_behavior());
+
+    // Failure decision.
+    let mut error_status: Option<u16> = None;
+    if let Some(n) = behavior.fail_first {
+        let key = behavior
+            .fail_key
+            .clone()
+            .unwrap_or_else(|| serde_json::to_string(&behavior).unwrap_or_default());
+        let mut counters = lock(&state.fail_counters);
+        let c = counters.entry(key).or_insert(0);
+        if *c < n {
+            *c += 1;
+            error_status = Some(behavior.status.unwrap_or(503));
+        }
+    } else if let Some(s) = behavior.status {
+        if !(200..300).contains(&s) {
+            error_status = Some(s);
+        }
+    }
+
+    let error = if let Some(msg) = bad_request {
+        Some((400, wire::error_body(provider, 400, &msg)))
+    } else if kind == Kind::NotFound {
+        Some((
+            404,
+            wire::error_body(
+                provider,
+                404,
+                &format!("mock upstream: no route for {} {}", req.method, req.path()),
+            ),
+        ))
+    } else {
+        error_status.map(|s| {
+            let body = match &behavior.error_body {
+                Some(Value::String(raw)) => raw.clone(),
+                Some(v) => v.to_string(),
+                None => {
+                    let msg = behavior
+                        .error_message
+                        .clone()
+                        .unwrap_or_else(|| wire::default_error_message(provider, s));
+                    wire::error_body(provider, s, &msg)
+                }
+            };
+            (s, body)
+        })
+    };
+
+    let model = body
+        .as_ref()
+        .and_then(|b| b.get("model"))
+        .and_then(Value::as_str)
+        .unwrap_or("mock-model")
+        .to_string();
+    let stream = body
+        .as_ref()
+        .and_then(|b| b.get("stream"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let include_usage = body
+        .as_ref()
+        .and_then(|b| b.pointer("/stream_options/include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let serial = state.next_id();
+    let id = behavior.id.clone().unwrap_or_else(|| match provider {
+        Provider::OpenAi => format!("chatcmpl-mock{serial:012}"),
+        Provider::Anthropic => format!("msg_mock{serial:012}"),
+    });
+    let finish_reason = behavior.finish_reason.clone().unwrap_or_else(|| {
+        match provider {
+            Provider::OpenAi => "stop",
+            Provider::Anthropic => "end_turn",
+        }
+        .to_string()
+    });
+    let meta = ReplyMeta {
+        provider,
+        id,
+        created: behavior.created.unwrap_or_else(now_unix),
+        model,
+        prompt_tokens: behavior
+            .prompt_tokens
+            .unwrap_or_else(|| body.as_ref().map(wire::estimate_prompt_tokens).unwrap_or(1)),
+        finish_reason,
+        include_usage,
+        usage_chunk: include_usage || Behavior::flag(behavior.usage),
+    };
+
+    let tokens = if let Some(total) = behavior.total_bytes {
+        Tokens::Bulk {
+            total,
+            chunk: bulk_chunk(),
+        }
+    } else if let Some(text) = &behavior.text {
+        Tokens::List(wire::split_words(text))
+    } else if Behavior::flag(behavior.demo) {
+        let said: String = body
+            .as_ref()
+            .map(wire::last_user_message)
+            .unwrap_or_default()
+            .chars()
+            .take(200)
+            .collect();
+        Tokens::List(wire::split_words(&format!(
+            "Hello from Sluice's built-in demo provider. You said: {said}"
+        )))
+    } else {
+        let n = behavior.tokens.unwrap_or(5);
+        let utf8 = behavior.split_mode() == Split::MidUtf8;
+        Tokens::List(
+            (0..n)
+                .map(|i| {
+                    if utf8 {
+                        format!("tök{i} ")
+                    } else {
+                        format!("tok{i} ")
+                    }
+                })
+                .collect(),
+        )
+    };
+
+    record.behavior = behavior.clone();
+    let handle = state.push_record(record);
+    (
+        handle,
+        Plan {
+            kind,
+            behavior,
+            stream,
+            meta,
+            tokens,
+            error,
+        },
+    )
+}
+
+fn base_headers(plan: &Plan, content_type: &str) -> Vec<(String, String)> {
+    let mut h = vec![
+        ("Content-Type".to_string(), content_type.to_string()),
+        ("Server".to_string(), "sluice-mock-upstream".to_string()),
+    ];
+    match plan.meta.provider {
+        Provider::OpenAi => h.push(("x-request-id".into(), format!("req_{}", plan.meta.id))),
+        Provider::Anthropic => h.push(("request-id".into(), format!("req_{}", plan.meta.id))),
+    }
+    if content_type.starts_with("text/event-stream") {
+        h.push(("Cache-Control".into(), "no-cache".into()));
+    }
+    if let Some(extra) = &plan.behavior.headers {
+        for (k, v) in extra {
+            h.push((k.clone(), v.clone()));
+        }
+    }
+    h
+}
+
+fn sleep_ms(ms: u64) -> tokio::time::Sleep {
+    tokio::time::sleep(Duration::from_millis(ms))
+}
+
+fn mark_mock_closed(rec: &RecordHandle) {
+    lock(rec).mock_closed = true;
+}
+
+/// Write the response for `plan`. Peer-close watching is done by the caller.
+pub(crate) async fn respond(
+    state: &Arc<MockState>,
+    plan: &Plan,
+    rec: &RecordHandle,
+    wr: &mut OwnedWriteHalf,
+    close: bool,
+) -> After {
+    let b = &plan.behavior;
+    let stall_max = b.stall_max();
+    let mut out = Out::new(
+        wr,
+        rec,
+        state.start,
+        Duration::from_millis(stall_max.max(1)),
+    );
+    match respond_inner(plan, &mut out, close).await {
+        Ok(a) => {
+            if matches!(a, After::Abort { .. }) || (a == After::Close && !lock(rec).completed) {
+                mark_mock_closed(rec);
+            }
+            a
+        }
+        Err(e) => {
+            log::debug!("mock upstream: write failed: {e}");
+            super::record::mark_peer_closed(rec, state.now_ms());
+            After::PeerGone
+        }
+    }
+}
+
+async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After> {
+    let b = &plan.behavior;
+    let abort = After::Abort {
+        reset: Behavior::flag(b.reset),
+    };
+    if let Some(ms) = b.first_byte_delay_ms {
+        sleep_ms(ms).await;
+    }
+    if Behavior::flag(b.stall) {
+        sleep_ms(b.stall_max()).await;
+        return Ok(After::Close);
+    }
+    if let Some((status, body)) = &plan.error {
+        let mut h = base_headers(plan, "application/json");
+        if let Some(s) = b.retry_after_s {
+            h.push(("Retry-After".into(), s.to_string()));
+        }
+        out.head(*status, &h, Framing::Length(body.len()), close)
+            .await?;
+        write_body(out, body.as_bytes(), b.split_mode()).await?;
+        out.finish().await?;
+        return Ok(After::Keep);
+    }
+    match plan.kind {
+        Kind::Models => {
+            let models = b
+                .models
+                .clone()
+                .unwrap_or_else(|| vec!["mock-model".to_string()]);
+            let body = wire::model_list(&models);
+            let h = base_headers(plan, "application/json");
+            out.head(200, &h, Framing::Length(body.len()), close)
+                .await?;
+            write_body(out, body.as_bytes(), b.split_mode()).await?;
+            out.finish().await?;
+            Ok(After::Keep)
+        }
+        Kind::Chat(_) if plan.stream => stream(plan, out, close).await,
+        _ => non_stream(plan, out, close, abort).await,
+    }
+}
+
+async fn write_body(out: &mut Out<'_>, body: &[u8], split: Split) -> io::Result<()> {
+    if split == Split::None {
+        for piece in body.chunks(BODY_PIECE_BYTES) {
+            out.piece(piece).await?;
+        }
+    } else {
+        for piece in wire::split_pieces(body, split) {
+            out.piece(piece).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn non_stream(
+    plan: &Plan,
+    out: &mut Out<'_>,
+    close: bool,
+    abort: After,
+) -> io::Result<After> {
+    let b = &plan.behavior;
+    let (text, n) = match &plan.tokens {
+        Tokens::List(t) => (t.concat(), t.len() as u64),
+        Tokens::Bulk { total, chunk } => {
+            let n = (*total as usize).div_ceil(BULK_TOKEN_BYTES).max(1);
+            (chunk.repeat(n), n as u64)
+        }
+    };
+    let delay = b.token_delay().saturating_mul(n);
+    if delay > 0 {
+        sleep_ms(delay).await;
+    }
+    let body = match plan.meta.provider {
+        Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
+        Provider::Anthropic => wire::anthropic_message(&plan.meta, &text, n),
+    };
+    let h = base_headers(plan, "application/json");
+    out.head(200, &h, Framing::Length(body.len()), close)
+        .await?;
+    if let Some(ms) = b.first_event_delay_ms {
+        sleep_ms(ms).await;
+    }
+    if Behavior::flag(b.close_before_first_event) {
+        return Ok(abort);
+    }
+    let half = &body.as_bytes()[..body.len() / 2];
+    if b.drop_after_tokens.is_some() {
+        write_body(out, half, b.split_mode()).await?;
+        return Ok(abort);
+    }
+    if b.stall_after_tokens.is_some() {
+        write_body(out, half, b.split_mode()).await?;
+        sleep_ms(b.stall_max()).await;
+        return Ok(After::Close);
+    }
+    write_body(out, body.as_bytes(), b.split_mode()).await?;
+    out.finish().await?;
+    Ok(After::Keep)
+}
+
+/// One logical SSE event.
+struct Ev {
+    name: Option<&'static str>,
+    data: String,
+    /// A content token event.
+    token: bool,
+    /// Part of the prelude (before any content); stall/drop/error checks skip these.
+    prelude: bool,
+}
+
+async fn write_event(out: &mut Out<'_>, bytes: &[u8], split: Split) -> io::Result<()> {
+    for piece in wire::split_pieces(bytes, split) {
+        out.piece(piece).await?;
+    }
+    Ok(())
+}
+
+async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After> {
+    let b = &plan.behavior;
+    let m = &plan.meta;
+    let abort = After::Abort {
+        reset: Behavior::flag(b.reset),
+    };
+    let style = SseStyle {
+        eol: if Behavior::flag(b.crlf) {
+            "\r\n"
+        } else if Behavior::flag(b.lone_cr) {
+            "\r"
+        } else {
+            "\n"
+        },
+        no_space: Behavior::flag(b.no_space),
+        multi_line: Behavior::flag(b.multi_line_data),
+    };
+    let split = b.split_mode();
+    let openai = m.provider == Provider::OpenAi;
+    let oa_name = if Behavior::flag(b.event_names) {
+        Some("chunk")
+    } else {
+        None
+    };
+
+    let h = base_headers(plan, "text/event-stream");
+    out.head(200, &h, Framing::Chunked, close).await?;
+    if let Some(ms) = b.first_event_delay_ms {
+        sleep_ms(ms).await;
+    }
+    if Behavior::flag(b.close_before_first_event) {
+        return Ok(abort);
+    }
+
+    let mut prelude: Vec<Ev> = if openai {
+        vec![Ev {
+            name: oa_name,
+            data: wire::openai_role_chunk(m),
+            token: false,
+            prelude: true,
+        }]
+    } else {
+        vec![
+            Ev {
+                name: Some("message_start"),
+                data: wire::anthropic_message_start(m),
+                token: false,
+                prelude: true,
+            },
+            Ev {
+                name: Some("content_block_start"),
+                data: wire::ANTHROPIC_BLOCK_START.to_string(),
+                token: false,
+                prelude: true,
+            },
+            Ev {
+                name: Some("ping"),
+                data: wire::ANTHROPIC_PING.to_string(),
+                token: false,
+                prelude: true,
+            },
+        ]
+    };
+    prelude.reverse();
+
+    let mut sent: u64 = 0;
+    let mut finish_stage = 0usize;
+    loop {
+        // Next event.
+        let ev = if let Some(ev) = prelude.pop() {
+            ev
+        } else {
+            let next_token: Option<String> = match &plan.tokens {
+                Tokens::List(t) => t.get(sent as usize).cloned(),
+                Tokens::Bulk { total, chunk } => {
+                    if out.body_written() < *total {
+                        Some(chunk.clone())
+                    } else {
+                        None
+                    }
+                }
+            };
+            match next_token {
+                Some(tok) if finish_stage == 0 => Ev {
+                    name: if openai {
+                        oa_name
+                    } else {
+                        Some("content_block_delta")
+                    },
+                    data: if openai {
+                        wire::openai_token_chunk(m, &tok)
+                    } else {
+                        wire::anthropic_delta(&tok)
+                    },
+                    token: true,
+                    prelude: false,
+                },
+                _ => {
+                    finish_stage += 1;
+                    let ev = match (openai, finish_stage) {
+                        (true, 1) => Some((oa_name, wire::openai_finish_chunk(m))),
+                        (true, 2) if m.usage_chunk => {
+                            Some((oa_name, wire::openai_usage_chunk(m, sent)))
+                        }
+                        (true, 2) => {
+                            finish_stage += 1;
+                            Some((oa_name, "[DONE]".to_string()))
+                        }
+                        (true, 3) => Some((oa_name, "[DONE]".to_string())),
+                        (false, 1) => Some((
+                            Some("content_block_stop"),
+                            wire::ANTHROPIC_BLOCK_STOP.to_string(),
+                        )),
+                        (false, 2) => Some((
+                            Some("message_delta"),
+                            wire::anthropic_message_delta(m, sent),
+                        )),
+                        (false, 3) => Some((
+                            Some("message_stop"),
+                            wire::ANTHROPIC_MESSAGE_STOP.to_string(),
+                        )),
+                        _ => None,
+                    };
+                    match ev {
+                        Some((name, data)) => Ev {
+                            name,
+                            data,
+                            token: false,
+                            prelude: false,
+                        },
+                        None => break,
+                    }
+                }
+            }
+        };
+
+        if !ev.prelude && (ev.token || finish_stage == 1) {
+            if b.stall_after_tokens == Some(sent) {
+                sleep_ms(b.stall_max()).await;
+                return Ok(After::Close);
+            }
+            if b.drop_after_tokens == Some(sent) {
+                return Ok(abort);
+            }
+            if b.error_after_tokens == Some(sent) {
+                let status = b.status.filter(|s| *s >= 400).unwrap_or(500);
+                let msg = b
+                    .error_message
+                    .clone()
+                    .unwrap_or_else(|| wire::default_error_message(m.provider, status));
+                let data = wire::error_body(m.provider, status, &msg);
+                let name = if openai { oa_name } else { Some("error") };
+                if Behavior::flag(b.comments) {
+                    write_event(out, &wire::encode_comment(style), split).await?;
+                }
+                write_event(out, &wire::encode_event(name, &data, style), split).await?;
+                out.finish().await?;
+                return Ok(After::Keep);
+            }
+        }
+        if ev.token {
+            let d = b.token_delay();
+            if d > 0 {
+                sleep_ms(d).await;
+            }
+        }
+        if Behavior::flag(b.comments) {
+            write_event(out, &wire::encode_comment(style), split).await?;
+        }
+        write_event(out, &wire::encode_event(ev.name, &ev.data, style), split).await?;
+        if ev.token {
+            sent += 1;
+        }
+    }
+    out.finish().await?;
+    Ok(After::Keep)
+}

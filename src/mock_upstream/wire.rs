@@ -1,0 +1,463 @@
+//! Provider wire formats, byte for byte: JSON bodies, SSE events and error shapes of
+//! OpenAI Chat Completions and Anthropic Messages, plus SSE framing variants and the
+//! cutting of events into separate writes.
+//!
+//! References: <https://platform.openai.com/docs/api-reference/chat/streaming>,
+//! <https://platform.openai.com/docs/api-reference/chat/object>,
+//! <https://docs.anthropic.com/en/api/messages-streaming>,
+//! <https://docs.anthropic.com/en/api/messages>.
+
+use serde_json::Value;
+
+use super::behavior::Split;
+
+/// Which provider API a request is addressed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Provider {
+    OpenAi,
+    Anthropic,
+}
+
+/// JSON string literal (quoted, escaped).
+pub(crate) fn js(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
+}
+
+/// Everything about one reply that is shared by all its events.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplyMeta {
+    pub provider: Provider,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub prompt_tokens: u64,
+    /// OpenAI `finish_reason` / Anthropic `stop_reason`.
+    pub finish_reason: String,
+    /// `stream_options.include_usage` was requested (adds `"usage":null` to chunks).
+    pub include_usage: bool,
+    /// Emit the final usage chunk (requested or forced).
+    pub usage_chunk: bool,
+}
+
+// ---------------------------------------------------------------- OpenAI
+
+/// Full non-stream `chat.completion` object.
+pub(crate) fn openai_completion(m: &ReplyMeta, text: &str, completion_tokens: u64) -> String {
+    format!(
+        concat!(
+            "{{\"id\":{},\"object\":\"chat.completion\",\"created\":{},\"model\":{},",
+            "\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":{},",
+            "\"refusal\":null,\"annotations\":[]}},\"logprobs\":null,\"finish_reason\":{}}}],",
+            "\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}},",
+            "\"system_fingerprint\":\"fp_mock\"}}"
+        ),
+        js(&m.id),
+        m.created,
+        js(&m.model),
+        js(text),
+        js(&m.finish_reason),
+        m.prompt_tokens,
+        completion_tokens,
+        m.prompt_tokens + completion_tokens
+    )
+}
+
+fn openai_chunk(m: &ReplyMeta, choices: &str, usage: &str) -> String {
+    format!(
+        "{{\"id\":{},\"object\":\"chat.completion.chunk\",\"created\":{},\"model\":{},\"system_fingerprint\":\"fp_mock\",\"choices\":{}{}}}",
+        js(&m.id),
+        m.created,
+        js(&m.model),
+        choices,
+        usage
+    )
+}
+
+fn usage_null(m: &ReplyMeta) -> &'static str {
+    if m.include_usage {
+        ",\"usage\":null"
+    } else {
+        ""
+    }
+}
+
+/// First chunk: `delta: {"role":"assistant","content":""}`.
+pub(crate) fn openai_role_chunk(m: &ReplyMeta) -> String {
+    openai_chunk(
+        m,
+        "[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]",
+        usage_null(m),
+    )
+}
+
+/// One content token chunk.
+pub(crate) fn openai_token_chunk(m: &ReplyMeta, token: &str) -> String {
+    let choices = format!(
+        "[{{\"index\":0,\"delta\":{{\"content\":{}}},\"logprobs\":null,\"finish_reason\":null}}]",
+        js(token)
+    );
+    openai_chunk(m, &choices, usage_null(m))
+}
+
+/// Final chunk with an empty delta and the finish reason.
+pub(crate) fn openai_finish_chunk(m: &ReplyMeta) -> String {
+    let choices = format!(
+        "[{{\"index\":0,\"delta\":{{}},\"logprobs\":null,\"finish_reason\":{}}}]",
+        js(&m.finish_reason)
+    );
+    openai_chunk(m, &choices, usage_null(m))
+}
+
+/// Usage chunk with `"choices":[]`.
+pub(crate) fn openai_usage_chunk(m: &ReplyMeta, completion_tokens: u64) -> String {
+    let usage = format!(
+        ",\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
+        m.prompt_tokens,
+        completion_tokens,
+        m.prompt_tokens + completion_tokens
+    );
+    openai_chunk(m, "[]", &usage)
+}
+
+fn openai_error_kind(status: u16) -> (&'static str, Option<&'static str>) {
+    match status {
+        401 => ("invalid_request_error", Some("invalid_api_key")),
+        403 => (
+            "invalid_request_error",
+            Some("unsupported_country_region_territory"),
+        ),
+        404 => ("invalid_request_error", Some("model_not_found")),
+        429 => ("requests", Some("rate_limit_exceeded")),
+        400..=499 => ("invalid_request_error", None),
+        _ => ("server_error", None),
+    }
+}
+
+/// OpenAI error object `{"error":{"message","type","param","code"}}`.
+pub(crate) fn openai_error(status: u16, message: &str) -> String {
+    let (ty, code) = openai_error_kind(status);
+    format!(
+        "{{\"error\":{{\"message\":{},\"type\":{},\"param\":null,\"code\":{}}}}}",
+        js(message),
+        js(ty),
+        code.map(js).unwrap_or_else(|| "null".to_string())
+    )
+}
+
+// ---------------------------------------------------------------- Anthropic
+
+/// Full non-stream Messages response.
+pub(crate) fn anthropic_message(m: &ReplyMeta, text: &str, output_tokens: u64) -> String {
+    format!(
+        concat!(
+            "{{\"id\":{},\"type\":\"message\",\"role\":\"assistant\",\"model\":{},",
+            "\"content\":[{{\"type\":\"text\",\"text\":{}}}],\"stop_reason\":{},",
+            "\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}"
+        ),
+        js(&m.id),
+        js(&m.model),
+        js(text),
+        js(&m.finish_reason),
+        m.prompt_tokens,
+        output_tokens
+    )
+}
+
+/// `message_start` event data.
+pub(crate) fn anthropic_message_start(m: &ReplyMeta) -> String {
+    format!(
+        concat!(
+            "{{\"type\":\"message_start\",\"message\":{{\"id\":{},\"type\":\"message\",",
+            "\"role\":\"assistant\",\"content\":[],\"model\":{},\"stop_reason\":null,",
+            "\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":1}}}}}}"
+        ),
+        js(&m.id),
+        js(&m.model),
+        m.prompt_tokens
+    )
+}
+
+/// `content_block_start` event data.
+pub(crate) const ANTHROPIC_BLOCK_START: &str =
+    "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}";
+/// `ping` event data.
+pub(crate) const ANTHROPIC_PING: &str = "{\"type\":\"ping\"}";
+/// `content_block_stop` event data.
+pub(crate) const ANTHROPIC_BLOCK_STOP: &str = "{\"type\":\"content_block_stop\",\"index\":0}";
+/// `message_stop` event data.
+pub(crate) const ANTHROPIC_MESSAGE_STOP: &str = "{\"type\":\"message_stop\"}";
+
+/// `content_block_delta` event data with a `text_delta`.
+pub(crate) fn anthropic_delta(token: &str) -> String {
+    format!(
+        "{{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":{}}}}}",
+        js(token)
+    )
+}
+
+/// `message_delta` event data.
+pub(crate) fn anthropic_message_delta(m: &ReplyMeta, output_tokens: u64) -> String {
+    format!(
+        "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":{},\"stop_sequence\":null}},\"usage\":{{\"output_tokens\":{}}}}}",
+        js(&m.finish_reason),
+        output_tokens
+    )
+}
+
+fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// Anthropic error object `{"type":"error","error":{"type","message"}}`.
+pub(crate) fn anthropic_error(status: u16, message: &str) -> String {
+    format!(
+        "{{\"type\":\"error\",\"error\":{{\"type\":{},\"message\":{}}}}}",
+        js(anthropic_error_type(status)),
+        js(message)
+    )
+}
+
+/// Provider-shaped error body for `status`.
+pub(crate) fn error_body(provider: Provider, status: u16, message: &str) -> String {
+    match provider {
+        Provider::OpenAi => openai_error(status, message),
+        Provider::Anthropic => anthropic_error(status, message),
+    }
+}
+
+/// Default error message for a status.
+pub(crate) fn default_error_message(provider: Provider, status: u16) -> String {
+    match (provider, status) {
+        (Provider::Anthropic, 503 | 529) => "Overloaded".to_string(),
+        (Provider::OpenAi, 429) => "Rate limit reached (mock upstream)".to_string(),
+        _ => format!("mock upstream error (HTTP {status})"),
+    }
+}
+
+// ---------------------------------------------------------------- models
+
+/// OpenAI-style model list.
+pub(crate) fn model_list(models: &[String]) -> String {
+    let items: Vec<String> = models
+        .iter()
+        .map(|m| {
+            format!(
+                "{{\"id\":{},\"object\":\"model\",\"created\":1686935002,\"owned_by\":\"sluice-mock\"}}",
+                js(m)
+            )
+        })
+        .collect();
+    format!("{{\"object\":\"list\",\"data\":[{}]}}", items.join(","))
+}
+
+// ---------------------------------------------------------------- SSE framing
+
+/// SSE framing options.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SseStyle {
+    pub eol: &'static str,
+    pub no_space: bool,
+    pub multi_line: bool,
+}
+
+/// Byte index just after the first top-level comma of a JSON object, if any.
+fn first_top_level_comma(json: &str) -> Option<usize> {
+    let mut depth = 0i32;
+    let mut in_str = false;
+    let mut esc = false;
+    for (i, b) in json.bytes().enumerate() {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if b == b'\\' {
+                esc = true;
+            } else if b == b'"' {
+                in_str = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth -= 1,
+            b',' if depth == 1 => return Some(i + 1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Encode one SSE event: optional `event:` line, one or two `data:` lines, blank line.
+pub(crate) fn encode_event(name: Option<&str>, data: &str, st: SseStyle) -> Vec<u8> {
+    let sp = if st.no_space { "" } else { " " };
+    let mut out = String::with_capacity(data.len() + 32);
+    if let Some(n) = name {
+        out.push_str("event:");
+        out.push_str(sp);
+        out.push_str(n);
+        out.push_str(st.eol);
+    }
+    let cut = if st.multi_line {
+        first_top_level_comma(data)
+    } else {
+        None
+    };
+    let parts: Vec<&str> = match cut {
+        Some(c) if c < data.len() => vec![&data[..c], &data[c..]],
+        _ => vec![data],
+    };
+    for p in parts {
+        out.push_str("data:");
+        out.push_str(sp);
+        out.push_str(p);
+        out.push_str(st.eol);
+    }
+    out.push_str(st.eol);
+    out.into_bytes()
+}
+
+/// SSE comment event (`: OPENROUTER PROCESSING` + blank line).
+pub(crate) fn encode_comment(st: SseStyle) -> Vec<u8> {
+    format!(": OPENROUTER PROCESSING{}{}", st.eol, st.eol).into_bytes()
+}
+
+fn is_eol(b: u8) -> bool {
+    b == b'\n' || b == b'\r'
+}
+
+fn is_cont(b: u8) -> bool {
+    b & 0xC0 == 0x80
+}
+
+/// A cut at `p` is "mid-line" and on a char boundary.
+fn good_mid_line_cut(bytes: &[u8], p: usize) -> bool {
+    p > 0 && p < bytes.len() && !is_eol(bytes[p - 1]) && !is_eol(bytes[p]) && !is_cont(bytes[p])
+}
+
+fn mid_line_cuts(bytes: &[u8]) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    for target in [3, bytes.len() / 2] {
+        let mut p = target;
+        while p > 0 && !good_mid_line_cut(bytes, p) {
+            p -= 1;
+        }
+        if p > 0 && !cuts.contains(&p) {
+            cuts.push(p);
+        }
+    }
+    cuts.sort_unstable();
+    cuts
+}
+
+/// Cut `bytes` into the pieces that go out as separate writes / HTTP chunks.
+pub(crate) fn split_pieces(bytes: &[u8], mode: Split) -> Vec<&[u8]> {
+    let cuts: Vec<usize> = match mode {
+        Split::None => Vec::new(),
+        Split::Bytewise => (1..bytes.len()).collect(),
+        Split::MidLine => mid_line_cuts(bytes),
+        Split::MidUtf8 => {
+            let c: Vec<usize> = bytes
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b >= 0xC0)
+                .map(|(i, _)| i + 1)
+                .filter(|p| *p < bytes.len())
+                .collect();
+            if c.is_empty() {
+                mid_line_cuts(bytes)
+            } else {
+                c
+            }
+        }
+    };
+    let mut pieces = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 0;
+    for c in cuts {
+        if c > start && c < bytes.len() {
+            pieces.push(&bytes[start..c]);
+            start = c;
+        }
+    }
+    if start < bytes.len() {
+        pieces.push(&bytes[start..]);
+    }
+    pieces
+}
+
+// ---------------------------------------------------------------- tokens and request bodies
+
+/// Split text into whitespace-delimited tokens, each keeping its trailing whitespace
+/// (leading whitespace stays with the first token). UTF-8 safe.
+pub(crate) fn split_words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut seen_word = false;
+    let mut in_ws = false;
+    for ch in text.chars() {
+        let ws = ch.is_whitespace();
+        if !ws && in_ws && seen_word {
+            out.push(std::mem::take(&mut cur));
+        }
+        if !ws {
+            seen_word = true;
+        }
+        in_ws = ws;
+        cur.push(ch);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Text of a message `content` (string, or array of parts with `text`).
+fn content_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+/// Content of the last `role: "user"` message of an OpenAI / Anthropic request body.
+pub(crate) fn last_user_message(body: &Value) -> String {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .and_then(|msgs| {
+            msgs.iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        })
+        .and_then(|m| m.get("content"))
+        .map(content_text)
+        .unwrap_or_default()
+}
+
+/// Deterministic prompt token estimate: words in all messages (and `system`), min 1.
+pub(crate) fn estimate_prompt_tokens(body: &Value) -> u64 {
+    let mut n = 0u64;
+    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
+        for m in msgs {
+            if let Some(c) = m.get("content") {
+                n += content_text(c).split_whitespace().count() as u64;
+            }
+        }
+    }
+    if let Some(s) = body.get("system") {
+        n += content_text(s).split_whitespace().count() as u64;
+    }
+    n.max(1)
+}

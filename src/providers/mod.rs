@@ -1,0 +1,186 @@
+//! Owns how Sluice talks to a provider: the `HttpPeer` for an attempt (address, TLS, SNI,
+//! ALPN, connect timeout), the upstream request head (path, `Host`, provider auth), and the
+//! per-kind request body (OpenAI as is with the upstream model; Anthropic translated).
+//!
+//! Provider host names are resolved asynchronously with a short-lived cache (Pingora's
+//! `HttpPeer::new` would do a blocking lookup and panic on failure).
+
+pub mod anthropic;
+pub mod demo;
+pub mod openai;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+use pingora::http::RequestHeader;
+use pingora::protocols::ALPN;
+use pingora::upstreams::peer::HttpPeer;
+
+use crate::config::{Provider, ProviderKind};
+
+/// How long a DNS answer is reused.
+const DNS_TTL: Duration = Duration::from_secs(30);
+
+type DnsCache = Mutex<HashMap<(String, u16), (Vec<SocketAddr>, tokio::time::Instant)>>;
+
+static DNS: LazyLock<DnsCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Resolves `host:port`, from cache when fresh.
+///
+/// # Errors
+/// A message when the lookup fails, times out (`deadline`) or returns nothing.
+async fn resolve(host: &str, port: u16, deadline: Duration) -> Result<SocketAddr, String> {
+    let key = (host.to_string(), port);
+    if let Ok(cache) = DNS.lock() {
+        if let Some((addrs, at)) = cache.get(&key) {
+            if at.elapsed() < DNS_TTL {
+                if let Some(a) = addrs.get(fastrand::usize(..addrs.len().max(1))).or(addrs.first()) {
+                    return Ok(*a);
+                }
+            }
+        }
+    }
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(deadline, tokio::net::lookup_host((host, port)))
+        .await
+        .map_err(|_| format!("DNS lookup of {host} timed out"))?
+        .map_err(|e| format!("DNS lookup of {host} failed: {e}"))?
+        .collect();
+    let first = *addrs
+        .first()
+        .ok_or_else(|| format!("DNS lookup of {host} returned no address"))?;
+    if let Ok(mut cache) = DNS.lock() {
+        cache.insert(key, (addrs, tokio::time::Instant::now()));
+    }
+    Ok(first)
+}
+
+/// Where an attempt connects: the peer plus what the request head needs.
+#[derive(Debug)]
+pub struct Target {
+    /// Pingora peer (address, TLS, SNI, timeouts).
+    pub peer: HttpPeer,
+    /// `Host` header value.
+    pub host_header: String,
+    /// Path prefix (e.g. `/v1`).
+    pub base_path: String,
+}
+
+/// Builds the peer for `provider`.
+///
+/// # Errors
+/// A message when the provider's address cannot be resolved (the demo provider not running,
+/// DNS failure).
+pub async fn target(provider: &Provider) -> Result<Target, String> {
+    let (addr, tls, sni, host_header, base_path) = match (&provider.endpoint, provider.kind) {
+        (Some(ep), _) => {
+            let addr = match ep.ip {
+                Some(ip) => SocketAddr::new(ip, ep.port),
+                None => resolve(&ep.host, ep.port, provider.timeouts.connect).await?,
+            };
+            (addr, ep.tls, ep.host.clone(), ep.host_header(), ep.base_path.clone())
+        }
+        (None, ProviderKind::Demo) => {
+            let addr = demo::address().ok_or("the demo provider is not running")?;
+            (addr, false, String::new(), addr.to_string(), "/v1".to_string())
+        }
+        (None, _) => return Err(format!("provider {} has no endpoint", provider.id)),
+    };
+    let mut peer = HttpPeer::new(addr, tls, sni);
+    let t = provider.timeouts;
+    peer.options.connection_timeout = Some(t.connect);
+    peer.options.total_connection_timeout = Some(t.connect);
+    peer.options.write_timeout = Some(t.first_byte);
+    // We time the response head, first event and idle gaps ourselves (attempt loop).
+    peer.options.read_timeout = None;
+    peer.options.idle_timeout = Some(Duration::from_secs(90));
+    peer.options.tcp_keepalive = Some(pingora::protocols::TcpKeepalive {
+        idle: Duration::from_secs(60),
+        interval: Duration::from_secs(10),
+        count: 5,
+        #[cfg(target_os = "linux")]
+        user_timeout: Duration::from_secs(0),
+    });
+    if tls {
+        peer.options.alpn = ALPN::H2H1;
+        peer.options.max_h2_streams = 100;
+    }
+    Ok(Target {
+        peer,
+        host_header,
+        base_path,
+    })
+}
+
+/// The path of the chat endpoint for a provider kind (appended to the base path).
+pub fn chat_path(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::Anthropic => anthropic::MESSAGES_PATH,
+        ProviderKind::Openai | ProviderKind::Demo => openai::CHAT_COMPLETIONS_PATH,
+    }
+}
+
+/// Builds the upstream request head: `POST {base}{path}`, `Host`, provider auth, framing.
+///
+/// # Errors
+/// Only if a header value is invalid (a provider key with a newline, say).
+pub fn request_head(
+    provider: &Provider,
+    target: &Target,
+    path: &str,
+    body_len: usize,
+    stream: bool,
+    request_id: &str,
+) -> pingora::Result<RequestHeader> {
+    let uri = format!("{}{}", target.base_path, path);
+    let mut req = RequestHeader::build("POST", uri.as_bytes(), Some(8))?;
+    req.insert_header("host", &target.host_header)?;
+    req.insert_header("content-type", "application/json")?;
+    req.insert_header("content-length", body_len.to_string())?;
+    req.insert_header(
+        "accept",
+        if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        },
+    )?;
+    req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
+    req.insert_header("x-request-id", request_id)?;
+    apply_auth(provider, &mut req)?;
+    Ok(req)
+}
+
+/// Adds the provider's credential (`Authorization: Bearer` or `x-api-key` +
+/// `anthropic-version`).
+///
+/// # Errors
+/// If the key is not a valid header value.
+pub fn apply_auth(provider: &Provider, req: &mut RequestHeader) -> pingora::Result<()> {
+    match provider.kind {
+        ProviderKind::Anthropic => {
+            if let Some(k) = &provider.api_key {
+                req.insert_header("x-api-key", k.expose())?;
+            }
+            req.insert_header("anthropic-version", anthropic::ANTHROPIC_VERSION)?;
+        }
+        ProviderKind::Openai | ProviderKind::Demo => {
+            if let Some(k) = &provider.api_key {
+                req.insert_header("authorization", format!("Bearer {}", k.expose()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes every occurrence of the provider's key from `text` (upstream error messages may
+/// echo it).
+pub fn scrub_key(provider: &Provider, text: &str) -> String {
+    match &provider.api_key {
+        Some(k) if k.expose().len() >= 4 && text.contains(k.expose()) => {
+            text.replace(k.expose(), "[redacted]")
+        }
+        _ => text.to_string(),
+    }
+}

@@ -1,0 +1,841 @@
+//! Owns the attempt loop of the LLM endpoints: try the candidate routes in order over
+//! Pingora's `Connector` (its pool, TLS, H1/H2 client), commit to the client only on a good
+//! upstream answer, then pump the stream.
+//!
+//! Why a loop inside `request_filter` and not Pingora's native retry: the native path replays
+//! at most 64 KiB of request body and has no timer hook (see `PINGORA-NOTES.md` 1.4-1.6).
+//! Here the body is read once and replayed to any number of providers, and every wait is a
+//! `select!` over the upstream, timers and the downstream noticing a close.
+//!
+//! The line it never crosses: **fallback only before the first byte** reaches the client.
+//! For streams the response head is held until the first upstream SSE data event arrives,
+//! so a provider that fails before that is invisible to the client. After the commit a
+//! failure ends the stream with an SSE error event; a non-streaming answer whose body broke
+//! gets 502. A request is never sent again after any byte of its response was received.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pingora::connectors::http::Connector;
+use pingora::protocols::http::client::HttpSession as UpstreamSession;
+use pingora::proxy::Session;
+use tokio::time::{sleep_until, Instant};
+
+use super::ctx::RequestCtx;
+use super::request::InferenceRequest;
+use super::respond;
+use crate::config::{HopTimeouts, Model, Provider, ProviderKind, Route};
+use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
+use crate::metrics::metrics;
+use crate::providers::{self, anthropic, openai};
+use crate::routing::Candidate;
+use crate::sse::{self, SseNormalizer};
+
+/// Largest upstream error body read for pass-through (bytes).
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+/// Idle time a pooled upstream connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// The client disconnected; the phase is the `sluice_client_aborts_total` label.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientGone(pub &'static str);
+
+/// How one attempt ended.
+enum Attempt {
+    /// The response was written (fully, or ended with an error after the commit).
+    Done,
+    /// Failed before the commit; the next candidate may be tried.
+    Failed(AttemptError, GatewayError),
+    /// Failed before the commit in a way another provider would not fix (4xx).
+    Final(GatewayError),
+    /// The client left.
+    Gone(ClientGone),
+}
+
+/// Resolves when the downstream closes (or misbehaves: sends bytes after its body).
+async fn client_gone(session: &mut Session) {
+    let _ = session.downstream_session.read_body_or_idle(true).await;
+}
+
+/// Whether an upstream status is worth another provider.
+fn retryable_status(status: u16) -> bool {
+    matches!(status, 401 | 403 | 408 | 409 | 429 | 500..=599)
+}
+
+/// Runs the attempt loop and writes the response.
+///
+/// # Errors
+/// [`ClientGone`] when the client disconnected (nothing more can be written).
+pub async fn run(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    candidates: &[Candidate<'_>],
+) -> Result<(), ClientGone> {
+    let mut last_error: Option<GatewayError> = None;
+    let mut previous: Option<(String, &'static str)> = None;
+    for cand in candidates {
+        if !cand.health.admit() {
+            continue;
+        }
+        let route = cand.route;
+        if let Some((from, reason)) = previous.take() {
+            metrics()
+                .fallback_total
+                .with_label_values(&[model.id.as_str(), from.as_str(), route.provider.id.as_str(), reason])
+                .inc();
+        }
+        let mut same_route_retry_used = false;
+        loop {
+            ctx.attempt_count += 1;
+            let outcome = attempt(connector, session, ctx, req, model, route).await;
+            match outcome {
+                Attempt::Done => {
+                    metrics()
+                        .upstream_attempts_total
+                        .with_label_values(&[route.provider.id.as_str(), "ok"])
+                        .inc();
+                    cand.health.record_success(ctx.outcome.ttft);
+                    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+                    metrics().fallback_depth.observe(ctx.fallback_depth() as f64);
+                    return Ok(());
+                }
+                Attempt::Final(err) => {
+                    // The provider answered (a 4xx about the request): it is healthy.
+                    cand.health.record_success(None);
+                    ctx.outcome.provider = Some(route.provider.id.clone());
+                    let _ = respond::write_error(session, ctx, &err).await;
+                    return Ok(());
+                }
+                Attempt::Gone(g) => {
+                    cand.health.release_trial();
+                    return Err(g);
+                }
+                Attempt::Failed(ae, err) => {
+                    let reason = ae.failure.label();
+                    log::info!(
+                        target: "sluice::proxy::attempt",
+                        "attempt failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
+                        ctx.request_id, ae.provider, ae.upstream_model, reason, ae.detail
+                    );
+                    metrics()
+                        .upstream_attempts_total
+                        .with_label_values(&[route.provider.id.as_str(), reason])
+                        .inc();
+                    cand.health
+                        .record_failure(&route.provider.passive_health, ae.retry_after);
+                    let transient = matches!(
+                        ae.failure,
+                        AttemptFailure::Connect | AttemptFailure::Status(502 | 503)
+                    ) && ae.retry_after.is_none();
+                    ctx.attempts.push(ae);
+                    last_error = Some(err);
+                    if transient && !same_route_retry_used {
+                        same_route_retry_used = true;
+                        metrics()
+                            .upstream_retries_total
+                            .with_label_values(&[route.provider.id.as_str(), reason])
+                            .inc();
+                        let backoff = Duration::from_millis(20 + fastrand::u64(..40));
+                        tokio::select! {
+                            () = tokio::time::sleep(backoff) => {}
+                            () = client_gone(session) => return Err(ClientGone("retry_backoff")),
+                        }
+                        continue;
+                    }
+                    previous = Some((route.provider.id.clone(), reason));
+                    break;
+                }
+            }
+        }
+    }
+    let err = last_error.unwrap_or_else(|| GatewayError::NoRoute {
+        message: format!("no healthy provider for model `{}` right now", model.id),
+        retry_after: None,
+    });
+    let _ = respond::write_error(session, ctx, &err).await;
+    Ok(())
+}
+
+/// Serializes the request for the route's provider kind.
+fn upstream_body(req: &InferenceRequest, route: &Route) -> Result<Vec<u8>, GatewayError> {
+    match route.provider.kind {
+        ProviderKind::Openai | ProviderKind::Demo => openai::request_body(&req.body, &route.upstream_model)
+            .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}"))),
+        ProviderKind::Anthropic => {
+            anthropic::chat_request_to_messages(&serde_json::Value::Object(req.body.clone()), &route.upstream_model)
+                .map_err(|e| {
+                    if e.is_client_error() {
+                        GatewayError::invalid(e.to_string(), e.field())
+                    } else {
+                        GatewayError::Internal(e.to_string())
+                    }
+                })
+        }
+    }
+}
+
+fn failed(route: &Route, failure: AttemptFailure, detail: String, err: GatewayError) -> Attempt {
+    Attempt::Failed(
+        AttemptError {
+            provider: route.provider.id.clone(),
+            upstream_model: route.upstream_model.clone(),
+            failure,
+            retry_after: err.retry_after(),
+            detail,
+        },
+        err,
+    )
+}
+
+/// Sends the request head and body and reads the final (non-1xx) response head.
+async fn exchange(up: &mut UpstreamSession, head: pingora::http::RequestHeader, body: Bytes) -> pingora::Result<()> {
+    up.write_request_header(Box::new(head)).await?;
+    up.write_request_body(body, true).await?;
+    up.finish_request_body().await?;
+    loop {
+        up.read_response_header().await?;
+        match up.response_header() {
+            Some(h) if h.status.as_u16() < 200 => {}
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// One attempt against one route.
+async fn attempt(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &Route,
+) -> Attempt {
+    let provider = &route.provider;
+    let timeouts = ctx.config.timeouts_for(provider, model);
+    let body = match upstream_body(req, route) {
+        Ok(b) => Bytes::from(b),
+        Err(e) => return Attempt::Final(e),
+    };
+    let target = match providers::target(provider).await {
+        Ok(t) => t,
+        Err(m) => {
+            let err = GatewayError::UpstreamUnavailable {
+                message: format!("provider `{}` is unreachable", provider.id),
+                retry_after: None,
+            };
+            return failed(route, AttemptFailure::Connect, m, err);
+        }
+    };
+    let path = providers::chat_path(provider.kind);
+    let head = match providers::request_head(provider, &target, path, body.len(), req.stream, &ctx.request_id) {
+        Ok(h) => h,
+        Err(e) => return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}"))),
+    };
+
+    // Connect (a stale pooled connection gets one fresh retry), send, read the head.
+    let sent_at = Instant::now();
+    let mut fresh_tries = 0;
+    let mut up = loop {
+        let connect = tokio::select! {
+            r = tokio::time::timeout(timeouts.connect, connector.get_http_session(&target.peer)) => r,
+            () = client_gone(session) => return Attempt::Gone(ClientGone("connecting")),
+        };
+        let (mut up, reused) = match connect {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => {
+                let err = GatewayError::UpstreamUnavailable {
+                    message: format!("cannot connect to provider `{}`", provider.id),
+                    retry_after: None,
+                };
+                return failed(route, AttemptFailure::Connect, e.to_string(), err);
+            }
+            Err(_) => {
+                let err = GatewayError::UpstreamUnavailable {
+                    message: format!("connecting to provider `{}` timed out", provider.id),
+                    retry_after: None,
+                };
+                return failed(route, AttemptFailure::Connect, "connect timeout".into(), err);
+            }
+        };
+        let exchanged = tokio::select! {
+            r = tokio::time::timeout(timeouts.first_byte, exchange(&mut up, head.clone(), body.clone())) => r,
+            () = client_gone(session) => {
+                up.shutdown().await;
+                return Attempt::Gone(ClientGone("waiting_head"));
+            }
+        };
+        match exchanged {
+            Ok(Ok(())) => break up,
+            Ok(Err(e)) if reused && fresh_tries == 0 => {
+                // A pooled connection the provider had closed: not the provider's fault.
+                log::debug!("stale pooled upstream connection: {e}");
+                fresh_tries += 1;
+            }
+            Ok(Err(e)) => {
+                up.shutdown().await;
+                let err = GatewayError::UpstreamUnavailable {
+                    message: format!("provider `{}` failed before answering", provider.id),
+                    retry_after: None,
+                };
+                return failed(route, AttemptFailure::Protocol, e.to_string(), err);
+            }
+            Err(_) => {
+                up.shutdown().await;
+                let err = GatewayError::UpstreamTimeout(format!(
+                    "provider `{}` sent no response head within {} ms",
+                    provider.id,
+                    timeouts.first_byte.as_millis()
+                ));
+                return failed(route, AttemptFailure::FirstByteTimeout, "first byte timeout".into(), err);
+            }
+        }
+    };
+
+    let Some(resp) = up.response_header() else {
+        up.shutdown().await;
+        return Attempt::Final(GatewayError::Internal("no upstream response head".into()));
+    };
+    let status = resp.status.as_u16();
+    if !(200..300).contains(&status) {
+        let retry_after = resp
+            .headers
+            .get("retry-after")
+            .and_then(|v| parse_retry_after(v.as_bytes()));
+        return upstream_error(session, &mut up, route, status, retry_after, timeouts).await;
+    }
+    if req.stream {
+        stream(connector, session, ctx, req, model, route, &target.peer, up, timeouts, sent_at).await
+    } else {
+        unary(connector, session, ctx, route, &target.peer, up, timeouts).await
+    }
+}
+
+/// Reads a non-2xx answer's body (bounded) and turns it into a client error.
+async fn upstream_error(
+    session: &mut Session,
+    up: &mut UpstreamSession,
+    route: &Route,
+    status: u16,
+    retry_after: Option<Duration>,
+    timeouts: HopTimeouts,
+) -> Attempt {
+    let provider = &route.provider;
+    let mut body = Vec::new();
+    let read_all = async {
+        while let Ok(Some(chunk)) = up.read_response_body().await {
+            let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
+            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if room < chunk.len() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(timeouts.first_byte, read_all) => {}
+        () = client_gone(session) => {
+            up.shutdown().await;
+            return Attempt::Gone(ClientGone("waiting_head"));
+        }
+    }
+    up.shutdown().await;
+    let err = normalize_upstream_error(provider, status, &body, retry_after);
+    if retryable_status(status) {
+        failed(route, AttemptFailure::Status(status), format!("HTTP {status}"), err)
+    } else {
+        Attempt::Final(err)
+    }
+}
+
+/// An upstream error body in OpenAI's shape, provider keys scrubbed. A provider's 401/403 is
+/// about the gateway's credentials, not the client's: the client gets 502.
+fn normalize_upstream_error(provider: &Provider, status: u16, body: &[u8], retry_after: Option<Duration>) -> GatewayError {
+    let (error_type, code, message) = match provider.kind {
+        ProviderKind::Anthropic => {
+            let (t, m) = anthropic::error_to_openai(status, body);
+            (t, None, m)
+        }
+        ProviderKind::Openai | ProviderKind::Demo => openai::error_parts(status, body),
+    };
+    let message = providers::scrub_key(provider, &message);
+    if matches!(status, 401 | 403) {
+        return GatewayError::UpstreamUnavailable {
+            message: format!("provider `{}` rejected the gateway's credentials", provider.id),
+            retry_after: None,
+        };
+    }
+    // Anthropic's 529 "overloaded" is a 503 to OpenAI clients.
+    let status = if status == 529 { 503 } else { status };
+    GatewayError::Upstream {
+        status,
+        error_type,
+        code,
+        message,
+        retry_after,
+    }
+}
+
+/// A non-streaming answer: read it all (bounded), rewrite `model`, write it.
+async fn unary(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    peer: &pingora::upstreams::peer::HttpPeer,
+    mut up: UpstreamSession,
+    timeouts: HopTimeouts,
+) -> Attempt {
+    let limit = ctx.config.server.max_response_body_bytes;
+    let mut body = BytesMut::new();
+    let broken: Option<String> = loop {
+        let next = tokio::select! {
+            r = tokio::time::timeout(timeouts.idle.max(timeouts.first_byte), up.read_response_body()) => r,
+            () = client_gone(session) => {
+                up.shutdown().await;
+                return Attempt::Gone(ClientGone("waiting_body"));
+            }
+        };
+        match next {
+            Ok(Ok(Some(chunk))) => {
+                if body.len() + chunk.len() > limit {
+                    break Some(format!("response body over {limit} bytes"));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(Ok(None)) => break None,
+            Ok(Err(e)) => break Some(e.to_string()),
+            Err(_) => break Some("upstream body read timed out".into()),
+        }
+    };
+    if let Some(detail) = broken {
+        // Bytes of the answer were received: never send the request again (no double billing).
+        up.shutdown().await;
+        log::warn!(
+            "upstream body broke request_id={} provider={} detail={detail:?}",
+            ctx.request_id, route.provider.id
+        );
+        let err = GatewayError::UpstreamUnavailable {
+            message: format!("provider `{}` broke off its answer", route.provider.id),
+            retry_after: None,
+        };
+        ctx.outcome.provider = Some(route.provider.id.clone());
+        let _ = respond::write_error(session, ctx, &err).await;
+        return Attempt::Done;
+    }
+    if up.response_done() {
+        connector.release_http_session(up, peer, Some(POOL_IDLE)).await;
+    } else {
+        up.shutdown().await;
+    }
+    let standard = ctx.standard_model.clone().unwrap_or_default();
+    let out: Vec<u8> = match route.provider.kind {
+        ProviderKind::Anthropic => {
+            match anthropic::messages_response_to_chat(&body, &standard, unix_now()) {
+                Ok(b) => b,
+                Err(e) => {
+                    let err = GatewayError::UpstreamUnavailable {
+                        message: format!("provider `{}` sent an unreadable answer: {e}", route.provider.id),
+                        retry_after: None,
+                    };
+                    let _ = respond::write_error(session, ctx, &err).await;
+                    return Attempt::Done;
+                }
+            }
+        }
+        ProviderKind::Openai | ProviderKind::Demo => {
+            let mut out = BytesMut::with_capacity(body.len() + 32);
+            route.rewriter.rewrite_into(&body, &mut out);
+            out.to_vec()
+        }
+    };
+    if let Some(u) = sse::extract_usage(&out) {
+        ctx.outcome.input_tokens = u.input_tokens;
+        ctx.outcome.output_tokens = u.output_tokens;
+    }
+    ctx.outcome.provider = Some(route.provider.id.clone());
+    ctx.outcome.upstream_model = Some(route.upstream_model.clone());
+    ctx.outcome.ttft = Some(ctx.received.elapsed());
+    ctx.outcome.label = "ok";
+    let head = match respond::proxied_head(ctx, 200, false, Some(out.len()), &route.provider.id) {
+        Ok(h) => h,
+        Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
+    };
+    ctx.downstream_committed = true;
+    ctx.outcome.status = 200;
+    ctx.outcome.bytes_out = out.len() as u64;
+    if session.write_response_header(Box::new(head), false).await.is_err()
+        || session.write_response_body(Some(Bytes::from(out)), true).await.is_err()
+    {
+        return Attempt::Gone(ClientGone("writing"));
+    }
+    Attempt::Done
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Per-stream transform state: normalizer, model rewrite or Anthropic translation, counters.
+struct StreamPipe<'r> {
+    normalizer: SseNormalizer,
+    route: &'r Route,
+    translator: Option<anthropic::StreamTranslator>,
+    out: BytesMut,
+    data_events: u64,
+    content_events: u64,
+    first_content: bool,
+    usage: Option<sse::Usage>,
+}
+
+/// What one upstream chunk produced.
+enum PipeError {
+    /// The upstream sent an in-band error event.
+    Upstream(String, String),
+    /// Framing broke (an event over the per-stream buffer bound).
+    Framing(String),
+}
+
+impl<'r> StreamPipe<'r> {
+    fn new(route: &'r Route, standard_model: &str, include_usage: bool, max_event_bytes: usize) -> Self {
+        let translator = (route.provider.kind == ProviderKind::Anthropic)
+            .then(|| anthropic::StreamTranslator::new(standard_model, unix_now(), include_usage));
+        Self {
+            normalizer: SseNormalizer::new(max_event_bytes),
+            route,
+            translator,
+            out: BytesMut::with_capacity(4096),
+            data_events: 0,
+            content_events: 0,
+            first_content: false,
+            usage: None,
+        }
+    }
+
+    /// Feeds a chunk (or the end, with `None`); complete events land in `self.out`.
+    fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), PipeError> {
+        let r = match chunk {
+            Some(c) => self.normalizer.push(c),
+            None => self.normalizer.finish(),
+        };
+        r.map_err(|e| PipeError::Framing(e.to_string()))?;
+        while let Some(ev) = self.normalizer.next_event() {
+            let Some(data) = ev.data() else {
+                // Comments and field-only events pass through (OpenAI path only).
+                if self.translator.is_none() {
+                    self.out.extend_from_slice(ev.raw());
+                }
+                continue;
+            };
+            if let Some(t) = self.translator.as_mut() {
+                let before = self.out.len();
+                match t.on_event(ev.event_name().map(str::as_bytes), &data, &mut self.out) {
+                    Ok(()) => {}
+                    Err(anthropic::TranslateError::Upstream { error_type, message }) => {
+                        return Err(PipeError::Upstream(error_type, message));
+                    }
+                    Err(e) => return Err(PipeError::Framing(e.to_string())),
+                }
+                if self.out.len() > before {
+                    self.data_events += 1;
+                    if sse::has_content(&self.out[before..]) {
+                        self.content_events += 1;
+                        self.first_content = true;
+                    }
+                }
+                let (i, o) = t.usage();
+                if i > 0 || o > 0 {
+                    self.usage = Some(sse::Usage {
+                        input_tokens: i,
+                        output_tokens: o,
+                    });
+                }
+                continue;
+            }
+            if ev.is_done() {
+                self.out.extend_from_slice(ev.raw());
+                continue;
+            }
+            if ev.event_name() == Some("error") || data.starts_with(b"{\"error\"") {
+                let (t, _, m) = openai::error_parts(502, &data);
+                return Err(PipeError::Upstream(t, m));
+            }
+            self.data_events += 1;
+            if sse::has_content(&data) {
+                self.content_events += 1;
+                self.first_content = true;
+            }
+            if let Some(u) = sse::extract_usage(&data) {
+                self.usage = Some(u);
+            }
+            self.route.rewriter.rewrite_into(ev.raw(), &mut self.out);
+        }
+        Ok(())
+    }
+
+    fn take(&mut self) -> Bytes {
+        self.out.split().freeze()
+    }
+}
+
+/// A streaming answer: hold the head until the first data event, then commit and pump with
+/// heartbeats, idle and duration limits, and client-disconnect detection.
+#[expect(clippy::too_many_arguments, reason = "the loop's state is passed explicitly, not hidden in the ctx")]
+#[expect(clippy::too_many_lines, reason = "one linear state machine reads best in one place")]
+async fn stream(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &Route,
+    peer: &pingora::upstreams::peer::HttpPeer,
+    mut up: UpstreamSession,
+    timeouts: HopTimeouts,
+    sent_at: Instant,
+) -> Attempt {
+    let standard = ctx.standard_model.clone().unwrap_or_default();
+    let mut pipe = StreamPipe::new(route, &standard, req.include_usage, ctx.config.server.max_buffered_bytes_per_stream);
+    let head_at = Instant::now();
+    let _ = sent_at;
+    let first_event_deadline = head_at + timeouts.first_event;
+    let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
+    let mut ended = false;
+
+    // Phase 1: before the commit. Any failure here falls back.
+    while pipe.data_events == 0 {
+        enum Ev {
+            Chunk(pingora::Result<Option<Bytes>>),
+            FirstEventTimeout,
+            EarlyCommit,
+            Gone,
+        }
+        let ev = tokio::select! {
+            biased;
+            () = client_gone(session) => Ev::Gone,
+            r = up.read_response_body() => Ev::Chunk(r),
+            () = sleep_until(first_event_deadline) => Ev::FirstEventTimeout,
+            () = sleep_until(early_commit_at.unwrap_or(first_event_deadline)), if early_commit_at.is_some() => Ev::EarlyCommit,
+        };
+        match ev {
+            Ev::Gone => {
+                up.shutdown().await;
+                return Attempt::Gone(ClientGone("waiting_first_event"));
+            }
+            Ev::FirstEventTimeout => {
+                up.shutdown().await;
+                let err = GatewayError::UpstreamTimeout(format!(
+                    "provider `{}` sent no event within {} ms",
+                    route.provider.id,
+                    timeouts.first_event.as_millis()
+                ));
+                return failed(route, AttemptFailure::FirstEventTimeout, "first event timeout".into(), err);
+            }
+            Ev::EarlyCommit => break,
+            Ev::Chunk(Ok(chunk)) => {
+                let end = chunk.is_none();
+                match pipe.feed(chunk.as_deref()) {
+                    Ok(()) => {}
+                    Err(PipeError::Upstream(t, m)) => {
+                        up.shutdown().await;
+                        let err = GatewayError::Upstream {
+                            status: 502,
+                            error_type: t,
+                            code: None,
+                            message: providers::scrub_key(&route.provider, &m),
+                            retry_after: None,
+                        };
+                        return failed(route, AttemptFailure::Protocol, "in-band error before first event".into(), err);
+                    }
+                    Err(PipeError::Framing(m)) => {
+                        up.shutdown().await;
+                        let err = GatewayError::UpstreamUnavailable {
+                            message: format!("provider `{}` sent a malformed stream", route.provider.id),
+                            retry_after: None,
+                        };
+                        return failed(route, AttemptFailure::Protocol, m, err);
+                    }
+                }
+                if end {
+                    ended = true;
+                    if pipe.data_events == 0 {
+                        let err = GatewayError::UpstreamUnavailable {
+                            message: format!("provider `{}` closed the stream before its first event", route.provider.id),
+                            retry_after: None,
+                        };
+                        return failed(route, AttemptFailure::Protocol, "closed before first event".into(), err);
+                    }
+                }
+            }
+            Ev::Chunk(Err(e)) => {
+                up.shutdown().await;
+                let err = GatewayError::UpstreamUnavailable {
+                    message: format!("provider `{}` broke the stream before its first event", route.provider.id),
+                    retry_after: None,
+                };
+                return failed(route, AttemptFailure::Protocol, e.to_string(), err);
+            }
+        }
+    }
+
+    // Commit: the response head goes out with whatever complete events we hold.
+    ctx.outcome.provider = Some(route.provider.id.clone());
+    ctx.outcome.upstream_model = Some(route.upstream_model.clone());
+    ctx.outcome.label = "ok";
+    ctx.outcome.status = 200;
+    let head = match respond::proxied_head(ctx, 200, true, None, &route.provider.id) {
+        Ok(h) => h,
+        Err(e) => {
+            up.shutdown().await;
+            return Attempt::Final(GatewayError::Internal(e.to_string()));
+        }
+    };
+    ctx.downstream_committed = true;
+    if session.write_response_header(Box::new(head), false).await.is_err() {
+        up.shutdown().await;
+        return Attempt::Gone(ClientGone("writing"));
+    }
+    let first = pipe.take();
+    if pipe.first_content {
+        ctx.outcome.ttft = Some(ctx.received.elapsed());
+    }
+    if !first.is_empty() {
+        ctx.outcome.bytes_out += first.len() as u64;
+        if session.write_response_body(Some(first), ended).await.is_err() {
+            up.shutdown().await;
+            return Attempt::Gone(ClientGone("streaming"));
+        }
+    }
+    if ended {
+        finish_stream(ctx, &pipe);
+        return Attempt::Done;
+    }
+
+    // Phase 2: committed. Pump until the end; failures become an SSE error event.
+    let max_end = ctx.config.server.max_stream_duration.map(|d| ctx.received + d);
+    let mut idle_deadline = Instant::now() + timeouts.idle.max(Duration::from_millis(1));
+    let mut heartbeat = tokio::time::interval_at(Instant::now() + timeouts.heartbeat, timeouts.heartbeat);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stream_error: Option<(&'static str, String)> = loop {
+        enum Ev {
+            Chunk(pingora::Result<Option<Bytes>>),
+            Gone,
+            Idle,
+            MaxDuration,
+            FirstEventTimeout,
+            Shutdown,
+        }
+        let ev = {
+            let read = up.read_response_body();
+            tokio::pin!(read);
+            loop {
+                let waiting_first = pipe.data_events == 0;
+                let tick = tokio::select! {
+                    biased;
+                    () = client_gone(session) => Some(Ev::Gone),
+                    r = &mut read => Some(Ev::Chunk(r)),
+                    () = sleep_until(idle_deadline) => Some(Ev::Idle),
+                    () = sleep_until(first_event_deadline), if waiting_first => Some(Ev::FirstEventTimeout),
+                    () = sleep_until(max_end.unwrap_or(idle_deadline)), if max_end.is_some() => Some(Ev::MaxDuration),
+                    () = crate::shutdown::streams_cancelled() => Some(Ev::Shutdown),
+                    _ = heartbeat.tick() => None,
+                };
+                match tick {
+                    Some(ev) => break ev,
+                    None => {
+                        // Between events only: `out` is always drained after each chunk.
+                        metrics()
+                            .heartbeats_total
+                            .with_label_values(&[route.provider.id.as_str()])
+                            .inc();
+                        ctx.outcome.bytes_out += sse::KEEPALIVE_COMMENT.len() as u64;
+                        if session
+                            .write_response_body(Some(Bytes::from_static(sse::KEEPALIVE_COMMENT)), false)
+                            .await
+                            .is_err()
+                        {
+                            break Ev::Gone;
+                        }
+                    }
+                }
+            }
+        };
+        match ev {
+            Ev::Gone => {
+                up.shutdown().await;
+                return Attempt::Gone(ClientGone("streaming"));
+            }
+            Ev::Idle => break Some(("idle_timeout", format!("provider `{}` sent nothing for {} ms", route.provider.id, timeouts.idle.as_millis()))),
+            Ev::MaxDuration => break Some(("max_stream_duration", "the stream reached its maximum duration".to_string())),
+            Ev::Shutdown => break Some(("shutdown", "the gateway is shutting down; retry the request".to_string())),
+            Ev::FirstEventTimeout => break Some(("first_event_timeout", format!("provider `{}` sent no event within {} ms", route.provider.id, timeouts.first_event.as_millis()))),
+            Ev::Chunk(Err(e)) => {
+                log::warn!("upstream stream broke request_id={} provider={} error={e}", ctx.request_id, route.provider.id);
+                break Some(("upstream_broken", format!("provider `{}` broke off the stream", route.provider.id)));
+            }
+            Ev::Chunk(Ok(chunk)) => {
+                let end = chunk.is_none();
+                if let Err(e) = pipe.feed(chunk.as_deref()) {
+                    let detail = match e {
+                        PipeError::Upstream(_, m) => providers::scrub_key(&route.provider, &m),
+                        PipeError::Framing(m) => m,
+                    };
+                    break Some(("upstream_error", detail));
+                }
+                let had_content = ctx.outcome.ttft.is_some();
+                let out = pipe.take();
+                if !had_content && pipe.first_content {
+                    ctx.outcome.ttft = Some(ctx.received.elapsed());
+                }
+                idle_deadline = Instant::now() + timeouts.idle;
+                heartbeat.reset();
+                if !out.is_empty() || end {
+                    ctx.outcome.bytes_out += out.len() as u64;
+                    let body = (!out.is_empty()).then_some(out);
+                    if session.write_response_body(body, end).await.is_err() {
+                        up.shutdown().await;
+                        return Attempt::Gone(ClientGone("streaming"));
+                    }
+                }
+                if end {
+                    break None;
+                }
+            }
+        }
+    };
+
+    match stream_error {
+        None => {
+            if up.response_done() {
+                connector.release_http_session(up, peer, Some(POOL_IDLE)).await;
+            } else {
+                up.shutdown().await;
+            }
+        }
+        Some((reason, message)) => {
+            up.shutdown().await;
+            metrics().stream_errors_total.with_label_values(&[reason]).inc();
+            ctx.outcome.label = "stream_error";
+            let ev = sse::openai_error_event(&message, "api_error", reason);
+            ctx.outcome.bytes_out += ev.len() as u64;
+            if session.write_response_body(Some(ev), true).await.is_err() {
+                return Attempt::Gone(ClientGone("streaming"));
+            }
+        }
+    }
+    finish_stream(ctx, &pipe);
+    Attempt::Done
+}
+
+/// Records usage for a finished stream: the upstream's `usage` when it sent one, else the
+/// number of content events as the output count.
+fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
+    let (input, output) = pipe.usage.map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
+    if input > 0 {
+        ctx.outcome.input_tokens = input;
+    }
+    ctx.outcome.output_tokens = if output > 0 { output } else { pipe.content_events };
+}

@@ -1,0 +1,134 @@
+//! Owns per-request state ([`RequestCtx`]), created in `new_ctx` and dropped when Pingora
+//! finishes the request. Dropping it releases everything the request held (the active-stream
+//! gauge, admission permits), which is how a client abort frees capacity.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::auth::Caller;
+use crate::config::Config;
+use crate::error::AttemptError;
+
+/// What finally happened, for the access log and metrics.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    /// Final downstream status (0 = nothing was written).
+    pub status: u16,
+    /// Provider that answered, if any.
+    pub provider: Option<String>,
+    /// Upstream model that answered, if any.
+    pub upstream_model: Option<String>,
+    /// Label: `ok`, `client_abort`, an error's metric label, or `stream_error`.
+    pub label: &'static str,
+    /// Request received → first content event written downstream.
+    pub ttft: Option<Duration>,
+    /// Body bytes written downstream.
+    pub bytes_out: u64,
+    /// Input tokens (from `usage`, else estimated).
+    pub input_tokens: u64,
+    /// Output tokens (from `usage`, else counted events).
+    pub output_tokens: u64,
+}
+
+/// Decrements `sluice_active_streams{tenant}` on drop.
+#[derive(Debug)]
+pub struct ActiveStreamGuard(prometheus::IntGauge);
+
+impl ActiveStreamGuard {
+    /// Increments the gauge for `tenant`.
+    pub fn new(tenant: &str) -> Self {
+        let g = crate::metrics::metrics()
+            .active_streams
+            .with_label_values(&[tenant]);
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for ActiveStreamGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Per-request state.
+#[derive(Debug)]
+pub struct RequestCtx {
+    /// Config snapshot pinned for the whole request (reloads never change it mid-request).
+    pub config: Arc<Config>,
+    /// When the request arrived.
+    pub received: Instant,
+    /// Request id (from a sane `x-request-id` or generated), echoed as `x-request-id`.
+    pub request_id: String,
+    /// `None` until authentication succeeds.
+    pub caller: Option<Caller>,
+    /// The standard model asked for; `None` before the body is parsed (or for `/v1/models`).
+    pub standard_model: Option<String>,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Failed attempts in order.
+    pub attempts: Vec<AttemptError>,
+    /// Number of upstream attempts made (failed or not).
+    pub attempt_count: usize,
+    /// Whether the response head has been written downstream (no fallback after this).
+    pub downstream_committed: bool,
+    /// Held while the request is proxied.
+    pub active: Option<ActiveStreamGuard>,
+    /// Held admission permits (global concurrency, tenant concurrency); dropped with the ctx.
+    pub permits: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    /// The result.
+    pub outcome: Outcome,
+}
+
+impl RequestCtx {
+    /// A fresh context pinned to `config`.
+    pub fn new(config: Arc<Config>) -> Self {
+        Self {
+            config,
+            received: Instant::now(),
+            request_id: String::new(),
+            caller: None,
+            standard_model: None,
+            stream: false,
+            attempts: Vec::new(),
+            attempt_count: 0,
+            downstream_committed: false,
+            active: None,
+            permits: Vec::new(),
+            outcome: Outcome::default(),
+        }
+    }
+
+    /// Fallback depth: attempts − 1 (0 when the first candidate served).
+    pub fn fallback_depth(&self) -> usize {
+        self.attempt_count.saturating_sub(1)
+    }
+}
+
+/// A request id: the client's `x-request-id` when it is 1..=64 chars of `[A-Za-z0-9._-]`,
+/// else 16 random hex chars.
+pub fn request_id(from_client: Option<&[u8]>) -> String {
+    if let Some(v) = from_client {
+        if !v.is_empty()
+            && v.len() <= 64
+            && v
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            return String::from_utf8_lossy(v).into_owned();
+        }
+    }
+    format!("{:016x}", fastrand::u64(..))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_id_accepts_sane_client_ids_only() {
+        assert_eq!(super::request_id(Some(b"abc-123")), "abc-123");
+        assert_eq!(super::request_id(Some(b"bad id\n")).len(), 16);
+        assert_eq!(super::request_id(None).len(), 16);
+    }
+}

@@ -1,0 +1,170 @@
+//! Owns the downstream API surface: which path and method does what.
+//!
+//! - `POST /v1/chat/completions`: OpenAI Chat Completions, streaming or not
+//!   (<https://platform.openai.com/docs/api-reference/chat/create>).
+//! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,
+//!   in OpenAI's list format (<https://platform.openai.com/docs/api-reference/models/list>).
+//!
+//! Everything else is a 404 (unknown path) or 405 (known path, wrong method) in OpenAI's error
+//! shape. The `/v1` prefix is optional, as SDK base URLs differ.
+
+use pingora::proxy::Session;
+use serde_json::json;
+
+use super::attempt::{self, ClientGone};
+use super::ctx::{ActiveStreamGuard, RequestCtx};
+use super::request::{self, BodyError, PREFERENCE_HEADER};
+use super::{respond, Gateway};
+use crate::auth::{presented_key, Caller};
+use crate::error::GatewayError;
+use crate::routing;
+
+/// Handles one downstream request end to end (the response is written when this returns
+/// `Ok`).
+///
+/// # Errors
+/// [`ClientGone`] when the client disconnected.
+pub async fn handle(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ClientGone> {
+    let method = session.req_header().method.as_str().to_string();
+    let path = session.req_header().uri.path().to_string();
+    let path = path.strip_prefix("/v1").unwrap_or(&path);
+    let result = match (path, method.as_str()) {
+        ("/chat/completions", "POST") => chat(gw, session, ctx).await,
+        ("/chat/completions", _) => Err(GatewayError::MethodNotAllowed(method.clone()).into()),
+        ("/models", "GET") => models(session, ctx, None).await,
+        (p, "GET") if p.starts_with("/models/") => {
+            let id = p.trim_start_matches("/models/").to_string();
+            models(session, ctx, Some(id)).await
+        }
+        ("/models", _) => Err(GatewayError::MethodNotAllowed(method.clone()).into()),
+        _ => Err(GatewayError::NotFound {
+            message: format!("unknown path `{}`", session.req_header().uri.path()),
+            code: "not_found",
+        }
+        .into()),
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(ChatError::Gone(g)) => Err(g),
+        Err(ChatError::Client(e)) => {
+            if !session.is_body_done() {
+                // The body was not read: the connection cannot be reused safely.
+                session.set_keepalive(None);
+            }
+            respond::write_error(session, ctx, &e)
+                .await
+                .map_err(|_| ClientGone("writing"))
+        }
+    }
+}
+
+/// Authenticates the presented virtual key.
+fn authenticate(session: &Session, ctx: &mut RequestCtx) -> Result<Caller, GatewayError> {
+    let h = &session.req_header().headers;
+    let key = presented_key(
+        h.get("authorization").map(|v| v.as_bytes()),
+        h.get("x-api-key").map(|v| v.as_bytes()),
+    )
+    .ok_or_else(|| {
+        GatewayError::InvalidVirtualKey(
+            "missing API key: send `Authorization: Bearer <virtual key>`".into(),
+        )
+    })?;
+    let caller = ctx
+        .config
+        .keys
+        .authenticate(&key)
+        .cloned()
+        .ok_or_else(|| GatewayError::InvalidVirtualKey("invalid API key".into()))?;
+    ctx.caller = Some(caller.clone());
+    Ok(caller)
+}
+
+/// `GET /v1/models` and `GET /v1/models/{id}`.
+async fn models(session: &mut Session, ctx: &mut RequestCtx, one: Option<String>) -> Result<(), ChatError> {
+    let caller = authenticate(session, ctx)?;
+    let visible: Vec<serde_json::Value> = ctx
+        .config
+        .models
+        .keys()
+        .filter(|id| caller.may_use_model(id))
+        .filter(|id| one.as_ref().is_none_or(|o| o == *id))
+        .map(|id| {
+            json!({
+                "id": id,
+                "object": "model",
+                "created": 0,
+                "owned_by": id.split('/').next().unwrap_or("sluice"),
+            })
+        })
+        .collect();
+    let body = match one {
+        Some(id) => match visible.into_iter().next() {
+            Some(m) => m,
+            None => return Err(model_not_found(&id).into()),
+        },
+        None => json!({"object": "list", "data": visible}),
+    };
+    let bytes = serde_json::to_vec(&body).map_err(|e| GatewayError::Internal(e.to_string()))?;
+    respond::write_json(session, ctx, 200, bytes, &[])
+        .await
+        .map_err(|_| ChatError::Gone(ClientGone("writing")))
+}
+
+fn model_not_found(id: &str) -> GatewayError {
+    GatewayError::NotFound {
+        message: format!("The model `{id}` does not exist or you do not have access to it."),
+        code: "model_not_found",
+    }
+}
+
+/// Why a request ended without a proxied answer.
+enum ChatError {
+    Client(GatewayError),
+    Gone(ClientGone),
+}
+
+impl From<GatewayError> for ChatError {
+    fn from(e: GatewayError) -> Self {
+        Self::Client(e)
+    }
+}
+
+/// `POST /v1/chat/completions`.
+async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ChatError> {
+    let caller = authenticate(session, ctx)?;
+    let limit = ctx.config.server.max_request_body_bytes;
+    let body = match request::read_body(session, limit).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge(limit_bytes)) => {
+            return Err(GatewayError::PayloadTooLarge { limit_bytes }.into())
+        }
+        Err(BodyError::Downstream(_)) => return Err(ChatError::Gone(ClientGone("reading_body"))),
+    };
+    let pref_header = session
+        .req_header()
+        .headers
+        .get(PREFERENCE_HEADER)
+        .map(|v| v.as_bytes().to_vec());
+    let req = request::parse_chat(&body, pref_header.as_deref(), &ctx.config)?;
+    drop(body);
+    ctx.standard_model = Some(req.model.clone());
+    ctx.stream = req.stream;
+    let config = ctx.config.clone();
+    let model = config
+        .models
+        .get(&req.model)
+        .filter(|_| caller.may_use_model(&req.model))
+        .ok_or_else(|| model_not_found(&req.model))?;
+
+    let _permit = match gw.admission.admit(session, &caller, &config, req.needs.estimated_input_tokens).await {
+        Ok(p) => p,
+        Err(crate::backpressure::Rejected::Client(e)) => return Err(e.into()),
+        Err(crate::backpressure::Rejected::Gone) => return Err(ChatError::Gone(ClientGone("queued"))),
+    };
+    let candidates = routing::plan(model, &caller, &req.needs, req.preference.as_ref())?;
+    ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
+    attempt::run(&gw.connector, session, ctx, &req, model, &candidates)
+        .await
+        .map_err(ChatError::Gone)
+}

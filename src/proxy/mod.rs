@@ -1,0 +1,117 @@
+//! Owns [`Gateway`], Sluice's one `ProxyHttp` implementation. Every phase is a few lines that
+//! delegate to the module owning the decision:
+//!
+//! | phase | does | owner |
+//! |---|---|---|
+//! | `new_ctx` | pin the config snapshot, start the clock | [`ctx`] |
+//! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
+//! | `request_filter` | route the path; auth; body; plan; the attempt loop (LLM endpoints) | [`endpoints`], [`attempt`] |
+//! | `upstream_peer` | no native-path routes are configured: refuse | — |
+//! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped | [`respond`] |
+//! | `logging` | access log line, request metrics | [`crate::access_log`] |
+
+pub mod attempt;
+pub mod ctx;
+pub mod endpoints;
+pub mod request;
+pub mod respond;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use pingora::connectors::http::Connector;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorType};
+
+use crate::backpressure::Admission;
+use crate::config::ConfigHandle;
+use crate::error::GatewayError;
+use ctx::RequestCtx;
+
+/// The gateway: shared, immutable-per-process state behind the proxy service.
+pub struct Gateway {
+    /// Live configuration (hot-reloaded).
+    pub config: Arc<ConfigHandle>,
+    /// Pingora's upstream connector: one per process (it owns the connection pools).
+    pub connector: Connector,
+    /// Admission control: global concurrency, queue, tenant limits.
+    pub admission: Arc<Admission>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// A gateway over `config`.
+    pub fn new(config: Arc<ConfigHandle>, admission: Arc<Admission>) -> Self {
+        Self {
+            config,
+            connector: Connector::new(None),
+            admission,
+        }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new(self.config.snapshot())
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+        ctx.request_id = ctx::request_id(session.req_header().headers.get("x-request-id").map(|v| v.as_bytes()));
+        session.set_write_timeout(Some(ctx.config.server.downstream_write_timeout));
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
+        match endpoints::handle(self, session, ctx).await {
+            Ok(()) => Ok(true),
+            Err(attempt::ClientGone(phase)) => {
+                crate::metrics::metrics()
+                    .client_aborts_total
+                    .with_label_values(&[phase])
+                    .inc();
+                ctx.outcome.label = "client_abort";
+                Err(Error::explain(ErrorType::ConnectionClosed, "client disconnected").into_down())
+            }
+        }
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
+        // Every route is answered in `request_filter`; reaching here is a bug.
+        Err(Error::explain(ErrorType::HTTPStatus(404), "no native proxy route"))
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+        if matches!(e.esource(), pingora::ErrorSource::Downstream) || ctx.downstream_committed {
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        let err = match e.etype() {
+            ErrorType::HTTPStatus(404) => GatewayError::NotFound {
+                message: "unknown path".into(),
+                code: "not_found",
+            },
+            _ => GatewayError::Internal("the gateway failed to handle the request".into()),
+        };
+        let code = err.status();
+        let _ = respond::write_error(session, ctx, &err).await;
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        crate::access_log::record(session, e, ctx);
+    }
+}

@@ -1,0 +1,242 @@
+//! Owns the downstream request body: reading it once, bounded by
+//! `server.max_request_body_bytes` (413 past it), and parsing the OpenAI Chat Completions
+//! request (<https://platform.openai.com/docs/api-reference/chat/create>) into an
+//! [`InferenceRequest`]: model, stream flag, capabilities used, provider preference.
+
+use bytes::{Bytes, BytesMut};
+use pingora::proxy::Session;
+use serde_json::{Map, Value};
+
+use crate::config::{Capability, Config};
+use crate::error::GatewayError;
+use crate::routing::{Preference, RouteNeeds};
+
+/// Header carrying the same JSON as the body's `provider` field.
+pub const PREFERENCE_HEADER: &str = "x-sluice-provider-preference";
+
+/// Default output bound for cost estimates when the request sets none (tokens).
+const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
+
+/// Why the body could not be read.
+#[derive(Debug)]
+pub enum BodyError {
+    /// Over the limit (bytes).
+    TooLarge(usize),
+    /// The client went away or broke the framing.
+    Downstream(Box<pingora::Error>),
+}
+
+/// Reads the whole request body, refusing more than `limit` bytes.
+///
+/// # Errors
+/// [`BodyError::TooLarge`] as soon as the limit is passed (or announced by `Content-Length`);
+/// [`BodyError::Downstream`] when the client fails.
+pub async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, BodyError> {
+    let announced = session
+        .req_header()
+        .headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if announced.is_some_and(|n| n > limit) {
+        return Err(BodyError::TooLarge(limit));
+    }
+    let mut buf = BytesMut::with_capacity(announced.unwrap_or(4096).min(limit));
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                if buf.len() + chunk.len() > limit {
+                    return Err(BodyError::TooLarge(limit));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(buf.freeze()),
+            Err(e) => return Err(BodyError::Downstream(e)),
+        }
+    }
+}
+
+/// A parsed chat request.
+#[derive(Debug)]
+pub struct InferenceRequest {
+    /// The request object as sent (forwarded with `model` replaced per attempt).
+    pub body: Map<String, Value>,
+    /// The standard model asked for.
+    pub model: String,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// What the request needs from a route.
+    pub needs: RouteNeeds,
+    /// The client's provider preference.
+    pub preference: Option<Preference>,
+}
+
+/// Parses and validates a chat request body.
+///
+/// # Errors
+/// 400 [`GatewayError::InvalidRequest`] for malformed JSON, a missing or non-string `model`,
+/// a bad `stream`, `messages` or provider preference (including unknown provider names).
+pub fn parse_chat(
+    body: &[u8],
+    preference_header: Option<&[u8]>,
+    config: &Config,
+) -> Result<InferenceRequest, GatewayError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::invalid(format!("request body is not valid JSON: {e}"), None))?;
+    let Value::Object(mut map) = value else {
+        return Err(GatewayError::invalid("request body must be a JSON object", None));
+    };
+    let model = match map.get("model") {
+        Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),
+        Some(_) => return Err(GatewayError::invalid("`model` must be a non-empty string", Some("model"))),
+        None => return Err(GatewayError::invalid("you must provide a `model` parameter", Some("model"))),
+    };
+    let stream = match map.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(GatewayError::invalid("`stream` must be a boolean", Some("stream"))),
+    };
+    match map.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => {}
+        Some(Value::Array(_)) => {
+            return Err(GatewayError::invalid("`messages` must not be empty", Some("messages")))
+        }
+        _ => {
+            return Err(GatewayError::invalid(
+                "you must provide `messages` (an array)",
+                Some("messages"),
+            ))
+        }
+    }
+    let include_usage = map
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+
+    let mut preference = match map.remove("provider") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value::<Preference>(v)
+                .map_err(|e| GatewayError::invalid(format!("bad `provider` preference: {e}"), Some("provider")))?,
+        ),
+    };
+    if let Some(h) = preference_header {
+        let p: Preference = serde_json::from_slice(h).map_err(|e| {
+            GatewayError::invalid(format!("bad {PREFERENCE_HEADER} header: {e}"), None)
+        })?;
+        preference = Some(p);
+    }
+    if let Some(p) = &preference {
+        if let Some(unknown) = p.names().find(|n| !config.providers.contains_key(*n)) {
+            return Err(GatewayError::invalid(
+                format!("unknown provider `{unknown}` in provider preference"),
+                Some("provider"),
+            ));
+        }
+    }
+
+    let needs = RouteNeeds {
+        capabilities: capabilities(&map),
+        estimated_input_tokens: (body.len() as u64) / 4,
+        max_output_tokens: map
+            .get("max_completion_tokens")
+            .or_else(|| map.get("max_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
+    };
+    Ok(InferenceRequest {
+        body: map,
+        model,
+        stream,
+        include_usage,
+        needs,
+        preference,
+    })
+}
+
+/// Capabilities the request uses.
+fn capabilities(map: &Map<String, Value>) -> Vec<Capability> {
+    let mut caps = Vec::new();
+    let has = |k: &str| map.get(k).is_some_and(|v| !v.is_null());
+    if has("tools") || has("tool_choice") || has("functions") {
+        caps.push(Capability::Tools);
+    }
+    let vision = map
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|msgs| {
+            msgs.iter().any(|m| {
+                m.get("content").and_then(Value::as_array).is_some_and(|parts| {
+                    parts.iter().any(|p| {
+                        matches!(
+                            p.get("type").and_then(Value::as_str),
+                            Some("image_url" | "image" | "input_image")
+                        )
+                    })
+                })
+            })
+        });
+    if vision {
+        caps.push(Capability::Vision);
+    }
+    if map
+        .get("response_format")
+        .and_then(|r| r.get("type"))
+        .and_then(Value::as_str)
+        == Some("json_schema")
+    {
+        caps.push(Capability::JsonSchema);
+    }
+    caps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        let dir = std::env::temp_dir().join(format!("sluice-req-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        std::fs::write(&p, "providers:\n  a:\n    kind: openai\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  m:\n    routes:\n      - provider: a\n        upstream_model: x\n").unwrap();
+        Config::load(&p).unwrap()
+    }
+
+    #[test]
+    fn parses_model_stream_and_capabilities() {
+        let c = cfg();
+        let r = parse_chat(
+            br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"tools":[{}],"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}],"response_format":{"type":"json_schema"}}"#,
+            None,
+            &c,
+        )
+        .unwrap();
+        assert_eq!(r.model, "m");
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.needs.capabilities, vec![Capability::Tools, Capability::Vision, Capability::JsonSchema]);
+    }
+
+    #[test]
+    fn rejects_bad_input_with_400() {
+        let c = cfg();
+        for body in [&b"{"[..], b"[]", br#"{"messages":[{"role":"user","content":"x"}]}"#, br#"{"model":1,"messages":[]}"#, br#"{"model":"m"}"#] {
+            let e = parse_chat(body, None, &c).unwrap_err();
+            assert_eq!(e.status(), 400, "{body:?}");
+        }
+    }
+
+    #[test]
+    fn preference_is_removed_and_checked() {
+        let c = cfg();
+        let r = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"provider":{"order":["a"]}}"#, None, &c).unwrap();
+        assert!(r.body.get("provider").is_none());
+        assert_eq!(r.preference.unwrap().order, vec!["a".to_string()]);
+        let e = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"provider":{"only":["zz"]}}"#, None, &c).unwrap_err();
+        assert!(e.to_string().contains("zz"));
+        let e = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, Some(b"{\"ignore\":[\"q\"]}"), &c).unwrap_err();
+        assert_eq!(e.status(), 400);
+    }
+}

@@ -1,0 +1,88 @@
+//! Owns responses Sluice writes itself: JSON bodies (model lists, OpenAI-style errors with
+//! `Retry-After`) and the response head of a proxied answer (SSE headers, route headers,
+//! `x-request-id`).
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+use super::ctx::RequestCtx;
+use crate::error::{retry_after_header, GatewayError};
+
+/// Writes a complete JSON response.
+///
+/// # Errors
+/// When the downstream write fails (the client is gone).
+pub async fn write_json(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    status: u16,
+    body: Vec<u8>,
+    extra_headers: &[(&'static str, String)],
+) -> pingora::Result<()> {
+    let mut h = ResponseHeader::build(status, Some(6))?;
+    h.insert_header("content-type", "application/json")?;
+    h.insert_header("content-length", body.len().to_string())?;
+    h.insert_header("x-request-id", &ctx.request_id)?;
+    for (k, v) in extra_headers {
+        h.insert_header(*k, v)?;
+    }
+    ctx.outcome.status = status;
+    ctx.outcome.bytes_out += body.len() as u64;
+    ctx.downstream_committed = true;
+    session.write_response_header(Box::new(h), false).await?;
+    session.write_response_body(Some(Bytes::from(body)), true).await
+}
+
+/// Writes `err` as an OpenAI-style JSON error with its status and `Retry-After`.
+///
+/// # Errors
+/// When the downstream write fails.
+pub async fn write_error(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    err: &GatewayError,
+) -> pingora::Result<()> {
+    ctx.outcome.label = err.metric_label();
+    let mut extra = Vec::new();
+    if let Some(ra) = err.retry_after() {
+        extra.push(("retry-after", retry_after_header(ra)));
+    }
+    if err.status() == 405 {
+        extra.push(("allow", "POST".to_string()));
+    }
+    write_json(session, ctx, err.status(), err.to_json(), &extra).await
+}
+
+/// The response head of a proxied answer: status, content type, `x-request-id`, route
+/// headers, and for streams the SSE headers (`text/event-stream`, `no-cache`,
+/// `X-Accel-Buffering: no`, chunked framing, no `Content-Length`).
+///
+/// # Errors
+/// Only for invalid header values.
+pub fn proxied_head(
+    ctx: &RequestCtx,
+    status: u16,
+    stream: bool,
+    content_length: Option<usize>,
+    provider: &str,
+) -> pingora::Result<ResponseHeader> {
+    let mut h = ResponseHeader::build(status, Some(8))?;
+    if stream {
+        h.insert_header("content-type", "text/event-stream; charset=utf-8")?;
+        h.insert_header("cache-control", "no-cache")?;
+        h.insert_header("x-accel-buffering", "no")?;
+        h.insert_header("transfer-encoding", "chunked")?;
+    } else {
+        h.insert_header("content-type", "application/json")?;
+        if let Some(n) = content_length {
+            h.insert_header("content-length", n.to_string())?;
+        }
+    }
+    h.insert_header("x-request-id", &ctx.request_id)?;
+    if ctx.config.server.emit_route_headers {
+        h.insert_header("x-sluice-provider", provider)?;
+        h.insert_header("x-sluice-fallback-depth", ctx.fallback_depth().to_string())?;
+    }
+    Ok(h)
+}

@@ -1,0 +1,370 @@
+//! Owns the candidate list for one request: which routes of a standard model may serve it and
+//! in what order.
+//!
+//! Order of filters (issue "Multi-provider routing"): routes of the model → capability filter →
+//! tenant/key policy → client preference (`only`/`ignore`) → strategy (`priority` with weighted
+//! ties, `lowest_cost`, `lowest_latency`) → client `order` → health (unhealthy routes still
+//! resting dropped, degraded and half-open routes last) → `allow_fallbacks`.
+
+pub mod health;
+
+use std::sync::Arc;
+
+use crate::auth::Caller;
+use crate::config::{Capability, Model, Route, Strategy};
+use crate::error::GatewayError;
+use health::{Health, RouteHealth};
+
+/// The client's per-request provider preference: body field `provider` or header
+/// `x-sluice-provider-preference` (same JSON), OpenRouter style.
+#[derive(Debug, Clone, Default, serde::Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Preference {
+    /// Only these providers.
+    #[serde(default)]
+    pub only: Option<Vec<String>>,
+    /// Never these providers.
+    #[serde(default)]
+    pub ignore: Vec<String>,
+    /// These providers first, in this order.
+    #[serde(default)]
+    pub order: Vec<String>,
+    /// `false`: try only the first candidate.
+    #[serde(default = "yes")]
+    pub allow_fallbacks: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Preference {
+    /// Every provider name the preference mentions.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.only
+            .iter()
+            .flatten()
+            .chain(self.ignore.iter())
+            .chain(self.order.iter())
+    }
+}
+
+/// What the request needs from a route, and its size for cost estimates.
+#[derive(Debug, Clone, Default)]
+pub struct RouteNeeds {
+    /// Capabilities the request uses.
+    pub capabilities: Vec<Capability>,
+    /// Estimated input tokens.
+    pub estimated_input_tokens: u64,
+    /// Output token bound (`max_tokens` or a default).
+    pub max_output_tokens: u64,
+}
+
+/// One candidate: a route and its health handle.
+#[derive(Debug, Clone)]
+pub struct Candidate<'m> {
+    /// The route.
+    pub route: &'m Route,
+    /// Its health state.
+    pub health: Arc<RouteHealth>,
+}
+
+/// Builds the ordered candidate list.
+///
+/// # Errors
+/// [`GatewayError::NoRoute`] (503) saying why nothing is left.
+pub fn plan<'m>(
+    model: &'m Model,
+    caller: &Caller,
+    needs: &RouteNeeds,
+    preference: Option<&Preference>,
+) -> Result<Vec<Candidate<'m>>, GatewayError> {
+    let mut routes: Vec<&Route> = model.routes.iter().collect();
+
+    if let Some(missing) = needs
+        .capabilities
+        .iter()
+        .find(|cap| !routes.iter().any(|r| r.supports(**cap)))
+    {
+        return Err(no_route(format!(
+            "no provider for model `{}` supports the capability `{}`",
+            model.id,
+            capability_name(*missing)
+        )));
+    }
+    routes.retain(|r| needs.capabilities.iter().all(|c| r.supports(*c)));
+    if routes.is_empty() {
+        return Err(no_route(format!(
+            "no single provider for model `{}` supports all requested capabilities",
+            model.id
+        )));
+    }
+
+    routes.retain(|r| caller.may_use_provider(&r.provider.id));
+    if routes.is_empty() {
+        return Err(no_route(format!(
+            "no provider for model `{}` is allowed for this key",
+            model.id
+        )));
+    }
+
+    if let Some(p) = preference {
+        if let Some(only) = &p.only {
+            routes.retain(|r| only.contains(&r.provider.id));
+        }
+        routes.retain(|r| !p.ignore.contains(&r.provider.id));
+        if routes.is_empty() {
+            return Err(no_route(format!(
+                "every provider for model `{}` is excluded by the request's provider preference",
+                model.id
+            )));
+        }
+    }
+
+    let strategy = caller.strategy.unwrap_or(model.strategy);
+    let reg = health::registry();
+    let mut cands: Vec<Candidate<'m>> = routes
+        .into_iter()
+        .map(|r| Candidate {
+            health: reg.route(&r.provider.id, &r.health_key),
+            route: r,
+        })
+        .collect();
+    order_by_strategy(&mut cands, strategy, needs);
+
+    if let Some(p) = preference {
+        if !p.order.is_empty() {
+            let rank = |c: &Candidate<'_>| {
+                p.order
+                    .iter()
+                    .position(|x| *x == c.route.provider.id)
+                    .unwrap_or(usize::MAX)
+            };
+            cands.sort_by_key(rank);
+        }
+    }
+
+    // Health: drop resting routes, keep the order within each class.
+    let soonest = cands
+        .iter()
+        .filter_map(|c| c.health.cooldown_remaining())
+        .min();
+    cands.retain(|c| c.health.is_available());
+    cands.sort_by_key(|c| match c.health.state() {
+        Health::Healthy => 0u8,
+        Health::Degraded => 1,
+        Health::Unhealthy => 2,
+    });
+    if cands.is_empty() {
+        return Err(GatewayError::NoRoute {
+            message: format!("no healthy provider for model `{}` right now", model.id),
+            retry_after: soonest,
+        });
+    }
+
+    if preference.is_some_and(|p| !p.allow_fallbacks) {
+        cands.truncate(1);
+    }
+    Ok(cands)
+}
+
+fn no_route(message: String) -> GatewayError {
+    GatewayError::NoRoute {
+        message,
+        retry_after: None,
+    }
+}
+
+/// The YAML name of a capability.
+pub fn capability_name(c: Capability) -> &'static str {
+    match c {
+        Capability::Tools => "tools",
+        Capability::Vision => "vision",
+        Capability::JsonSchema => "json_schema",
+    }
+}
+
+/// Estimated cost of a request on a route, USD.
+pub fn estimated_cost_usd(route: &Route, needs: &RouteNeeds) -> f64 {
+    #[expect(clippy::cast_precision_loss, reason = "token counts are far below 2^52")]
+    let (i, o) = (
+        needs.estimated_input_tokens as f64,
+        needs.max_output_tokens as f64,
+    );
+    (i * route.input_usd_per_mtok + o * route.output_usd_per_mtok) / 1_000_000.0
+}
+
+fn order_by_strategy(cands: &mut [Candidate<'_>], strategy: Strategy, needs: &RouteNeeds) {
+    match strategy {
+        Strategy::Priority => {
+            // Weighted random order within a priority (Efraimidis–Spirakis keys).
+            let mut keyed: Vec<(i32, f64, usize)> = cands
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let u = fastrand::f64().max(f64::MIN_POSITIVE);
+                    (
+                        c.route.priority,
+                        -u.powf(1.0 / f64::from(c.route.weight)),
+                        i,
+                    )
+                })
+                .collect();
+            keyed.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+            apply_order(cands, keyed.into_iter().map(|k| k.2));
+        }
+        Strategy::LowestCost => {
+            cands.sort_by(|a, b| {
+                estimated_cost_usd(a.route, needs)
+                    .total_cmp(&estimated_cost_usd(b.route, needs))
+                    .then(a.route.priority.cmp(&b.route.priority))
+            });
+        }
+        Strategy::LowestLatency => {
+            cands.sort_by_key(|c| (c.health.ewma_ttft().unwrap_or_default(), c.route.priority));
+        }
+    }
+}
+
+fn apply_order(cands: &mut [Candidate<'_>], order: impl Iterator<Item = usize>) {
+    let snapshot: Vec<Candidate<'_>> = cands.to_vec();
+    for (slot, i) in order.enumerate() {
+        cands[slot] = snapshot[i].clone();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{HopTimeouts, PassiveHealth, Provider, ProviderKind};
+    use crate::sse::ModelRewriter;
+    use std::time::Duration;
+
+    fn provider(id: &str) -> Arc<Provider> {
+        let t = Duration::from_secs(1);
+        Arc::new(Provider {
+            id: id.into(),
+            kind: ProviderKind::Openai,
+            endpoint: None,
+            api_key: None,
+            timeouts: HopTimeouts {
+                connect: t,
+                first_byte: t,
+                first_event: t,
+                idle: t,
+                heartbeat: t,
+            },
+            health_check: None,
+            passive_health: PassiveHealth {
+                degraded_after_failures: 1,
+                unhealthy_after_failures: 3,
+                cooldown: t,
+            },
+        })
+    }
+
+    fn route(model: &str, p: &str, prio: i32, cost: f64, caps: Option<Vec<Capability>>) -> Route {
+        Route {
+            provider: provider(p),
+            upstream_model: format!("{p}-m"),
+            priority: prio,
+            weight: 1,
+            input_usd_per_mtok: cost,
+            output_usd_per_mtok: cost,
+            capabilities: caps,
+            rewriter: ModelRewriter::new(&format!("{p}-m"), model),
+            health_key: format!("{model}|{p}/{p}-m"),
+        }
+    }
+
+    fn model(id: &str, routes: Vec<Route>, strategy: Strategy) -> Model {
+        Model {
+            id: id.into(),
+            strategy,
+            first_event_timeout: None,
+            early_commit_after: None,
+            input_usd_per_mtok: None,
+            output_usd_per_mtok: None,
+            routes,
+        }
+    }
+
+    fn caller() -> Caller {
+        Caller {
+            tenant: "t".into(),
+            key_id: "k".into(),
+            allowed_models: None,
+            allowed_providers: None,
+            strategy: None,
+        }
+    }
+
+    fn ids(c: &[Candidate<'_>]) -> Vec<String> {
+        c.iter().map(|c| c.route.provider.id.clone()).collect()
+    }
+
+    #[test]
+    fn priority_then_capability_then_preference() {
+        let m = model(
+            "plan-test-1",
+            vec![
+                route("plan-test-1", "b", 20, 1.0, None),
+                route("plan-test-1", "a", 10, 5.0, Some(vec![])),
+                route("plan-test-1", "c", 30, 0.1, None),
+            ],
+            Strategy::Priority,
+        );
+        let needs = RouteNeeds::default();
+        assert_eq!(ids(&plan(&m, &caller(), &needs, None).unwrap()), ["a", "b", "c"]);
+        let tools = RouteNeeds {
+            capabilities: vec![Capability::Tools],
+            ..RouteNeeds::default()
+        };
+        assert_eq!(ids(&plan(&m, &caller(), &tools, None).unwrap()), ["b", "c"]);
+        let pref = Preference {
+            ignore: vec!["b".into()],
+            order: vec!["c".into()],
+            allow_fallbacks: true,
+            only: None,
+        };
+        assert_eq!(ids(&plan(&m, &caller(), &needs, Some(&pref)).unwrap()), ["c", "a"]);
+        let no_fb = Preference {
+            allow_fallbacks: false,
+            ..Preference::default()
+        };
+        assert_eq!(plan(&m, &caller(), &needs, Some(&no_fb)).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn lowest_cost_orders_by_estimate() {
+        let m = model(
+            "plan-test-2",
+            vec![route("plan-test-2", "a", 1, 5.0, None), route("plan-test-2", "b", 2, 0.5, None)],
+            Strategy::LowestCost,
+        );
+        let needs = RouteNeeds {
+            estimated_input_tokens: 1000,
+            max_output_tokens: 100,
+            ..RouteNeeds::default()
+        };
+        assert_eq!(ids(&plan(&m, &caller(), &needs, None).unwrap()), ["b", "a"]);
+    }
+
+    #[test]
+    fn explains_empty_plans() {
+        let m = model("plan-test-3", vec![route("plan-test-3", "a", 1, 1.0, Some(vec![]))], Strategy::Priority);
+        let vision = RouteNeeds {
+            capabilities: vec![Capability::Vision],
+            ..RouteNeeds::default()
+        };
+        let e = plan(&m, &caller(), &vision, None).unwrap_err();
+        assert_eq!(e.status(), 503);
+        assert!(e.to_string().contains("vision"), "{e}");
+        let only = Preference {
+            only: Some(vec!["zzz".into()]),
+            ..Preference::default()
+        };
+        let e = plan(&m, &caller(), &RouteNeeds::default(), Some(&only)).unwrap_err();
+        assert!(e.to_string().contains("preference"), "{e}");
+    }
+}

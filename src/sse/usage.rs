@@ -1,0 +1,202 @@
+//! Cheap byte-level inspection of streaming chunk JSON: token usage and
+//! "carries generated content".
+
+use memchr::memmem::Finder;
+use serde::Deserialize;
+use std::sync::OnceLock;
+
+/// Token usage reported by an upstream, in tokens.
+///
+/// From OpenAI's `"usage":{"prompt_tokens":N,"completion_tokens":M}` (chat
+/// completions; sent in the last chunk when
+/// `stream_options.include_usage` is set) or Anthropic / OpenAI-Responses
+/// `"usage":{"input_tokens":N,"output_tokens":M}`. A field missing from the
+/// object is `0`: Anthropic sends input tokens in `message_start` and the
+/// final output count in `message_delta`, so callers should merge reports
+/// (e.g. take the max of each field) rather than overwrite.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt / input tokens.
+    pub input_tokens: u64,
+    /// Completion / output tokens.
+    pub output_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct RawUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+fn finder(
+    cell: &'static OnceLock<Finder<'static>>,
+    needle: &'static [u8],
+) -> &'static Finder<'static> {
+    cell.get_or_init(|| Finder::new(needle))
+}
+
+/// Extracts token usage from one chunk's JSON data (an SSE data payload or
+/// a whole non-streaming body).
+///
+/// Cheap: a single `memmem` scan for `"usage"`; only when it is followed by
+/// `:` and an object (not `null`) is that object's byte span located and
+/// deserialized with `serde_json` (the rest of the chunk is never parsed).
+/// Returns `None` if there is no usage object or it has none of the known
+/// fields as unsigned integers. If several `"usage"` members exist, the
+/// first usable one wins.
+pub fn extract_usage(data: &[u8]) -> Option<Usage> {
+    static USAGE: OnceLock<Finder<'static>> = OnceLock::new();
+    let usage = finder(&USAGE, b"\"usage\"");
+    for pos in usage.find_iter(data) {
+        let Some(rest) = data.get(pos + usage.needle().len()..) else {
+            break;
+        };
+        let Some(value) = member_value(rest) else {
+            continue;
+        };
+        if value.first() != Some(&b'{') {
+            continue; // null or malformed
+        }
+        let Some(end) = object_end(value) else {
+            continue;
+        };
+        let Ok(raw) = serde_json::from_slice::<RawUsage>(value.get(..end).unwrap_or_default())
+        else {
+            continue;
+        };
+        let input = raw.prompt_tokens.or(raw.input_tokens);
+        let output = raw.completion_tokens.or(raw.output_tokens);
+        if input.is_none() && output.is_none() {
+            continue;
+        }
+        return Some(Usage {
+            input_tokens: input.unwrap_or(0),
+            output_tokens: output.unwrap_or(0),
+        });
+    }
+    None
+}
+
+/// Whether a chunk's JSON carries generated output — used to stamp
+/// time-to-first-token and to count output events.
+///
+/// Approximation (a byte check, no JSON parsing; escaped quotes inside
+/// string content never match because the needles include the quotes):
+/// true if any of these members is present with a non-empty value:
+///
+/// * `"content"`, `"reasoning_content"`, `"reasoning"`, `"refusal"`,
+///   `"arguments"` with a string value other than `""` (OpenAI chat deltas,
+///   common reasoning extensions, tool-call argument fragments);
+/// * `"tool_calls"` with an array value other than `[]`;
+/// * Anthropic `"text_delta"`, `"thinking_delta"` or `"input_json_delta"`
+///   (a `content_block_delta` event).
+///
+/// `null` values, the role-only first chunk (`"content":""`) and usage-only
+/// chunks yield false. It does not check *where* the member is (e.g. a
+/// non-streaming body's `"message":{"content":"…"}` also counts).
+pub fn has_content(data: &[u8]) -> bool {
+    static CONTENT: OnceLock<Finder<'static>> = OnceLock::new();
+    static REASONING_CONTENT: OnceLock<Finder<'static>> = OnceLock::new();
+    static REASONING: OnceLock<Finder<'static>> = OnceLock::new();
+    static REFUSAL: OnceLock<Finder<'static>> = OnceLock::new();
+    static ARGUMENTS: OnceLock<Finder<'static>> = OnceLock::new();
+    static TOOL_CALLS: OnceLock<Finder<'static>> = OnceLock::new();
+    static ANTHROPIC_DELTA: OnceLock<Finder<'static>> = OnceLock::new();
+
+    let string_keys: [(&'static OnceLock<Finder<'static>>, &'static [u8]); 5] = [
+        (&CONTENT, b"\"content\""),
+        (&REASONING_CONTENT, b"\"reasoning_content\""),
+        (&REASONING, b"\"reasoning\""),
+        (&REFUSAL, b"\"refusal\""),
+        (&ARGUMENTS, b"\"arguments\""),
+    ];
+    for (cell, needle) in string_keys {
+        if member_non_empty(data, finder(cell, needle), b'"', b'"') {
+            return true;
+        }
+    }
+    if member_non_empty(data, finder(&TOOL_CALLS, b"\"tool_calls\""), b'[', b']') {
+        return true;
+    }
+    // Anthropic: {"type":"content_block_delta","delta":{"type":"text_delta",...}}
+    let delta = finder(&ANTHROPIC_DELTA, b"_delta\"");
+    delta.find_iter(data).any(|pos| {
+        let head = data.get(..pos).unwrap_or_default();
+        head.ends_with(b"\"text")
+            || head.ends_with(b"\"thinking")
+            || head.ends_with(b"\"input_json")
+    })
+}
+
+/// Whether some occurrence of the key `key` is followed by `:` and a value
+/// starting with `open` whose next non-whitespace byte is not `close`.
+fn member_non_empty(data: &[u8], key: &Finder<'_>, open: u8, close: u8) -> bool {
+    key.find_iter(data).any(|pos| {
+        let rest = data.get(pos + key.needle().len()..).unwrap_or_default();
+        match member_value(rest) {
+            Some([first, after @ ..]) if *first == open => {
+                let after = if open == b'"' {
+                    after
+                } else {
+                    trim_ws_start(after)
+                };
+                after.first().is_some_and(|&b| b != close)
+            }
+            _ => false,
+        }
+    })
+}
+
+/// Strips leading JSON whitespace.
+#[inline]
+fn trim_ws_start(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t' | b'\n' | b'\r', rest @ ..] = s {
+        s = rest;
+    }
+    s
+}
+
+/// Given the bytes right after a quoted key, returns the bytes starting at
+/// its value (`<ws> : <ws>` skipped), or `None` if no `:` follows (the
+/// quoted text was a value, not a key).
+#[inline]
+fn member_value(after_key: &[u8]) -> Option<&[u8]> {
+    match trim_ws_start(after_key) {
+        [b':', rest @ ..] => Some(trim_ws_start(rest)),
+        _ => None,
+    }
+}
+
+/// Length of the JSON object starting at `s[0] == b'{'` (through its
+/// matching `}`), honoring strings and escapes; `None` if unterminated.
+fn object_end(s: &[u8]) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, &b) in s.iter().enumerate() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
