@@ -29,7 +29,11 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         .unwrap_or("none");
     let provider = o.provider.as_deref().unwrap_or("none");
     let outcome = if o.label.is_empty() {
-        if error.is_some() { "error" } else { "ok" }
+        if error.is_some() {
+            "error"
+        } else {
+            "ok"
+        }
     } else {
         o.label
     };
@@ -58,13 +62,22 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         ("request_id", ctx.request_id.clone()),
         ("tenant", caller.map_or("-".into(), |c| c.tenant.clone())),
         ("key_id", caller.map_or("-".into(), |c| c.key_id.clone())),
-        ("standard_model", ctx.standard_model.clone().unwrap_or_else(|| "-".into())),
-        ("upstream_model", o.upstream_model.clone().unwrap_or_else(|| "-".into())),
+        (
+            "standard_model",
+            ctx.standard_model.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "upstream_model",
+            o.upstream_model.clone().unwrap_or_else(|| "-".into()),
+        ),
         ("provider", provider.to_string()),
         ("attempts", ctx.attempt_count.to_string()),
         ("status", status.to_string()),
         ("outcome", outcome.to_string()),
-        ("ttft_ms", o.ttft.map_or("-".into(), |t| t.as_millis().to_string())),
+        (
+            "ttft_ms",
+            o.ttft.map_or("-".into(), |t| t.as_millis().to_string()),
+        ),
         ("duration_ms", duration.as_millis().to_string()),
         ("bytes_out", o.bytes_out.to_string()),
         ("input_tokens", o.input_tokens.to_string()),

@@ -139,9 +139,15 @@ mod tests {
 
     #[test]
     fn extracts_bearer_or_x_api_key() {
-        assert_eq!(presented_key(Some(b"Bearer sk-1"), None).as_deref(), Some("sk-1"));
+        assert_eq!(
+            presented_key(Some(b"Bearer sk-1"), None).as_deref(),
+            Some("sk-1")
+        );
         assert_eq!(presented_key(None, Some(b"sk-2")).as_deref(), Some("sk-2"));
-        assert_eq!(presented_key(Some(b"Bearer "), Some(b"sk-3")).as_deref(), Some("sk-3"));
+        assert_eq!(
+            presented_key(Some(b"Bearer "), Some(b"sk-3")).as_deref(),
+            Some("sk-3")
+        );
         assert_eq!(presented_key(None, None), None);
     }
 

@@ -9,10 +9,19 @@ use clap::Parser;
 
 /// Command line arguments.
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about = "Sluice: an LLM inference gateway on Pingora")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Sluice: an LLM inference gateway on Pingora"
+)]
 pub struct Args {
     /// The YAML config file.
-    #[arg(short = 'c', long = "conf", alias = "config", default_value = "conf/sluice.yaml")]
+    #[arg(
+        short = 'c',
+        long = "conf",
+        alias = "config",
+        default_value = "conf/sluice.yaml"
+    )]
     pub conf: String,
     /// Validate the config and exit (0 = valid), like `nginx -t`.
     #[arg(short = 't', long = "test")]

@@ -30,7 +30,9 @@ pub fn init(format: LogFormat) {
                 obj.insert("level".into(), record.level().as_str().into());
                 obj.insert("target".into(), record.target().into());
                 match serde_json::from_str::<serde_json::Value>(&msg) {
-                    Ok(serde_json::Value::Object(fields)) if record.target() == crate::access_log::TARGET => {
+                    Ok(serde_json::Value::Object(fields))
+                        if record.target() == crate::access_log::TARGET =>
+                    {
                         obj.extend(fields);
                     }
                     _ => {

@@ -160,7 +160,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| match build() {
         // Only possible if a metric is registered twice or a bucket list is invalid: a bug
         // caught by the first test run.
         log::error!("metric registration failed: {e}");
-        #[expect(clippy::panic, reason = "static metric definitions are fixed at compile time")]
+        #[expect(
+            clippy::panic,
+            reason = "static metric definitions are fixed at compile time"
+        )]
         {
             panic!("metric registration failed: {e}")
         }

@@ -79,7 +79,10 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
         "sluice config reload",
         Reloader::new(path, handle.clone(), admission),
     ));
-    server.add_service(background_service("sluice stream shutdown", StreamShutdown::new(handle)));
+    server.add_service(background_service(
+        "sluice stream shutdown",
+        StreamShutdown::new(handle),
+    ));
     server.add_service(proxy);
     server.add_service(admin);
     log::info!("sluice listening on {listen} (admin {admin_listen})");

@@ -46,7 +46,10 @@ impl BackgroundService for StreamShutdown {
             return;
         }
         let grace = self.config.snapshot().server.shutdown_grace;
-        log::info!("shutting down: open streams have {} ms to finish", grace.as_millis());
+        log::info!(
+            "shutting down: open streams have {} ms to finish",
+            grace.as_millis()
+        );
         tokio::time::sleep(grace).await;
         log::info!("shutdown grace period over: cancelling open streams");
         CANCEL.send_replace(true);

@@ -75,7 +75,10 @@ impl Admission {
                 // Take the rest as they are released.
                 let slots = self.slots.clone();
                 tokio::spawn(async move {
-                    if let Ok(p) = slots.acquire_many_owned(u32::try_from(remaining).unwrap_or(u32::MAX)).await {
+                    if let Ok(p) = slots
+                        .acquire_many_owned(u32::try_from(remaining).unwrap_or(u32::MAX))
+                        .await
+                    {
                         p.forget();
                     }
                 });
@@ -107,7 +110,10 @@ impl Admission {
         let timeout = config.server.queue_timeout;
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= queue_size {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
-            metrics().rejected_total.with_label_values(&["queue_full"]).inc();
+            metrics()
+                .rejected_total
+                .with_label_values(&["queue_full"])
+                .inc();
             return Err(Rejected::Client(GatewayError::Overloaded {
                 message: "the gateway is at capacity and its queue is full; retry later".into(),
                 reason: "queue_full",
@@ -127,7 +133,10 @@ impl Admission {
         match acquired {
             Ok(Ok(p)) => Ok(AdmissionPermit { _global: p }),
             Ok(Err(_)) | Err(_) => {
-                metrics().rejected_total.with_label_values(&["queue_timeout"]).inc();
+                metrics()
+                    .rejected_total
+                    .with_label_values(&["queue_timeout"])
+                    .inc();
                 Err(Rejected::Client(GatewayError::Overloaded {
                     message: format!(
                         "the gateway is at capacity; no slot freed within {} ms",

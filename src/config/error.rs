@@ -21,7 +21,12 @@ pub struct ConfigError {
 
 impl ConfigError {
     /// An error about `key_path` in `file`; the line is looked up in `source` when given.
-    pub fn at(file: &Path, source: Option<&str>, key_path: &str, message: impl Into<String>) -> Self {
+    pub fn at(
+        file: &Path,
+        source: Option<&str>,
+        key_path: &str,
+        message: impl Into<String>,
+    ) -> Self {
         let (line, column) = source
             .and_then(|s| locate_key(s, key_path))
             .map_or((None, None), |(l, c)| (Some(l), Some(c)));
@@ -155,7 +160,9 @@ pub fn locate_key(source: &str, key_path: &str) -> Option<(usize, usize)> {
                 if start >= end {
                     break;
                 }
-                if lines[line].trim_end().ends_with(':') || lines[line].trim_start().starts_with("- ") {
+                if lines[line].trim_end().ends_with(':')
+                    || lines[line].trim_start().starts_with("- ")
+                {
                     continue;
                 }
                 // Scalar or flow value on this line: nothing deeper to find below it.
@@ -181,8 +188,14 @@ mod tests {
     #[test]
     fn locates_nested_keys_and_list_items() {
         assert_eq!(locate_key(SRC, "server.listen"), Some((2, 3)));
-        assert_eq!(locate_key(SRC, "models.acme/chat.routes[1].provider"), Some((8, 9)));
-        assert_eq!(locate_key(SRC, "models.acme/chat.routes[0].upstream_model"), Some((7, 9)));
+        assert_eq!(
+            locate_key(SRC, "models.acme/chat.routes[1].provider"),
+            Some((8, 9))
+        );
+        assert_eq!(
+            locate_key(SRC, "models.acme/chat.routes[0].upstream_model"),
+            Some((7, 9))
+        );
     }
 
     #[test]
@@ -192,7 +205,15 @@ mod tests {
 
     #[test]
     fn renders_file_line_key_message() {
-        let e = ConfigError::at(Path::new("x.yaml"), Some(SRC), "models.acme/chat.routes[1].provider", "unknown provider `nope`");
-        assert_eq!(e.to_string(), "x.yaml:8:9: models.acme/chat.routes[1].provider: unknown provider `nope`");
+        let e = ConfigError::at(
+            Path::new("x.yaml"),
+            Some(SRC),
+            "models.acme/chat.routes[1].provider",
+            "unknown provider `nope`",
+        );
+        assert_eq!(
+            e.to_string(),
+            "x.yaml:8:9: models.acme/chat.routes[1].provider: unknown provider `nope`"
+        );
     }
 }

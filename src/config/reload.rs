@@ -47,7 +47,10 @@ impl Reloader {
                 let old = self.handle.snapshot();
                 let restart: Vec<&str> = [
                     ("server.listen", old.server.listen != new.server.listen),
-                    ("server.admin_listen", old.server.admin_listen != new.server.admin_listen),
+                    (
+                        "server.admin_listen",
+                        old.server.admin_listen != new.server.admin_listen,
+                    ),
                     ("server.threads", old.server.threads != new.server.threads),
                 ]
                 .into_iter()
@@ -68,12 +71,18 @@ impl Reloader {
                     new.keys.len()
                 );
                 self.handle.store(new);
-                metrics().config_reloads_total.with_label_values(&["ok"]).inc();
+                metrics()
+                    .config_reloads_total
+                    .with_label_values(&["ok"])
+                    .inc();
                 Ok(())
             }
             Err(e) => {
                 log::error!("config reload rejected, keeping the previous config: {e}");
-                metrics().config_reloads_total.with_label_values(&["error"]).inc();
+                metrics()
+                    .config_reloads_total
+                    .with_label_values(&["error"])
+                    .inc();
                 Err(e)
             }
         }
@@ -91,10 +100,10 @@ impl BackgroundService for Reloader {
         let file_tx = tx.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             if let Ok(ev) = res {
-                let yaml = ev.paths.iter().any(|p| {
-                    p.extension()
-                        .is_some_and(|x| x == "yaml" || x == "yml")
-                });
+                let yaml = ev
+                    .paths
+                    .iter()
+                    .any(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"));
                 if yaml && !matches!(ev.kind, notify::EventKind::Access(_)) {
                     let _ = file_tx.try_send(());
                 }
@@ -106,7 +115,10 @@ impl BackgroundService for Reloader {
                 match w.watch(&watch_dir, notify::RecursiveMode::Recursive) {
                     Ok(()) => Some(w),
                     Err(e) => {
-                        log::warn!("cannot watch {} for changes ({e}); SIGHUP still reloads", watch_dir.display());
+                        log::warn!(
+                            "cannot watch {} for changes ({e}); SIGHUP still reloads",
+                            watch_dir.display()
+                        );
                         None
                     }
                 }

@@ -190,7 +190,9 @@ fn parse_base_url(url: &str) -> Result<Endpoint, String> {
     }
     let (host, port) = if let Some(stripped) = authority.strip_prefix('[') {
         // [v6]:port
-        let end = stripped.find(']').ok_or_else(|| format!("`{url}`: bad IPv6 host"))?;
+        let end = stripped
+            .find(']')
+            .ok_or_else(|| format!("`{url}`: bad IPv6 host"))?;
         let host = &stripped[..end];
         let port = stripped[end + 1..].strip_prefix(':');
         (host.to_string(), port)
@@ -201,7 +203,9 @@ fn parse_base_url(url: &str) -> Result<Endpoint, String> {
         }
     };
     let port = match port {
-        Some(p) => p.parse::<u16>().map_err(|_| format!("`{url}`: bad port `{p}`"))?,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("`{url}`: bad port `{p}`"))?,
         None if tls => 443,
         None => 80,
     };
@@ -241,12 +245,20 @@ fn build_provider(
         (ProviderKind::Demo, Some(_)) => {
             return Err(sources.err(fidx, &key("base_url"), "the demo provider has no base_url"))
         }
-        (_, None) => return Err(sources.err(fidx, &format!("providers.{id}"), "base_url is required")),
-        (_, Some(u)) => Some(parse_base_url(&u).map_err(|m| sources.err(fidx, &key("base_url"), m))?),
+        (_, None) => {
+            return Err(sources.err(fidx, &format!("providers.{id}"), "base_url is required"))
+        }
+        (_, Some(u)) => {
+            Some(parse_base_url(&u).map_err(|m| sources.err(fidx, &key("base_url"), m))?)
+        }
     };
     let api_key = match (api_key, api_key_env) {
         (Some(_), Some(_)) => {
-            return Err(sources.err(fidx, &key("api_key"), "set api_key or api_key_env, not both"))
+            return Err(sources.err(
+                fidx,
+                &key("api_key"),
+                "set api_key or api_key_env, not both",
+            ))
         }
         (Some(k), None) => Some(Secret::new(k)),
         (None, Some(var)) => match std::env::var(&var) {
@@ -339,13 +351,22 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
     } = f;
     let main_err = |key: &str, msg: String| sources.err(0, key, msg);
 
-    for (k, v) in [("server.listen", &server.listen), ("server.admin_listen", &server.admin_listen)] {
+    for (k, v) in [
+        ("server.listen", &server.listen),
+        ("server.admin_listen", &server.admin_listen),
+    ] {
         if v.parse::<std::net::SocketAddr>().is_err() {
-            return Err(main_err(k, format!("`{v}` is not an address like 127.0.0.1:8080")));
+            return Err(main_err(
+                k,
+                format!("`{v}` is not an address like 127.0.0.1:8080"),
+            ));
         }
     }
     if server.max_request_body_bytes == 0 {
-        return Err(main_err("server.max_request_body_bytes", "must be greater than 0".into()));
+        return Err(main_err(
+            "server.max_request_body_bytes",
+            "must be greater than 0".into(),
+        ));
     }
     if server.max_buffered_bytes_per_stream < 1024 {
         return Err(main_err(
@@ -406,7 +427,10 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             return Err(main_err("models", "a standard model id is empty".into()));
         }
         if m.routes.is_empty() {
-            return Err(main_err(&format!("models.{id}.routes"), "a model needs at least one route".into()));
+            return Err(main_err(
+                &format!("models.{id}.routes"),
+                "a model needs at least one route".into(),
+            ));
         }
         let files = sources.route_files.get(&id).cloned().unwrap_or_default();
         let mut routes = Vec::with_capacity(m.routes.len());
@@ -417,11 +441,19 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 sources.err(
                     fidx,
                     &format!("{key}.provider"),
-                    format!("unknown provider `{}` (known: {})", r.provider, known_providers()),
+                    format!(
+                        "unknown provider `{}` (known: {})",
+                        r.provider,
+                        known_providers()
+                    ),
                 )
             })?;
             if r.upstream_model.trim().is_empty() {
-                return Err(sources.err(fidx, &format!("{key}.upstream_model"), "must not be empty"));
+                return Err(sources.err(
+                    fidx,
+                    &format!("{key}.upstream_model"),
+                    "must not be empty",
+                ));
             }
             if r.weight == 0 {
                 return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
@@ -462,12 +494,20 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
      -> Result<(), ConfigError> {
         for (i, m) in models.into_iter().flatten().enumerate() {
             if !model_map.contains_key(m) {
-                return Err(sources.err(fidx, &format!("{key}.allowed_models[{i}]"), format!("unknown model `{m}`")));
+                return Err(sources.err(
+                    fidx,
+                    &format!("{key}.allowed_models[{i}]"),
+                    format!("unknown model `{m}`"),
+                ));
             }
         }
         for (i, p) in providers.into_iter().flatten().enumerate() {
             if !provider_map.contains_key(p) {
-                return Err(sources.err(fidx, &format!("{key}.allowed_providers[{i}]"), format!("unknown provider `{p}`")));
+                return Err(sources.err(
+                    fidx,
+                    &format!("{key}.allowed_providers[{i}]"),
+                    format!("unknown provider `{p}`"),
+                ));
             }
         }
         Ok(())
@@ -475,7 +515,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
 
     let mut tenant_map = BTreeMap::new();
     for (id, t) in tenants {
-        check_lists(0, &format!("tenants.{id}"), t.allowed_models.as_ref(), t.allowed_providers.as_ref())?;
+        check_lists(
+            0,
+            &format!("tenants.{id}"),
+            t.allowed_models.as_ref(),
+            t.allowed_providers.as_ref(),
+        )?;
         tenant_map.insert(id.clone(), Arc::new(Tenant { id, limits: t }));
     }
 
@@ -484,12 +529,20 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         let (fidx, local) = sources.key_files.get(n).copied().unwrap_or((0, n));
         let key = format!("virtual_keys[{local}]");
         let tenant = tenant_map.get(&k.tenant).ok_or_else(|| {
-            sources.err(fidx, &format!("{key}.tenant"), format!("unknown tenant `{}`", k.tenant))
+            sources.err(
+                fidx,
+                &format!("{key}.tenant"),
+                format!("unknown tenant `{}`", k.tenant),
+            )
         })?;
         let hash = match (&k.key, &k.key_sha256) {
             (Some(raw), None) => {
                 if raw.len() < 8 {
-                    return Err(sources.err(fidx, &format!("{key}.key"), "a key needs at least 8 characters"));
+                    return Err(sources.err(
+                        fidx,
+                        &format!("{key}.key"),
+                        "a key needs at least 8 characters",
+                    ));
                 }
                 hash_key(raw)
             }
@@ -498,7 +551,11 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                     .ok()
                     .and_then(|b| <[u8; 32]>::try_from(b).ok())
                     .ok_or_else(|| {
-                        sources.err(fidx, &format!("{key}.key_sha256"), "must be 64 hex characters (SHA-256)")
+                        sources.err(
+                            fidx,
+                            &format!("{key}.key_sha256"),
+                            "must be 64 hex characters (SHA-256)",
+                        )
                     })?;
                 bytes
             }
@@ -509,15 +566,23 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         if keys.contains_hash(&hash) {
             return Err(sources.err(fidx, &key, "duplicate virtual key"));
         }
-        check_lists(fidx, &key, k.allowed_models.as_ref(), k.allowed_providers.as_ref())?;
+        check_lists(
+            fidx,
+            &key,
+            k.allowed_models.as_ref(),
+            k.allowed_providers.as_ref(),
+        )?;
         // A key's lists narrow its tenant's lists.
         let allowed_models = intersect(k.allowed_models, tenant.limits.allowed_models.clone());
-        let allowed_providers = intersect(k.allowed_providers, tenant.limits.allowed_providers.clone());
+        let allowed_providers =
+            intersect(k.allowed_providers, tenant.limits.allowed_providers.clone());
         keys.insert(
             hash,
             Caller {
                 tenant: k.tenant.clone(),
-                key_id: k.name.unwrap_or_else(|| format!("key-{}", hex::encode(&hash[..4]))),
+                key_id: k
+                    .name
+                    .unwrap_or_else(|| format!("key-{}", hex::encode(&hash[..4]))),
                 allowed_models: allowed_models.map(Into::into),
                 allowed_providers: allowed_providers.map(Into::into),
                 strategy: k.strategy,
@@ -527,7 +592,10 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
 
     if let Some(r) = &redis {
         if !(r.url.starts_with("redis://") || r.url.starts_with("rediss://")) {
-            return Err(main_err("redis.url", format!("`{}` must start with redis://", r.url)));
+            return Err(main_err(
+                "redis.url",
+                format!("`{}` must start with redis://", r.url),
+            ));
         }
         if r.replicas == 0 {
             return Err(main_err("redis.replicas", "must be at least 1".into()));
@@ -573,8 +641,14 @@ mod tests {
         let c = load_str(MINIMAL).unwrap();
         let p = &c.providers["local-mock"];
         let ep = p.endpoint.as_ref().unwrap();
-        assert_eq!((ep.host.as_str(), ep.port, ep.base_path.as_str(), ep.tls), ("127.0.0.1", 18000, "/v1", false));
-        assert_eq!(c.models["acme/chat-small"].routes[0].upstream_model, "mock-small-v1");
+        assert_eq!(
+            (ep.host.as_str(), ep.port, ep.base_path.as_str(), ep.tls),
+            ("127.0.0.1", 18000, "/v1", false)
+        );
+        assert_eq!(
+            c.models["acme/chat-small"].routes[0].upstream_model,
+            "mock-small-v1"
+        );
         assert!(c.keys.authenticate("sk-sluice-team-a-0001").is_some());
         assert!(c.server.threads >= 1);
     }
@@ -598,18 +672,30 @@ mod tests {
 
     #[test]
     fn missing_env_key_is_an_error() {
-        let bad = MINIMAL.replace("api_key: test-key", "api_key_env: SLUICE_TEST_SURELY_UNSET_VAR");
+        let bad = MINIMAL.replace(
+            "api_key: test-key",
+            "api_key_env: SLUICE_TEST_SURELY_UNSET_VAR",
+        );
         let e = load_str(&bad).unwrap_err();
-        assert!(e.to_string().contains("SLUICE_TEST_SURELY_UNSET_VAR"), "{e}");
+        assert!(
+            e.to_string().contains("SLUICE_TEST_SURELY_UNSET_VAR"),
+            "{e}"
+        );
     }
 
     #[test]
     fn base_url_forms() {
         let e = parse_base_url("https://api.openai.com/v1").unwrap();
-        assert_eq!((e.port, e.tls, e.base_path.as_str(), e.ip), (443, true, "/v1", None));
+        assert_eq!(
+            (e.port, e.tls, e.base_path.as_str(), e.ip),
+            (443, true, "/v1", None)
+        );
         assert_eq!(e.host_header(), "api.openai.com");
         let e = parse_base_url("http://[::1]:8000/v1/").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.base_path.as_str()), ("::1", 8000, "/v1"));
+        assert_eq!(
+            (e.host.as_str(), e.port, e.base_path.as_str()),
+            ("::1", 8000, "/v1")
+        );
         assert!(parse_base_url("ftp://x").is_err());
     }
 

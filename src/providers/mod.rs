@@ -36,17 +36,21 @@ async fn resolve(host: &str, port: u16, deadline: Duration) -> Result<SocketAddr
     if let Ok(cache) = DNS.lock() {
         if let Some((addrs, at)) = cache.get(&key) {
             if at.elapsed() < DNS_TTL {
-                if let Some(a) = addrs.get(fastrand::usize(..addrs.len().max(1))).or(addrs.first()) {
+                if let Some(a) = addrs
+                    .get(fastrand::usize(..addrs.len().max(1)))
+                    .or(addrs.first())
+                {
                     return Ok(*a);
                 }
             }
         }
     }
-    let addrs: Vec<SocketAddr> = tokio::time::timeout(deadline, tokio::net::lookup_host((host, port)))
-        .await
-        .map_err(|_| format!("DNS lookup of {host} timed out"))?
-        .map_err(|e| format!("DNS lookup of {host} failed: {e}"))?
-        .collect();
+    let addrs: Vec<SocketAddr> =
+        tokio::time::timeout(deadline, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| format!("DNS lookup of {host} timed out"))?
+            .map_err(|e| format!("DNS lookup of {host} failed: {e}"))?
+            .collect();
     let first = *addrs
         .first()
         .ok_or_else(|| format!("DNS lookup of {host} returned no address"))?;
@@ -79,11 +83,23 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
                 Some(ip) => SocketAddr::new(ip, ep.port),
                 None => resolve(&ep.host, ep.port, provider.timeouts.connect).await?,
             };
-            (addr, ep.tls, ep.host.clone(), ep.host_header(), ep.base_path.clone())
+            (
+                addr,
+                ep.tls,
+                ep.host.clone(),
+                ep.host_header(),
+                ep.base_path.clone(),
+            )
         }
         (None, ProviderKind::Demo) => {
             let addr = demo::address().ok_or("the demo provider is not running")?;
-            (addr, false, String::new(), addr.to_string(), "/v1".to_string())
+            (
+                addr,
+                false,
+                String::new(),
+                addr.to_string(),
+                "/v1".to_string(),
+            )
         }
         (None, _) => return Err(format!("provider {} has no endpoint", provider.id)),
     };

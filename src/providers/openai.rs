@@ -16,7 +16,10 @@ pub const GATEWAY_FIELDS: &[&str] = &["provider"];
 ///
 /// # Errors
 /// Only if serialization fails (it cannot for a parsed `Value`).
-pub fn request_body(request: &Map<String, Value>, upstream_model: &str) -> serde_json::Result<Vec<u8>> {
+pub fn request_body(
+    request: &Map<String, Value>,
+    upstream_model: &str,
+) -> serde_json::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::new(&mut out);
     use serde::ser::{SerializeMap, Serializer};
@@ -86,7 +89,10 @@ mod tests {
 
     #[test]
     fn body_gets_upstream_model_and_loses_gateway_fields() {
-        let v: Value = serde_json::from_str(r#"{"model":"acme/x","provider":{"only":["a"]},"stream":true,"messages":[]}"#).unwrap();
+        let v: Value = serde_json::from_str(
+            r#"{"model":"acme/x","provider":{"only":["a"]},"stream":true,"messages":[]}"#,
+        )
+        .unwrap();
         let out = request_body(v.as_object().unwrap(), "m-1").unwrap();
         let back: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(back["model"], "m-1");
@@ -97,8 +103,14 @@ mod tests {
     #[test]
     fn error_shapes() {
         let (t, c, m) = error_parts(429, br#"{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limit_exceeded"}}"#);
-        assert_eq!((t.as_str(), c.as_deref(), m.as_str()), ("rate_limit_error", Some("rate_limit_exceeded"), "slow down"));
+        assert_eq!(
+            (t.as_str(), c.as_deref(), m.as_str()),
+            ("rate_limit_error", Some("rate_limit_exceeded"), "slow down")
+        );
         let (t, c, m) = error_parts(502, b"Bad Gateway");
-        assert_eq!((t.as_str(), c, m.as_str()), ("api_error", None, "upstream returned HTTP 502: Bad Gateway"));
+        assert_eq!(
+            (t.as_str(), c, m.as_str()),
+            ("api_error", None, "upstream returned HTTP 502: Bad Gateway")
+        );
     }
 }

@@ -84,7 +84,12 @@ pub async fn run(
         if let Some((from, reason)) = previous.take() {
             metrics()
                 .fallback_total
-                .with_label_values(&[model.id.as_str(), from.as_str(), route.provider.id.as_str(), reason])
+                .with_label_values(&[
+                    model.id.as_str(),
+                    from.as_str(),
+                    route.provider.id.as_str(),
+                    reason,
+                ])
                 .inc();
         }
         let mut same_route_retry_used = false;
@@ -99,7 +104,9 @@ pub async fn run(
                         .inc();
                     cand.health.record_success(ctx.outcome.ttft);
                     #[expect(clippy::cast_precision_loss, reason = "small counts")]
-                    metrics().fallback_depth.observe(ctx.fallback_depth() as f64);
+                    metrics()
+                        .fallback_depth
+                        .observe(ctx.fallback_depth() as f64);
                     return Ok(());
                 }
                 Attempt::Final(err) => {
@@ -162,18 +169,21 @@ pub async fn run(
 /// Serializes the request for the route's provider kind.
 fn upstream_body(req: &InferenceRequest, route: &Route) -> Result<Vec<u8>, GatewayError> {
     match route.provider.kind {
-        ProviderKind::Openai | ProviderKind::Demo => openai::request_body(&req.body, &route.upstream_model)
-            .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}"))),
-        ProviderKind::Anthropic => {
-            anthropic::chat_request_to_messages(&serde_json::Value::Object(req.body.clone()), &route.upstream_model)
-                .map_err(|e| {
-                    if e.is_client_error() {
-                        GatewayError::invalid(e.to_string(), e.field())
-                    } else {
-                        GatewayError::Internal(e.to_string())
-                    }
-                })
+        ProviderKind::Openai | ProviderKind::Demo => {
+            openai::request_body(&req.body, &route.upstream_model)
+                .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")))
         }
+        ProviderKind::Anthropic => anthropic::chat_request_to_messages(
+            &serde_json::Value::Object(req.body.clone()),
+            &route.upstream_model,
+        )
+        .map_err(|e| {
+            if e.is_client_error() {
+                GatewayError::invalid(e.to_string(), e.field())
+            } else {
+                GatewayError::Internal(e.to_string())
+            }
+        }),
     }
 }
 
@@ -191,7 +201,11 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String, err: GatewayEr
 }
 
 /// Sends the request head and body and reads the final (non-1xx) response head.
-async fn exchange(up: &mut UpstreamSession, head: pingora::http::RequestHeader, body: Bytes) -> pingora::Result<()> {
+async fn exchange(
+    up: &mut UpstreamSession,
+    head: pingora::http::RequestHeader,
+    body: Bytes,
+) -> pingora::Result<()> {
     up.write_request_header(Box::new(head)).await?;
     up.write_request_body(body, true).await?;
     up.finish_request_body().await?;
@@ -230,9 +244,18 @@ async fn attempt(
         }
     };
     let path = providers::chat_path(provider.kind);
-    let head = match providers::request_head(provider, &target, path, body.len(), req.stream, &ctx.request_id) {
+    let head = match providers::request_head(
+        provider,
+        &target,
+        path,
+        body.len(),
+        req.stream,
+        &ctx.request_id,
+    ) {
         Ok(h) => h,
-        Err(e) => return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}"))),
+        Err(e) => {
+            return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}")))
+        }
     };
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
@@ -257,7 +280,12 @@ async fn attempt(
                     message: format!("connecting to provider `{}` timed out", provider.id),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Connect, "connect timeout".into(), err);
+                return failed(
+                    route,
+                    AttemptFailure::Connect,
+                    "connect timeout".into(),
+                    err,
+                );
             }
         };
         let exchanged = tokio::select! {
@@ -289,7 +317,12 @@ async fn attempt(
                     provider.id,
                     timeouts.first_byte.as_millis()
                 ));
-                return failed(route, AttemptFailure::FirstByteTimeout, "first byte timeout".into(), err);
+                return failed(
+                    route,
+                    AttemptFailure::FirstByteTimeout,
+                    "first byte timeout".into(),
+                    err,
+                );
             }
         }
     };
@@ -307,7 +340,19 @@ async fn attempt(
         return upstream_error(session, &mut up, route, status, retry_after, timeouts).await;
     }
     if req.stream {
-        stream(connector, session, ctx, req, model, route, &target.peer, up, timeouts, sent_at).await
+        stream(
+            connector,
+            session,
+            ctx,
+            req,
+            model,
+            route,
+            &target.peer,
+            up,
+            timeouts,
+            sent_at,
+        )
+        .await
     } else {
         unary(connector, session, ctx, route, &target.peer, up, timeouts).await
     }
@@ -343,7 +388,12 @@ async fn upstream_error(
     up.shutdown().await;
     let err = normalize_upstream_error(provider, status, &body, retry_after);
     if retryable_status(status) {
-        failed(route, AttemptFailure::Status(status), format!("HTTP {status}"), err)
+        failed(
+            route,
+            AttemptFailure::Status(status),
+            format!("HTTP {status}"),
+            err,
+        )
     } else {
         Attempt::Final(err)
     }
@@ -351,7 +401,12 @@ async fn upstream_error(
 
 /// An upstream error body in OpenAI's shape, provider keys scrubbed. A provider's 401/403 is
 /// about the gateway's credentials, not the client's: the client gets 502.
-fn normalize_upstream_error(provider: &Provider, status: u16, body: &[u8], retry_after: Option<Duration>) -> GatewayError {
+fn normalize_upstream_error(
+    provider: &Provider,
+    status: u16,
+    body: &[u8],
+    retry_after: Option<Duration>,
+) -> GatewayError {
     let (error_type, code, message) = match provider.kind {
         ProviderKind::Anthropic => {
             let (t, m) = anthropic::error_to_openai(status, body);
@@ -362,7 +417,10 @@ fn normalize_upstream_error(provider: &Provider, status: u16, body: &[u8], retry
     let message = providers::scrub_key(provider, &message);
     if matches!(status, 401 | 403) {
         return GatewayError::UpstreamUnavailable {
-            message: format!("provider `{}` rejected the gateway's credentials", provider.id),
+            message: format!(
+                "provider `{}` rejected the gateway's credentials",
+                provider.id
+            ),
             retry_after: None,
         };
     }
@@ -414,7 +472,8 @@ async fn unary(
         up.shutdown().await;
         log::warn!(
             "upstream body broke request_id={} provider={} detail={detail:?}",
-            ctx.request_id, route.provider.id
+            ctx.request_id,
+            route.provider.id
         );
         let err = GatewayError::UpstreamUnavailable {
             message: format!("provider `{}` broke off its answer", route.provider.id),
@@ -425,7 +484,9 @@ async fn unary(
         return Attempt::Done;
     }
     if up.response_done() {
-        connector.release_http_session(up, peer, Some(POOL_IDLE)).await;
+        connector
+            .release_http_session(up, peer, Some(POOL_IDLE))
+            .await;
     } else {
         up.shutdown().await;
     }
@@ -436,7 +497,10 @@ async fn unary(
                 Ok(b) => b,
                 Err(e) => {
                     let err = GatewayError::UpstreamUnavailable {
-                        message: format!("provider `{}` sent an unreadable answer: {e}", route.provider.id),
+                        message: format!(
+                            "provider `{}` sent an unreadable answer: {e}",
+                            route.provider.id
+                        ),
                         retry_after: None,
                     };
                     let _ = respond::write_error(session, ctx, &err).await;
@@ -465,8 +529,14 @@ async fn unary(
     ctx.downstream_committed = true;
     ctx.outcome.status = 200;
     ctx.outcome.bytes_out = out.len() as u64;
-    if session.write_response_header(Box::new(head), false).await.is_err()
-        || session.write_response_body(Some(Bytes::from(out)), true).await.is_err()
+    if session
+        .write_response_header(Box::new(head), false)
+        .await
+        .is_err()
+        || session
+            .write_response_body(Some(Bytes::from(out)), true)
+            .await
+            .is_err()
     {
         return Attempt::Gone(ClientGone("writing"));
     }
@@ -500,7 +570,12 @@ enum PipeError {
 }
 
 impl<'r> StreamPipe<'r> {
-    fn new(route: &'r Route, standard_model: &str, include_usage: bool, max_event_bytes: usize) -> Self {
+    fn new(
+        route: &'r Route,
+        standard_model: &str,
+        include_usage: bool,
+        max_event_bytes: usize,
+    ) -> Self {
         let translator = (route.provider.kind == ProviderKind::Anthropic)
             .then(|| anthropic::StreamTranslator::new(standard_model, unix_now(), include_usage));
         Self {
@@ -534,7 +609,10 @@ impl<'r> StreamPipe<'r> {
                 let before = self.out.len();
                 match t.on_event(ev.event_name().map(str::as_bytes), &data, &mut self.out) {
                     Ok(()) => {}
-                    Err(anthropic::TranslateError::Upstream { error_type, message }) => {
+                    Err(anthropic::TranslateError::Upstream {
+                        error_type,
+                        message,
+                    }) => {
                         return Err(PipeError::Upstream(error_type, message));
                     }
                     Err(e) => return Err(PipeError::Framing(e.to_string())),
@@ -583,8 +661,14 @@ impl<'r> StreamPipe<'r> {
 
 /// A streaming answer: hold the head until the first data event, then commit and pump with
 /// heartbeats, idle and duration limits, and client-disconnect detection.
-#[expect(clippy::too_many_arguments, reason = "the loop's state is passed explicitly, not hidden in the ctx")]
-#[expect(clippy::too_many_lines, reason = "one linear state machine reads best in one place")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's state is passed explicitly, not hidden in the ctx"
+)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear state machine reads best in one place"
+)]
 async fn stream(
     connector: &Connector,
     session: &mut Session,
@@ -598,7 +682,12 @@ async fn stream(
     sent_at: Instant,
 ) -> Attempt {
     let standard = ctx.standard_model.clone().unwrap_or_default();
-    let mut pipe = StreamPipe::new(route, &standard, req.include_usage, ctx.config.server.max_buffered_bytes_per_stream);
+    let mut pipe = StreamPipe::new(
+        route,
+        &standard,
+        req.include_usage,
+        ctx.config.server.max_buffered_bytes_per_stream,
+    );
     let head_at = Instant::now();
     let _ = sent_at;
     let first_event_deadline = head_at + timeouts.first_event;
@@ -632,7 +721,12 @@ async fn stream(
                     route.provider.id,
                     timeouts.first_event.as_millis()
                 ));
-                return failed(route, AttemptFailure::FirstEventTimeout, "first event timeout".into(), err);
+                return failed(
+                    route,
+                    AttemptFailure::FirstEventTimeout,
+                    "first event timeout".into(),
+                    err,
+                );
             }
             Ev::EarlyCommit => break,
             Ev::Chunk(Ok(chunk)) => {
@@ -648,12 +742,20 @@ async fn stream(
                             message: providers::scrub_key(&route.provider, &m),
                             retry_after: None,
                         };
-                        return failed(route, AttemptFailure::Protocol, "in-band error before first event".into(), err);
+                        return failed(
+                            route,
+                            AttemptFailure::Protocol,
+                            "in-band error before first event".into(),
+                            err,
+                        );
                     }
                     Err(PipeError::Framing(m)) => {
                         up.shutdown().await;
                         let err = GatewayError::UpstreamUnavailable {
-                            message: format!("provider `{}` sent a malformed stream", route.provider.id),
+                            message: format!(
+                                "provider `{}` sent a malformed stream",
+                                route.provider.id
+                            ),
                             retry_after: None,
                         };
                         return failed(route, AttemptFailure::Protocol, m, err);
@@ -663,17 +765,28 @@ async fn stream(
                     ended = true;
                     if pipe.data_events == 0 {
                         let err = GatewayError::UpstreamUnavailable {
-                            message: format!("provider `{}` closed the stream before its first event", route.provider.id),
+                            message: format!(
+                                "provider `{}` closed the stream before its first event",
+                                route.provider.id
+                            ),
                             retry_after: None,
                         };
-                        return failed(route, AttemptFailure::Protocol, "closed before first event".into(), err);
+                        return failed(
+                            route,
+                            AttemptFailure::Protocol,
+                            "closed before first event".into(),
+                            err,
+                        );
                     }
                 }
             }
             Ev::Chunk(Err(e)) => {
                 up.shutdown().await;
                 let err = GatewayError::UpstreamUnavailable {
-                    message: format!("provider `{}` broke the stream before its first event", route.provider.id),
+                    message: format!(
+                        "provider `{}` broke the stream before its first event",
+                        route.provider.id
+                    ),
                     retry_after: None,
                 };
                 return failed(route, AttemptFailure::Protocol, e.to_string(), err);
@@ -694,7 +807,11 @@ async fn stream(
         }
     };
     ctx.downstream_committed = true;
-    if session.write_response_header(Box::new(head), false).await.is_err() {
+    if session
+        .write_response_header(Box::new(head), false)
+        .await
+        .is_err()
+    {
         up.shutdown().await;
         return Attempt::Gone(ClientGone("writing"));
     }
@@ -704,7 +821,11 @@ async fn stream(
     }
     if !first.is_empty() {
         ctx.outcome.bytes_out += first.len() as u64;
-        if session.write_response_body(Some(first), ended).await.is_err() {
+        if session
+            .write_response_body(Some(first), ended)
+            .await
+            .is_err()
+        {
             up.shutdown().await;
             return Attempt::Gone(ClientGone("streaming"));
         }
@@ -715,9 +836,14 @@ async fn stream(
     }
 
     // Phase 2: committed. Pump until the end; failures become an SSE error event.
-    let max_end = ctx.config.server.max_stream_duration.map(|d| ctx.received + d);
+    let max_end = ctx
+        .config
+        .server
+        .max_stream_duration
+        .map(|d| ctx.received + d);
     let mut idle_deadline = Instant::now() + timeouts.idle.max(Duration::from_millis(1));
-    let mut heartbeat = tokio::time::interval_at(Instant::now() + timeouts.heartbeat, timeouts.heartbeat);
+    let mut heartbeat =
+        tokio::time::interval_at(Instant::now() + timeouts.heartbeat, timeouts.heartbeat);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stream_error: Option<(&'static str, String)> = loop {
         enum Ev {
@@ -753,7 +879,10 @@ async fn stream(
                             .inc();
                         ctx.outcome.bytes_out += sse::KEEPALIVE_COMMENT.len() as u64;
                         if session
-                            .write_response_body(Some(Bytes::from_static(sse::KEEPALIVE_COMMENT)), false)
+                            .write_response_body(
+                                Some(Bytes::from_static(sse::KEEPALIVE_COMMENT)),
+                                false,
+                            )
                             .await
                             .is_err()
                         {
@@ -768,13 +897,48 @@ async fn stream(
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("streaming"));
             }
-            Ev::Idle => break Some(("idle_timeout", format!("provider `{}` sent nothing for {} ms", route.provider.id, timeouts.idle.as_millis()))),
-            Ev::MaxDuration => break Some(("max_stream_duration", "the stream reached its maximum duration".to_string())),
-            Ev::Shutdown => break Some(("shutdown", "the gateway is shutting down; retry the request".to_string())),
-            Ev::FirstEventTimeout => break Some(("first_event_timeout", format!("provider `{}` sent no event within {} ms", route.provider.id, timeouts.first_event.as_millis()))),
+            Ev::Idle => {
+                break Some((
+                    "idle_timeout",
+                    format!(
+                        "provider `{}` sent nothing for {} ms",
+                        route.provider.id,
+                        timeouts.idle.as_millis()
+                    ),
+                ))
+            }
+            Ev::MaxDuration => {
+                break Some((
+                    "max_stream_duration",
+                    "the stream reached its maximum duration".to_string(),
+                ))
+            }
+            Ev::Shutdown => {
+                break Some((
+                    "shutdown",
+                    "the gateway is shutting down; retry the request".to_string(),
+                ))
+            }
+            Ev::FirstEventTimeout => {
+                break Some((
+                    "first_event_timeout",
+                    format!(
+                        "provider `{}` sent no event within {} ms",
+                        route.provider.id,
+                        timeouts.first_event.as_millis()
+                    ),
+                ))
+            }
             Ev::Chunk(Err(e)) => {
-                log::warn!("upstream stream broke request_id={} provider={} error={e}", ctx.request_id, route.provider.id);
-                break Some(("upstream_broken", format!("provider `{}` broke off the stream", route.provider.id)));
+                log::warn!(
+                    "upstream stream broke request_id={} provider={} error={e}",
+                    ctx.request_id,
+                    route.provider.id
+                );
+                break Some((
+                    "upstream_broken",
+                    format!("provider `{}` broke off the stream", route.provider.id),
+                ));
             }
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
@@ -810,14 +974,19 @@ async fn stream(
     match stream_error {
         None => {
             if up.response_done() {
-                connector.release_http_session(up, peer, Some(POOL_IDLE)).await;
+                connector
+                    .release_http_session(up, peer, Some(POOL_IDLE))
+                    .await;
             } else {
                 up.shutdown().await;
             }
         }
         Some((reason, message)) => {
             up.shutdown().await;
-            metrics().stream_errors_total.with_label_values(&[reason]).inc();
+            metrics()
+                .stream_errors_total
+                .with_label_values(&[reason])
+                .inc();
             ctx.outcome.label = "stream_error";
             let ev = sse::openai_error_event(&message, "api_error", reason);
             ctx.outcome.bytes_out += ev.len() as u64;
@@ -833,9 +1002,15 @@ async fn stream(
 /// Records usage for a finished stream: the upstream's `usage` when it sent one, else the
 /// number of content events as the output count.
 fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
-    let (input, output) = pipe.usage.map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
+    let (input, output) = pipe
+        .usage
+        .map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
     if input > 0 {
         ctx.outcome.input_tokens = input;
     }
-    ctx.outcome.output_tokens = if output > 0 { output } else { pipe.content_events };
+    ctx.outcome.output_tokens = if output > 0 {
+        output
+    } else {
+        pipe.content_events
+    };
 }

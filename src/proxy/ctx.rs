@@ -113,8 +113,7 @@ pub fn request_id(from_client: Option<&[u8]>) -> String {
     if let Some(v) = from_client {
         if !v.is_empty()
             && v.len() <= 64
-            && v
-                .iter()
+            && v.iter()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         {
             return String::from_utf8_lossy(v).into_owned();

@@ -24,7 +24,11 @@ use crate::routing;
 ///
 /// # Errors
 /// [`ClientGone`] when the client disconnected.
-pub async fn handle(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ClientGone> {
+pub async fn handle(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> Result<(), ClientGone> {
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
     let path = path.strip_prefix("/v1").unwrap_or(&path);
@@ -81,7 +85,11 @@ fn authenticate(session: &Session, ctx: &mut RequestCtx) -> Result<Caller, Gatew
 }
 
 /// `GET /v1/models` and `GET /v1/models/{id}`.
-async fn models(session: &mut Session, ctx: &mut RequestCtx, one: Option<String>) -> Result<(), ChatError> {
+async fn models(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    one: Option<String>,
+) -> Result<(), ChatError> {
     let caller = authenticate(session, ctx)?;
     let visible: Vec<serde_json::Value> = ctx
         .config
@@ -157,10 +165,16 @@ async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Resu
         .filter(|_| caller.may_use_model(&req.model))
         .ok_or_else(|| model_not_found(&req.model))?;
 
-    let _permit = match gw.admission.admit(session, &caller, &config, req.needs.estimated_input_tokens).await {
+    let _permit = match gw
+        .admission
+        .admit(session, &caller, &config, req.needs.estimated_input_tokens)
+        .await
+    {
         Ok(p) => p,
         Err(crate::backpressure::Rejected::Client(e)) => return Err(e.into()),
-        Err(crate::backpressure::Rejected::Gone) => return Err(ChatError::Gone(ClientGone("queued"))),
+        Err(crate::backpressure::Rejected::Gone) => {
+            return Err(ChatError::Gone(ClientGone("queued")))
+        }
     };
     let candidates = routing::plan(model, &caller, &req.needs, req.preference.as_ref())?;
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));

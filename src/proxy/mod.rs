@@ -64,13 +64,27 @@ impl ProxyHttp for Gateway {
         RequestCtx::new(self.config.snapshot())
     }
 
-    async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
-        ctx.request_id = ctx::request_id(session.req_header().headers.get("x-request-id").map(|v| v.as_bytes()));
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        ctx.request_id = ctx::request_id(
+            session
+                .req_header()
+                .headers
+                .get("x-request-id")
+                .map(|v| v.as_bytes()),
+        );
         session.set_write_timeout(Some(ctx.config.server.downstream_write_timeout));
         Ok(())
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
         match endpoints::handle(self, session, ctx).await {
             Ok(()) => Ok(true),
             Err(attempt::ClientGone(phase)) => {
@@ -84,12 +98,24 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
         // Every route is answered in `request_filter`; reaching here is a bug.
-        Err(Error::explain(ErrorType::HTTPStatus(404), "no native proxy route"))
+        Err(Error::explain(
+            ErrorType::HTTPStatus(404),
+            "no native proxy route",
+        ))
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
         if matches!(e.esource(), pingora::ErrorSource::Downstream) || ctx.downstream_committed {
             return FailToProxy {
                 error_code: 0,
@@ -109,6 +135,11 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    fn suppress_error_log(&self, _session: &Session, ctx: &RequestCtx, _error: &Error) -> bool {
+        // A client that leaves is normal traffic: counted and access-logged, not an ERROR.
+        ctx.outcome.label == "client_abort"
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {

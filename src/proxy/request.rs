@@ -86,22 +86,43 @@ pub fn parse_chat(
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| GatewayError::invalid(format!("request body is not valid JSON: {e}"), None))?;
     let Value::Object(mut map) = value else {
-        return Err(GatewayError::invalid("request body must be a JSON object", None));
+        return Err(GatewayError::invalid(
+            "request body must be a JSON object",
+            None,
+        ));
     };
     let model = match map.get("model") {
         Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),
-        Some(_) => return Err(GatewayError::invalid("`model` must be a non-empty string", Some("model"))),
-        None => return Err(GatewayError::invalid("you must provide a `model` parameter", Some("model"))),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "`model` must be a non-empty string",
+                Some("model"),
+            ))
+        }
+        None => {
+            return Err(GatewayError::invalid(
+                "you must provide a `model` parameter",
+                Some("model"),
+            ))
+        }
     };
     let stream = match map.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(GatewayError::invalid("`stream` must be a boolean", Some("stream"))),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "`stream` must be a boolean",
+                Some("stream"),
+            ))
+        }
     };
     match map.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => {}
         Some(Value::Array(_)) => {
-            return Err(GatewayError::invalid("`messages` must not be empty", Some("messages")))
+            return Err(GatewayError::invalid(
+                "`messages` must not be empty",
+                Some("messages"),
+            ))
         }
         _ => {
             return Err(GatewayError::invalid(
@@ -118,10 +139,9 @@ pub fn parse_chat(
 
     let mut preference = match map.remove("provider") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(
-            serde_json::from_value::<Preference>(v)
-                .map_err(|e| GatewayError::invalid(format!("bad `provider` preference: {e}"), Some("provider")))?,
-        ),
+        Some(v) => Some(serde_json::from_value::<Preference>(v).map_err(|e| {
+            GatewayError::invalid(format!("bad `provider` preference: {e}"), Some("provider"))
+        })?),
     };
     if let Some(h) = preference_header {
         let p: Preference = serde_json::from_slice(h).map_err(|e| {
@@ -169,14 +189,16 @@ fn capabilities(map: &Map<String, Value>) -> Vec<Capability> {
         .and_then(Value::as_array)
         .is_some_and(|msgs| {
             msgs.iter().any(|m| {
-                m.get("content").and_then(Value::as_array).is_some_and(|parts| {
-                    parts.iter().any(|p| {
-                        matches!(
-                            p.get("type").and_then(Value::as_str),
-                            Some("image_url" | "image" | "input_image")
-                        )
+                m.get("content")
+                    .and_then(Value::as_array)
+                    .is_some_and(|parts| {
+                        parts.iter().any(|p| {
+                            matches!(
+                                p.get("type").and_then(Value::as_str),
+                                Some("image_url" | "image" | "input_image")
+                            )
+                        })
                     })
-                })
             })
         });
     if vision {
@@ -216,13 +238,26 @@ mod tests {
         .unwrap();
         assert_eq!(r.model, "m");
         assert!(r.stream && r.include_usage);
-        assert_eq!(r.needs.capabilities, vec![Capability::Tools, Capability::Vision, Capability::JsonSchema]);
+        assert_eq!(
+            r.needs.capabilities,
+            vec![
+                Capability::Tools,
+                Capability::Vision,
+                Capability::JsonSchema
+            ]
+        );
     }
 
     #[test]
     fn rejects_bad_input_with_400() {
         let c = cfg();
-        for body in [&b"{"[..], b"[]", br#"{"messages":[{"role":"user","content":"x"}]}"#, br#"{"model":1,"messages":[]}"#, br#"{"model":"m"}"#] {
+        for body in [
+            &b"{"[..],
+            b"[]",
+            br#"{"messages":[{"role":"user","content":"x"}]}"#,
+            br#"{"model":1,"messages":[]}"#,
+            br#"{"model":"m"}"#,
+        ] {
             let e = parse_chat(body, None, &c).unwrap_err();
             assert_eq!(e.status(), 400, "{body:?}");
         }
@@ -236,7 +271,12 @@ mod tests {
         assert_eq!(r.preference.unwrap().order, vec!["a".to_string()]);
         let e = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"provider":{"only":["zz"]}}"#, None, &c).unwrap_err();
         assert!(e.to_string().contains("zz"));
-        let e = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, Some(b"{\"ignore\":[\"q\"]}"), &c).unwrap_err();
+        let e = parse_chat(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+            Some(b"{\"ignore\":[\"q\"]}"),
+            &c,
+        )
+        .unwrap_err();
         assert_eq!(e.status(), 400);
     }
 }

@@ -31,7 +31,9 @@ pub async fn write_json(
     ctx.outcome.bytes_out += body.len() as u64;
     ctx.downstream_committed = true;
     session.write_response_header(Box::new(h), false).await?;
-    session.write_response_body(Some(Bytes::from(body)), true).await
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await
 }
 
 /// Writes `err` as an OpenAI-style JSON error with its status and `Retry-After`.

@@ -130,7 +130,11 @@ impl RouteHealth {
         if let Some(t) = ttft {
             let sample = u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1);
             let old = self.ewma_ttft_us.load(Ordering::Relaxed);
-            let new = if old == 0 { sample } else { (old * 4 + sample) / 5 };
+            let new = if old == 0 {
+                sample
+            } else {
+                (old * 4 + sample) / 5
+            };
             self.ewma_ttft_us.store(new.max(1), Ordering::Relaxed);
         }
         self.transition(Health::Healthy);
@@ -217,7 +221,12 @@ impl HealthRegistry {
     pub fn routes_of(&self, provider: &str) -> Vec<Arc<RouteHealth>> {
         self.routes.read().map_or_else(
             |_| Vec::new(),
-            |m| m.values().filter(|h| h.provider == provider).cloned().collect(),
+            |m| {
+                m.values()
+                    .filter(|h| h.provider == provider)
+                    .cloned()
+                    .collect()
+            },
         )
     }
 }

@@ -186,7 +186,10 @@ pub fn capability_name(c: Capability) -> &'static str {
 
 /// Estimated cost of a request on a route, USD.
 pub fn estimated_cost_usd(route: &Route, needs: &RouteNeeds) -> f64 {
-    #[expect(clippy::cast_precision_loss, reason = "token counts are far below 2^52")]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "token counts are far below 2^52"
+    )]
     let (i, o) = (
         needs.estimated_input_tokens as f64,
         needs.max_output_tokens as f64,
@@ -315,7 +318,10 @@ mod tests {
             Strategy::Priority,
         );
         let needs = RouteNeeds::default();
-        assert_eq!(ids(&plan(&m, &caller(), &needs, None).unwrap()), ["a", "b", "c"]);
+        assert_eq!(
+            ids(&plan(&m, &caller(), &needs, None).unwrap()),
+            ["a", "b", "c"]
+        );
         let tools = RouteNeeds {
             capabilities: vec![Capability::Tools],
             ..RouteNeeds::default()
@@ -327,7 +333,10 @@ mod tests {
             allow_fallbacks: true,
             only: None,
         };
-        assert_eq!(ids(&plan(&m, &caller(), &needs, Some(&pref)).unwrap()), ["c", "a"]);
+        assert_eq!(
+            ids(&plan(&m, &caller(), &needs, Some(&pref)).unwrap()),
+            ["c", "a"]
+        );
         let no_fb = Preference {
             allow_fallbacks: false,
             ..Preference::default()
@@ -339,7 +348,10 @@ mod tests {
     fn lowest_cost_orders_by_estimate() {
         let m = model(
             "plan-test-2",
-            vec![route("plan-test-2", "a", 1, 5.0, None), route("plan-test-2", "b", 2, 0.5, None)],
+            vec![
+                route("plan-test-2", "a", 1, 5.0, None),
+                route("plan-test-2", "b", 2, 0.5, None),
+            ],
             Strategy::LowestCost,
         );
         let needs = RouteNeeds {
@@ -352,7 +364,11 @@ mod tests {
 
     #[test]
     fn explains_empty_plans() {
-        let m = model("plan-test-3", vec![route("plan-test-3", "a", 1, 1.0, Some(vec![]))], Strategy::Priority);
+        let m = model(
+            "plan-test-3",
+            vec![route("plan-test-3", "a", 1, 1.0, Some(vec![]))],
+            Strategy::Priority,
+        );
         let vision = RouteNeeds {
             capabilities: vec![Capability::Vision],
             ..RouteNeeds::default()

@@ -1,0 +1,330 @@
+//! Test harness: spawn `sluice` and `sluice-mock-upstream` on ephemeral loopback ports,
+//! wait until ready, kill on drop; a small raw HTTP/1.1 client that sees exact bytes.
+
+#![allow(dead_code)]
+
+pub mod client;
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use client::{get, post_json, Response, StreamReader};
+
+/// A free loopback port (bind :0, read, release; the small race is retried by callers).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "sluice-e2e-{tag}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&p).expect("tempdir");
+        Self(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running mock upstream process.
+pub struct Mock {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Mock {
+    /// Starts `sluice-mock-upstream` with a default behaviour (JSON object, `{}` for none).
+    pub fn start(behavior: &str) -> Mock {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-mock-upstream"))
+            .args(["--listen", "127.0.0.1:0", "--behavior", behavior])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn mock upstream");
+        let stdout = child.stdout.take().expect("mock stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("mock prints its address");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected mock output: {line:?}"));
+        Mock { child, addr }
+    }
+
+    /// `http://ADDR/v1`, the provider `base_url`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// The mock's request log (`GET /_mock/log`), as JSON records.
+    pub fn log(&self) -> Vec<serde_json::Value> {
+        let r = get(self.addr, "/_mock/log", &[]);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("mock log json");
+        v["requests"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Number of recorded chat requests.
+    pub fn hits(&self) -> usize {
+        self.log().len()
+    }
+
+    /// Replaces the default behaviour.
+    pub fn set_behavior(&self, behavior: &str) {
+        let r = post_json(self.addr, "/_mock/behavior", &[], behavior);
+        assert_eq!(r.status, 200, "set behavior: {}", r.text());
+    }
+
+    /// Clears the log and counters.
+    pub fn reset(&self) {
+        post_json(self.addr, "/_mock/reset", &[], "{}");
+    }
+
+    /// Polls the log until `pred` holds or `timeout` passes; returns the last log.
+    pub fn wait_log(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let end = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if pred(&log) || Instant::now() > end {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Kills the process (the port then refuses connections).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running Sluice process on its own ports.
+pub struct Sluice {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: TempDir,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+}
+
+/// The virtual key the helper configs use.
+pub const KEY: &str = "sk-sluice-test-0001";
+
+impl Sluice {
+    /// Writes `yaml` (with `{listen}` and `{admin}` placeholders filled) and starts Sluice.
+    /// Retries with new ports if one was taken meanwhile.
+    pub fn start(yaml: &str) -> Sluice {
+        Self::start_with_env(yaml, &[])
+    }
+
+    /// As [`Sluice::start`], with extra environment variables.
+    pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Sluice {
+        for _ in 0..5 {
+            let port = free_port();
+            let admin_port = free_port();
+            let dir = TempDir::new("sluice");
+            let cfg = yaml
+                .replace("{listen}", &format!("127.0.0.1:{port}"))
+                .replace("{admin}", &format!("127.0.0.1:{admin_port}"));
+            let config_path = dir.path().join("sluice.yaml");
+            std::fs::write(&config_path, cfg).expect("write config");
+            let log_path = dir.path().join("sluice.log");
+            let log = std::fs::File::create(&log_path).expect("log file");
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+            cmd.arg("-c")
+                .arg(&config_path)
+                .env_remove("RUST_LOG")
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let child = cmd.spawn().expect("spawn sluice");
+            let mut s = Sluice {
+                child,
+                addr: format!("127.0.0.1:{port}").parse().expect("addr"),
+                admin: format!("127.0.0.1:{admin_port}").parse().expect("addr"),
+                dir,
+                config_path,
+                log_path,
+            };
+            if s.wait_ready(Duration::from_secs(20)) {
+                return s;
+            }
+            eprintln!("sluice did not become ready; log:\n{}", s.log());
+            s.kill();
+        }
+        panic!("sluice failed to start 5 times");
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            let admin_ok =
+                std::net::TcpStream::connect_timeout(&self.admin, Duration::from_millis(200))
+                    .is_ok();
+            let proxy_ok =
+                std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200))
+                    .is_ok();
+            if admin_ok && proxy_ok {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        false
+    }
+
+    /// The process log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// `GET /metrics` text.
+    pub fn metrics(&self) -> String {
+        get(self.admin, "/metrics", &[]).text()
+    }
+
+    /// Value of one metric sample line (exact name with labels, e.g.
+    /// `sluice_requests_total{model="m",status="200"}`), or 0.
+    pub fn metric(&self, sample: &str) -> f64 {
+        parse_metric(&self.metrics(), sample)
+    }
+
+    /// POST a chat completion with the test key.
+    pub fn chat(&self, body: &str) -> Response {
+        post_json(
+            self.addr,
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {KEY}"))],
+            body,
+        )
+    }
+
+    /// Open a streaming chat completion; returns the reader after the response head.
+    pub fn chat_stream(&self, body: &str) -> StreamReader {
+        StreamReader::open(
+            self.addr,
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {KEY}"))],
+            body,
+        )
+    }
+
+    /// Rewrites the config file (placeholders filled with this process's ports).
+    pub fn rewrite_config(&self, yaml: &str) {
+        let cfg = yaml
+            .replace("{listen}", &self.addr.to_string())
+            .replace("{admin}", &self.admin.to_string());
+        std::fs::write(&self.config_path, cfg).expect("rewrite config");
+    }
+
+    /// Sends a signal (`"HUP"`, `"TERM"`, ...).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// The OS pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for exit up to `timeout`; `Some(status)` if it exited.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Resident set size in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- sluice log ---\n{}", self.log());
+        }
+    }
+}
+
+/// Reads one sample value from Prometheus text.
+pub fn parse_metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(sample)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A one-provider config: test key, tenant `t`, provider `p1` at `base_url`, model `acme/chat`
+/// → `mock-small-v1`. `extra_server` is inserted under `server:` (indented lines).
+pub fn basic_config(base_url: &str, extra_server: &str) -> String {
+    format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n{extra_server}\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p1:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-provider-secret-p1\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n"
+    )
+}
