@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what building and testing Sluice needs on a fresh Debian machine, idempotently:
+#   cmake + a C compiler (Pingora builds zlib-ng), ca-certificates (TLS to real providers),
+#   redis-server (distributed rate-limit tests), nginx (load-script comparison, optional),
+#   and a Python venv at .venv with the official SDKs (tests/sdk/requirements.txt).
+# Usage: bash scripts/install-deps.sh [--no-python]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "installing: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Debian starts a system redis-server on install; the tests start their own on free ports.
+
+if [ "${1:-}" != "--no-python" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  if ! .venv/bin/python -c 'import openai' >/dev/null 2>&1; then
+    .venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/requirements.txt
+  fi
+fi
