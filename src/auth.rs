@@ -98,11 +98,12 @@ impl KeyTable {
 pub fn presented_key(authorization: Option<&[u8]>, x_api_key: Option<&[u8]>) -> Option<String> {
     if let Some(v) = authorization.and_then(|v| std::str::from_utf8(v).ok()) {
         let v = v.trim();
-        let token = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-            .unwrap_or(v)
-            .trim();
+        // The scheme is case-insensitive (RFC 9110 11.1); `Bearer` alone carries no token.
+        let token = match v.split_once(|c: char| c.is_ascii_whitespace()) {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
+            None if v.eq_ignore_ascii_case("bearer") => "",
+            _ => v,
+        };
         if !token.is_empty() {
             return Some(token.to_string());
         }
@@ -149,6 +150,11 @@ mod tests {
             Some("sk-3")
         );
         assert_eq!(presented_key(None, None), None);
+        assert_eq!(
+            presented_key(Some(b"BEARER  sk-4 "), None).as_deref(),
+            Some("sk-4")
+        );
+        assert_eq!(presented_key(Some(b"bearer"), None), None);
     }
 
     #[test]

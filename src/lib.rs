@@ -16,7 +16,7 @@
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`providers`] | peers, upstream request heads, OpenAI/Anthropic wire formats, the demo provider |
 //! | [`sse`] | the SSE hot path: normalizer, model rewrite, usage |
-//! | [`backpressure`] | admission: concurrency, bounded queue |
+//! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | virtual keys |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`access_log`], [`logging`] | observability |

@@ -43,5 +43,29 @@ pub fn init(format: LogFormat) {
             });
         }
     }
-    let _ = b.try_init();
+    let logger = b.build();
+    let max = logger.filter();
+    if log::set_boxed_logger(Box::new(NoPingoraTrace(logger))).is_ok() {
+        log::set_max_level(max);
+    }
+}
+
+/// Drops Pingora's TRACE records: they print whole request heads, and with them the provider
+/// key Sluice injects (`RUST_LOG=trace` must not put a secret in the log).
+struct NoPingoraTrace(env_logger::Logger);
+
+impl log::Log for NoPingoraTrace {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        !(m.level() == log::Level::Trace && m.target().starts_with("pingora")) && self.0.enabled(m)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            self.0.log(record);
+        }
+    }
+
+    fn flush(&self) {
+        self.0.flush();
+    }
 }

@@ -29,7 +29,8 @@ pub struct Metrics {
     pub upstream_attempts_total: IntCounterVec,
     /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: cross-provider fallbacks.
     pub fallback_total: IntCounterVec,
-    /// `sluice_fallback_depth`: attempts − 1 of requests that got an upstream answer.
+    /// `sluice_fallback_depth`: candidate routes that failed before the one that answered
+    /// (same-route retries not counted), per request that got an upstream answer.
     pub fallback_depth: Histogram,
     /// `sluice_upstream_retries_total{provider,reason}`: same-route retries.
     pub upstream_retries_total: IntCounterVec,
@@ -94,7 +95,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         fallback_depth: register_histogram!(
             "sluice_fallback_depth",
-            "Attempts minus one, per request answered by an upstream.",
+            "Routes that failed before the one that answered (same-route retries not counted), per request answered by an upstream.",
             vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0]
         )?,
         upstream_retries_total: register_int_counter_vec!(

@@ -1,10 +1,11 @@
 //! Owns process assembly: the Pingora `Server` with its `ServerConf` derived from our YAML,
 //! the proxy service (the [`Gateway`]), the admin service, and background services (hot
-//! reload, the demo provider, graceful stream shutdown).
+//! reload, the demo provider, active health probes, graceful stream shutdown).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -17,7 +18,11 @@ use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigHandle};
 use crate::providers::demo::DemoProvider;
 use crate::proxy::Gateway;
+use crate::routing::probe::HealthProber;
 use crate::shutdown::StreamShutdown;
+
+/// L4 read buffer of a downstream connection, bytes (0 = reads go straight to the socket).
+const DOWNSTREAM_L4_READ_BUFFER: usize = 0;
 
 /// Errors assembling the server.
 #[derive(Debug, thiserror::Error)]
@@ -41,8 +46,10 @@ fn server_conf(cfg: &Config, args: &Args) -> ServerConf {
         threads: s.threads,
         ..ServerConf::default()
     };
-    // Open streams get `shutdown_grace_ms` (plus a second to write their error events).
-    conf.grace_period_seconds = Some(s.shutdown_grace.as_secs() + 1);
+    // Open streams get `shutdown_grace_ms` (plus a second to write their error events:
+    // Pingora drops every task when its grace period ends, so round up, never down).
+    let grace_ms = u64::try_from(s.shutdown_grace.as_millis()).unwrap_or(u64::MAX);
+    conf.grace_period_seconds = Some(grace_ms.div_ceil(1000).saturating_add(1));
     conf.graceful_shutdown_timeout_seconds = Some(2);
     conf
 }
@@ -67,7 +74,13 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
         Gateway::new(handle.clone(), admission.clone()),
         "sluice proxy",
     );
-    proxy.add_tcp(&listen);
+    // Pingora's default 64 KiB L4 read buffer per downstream connection is zero-filled and
+    // lives as long as the connection: most of a held stream's memory. Request heads and
+    // bodies are read through Pingora's own buffers anyway, so read unbuffered.
+    proxy.add_listener(
+        ListenerConfig::tcp(listen.clone())
+            .l4_buffer(L4BufferSettings::default().read(DOWNSTREAM_L4_READ_BUFFER)),
+    );
 
     let mut admin = Service::new("sluice admin".to_string(), AdminApp::new(handle.clone()));
     admin.add_tcp(&admin_listen);
@@ -76,8 +89,16 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let demo = DemoProvider::bind().map_err(StartError::Demo)?;
     server.add_service(background_service("sluice demo provider", demo));
     server.add_service(background_service(
+        "sluice rate limits",
+        admission.limits_service(),
+    ));
+    server.add_service(background_service(
         "sluice config reload",
         Reloader::new(path, handle.clone(), admission),
+    ));
+    server.add_service(background_service(
+        "sluice health probes",
+        HealthProber::new(handle.clone()),
     ));
     server.add_service(background_service(
         "sluice stream shutdown",

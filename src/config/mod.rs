@@ -73,6 +73,9 @@ pub struct ServerSettings {
     pub queue_size: usize,
     /// Admission queue wait limit.
     pub queue_timeout: Duration,
+    /// The sliding window of `requests_per_minute` / `tokens_per_minute` (a minute unless
+    /// `server.rate_limit_window_ms` shortens it).
+    pub rate_limit_window: Duration,
     /// Whether to add `x-sluice-provider` / `x-sluice-fallback-depth`.
     pub emit_route_headers: bool,
     /// Pingora pid file.
@@ -143,6 +146,20 @@ pub struct PassiveHealth {
     pub unhealthy_after_failures: u32,
     /// Rest before a half-open trial.
     pub cooldown: Duration,
+    /// Error-rate trigger for unhealthy, if enabled.
+    pub error_rate: Option<ErrorRate>,
+}
+
+/// Error-rate trigger of passive health: a route whose failures make up at least `percent`
+/// of its outcomes in the sliding `window` (once there are `min_requests`) turns unhealthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorRate {
+    /// Threshold, percent (1-100).
+    pub percent: u32,
+    /// Sliding window.
+    pub window: Duration,
+    /// Fewest outcomes in the window before the rate counts.
+    pub min_requests: u32,
 }
 
 /// Active probe settings.

@@ -62,7 +62,7 @@ impl Reloader {
                         restart.join(", ")
                     );
                 }
-                self.admission.resize(&new);
+                self.admission.reconfigure(&new);
                 log::info!(
                     "config reloaded file={} models={} providers={} virtual_keys={}",
                     self.path.display(),

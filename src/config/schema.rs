@@ -127,6 +127,10 @@ pub struct ServerSection {
     /// Longest wait in the admission queue, ms (default 2000).
     #[serde(default = "default_queue_timeout_ms")]
     pub queue_timeout_ms: u64,
+    /// The sliding window that `requests_per_minute` and `tokens_per_minute` count over, ms
+    /// (default 60000, a minute; tests shorten it, the limits then apply per this window).
+    #[serde(default = "default_rate_limit_window_ms")]
+    pub rate_limit_window_ms: u64,
     /// Add `x-sluice-provider` and `x-sluice-fallback-depth` to responses (default true).
     #[serde(default = "default_true")]
     pub emit_route_headers: bool,
@@ -162,6 +166,7 @@ impl Default for ServerSection {
             max_concurrent_upstream_requests: default_max_concurrent_upstream_requests(),
             queue_size: default_queue_size(),
             queue_timeout_ms: default_queue_timeout_ms(),
+            rate_limit_window_ms: default_rate_limit_window_ms(),
             emit_route_headers: true,
             pid_file: default_pid_file(),
             upgrade_sock: default_upgrade_sock(),
@@ -189,6 +194,25 @@ pub struct TenantSection {
     /// Providers the tenant's requests may go to (absent: all).
     #[serde(default)]
     pub allowed_providers: Option<Vec<String>>,
+    /// Further limits per standard model id (tenant × model), applied on top of the tenant's.
+    #[serde(default)]
+    pub model_limits: BTreeMap<String, LimitsSection>,
+}
+
+/// `tenants.<id>.model_limits.<standard model>`: limits of one tenant on one standard model
+/// (all optional; absent means only the tenant-wide limits apply).
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Concurrent streams (in-flight requests) of the tenant on this model.
+    #[serde(default)]
+    pub max_concurrent_streams: Option<u32>,
+    /// Requests per minute (per `server.rate_limit_window_ms`).
+    #[serde(default)]
+    pub requests_per_minute: Option<u32>,
+    /// Tokens (input + output) per minute (per `server.rate_limit_window_ms`).
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// One `virtual_keys[]` entry: what a client presents instead of a provider key.
@@ -299,6 +323,16 @@ pub struct PassiveHealthSection {
     /// How long an unhealthy route rests before one trial request, ms (default 10000).
     #[serde(default = "default_cooldown_ms")]
     pub cooldown_ms: u64,
+    /// Error rate, in percent of the requests (and probes) in `error_rate_window_ms`, that
+    /// makes a route unhealthy even without consecutive failures (1-100; default: off).
+    #[serde(default)]
+    pub error_rate_percent: Option<u32>,
+    /// Sliding window of the error rate, ms (default 60000).
+    #[serde(default = "default_error_rate_window_ms")]
+    pub error_rate_window_ms: u64,
+    /// Fewest outcomes in the window before the error rate counts (default 20).
+    #[serde(default = "default_error_rate_min_requests")]
+    pub error_rate_min_requests: u32,
 }
 
 /// Routing strategy for a standard model.
@@ -387,9 +421,6 @@ pub struct RedisSection {
     /// Replica count; the local fail-open share is limit / replicas (default 1).
     #[serde(default = "default_replicas")]
     pub replicas: u32,
-    /// Rate window, ms (default 60000; tests shorten it).
-    #[serde(default = "default_window_ms")]
-    pub window_ms: u64,
 }
 
 fn default_listen() -> String {
@@ -464,6 +495,12 @@ fn default_unhealthy_after() -> u32 {
 fn default_cooldown_ms() -> u64 {
     10_000
 }
+fn default_error_rate_window_ms() -> u64 {
+    60_000
+}
+fn default_error_rate_min_requests() -> u32 {
+    20
+}
 fn default_priority() -> i32 {
     10
 }
@@ -476,6 +513,6 @@ fn default_redis_timeout_ms() -> u64 {
 fn default_replicas() -> u32 {
     1
 }
-fn default_window_ms() -> u64 {
+fn default_rate_limit_window_ms() -> u64 {
     60_000
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use super::error::ConfigError;
 use super::schema::{FileConfig, IncludedFile, ProviderKind, ProviderSection};
 use super::{
-    ActiveHealthCheck, Config, Endpoint, HopTimeouts, Model, PassiveHealth, Provider, Route,
-    ServerSettings, Tenant,
+    ActiveHealthCheck, Config, Endpoint, ErrorRate, HopTimeouts, Model, PassiveHealth, Provider,
+    Route, ServerSettings, Tenant,
 };
 use crate::auth::{hash_key, Caller, KeyTable};
 use crate::secret::Secret;
@@ -38,18 +38,31 @@ impl Sources {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    if let Some(e) = duplicate_key(path, text) {
+        return Err(e);
+    }
     let de = serde_yaml::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let key = if key == "." { String::new() } else { key };
+        // A syntax error inside a mapping has no key yet (`?`): name the mapping.
+        let key = key.trim_end_matches(".?").trim_end_matches('?').to_string();
         let inner = e.into_inner();
         let (line, column) = inner
             .location()
             .map_or((None, None), |l| (Some(l.line()), Some(l.column())));
-        // serde_yaml's message repeats the location; strip it so it is printed once.
+        // serde_yaml's message repeats the location; strip it so it is printed once (a
+        // syntax error's context, `, while scanning … at line N`, stays).
         let mut message = inner.to_string();
         if let Some(i) = message.find(" at line ") {
-            message.truncate(i);
+            let end = message[i..].find(',').map_or(message.len(), |j| i + j);
+            message.replace_range(i..end, "");
+        }
+        // ... and may start with the (parent) key path, which is printed anyway.
+        if let Some((head, rest)) = message.split_once(": ") {
+            if !head.is_empty() && key.starts_with(head) {
+                message = rest.to_string();
+            }
         }
         ConfigError {
             file: path.to_path_buf(),
@@ -59,6 +72,58 @@ fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, C
             message,
         }
     })
+}
+
+/// A key repeated in one YAML mapping (serde would silently keep the last one), located at
+/// its second occurrence; `None` when there is none (or the text does not parse at all:
+/// the typed parse reports that).
+fn duplicate_key(path: &Path, text: &str) -> Option<ConfigError> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    let err = serde_path_to_error::deserialize::<_, serde_yaml::Value>(de).err()?;
+    let parent = err.path().to_string();
+    let message = err.into_inner().to_string();
+    let key = message.split("duplicate entry with key ").nth(1)?;
+    let key = key.split(" at line ").next()?.trim_matches('"').to_string();
+    let key_path = if parent == "." {
+        key.clone()
+    } else {
+        format!("{parent}.{key}")
+    };
+    let (line, column) = second_occurrence(text, &key_path, &key)
+        .or_else(|| super::error::locate_key(text, &key_path))
+        .map_or((None, None), |(l, c)| (Some(l), Some(c)));
+    Some(ConfigError {
+        file: path.to_path_buf(),
+        line,
+        column,
+        key_path,
+        message: format!("duplicate key `{key}` (it is already defined above)"),
+    })
+}
+
+/// 1-based (line, column) of the second `key:` at the indentation of the first one found at
+/// `key_path`, within the same block.
+fn second_occurrence(text: &str, key_path: &str, key: &str) -> Option<(usize, usize)> {
+    let (first, col) = super::error::locate_key(text, key_path)?;
+    let forms = [key.to_string(), format!("\"{key}\""), format!("'{key}'")];
+    for (i, line) in text.lines().enumerate().skip(first) {
+        let t = line.trim_start().trim_start_matches("- ");
+        let ind = line.len() - t.len();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if ind + 1 < col {
+            return None;
+        }
+        let is_key = forms.iter().any(|f| {
+            t.strip_prefix(f.as_str())
+                .is_some_and(|r| r.trim_start().starts_with(':'))
+        });
+        if ind + 1 == col && is_key {
+            return Some((i + 1, col));
+        }
+    }
+    None
 }
 
 fn read(path: &Path) -> Result<String, ConfigError> {
@@ -114,6 +179,10 @@ pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
     }
     sources.key_files = (0..main.virtual_keys.len()).map(|i| (0, i)).collect();
 
+    // When the main file lists standard models, it is the catalogue: an included (provider)
+    // file may add routes to those models only. A model id the main file lacks is a typo
+    // there, not a new model.
+    let catalogue: Vec<String> = main.models.keys().cloned().collect();
     let base = path.parent().unwrap_or_else(|| Path::new("."));
     for (n, pattern) in main.include.clone().iter().enumerate() {
         let files = expand_include(base, pattern)
@@ -123,6 +192,21 @@ pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
             let inc: IncludedFile = parse(&file, &text)?;
             let idx = sources.files.len();
             sources.files.push((file.clone(), text));
+            if let Some(id) = inc
+                .models
+                .keys()
+                .find(|id| !catalogue.is_empty() && !catalogue.contains(id))
+            {
+                return Err(sources.err(
+                    idx,
+                    &format!("models.{id}"),
+                    format!(
+                        "unknown standard model `{id}` (known: {}; standard models are listed in {})",
+                        catalogue.join(", "),
+                        path.display()
+                    ),
+                ));
+            }
             merge(&mut main, inc, idx, &mut sources)?;
         }
     }
@@ -316,16 +400,40 @@ fn build_provider(
                     "need 0 < degraded_after_failures <= unhealthy_after_failures",
                 ));
             }
+            let error_rate = match h.error_rate_percent {
+                None => None,
+                Some(p) if !(1..=100).contains(&p) => {
+                    return Err(sources.err(
+                        fidx,
+                        &key("health.error_rate_percent"),
+                        "must be between 1 and 100",
+                    ))
+                }
+                Some(_) if h.error_rate_window_ms == 0 || h.error_rate_min_requests == 0 => {
+                    return Err(sources.err(
+                        fidx,
+                        &key("health"),
+                        "error_rate_window_ms and error_rate_min_requests must be greater than 0",
+                    ))
+                }
+                Some(percent) => Some(ErrorRate {
+                    percent,
+                    window: ms(h.error_rate_window_ms),
+                    min_requests: h.error_rate_min_requests,
+                }),
+            };
             PassiveHealth {
                 degraded_after_failures: h.degraded_after_failures,
                 unhealthy_after_failures: h.unhealthy_after_failures,
                 cooldown: ms(h.cooldown_ms),
+                error_rate,
             }
         }
         None => PassiveHealth {
             degraded_after_failures: 1,
             unhealthy_after_failures: 3,
             cooldown: ms(10_000),
+            error_rate: None,
         },
     };
     Ok(Provider {
@@ -374,6 +482,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             "must be at least 1024".into(),
         ));
     }
+    if server.rate_limit_window_ms == 0 {
+        return Err(main_err(
+            "server.rate_limit_window_ms",
+            "must be greater than 0".into(),
+        ));
+    }
     if server.max_concurrent_upstream_requests == 0 {
         return Err(main_err(
             "server.max_concurrent_upstream_requests",
@@ -408,6 +522,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         max_concurrent_upstream_requests: server.max_concurrent_upstream_requests,
         queue_size: server.queue_size,
         queue_timeout: ms(server.queue_timeout_ms),
+        rate_limit_window: ms(server.rate_limit_window_ms),
         emit_route_headers: server.emit_route_headers,
         pid_file: server.pid_file,
         upgrade_sock: server.upgrade_sock,
@@ -521,6 +636,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             t.allowed_models.as_ref(),
             t.allowed_providers.as_ref(),
         )?;
+        if let Some(m) = t.model_limits.keys().find(|m| !model_map.contains_key(*m)) {
+            return Err(main_err(
+                &format!("tenants.{id}.model_limits.{m}"),
+                format!("unknown model `{m}`"),
+            ));
+        }
         tenant_map.insert(id.clone(), Arc::new(Tenant { id, limits: t }));
     }
 
@@ -681,6 +802,22 @@ mod tests {
             e.to_string().contains("SLUICE_TEST_SURELY_UNSET_VAR"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn repeated_mapping_key_is_an_error_at_its_second_line() {
+        let bad = MINIMAL.replace("  team-a: {}\n", "  team-a: {}\n  team-a: {}\n");
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, "tenants.team-a");
+        assert_eq!((e.line, e.column), (Some(6), Some(3)), "{e}");
+        assert!(e.message.contains("duplicate key `team-a`"), "{e}");
+        let bad = MINIMAL.replace(
+            "        priority: 10\n",
+            "        priority: 10\n        priority: 20\n",
+        );
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, "models.acme/chat-small.routes[0].priority");
+        assert_eq!(e.line, Some(19), "{e}");
     }
 
     #[test]

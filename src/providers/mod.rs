@@ -118,10 +118,9 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
         #[cfg(target_os = "linux")]
         user_timeout: Duration::from_secs(0),
     });
-    if tls {
-        peer.options.alpn = ALPN::H2H1;
-        peer.options.max_h2_streams = 100;
-    }
+    // HTTP/1.1 to every provider: the attempt loop writes H1 request heads, and each stream
+    // then has its own connection, so a slow stream never shares a flow-control window.
+    peer.options.alpn = ALPN::H1;
     Ok(Target {
         peer,
         host_header,

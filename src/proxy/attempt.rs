@@ -35,6 +35,11 @@ use crate::sse::{self, SseNormalizer};
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 /// Idle time a pooled upstream connection is kept.
 const POOL_IDLE: Duration = Duration::from_secs(90);
+/// After `[DONE]`, how long the upstream's end of body is awaited to pool its connection.
+const DONE_DRAIN: Duration = Duration::from_millis(200);
+/// Most output bytes gathered from already-received upstream chunks into one downstream
+/// write (see [`coalesce_ready`]).
+const COALESCE_BYTES: usize = 16 * 1024;
 
 /// The client disconnected; the phase is the `sluice_client_aborts_total` label.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +55,8 @@ enum Attempt {
     Final(GatewayError),
     /// The client left.
     Gone(ClientGone),
+    /// Shutdown's grace period ended before the commit: the client gets a 503.
+    Shutdown,
 }
 
 /// Resolves when the downstream closes (or misbehaves: sends bytes after its body).
@@ -57,8 +64,9 @@ async fn client_gone(session: &mut Session) {
     let _ = session.downstream_session.read_body_or_idle(true).await;
 }
 
-/// Whether an upstream status is worth another provider.
-fn retryable_status(status: u16) -> bool {
+/// Whether an upstream status is worth another provider (the active probes use the same
+/// predicate to call a provider down).
+pub fn retryable_status(status: u16) -> bool {
     matches!(status, 401 | 403 | 408 | 409 | 429 | 500..=599)
 }
 
@@ -76,7 +84,7 @@ pub async fn run(
 ) -> Result<(), ClientGone> {
     let mut last_error: Option<GatewayError> = None;
     let mut previous: Option<(String, &'static str)> = None;
-    for cand in candidates {
+    for (i, cand) in candidates.iter().enumerate() {
         if !cand.health.admit() {
             continue;
         }
@@ -102,7 +110,8 @@ pub async fn run(
                         .upstream_attempts_total
                         .with_label_values(&[route.provider.id.as_str(), "ok"])
                         .inc();
-                    cand.health.record_success(ctx.outcome.ttft);
+                    cand.health
+                        .record_success(&route.provider.passive_health, ctx.outcome.ttft);
                     #[expect(clippy::cast_precision_loss, reason = "small counts")]
                     metrics()
                         .fallback_depth
@@ -111,8 +120,19 @@ pub async fn run(
                 }
                 Attempt::Final(err) => {
                     // The provider answered (a 4xx about the request): it is healthy.
-                    cand.health.record_success(None);
+                    cand.health
+                        .record_success(&route.provider.passive_health, None);
                     ctx.outcome.provider = Some(route.provider.id.clone());
+                    let _ = respond::write_error(session, ctx, &err).await;
+                    return Ok(());
+                }
+                Attempt::Shutdown => {
+                    cand.health.release_trial();
+                    let err = GatewayError::Overloaded {
+                        message: "the gateway is shutting down; retry the request".into(),
+                        reason: "shutting_down",
+                        retry_after: Duration::from_secs(1),
+                    };
                     let _ = respond::write_error(session, ctx, &err).await;
                     return Ok(());
                 }
@@ -139,7 +159,15 @@ pub async fn run(
                     ) && ae.retry_after.is_none();
                     ctx.attempts.push(ae);
                     last_error = Some(err);
-                    if transient && !same_route_retry_used {
+                    // The same-route retry is for the last resort only: with another
+                    // candidate available, falling back at once is as good for the client
+                    // and costs only the failed provider's own response time (no backoff,
+                    // no second request to a struggling provider). A route that just started
+                    // resting (turned unhealthy, or its half-open trial failed) gets no
+                    // second request either: the trial is a single request.
+                    let resting = cand.health.cooldown_remaining().is_some();
+                    let alternative = candidates[i + 1..].iter().any(|c| c.health.is_available());
+                    if transient && !same_route_retry_used && !resting && !alternative {
                         same_route_retry_used = true;
                         metrics()
                             .upstream_retries_total
@@ -153,6 +181,7 @@ pub async fn run(
                         continue;
                     }
                     previous = Some((route.provider.id.clone(), reason));
+                    ctx.failed_routes += 1;
                     break;
                 }
             }
@@ -263,8 +292,11 @@ async fn attempt(
     let mut fresh_tries = 0;
     let mut up = loop {
         let connect = tokio::select! {
-            r = tokio::time::timeout(timeouts.connect, connector.get_http_session(&target.peer)) => r,
+            // Boxed: Pingora's connect future is ~9 KiB and would otherwise stay inlined in
+            // every held stream's future long after the connect (memory per open stream).
+            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
             () = client_gone(session) => return Attempt::Gone(ClientGone("connecting")),
+            () = crate::shutdown::streams_cancelled() => return Attempt::Shutdown,
         };
         let (mut up, reused) = match connect {
             Ok(Ok(pair)) => pair,
@@ -293,6 +325,10 @@ async fn attempt(
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("waiting_head"));
+            }
+            () = crate::shutdown::streams_cancelled() => {
+                up.shutdown().await;
+                return Attempt::Shutdown;
             }
         };
         match exchanged {
@@ -326,6 +362,9 @@ async fn attempt(
             }
         }
     };
+    // The upstream session keeps its own copy; ours would live as long as the stream.
+    drop(head);
+    drop(body);
 
     let Some(resp) = up.response_header() else {
         up.shutdown().await;
@@ -415,6 +454,9 @@ fn normalize_upstream_error(
         ProviderKind::Openai | ProviderKind::Demo => openai::error_parts(status, body),
     };
     let message = providers::scrub_key(provider, &message);
+    // Every field the client sees is scrubbed, not only the message.
+    let error_type = providers::scrub_key(provider, &error_type);
+    let code = code.map(|c| providers::scrub_key(provider, &c));
     if matches!(status, 401 | 403) {
         return GatewayError::UpstreamUnavailable {
             message: format!(
@@ -453,6 +495,10 @@ async fn unary(
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("waiting_body"));
+            }
+            () = crate::shutdown::streams_cancelled() => {
+                up.shutdown().await;
+                return Attempt::Shutdown;
             }
         };
         match next {
@@ -559,6 +605,8 @@ struct StreamPipe<'r> {
     content_events: u64,
     first_content: bool,
     usage: Option<sse::Usage>,
+    /// The OpenAI terminal `data: [DONE]` event went into `out`.
+    done: bool,
 }
 
 /// What one upstream chunk produced.
@@ -582,11 +630,13 @@ impl<'r> StreamPipe<'r> {
             normalizer: SseNormalizer::new(max_event_bytes),
             route,
             translator,
-            out: BytesMut::with_capacity(4096),
+            // Small: thousands of held streams each own one; it grows with the events.
+            out: BytesMut::with_capacity(512),
             data_events: 0,
             content_events: 0,
             first_content: false,
             usage: None,
+            done: false,
         }
     }
 
@@ -635,6 +685,7 @@ impl<'r> StreamPipe<'r> {
             }
             if ev.is_done() {
                 self.out.extend_from_slice(ev.raw());
+                self.done = true;
                 continue;
             }
             if ev.event_name() == Some("error") || data.starts_with(b"{\"error\"") {
@@ -652,6 +703,16 @@ impl<'r> StreamPipe<'r> {
             self.route.rewriter.rewrite_into(ev.raw(), &mut self.out);
         }
         Ok(())
+    }
+
+    /// Whether the client-facing stream is complete (`[DONE]` forwarded or translated):
+    /// nothing after it is for the client, so no heartbeat may follow it.
+    fn finished(&self) -> bool {
+        self.done
+            || self
+                .translator
+                .as_ref()
+                .is_some_and(anthropic::StreamTranslator::is_finished)
     }
 
     fn take(&mut self) -> Bytes {
@@ -701,6 +762,7 @@ async fn stream(
             FirstEventTimeout,
             EarlyCommit,
             Gone,
+            Shutdown,
         }
         let ev = tokio::select! {
             biased;
@@ -708,8 +770,13 @@ async fn stream(
             r = up.read_response_body() => Ev::Chunk(r),
             () = sleep_until(first_event_deadline) => Ev::FirstEventTimeout,
             () = sleep_until(early_commit_at.unwrap_or(first_event_deadline)), if early_commit_at.is_some() => Ev::EarlyCommit,
+            () = crate::shutdown::streams_cancelled() => Ev::Shutdown,
         };
         match ev {
+            Ev::Shutdown => {
+                up.shutdown().await;
+                return Attempt::Shutdown;
+            }
             Ev::Gone => {
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("waiting_first_event"));
@@ -737,7 +804,7 @@ async fn stream(
                         up.shutdown().await;
                         let err = GatewayError::Upstream {
                             status: 502,
-                            error_type: t,
+                            error_type: providers::scrub_key(&route.provider, &t),
                             code: None,
                             message: providers::scrub_key(&route.provider, &m),
                             retry_after: None,
@@ -819,18 +886,18 @@ async fn stream(
     if pipe.first_content {
         ctx.outcome.ttft = Some(ctx.received.elapsed());
     }
-    if !first.is_empty() {
+    // The whole answer may already be here (`[DONE]` seen): end the response at once.
+    let complete = ended || pipe.finished();
+    if !first.is_empty() || complete {
         ctx.outcome.bytes_out += first.len() as u64;
-        if session
-            .write_response_body(Some(first), ended)
-            .await
-            .is_err()
-        {
+        let body = (!first.is_empty()).then_some(first);
+        if session.write_response_body(body, complete).await.is_err() {
             up.shutdown().await;
             return Attempt::Gone(ClientGone("streaming"));
         }
     }
-    if ended {
+    if complete {
+        release_or_close(connector, up, peer).await;
         finish_stream(ctx, &pipe);
         return Attempt::Done;
     }
@@ -949,6 +1016,13 @@ async fn stream(
                     };
                     break Some(("upstream_error", detail));
                 }
+                // Events that arrived together leave together: one write, not one per event.
+                let stop = if end || pipe.finished() {
+                    ReadyStop::Pending
+                } else {
+                    coalesce_ready(&mut up, &mut pipe).await
+                };
+                let end = end || matches!(stop, ReadyStop::End);
                 let had_content = ctx.outcome.ttft.is_some();
                 let out = pipe.take();
                 if !had_content && pipe.first_content {
@@ -956,31 +1030,47 @@ async fn stream(
                 }
                 idle_deadline = Instant::now() + timeouts.idle;
                 heartbeat.reset();
-                if !out.is_empty() || end {
+                // After `[DONE]` nothing more is for the client (no heartbeat either): end
+                // its response now rather than when the upstream gets round to closing.
+                let complete = end || pipe.finished();
+                if !out.is_empty() || complete {
                     ctx.outcome.bytes_out += out.len() as u64;
                     let body = (!out.is_empty()).then_some(out);
-                    if session.write_response_body(body, end).await.is_err() {
+                    if session.write_response_body(body, complete).await.is_err() {
                         up.shutdown().await;
                         return Attempt::Gone(ClientGone("streaming"));
                     }
                 }
-                if end {
+                if complete {
                     break None;
+                }
+                match stop {
+                    ReadyStop::Pending | ReadyStop::End => {}
+                    ReadyStop::Broken(e) => {
+                        log::warn!(
+                            "upstream stream broke request_id={} provider={} error={e}",
+                            ctx.request_id,
+                            route.provider.id
+                        );
+                        break Some((
+                            "upstream_broken",
+                            format!("provider `{}` broke off the stream", route.provider.id),
+                        ));
+                    }
+                    ReadyStop::Pipe(e) => {
+                        let detail = match e {
+                            PipeError::Upstream(_, m) => providers::scrub_key(&route.provider, &m),
+                            PipeError::Framing(m) => m,
+                        };
+                        break Some(("upstream_error", detail));
+                    }
                 }
             }
         }
     };
 
     match stream_error {
-        None => {
-            if up.response_done() {
-                connector
-                    .release_http_session(up, peer, Some(POOL_IDLE))
-                    .await;
-            } else {
-                up.shutdown().await;
-            }
-        }
+        None => release_or_close(connector, up, peer).await,
         Some((reason, message)) => {
             up.shutdown().await;
             metrics()
@@ -997,6 +1087,86 @@ async fn stream(
     }
     finish_stream(ctx, &pipe);
     Attempt::Done
+}
+
+/// Where [`coalesce_ready`] stopped; handled after the gathered output is written.
+enum ReadyStop {
+    /// Nothing more was ready without waiting, or the batch is full.
+    Pending,
+    /// The upstream body ended.
+    End,
+    /// Reading the upstream failed.
+    Broken(Box<pingora::Error>),
+    /// A chunk held an upstream error event or broke the framing; none of its events are
+    /// in the output (as for a chunk read the ordinary way).
+    Pipe(PipeError),
+}
+
+/// Feeds the upstream chunks that are ready *without waiting* into `pipe` (up to
+/// [`COALESCE_BYTES`] of output), so that events the provider sent in a burst reach the
+/// client in one write and one HTTP chunk instead of one per event: the same syscall
+/// count as nginx with `proxy_buffering off`, and no added latency. A read that is not
+/// ready is dropped after one poll; Pingora's body reads (H1 and H2) commit no state until
+/// their I/O completes, so that is safe.
+async fn coalesce_ready(up: &mut UpstreamSession, pipe: &mut StreamPipe<'_>) -> ReadyStop {
+    while pipe.out.len() < COALESCE_BYTES && !pipe.finished() {
+        let ready = {
+            let mut read = std::pin::pin!(up.read_response_body());
+            std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(match std::future::Future::poll(read.as_mut(), cx) {
+                    std::task::Poll::Ready(r) => Some(r),
+                    std::task::Poll::Pending => None,
+                })
+            })
+            .await
+        };
+        match ready {
+            None => return ReadyStop::Pending,
+            Some(Err(e)) => return ReadyStop::Broken(e),
+            Some(Ok(chunk)) => {
+                let end = chunk.is_none();
+                let before = pipe.out.len();
+                if let Err(e) = pipe.feed(chunk.as_deref()) {
+                    pipe.out.truncate(before);
+                    return ReadyStop::Pipe(e);
+                }
+                if end {
+                    return ReadyStop::End;
+                }
+            }
+        }
+    }
+    ReadyStop::Pending
+}
+
+/// Returns a finished stream's upstream connection to the pool when its body was read to
+/// the end (waiting at most [`DONE_DRAIN`] for the terminator after `[DONE]`), else closes
+/// it: a connection with unread body bytes is never reused.
+async fn release_or_close(
+    connector: &Connector,
+    mut up: UpstreamSession,
+    peer: &pingora::upstreams::peer::HttpPeer,
+) {
+    if !up.response_done() {
+        // Boxed, as it is rare and large (a body read): the stream's future stays small.
+        let drain = Box::pin(async {
+            let mut left = MAX_ERROR_BODY_BYTES;
+            while let Ok(Some(b)) = up.read_response_body().await {
+                left = left.saturating_sub(b.len());
+                if left == 0 {
+                    break;
+                }
+            }
+        });
+        let _ = tokio::time::timeout(DONE_DRAIN, drain).await;
+    }
+    if up.response_done() {
+        connector
+            .release_http_session(up, peer, Some(POOL_IDLE))
+            .await;
+    } else {
+        up.shutdown().await;
+    }
 }
 
 /// Records usage for a finished stream: the upstream's `usage` when it sent one, else the

@@ -70,14 +70,19 @@ pub struct RequestCtx {
     pub stream: bool,
     /// Failed attempts in order.
     pub attempts: Vec<AttemptError>,
-    /// Number of upstream attempts made (failed or not).
+    /// Number of upstream attempts made (failed or not, same-route retries included).
     pub attempt_count: usize,
+    /// Candidate routes that failed before the current one (same-route retries not counted).
+    pub failed_routes: usize,
     /// Whether the response head has been written downstream (no fallback after this).
     pub downstream_committed: bool,
     /// Held while the request is proxied.
     pub active: Option<ActiveStreamGuard>,
     /// Held admission permits (global concurrency, tenant concurrency); dropped with the ctx.
     pub permits: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    /// The tenant's request/token limit status for the `x-ratelimit-*` headers; `None` before
+    /// authentication or when the tenant has no such limit.
+    pub rate_limit: Option<crate::backpressure::RateLimitStatus>,
     /// The result.
     pub outcome: Outcome,
 }
@@ -94,16 +99,20 @@ impl RequestCtx {
             stream: false,
             attempts: Vec::new(),
             attempt_count: 0,
+            failed_routes: 0,
             downstream_committed: false,
             active: None,
             permits: Vec::new(),
+            rate_limit: None,
             outcome: Outcome::default(),
         }
     }
 
-    /// Fallback depth: attempts − 1 (0 when the first candidate served).
+    /// Fallback depth: how many candidate routes failed before the one serving now (0 when
+    /// the first candidate served, even after a same-route retry; retries are counted in
+    /// `sluice_upstream_retries_total` and the access log's `attempts`).
     pub fn fallback_depth(&self) -> usize {
-        self.attempt_count.saturating_sub(1)
+        self.failed_routes
     }
 }
 

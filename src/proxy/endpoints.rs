@@ -35,10 +35,10 @@ pub async fn handle(
     let result = match (path, method.as_str()) {
         ("/chat/completions", "POST") => chat(gw, session, ctx).await,
         ("/chat/completions", _) => Err(GatewayError::MethodNotAllowed(method.clone()).into()),
-        ("/models", "GET") => models(session, ctx, None).await,
+        ("/models", "GET") => models(gw, session, ctx, None).await,
         (p, "GET") if p.starts_with("/models/") => {
             let id = p.trim_start_matches("/models/").to_string();
-            models(session, ctx, Some(id)).await
+            models(gw, session, ctx, Some(id)).await
         }
         ("/models", _) => Err(GatewayError::MethodNotAllowed(method.clone()).into()),
         _ => Err(GatewayError::NotFound {
@@ -62,8 +62,13 @@ pub async fn handle(
     }
 }
 
-/// Authenticates the presented virtual key.
-fn authenticate(session: &Session, ctx: &mut RequestCtx) -> Result<Caller, GatewayError> {
+/// Authenticates the presented virtual key (and attaches the tenant's rate-limit status for the
+/// `x-ratelimit-*` headers).
+fn authenticate(
+    gw: &Gateway,
+    session: &Session,
+    ctx: &mut RequestCtx,
+) -> Result<Caller, GatewayError> {
     let h = &session.req_header().headers;
     let key = presented_key(
         h.get("authorization").map(|v| v.as_bytes()),
@@ -80,17 +85,19 @@ fn authenticate(session: &Session, ctx: &mut RequestCtx) -> Result<Caller, Gatew
         .authenticate(&key)
         .cloned()
         .ok_or_else(|| GatewayError::InvalidVirtualKey("invalid API key".into()))?;
+    ctx.rate_limit = gw.admission.status(&ctx.config, &caller.tenant, None);
     ctx.caller = Some(caller.clone());
     Ok(caller)
 }
 
 /// `GET /v1/models` and `GET /v1/models/{id}`.
 async fn models(
+    gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
     one: Option<String>,
 ) -> Result<(), ChatError> {
-    let caller = authenticate(session, ctx)?;
+    let caller = authenticate(gw, session, ctx)?;
     let visible: Vec<serde_json::Value> = ctx
         .config
         .models
@@ -140,7 +147,7 @@ impl From<GatewayError> for ChatError {
 
 /// `POST /v1/chat/completions`.
 async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ChatError> {
-    let caller = authenticate(session, ctx)?;
+    let caller = authenticate(gw, session, ctx)?;
     let limit = ctx.config.server.max_request_body_bytes;
     let body = match request::read_body(session, limit).await {
         Ok(b) => b,
@@ -165,9 +172,9 @@ async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Resu
         .filter(|_| caller.may_use_model(&req.model))
         .ok_or_else(|| model_not_found(&req.model))?;
 
-    let _permit = match gw
+    let permit = match gw
         .admission
-        .admit(session, &caller, &config, req.needs.estimated_input_tokens)
+        .admit(session, ctx, req.needs.estimated_input_tokens)
         .await
     {
         Ok(p) => p,
@@ -176,9 +183,17 @@ async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Resu
             return Err(ChatError::Gone(ClientGone("queued")))
         }
     };
-    let candidates = routing::plan(model, &caller, &req.needs, req.preference.as_ref())?;
+    let candidates = match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
+        Ok(c) => c,
+        Err(e) => {
+            // Nothing went upstream: no tokens were used.
+            permit.settle(&ctx.outcome);
+            return Err(e.into());
+        }
+    };
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
-    attempt::run(&gw.connector, session, ctx, &req, model, &candidates)
-        .await
-        .map_err(ChatError::Gone)
+    let result = attempt::run(&gw.connector, session, ctx, &req, model, &candidates).await;
+    // Token limits learn the real usage (`ctx.outcome` is final here).
+    permit.settle(&ctx.outcome);
+    result.map_err(ChatError::Gone)
 }

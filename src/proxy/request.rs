@@ -41,6 +41,20 @@ pub async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, Bod
     if announced.is_some_and(|n| n > limit) {
         return Err(BodyError::TooLarge(limit));
     }
+    // A client that sent `Expect: 100-continue` (curl does for bodies over 1 MiB) waits for
+    // this before sending the body; without it, it stalls for its expect timeout (1 s).
+    let expects_continue = session
+        .req_header()
+        .headers
+        .get("expect")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue {
+        session
+            .downstream_session
+            .write_continue_response()
+            .await
+            .map_err(BodyError::Downstream)?;
+    }
     let mut buf = BytesMut::with_capacity(announced.unwrap_or(4096).min(limit));
     loop {
         match session.read_request_body().await {

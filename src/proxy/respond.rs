@@ -1,6 +1,6 @@
 //! Owns responses Sluice writes itself: JSON bodies (model lists, OpenAI-style errors with
 //! `Retry-After`) and the response head of a proxied answer (SSE headers, route headers,
-//! `x-request-id`).
+//! `x-request-id`). Both carry the tenant's `x-ratelimit-*` headers when it has limits.
 
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
@@ -27,6 +27,9 @@ pub async fn write_json(
     for (k, v) in extra_headers {
         h.insert_header(*k, v)?;
     }
+    for (k, v) in ctx.rate_limit.iter().flat_map(|s| s.headers()) {
+        h.insert_header(k, v)?;
+    }
     ctx.outcome.status = status;
     ctx.outcome.bytes_out += body.len() as u64;
     ctx.downstream_committed = true;
@@ -51,7 +54,9 @@ pub async fn write_error(
         extra.push(("retry-after", retry_after_header(ra)));
     }
     if err.status() == 405 {
-        extra.push(("allow", "POST".to_string()));
+        // The model list is read with GET; everything else Sluice serves takes POST.
+        let get = session.req_header().uri.path().contains("/models");
+        extra.push(("allow", if get { "GET" } else { "POST" }.to_string()));
     }
     write_json(session, ctx, err.status(), err.to_json(), &extra).await
 }
@@ -82,6 +87,9 @@ pub fn proxied_head(
         }
     }
     h.insert_header("x-request-id", &ctx.request_id)?;
+    for (k, v) in ctx.rate_limit.iter().flat_map(|s| s.headers()) {
+        h.insert_header(k, v)?;
+    }
     if ctx.config.server.emit_route_headers {
         h.insert_header("x-sluice-provider", provider)?;
         h.insert_header("x-sluice-fallback-depth", ctx.fallback_depth().to_string())?;

@@ -2,19 +2,21 @@
 //! request outcomes and active probes, lock-free on the hot path.
 //!
 //! States: `Healthy` → (`degraded_after_failures` consecutive failures) `Degraded` →
-//! (`unhealthy_after_failures`) `Unhealthy`. An unhealthy route rests for its cool-down (or an
-//! upstream 429's `Retry-After`), then admits exactly one trial request (half-open); a success
-//! makes it healthy again, a failure restarts the cool-down. State changes are logged once each
-//! and exported as `sluice_provider_health{provider,route}`.
+//! (`unhealthy_after_failures`, or an error rate of `error_rate_percent` over a sliding
+//! `error_rate_window_ms` once it holds `error_rate_min_requests` outcomes) `Unhealthy`.
+//! An unhealthy route rests for its cool-down (or an upstream 429's `Retry-After`), then
+//! admits exactly one trial request (half-open); a success makes it healthy again, a failure
+//! restarts the cool-down. State changes are logged once each and exported as
+//! `sluice_provider_health{provider,route}`.
 //!
 //! The registry outlives config reloads: it is keyed by name, not by snapshot.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::Duration;
 
-use crate::config::PassiveHealth;
+use crate::config::{ErrorRate, PassiveHealth};
 use crate::metrics::metrics;
 
 /// A route's health.
@@ -66,6 +68,56 @@ pub struct RouteHealth {
     trial_in_flight: AtomicBool,
     /// Exponentially weighted TTFT, microseconds (0 = no sample yet).
     ewma_ttft_us: AtomicU64,
+    /// Outcomes for the error-rate trigger (only touched when it is configured).
+    window: Mutex<OutcomeWindow>,
+}
+
+/// Outcome counts in a sliding window, estimated from the current and the previous fixed
+/// window (the previous one weighted by how much of it still overlaps), like
+/// `pingora_limits::rate::Rate`.
+#[derive(Debug, Default, Clone, Copy)]
+struct OutcomeWindow {
+    /// Start of the current fixed window, ms since the epoch.
+    start_ms: u64,
+    /// (outcomes, failures) in the current window.
+    current: (u32, u32),
+    /// (outcomes, failures) in the previous window.
+    previous: (u32, u32),
+}
+
+impl OutcomeWindow {
+    /// Adds one outcome at `now` and returns the estimated (outcomes, failures) in the last
+    /// `window_ms`.
+    fn add(&mut self, now: u64, window_ms: u64, failed: bool) -> (f64, f64) {
+        let w = window_ms.max(1);
+        let age = now.saturating_sub(self.start_ms);
+        if age >= 2 * w {
+            self.previous = (0, 0);
+            self.current = (0, 0);
+            self.start_ms = now - age % w;
+        } else if age >= w {
+            self.previous = self.current;
+            self.current = (0, 0);
+            self.start_ms += w;
+        }
+        self.current.0 = self.current.0.saturating_add(1);
+        if failed {
+            self.current.1 = self.current.1.saturating_add(1);
+        }
+        #[expect(clippy::cast_precision_loss, reason = "ms within one window")]
+        let overlap = 1.0 - (now.saturating_sub(self.start_ms) as f64 / w as f64).min(1.0);
+        (
+            f64::from(self.previous.0) * overlap + f64::from(self.current.0),
+            f64::from(self.previous.1) * overlap + f64::from(self.current.1),
+        )
+    }
+
+    /// Whether the estimate after adding an outcome trips `rate`.
+    fn trips(&mut self, now: u64, rate: &ErrorRate, failed: bool) -> bool {
+        let window_ms = u64::try_from(rate.window.as_millis()).unwrap_or(u64::MAX / 4);
+        let (total, failures) = self.add(now, window_ms, failed);
+        total >= f64::from(rate.min_requests) && failures * 100.0 >= f64::from(rate.percent) * total
+    }
 }
 
 impl RouteHealth {
@@ -78,6 +130,7 @@ impl RouteHealth {
             cooldown_until_ms: AtomicU64::new(0),
             trial_in_flight: AtomicBool::new(false),
             ewma_ttft_us: AtomicU64::new(0),
+            window: Mutex::new(OutcomeWindow::default()),
         };
         h.export();
         h
@@ -99,8 +152,20 @@ impl RouteHealth {
     /// Remaining cool-down, if the route is resting.
     pub fn cooldown_remaining(&self) -> Option<Duration> {
         let until = self.cooldown_until_ms.load(Ordering::Relaxed);
+        if until == 0 {
+            // Never rested, or the last cool-down was seen to end: no clock read (this runs
+            // several times per route in every plan).
+            return None;
+        }
         let now = now_ms();
-        (until > now).then(|| Duration::from_millis(until - now))
+        if until > now {
+            return Some(Duration::from_millis(until - now));
+        }
+        // Ended: forget it, unless a new cool-down was set meanwhile.
+        let _ =
+            self.cooldown_until_ms
+                .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        None
     }
 
     /// Whether a request may use this route now. For an unhealthy route past its cool-down this
@@ -124,7 +189,15 @@ impl RouteHealth {
     }
 
     /// Records a success (and its TTFT when known).
-    pub fn record_success(&self, ttft: Option<Duration>) {
+    pub fn record_success(&self, thresholds: &PassiveHealth, ttft: Option<Duration>) {
+        if let Some(rate) = &thresholds.error_rate {
+            let mut w = self.lock_window();
+            if self.state() == Health::Unhealthy {
+                // Recovered: the failures that tripped the rate are history.
+                *w = OutcomeWindow::default();
+            }
+            w.trips(now_ms(), rate, false);
+        }
         self.consecutive_failures.store(0, Ordering::Relaxed);
         self.trial_in_flight.store(false, Ordering::Release);
         if let Some(t) = ttft {
@@ -148,7 +221,11 @@ impl RouteHealth {
             let capped = ra.min(Duration::from_secs(300));
             self.set_cooldown(capped);
         }
-        let next = if n >= thresholds.unhealthy_after_failures {
+        let rate_tripped = thresholds
+            .error_rate
+            .as_ref()
+            .is_some_and(|rate| self.lock_window().trips(now_ms(), rate, true));
+        let next = if n >= thresholds.unhealthy_after_failures || rate_tripped {
             Health::Unhealthy
         } else if n >= thresholds.degraded_after_failures {
             Health::Degraded
@@ -159,6 +236,12 @@ impl RouteHealth {
             self.set_cooldown(thresholds.cooldown);
         }
         self.transition(next);
+    }
+
+    fn lock_window(&self) -> std::sync::MutexGuard<'_, OutcomeWindow> {
+        self.window
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Releases a claimed half-open permit without an outcome (e.g. the client left).
@@ -246,6 +329,7 @@ mod tests {
             degraded_after_failures: 1,
             unhealthy_after_failures: 3,
             cooldown: Duration::from_millis(50),
+            error_rate: None,
         }
     }
 
@@ -261,7 +345,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         assert!(h.admit(), "one trial after cool-down");
         assert!(!h.admit(), "only one trial at a time");
-        h.record_success(Some(Duration::from_millis(10)));
+        h.record_success(&th(), Some(Duration::from_millis(10)));
         assert_eq!(h.state(), Health::Healthy);
         assert!(h.admit());
         assert_eq!(h.ewma_ttft(), Some(Duration::from_millis(10)));
@@ -273,5 +357,53 @@ mod tests {
         h.record_failure(&th(), Some(Duration::from_secs(5)));
         assert!(!h.admit());
         assert!(h.cooldown_remaining().unwrap() > Duration::from_secs(4));
+    }
+
+    #[test]
+    fn an_error_rate_over_the_window_makes_a_route_unhealthy() {
+        let th = PassiveHealth {
+            degraded_after_failures: 100,
+            unhealthy_after_failures: 100,
+            cooldown: Duration::from_millis(50),
+            error_rate: Some(ErrorRate {
+                percent: 50,
+                window: Duration::from_secs(60),
+                min_requests: 6,
+            }),
+        };
+        let h = RouteHealth::new("p", "p/m-test-3");
+        // Alternating: never two failures in a row, 50 % failures.
+        for i in 0..5 {
+            if i % 2 == 0 {
+                h.record_success(&th, None);
+            } else {
+                h.record_failure(&th, None);
+            }
+            assert_eq!(h.state(), Health::Healthy, "{i}: fewer than 6 outcomes");
+        }
+        h.record_failure(&th, None);
+        assert_eq!(h.state(), Health::Unhealthy, "3 of 6 failed");
+        assert!(!h.admit(), "resting");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(h.admit());
+        h.record_success(&th, None);
+        assert_eq!(h.state(), Health::Healthy);
+        // The window restarted on recovery: one failure does not trip it again.
+        h.record_failure(&th, None);
+        assert_eq!(h.state(), Health::Healthy);
+    }
+
+    #[test]
+    fn the_window_slides() {
+        let mut w = OutcomeWindow::default();
+        for _ in 0..10 {
+            w.add(0, 1000, true);
+        }
+        // Half of the previous window still overlaps.
+        let (total, failed) = w.add(1500, 1000, false);
+        assert!((total - 6.0).abs() < 1e-9, "{total}");
+        assert!((failed - 5.0).abs() < 1e-9, "{failed}");
+        // Two windows later nothing is left but the new outcome.
+        assert_eq!(w.add(3600, 1000, false), (1.0, 0.0));
     }
 }

@@ -7,6 +7,7 @@
 //! resting dropped, degraded and half-open routes last) → `allow_fallbacks`.
 
 pub mod health;
+pub mod probe;
 
 use std::sync::Arc;
 
@@ -200,21 +201,24 @@ pub fn estimated_cost_usd(route: &Route, needs: &RouteNeeds) -> f64 {
 fn order_by_strategy(cands: &mut [Candidate<'_>], strategy: Strategy, needs: &RouteNeeds) {
     match strategy {
         Strategy::Priority => {
-            // Weighted random order within a priority (Efraimidis–Spirakis keys).
-            let mut keyed: Vec<(i32, f64, usize)> = cands
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let u = fastrand::f64().max(f64::MIN_POSITIVE);
-                    (
-                        c.route.priority,
-                        -u.powf(1.0 / f64::from(c.route.weight)),
-                        i,
-                    )
-                })
-                .collect();
-            keyed.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-            apply_order(cands, keyed.into_iter().map(|k| k.2));
+            cands.sort_by_key(|c| c.route.priority);
+            // Weighted random order within each priority (Efraimidis–Spirakis: key u^(1/w),
+            // largest first). A route alone at its priority draws no random number.
+            for tie in cands.chunk_by_mut(|a, b| a.route.priority == b.route.priority) {
+                if tie.len() > 1 {
+                    tie.sort_by_cached_key(|c| {
+                        let u = fastrand::f64().max(f64::MIN_POSITIVE);
+                        let w = c.route.weight;
+                        let k = if w == 1 {
+                            u
+                        } else {
+                            u.powf(1.0 / f64::from(w))
+                        };
+                        // Positive floats order like their bit patterns.
+                        std::cmp::Reverse(k.to_bits())
+                    });
+                }
+            }
         }
         Strategy::LowestCost => {
             cands.sort_by(|a, b| {
@@ -226,13 +230,6 @@ fn order_by_strategy(cands: &mut [Candidate<'_>], strategy: Strategy, needs: &Ro
         Strategy::LowestLatency => {
             cands.sort_by_key(|c| (c.health.ewma_ttft().unwrap_or_default(), c.route.priority));
         }
-    }
-}
-
-fn apply_order(cands: &mut [Candidate<'_>], order: impl Iterator<Item = usize>) {
-    let snapshot: Vec<Candidate<'_>> = cands.to_vec();
-    for (slot, i) in order.enumerate() {
-        cands[slot] = snapshot[i].clone();
     }
 }
 
@@ -262,6 +259,7 @@ mod tests {
                 degraded_after_failures: 1,
                 unhealthy_after_failures: 3,
                 cooldown: t,
+                error_rate: None,
             },
         })
     }
@@ -342,6 +340,32 @@ mod tests {
             ..Preference::default()
         };
         assert_eq!(plan(&m, &caller(), &needs, Some(&no_fb)).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn priority_ties_follow_weights() {
+        let mut a = route("plan-test-4", "a", 5, 1.0, None);
+        a.weight = 3;
+        let m = model(
+            "plan-test-4",
+            vec![
+                a,
+                route("plan-test-4", "b", 5, 1.0, None),
+                route("plan-test-4", "c", 9, 1.0, None),
+            ],
+            Strategy::Priority,
+        );
+        let n = 4000;
+        let mut first_a = 0;
+        for _ in 0..n {
+            let order = ids(&plan(&m, &caller(), &RouteNeeds::default(), None).unwrap());
+            assert_eq!(order[2], "c", "a lower priority stays last");
+            if order[0] == "a" {
+                first_a += 1;
+            }
+        }
+        // Expected 3000 of 4000 (sd ~27).
+        assert!((2800..=3200).contains(&first_a), "{first_a}");
     }
 
     #[test]

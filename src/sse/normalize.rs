@@ -105,14 +105,15 @@ impl SseNormalizer {
     /// this also bounds any single line. Typical value: 1–4 MiB.
     pub fn new(max_event_bytes: usize) -> Self {
         SseNormalizer {
-            buf: Vec::with_capacity(max_event_bytes.clamp(256, 8 * 1024)),
+            // Starts small (a gateway holds one per open stream) and grows with the events.
+            buf: Vec::with_capacity(max_event_bytes.clamp(256, 1024)),
             read_pos: 0,
             event_start: 0,
             line_start: 0,
             pending_cr: false,
             max_event_bytes,
             cur: EventState::default(),
-            ready: VecDeque::with_capacity(16),
+            ready: VecDeque::with_capacity(4),
         }
     }
 

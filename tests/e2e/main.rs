@@ -2,5 +2,19 @@
 //! real `sluice` and `sluice-mock-upstream` binaries on loopback ports and talks to them over
 //! real sockets. Each module covers one concern.
 
+mod api;
+mod backpressure;
+mod cancellation;
+mod config_check;
+mod fallback;
 mod harness;
+mod health;
+mod heartbeat;
+mod redis_limits;
+mod routing;
+mod sdk;
+mod shutdown;
+mod slow_reader;
 mod smoke;
+mod streaming;
+mod timeouts;

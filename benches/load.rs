@@ -1,0 +1,1433 @@
+//! Closed-loop load benchmark: the same load at three targets (the mock upstream directly,
+//! Sluice in front of it, nginx in front of it), printed as one table with "added" = target
+//! minus direct. See `benches/README.md` for what is measured, the knobs and how to read it.
+//!
+//! Run: `cargo bench --bench load` (Cargo builds the `sluice` and `sluice-mock-upstream`
+//! binaries first, with the bench profile = release + debug info, into `target/release/`).
+//! Everything listens on and talks to 127.0.0.1 only; every phase is bounded in time and
+//! every child process (mock, Sluice, nginx, redis-server) is stopped when the bench ends.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The virtual key in the generated Sluice config.
+const KEY: &str = "sk-sluice-load-0001";
+/// The standard model in the generated Sluice config.
+const MODEL: &str = "acme/chat";
+/// Upper bound of one request (a stuck target fails the request, not the bench).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long clients may finish their in-flight request after a phase ends.
+const DRAIN: Duration = Duration::from_secs(10);
+/// The `x-request-id` of the probe that reads the mock's connection counter.
+const PROBE_ID: &str = "sluice-load-probe";
+
+// ---------------------------------------------------------------------------------------
+// Knobs
+// ---------------------------------------------------------------------------------------
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number")),
+        Err(_) => default,
+    }
+}
+
+/// Every knob, from the environment (documented in `benches/README.md`).
+#[derive(Debug, Clone)]
+struct Opts {
+    warmup: Duration,
+    duration: Duration,
+    clients: usize,
+    ttfb_clients: usize,
+    stream_tokens: u64,
+    unary_tokens: u64,
+    ttfb_tokens: u64,
+    ttfb_token_delay_ms: u64,
+    rounds: usize,
+    gen_threads: usize,
+    sluice_threads: usize,
+    nginx_workers: String,
+    targets: Vec<String>,
+    scenarios: Vec<String>,
+    keep_tmp: bool,
+}
+
+impl Opts {
+    fn from_env() -> Opts {
+        let cpus = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let list = |name: &str, default: &str| -> Vec<String> {
+            std::env::var(name)
+                .unwrap_or_else(|_| default.into())
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        };
+        Opts {
+            warmup: Duration::from_millis(env_u64("LOAD_WARMUP_MS", 1000)),
+            duration: Duration::from_millis(env_u64("LOAD_DURATION_MS", 5000)),
+            clients: env_u64("LOAD_CLIENTS", 64) as usize,
+            ttfb_clients: env_u64("LOAD_TTFB_CLIENTS", 32) as usize,
+            stream_tokens: env_u64("LOAD_STREAM_TOKENS", 100),
+            unary_tokens: env_u64("LOAD_UNARY_TOKENS", 100),
+            ttfb_tokens: env_u64("LOAD_TTFB_TOKENS", 20),
+            ttfb_token_delay_ms: env_u64("LOAD_TTFB_TOKEN_DELAY_MS", 5),
+            rounds: env_u64("LOAD_ROUNDS", 1).max(1) as usize,
+            gen_threads: env_u64("LOAD_GEN_THREADS", cpus as u64).max(1) as usize,
+            sluice_threads: env_u64("LOAD_SLUICE_THREADS", cpus as u64).max(1) as usize,
+            nginx_workers: std::env::var("LOAD_NGINX_WORKERS").unwrap_or_else(|_| "auto".into()),
+            targets: list("LOAD_TARGETS", "direct,sluice,nginx,redis"),
+            scenarios: list("LOAD_SCENARIOS", "unary,stream,ttfb"),
+            keep_tmp: env_u64("LOAD_KEEP_TMP", 0) != 0,
+        }
+    }
+
+    fn wants(&self, target: &str) -> bool {
+        self.targets.iter().any(|t| t == target)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes
+// ---------------------------------------------------------------------------------------
+
+/// A scratch directory, removed at the end unless `LOAD_KEEP_TMP=1`.
+struct TempDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl TempDir {
+    fn new(keep: bool) -> TempDir {
+        let path = std::env::temp_dir().join(format!("sluice-load-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir { path, keep }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!("load: logs and configs kept in {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A child process stopped on drop: SIGTERM first when `graceful` (nginx's master must
+/// take its workers down), SIGKILL otherwise or after 5 s.
+struct Proc {
+    name: &'static str,
+    child: Child,
+    graceful: bool,
+}
+
+impl Proc {
+    fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.graceful {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end {
+                if self.exited() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            eprintln!("load: {} did not stop on SIGTERM; killing it", self.name);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port (bind :0, read, release; the small race is retried by callers).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Waits until every address accepts a TCP connection (or the process exits).
+fn wait_listening(p: &mut Proc, addrs: &[SocketAddr], timeout: Duration) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if p.exited() {
+            return false;
+        }
+        if addrs
+            .iter()
+            .all(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok())
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    false
+}
+
+fn log_file(dir: &Path, name: &str) -> std::fs::File {
+    std::fs::File::create(dir.join(name)).expect("create log file")
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+fn bin(env_name: &str, default: &str) -> PathBuf {
+    std::env::var_os(env_name).map_or_else(|| PathBuf::from(default), PathBuf::from)
+}
+
+fn start_mock(dir: &Path) -> (Proc, SocketAddr) {
+    let exe = bin(
+        "SLUICE_MOCK_BIN",
+        env!("CARGO_BIN_EXE_sluice-mock-upstream"),
+    );
+    let mut child = Command::new(&exe)
+        .args(["--listen", "127.0.0.1:0", "--behavior", "{}"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(log_file(dir, "mock.log"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", exe.display()));
+    let stdout = child.stdout.take().expect("mock stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("mock prints its address");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected mock output: {line:?}"));
+    (
+        Proc {
+            name: "sluice-mock-upstream",
+            child,
+            graceful: false,
+        },
+        addr,
+    )
+}
+
+/// The Sluice config: one tenant, one key, one openai-kind provider at the mock, one model.
+/// `tenant` is the tenant's flow-style body; `extra` is appended at the top level.
+fn sluice_yaml(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    threads: usize,
+    mock: SocketAddr,
+    tenant: &str,
+    extra: &str,
+) -> String {
+    format!(
+        "server:
+  listen: {listen}
+  admin_listen: {admin}
+  threads: {threads}
+tenants:
+  t: {tenant}
+virtual_keys:
+  - key: {KEY}
+    tenant: t
+providers:
+  mock:
+    kind: openai
+    base_url: http://{mock}/v1
+    api_key: sk-provider-load
+    health_check: {{enabled: false}}
+models:
+  {MODEL}:
+    routes:
+      - provider: mock
+        upstream_model: mock-small-v1
+{extra}"
+    )
+}
+
+fn sluice_exe() -> PathBuf {
+    bin("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// `sluice -t -c FILE`: `Err(message)` when the config is refused.
+fn sluice_check(config: &Path) -> Result<(), String> {
+    let out = Command::new(sluice_exe())
+        .arg("-t")
+        .arg("-c")
+        .arg(config)
+        .output()
+        .map_err(|e| format!("cannot run sluice -t: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .trim()
+        .to_string())
+    }
+}
+
+/// Starts Sluice with a config built by `yaml(listen, admin)` in `dir/conf-TAG/`, logging
+/// to `dir/TAG.log`; `Err` when `sluice -t` refuses the config or Sluice does not come up.
+fn start_sluice(
+    dir: &Path,
+    tag: &str,
+    yaml: &dyn Fn(SocketAddr, SocketAddr) -> String,
+) -> Result<(Proc, SocketAddr), String> {
+    let mut last = String::new();
+    for _ in 0..3 {
+        let (listen, admin) = (loopback(free_port()), loopback(free_port()));
+        // The config gets a folder of its own: Sluice watches its config's folder
+        // (recursively) for changes, and log writes in there would wake that watcher on
+        // every request.
+        let conf_dir = dir.join(format!("conf-{tag}"));
+        std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
+        let config = conf_dir.join(format!("{tag}.yaml"));
+        std::fs::write(&config, yaml(listen, admin)).expect("write sluice config");
+        sluice_check(&config)?;
+        let log = dir.join(format!("{tag}.log"));
+        let child = Command::new(sluice_exe())
+            .arg("-c")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("sluice log"))
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", sluice_exe().display()))?;
+        let mut p = Proc {
+            name: "sluice",
+            child,
+            graceful: false,
+        };
+        if wait_listening(&mut p, &[listen, admin], Duration::from_secs(20)) {
+            return Ok((p, listen));
+        }
+        last = tail(&log);
+    }
+    Err(format!("sluice did not come up; log tail:\n{last}"))
+}
+
+fn nginx_conf(dir: &Path, listen: SocketAddr, mock: SocketAddr, workers: &str) -> String {
+    let d = dir.display();
+    // As root the workers would switch to `nobody`; keep them as the invoking user.
+    let user = if is_root() { "user root;\n" } else { "" };
+    format!(
+        "{user}worker_processes {workers};
+daemon off;
+master_process on;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    access_log {d}/access.log;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    keepalive_timeout 75s;
+    keepalive_requests 1000000;
+    upstream mock {{
+        server {mock};
+        keepalive 64;
+        keepalive_requests 1000000;
+        keepalive_timeout 60s;
+    }}
+    server {{
+        listen {listen} reuseport;
+        location / {{
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_buffering off;
+            proxy_read_timeout 60s;
+        }}
+    }}
+}}
+"
+    )
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
+}
+
+fn start_nginx(
+    dir: &Path,
+    exe: &Path,
+    mock: SocketAddr,
+    workers: &str,
+) -> Result<(Proc, SocketAddr), String> {
+    let ndir = dir.join("nginx");
+    std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
+    let mut last = String::new();
+    for _ in 0..3 {
+        let listen = loopback(free_port());
+        let conf = ndir.join("nginx.conf");
+        std::fs::write(&conf, nginx_conf(&ndir, listen, mock, workers))
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(exe)
+            .arg("-p")
+            .arg(&ndir)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-e")
+            .arg(ndir.join("error.log"))
+            .stdout(Stdio::null())
+            .stderr(log_file(&ndir, "stderr.log"))
+            .spawn()
+            .map_err(|e| format!("cannot start nginx: {e}"))?;
+        let mut p = Proc {
+            name: "nginx",
+            child,
+            graceful: true,
+        };
+        if wait_listening(&mut p, &[listen], Duration::from_secs(10)) {
+            return Ok((p, listen));
+        }
+        last = tail(&ndir.join("error.log"));
+    }
+    Err(format!("nginx did not come up; error.log tail:\n{last}"))
+}
+
+fn start_redis(dir: &Path, exe: &Path) -> Result<(Proc, SocketAddr), String> {
+    let rdir = dir.join("redis");
+    std::fs::create_dir_all(&rdir).map_err(|e| e.to_string())?;
+    for _ in 0..3 {
+        let port = free_port();
+        let child = Command::new(exe)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+            ])
+            .arg(&rdir)
+            .stdout(log_file(&rdir, "redis.log"))
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start redis-server: {e}"))?;
+        let mut p = Proc {
+            name: "redis-server",
+            child,
+            graceful: false,
+        };
+        if wait_listening(&mut p, &[loopback(port)], Duration::from_secs(10)) {
+            return Ok((p, loopback(port)));
+        }
+    }
+    Err("redis-server did not come up".into())
+}
+
+/// Redis `INFO stats` → `total_commands_processed` (blocking, one short connection).
+fn redis_commands(addr: SocketAddr) -> Option<u64> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"INFO stats\r\n").ok()?;
+    // A bulk string: `$LEN\r\n` + LEN bytes + `\r\n`.
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let Some(eol) = memchr::memmem::find(&buf, b"\r\n") else {
+            continue;
+        };
+        let len: usize = std::str::from_utf8(buf.get(1..eol)?).ok()?.parse().ok()?;
+        if buf.len() >= eol + 2 + len {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `pid` and its child processes (nginx's master and workers).
+fn with_children(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
+        pids.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    pids
+}
+
+/// Clock ticks per second of `/proc/*/stat` times.
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// User + system CPU seconds the processes used so far (all their threads).
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    let ticks: u64 = pids
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|stat| {
+            // Fields after `(comm)`: state is field 3, utime 14 and stime 15.
+            let rest = stat.get(stat.rfind(')')? + 2..)?;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum();
+    #[expect(clippy::cast_precision_loss, reason = "tick counts are small")]
+    let t = ticks as f64;
+    t / clock_ticks()
+}
+
+// ---------------------------------------------------------------------------------------
+// The load generator: raw HTTP/1.1 over keep-alive connections
+// ---------------------------------------------------------------------------------------
+
+/// What one request returned.
+struct Reply {
+    status: u16,
+    /// Request written → first response body byte read.
+    ttfb: Option<Duration>,
+    /// The connection may carry the next request.
+    keep_alive: bool,
+    body_bytes: usize,
+}
+
+fn bad(msg: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.into())
+}
+
+/// A keep-alive client connection with its read buffer.
+struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: BytesMut::with_capacity(64 * 1024),
+        })
+    }
+
+    /// Reads more bytes; returns when they arrived. EOF is an error (mid-response).
+    async fn fill(&mut self) -> std::io::Result<Instant> {
+        if self.buf.capacity() - self.buf.len() < 16 * 1024 {
+            self.buf.reserve(64 * 1024);
+        }
+        let n = self.stream.read_buf(&mut self.buf).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed mid-response",
+            ));
+        }
+        Ok(Instant::now())
+    }
+
+    /// Sends `req` and reads the whole response (Content-Length or chunked).
+    async fn exchange(&mut self, req: &[u8]) -> std::io::Result<Reply> {
+        if !self.buf.is_empty() {
+            return Err(bad("unexpected bytes before the response"));
+        }
+        self.stream.write_all(req).await?;
+        let sent = Instant::now();
+        // Head.
+        let (status, length, chunked, keep_alive, mut last_read) = loop {
+            let at = self.fill().await?;
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut resp = httparse::Response::new(&mut headers);
+            match resp.parse(&self.buf) {
+                Ok(httparse::Status::Complete(n)) => {
+                    let status = resp.code.unwrap_or(0);
+                    let mut length = None;
+                    let mut chunked = false;
+                    let mut keep_alive = resp.version == Some(1);
+                    for h in resp.headers.iter() {
+                        if h.name.eq_ignore_ascii_case("content-length") {
+                            length = std::str::from_utf8(h.value)
+                                .ok()
+                                .and_then(|v| v.trim().parse::<usize>().ok());
+                        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                            chunked = h.value.eq_ignore_ascii_case(b"chunked");
+                        } else if h.name.eq_ignore_ascii_case("connection") {
+                            keep_alive = !h.value.eq_ignore_ascii_case(b"close");
+                        }
+                    }
+                    self.buf.advance(n);
+                    break (status, length, chunked, keep_alive, at);
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(e) => return Err(bad(format!("bad response head: {e}"))),
+            }
+        };
+        let mut first_byte: Option<Instant> = None;
+        let mut body_bytes = 0usize;
+        if chunked {
+            let mut dec = Chunked::Size;
+            loop {
+                if dec.step(&mut self.buf, &mut body_bytes)? {
+                    if first_byte.is_none() && body_bytes > 0 {
+                        first_byte = Some(last_read);
+                    }
+                    break;
+                }
+                if first_byte.is_none() && body_bytes > 0 {
+                    first_byte = Some(last_read);
+                }
+                last_read = self.fill().await?;
+            }
+        } else if let Some(len) = length {
+            while self.buf.len() < len {
+                if first_byte.is_none() && !self.buf.is_empty() {
+                    first_byte = Some(last_read);
+                }
+                last_read = self.fill().await?;
+            }
+            if first_byte.is_none() && len > 0 {
+                first_byte = Some(last_read);
+            }
+            self.buf.advance(len);
+            body_bytes = len;
+        } else {
+            return Err(bad("response without Content-Length or chunked framing"));
+        }
+        Ok(Reply {
+            status,
+            ttfb: first_byte.map(|t| t.saturating_duration_since(sent)),
+            keep_alive,
+            body_bytes,
+        })
+    }
+}
+
+/// Incremental chunked-body decoder state.
+enum Chunked {
+    Size,
+    Data(usize),
+    DataEnd,
+    Trailer,
+}
+
+impl Chunked {
+    /// Consumes what it can from `buf`; `Ok(true)` once the terminating chunk and trailer
+    /// were read. Counts payload bytes into `body`.
+    fn step(&mut self, buf: &mut BytesMut, body: &mut usize) -> std::io::Result<bool> {
+        loop {
+            match *self {
+                Chunked::Size => {
+                    let Some(i) = memchr::memmem::find(buf, b"\r\n") else {
+                        return Ok(false);
+                    };
+                    let line = std::str::from_utf8(&buf[..i]).map_err(|_| bad("chunk size"))?;
+                    let hex = line.split(';').next().unwrap_or("").trim();
+                    let size = usize::from_str_radix(hex, 16).map_err(|_| bad("bad chunk size"))?;
+                    buf.advance(i + 2);
+                    *self = if size == 0 {
+                        Chunked::Trailer
+                    } else {
+                        Chunked::Data(size)
+                    };
+                }
+                Chunked::Data(rest) => {
+                    if buf.is_empty() {
+                        return Ok(false);
+                    }
+                    let n = rest.min(buf.len());
+                    buf.advance(n);
+                    *body += n;
+                    *self = if n == rest {
+                        Chunked::DataEnd
+                    } else {
+                        Chunked::Data(rest - n)
+                    };
+                }
+                Chunked::DataEnd => {
+                    if buf.len() < 2 {
+                        return Ok(false);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(bad("missing CRLF after chunk data"));
+                    }
+                    buf.advance(2);
+                    *self = Chunked::Size;
+                }
+                Chunked::Trailer => {
+                    let Some(i) = memchr::memmem::find(buf, b"\r\n") else {
+                        return Ok(false);
+                    };
+                    buf.advance(i + 2);
+                    if i == 0 {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A POST of `body` to the chat endpoint, with the test key (the mock ignores it).
+fn chat_request(extra_headers: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\n{extra_headers}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn chat_body(stream: bool) -> String {
+    format!(
+        "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"Write a short poem about load tests.\"}}],\"stream\":{stream},\"max_tokens\":256}}"
+    )
+}
+
+/// What one client saw in one phase.
+#[derive(Default)]
+struct ClientStats {
+    done: u64,
+    errors: u64,
+    first_error: Option<String>,
+    connects: u64,
+    ttfb_us: Vec<u32>,
+    body_bytes: u64,
+}
+
+/// The merged result of one phase.
+#[derive(Debug, Clone, Default)]
+struct PhaseResult {
+    rps: f64,
+    done: u64,
+    errors: u64,
+    first_error: Option<String>,
+    connects: u64,
+    ttfb_us: Vec<u32>,
+    avg_body: f64,
+    upstream_conns: Option<u64>,
+    redis_cmds: Option<u64>,
+    /// CPU seconds used during the measured window: proxy, mock, load generator.
+    cpu: (f64, f64, f64),
+    /// CPU seconds of helper processes (redis-server) in the measured window.
+    cpu_helpers: f64,
+}
+
+impl PhaseResult {
+    fn pct_ms(&self, q: f64) -> Option<f64> {
+        if self.ttfb_us.is_empty() {
+            return None;
+        }
+        let n = self.ttfb_us.len();
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "nearest-rank index of a small vector"
+        )]
+        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+        Some(f64::from(self.ttfb_us[rank - 1]) / 1000.0)
+    }
+}
+
+async fn client(
+    addr: SocketAddr,
+    req: Arc<Vec<u8>>,
+    measure_from: Instant,
+    end: Instant,
+) -> ClientStats {
+    let mut st = ClientStats::default();
+    let mut conn: Option<Conn> = None;
+    while Instant::now() < end {
+        let mut c = match conn.take() {
+            Some(c) => c,
+            None => match Conn::open(addr).await {
+                Ok(c) => {
+                    st.connects += 1;
+                    c
+                }
+                Err(e) => {
+                    st.errors += 1;
+                    st.first_error
+                        .get_or_insert_with(|| format!("connect: {e}"));
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let started = Instant::now();
+        let res = tokio::time::timeout(REQUEST_TIMEOUT, c.exchange(&req)).await;
+        let finished = Instant::now();
+        match res {
+            Err(_) => {
+                st.errors += 1;
+                st.first_error
+                    .get_or_insert_with(|| "request timed out".into());
+            }
+            Ok(Err(e)) => {
+                st.errors += 1;
+                st.first_error.get_or_insert_with(|| format!("io: {e}"));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(Ok(r)) => {
+                if r.status != 200 {
+                    st.errors += 1;
+                    st.first_error
+                        .get_or_insert_with(|| format!("HTTP {}", r.status));
+                } else if finished >= measure_from && finished <= end {
+                    st.done += 1;
+                    st.body_bytes += r.body_bytes as u64;
+                    if started >= measure_from {
+                        if let Some(t) = r.ttfb {
+                            st.ttfb_us
+                                .push(u32::try_from(t.as_micros()).unwrap_or(u32::MAX));
+                        }
+                    }
+                }
+                if r.keep_alive {
+                    conn = Some(c);
+                }
+            }
+        }
+    }
+    st
+}
+
+/// Runs `clients` closed-loop clients against `addr` for warmup + duration, and takes the
+/// CPU time the proxy (`pids`), the mock and this process used in the measured window.
+async fn phase(
+    addr: SocketAddr,
+    req: Vec<u8>,
+    clients: usize,
+    pids: &[u32],
+    helper_pids: &[u32],
+    mock_pid: u32,
+    o: &Opts,
+) -> PhaseResult {
+    let req = Arc::new(req);
+    let t0 = Instant::now();
+    let measure_from = t0 + o.warmup;
+    let end = measure_from + o.duration;
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| tokio::spawn(client(addr, req.clone(), measure_from, end)))
+        .collect();
+    let me = std::process::id();
+    let sample = || {
+        (
+            cpu_seconds(pids),
+            cpu_seconds(&[mock_pid]),
+            cpu_seconds(&[me]),
+            cpu_seconds(helper_pids),
+        )
+    };
+    tokio::time::sleep_until(measure_from.into()).await;
+    let before = sample();
+    tokio::time::sleep_until(end.into()).await;
+    let after = sample();
+    let mut r = PhaseResult {
+        cpu: (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        cpu_helpers: after.3 - before.3,
+        ..PhaseResult::default()
+    };
+    let mut bytes = 0u64;
+    for t in tasks {
+        // Clients finish their in-flight request after `end` (uncounted), bounded by DRAIN.
+        let Ok(Ok(s)) = tokio::time::timeout_at((end + DRAIN).into(), t).await else {
+            r.errors += 1;
+            r.first_error
+                .get_or_insert_with(|| "client did not drain".into());
+            continue;
+        };
+        r.done += s.done;
+        r.errors += s.errors;
+        r.connects += s.connects;
+        bytes += s.body_bytes;
+        r.ttfb_us.extend(s.ttfb_us);
+        if r.first_error.is_none() {
+            r.first_error = s.first_error;
+        }
+    }
+    r.ttfb_us.sort_unstable();
+    #[expect(clippy::cast_precision_loss, reason = "counts well below 2^52")]
+    {
+        r.rps = r.done as f64 / o.duration.as_secs_f64();
+        r.avg_body = if r.done > 0 {
+            bytes as f64 / r.done as f64
+        } else {
+            0.0
+        };
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// Mock control: behaviour and the connection counter
+// ---------------------------------------------------------------------------------------
+
+/// One request on a fresh connection; returns (status, body).
+async fn oneshot(addr: SocketAddr, req: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(req).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .map_err(|_| bad("control request timed out"))??;
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(&out) {
+        Ok(httparse::Status::Complete(n)) => Ok((resp.code.unwrap_or(0), out[n..].to_vec())),
+        _ => Err(bad("bad control response")),
+    }
+}
+
+fn control_request(method: &str, path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn set_behavior(mock: SocketAddr, json: &str) {
+    let (status, body) = oneshot(mock, &control_request("POST", "/_mock/behavior", json))
+        .await
+        .expect("set mock behaviour");
+    assert_eq!(
+        status,
+        200,
+        "mock refused behaviour {json}: {}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
+/// Clears the mock's log and returns the id of a fresh connection: the mock numbers its
+/// connections 1, 2, ... so two probes bracket how many connections a phase opened.
+async fn conn_counter(mock: SocketAddr) -> Option<u64> {
+    oneshot(mock, &control_request("POST", "/_mock/reset", "{}"))
+        .await
+        .ok()?;
+    let probe = chat_request(
+        &format!("connection: close\r\nx-request-id: {PROBE_ID}\r\n"),
+        "{\"model\":\"probe\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"mock\":{\"tokens\":1,\"token_delay_ms\":0}}",
+    );
+    oneshot(mock, &probe).await.ok()?;
+    let (_, log) = oneshot(mock, &control_request("GET", "/_mock/log", ""))
+        .await
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&log).ok()?;
+    v["requests"].as_array()?.iter().find_map(|r| {
+        (r["headers"]["x-request-id"] == PROBE_ID)
+            .then(|| r["conn_id"].as_u64())
+            .flatten()
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios, targets, table
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Scenario {
+    Unary,
+    Stream,
+    Ttfb,
+}
+
+impl Scenario {
+    fn label(self, o: &Opts) -> String {
+        match self {
+            Scenario::Unary => format!("non-stream, {} clients", o.clients),
+            Scenario::Stream => format!("{}-token streams, {} clients", o.stream_tokens, o.clients),
+            Scenario::Ttfb => format!(
+                "TTFB, {} streams ({} tokens x {} ms)",
+                o.ttfb_clients, o.ttfb_tokens, o.ttfb_token_delay_ms
+            ),
+        }
+    }
+}
+
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    redis: Option<SocketAddr>,
+    /// The proxy's processes (none for `direct`), for its CPU time.
+    pids: Vec<u32>,
+    /// Helper processes (redis-server), whose CPU time is reported apart.
+    helper_pids: Vec<u32>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+fn fmt_opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.prec$}"))
+}
+
+fn fmt_added(v: Option<f64>, base: Option<f64>, prec: usize) -> String {
+    match (v, base) {
+        (Some(a), Some(b)) => format!("{:+.prec$}", a - b),
+        _ => "-".into(),
+    }
+}
+
+type Results = BTreeMap<(Scenario, &'static str), Vec<PhaseResult>>;
+
+struct Cell {
+    unary: Option<f64>,
+    stream: Option<f64>,
+    p50: Option<f64>,
+    p99: Option<f64>,
+}
+
+fn cell(results: &Results, target: &'static str) -> Cell {
+    let get = |s: Scenario, f: &dyn Fn(&PhaseResult) -> Option<f64>| {
+        results
+            .get(&(s, target))
+            .and_then(|rs| median(rs.iter().filter_map(f).collect()))
+    };
+    Cell {
+        unary: get(Scenario::Unary, &|r| Some(r.rps)),
+        stream: get(Scenario::Stream, &|r| Some(r.rps)),
+        p50: get(Scenario::Ttfb, &|r| r.pct_ms(0.50)),
+        p99: get(Scenario::Ttfb, &|r| r.pct_ms(0.99)),
+    }
+}
+
+fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
+    let base = cell(results, "direct");
+    println!();
+    println!(
+        "| target | non-stream req/s | added | {}-token stream req/s | added | TTFB p50 ms | added | TTFB p99 ms | added |",
+        o.stream_tokens
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for t in targets {
+        let c = cell(results, t);
+        let direct = *t == "direct";
+        let added = |v: Option<f64>, b: Option<f64>, p: usize| {
+            if direct {
+                "".to_string()
+            } else {
+                fmt_added(v, b, p)
+            }
+        };
+        let name = match *t {
+            "sluice+redis" => "sluice + redis limiter",
+            "nginx" => "nginx → mock",
+            "sluice" => "sluice → mock",
+            other => other,
+        };
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            fmt_opt(c.unary, 0),
+            added(c.unary, base.unary, 0),
+            fmt_opt(c.stream, 0),
+            added(c.stream, base.stream, 0),
+            fmt_opt(c.p50, 3),
+            added(c.p50, base.p50, 3),
+            fmt_opt(c.p99, 3),
+            added(c.p99, base.p99, 3),
+        );
+    }
+    println!();
+    // Targets.
+    let s = cell(results, "sluice");
+    let n = cell(results, "nginx");
+    if let (Some(sv), Some(nv)) = (s.stream, n.stream) {
+        println!(
+            "streaming req/s sluice / nginx = {:.2} (target >= 1.00): {}",
+            sv / nv,
+            if sv >= nv { "MET" } else { "MISSED" }
+        );
+    }
+    if let (Some(a), Some(b)) = (s.p50, base.p50) {
+        let added = a - b;
+        println!(
+            "added TTFB p50 = {added:.3} ms (target <= 0.100): {}",
+            if added <= 0.1 { "MET" } else { "MISSED" }
+        );
+    }
+    if let (Some(a), Some(b)) = (s.p99, base.p99) {
+        let added = a - b;
+        println!(
+            "added TTFB p99 = {added:.3} ms (target <= 0.500): {}",
+            if added <= 0.5 { "MET" } else { "MISSED" }
+        );
+    }
+}
+
+/// CPU µs per completed request: (proxy, mock, generator), medians over rounds.
+fn cpu_per_request(results: &Results, s: Scenario, t: &'static str) -> [Option<f64>; 3] {
+    let per = |f: &dyn Fn(&PhaseResult) -> f64| {
+        results.get(&(s, t)).and_then(|rs| {
+            median(
+                rs.iter()
+                    .filter(|r| r.done > 0)
+                    .map(|r| {
+                        #[expect(clippy::cast_precision_loss, reason = "counts well below 2^52")]
+                        let done = r.done as f64;
+                        f(r) * 1e6 / done
+                    })
+                    .collect(),
+            )
+        })
+    };
+    [per(&|r| r.cpu.0), per(&|r| r.cpu.1), per(&|r| r.cpu.2)]
+}
+
+fn print_cpu(results: &Results, targets: &[&'static str]) {
+    println!();
+    println!("CPU time per completed request, µs (user + system, from /proc; proxy / mock / load generator):");
+    println!();
+    println!(
+        "| target | non-stream: proxy | mock | generator | stream: proxy | mock | generator |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for t in targets {
+        let u = cpu_per_request(results, Scenario::Unary, t);
+        let st = cpu_per_request(results, Scenario::Stream, t);
+        let f = |v: Option<f64>| fmt_opt(v, 0);
+        let proxy = |v: Option<f64>| if *t == "direct" { "-".into() } else { f(v) };
+        println!(
+            "| {t} | {} | {} | {} | {} | {} | {} |",
+            proxy(u[0]),
+            f(u[1]),
+            f(u[2]),
+            proxy(st[0]),
+            f(st[1]),
+            f(st[2]),
+        );
+    }
+}
+
+fn print_details(results: &Results) {
+    println!();
+    println!("per phase (all rounds): completed, errors, client connects, upstream conns opened at the mock, avg body bytes, TTFB samples");
+    for ((s, t), rs) in results {
+        for (i, r) in rs.iter().enumerate() {
+            println!(
+                "  {:<6} {:<13} round {}: {:>7} ok {:>5} err {:>4} conns {:>6} upstream {:>7.0} B {:>6} ttfb{}{}",
+                format!("{s:?}").to_lowercase(),
+                t,
+                i + 1,
+                r.done,
+                r.errors,
+                r.connects,
+                r.upstream_conns.map_or("?".into(), |c| c.to_string()),
+                r.avg_body,
+                r.ttfb_us.len(),
+                r.redis_cmds.map_or(String::new(), |c| {
+                    #[expect(clippy::cast_precision_loss, reason = "counts well below 2^52")]
+                    let per = r.cpu_helpers * 1e6 / (r.done.max(1) as f64);
+                    format!(" redis_cmds {c}, redis-server CPU {per:.0} µs/req")
+                }),
+                r.first_error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" first_error: {e}")),
+            );
+        }
+    }
+}
+
+fn machine_note() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    format!(
+        "commit {commit}, {cpus} CPUs ({cpu}), load average {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+fn main() {
+    // `cargo test --benches` runs bench targets without `--bench`: do nothing then.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("load: skipped (run `cargo bench --bench load`)");
+        return;
+    }
+    let o = Opts::from_env();
+    let tmp = TempDir::new(o.keep_tmp);
+    eprintln!("load: {o:?}");
+    eprintln!("load: {}", machine_note());
+
+    let (mock_proc, mock) = start_mock(&tmp.path);
+    let mock_pid = mock_proc.child.id();
+    let mut procs: Vec<Proc> = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    if o.wants("direct") {
+        targets.push(Target {
+            name: "direct",
+            addr: mock,
+            redis: None,
+            pids: Vec::new(),
+            helper_pids: Vec::new(),
+        });
+    }
+    if o.wants("sluice") {
+        let threads = o.sluice_threads;
+        let (p, addr) = start_sluice(&tmp.path, "sluice", &|l, a| {
+            sluice_yaml(l, a, threads, mock, "{}", "")
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        let pids = vec![p.child.id()];
+        procs.push(p);
+        targets.push(Target {
+            name: "sluice",
+            addr,
+            redis: None,
+            pids,
+            helper_pids: Vec::new(),
+        });
+    }
+    if o.wants("nginx") {
+        match find_program("nginx") {
+            None => {
+                notes.push("nginx: not installed (`apt-get install nginx`); row skipped".into())
+            }
+            Some(exe) => match start_nginx(&tmp.path, &exe, mock, &o.nginx_workers) {
+                Ok((p, addr)) => {
+                    let pids = with_children(p.child.id());
+                    procs.push(p);
+                    targets.push(Target {
+                        name: "nginx",
+                        addr,
+                        redis: None,
+                        pids,
+                        helper_pids: Vec::new(),
+                    });
+                }
+                Err(e) => notes.push(format!("nginx: {e}; row skipped")),
+            },
+        }
+    }
+    if o.wants("redis") {
+        match find_program("redis-server") {
+            None => notes.push("redis: no redis-server binary; row skipped".into()),
+            Some(exe) => match start_redis(&tmp.path, &exe) {
+                Err(e) => notes.push(format!("redis: {e}; row skipped")),
+                Ok((rp, raddr)) => {
+                    let redis_pid = rp.child.id();
+                    procs.push(rp);
+                    let threads = o.sluice_threads;
+                    let started = start_sluice(&tmp.path, "sluice-redis", &|l, a| {
+                        sluice_yaml(
+                            l,
+                            a,
+                            threads,
+                            mock,
+                            "{requests_per_minute: 1000000000}",
+                            &format!("redis:\n  url: redis://{raddr}\n"),
+                        )
+                    });
+                    match started {
+                        Ok((p, addr)) => {
+                            let pids = vec![p.child.id()];
+                            procs.push(p);
+                            targets.push(Target {
+                                name: "sluice+redis",
+                                addr,
+                                redis: Some(raddr),
+                                pids,
+                                helper_pids: vec![redis_pid],
+                            });
+                        }
+                        Err(e) => notes.push(format!(
+                            "redis: Sluice refused the `redis:` config; row skipped: {e}"
+                        )),
+                    }
+                }
+            },
+        }
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(o.gen_threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut results: Results = BTreeMap::new();
+    let scenarios = [
+        (
+            Scenario::Unary,
+            format!("{{\"tokens\":{},\"token_delay_ms\":0}}", o.unary_tokens),
+            chat_body(false),
+            o.clients,
+        ),
+        (
+            Scenario::Stream,
+            format!("{{\"tokens\":{},\"token_delay_ms\":0}}", o.stream_tokens),
+            chat_body(true),
+            o.clients,
+        ),
+        (
+            Scenario::Ttfb,
+            format!(
+                "{{\"tokens\":{},\"token_delay_ms\":{}}}",
+                o.ttfb_tokens, o.ttfb_token_delay_ms
+            ),
+            chat_body(true),
+            o.ttfb_clients,
+        ),
+    ];
+    rt.block_on(async {
+        for round in 0..o.rounds {
+            for (scenario, behavior, body, clients) in &scenarios {
+                let name = format!("{scenario:?}").to_lowercase();
+                if !o.scenarios.contains(&name) {
+                    continue;
+                }
+                set_behavior(mock, behavior).await;
+                for t in &targets {
+                    eprintln!(
+                        "load: round {} {} -> {}",
+                        round + 1,
+                        scenario.label(&o),
+                        t.name
+                    );
+                    let before = conn_counter(mock).await;
+                    let redis_before = t.redis.and_then(redis_commands);
+                    let mut r = phase(
+                        t.addr,
+                        chat_request("", body),
+                        *clients,
+                        &t.pids,
+                        &t.helper_pids,
+                        mock_pid,
+                        &o,
+                    )
+                    .await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let after = conn_counter(mock).await;
+                    // Between the two probes: the first one's log read, then the second
+                    // one's reset, each on its own connection.
+                    r.upstream_conns = match (before, after) {
+                        (Some(b), Some(a)) => Some(a.saturating_sub(b + 3)),
+                        _ => None,
+                    };
+                    if let (Some(a), Some(b)) = (t.redis.and_then(redis_commands), redis_before) {
+                        // Minus our own first INFO command.
+                        r.redis_cmds = Some(a.saturating_sub(b + 1));
+                    }
+                    results.entry((*scenario, t.name)).or_default().push(r);
+                }
+            }
+        }
+    });
+
+    // A limiter that never reaches Redis would make the row meaningless: say so.
+    if let Some(rs) = results.get(&(Scenario::Unary, "sluice+redis")) {
+        if rs.iter().all(|r| r.redis_cmds == Some(0)) {
+            notes.push(
+                "redis: Sluice accepted the `redis:` config but sent no command to Redis \
+                 (limiter not wired in this build): the row measures the local limiter only"
+                    .into(),
+            );
+        }
+    }
+
+    let names: Vec<&'static str> = targets.iter().map(|t| t.name).collect();
+    println!();
+    println!(
+        "Sluice load benchmark — {} ({} rounds; {} s per phase after {} s warm-up; generator: {} tokio threads; sluice threads: {}; nginx worker_processes {})",
+        machine_note(),
+        o.rounds,
+        o.duration.as_secs_f64(),
+        o.warmup.as_secs_f64(),
+        o.gen_threads,
+        o.sluice_threads,
+        o.nginx_workers,
+    );
+    print_table(&results, &names, &o);
+    print_cpu(&results, &names);
+    print_details(&results);
+    for n in &notes {
+        println!("note: {n}");
+    }
+    println!(
+        "note: generator, mock and proxies share this machine's CPUs: compare rows within one run only."
+    );
+    drop(procs);
+    drop(mock_proc);
+}

@@ -1,0 +1,375 @@
+//! Owns active health probes: a Pingora background service that, for every provider with an
+//! enabled `health_check`, periodically sends `GET {base_path}{path}` with the provider's
+//! credential through Pingora's `Connector`, and feeds the result into the route health
+//! registry ([`super::health::registry`]) for every route of that provider.
+//!
+//! - The config snapshot is read every round, so a reload that adds, removes or retunes a
+//!   probe applies within one round (at most [`MAX_ROUND`]).
+//! - Every probe is bounded by its `timeout` (connect, request and response head together) and
+//!   runs in its own task, so a slow provider never delays another provider's probe, and no
+//!   probe ever touches the request hot path. At most one probe per provider is in flight.
+//! - Outcome: an answer with a status the attempt loop would fall back on (401, 403, 408, 409,
+//!   429, 5xx; see [`crate::proxy::attempt::retryable_status`]), a connect error or a timeout is
+//!   a failure (`record_failure`, with a 429's `Retry-After` as the cool-down); any other
+//!   answer means the provider is reachable (`record_success`). State changes are logged once
+//!   each by the health module.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::connectors::http::Connector;
+use pingora::http::RequestHeader;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant};
+
+use super::health::{registry, RouteHealth};
+use crate::config::{ActiveHealthCheck, Config, ConfigHandle, Provider};
+use crate::error::parse_retry_after;
+use crate::providers;
+
+/// Longest sleep between rounds: how quickly a reload's probe changes are noticed.
+pub const MAX_ROUND: Duration = Duration::from_secs(1);
+
+/// What one probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The provider answered with a status that does not call for a fallback.
+    Up {
+        /// The answer's status.
+        status: u16,
+    },
+    /// Unreachable, too slow, or answered with a fallback status.
+    Down {
+        /// Why, for the debug log (never contains the provider key).
+        reason: String,
+        /// A 429/503 answer's `Retry-After`, if any.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The background service running the probes.
+pub struct HealthProber {
+    config: Arc<ConfigHandle>,
+    connector: Arc<Connector>,
+}
+
+impl std::fmt::Debug for HealthProber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthProber").finish_non_exhaustive()
+    }
+}
+
+impl HealthProber {
+    /// Probes the providers of whatever snapshot `config` holds at each round. The prober
+    /// has its own `Connector` (probe connections never share the request pool).
+    pub fn new(config: Arc<ConfigHandle>) -> Self {
+        Self {
+            config,
+            connector: Arc::new(Connector::new(None)),
+        }
+    }
+}
+
+/// Sends one probe to `provider`, bounded by `check.timeout`.
+pub async fn probe(
+    connector: &Connector,
+    provider: &Provider,
+    check: &ActiveHealthCheck,
+) -> ProbeOutcome {
+    match tokio::time::timeout(check.timeout, probe_inner(connector, provider, check)).await {
+        Ok(outcome) => outcome,
+        Err(_) => ProbeOutcome::Down {
+            reason: format!("no answer within {} ms", check.timeout.as_millis()),
+            retry_after: None,
+        },
+    }
+}
+
+async fn probe_inner(
+    connector: &Connector,
+    provider: &Provider,
+    check: &ActiveHealthCheck,
+) -> ProbeOutcome {
+    let down = |reason: String| ProbeOutcome::Down {
+        reason,
+        retry_after: None,
+    };
+    let target = match providers::target(provider).await {
+        Ok(t) => t,
+        Err(m) => return down(m),
+    };
+    let head = match probe_head(provider, &target, check) {
+        Ok(h) => h,
+        Err(e) => return down(format!("bad probe request: {e}")),
+    };
+    let mut up = match connector.get_http_session(&target.peer).await {
+        Ok((up, _reused)) => up,
+        Err(e) => return down(format!("connect: {e}")),
+    };
+    let exchanged: pingora::Result<()> = async {
+        up.write_request_header(Box::new(head)).await?;
+        up.finish_request_body().await?;
+        loop {
+            up.read_response_header().await?;
+            match up.response_header() {
+                Some(h) if h.status.as_u16() < 200 => {}
+                _ => return Ok(()),
+            }
+        }
+    }
+    .await;
+    let outcome = match exchanged {
+        Err(e) => down(format!("request: {e}")),
+        Ok(()) => match up.response_header() {
+            None => down("no response head".into()),
+            Some(h) => {
+                let status = h.status.as_u16();
+                if crate::proxy::attempt::retryable_status(status) {
+                    ProbeOutcome::Down {
+                        reason: format!("HTTP {status}"),
+                        retry_after: h
+                            .headers
+                            .get("retry-after")
+                            .and_then(|v| parse_retry_after(v.as_bytes())),
+                    }
+                } else {
+                    ProbeOutcome::Up { status }
+                }
+            }
+        },
+    };
+    // Probe connections are never pooled: the next probe tests connecting again.
+    up.shutdown().await;
+    outcome
+}
+
+/// `GET {base_path}{path}` with `Host`, the provider's credential and no body.
+fn probe_head(
+    provider: &Provider,
+    target: &providers::Target,
+    check: &ActiveHealthCheck,
+) -> pingora::Result<RequestHeader> {
+    let uri = format!("{}{}", target.base_path, check.path);
+    let mut req = RequestHeader::build("GET", uri.as_bytes(), Some(5))?;
+    req.insert_header("host", &target.host_header)?;
+    req.insert_header("accept", "application/json")?;
+    req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
+    providers::apply_auth(provider, &mut req)?;
+    Ok(req)
+}
+
+/// The health states of every route of `provider_id` in `cfg` (created on first use, so the
+/// gauge exists before any traffic).
+fn routes_of(cfg: &Config, provider_id: &str) -> Vec<Arc<RouteHealth>> {
+    let reg = registry();
+    let mut seen = HashSet::new();
+    cfg.models
+        .values()
+        .flat_map(|m| m.routes.iter())
+        .filter(|r| r.provider.id == provider_id && seen.insert(r.health_key.as_str()))
+        .map(|r| reg.route(&r.provider.id, &r.health_key))
+        .collect()
+}
+
+/// Applies a probe outcome to the routes of `provider`.
+fn record(provider: &Provider, routes: &[Arc<RouteHealth>], outcome: &ProbeOutcome) {
+    match outcome {
+        ProbeOutcome::Up { .. } => {
+            for r in routes {
+                r.record_success(&provider.passive_health, None);
+            }
+        }
+        ProbeOutcome::Down {
+            reason,
+            retry_after,
+        } => {
+            log::debug!(
+                target: "sluice::routing::probe",
+                "health probe failed provider={} reason={reason:?}",
+                provider.id
+            );
+            for r in routes {
+                r.record_failure(&provider.passive_health, *retry_after);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for HealthProber {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut next_due: HashMap<String, Instant> = HashMap::new();
+        // Provider id of each running probe task.
+        let mut in_flight: HashMap<tokio::task::Id, String> = HashMap::new();
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        loop {
+            let cfg = self.config.snapshot();
+            let now = Instant::now();
+            let mut wake = now + MAX_ROUND;
+            next_due.retain(|id, _| {
+                cfg.providers
+                    .get(id)
+                    .is_some_and(|p| p.health_check.is_some())
+            });
+            for provider in cfg.providers.values() {
+                let Some(check) = provider.health_check.clone() else {
+                    continue;
+                };
+                // A new provider is probed at once; a shortened interval applies at once.
+                let interval = check.interval;
+                let due = (*next_due.entry(provider.id.clone()).or_insert(now)).min(now + interval);
+                if in_flight.values().any(|id| *id == provider.id) {
+                    // Its probe's completion wakes the loop; the next one is scheduled then.
+                    next_due.insert(provider.id.clone(), due);
+                    continue;
+                }
+                let due = if due <= now {
+                    let routes = routes_of(&cfg, &provider.id);
+                    let p = provider.clone();
+                    let connector = self.connector.clone();
+                    let task = tasks.spawn(async move {
+                        let outcome = probe(&connector, &p, &check).await;
+                        record(&p, &routes, &outcome);
+                    });
+                    in_flight.insert(task.id(), provider.id.clone());
+                    now + interval
+                } else {
+                    due
+                };
+                next_due.insert(provider.id.clone(), due);
+                wake = wake.min(due);
+            }
+            drop(cfg);
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    tasks.abort_all();
+                    return;
+                }
+                Some(done) = tasks.join_next_with_id() => {
+                    let id = match done {
+                        Ok((id, ())) => id,
+                        Err(e) => e.id(),
+                    };
+                    in_flight.remove(&id);
+                }
+                () = sleep_until(wake.max(now + Duration::from_millis(10))) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Endpoint, HopTimeouts, PassiveHealth, ProviderKind};
+    use crate::mock_upstream::{Behavior, MockServer, MockState};
+
+    fn provider(port: u16, path_key: Option<&str>) -> Provider {
+        let t = Duration::from_secs(1);
+        Provider {
+            id: "probe-test".into(),
+            kind: ProviderKind::Openai,
+            endpoint: Some(Endpoint {
+                tls: false,
+                host: "127.0.0.1".into(),
+                port,
+                base_path: "/v1".into(),
+                ip: Some("127.0.0.1".parse().unwrap()),
+            }),
+            api_key: path_key.map(|k| crate::secret::Secret::new(k.to_string())),
+            timeouts: HopTimeouts {
+                connect: t,
+                first_byte: t,
+                first_event: t,
+                idle: t,
+                heartbeat: t,
+            },
+            health_check: None,
+            passive_health: PassiveHealth {
+                degraded_after_failures: 1,
+                unhealthy_after_failures: 2,
+                cooldown: t,
+                error_rate: None,
+            },
+        }
+    }
+
+    fn check(timeout_ms: u64) -> ActiveHealthCheck {
+        ActiveHealthCheck {
+            path: "/models".into(),
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_millis(timeout_ms),
+        }
+    }
+
+    #[tokio::test]
+    async fn up_down_and_timeout() {
+        let state = Arc::new(MockState::new(Behavior::default()));
+        let mock = MockServer::start("127.0.0.1:0", state.clone())
+            .await
+            .unwrap();
+        let p = provider(mock.addr().port(), Some("sk-probe-key"));
+        let c = Connector::new(None);
+        assert_eq!(
+            probe(&c, &p, &check(1000)).await,
+            ProbeOutcome::Up { status: 200 }
+        );
+        let log = state.log();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].method, "GET");
+        assert_eq!(log[0].path, "/v1/models");
+        assert_eq!(
+            log[0].headers.get("authorization").map(String::as_str),
+            Some("Bearer sk-probe-key")
+        );
+
+        state.set_default_behavior(Behavior {
+            status: Some(429),
+            retry_after_s: Some(7),
+            ..Behavior::default()
+        });
+        assert_eq!(
+            probe(&c, &p, &check(1000)).await,
+            ProbeOutcome::Down {
+                reason: "HTTP 429".into(),
+                retry_after: Some(Duration::from_secs(7)),
+            }
+        );
+
+        state.set_default_behavior(Behavior {
+            stall: Some(true),
+            ..Behavior::default()
+        });
+        let started = Instant::now();
+        assert!(matches!(
+            probe(&c, &p, &check(150)).await,
+            ProbeOutcome::Down { .. }
+        ));
+        assert!(started.elapsed() < Duration::from_secs(1));
+
+        // A 404 (no such path) still proves the provider answers.
+        state.set_default_behavior(Behavior::default());
+        let mut odd = check(1000);
+        odd.path = "/nope".into();
+        assert_eq!(probe(&c, &p, &odd).await, ProbeOutcome::Up { status: 404 });
+    }
+
+    #[tokio::test]
+    async fn refused_connection_is_down() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let p = provider(port, None);
+        let c = Connector::new(None);
+        assert!(matches!(
+            probe(&c, &p, &check(1000)).await,
+            ProbeOutcome::Down { .. }
+        ));
+    }
+}

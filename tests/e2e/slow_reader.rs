@@ -1,0 +1,90 @@
+//! Bounded memory for a stalled reader: the upstream streams 50 MB as fast as it can, the
+//! client reads nothing. Sluice must stop reading upstream (the mock is seen to block), its
+//! RSS must grow by less than 10 MB, and once the client reads again the whole stream
+//! arrives intact.
+
+use std::time::{Duration, Instant};
+
+use crate::cancellation::{chat_body, chat_records, wait_chat};
+use crate::harness::client::sse_text;
+use crate::harness::{Mock, Sluice};
+use crate::timeouts::config;
+
+const TOTAL: u64 = 50 * 1024 * 1024;
+
+#[test]
+fn a_stalled_reader_blocks_the_upstream_and_bounds_memory() {
+    let mock = Mock::start("{}");
+    let sluice = Sluice::start(&config(
+        "  downstream_write_timeout_ms: 60000\n",
+        &[("p1", &mock.base_url(), "")],
+    ));
+    // Warm up (allocator arenas, pools, lazy statics) with a fully read 2 MB stream.
+    let warm = sluice.chat(&chat_body(true, r#"{"total_bytes":2097152}"#));
+    assert_eq!(warm.status, 200);
+    let baseline = sluice.rss_kib();
+
+    let mut s = sluice.chat_stream(&chat_body(true, &format!(r#"{{"total_bytes":{TOTAL}}}"#)));
+    assert_eq!(s.status, 200);
+    let mut body = s.next_piece(Duration::from_secs(5)).expect("first piece");
+
+    // Read nothing. Wait until the mock's writes stop progressing for a full second.
+    let started = Instant::now();
+    let mut peak_rss = baseline;
+    let mut last = 0u64;
+    let mut stable_since = Instant::now();
+    let blocked_at = loop {
+        std::thread::sleep(Duration::from_millis(100));
+        peak_rss = peak_rss.max(sluice.rss_kib());
+        let log = mock.log();
+        let w = chat_records(&log)[1]["bytes_written"].as_u64().unwrap_or(0);
+        if w != last {
+            last = w;
+            stable_since = Instant::now();
+        } else if stable_since.elapsed() >= Duration::from_secs(1) {
+            break w;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the upstream never blocked: {w} bytes written"
+        );
+    };
+    // Hold the stall a little longer, watching memory.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100));
+        peak_rss = peak_rss.max(sluice.rss_kib());
+    }
+    let growth_kib = peak_rss.saturating_sub(baseline);
+    eprintln!(
+        "upstream blocked after {blocked_at} bytes ({:.1} MB of {} MB); sluice RSS {baseline} KiB -> peak {peak_rss} KiB (+{growth_kib} KiB)",
+        blocked_at as f64 / 1048576.0,
+        TOTAL / 1048576
+    );
+    assert!(
+        blocked_at < TOTAL / 2,
+        "the upstream was not held back: {blocked_at} bytes"
+    );
+    assert!(
+        growth_kib < 10 * 1024,
+        "sluice RSS grew by {growth_kib} KiB while the reader stalled"
+    );
+    let rec = &chat_records(&mock.log())[1];
+    assert_eq!(rec["completed"], false);
+    assert!(rec["peer_closed_at_ms"].is_null(), "{rec:#?}");
+
+    // Read again: the rest flows and arrives intact.
+    while let Some(p) = s.next_piece(Duration::from_secs(10)) {
+        body.extend_from_slice(&p);
+    }
+    let text = sse_text(&body);
+    assert_eq!(text.len() % 1024, 0, "content tokens are 1 KiB each");
+    assert!(
+        text.len() as u64 > TOTAL * 8 / 10,
+        "{} bytes of text",
+        text.len()
+    );
+    assert!(text.starts_with("lorem ipsum dolor sit amet lorem "));
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    let rec = wait_chat(&mock, 1, Duration::from_secs(5), |r| r["completed"] == true);
+    assert!(rec["bytes_written"].as_u64().unwrap_or(0) >= TOTAL);
+}
