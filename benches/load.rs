@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,6 +57,7 @@ struct Opts {
     ttfb_tokens: u64,
     ttfb_token_delay_ms: u64,
     rounds: usize,
+    max_requests: u64,
     gen_threads: usize,
     sluice_threads: usize,
     nginx_workers: String,
@@ -85,6 +87,7 @@ impl Opts {
             ttfb_tokens: env_u64("LOAD_TTFB_TOKENS", 20),
             ttfb_token_delay_ms: env_u64("LOAD_TTFB_TOKEN_DELAY_MS", 5),
             rounds: env_u64("LOAD_ROUNDS", 1).max(1) as usize,
+            max_requests: env_u64("LOAD_MAX_REQUESTS", 2_000_000).max(1),
             gen_threads: env_u64("LOAD_GEN_THREADS", cpus as u64).max(1) as usize,
             sluice_threads: env_u64("LOAD_SLUICE_THREADS", cpus as u64).max(1) as usize,
             nginx_workers: std::env::var("LOAD_NGINX_WORKERS").unwrap_or_else(|_| "auto".into()),
@@ -772,6 +775,8 @@ struct PhaseResult {
     cpu: (f64, f64, f64),
     /// CPU seconds of helper processes (redis-server) in the measured window.
     cpu_helpers: f64,
+    /// `LOAD_MAX_REQUESTS` ran out before the end: req/s is understated.
+    capped: bool,
 }
 
 impl PhaseResult {
@@ -794,12 +799,18 @@ impl PhaseResult {
 async fn client(
     addr: SocketAddr,
     req: Arc<Vec<u8>>,
+    budget: Arc<AtomicU64>,
     measure_from: Instant,
     end: Instant,
 ) -> ClientStats {
     let mut st = ClientStats::default();
     let mut conn: Option<Conn> = None;
-    while Instant::now() < end {
+    // Bounded in time (`end`) and in count (the phase's shared request budget).
+    while Instant::now() < end
+        && budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    {
         let mut c = match conn.take() {
             Some(c) => c,
             None => match Conn::open(addr).await {
@@ -866,11 +877,12 @@ async fn phase(
     o: &Opts,
 ) -> PhaseResult {
     let req = Arc::new(req);
+    let budget = Arc::new(AtomicU64::new(o.max_requests));
     let t0 = Instant::now();
     let measure_from = t0 + o.warmup;
     let end = measure_from + o.duration;
     let tasks: Vec<_> = (0..clients)
-        .map(|_| tokio::spawn(client(addr, req.clone(), measure_from, end)))
+        .map(|_| tokio::spawn(client(addr, req.clone(), budget.clone(), measure_from, end)))
         .collect();
     let me = std::process::id();
     let sample = || {
@@ -908,6 +920,7 @@ async fn phase(
             r.first_error = s.first_error;
         }
     }
+    r.capped = budget.load(Ordering::Relaxed) == 0;
     r.ttfb_us.sort_unstable();
     #[expect(clippy::cast_precision_loss, reason = "counts well below 2^52")]
     {
@@ -1172,7 +1185,7 @@ fn print_details(results: &Results) {
     for ((s, t), rs) in results {
         for (i, r) in rs.iter().enumerate() {
             println!(
-                "  {:<6} {:<13} round {}: {:>7} ok {:>5} err {:>4} conns {:>6} upstream {:>7.0} B {:>6} ttfb{}{}",
+                "  {:<6} {:<13} round {}: {:>7} ok {:>5} err {:>4} conns {:>6} upstream {:>7.0} B {:>6} ttfb{}{}{}",
                 format!("{s:?}").to_lowercase(),
                 t,
                 i + 1,
@@ -1190,6 +1203,11 @@ fn print_details(results: &Results) {
                 r.first_error
                     .as_ref()
                     .map_or(String::new(), |e| format!(" first_error: {e}")),
+                if r.capped {
+                    " LOAD_MAX_REQUESTS reached: req/s understated"
+                } else {
+                    ""
+                },
             );
         }
     }

@@ -4,8 +4,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use pingora::listeners::{L4BufferSettings, ListenerConfig};
+use pingora::listeners::{L4BufferSettings, ListenerConfig, TcpSocketOptions};
+use pingora::protocols::TcpKeepalive;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -54,6 +56,27 @@ fn server_conf(cfg: &Config, args: &Args) -> ServerConf {
     conf
 }
 
+/// The downstream listener. Its L4 read buffer is off: Pingora's default 64 KiB buffer lives
+/// as long as the connection (~8 KiB of RSS per held stream in `benches/streams_memory.rs`),
+/// and request heads and bodies are read through Pingora's own buffers anyway. TCP keepalive
+/// plus `TCP_USER_TIMEOUT` (the startup `downstream_write_timeout_ms`) find a client that
+/// vanished without a FIN or RST: its unacknowledged heartbeats end the connection, which
+/// cancels the upstream.
+fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
+    let mut sock = TcpSocketOptions::default();
+    sock.tcp_keepalive = Some(TcpKeepalive {
+        idle: Duration::from_secs(60),
+        interval: Duration::from_secs(10),
+        count: 6,
+        #[cfg(target_os = "linux")]
+        user_timeout: write_timeout,
+    });
+    let _ = write_timeout;
+    ListenerConfig::tcp(addr.to_string())
+        .tcp_socket_options(sock)
+        .l4_buffer(L4BufferSettings::default().read(DOWNSTREAM_L4_READ_BUFFER))
+}
+
 /// Builds the server; `run_forever` it next.
 ///
 /// # Errors
@@ -67,6 +90,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let admin_listen = cfg.server.admin_listen.clone();
     let path = PathBuf::from(&args.conf);
     let admission = Arc::new(Admission::new(&cfg));
+    let cfg_write_timeout = cfg.server.downstream_write_timeout;
     let handle = Arc::new(ConfigHandle::new(cfg));
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
@@ -74,13 +98,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
         Gateway::new(handle.clone(), admission.clone()),
         "sluice proxy",
     );
-    // Pingora's default 64 KiB L4 read buffer per downstream connection is zero-filled and
-    // lives as long as the connection: most of a held stream's memory. Request heads and
-    // bodies are read through Pingora's own buffers anyway, so read unbuffered.
-    proxy.add_listener(
-        ListenerConfig::tcp(listen.clone())
-            .l4_buffer(L4BufferSettings::default().read(DOWNSTREAM_L4_READ_BUFFER)),
-    );
+    proxy.add_listener(downstream_listener(&listen, cfg_write_timeout));
 
     let mut admin = Service::new("sluice admin".to_string(), AdminApp::new(handle.clone()));
     admin.add_tcp(&admin_listen);

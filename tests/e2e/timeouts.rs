@@ -289,3 +289,53 @@ fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
     }
     assert!(!tail.ends_with(b"0\r\n\r\n"), "{tail:?}");
 }
+
+#[test]
+fn a_tls_handshake_that_never_completes_is_bounded_by_the_connect_timeout() {
+    // Accepts TCP, then says nothing: the TLS handshake hangs after the ClientHello.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for c in l.incoming().take(2) {
+            let Ok(mut c) = c else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                c.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                let mut buf = [0u8; 4096];
+                let mut hello = 0;
+                // Read until Sluice gives up (EOF/reset) or 10 s pass.
+                loop {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => hello += n,
+                    }
+                }
+                let _ = tx.send(hello);
+            });
+        }
+    });
+    let sluice = Sluice::start(&config(
+        "",
+        &[(
+            "p1",
+            &format!("https://{addr}/v1"),
+            "    connect_timeout_ms: 300\n",
+        )],
+    ));
+    let t = Instant::now();
+    let r = sluice.chat(&chat_body(true, "{}"));
+    let took = t.elapsed();
+    eprintln!("TLS handshake timeout answered in {took:?}: {}", r.text());
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(r.text().contains("timed out"), "{}", r.text());
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    // Sluice sent a ClientHello and then hung up when the timeout fired.
+    let hello = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the provider saw sluice hang up");
+    assert!(hello > 0, "no ClientHello was sent");
+}
