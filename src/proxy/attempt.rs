@@ -110,8 +110,14 @@ pub async fn run(
                         .upstream_attempts_total
                         .with_label_values(&[route.provider.id.as_str(), "ok"])
                         .inc();
-                    cand.health
-                        .record_success(&route.provider.passive_health, ctx.outcome.ttft);
+                    if ctx.outcome.upstream_broke {
+                        // Answered, then broke mid-way: the client got an error, so does health.
+                        cand.health
+                            .record_failure(&route.provider.passive_health, None);
+                    } else {
+                        cand.health
+                            .record_success(&route.provider.passive_health, ctx.outcome.ttft);
+                    }
                     #[expect(clippy::cast_precision_loss, reason = "small counts")]
                     metrics()
                         .fallback_depth
@@ -526,6 +532,7 @@ async fn unary(
             retry_after: None,
         };
         ctx.outcome.provider = Some(route.provider.id.clone());
+        ctx.outcome.upstream_broke = true;
         let _ = respond::write_error(session, ctx, &err).await;
         return Attempt::Done;
     }
@@ -962,6 +969,7 @@ async fn stream(
         match ev {
             Ev::Gone => {
                 up.shutdown().await;
+                finish_stream(ctx, &pipe);
                 return Attempt::Gone(ClientGone("streaming"));
             }
             Ev::Idle => {
@@ -1038,6 +1046,7 @@ async fn stream(
                     let body = (!out.is_empty()).then_some(out);
                     if session.write_response_body(body, complete).await.is_err() {
                         up.shutdown().await;
+                        finish_stream(ctx, &pipe);
                         return Attempt::Gone(ClientGone("streaming"));
                     }
                 }
@@ -1080,7 +1089,14 @@ async fn stream(
             ctx.outcome.label = "stream_error";
             let ev = sse::openai_error_event(&message, "api_error", reason);
             ctx.outcome.bytes_out += ev.len() as u64;
+            if matches!(
+                reason,
+                "upstream_broken" | "upstream_error" | "idle_timeout"
+            ) {
+                ctx.outcome.upstream_broke = true;
+            }
             if session.write_response_body(Some(ev), true).await.is_err() {
+                finish_stream(ctx, &pipe);
                 return Attempt::Gone(ClientGone("streaming"));
             }
         }

@@ -30,6 +30,9 @@ pub struct Outcome {
     pub input_tokens: u64,
     /// Output tokens (from `usage`, else counted events).
     pub output_tokens: u64,
+    /// The upstream answered, then broke off (mid-stream error, broken body): the route
+    /// is charged a failure although a response was written.
+    pub upstream_broke: bool,
 }
 
 /// Decrements `sluice_active_streams{tenant}` on drop.

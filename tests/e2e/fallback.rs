@@ -229,7 +229,10 @@ fn a_503_falls_back_at_once_when_another_route_is_available() {
         wait_metric(&sluice, "sluice_fallback_depth_count", &[], 1.0),
         1.0
     );
-    assert_eq!(m.get("sluice_fallback_depth_sum", &[]), 1.0);
+    assert_eq!(
+        Metrics::scrape(&sluice).get("sluice_fallback_depth_sum", &[]),
+        1.0
+    );
     // p1 is degraded (default: after 1 failure).
     assert_eq!(
         m.get(
