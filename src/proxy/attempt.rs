@@ -915,10 +915,18 @@ async fn stream(
         .server
         .max_stream_duration
         .map(|d| ctx.received + d);
-    let mut idle_deadline = Instant::now() + timeouts.idle.max(Duration::from_millis(1));
-    let mut heartbeat =
-        tokio::time::interval_at(Instant::now() + timeouts.heartbeat, timeouts.heartbeat);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Timers are armed once and re-armed only when they fire (lazy deadlines): a chunk
+    // just stamps `last_upstream` / `last_write`, so the per-event path touches no timer.
+    // Heartbeats follow upstream silence: `last_write` is the last upstream chunk or
+    // heartbeat, whichever is later.
+    let idle = timeouts.idle.max(Duration::from_millis(1));
+    let mut last_upstream = Instant::now();
+    let mut last_write = last_upstream;
+    let idle_timer = sleep_until(last_upstream + idle);
+    let heartbeat_timer = sleep_until(last_write + timeouts.heartbeat);
+    let first_event_timer = sleep_until(first_event_deadline);
+    let max_end_timer = sleep_until(max_end.unwrap_or(first_event_deadline));
+    tokio::pin!(idle_timer, heartbeat_timer, first_event_timer, max_end_timer);
     let stream_error: Option<(&'static str, String)> = loop {
         enum Ev {
             Chunk(pingora::Result<Option<Bytes>>),
@@ -933,19 +941,36 @@ async fn stream(
             tokio::pin!(read);
             loop {
                 let waiting_first = pipe.data_events == 0;
+                enum Tick {
+                    Ev(Ev),
+                    Idle,
+                    Heartbeat,
+                }
                 let tick = tokio::select! {
                     biased;
-                    () = client_gone(session) => Some(Ev::Gone),
-                    r = &mut read => Some(Ev::Chunk(r)),
-                    () = sleep_until(idle_deadline) => Some(Ev::Idle),
-                    () = sleep_until(first_event_deadline), if waiting_first => Some(Ev::FirstEventTimeout),
-                    () = sleep_until(max_end.unwrap_or(idle_deadline)), if max_end.is_some() => Some(Ev::MaxDuration),
-                    () = crate::shutdown::streams_cancelled() => Some(Ev::Shutdown),
-                    _ = heartbeat.tick() => None,
+                    () = client_gone(session) => Tick::Ev(Ev::Gone),
+                    r = &mut read => Tick::Ev(Ev::Chunk(r)),
+                    () = &mut idle_timer => Tick::Idle,
+                    () = &mut first_event_timer, if waiting_first => Tick::Ev(Ev::FirstEventTimeout),
+                    () = &mut max_end_timer, if max_end.is_some() => Tick::Ev(Ev::MaxDuration),
+                    () = crate::shutdown::streams_cancelled() => Tick::Ev(Ev::Shutdown),
+                    () = &mut heartbeat_timer => Tick::Heartbeat,
                 };
                 match tick {
-                    Some(ev) => break ev,
-                    None => {
+                    Tick::Ev(ev) => break ev,
+                    Tick::Idle => {
+                        let due = last_upstream + idle;
+                        if Instant::now() >= due {
+                            break Ev::Idle;
+                        }
+                        idle_timer.as_mut().reset(due);
+                    }
+                    Tick::Heartbeat => {
+                        let due = last_write + timeouts.heartbeat;
+                        if Instant::now() < due {
+                            heartbeat_timer.as_mut().reset(due);
+                            continue;
+                        }
                         // Between events only: `out` is always drained after each chunk.
                         metrics()
                             .heartbeats_total
@@ -962,6 +987,8 @@ async fn stream(
                         {
                             break Ev::Gone;
                         }
+                        last_write = Instant::now();
+                        heartbeat_timer.as_mut().reset(last_write + timeouts.heartbeat);
                     }
                 }
             }
@@ -1036,8 +1063,8 @@ async fn stream(
                 if !had_content && pipe.first_content {
                     ctx.outcome.ttft = Some(ctx.received.elapsed());
                 }
-                idle_deadline = Instant::now() + timeouts.idle;
-                heartbeat.reset();
+                last_upstream = Instant::now();
+                last_write = last_upstream;
                 // After `[DONE]` nothing more is for the client (no heartbeat either): end
                 // its response now rather than when the upstream gets round to closing.
                 let complete = end || pipe.finished();
