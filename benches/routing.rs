@@ -27,19 +27,12 @@ fn provider(id: &str) -> Arc<Provider> {
         kind: ProviderKind::Openai,
         endpoint: None,
         api_key: None,
-        timeouts: HopTimeouts {
-            connect: t,
-            first_byte: t,
-            first_event: t,
-            idle: t,
-            heartbeat: t,
-        },
+        timeouts: HopTimeouts::uniform(t),
         health_check: None,
         passive_health: PassiveHealth {
-            degraded_after_failures: 1,
             unhealthy_after_failures: 3,
             cooldown: t,
-            error_rate: None,
+            ..PassiveHealth::default()
         },
     })
 }

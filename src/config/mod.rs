@@ -101,6 +101,19 @@ pub struct HopTimeouts {
     pub heartbeat: Duration,
 }
 
+impl HopTimeouts {
+    /// Every hop with the same limit `d`.
+    pub fn uniform(d: Duration) -> Self {
+        Self {
+            connect: d,
+            first_byte: d,
+            first_event: d,
+            idle: d,
+            heartbeat: d,
+        }
+    }
+}
+
 /// A tenant: who owns limits and the bill.
 #[derive(Debug, Clone)]
 pub struct Tenant {
@@ -148,6 +161,19 @@ pub struct PassiveHealth {
     pub cooldown: Duration,
     /// Error-rate trigger for unhealthy, if enabled.
     pub error_rate: Option<ErrorRate>,
+}
+
+impl Default for PassiveHealth {
+    /// Degraded after 1 failure, unhealthy after 3, 10 s cool-down, no error-rate trigger
+    /// (the defaults of `providers.<id>.health`).
+    fn default() -> Self {
+        Self {
+            degraded_after_failures: 1,
+            unhealthy_after_failures: 3,
+            cooldown: Duration::from_secs(10),
+            error_rate: None,
+        }
+    }
 }
 
 /// Error-rate trigger of passive health: a route whose failures make up at least `percent`

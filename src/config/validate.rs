@@ -429,12 +429,7 @@ fn build_provider(
                 error_rate,
             }
         }
-        None => PassiveHealth {
-            degraded_after_failures: 1,
-            unhealthy_after_failures: 3,
-            cooldown: ms(10_000),
-            error_rate: None,
-        },
+        None => PassiveHealth::default(),
     };
     Ok(Provider {
         id: id.to_string(),

@@ -235,14 +235,20 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String, err: GatewayEr
     )
 }
 
-/// Sends the request head and body and reads the final (non-1xx) response head.
-async fn exchange(
+/// Sends the request head and body (none for a `GET`) and reads the final (non-1xx)
+/// response head. Also used by the active health probes.
+///
+/// # Errors
+/// Pingora's write/read errors (connection closed, reset, protocol).
+pub(crate) async fn exchange(
     up: &mut UpstreamSession,
     head: pingora::http::RequestHeader,
-    body: Bytes,
+    body: Option<Bytes>,
 ) -> pingora::Result<()> {
     up.write_request_header(Box::new(head)).await?;
-    up.write_request_body(body, true).await?;
+    if let Some(body) = body {
+        up.write_request_body(body, true).await?;
+    }
     up.finish_request_body().await?;
     loop {
         up.read_response_header().await?;
@@ -327,7 +333,7 @@ async fn attempt(
             }
         };
         let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, exchange(&mut up, head.clone(), body.clone())) => r,
+            r = tokio::time::timeout(timeouts.first_byte, exchange(&mut up, head.clone(), Some(body.clone()))) => r,
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("waiting_head"));
@@ -926,7 +932,12 @@ async fn stream(
     let heartbeat_timer = sleep_until(last_write + timeouts.heartbeat);
     let first_event_timer = sleep_until(first_event_deadline);
     let max_end_timer = sleep_until(max_end.unwrap_or(first_event_deadline));
-    tokio::pin!(idle_timer, heartbeat_timer, first_event_timer, max_end_timer);
+    tokio::pin!(
+        idle_timer,
+        heartbeat_timer,
+        first_event_timer,
+        max_end_timer
+    );
     let stream_error: Option<(&'static str, String)> = loop {
         enum Ev {
             Chunk(pingora::Result<Option<Bytes>>),
@@ -988,7 +999,9 @@ async fn stream(
                             break Ev::Gone;
                         }
                         last_write = Instant::now();
-                        heartbeat_timer.as_mut().reset(last_write + timeouts.heartbeat);
+                        heartbeat_timer
+                            .as_mut()
+                            .reset(last_write + timeouts.heartbeat);
                     }
                 }
             }
@@ -1031,25 +1044,11 @@ async fn stream(
                     ),
                 ))
             }
-            Ev::Chunk(Err(e)) => {
-                log::warn!(
-                    "upstream stream broke request_id={} provider={} error={e}",
-                    ctx.request_id,
-                    route.provider.id
-                );
-                break Some((
-                    "upstream_broken",
-                    format!("provider `{}` broke off the stream", route.provider.id),
-                ));
-            }
+            Ev::Chunk(Err(e)) => break Some(stream_broken(&ctx.request_id, route, &e)),
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 if let Err(e) = pipe.feed(chunk.as_deref()) {
-                    let detail = match e {
-                        PipeError::Upstream(_, m) => providers::scrub_key(&route.provider, &m),
-                        PipeError::Framing(m) => m,
-                    };
-                    break Some(("upstream_error", detail));
+                    break Some(pipe_failure(route, e));
                 }
                 // Events that arrived together leave together: one write, not one per event.
                 let stop = if end || pipe.finished() {
@@ -1082,23 +1081,9 @@ async fn stream(
                 }
                 match stop {
                     ReadyStop::Pending | ReadyStop::End => {}
-                    ReadyStop::Broken(e) => {
-                        log::warn!(
-                            "upstream stream broke request_id={} provider={} error={e}",
-                            ctx.request_id,
-                            route.provider.id
-                        );
-                        break Some((
-                            "upstream_broken",
-                            format!("provider `{}` broke off the stream", route.provider.id),
-                        ));
-                    }
+                    ReadyStop::Broken(e) => break Some(stream_broken(&ctx.request_id, route, &e)),
                     ReadyStop::Pipe(e) => {
-                        let detail = match e {
-                            PipeError::Upstream(_, m) => providers::scrub_key(&route.provider, &m),
-                            PipeError::Framing(m) => m,
-                        };
-                        break Some(("upstream_error", detail));
+                        break Some(pipe_failure(route, e));
                     }
                 }
             }
@@ -1211,6 +1196,27 @@ async fn release_or_close(
     } else {
         up.shutdown().await;
     }
+}
+
+/// The stream-error reason and client message for an upstream read that failed mid-stream.
+fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> (&'static str, String) {
+    log::warn!(
+        "upstream stream broke request_id={request_id} provider={} error={e}",
+        route.provider.id
+    );
+    (
+        "upstream_broken",
+        format!("provider `{}` broke off the stream", route.provider.id),
+    )
+}
+
+/// The stream-error reason and client message for an in-band upstream error or broken framing.
+fn pipe_failure(route: &Route, e: PipeError) -> (&'static str, String) {
+    let detail = match e {
+        PipeError::Upstream(_, m) => providers::scrub_key(&route.provider, &m),
+        PipeError::Framing(m) => m,
+    };
+    ("upstream_error", detail)
 }
 
 /// Records usage for a finished stream: the upstream's `usage` when it sent one, else the

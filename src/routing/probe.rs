@@ -110,18 +110,7 @@ async fn probe_inner(
         Ok((up, _reused)) => up,
         Err(e) => return down(format!("connect: {e}")),
     };
-    let exchanged: pingora::Result<()> = async {
-        up.write_request_header(Box::new(head)).await?;
-        up.finish_request_body().await?;
-        loop {
-            up.read_response_header().await?;
-            match up.response_header() {
-                Some(h) if h.status.as_u16() < 200 => {}
-                _ => return Ok(()),
-            }
-        }
-    }
-    .await;
+    let exchanged = crate::proxy::attempt::exchange(&mut up, head, None).await;
     let outcome = match exchanged {
         Err(e) => down(format!("request: {e}")),
         Ok(()) => match up.response_header() {
@@ -281,19 +270,12 @@ mod tests {
                 ip: Some("127.0.0.1".parse().unwrap()),
             }),
             api_key: path_key.map(|k| crate::secret::Secret::new(k.to_string())),
-            timeouts: HopTimeouts {
-                connect: t,
-                first_byte: t,
-                first_event: t,
-                idle: t,
-                heartbeat: t,
-            },
+            timeouts: HopTimeouts::uniform(t),
             health_check: None,
             passive_health: PassiveHealth {
-                degraded_after_failures: 1,
                 unhealthy_after_failures: 2,
                 cooldown: t,
-                error_rate: None,
+                ..PassiveHealth::default()
             },
         }
     }
