@@ -3,16 +3,19 @@
 #   cmake + a C compiler (Pingora builds zlib-ng), ca-certificates (TLS to real providers),
 #   redis-server (distributed rate-limit tests), nginx (load-script comparison, optional),
 #   and a Python venv at .venv with the official SDKs (tests/sdk/requirements.txt).
-# Usage: bash scripts/install-deps.sh [--no-python]
+# Usage: bash scripts/install-deps.sh [--run]   (--run: only what building and running needs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode="${1:-all}"
 
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
-command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+if [ "$mode" != "--run" ]; then
+  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+  command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -22,7 +25,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Debian starts a system redis-server on install; the tests start their own on free ports.
 
-if [ "${1:-}" != "--no-python" ]; then
+if [ "$mode" != "--run" ]; then
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi

@@ -3,5 +3,5 @@
 # no API key, no network. Installs the build prerequisites (cmake) first if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh --no-python
+bash scripts/install-deps.sh --run
 exec cargo run --locked --release --bin sluice -- -c "${1:-conf/sluice.yaml}"

@@ -97,8 +97,12 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
             }
             s.push_str(k);
             s.push('=');
-            if v.is_empty() || v.contains(' ') {
-                s.push_str(&format!("{v:?}"));
+            // Values can carry client text (a model name): anything but plain ASCII is quoted
+            // and escaped, so a client cannot forge or break log lines.
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_graphic()) {
+                s.push('"');
+                s.extend(v.chars().flat_map(char::escape_default));
+                s.push('"');
             } else {
                 s.push_str(v);
             }

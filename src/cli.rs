@@ -29,8 +29,8 @@ pub struct Args {
     /// Run in the background (Pingora daemon mode; see `server.pid_file`, `server.error_log`).
     #[arg(short = 'd', long = "daemon")]
     pub daemon: bool,
-    /// Graceful upgrade: take over the listening sockets of the running process
-    /// (see `server.upgrade_sock`), then send it SIGQUIT.
+    /// Graceful upgrade: take over the listening sockets of the running process (see
+    /// `server.upgrade_sock`); then send the old process SIGQUIT yourself (`kill -QUIT <pid>`).
     #[arg(short = 'u', long = "upgrade")]
     pub upgrade: bool,
 }

@@ -51,12 +51,18 @@ pub fn init(format: LogFormat) {
 }
 
 /// Drops Pingora's TRACE records: they print whole request heads, and with them the provider
-/// key Sluice injects (`RUST_LOG=trace` must not put a secret in the log).
+/// key Sluice injects (`RUST_LOG=trace` must not put a secret in the log). Also drops the file
+/// watcher's DEBUG/TRACE records: with the log written into the watched config folder each of
+/// its lines would report the previous one (a feedback loop).
 struct NoPingoraTrace(env_logger::Logger);
 
 impl log::Log for NoPingoraTrace {
     fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        !(m.level() == log::Level::Trace && m.target().starts_with("pingora")) && self.0.enabled(m)
+        let t = m.target();
+        let noisy = (m.level() == log::Level::Trace && t.starts_with("pingora"))
+            || (m.level() >= log::Level::Debug
+                && (t.starts_with("notify") || t.starts_with("inotify")));
+        !noisy && self.0.enabled(m)
     }
 
     fn log(&self, record: &log::Record<'_>) {

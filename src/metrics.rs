@@ -155,8 +155,42 @@ fn build() -> Result<Metrics, prometheus::Error> {
     })
 }
 
+/// Creates the series of fixed label sets at 0, so alerts and rates see them before the
+/// first event (`rate(sluice_config_reloads_total{result="error"}[5m])` needs a series).
+fn init_known_series(m: &Metrics) {
+    for result in ["ok", "error"] {
+        m.config_reloads_total.with_label_values(&[result]);
+    }
+    for reason in [
+        "queue_full",
+        "queue_timeout",
+        "tenant_rpm",
+        "tenant_tpm",
+        "tenant_concurrency",
+    ] {
+        m.rejected_total.with_label_values(&[reason]);
+    }
+    for phase in [
+        "queued",
+        "reading_body",
+        "connecting",
+        "waiting_head",
+        "waiting_first_event",
+        "waiting_body",
+        "streaming",
+    ] {
+        m.client_aborts_total.with_label_values(&[phase]);
+    }
+    for kind in ["timeout", "error", "unavailable", "settle"] {
+        m.ratelimit_backend_errors_total.with_label_values(&[kind]);
+    }
+}
+
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| match build() {
-    Ok(m) => m,
+    Ok(m) => {
+        init_known_series(&m);
+        m
+    }
     Err(e) => {
         // Only possible if a metric is registered twice or a bucket list is invalid: a bug
         // caught by the first test run.

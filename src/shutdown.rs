@@ -2,9 +2,14 @@
 //! broadcasts shutdown; open streams may then run for `server.shutdown_grace_ms`, after which
 //! [`streams_cancelled`] resolves everywhere and each remaining stream closes its upstream and
 //! ends with an SSE error event.
+//!
+//! The process exits as soon as no request is in flight ([`InFlight`] counts them), instead of
+//! sleeping through Pingora's whole grace period when there is nothing left to finish.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
@@ -14,6 +19,61 @@ use tokio::sync::watch;
 use crate::config::ConfigHandle;
 
 static CANCEL: LazyLock<watch::Sender<bool>> = LazyLock::new(|| watch::channel(false).0);
+
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one downstream request while it is alive (held in the request context).
+#[derive(Debug)]
+pub struct InFlight(());
+
+impl InFlight {
+    /// Starts counting a request.
+    pub fn new() -> Self {
+        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        Self(())
+    }
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Requests currently in flight.
+pub fn in_flight() -> usize {
+    IN_FLIGHT.load(Ordering::Acquire)
+}
+
+/// Polls until no request is in flight or `limit` passes; whether it drained.
+async fn drained_within(limit: Duration) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if in_flight() == 0 {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Ends the process once shutdown has nothing left to do.
+#[expect(
+    clippy::exit,
+    reason = "Pingora would otherwise sleep out its whole grace period"
+)]
+fn exit_now() -> ! {
+    log::info!("no requests in flight: exiting");
+    std::process::exit(0)
+}
 
 /// Resolves once the shutdown grace period is over (pends forever before that).
 pub async fn streams_cancelled() {
@@ -50,8 +110,16 @@ impl BackgroundService for StreamShutdown {
             "shutting down: open streams have {} ms to finish",
             grace.as_millis()
         );
-        tokio::time::sleep(grace).await;
+        // Give requests accepted just before the signal a moment to register.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if drained_within(grace.saturating_sub(Duration::from_millis(100))).await {
+            exit_now();
+        }
         log::info!("shutdown grace period over: cancelling open streams");
         CANCEL.send_replace(true);
+        // Cancelled streams write their error events and finish; then nothing is left.
+        if drained_within(Duration::from_secs(1)).await {
+            exit_now();
+        }
     }
 }

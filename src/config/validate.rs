@@ -126,7 +126,22 @@ fn second_occurrence(text: &str, key_path: &str, key: &str) -> Option<(usize, us
     None
 }
 
+/// Largest config file read, bytes (a config is kilobytes; this stops `/dev/zero` & co).
+const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+
 fn read(path: &Path) -> Result<String, ConfigError> {
+    let meta = std::fs::metadata(path).map_err(|e| ConfigError::io(path, &e))?;
+    if !meta.is_file() {
+        return Err(ConfigError::at(path, None, "", "not a regular file"));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(ConfigError::at(
+            path,
+            None,
+            "",
+            format!("larger than {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
     std::fs::read_to_string(path).map_err(|e| ConfigError::io(path, &e))
 }
 
@@ -716,6 +731,22 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         if r.replicas == 0 {
             return Err(main_err("redis.replicas", "must be at least 1".into()));
         }
+    }
+
+    // An empty or truncated file (a save caught mid-write) must not replace a working
+    // config with one that serves nothing.
+    if model_map.is_empty() {
+        return Err(main_err(
+            "models",
+            "no standard models are defined (a config needs at least one under `models:`)".into(),
+        ));
+    }
+    if keys.is_empty() {
+        return Err(main_err(
+            "virtual_keys",
+            "no virtual keys are defined (a config needs at least one under `virtual_keys:`)"
+                .into(),
+        ));
     }
 
     Ok(Config {

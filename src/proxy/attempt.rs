@@ -313,8 +313,14 @@ async fn attempt(
         let (mut up, reused) = match connect {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => {
+                // Pingora's own connect timer (the peer's, same length as ours) may win the race.
+                let message = if matches!(e.etype(), pingora::ErrorType::ConnectTimedout) {
+                    format!("connecting to provider `{}` timed out", provider.id)
+                } else {
+                    format!("cannot connect to provider `{}`", provider.id)
+                };
                 let err = GatewayError::UpstreamUnavailable {
-                    message: format!("cannot connect to provider `{}`", provider.id),
+                    message,
                     retry_after: None,
                 };
                 return failed(route, AttemptFailure::Connect, e.to_string(), err);
@@ -879,13 +885,18 @@ async fn stream(
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
     ctx.outcome.label = "ok";
     ctx.outcome.status = 200;
-    let head = match respond::proxied_head(ctx, 200, true, None, &route.provider.id) {
+    let mut head = match respond::proxied_head(ctx, 200, true, None, &route.provider.id) {
         Ok(h) => h,
         Err(e) => {
             up.shutdown().await;
             return Attempt::Final(GatewayError::Internal(e.to_string()));
         }
     };
+    if session.req_header().version == http::Version::HTTP_10 {
+        // HTTP/1.0 has no chunked encoding (RFC 9112 §7.1): the stream ends with the connection.
+        head.remove_header("transfer-encoding");
+        session.set_keepalive(None);
+    }
     ctx.downstream_committed = true;
     if session
         .write_response_header(Box::new(head), false)

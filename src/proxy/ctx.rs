@@ -88,6 +88,8 @@ pub struct RequestCtx {
     pub rate_limit: Option<crate::backpressure::RateLimitStatus>,
     /// The result.
     pub outcome: Outcome,
+    /// Counts this request as in flight (graceful shutdown waits for the count to reach 0).
+    pub in_flight: crate::shutdown::InFlight,
 }
 
 impl RequestCtx {
@@ -108,6 +110,7 @@ impl RequestCtx {
             permits: Vec::new(),
             rate_limit: None,
             outcome: Outcome::default(),
+            in_flight: crate::shutdown::InFlight::new(),
         }
     }
 

@@ -37,7 +37,11 @@ pub async fn handle(
         ("/chat/completions", _) => Err(GatewayError::MethodNotAllowed(method.clone()).into()),
         ("/models", "GET") => models(gw, session, ctx, None).await,
         (p, "GET") if p.starts_with("/models/") => {
-            let id = p.trim_start_matches("/models/").to_string();
+            // SDKs percent-encode the `/` of ids like `openai/gpt-4o-mini`.
+            let raw = p.trim_start_matches("/models/");
+            let id = percent_encoding::percent_decode_str(raw)
+                .decode_utf8_lossy()
+                .into_owned();
             models(gw, session, ctx, Some(id)).await
         }
         ("/models", _) => Err(GatewayError::MethodNotAllowed(method.clone()).into()),
@@ -127,8 +131,13 @@ async fn models(
 }
 
 fn model_not_found(id: &str) -> GatewayError {
+    // Echo at most 256 characters of what the client sent.
+    let shown: String = id.chars().take(256).collect();
+    let ellipsis = if shown.len() < id.len() { "…" } else { "" };
     GatewayError::NotFound {
-        message: format!("The model `{id}` does not exist or you do not have access to it."),
+        message: format!(
+            "The model `{shown}{ellipsis}` does not exist or you do not have access to it."
+        ),
         code: "model_not_found",
     }
 }

@@ -29,6 +29,9 @@ use crate::config::ConfigHandle;
 use crate::error::GatewayError;
 use ctx::RequestCtx;
 
+/// How long an idle downstream keep-alive connection is kept, seconds.
+pub const DOWNSTREAM_KEEPALIVE_S: u64 = 75;
+
 /// The gateway: shared, immutable-per-process state behind the proxy service.
 pub struct Gateway {
     /// Live configuration (hot-reloaded).
@@ -77,6 +80,11 @@ impl ProxyHttp for Gateway {
                 .map(|v| v.as_bytes()),
         );
         session.set_write_timeout(Some(ctx.config.server.downstream_write_timeout));
+        // An idle keep-alive connection is closed after this long (Pingora's default keeps it
+        // forever, which lets idle clients pin file descriptors).
+        if session.get_keepalive() == Some(0) {
+            session.set_keepalive(Some(DOWNSTREAM_KEEPALIVE_S));
+        }
         Ok(())
     }
 

@@ -115,10 +115,14 @@ pub fn plan<'m>(
         }
         routes.retain(|r| !p.ignore.contains(&r.provider.id));
         if routes.is_empty() {
-            return Err(no_route(format!(
-                "every provider for model `{}` is excluded by the request's provider preference",
-                model.id
-            )));
+            // The client's own choice left nothing: a client error, not an outage.
+            return Err(GatewayError::invalid(
+                format!(
+                    "every provider for model `{}` is excluded by the request's provider preference",
+                    model.id
+                ),
+                Some("provider"),
+            ));
         }
     }
 
@@ -399,5 +403,10 @@ mod tests {
         };
         let e = plan(&m, &caller(), &RouteNeeds::default(), Some(&only)).unwrap_err();
         assert!(e.to_string().contains("preference"), "{e}");
+        assert_eq!(
+            e.status(),
+            400,
+            "the client's own exclusion is a client error"
+        );
     }
 }

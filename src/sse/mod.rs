@@ -66,7 +66,7 @@ pub fn openai_error_event(message: &str, error_type: &str, code: &str) -> Bytes 
     out.extend_from_slice(message.as_bytes());
     out.extend_from_slice(b",\"type\":");
     out.extend_from_slice(error_type.as_bytes());
-    out.extend_from_slice(b",\"code\":");
+    out.extend_from_slice(b",\"param\":null,\"code\":");
     out.extend_from_slice(code.as_bytes());
     out.extend_from_slice(b"}}\n\n");
     Bytes::from(out)

@@ -454,7 +454,7 @@ fn error_event_and_keepalive() {
     let ev = openai_error_event("upstream \"died\"\n", "server_error", "upstream_error");
     assert_eq!(
         &ev[..],
-        &b"event: error\ndata: {\"error\":{\"message\":\"upstream \\\"died\\\"\\n\",\"type\":\"server_error\",\"code\":\"upstream_error\"}}\n\n"[..]
+        &b"event: error\ndata: {\"error\":{\"message\":\"upstream \\\"died\\\"\\n\",\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_error\"}}\n\n"[..]
     );
     // Round-trips through the normalizer as one event.
     let mut n = SseNormalizer::new(MAX);

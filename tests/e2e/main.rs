@@ -5,6 +5,7 @@
 mod api;
 mod backpressure;
 mod cancellation;
+mod client_compat;
 mod config_check;
 mod fallback;
 mod harness;

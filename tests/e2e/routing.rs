@@ -169,9 +169,9 @@ fn the_clients_provider_preference_is_honoured() {
     assert_eq!(r.status, 400, "{}", r.text());
     let r = sluice.chat(&pref(r#"{"only":["p1"],"sort":"price"}"#));
     assert_eq!(r.status, 400, "unknown preference fields: {}", r.text());
-    // Everything excluded: 503 saying why.
+    // Everything excluded by the client's own preference: a 400 saying why.
     let r = sluice.chat(&pref(r#"{"only":["p1"],"ignore":["p1"]}"#));
-    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("preference"), "{}", r.text());
     assert_eq!(chat_hits(&p1) + chat_hits(&p2) + chat_hits(&p3), before);
 }

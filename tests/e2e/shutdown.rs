@@ -121,3 +121,26 @@ fn sigterm_answers_requests_still_waiting_for_their_first_event() {
     assert_eq!(rec["phase"], "after_head");
     assert!(sluice.wait_exit(Duration::from_secs(10)).is_some());
 }
+
+#[test]
+fn an_idle_gateway_exits_at_once_on_sigterm() {
+    let mock = Mock::start("{}");
+    // A long grace period: with nothing in flight, none of it is waited out.
+    let mut sluice = Sluice::start(&config(
+        "  shutdown_grace_ms: 30000\n",
+        &[("p1", &mock.base_url(), "")],
+    ));
+    let r = sluice.chat(&chat_body(false, r#"{"tokens":2}"#));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let from = Instant::now();
+    sluice.signal("TERM");
+    let status = sluice
+        .wait_exit(Duration::from_secs(5))
+        .expect("an idle sluice exits well before its 30 s grace period");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        from.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        from.elapsed()
+    );
+}
