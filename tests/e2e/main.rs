@@ -2,6 +2,7 @@
 //! real `sluice` and `sluice-mock-upstream` binaries on loopback ports and talks to them over
 //! real sockets. Each module covers one concern.
 
+mod anthropic;
 mod api;
 mod backpressure;
 mod cancellation;
