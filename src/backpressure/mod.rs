@@ -590,13 +590,7 @@ mod tests {
 
     fn config() -> Config {
         let yaml = "server:\n  listen: 127.0.0.1:1\n  admin_listen: 127.0.0.1:2\n  max_concurrent_upstream_requests: 1\ntenants:\n  t: {requests_per_minute: 2, tokens_per_minute: 100}\nvirtual_keys:\n  - key: sk-test-0001\n    tenant: t\nproviders:\n  p:\n    kind: demo\nmodels:\n  m/a:\n    routes:\n      - provider: p\n        upstream_model: a\n";
-        let dir = std::env::temp_dir().join(format!("sluice-admission-{}", fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("sluice.yaml");
-        std::fs::write(&p, yaml).unwrap();
-        let c = Config::load(&p).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        c
+        Config::parse(std::path::Path::new("sluice.yaml"), yaml).unwrap()
     }
 
     #[test]

@@ -587,13 +587,7 @@ mod tests {
         let yaml = format!(
             "server:\n  listen: 127.0.0.1:1\n  admin_listen: 127.0.0.1:2\ntenants:\n{yaml_tenants}\nvirtual_keys:\n  - key: sk-test-0001\n    tenant: t\nproviders:\n  p:\n    kind: demo\nmodels:\n  m/a:\n    routes:\n      - provider: p\n        upstream_model: a\n  m/b:\n    routes:\n      - provider: p\n        upstream_model: b\n"
         );
-        let dir = std::env::temp_dir().join(format!("sluice-tenant-{}", fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("sluice.yaml");
-        std::fs::write(&p, yaml).unwrap();
-        let c = Config::load(&p).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        c
+        Config::parse(std::path::Path::new("sluice.yaml"), &yaml).unwrap()
     }
 
     #[test]

@@ -276,6 +276,15 @@ impl Config {
         validate::load(path)
     }
 
+    /// Validates YAML `text` as if it had been read from `path` (which names the file in
+    /// errors and anchors relative `include:` paths).
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        validate::load_text(path, text.to_string())
+    }
+
     /// Timeouts for `provider` when serving `model` (the model may override the TTFT budget).
     pub fn timeouts_for(&self, provider: &Provider, model: &Model) -> HopTimeouts {
         let mut t = provider.timeouts;

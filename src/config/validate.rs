@@ -176,7 +176,11 @@ fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
 
 /// Loads `path` and its includes and validates them.
 pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = read(path)?;
+    load_text(path, read(path)?)
+}
+
+/// Validates `text` as if read from `path` (used for messages and to resolve `include:`).
+pub(super) fn load_text(path: &Path, text: String) -> Result<Config, ConfigError> {
     let mut main: FileConfig = parse(path, &text)?;
     let mut sources = Sources {
         files: vec![(path.to_path_buf(), text)],

@@ -234,11 +234,8 @@ mod tests {
     use super::*;
 
     fn cfg() -> Config {
-        let dir = std::env::temp_dir().join(format!("sluice-req-{}", fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("c.yaml");
-        std::fs::write(&p, "tenants:\n  t: {}\nvirtual_keys:\n  - key: sk-test-request-0001\n    tenant: t\nproviders:\n  a:\n    kind: openai\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  m:\n    routes:\n      - provider: a\n        upstream_model: x\n").unwrap();
-        Config::load(&p).unwrap()
+        Config::parse(std::path::Path::new("c.yaml"), "tenants:\n  t: {}\nvirtual_keys:\n  - key: sk-test-request-0001\n    tenant: t\nproviders:\n  a:\n    kind: openai\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  m:\n    routes:\n      - provider: a\n        upstream_model: x\n")
+        .unwrap()
     }
 
     #[test]

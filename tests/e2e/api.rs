@@ -4,6 +4,7 @@
 //! hygiene, `GET /v1/models`, and the admin listener (`/healthz`, `/readyz`, `/metrics`).
 
 use crate::harness::client::{get, post_json, request, Response};
+use crate::harness::eventually;
 use crate::harness::{basic_config, free_port, Mock, Sluice, KEY};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -113,20 +114,6 @@ fn raw_exchange(addr: SocketAddr, req: &[u8]) -> Response {
         status,
         headers,
         body,
-    }
-}
-
-/// Polls `f` until it returns true or `timeout` passes.
-fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -138,19 +138,7 @@ pub(crate) fn wait_metric(sluice: &Sluice, name: &str, labels: &[(&str, &str)], 
     last
 }
 
-/// Polls `f` every 10 ms until it holds or `timeout` passes.
-pub(crate) fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub(crate) use crate::harness::eventually;
 
 /// Asserts a served streaming answer: status, provider, depth, the text, clean bytes.
 pub(crate) fn assert_served_stream(

@@ -49,19 +49,7 @@ pub(crate) fn chat_as(addr: SocketAddr, key: &str, body: &str) -> Response {
     )
 }
 
-/// Polls `f` every 20 ms until it holds or `timeout` passes.
-pub(crate) fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub(crate) use crate::harness::eventually;
 
 /// The `redis-server` binary: `$SLUICE_REDIS_SERVER`, else `redis-server` on `PATH`.
 /// Panics (fails the test) with what to install when there is none.

@@ -310,6 +310,20 @@ impl Drop for Sluice {
     }
 }
 
+/// Polls `f` every 10 ms until it holds or `timeout` passes; whether it held.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Reads one sample value from Prometheus text.
 pub fn parse_metric(text: &str, sample: &str) -> f64 {
     text.lines()
