@@ -164,6 +164,15 @@ async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Resu
             return Err(GatewayError::PayloadTooLarge { limit_bytes }.into())
         }
         Err(BodyError::Downstream(_)) => return Err(ChatError::Gone(ClientGone("reading_body"))),
+        Err(BodyError::Malformed(detail)) => {
+            // The framing is lost: the connection cannot carry another request.
+            session.set_keepalive(None);
+            return Err(GatewayError::invalid(
+                format!("the request body is malformed: {detail}"),
+                None,
+            )
+            .into());
+        }
     };
     let pref_header = session
         .req_header()

@@ -22,15 +22,27 @@ const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
 pub enum BodyError {
     /// Over the limit (bytes).
     TooLarge(usize),
-    /// The client went away or broke the framing.
+    /// The client went away (closed, reset, or stopped sending).
     Downstream(Box<pingora::Error>),
+    /// The client is there but its body framing is broken (a bad chunk size, say): a 400.
+    Malformed(String),
+}
+
+/// Sorts a body read error: framing errors are the client's request, the rest its connection.
+fn body_error(e: Box<pingora::Error>) -> BodyError {
+    use pingora::ErrorType::{ConnectionClosed, ReadError, ReadTimedout};
+    match e.etype() {
+        ConnectionClosed | ReadError | ReadTimedout => BodyError::Downstream(e),
+        _ => BodyError::Malformed(e.to_string().trim().to_string()),
+    }
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes.
 ///
 /// # Errors
 /// [`BodyError::TooLarge`] as soon as the limit is passed (or announced by `Content-Length`);
-/// [`BodyError::Downstream`] when the client fails.
+/// [`BodyError::Downstream`] when the client fails; [`BodyError::Malformed`] when the body
+/// framing is invalid.
 pub async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, BodyError> {
     let announced = session
         .req_header()
@@ -65,7 +77,7 @@ pub async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, Bod
                 buf.extend_from_slice(&chunk);
             }
             Ok(None) => return Ok(buf.freeze()),
-            Err(e) => return Err(BodyError::Downstream(e)),
+            Err(e) => return Err(body_error(e)),
         }
     }
 }

@@ -102,3 +102,24 @@ fn client_text_cannot_forge_access_log_lines() {
         "a forged line reached the log:\n{log}"
     );
 }
+
+#[test]
+fn a_malformed_chunked_body_gets_a_json_400() {
+    let mock = Mock::start("{}");
+    let sluice = Sluice::start(&basic_config(&mock.base_url(), ""));
+    let mut s = TcpStream::connect(sluice.addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\nZZ\r\n{{}}\r\n0\r\n\r\n"
+    )
+    .expect("write");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read until close");
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(body).expect("JSON error body");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(mock.hits(), 0);
+}
