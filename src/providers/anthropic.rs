@@ -177,7 +177,18 @@ pub fn chat_request_to_messages(
     let req = openai_request
         .as_object()
         .ok_or_else(|| invalid("body", "expected a JSON object"))?;
+    chat_object_to_messages(req, upstream_model)
+}
 
+/// As [`chat_request_to_messages`], for a request already known to be a JSON object (the
+/// gateway's parsed body: no copy per attempt).
+///
+/// # Errors
+/// As [`chat_request_to_messages`].
+pub fn chat_object_to_messages(
+    req: &serde_json::Map<String, Value>,
+    upstream_model: &str,
+) -> Result<Vec<u8>, TranslateError> {
     if let Some(n) = non_null(req.get("n")) {
         match n.as_u64() {
             Some(1) => {}

@@ -208,17 +208,15 @@ fn upstream_body(req: &InferenceRequest, route: &Route) -> Result<Vec<u8>, Gatew
             openai::request_body(&req.body, &route.upstream_model)
                 .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")))
         }
-        ProviderKind::Anthropic => anthropic::chat_request_to_messages(
-            &serde_json::Value::Object(req.body.clone()),
-            &route.upstream_model,
-        )
-        .map_err(|e| {
-            if e.is_client_error() {
-                GatewayError::invalid(e.to_string(), e.field())
-            } else {
-                GatewayError::Internal(e.to_string())
-            }
-        }),
+        ProviderKind::Anthropic => {
+            anthropic::chat_object_to_messages(&req.body, &route.upstream_model).map_err(|e| {
+                if e.is_client_error() {
+                    GatewayError::invalid(e.to_string(), e.field())
+                } else {
+                    GatewayError::Internal(e.to_string())
+                }
+            })
+        }
     }
 }
 

@@ -293,6 +293,25 @@ impl Blackhole {
     }
 }
 
+/// The client hangs up now: the mock sees the close promptly in `mock_phase`, one abort is
+/// counted in `abort_phase`, the admission slot is free again (a second request is served:
+/// two records in all).
+fn hang_up_and_assert_cancelled(
+    sluice: &Sluice,
+    mock: &Mock,
+    client: RawClient,
+    mock_phase: &str,
+    abort_phase: &str,
+) {
+    let clock = MockClock::read(mock);
+    let closed = client.close();
+    assert_upstream_closed_promptly(mock, 0, &clock, closed, mock_phase);
+    let (n, _) = wait_metric(sluice, &aborts(abort_phase), 1.0, Duration::from_secs(2));
+    assert_eq!(n, 1.0);
+    assert_slot_released(sluice);
+    assert_eq!(chat_records(&mock.log()).len(), 2);
+}
+
 #[test]
 fn client_gone_while_queued_leaves_the_queue_and_never_reaches_upstream() {
     let mock = Mock::start("{}");
@@ -392,18 +411,7 @@ fn client_gone_while_waiting_for_the_upstream_head_closes_upstream_within_100ms(
     );
     wait_chats(&mock, 1, Duration::from_secs(3));
     std::thread::sleep(Duration::from_millis(100));
-    let clock = MockClock::read(&mock);
-    let closed = client.close();
-    assert_upstream_closed_promptly(&mock, 0, &clock, closed, "before_head");
-    let (n, _) = wait_metric(
-        &sluice,
-        &aborts("waiting_head"),
-        1.0,
-        Duration::from_secs(2),
-    );
-    assert_eq!(n, 1.0);
-    assert_slot_released(&sluice);
-    assert_eq!(chat_records(&mock.log()).len(), 2);
+    hang_up_and_assert_cancelled(&sluice, &mock, client, "before_head", "waiting_head");
 }
 
 #[test]
@@ -422,18 +430,7 @@ fn client_gone_while_waiting_for_the_first_event_closes_upstream_within_100ms() 
         !client.got_bytes(),
         "the head must be held until the first event"
     );
-    let clock = MockClock::read(&mock);
-    let closed = client.close();
-    assert_upstream_closed_promptly(&mock, 0, &clock, closed, "after_head");
-    let (n, _) = wait_metric(
-        &sluice,
-        &aborts("waiting_first_event"),
-        1.0,
-        Duration::from_secs(2),
-    );
-    assert_eq!(n, 1.0);
-    assert_slot_released(&sluice);
-    assert_eq!(chat_records(&mock.log()).len(), 2);
+    hang_up_and_assert_cancelled(&sluice, &mock, client, "after_head", "waiting_first_event");
 }
 
 #[test]
@@ -475,19 +472,8 @@ fn client_gone_while_a_non_streaming_answer_is_pending_closes_upstream_within_10
         r["head_at_ms"].is_u64()
     });
     std::thread::sleep(Duration::from_millis(100));
-    let clock = MockClock::read(&mock);
-    let closed = client.close();
-    assert_upstream_closed_promptly(&mock, 0, &clock, closed, "after_head");
-    let (n, _) = wait_metric(
-        &sluice,
-        &aborts("waiting_body"),
-        1.0,
-        Duration::from_secs(2),
-    );
-    assert_eq!(n, 1.0);
+    hang_up_and_assert_cancelled(&sluice, &mock, client, "after_head", "waiting_body");
     assert_active_streams_drop_to_zero(&sluice);
-    assert_slot_released(&sluice);
-    assert_eq!(chat_records(&mock.log()).len(), 2);
 }
 
 #[test]
