@@ -6,8 +6,8 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 
 use super::record::{lock, RecordHandle};
 
@@ -58,7 +58,11 @@ pub(crate) enum ReadError {
     Io(io::Error),
 }
 
-async fn fill(rd: &mut OwnedReadHalf, buf: &mut BytesMut, idle: bool) -> Result<usize, ReadError> {
+async fn fill<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    idle: bool,
+) -> Result<usize, ReadError> {
     let limit = if idle { IDLE_TIMEOUT } else { READ_TIMEOUT };
     match tokio::time::timeout(limit, rd.read_buf(buf)).await {
         Ok(Ok(n)) => Ok(n),
@@ -82,10 +86,12 @@ async fn fill(rd: &mut OwnedReadHalf, buf: &mut BytesMut, idle: bool) -> Result<
     }
 }
 
-/// Read one request from `rd` (buffered in `buf`, which may hold pipelined bytes).
-pub(crate) async fn read_request(
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+/// Read one request from `rd` (buffered in `buf`, which may hold pipelined bytes); `wr`
+/// receives the `100 Continue` interim answer. Generic over the stream so the fuzz harness
+/// (tests/fuzz.rs) can drive it with arbitrary byte splits.
+pub(crate) async fn read_request<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut R,
+    wr: &mut W,
     buf: &mut BytesMut,
 ) -> Result<Request, ReadError> {
     // Skip stray CRLFs between requests.
@@ -194,7 +200,10 @@ pub(crate) async fn read_request(
 }
 
 /// Read one CRLF-terminated line (without the CRLF) from the buffer, filling as needed.
-async fn read_line(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Vec<u8>, ReadError> {
+async fn read_line<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+) -> Result<Vec<u8>, ReadError> {
     loop {
         if let Some(i) = memchr::memchr(b'\n', buf) {
             let mut line = buf.split_to(i + 1).to_vec();
@@ -213,7 +222,10 @@ async fn read_line(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Vec<u8>
     }
 }
 
-async fn read_chunked(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Vec<u8>, ReadError> {
+async fn read_chunked<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+) -> Result<Vec<u8>, ReadError> {
     let mut body = Vec::new();
     loop {
         let line = read_line(rd, buf).await?;
@@ -229,7 +241,8 @@ async fn read_chunked(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Vec<
                 }
             }
         }
-        if body.len() + size > MAX_BODY {
+        // `size` is peer-controlled (up to usize::MAX): compare without overflow.
+        if size > MAX_BODY - body.len() {
             return Err(ReadError::TooLarge(413));
         }
         while buf.len() < size + 2 {

@@ -339,7 +339,7 @@ fn client_gone_while_queued_leaves_the_queue_and_never_reaches_upstream() {
         took <= Duration::from_millis(CLOSE_BOUND_MS as u64),
         "{took:?}"
     );
-    assert_eq!(sluice.metric("sluice_admission_queue_depth"), 0.0);
+    assert_eq!(sluice.gauge("sluice_admission_queue_depth"), 0.0);
 
     // The slot holder is still served; when it hangs up, its upstream closes promptly.
     holder.next_piece(Duration::from_secs(5));

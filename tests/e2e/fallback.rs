@@ -106,8 +106,13 @@ impl Metrics {
     }
 
     /// The value of the sample `name` whose labels include all of `labels` (any order);
-    /// 0 when absent.
+    /// 0 when absent (for counters: a labelled counter appears with its first event).
     pub(crate) fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get_opt(name, labels).unwrap_or(0.0)
+    }
+
+    /// As [`Metrics::get`], `None` when no such sample exists (for gauges).
+    pub(crate) fn get_opt(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.0
             .lines()
             .filter(|l| !l.starts_with('#'))
@@ -122,7 +127,6 @@ impl Metrics {
                     .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
                 all.then(|| value.parse().ok()).flatten()
             })
-            .unwrap_or(0.0)
     }
 }
 
@@ -724,19 +728,19 @@ fn fallback_overhead_after_an_immediate_failure() {
         time(&via500, "1");
         time(&via503, "1");
     }
-    let n = 30;
-    let d: Vec<Duration> = (0..n).map(|_| time(&direct, "0")).collect();
-    let f500: Vec<Duration> = (0..n).map(|_| time(&via500, "1")).collect();
-    let f503: Vec<Duration> = (0..n).map(|_| time(&via503, "1")).collect();
-    // The failing provider's own response time, measured directly against the mock.
-    let own: Vec<Duration> = (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            let r = post_json(p500.addr, "/v1/chat/completions", &[], &body(false, ""));
-            assert_eq!(r.status, 500);
-            t.elapsed()
-        })
-        .collect();
+    // Interleaved, so load on this shared machine hits every series alike.
+    let n = 41;
+    let (mut d, mut f500, mut f503, mut own) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..n {
+        d.push(time(&direct, "0"));
+        f500.push(time(&via500, "1"));
+        f503.push(time(&via503, "1"));
+        // The failing provider's own response time, measured directly against the mock.
+        let t = Instant::now();
+        let r = post_json(p503.addr, "/v1/chat/completions", &[], &body(false, ""));
+        assert_eq!(r.status, 503);
+        own.push(t.elapsed());
+    }
     let (d, f500, f503, own) = (median(d), median(f500), median(f503), median(own));
     let over500 = f500.saturating_sub(d);
     let over503 = f503.saturating_sub(d);
@@ -744,6 +748,8 @@ fn fallback_overhead_after_an_immediate_failure() {
         "fallback overhead (median of {n}): direct {d:?}; via 500 {f500:?} (+{over500:?}); \
          via 503 {f503:?} (+{over503:?}); the failing provider alone {own:?}"
     );
-    assert!(over500 < Duration::from_millis(200), "{over500:?}");
-    assert!(over503 < Duration::from_millis(200), "{over503:?}");
+    // The target: a fallback adds at most the failing provider's own time + 1 ms.
+    let bound = own + Duration::from_millis(1);
+    assert!(over500 <= bound, "+{over500:?} > {bound:?}");
+    assert!(over503 <= bound, "+{over503:?} > {bound:?}");
 }
