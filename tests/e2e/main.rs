@@ -20,3 +20,4 @@ mod slow_reader;
 mod smoke;
 mod streaming;
 mod timeouts;
+mod upgrade;
