@@ -187,7 +187,12 @@ fn main() {
         Conn::open(via503),
         Conn::open(a503),
     ];
-    let want = [(200, Some("0")), (200, Some("1")), (200, Some("1")), (503, None)];
+    let want = [
+        (200, Some("0")),
+        (200, Some("1")),
+        (200, Some("1")),
+        (503, None),
+    ];
     let mut samples: [Vec<Duration>; 4] = Default::default();
     for i in 0..(n + n / 10 + 5) {
         for (k, c) in conns.iter_mut().enumerate() {

@@ -309,7 +309,10 @@ fn check_sse(input: &[u8], cuts: &[usize], max: usize) -> Result<(), TestCaseErr
     for ev in whole.iter().chain(&chunked) {
         prop_assert!(ev.ends_with(b"\n\n"), "{ev:?}");
         prop_assert!(!ev.starts_with(b"\n"), "{ev:?}");
-        prop_assert!(!ev[..ev.len() - 1].windows(2).any(|w| w == b"\n\n"), "{ev:?}");
+        prop_assert!(
+            !ev[..ev.len() - 1].windows(2).any(|w| w == b"\n\n"),
+            "{ev:?}"
+        );
         prop_assert!(!ev.contains(&b'\r'), "{ev:?}");
     }
     // The limit applies to each event, so all runs fail or none does; and what came out
@@ -376,7 +379,8 @@ fn json_leaf() -> impl Strategy<Value = serde_json::Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| Value::from(n)),
-        any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        any::<f64>()
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
         "[ -~éü世🎉]{0,12}".prop_map(Value::String),
         prop::sample::select(vec!["acme/chat", "", " ", "p1", "p2", "nope", "user"])
             .prop_map(|s| Value::String(s.to_string())),
@@ -390,8 +394,15 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
             proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
             proptest::collection::btree_map(
                 prop::sample::select(vec![
-                    "only", "ignore", "order", "allow_fallbacks", "role", "content",
-                    "include_usage", "type", "x",
+                    "only",
+                    "ignore",
+                    "order",
+                    "allow_fallbacks",
+                    "role",
+                    "content",
+                    "include_usage",
+                    "type",
+                    "x",
                 ])
                 .prop_map(str::to_string),
                 inner,
@@ -427,10 +438,7 @@ fn chat_json() -> impl Strategy<Value = Vec<u8>> {
         json_value().prop_map(|v| ("max_completion_tokens".to_string(), v)),
         json_value().prop_map(|v| ("tools".to_string(), v)),
         json_value().prop_map(|v| ("response_format".to_string(), v)),
-        (
-            "[a-z_]{1,10}",
-            json_value()
-        ),
+        ("[a-z_]{1,10}", json_value()),
     ];
     proptest::collection::vec(field, 0..8).prop_map(|fields| {
         let m: serde_json::Map<String, Value> = fields.into_iter().collect();
@@ -447,7 +455,10 @@ fn check_chat(body: &[u8], header: Option<&[u8]>, config: &Config) -> Result<(),
             prop_assert!(!req.model.trim().is_empty());
             prop_assert_eq!(v["stream"].as_bool().unwrap_or(false), req.stream);
             prop_assert!(v["messages"].as_array().is_some_and(|a| !a.is_empty()));
-            prop_assert!(!req.body.contains_key("provider"), "provider is not forwarded");
+            prop_assert!(
+                !req.body.contains_key("provider"),
+                "provider is not forwarded"
+            );
             if let Some(p) = &req.preference {
                 for n in p.names() {
                     prop_assert!(n == "p1" || n == "p2", "unknown provider {n} accepted");
@@ -599,7 +610,10 @@ fn check_chunked(
             }
         }
         Err((status, msg)) => {
-            prop_assert!(!mutated || [0, 400, 413, 431].contains(status), "{status} {msg}");
+            prop_assert!(
+                !mutated || [0, 400, 413, 431].contains(status),
+                "{status} {msg}"
+            );
             prop_assert!(mutated, "valid request refused: {status} {msg}");
         }
     }
@@ -680,7 +694,11 @@ fn check_config(text: &str) -> Result<(), TestCaseError> {
             let (a, b) = (a.to_string(), b.to_string());
             prop_assert_eq!(&a, &b, "nondeterministic error");
             prop_assert!(a.contains("sluice"), "error does not name the file: {a}");
-            prop_assert!(a.len() < 4096 + text.len(), "error text unbounded: {} bytes", a.len());
+            prop_assert!(
+                a.len() < 4096 + text.len(),
+                "error text unbounded: {} bytes",
+                a.len()
+            );
         }
         _ => prop_assert!(false, "nondeterministic: {first:?} vs {second:?}"),
     }

@@ -265,7 +265,11 @@ fn buffer_reused_across_events() {
         let ev = n.next_event().unwrap();
         assert_eq!(ev.raw(), format!("data: {i}\n\n").as_bytes());
         let at = ev.raw().as_ptr();
-        assert_eq!(*first.get_or_insert(at), at, "event {i} is in another buffer");
+        assert_eq!(
+            *first.get_or_insert(at),
+            at,
+            "event {i} is in another buffer"
+        );
     }
     assert_eq!(n.buffered_bytes(), 0);
 }

@@ -10,6 +10,7 @@ mod client_compat;
 mod config_check;
 mod fallback;
 mod harness;
+mod harness_client;
 mod health;
 mod heartbeat;
 mod redis_limits;

@@ -110,18 +110,27 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
         "the new process served nothing; its log:\n{}",
         std::fs::read_to_string(&new_log_path).unwrap_or_default()
     );
-    assert!(new.0.try_wait().expect("wait").is_none(), "sluice -u exited");
+    assert!(
+        new.0.try_wait().expect("wait").is_none(),
+        "sluice -u exited"
+    );
 
     // The in-flight stream on the old process completes.
     let body = stream.read_to_end(Duration::from_secs(10));
-    assert!(stream.is_done(), "the old process's stream ends with its terminator");
+    assert!(
+        stream.is_done(),
+        "the old process's stream ends with its terminator"
+    );
     let want: String = (0..30).map(|i| format!("tok{i} ")).collect();
     assert_eq!(sse_text(&body), want);
     assert!(body.ends_with(b"data: [DONE]\n\n"));
 
     // The old process exits: 5 s of shared accepting, then its grace period (2 s).
     let status = old.wait_exit(Duration::from_secs(15));
-    eprintln!("old process exited {:?} after SIGQUIT: {status:?}", quit_at.elapsed());
+    eprintln!(
+        "old process exited {:?} after SIGQUIT: {status:?}",
+        quit_at.elapsed()
+    );
     assert!(status.is_some(), "the old process did not exit");
     let before = served.load(Ordering::SeqCst);
     assert!(
@@ -135,7 +144,10 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
         "{} requests served during the upgrade",
         served.load(Ordering::SeqCst)
     );
-    assert!(failures.is_empty(), "failed during the upgrade: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "failed during the upgrade: {failures:?}"
+    );
     // Only the new process is left, and it answers.
     let new_log = std::fs::read_to_string(&new_log_path).unwrap_or_default();
     assert!(access_lines(&new_log) >= 5, "{new_log}");
@@ -245,9 +257,9 @@ fn daemon_mode_writes_the_pid_file_serves_and_stops() {
         .is_ok_and(|s| s.success());
     assert!(ok, "kill -TERM {pid}");
     assert!(
-        crate::harness::eventually(Duration::from_secs(15), || !std::path::Path::new(
-            &format!("/proc/{pid}")
-        )
+        crate::harness::eventually(Duration::from_secs(15), || !std::path::Path::new(&format!(
+            "/proc/{pid}"
+        ))
         .exists()
             || std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .is_ok_and(|s| s.contains(") Z "))),
