@@ -17,7 +17,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,7 +61,7 @@ fn start_mock(behavior: &str) -> (Proc, SocketAddr) {
 }
 
 /// Starts Sluice with `providers` (id, mock) routed in that order; returns it and its address.
-fn start_sluice(dir: &PathBuf, name: &str, providers: &[(&str, SocketAddr)]) -> (Proc, SocketAddr) {
+fn start_sluice(dir: &Path, name: &str, providers: &[(&str, SocketAddr)]) -> (Proc, SocketAddr) {
     let port = free_port();
     let admin = free_port();
     let mut y = format!(
