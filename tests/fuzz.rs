@@ -218,11 +218,27 @@ fn sse_body() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// What the reference model says about an input (see [`sse_model`]).
+#[derive(Debug, Default, PartialEq)]
+struct SseModel {
+    /// Events ended by a blank line, normalized, each ending in `\n\n`.
+    complete: Vec<Vec<u8>>,
+    /// The trailing unterminated event, normalized as `finish` may flush it (its last line
+    /// ended, then the blank line); `None` when the input ends between events.
+    partial: Option<Vec<u8>>,
+    /// Bytes the trailing event holds before `finish`: its ended lines (normalized) plus
+    /// the raw unended line. The push-time limit applies to this.
+    pending_len: usize,
+}
+
 /// Reference model of the normalization (whole input at once), for valid UTF-8 input:
 /// lines end at `\r\n`, `\n` or `\r`; blank lines end events (empty events dropped);
-/// `data:x` becomes `data: x`; a trailing partial event is flushed at the end.
-fn sse_model(input: &[u8]) -> Vec<Vec<u8>> {
-    let mut events = Vec::new();
+/// `data:x` becomes `data: x`.
+///
+/// What `finish` does with a trailing unterminated event is left open (flushed as an event
+/// today; a truncated stream may be refused instead): the checks accept either.
+fn sse_model(input: &[u8]) -> SseModel {
+    let mut m = SseModel::default();
     let mut cur: Vec<u8> = Vec::new();
     let mut line: Vec<u8> = Vec::new();
     let norm = |line: &[u8], cur: &mut Vec<u8>| {
@@ -238,48 +254,65 @@ fn sse_model(input: &[u8]) -> Vec<Vec<u8>> {
         cur.push(b'\n');
     };
     let mut i = 0;
-    while i <= input.len() {
-        let b = input.get(i).copied();
-        match b {
-            Some(b'\r') | Some(b'\n') | None => {
-                if b.is_none() && line.is_empty() {
-                    break;
-                }
+    while i < input.len() {
+        match input[i] {
+            b'\r' | b'\n' => {
                 if line.is_empty() {
                     if !cur.is_empty() {
                         cur.push(b'\n');
-                        events.push(std::mem::take(&mut cur));
+                        m.complete.push(std::mem::take(&mut cur));
                     }
                 } else {
                     norm(&line, &mut cur);
                     line.clear();
                 }
-                if b == Some(b'\r') && input.get(i + 1) == Some(&b'\n') {
+                if input[i] == b'\r' && input.get(i + 1) == Some(&b'\n') {
                     i += 1;
                 }
             }
-            Some(x) => line.push(x),
+            x => line.push(x),
         }
         i += 1;
     }
+    m.pending_len = cur.len() + line.len();
+    if !line.is_empty() {
+        norm(&line, &mut cur);
+    }
     if !cur.is_empty() {
         cur.push(b'\n');
-        events.push(cur);
+        m.partial = Some(cur);
     }
-    events
+    m
 }
 
-/// Feeds `pieces` draining after each push; returns the events and whether it overflowed.
-/// Asserts the buffer bound after every drain.
-fn sse_run(pieces: &[&[u8]], max: usize) -> Result<(Vec<Vec<u8>>, bool), TestCaseError> {
+/// One run of the normalizer over `pieces`, draining after each push.
+#[derive(Debug, PartialEq)]
+struct SseRun {
+    /// Events drained after the pushes.
+    pushed: Vec<Vec<u8>>,
+    /// A push failed (the limit); nothing more was fed.
+    push_failed: bool,
+    /// Events drained after `finish` (when no push failed).
+    finished: Vec<Vec<u8>>,
+    /// `finish` failed.
+    finish_failed: bool,
+}
+
+/// Feeds `pieces` draining after each push, then finishes. Asserts the buffer bound after
+/// every drain and the event bound on every event.
+fn sse_run(pieces: &[&[u8]], max: usize) -> Result<SseRun, TestCaseError> {
     let mut n = SseNormalizer::new(max);
-    let mut out = Vec::new();
-    let mut failed = false;
+    let mut run = SseRun {
+        pushed: Vec::new(),
+        push_failed: false,
+        finished: Vec::new(),
+        finish_failed: false,
+    };
     for p in pieces {
         let r = n.push(p);
         while let Some(ev) = n.next_event() {
             prop_assert!(ev.raw().len() <= max, "event over the limit");
-            out.push(ev.raw().to_vec());
+            run.pushed.push(ev.raw().to_vec());
         }
         prop_assert!(
             n.buffered_bytes() <= max,
@@ -287,26 +320,27 @@ fn sse_run(pieces: &[&[u8]], max: usize) -> Result<(Vec<Vec<u8>>, bool), TestCas
             n.buffered_bytes()
         );
         if r.is_err() {
-            failed = true;
-            break;
+            run.push_failed = true;
+            return Ok(run);
         }
     }
-    if !failed {
-        failed = n.finish().is_err();
-        while let Some(ev) = n.next_event() {
-            prop_assert!(ev.raw().len() <= max, "event over the limit");
-            out.push(ev.raw().to_vec());
-        }
+    run.finish_failed = n.finish().is_err();
+    while let Some(ev) = n.next_event() {
+        prop_assert!(ev.raw().len() <= max, "event over the limit");
+        run.finished.push(ev.raw().to_vec());
     }
-    Ok((out, failed))
+    Ok(run)
 }
 
 fn check_sse(input: &[u8], cuts: &[usize], max: usize) -> Result<(), TestCaseError> {
-    let (whole, whole_failed) = sse_run(&[input], max)?;
-    let (chunked, chunked_failed) = sse_run(&split(input, cuts), max)?;
+    let whole = sse_run(&[input], max)?;
+    let chunked = sse_run(&split(input, cuts), max)?;
     let bytewise: Vec<&[u8]> = input.chunks(1).collect();
-    let (single, single_failed) = sse_run(&bytewise, max)?;
-    for ev in whole.iter().chain(&chunked) {
+    let single = sse_run(&bytewise, max)?;
+    for ev in [&whole, &chunked, &single]
+        .iter()
+        .flat_map(|r| r.pushed.iter().chain(&r.finished))
+    {
         prop_assert!(ev.ends_with(b"\n\n"), "{ev:?}");
         prop_assert!(!ev.starts_with(b"\n"), "{ev:?}");
         prop_assert!(
@@ -315,14 +349,14 @@ fn check_sse(input: &[u8], cuts: &[usize], max: usize) -> Result<(), TestCaseErr
         );
         prop_assert!(!ev.contains(&b'\r'), "{ev:?}");
     }
-    // The limit applies to each event, so all runs fail or none does; and what came out
-    // before a failure is a prefix of the whole-input events.
-    prop_assert_eq!(whole_failed, chunked_failed);
-    prop_assert_eq!(whole_failed, single_failed);
-    if whole_failed {
+    // Split-invariance: the limit applies to each event, so all runs fail or none does;
+    // what came out before a failure is a prefix of the whole-input events.
+    prop_assert_eq!(whole.push_failed, chunked.push_failed);
+    prop_assert_eq!(whole.push_failed, single.push_failed);
+    if whole.push_failed {
         for run in [&chunked, &single] {
-            let k = run.len().min(whole.len());
-            prop_assert_eq!(&run[..k], &whole[..k]);
+            let k = run.pushed.len().min(whole.pushed.len());
+            prop_assert_eq!(&run.pushed[..k], &whole.pushed[..k]);
         }
     } else {
         prop_assert_eq!(&chunked, &whole);
@@ -330,15 +364,35 @@ fn check_sse(input: &[u8], cuts: &[usize], max: usize) -> Result<(), TestCaseErr
     }
     if std::str::from_utf8(input).is_ok() {
         let model = sse_model(input);
-        let over = model.iter().any(|e| e.len() > max);
-        prop_assert_eq!(whole_failed, over, "limit {} model {:?}", max, model);
-        if !over {
-            prop_assert_eq!(&whole, &model);
+        let over = model.complete.iter().any(|e| e.len() > max) || model.pending_len > max;
+        prop_assert_eq!(whole.push_failed, over, "limit {} model {:?}", max, model);
+        if over {
+            prop_assert!(whole.pushed.len() <= model.complete.len());
+            prop_assert_eq!(&whole.pushed[..], &model.complete[..whole.pushed.len()]);
         } else {
-            prop_assert!(whole.len() <= model.len());
-            prop_assert_eq!(&whole[..], &model[..whole.len()]);
+            prop_assert_eq!(&whole.pushed, &model.complete);
+            match &model.partial {
+                // Nothing pending: finish adds nothing and succeeds.
+                None => {
+                    prop_assert!(whole.finished.is_empty() && !whole.finish_failed);
+                }
+                // A trailing unterminated event: flushed whole, or refused; never changed.
+                Some(p) => {
+                    let flushed = whole.finished.len() == 1 && &whole.finished[0] == p;
+                    let refused = whole.finished.is_empty();
+                    prop_assert!(
+                        flushed || refused,
+                        "finish gave {:?} for the partial {:?}",
+                        whole.finished,
+                        p
+                    );
+                    if whole.finish_failed {
+                        prop_assert!(refused);
+                    }
+                }
+            }
         }
-        for ev in &whole {
+        for ev in whole.pushed.iter().chain(&whole.finished) {
             prop_assert!(std::str::from_utf8(ev).is_ok());
         }
     }
@@ -773,12 +827,18 @@ fn regression_sse_model_fixed_cases() {
     let input = b"data:a\r\r\ndata: b\r\n\r\n:c\n\ndata\nevent:x\ndata:";
     assert_eq!(
         sse_model(input),
-        vec![
-            b"data: a\n\n".to_vec(),
-            b"data: b\n\n".to_vec(),
-            b":c\n\n".to_vec(),
-            b"data\nevent:x\ndata:\n\n".to_vec()
-        ]
+        SseModel {
+            complete: vec![
+                b"data: a\n\n".to_vec(),
+                b"data: b\n\n".to_vec(),
+                b":c\n\n".to_vec(),
+            ],
+            partial: Some(b"data\nevent:x\ndata:\n\n".to_vec()),
+            pending_len: 18,
+        }
     );
     check_sse(input, &[6, 7], 1 << 20).expect("agrees");
+    // The limit counts the trailing event's bytes before `finish`.
+    check_sse(input, &[], 18).expect("18 bytes pending fit a limit of 18");
+    check_sse(input, &[], 17).expect("18 bytes pending overflow a limit of 17");
 }
