@@ -208,16 +208,20 @@ fn daemon_mode_writes_the_pid_file_serves_and_stops() {
         .trim()
         .parse()
         .expect("a pid");
-    // Stop it whatever happens below.
-    struct Kill(u32);
+    // Stop it if the test fails below (only while that pid is still this daemon).
+    struct Kill(u32, std::path::PathBuf);
     impl Drop for Kill {
         fn drop(&mut self) {
-            let _ = Command::new("kill")
-                .args(["-KILL", &self.0.to_string()])
-                .status();
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
+            let ours = String::from_utf8_lossy(&cmdline).contains(&*self.1.to_string_lossy());
+            if ours {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &self.0.to_string()])
+                    .status();
+            }
         }
     }
-    let _guard = Kill(pid);
+    let guard = Kill(pid, cfg_path.clone());
     assert!(
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "pid {pid} is not running"
@@ -265,6 +269,7 @@ fn daemon_mode_writes_the_pid_file_serves_and_stops() {
                 .is_ok_and(|s| s.contains(") Z "))),
         "the daemon did not stop"
     );
+    std::mem::forget(guard);
     assert!(
         std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err(),
         "the port still accepts after the daemon stopped"
