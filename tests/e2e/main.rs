@@ -8,6 +8,7 @@ mod backpressure;
 mod cancellation;
 mod client_compat;
 mod config_check;
+mod demo;
 mod fallback;
 mod harness;
 mod health;
