@@ -88,6 +88,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let path = PathBuf::from(&args.conf);
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
+    crate::metrics::init_config_series(&cfg);
     let handle = Arc::new(ConfigHandle::new(cfg));
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(

@@ -14,6 +14,7 @@ mod harness;
 mod health;
 mod heartbeat;
 mod redis_limits;
+mod reload;
 mod routing;
 mod sdk;
 mod shutdown;
