@@ -79,6 +79,9 @@ fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
 /// # Errors
 /// [`StartError`] when Pingora refuses its configuration.
 pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
+    if let Err(e) = crate::config::reload::catch_early_sighup() {
+        log::warn!("cannot install the early SIGHUP handler: {e}");
+    }
     let conf = server_conf(&cfg, args);
     let mut server = Server::new_with_opt_and_conf(Some(args.pingora_opt()), conf);
     server.bootstrap();

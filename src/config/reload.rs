@@ -15,7 +15,8 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -132,6 +133,20 @@ pub fn inputs(path: &Path) -> Inputs {
         fingerprint: h.finalize().into(),
         dirs,
     }
+}
+
+/// Set by a `SIGHUP` that arrives before the reload service runs (see [`catch_early_sighup`]).
+static EARLY_SIGHUP: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
+
+/// Installs the `SIGHUP` handler at once, at process assembly: the signal's default action
+/// would terminate the process, and the reload service only starts listening once Pingora
+/// runs its services (after the listeners are up, so a `systemctl reload` right after start
+/// could kill Sluice). A `SIGHUP` caught before the service runs is handled when it starts.
+///
+/// # Errors
+/// If the handler cannot be installed.
+pub fn catch_early_sighup() -> std::io::Result<()> {
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, EARLY_SIGHUP.clone()).map(drop)
 }
 
 /// Why a reload was asked for (for the log line).
@@ -313,6 +328,21 @@ impl BackgroundService for Reloader {
                 None
             }
         };
+        log::info!(
+            "config reload ready: SIGHUP reloads {}{}",
+            self.path.display(),
+            if self.handle.snapshot().server.watch_config {
+                ", and so do changes of it and its includes"
+            } else {
+                " (server.watch_config: false)"
+            }
+        );
+        // What changed or was signalled while the process was starting.
+        if EARLY_SIGHUP.swap(false, Ordering::SeqCst) {
+            let _ = self.reload_if_changed(Trigger::Signal);
+        } else if self.handle.snapshot().server.watch_config {
+            let _ = self.reload_if_changed(Trigger::FileChange);
+        }
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,

@@ -234,3 +234,23 @@ fn counters_with_config_label_sets_are_exported_at_zero() {
         r#"sluice_heartbeats_total{provider="p3"}"#
     ) == Some(0.0)));
 }
+
+#[test]
+fn a_sighup_right_after_start_neither_kills_sluice_nor_is_lost() {
+    let mock = Mock::start("{}");
+    let mut sluice = Sluice::start(&config(&mock.base_url(), "acme/chat", ""));
+    // The listeners are up; the reload service may not be running yet.
+    sluice.rewrite_config(&config(&mock.base_url(), "acme/edited", ""));
+    sluice.signal("HUP");
+    assert!(
+        sluice.wait_exit(Duration::from_millis(500)).is_none(),
+        "SIGHUP killed sluice:\n{}",
+        sluice.log()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || reloads(&sluice, "ok") == 1.0),
+        "{}",
+        sluice.log()
+    );
+    assert_eq!(chat_status(&sluice, "acme/edited"), 200);
+}
