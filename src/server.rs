@@ -88,7 +88,9 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
 
     let listen = cfg.server.listen.clone();
     let admin_listen = cfg.server.admin_listen.clone();
-    let path = PathBuf::from(&args.conf);
+    // Absolute, so that reloads (and the watcher) still find it after `-d` changed the
+    // working directory.
+    let path = std::path::absolute(&args.conf).unwrap_or_else(|_| PathBuf::from(&args.conf));
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
     crate::metrics::init_config_series(&cfg);
