@@ -186,6 +186,63 @@ fn init_known_series(m: &Metrics) {
     }
 }
 
+/// Every `reason` label of [`crate::error::AttemptFailure::label`] (fallbacks, attempts).
+const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
+    "connect",
+    "first_byte_timeout",
+    "first_event_timeout",
+    "status_429",
+    "status_5xx",
+    "status_4xx",
+    "protocol",
+];
+
+/// The `reason`s of same-route retries (only connect failures and 502/503 are retried).
+const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
+
+/// Creates at 0 the series whose label sets the config determines, so that dashboards and
+/// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
+/// `sluice_heartbeats_total`, `sluice_upstream_attempts_total` and `sluice_tokens_total`
+/// before their first event. Called at startup and after every successful reload (series of
+/// providers or models removed by a reload stay, at their last value).
+///
+/// Fallback series: for every standard model, every ordered pair of distinct route
+/// providers × every attempt failure reason (fallback order depends on the strategy and on
+/// health, so any route may follow any other).
+pub fn init_config_series(cfg: &crate::config::Config) {
+    let m = metrics();
+    for id in cfg.providers.keys() {
+        let p = id.as_str();
+        m.heartbeats_total.with_label_values(&[p]);
+        m.upstream_attempts_total.with_label_values(&[p, "ok"]);
+        for reason in ATTEMPT_FAILURE_LABELS {
+            m.upstream_attempts_total.with_label_values(&[p, reason]);
+        }
+        for reason in RETRY_LABELS {
+            m.upstream_retries_total.with_label_values(&[p, reason]);
+        }
+    }
+    for (model_id, model) in &cfg.models {
+        for direction in ["input", "output"] {
+            m.tokens_total
+                .with_label_values(&[model_id.as_str(), direction]);
+        }
+        let providers: std::collections::BTreeSet<&str> = model
+            .routes
+            .iter()
+            .map(|r| r.provider.id.as_str())
+            .collect();
+        for from in &providers {
+            for to in providers.iter().filter(|to| *to != from) {
+                for reason in ATTEMPT_FAILURE_LABELS {
+                    m.fallback_total
+                        .with_label_values(&[model_id.as_str(), from, to, reason]);
+                }
+            }
+        }
+    }
+}
+
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| match build() {
     Ok(m) => {
         init_known_series(&m);
@@ -223,6 +280,30 @@ pub fn render() -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::AttemptFailure;
+
+    #[test]
+    fn the_zero_series_cover_every_attempt_failure_label() {
+        for f in [
+            AttemptFailure::Connect,
+            AttemptFailure::FirstByteTimeout,
+            AttemptFailure::FirstEventTimeout,
+            AttemptFailure::Status(429),
+            AttemptFailure::Status(503),
+            AttemptFailure::Status(404),
+            AttemptFailure::Protocol,
+        ] {
+            assert!(
+                super::ATTEMPT_FAILURE_LABELS.contains(&f.label()),
+                "{}",
+                f.label()
+            );
+        }
+        for f in [AttemptFailure::Connect, AttemptFailure::Status(502)] {
+            assert!(super::RETRY_LABELS.contains(&f.label()), "{}", f.label());
+        }
+    }
+
     #[test]
     fn renders_registered_names() {
         super::metrics()

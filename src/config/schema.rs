@@ -134,6 +134,10 @@ pub struct ServerSection {
     /// Add `x-sluice-provider` and `x-sluice-fallback-depth` to responses (default true).
     #[serde(default = "default_true")]
     pub emit_route_headers: bool,
+    /// Reload when the config file or one of its includes changes on disk (default true).
+    /// Either way `SIGHUP` reloads; `false` leaves reloads to `SIGHUP` alone.
+    #[serde(default = "default_true")]
+    pub watch_config: bool,
     /// Pingora pid file, used with `-d` (default `/tmp/sluice.pid`).
     #[serde(default = "default_pid_file")]
     pub pid_file: String,
@@ -168,6 +172,7 @@ impl Default for ServerSection {
             queue_timeout_ms: default_queue_timeout_ms(),
             rate_limit_window_ms: default_rate_limit_window_ms(),
             emit_route_headers: true,
+            watch_config: true,
             pid_file: default_pid_file(),
             upgrade_sock: default_upgrade_sock(),
             error_log: None,

@@ -146,7 +146,7 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 }
 
 /// Expands one `include:` entry relative to `base`.
-fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
+pub(super) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
     let full = if Path::new(pattern).is_absolute() {
         PathBuf::from(pattern)
     } else {
@@ -172,6 +172,32 @@ fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
         return Err(format!("`{pattern}` matches no file"));
     }
     Ok(out)
+}
+
+/// Valid but risky settings of `cfg`, located like errors (`file:line:col: key: message`).
+/// Today: an `admin_listen` that is not a loopback address (the admin listener has no
+/// authentication).
+pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
+    let mut out = Vec::new();
+    let admin = &cfg.server.admin_listen;
+    if admin
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| !a.ip().is_loopback())
+    {
+        let text = std::fs::read_to_string(&cfg.source_path).ok();
+        out.push(ConfigError::at(
+            &cfg.source_path,
+            text.as_deref(),
+            "server.admin_listen",
+            format!(
+                "`{admin}` is not a loopback address, and the admin listener (/metrics, \
+                 /healthz, /readyz) has no authentication: anyone who reaches it reads the \
+                 metrics (tenant, provider and model names, traffic). Bind it to 127.0.0.1 or \
+                 restrict it with a firewall"
+            ),
+        ));
+    }
+    out
 }
 
 /// Loads `path` and its includes and validates them.
@@ -538,6 +564,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         queue_timeout: ms(server.queue_timeout_ms),
         rate_limit_window: ms(server.rate_limit_window_ms),
         emit_route_headers: server.emit_route_headers,
+        watch_config: server.watch_config,
         pid_file: server.pid_file,
         upgrade_sock: server.upgrade_sock,
         error_log: server.error_log,
