@@ -57,9 +57,10 @@ pub struct Metrics {
     pub admission_wait_seconds: Histogram,
     /// `sluice_ratelimit_backend_errors_total`: Redis checks that failed or timed out (fail-open).
     pub ratelimit_backend_errors_total: IntCounterVec,
-    /// `sluice_buffered_request_bytes`: request body bytes reserved in memory now (announced
+    /// `sluice_buffered_request_bytes`: memory reserved for request bodies now (announced
     /// `Content-Length` of bodies being read, chunked bodies so far, and bodies held for
-    /// their upstream attempts), bounded by `server.max_buffered_request_bytes`.
+    /// their upstream attempts; each body byte counts twice, see
+    /// [`crate::backpressure::buffers`]), bounded by `server.max_buffered_request_bytes`.
     pub buffered_request_bytes: IntGauge,
     /// `sluice_request_read_aborts_total{phase,reason}`: requests that never fully arrived:
     /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
@@ -163,7 +164,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         buffered_request_bytes: register_int_gauge!(
             "sluice_buffered_request_bytes",
-            "Request body bytes reserved in memory now (bounded by server.max_buffered_request_bytes)."
+            "Memory reserved for request bodies now, bytes (each body byte counts twice; bounded by server.max_buffered_request_bytes)."
         )?,
         request_read_aborts_total: register_int_counter_vec!(
             "sluice_request_read_aborts_total",

@@ -3,7 +3,11 @@
 //!
 //! A chat request's body is read whole before it goes upstream (it is parsed, and replayed to
 //! each fallback candidate), so without a bound N clients sending large bodies hold N bodies.
-//! Every body read takes a [`BufferReservation`] from [`RequestBuffers`]:
+//! Every body read takes a [`BufferReservation`] from [`RequestBuffers`], in bytes of memory:
+//! each body byte counts [`COPIES_PER_BODY_BYTE`] times, since a body is held twice at its
+//! peaks (the bytes as received while they are parsed, then the parsed request while an
+//! attempt's serialized upstream copy is sent and awaited), so the bound is a bound on the
+//! memory request bodies hold, not half of it.
 //!
 //! - with a `Content-Length`, the announced size is reserved **before** the first body byte
 //!   is read (and before `100 Continue` is sent), so a body that does not fit is refused at
@@ -15,6 +19,10 @@
 //! The reservation is held as long as the request holds the body in any form (the raw bytes,
 //! then the parsed request that every attempt serializes from): until the attempt loop ends.
 //! Dropping it releases the bytes. `sluice_buffered_request_bytes` shows the total reserved.
+
+/// How many times a body byte counts against the bound: the raw bytes and the parsed request
+/// (while parsing), or the parsed request and the serialized upstream body (per attempt).
+pub const COPIES_PER_BODY_BYTE: usize = 2;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -144,10 +144,11 @@ pub struct ServerSection {
     #[serde(default)]
     pub error_log: Option<String>,
     // Hostile clients: what one downstream connection may hold and for how long.
-    /// Global bound on request body bytes held at once, bytes (default 256 MiB): bodies
-    /// being read (their announced `Content-Length`, or the bytes so far when chunked) and
-    /// bodies held for the upstream attempts. A request that would pass it gets 503
-    /// `request_buffers_full` with `Retry-After`. At least `max_request_body_bytes`.
+    /// Global bound on the memory request bodies hold at once, bytes (default 256 MiB):
+    /// bodies being read (their announced `Content-Length`, or the buffer so far when
+    /// chunked) and bodies held for the upstream attempts, each body byte counted twice (the
+    /// body is parsed, then re-serialized for each attempt). A request that would pass it gets
+    /// 503 `request_buffers_full` with `Retry-After`. At least 2 × `max_request_body_bytes`.
     #[serde(default = "default_max_buffered_request_bytes")]
     pub max_buffered_request_bytes: usize,
     /// The whole request head (request line and headers) must arrive within this, ms

@@ -508,11 +508,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             "must be greater than 0".into(),
         ));
     }
-    if server.max_buffered_request_bytes < server.max_request_body_bytes {
+    let copies = crate::backpressure::buffers::COPIES_PER_BODY_BYTE;
+    if server.max_buffered_request_bytes / copies < server.max_request_body_bytes {
         return Err(main_err(
             "server.max_buffered_request_bytes",
             format!(
-                "must be at least server.max_request_body_bytes ({}): a body of the allowed size must fit",
+                "must be at least {copies} x server.max_request_body_bytes ({}): a body of the allowed size counts {copies} times and must fit",
                 server.max_request_body_bytes
             ),
         ));
@@ -835,7 +836,7 @@ mod tests {
         assert_eq!(c.server.body_read_timeout, Duration::from_secs(60));
         let small = MINIMAL.replace(
             "  admin_listen: 127.0.0.1:9090\n",
-            "  admin_listen: 127.0.0.1:9090\n  max_request_body_bytes: 2000\n  max_buffered_request_bytes: 1000\n",
+            "  admin_listen: 127.0.0.1:9090\n  max_request_body_bytes: 2000\n  max_buffered_request_bytes: 3999\n",
         );
         let e = load_str(&small).unwrap_err();
         assert_eq!(e.key_path, "server.max_buffered_request_bytes", "{e}");

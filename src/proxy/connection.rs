@@ -43,7 +43,9 @@
 //! Sluice turns it on for every connection. Requests are served one after the other: the
 //! next is read once the previous answer is complete. While a request is served, the
 //! disconnect watch (`read_body_or_idle`) keeps a byte of a pipelined request for the next
-//! one instead of calling it a misbehaving client.
+//! one instead of calling it a misbehaving client; after such a byte it stops watching, so a
+//! pipelining client that leaves mid-answer is noticed by the next failed write (a stream's
+//! heartbeat at the latest) rather than at once.
 //!
 //! Only cleartext HTTP/1 is served (Sluice configures no TLS or h2c listener).
 

@@ -7,8 +7,9 @@
 //!
 //! The buffer grows as bytes arrive (doubling, never past the announced `Content-Length`):
 //! a client announcing a large body and sending little costs little memory. The announced
-//! size is reserved against the global bound before any body byte is read, so a body that
-//! cannot fit is refused at its head (before `100 Continue`).
+//! size (twice: the body is parsed and re-serialized per attempt) is reserved against the
+//! global bound before any body byte is read, so a body that cannot fit is refused at its
+//! head (before `100 Continue`).
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use pingora::proxy::Session;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
+use crate::backpressure::buffers::COPIES_PER_BODY_BYTE;
 use crate::backpressure::{BufferReservation, BuffersFull, RequestBuffers};
 use crate::config::{Capability, Config};
 use crate::error::GatewayError;
@@ -111,7 +113,10 @@ pub async fn read_body(
         return Err(BodyError::TooLarge(limits.max_bytes));
     }
     let mut reservation = buffers
-        .reserve(announced.unwrap_or(0), limits.max_buffered)
+        .reserve(
+            announced.unwrap_or(0).saturating_mul(COPIES_PER_BODY_BYTE),
+            limits.max_buffered,
+        )
         .map_err(BodyError::BuffersFull)?;
     // A client that sent `Expect: 100-continue` (curl does for bodies over 1 MiB) waits for
     // this before sending the body; without it, it stalls for its expect timeout (1 s).
@@ -153,7 +158,10 @@ pub async fn read_body(
                 .max(INITIAL_BODY_CAPACITY.min(cap))
                 .min(cap.max(need));
             reservation
-                .ensure(target, limits.max_buffered)
+                .ensure(
+                    target.saturating_mul(COPIES_PER_BODY_BYTE),
+                    limits.max_buffered,
+                )
                 .map_err(BodyError::BuffersFull)?;
             buf.reserve_exact(target - buf.len());
         }

@@ -12,6 +12,7 @@ mod fallback;
 mod harness;
 mod health;
 mod heartbeat;
+mod hostile;
 mod redis_limits;
 mod routing;
 mod sdk;
