@@ -432,8 +432,8 @@ fn upload(addr: SocketAddr, body: &[u8]) -> (Response, bool) {
             )
             .as_bytes(),
         )
-        .unwrap();
-    let mut r = BufReader::new(sock.try_clone().unwrap());
+        .expect("write head");
+    let mut r = BufReader::new(sock.try_clone().expect("clone socket"));
     let (status, headers) = read_head(&mut r);
     if status != 100 {
         // Refused at the head: the body was never asked for.
@@ -443,7 +443,7 @@ fn upload(addr: SocketAddr, body: &[u8]) -> (Response, bool) {
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or(0);
         let mut b = vec![0u8; n];
-        r.read_exact(&mut b).unwrap();
+        r.read_exact(&mut b).expect("error body");
         let resp = Response {
             status,
             headers,
@@ -452,7 +452,7 @@ fn upload(addr: SocketAddr, body: &[u8]) -> (Response, bool) {
         return (resp, false);
     }
     for piece in body.chunks(256 * 1024) {
-        (&sock).write_all(piece).unwrap();
+        (&sock).write_all(piece).expect("write body");
         std::thread::sleep(Duration::from_millis(20));
     }
     (read_response(&mut r), true)
@@ -624,7 +624,7 @@ fn a_body_that_cannot_fit_is_refused_at_its_head_and_a_chunked_one_mid_way() {
         std::thread::sleep(Duration::from_millis(30));
         c.set_nonblocking(true).unwrap();
         let mut probe = [0u8; 1];
-        let answered = matches!((&c).peek(&mut probe), Ok(n) if n > 0);
+        let answered = matches!(c.peek(&mut probe), Ok(n) if n > 0);
         c.set_nonblocking(false).unwrap();
         if answered {
             refused = Some(read_response(&mut BufReader::new(c.try_clone().unwrap())));
