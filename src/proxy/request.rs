@@ -132,6 +132,11 @@ pub async fn read_body(
             .await
             .map_err(BodyError::Downstream)?;
     }
+    // Pingora's own limit is per read (60 s by default); past the whole-body deadline it must
+    // not end the read first, or a stalled client would get no 408.
+    session
+        .downstream_session
+        .set_read_timeout(Some(limits.timeout + Duration::from_secs(1)));
     // Pingora holds a chunked or over-long body to the announced length; the cap keeps the
     // buffer's growth within it.
     let cap = announced.unwrap_or(limits.max_bytes);

@@ -310,9 +310,29 @@ fn a_body_trickled_past_the_body_deadline_gets_408_and_the_connection_closes() {
     let rest = read_until_closed(r.get_mut(), Duration::from_secs(5));
     assert!(rest.is_empty());
     writer.join().unwrap();
+    // A body that stops altogether gets the same answer at the same time.
+    let stalled = connect(s.addr);
+    let started = Instant::now();
+    (&stalled)
+        .write_all(
+            chat_head(
+                "stalled-body",
+                &format!("content-length: {}\r\n", body.len()),
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    (&stalled).write_all(&body.as_bytes()[..10]).unwrap();
+    let resp = read_response(&mut BufReader::new(stalled.try_clone().unwrap()));
+    let after = started.elapsed();
+    assert_eq!(resp.status, 408, "{}", resp.text());
+    assert!(
+        after >= Duration::from_millis(1490) && after < Duration::from_millis(2500),
+        "408 after {after:?}, want 1.5 s"
+    );
     assert_eq!(
         s.metric(r#"sluice_request_read_aborts_total{phase="body",reason="timeout"}"#),
-        1.0
+        2.0
     );
     assert_eq!(mock.hits(), 0, "nothing went upstream");
 }
