@@ -158,10 +158,7 @@ pub async fn read_body(
             return Err(BodyError::TooLarge(limits.max_bytes));
         }
         if need > buf.capacity() {
-            let target = need
-                .max(buf.capacity().saturating_mul(2))
-                .max(INITIAL_BODY_CAPACITY.min(cap))
-                .min(cap.max(need));
+            let target = grown_capacity(buf.capacity(), need, cap);
             reservation
                 .ensure(
                     target.saturating_mul(COPIES_PER_BODY_BYTE),
@@ -172,6 +169,15 @@ pub async fn read_body(
         }
         buf.extend_from_slice(&chunk);
     }
+}
+
+/// The next capacity of a body buffer of `capacity` that must hold `need` bytes: at least
+/// double (amortized growth), at least [`INITIAL_BODY_CAPACITY`], never past `cap` (the
+/// announced length, or the body limit) unless `need` itself is past it.
+fn grown_capacity(capacity: usize, need: usize, cap: usize) -> usize {
+    need.max(capacity.saturating_mul(2))
+        .max(INITIAL_BODY_CAPACITY.min(cap))
+        .min(cap.max(need))
 }
 
 /// A parsed chat request.
@@ -361,6 +367,28 @@ mod tests {
                 Capability::JsonSchema
             ]
         );
+    }
+
+    #[test]
+    fn body_buffers_grow_with_the_bytes_never_past_the_announced_length() {
+        // A 5 MB announcement allocates nothing up front: 16 KiB for the first bytes.
+        assert_eq!(grown_capacity(0, 100, 5_000_000), INITIAL_BODY_CAPACITY);
+        // Then doubling...
+        assert_eq!(grown_capacity(16_384, 16_385, 5_000_000), 32_768);
+        assert_eq!(grown_capacity(32_768, 100_000, 5_000_000), 100_000);
+        // ...capped at the announced length.
+        assert_eq!(grown_capacity(4_000_000, 4_100_000, 5_000_000), 5_000_000);
+        // A small announced body gets exactly its size.
+        assert_eq!(grown_capacity(0, 10, 300), 300);
+        let mut cap = 0;
+        let mut len = 0;
+        while len < 5_000_000 {
+            len = (len + 65_536).min(5_000_000);
+            if len > cap {
+                cap = grown_capacity(cap, len, 5_000_000);
+            }
+            assert!(cap >= len && cap <= 5_000_000, "{cap} for {len}");
+        }
     }
 
     #[test]
