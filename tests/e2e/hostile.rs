@@ -183,6 +183,7 @@ fn a_head_trickled_one_line_a_second_is_cut_at_the_header_deadline() {
     let writer = trickle(&sock, head_lines(), Duration::from_secs(1));
     let got = read_until_closed(&mut sock, Duration::from_secs(10));
     let cut = started.elapsed();
+    eprintln!("slowloris head cut after {cut:?} (header_read_timeout_ms: 3000)");
     assert!(got.is_empty(), "no answer to a cut head: {got:?}");
     // The deadline counts from the accept, which is after `started`.
     assert!(
@@ -229,6 +230,7 @@ fn on_keep_alive_the_header_deadline_counts_from_the_first_byte_of_the_next_head
     let mut sock2 = sock.try_clone().unwrap();
     let got = read_until_closed(&mut sock2, Duration::from_secs(10));
     let cut = first_byte.elapsed();
+    eprintln!("keep-alive head cut {cut:?} after its first byte (header_read_timeout_ms: 1500)");
     assert!(got.is_empty(), "no answer to a cut head: {got:?}");
     assert!(
         cut >= Duration::from_millis(1490) && cut < Duration::from_millis(2300),
