@@ -2,8 +2,9 @@
 //!
 //! In order, for `POST /v1/chat/completions`:
 //!
-//! 0. **Request buffers** (`server.max_buffered_request_bytes`): the body bytes all requests
-//!    hold at once ([`buffers`]); over → 503 `request_buffers_full`.
+//! 0. **Request buffers** (`server.max_buffered_request_bytes`): the memory all request
+//!    bodies hold at once, each body byte counted twice ([`buffers`]), reserved from the head
+//!    when the length is announced; over → 503 `request_buffers_full` with `Retry-After`.
 //! 1. **Tenant concurrency** (`tenants.<id>.max_concurrent_streams`, and per standard model
 //!    under `model_limits`): exact per-process counters ([`tenant`]); over → 429
 //!    `tenant_concurrency`. The tenant-wide slot is taken from the request head, before the
