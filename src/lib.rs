@@ -12,7 +12,7 @@
 //! | [`cli`] | the command line contract (`-c`, `-t`, `-d`, `-u`; `key new`) |
 //! | [`config`] | YAML schema, validation with file:line:key errors, hot reload |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
-//! | [`proxy`] | the one `ProxyHttp` impl, endpoints, the attempt loop |
+//! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`providers`] | peers, upstream request heads, OpenAI/Anthropic wire formats, the demo provider |
 //! | [`sse`] | the SSE hot path: normalizer, model rewrite, usage |

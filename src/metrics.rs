@@ -48,7 +48,8 @@ pub struct Metrics {
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
     /// `sluice_rejected_total{reason}`: admission rejections
-    /// (`queue_full`, `queue_timeout`, `tenant_rpm`, `tenant_tpm`, `tenant_concurrency`).
+    /// (`queue_full`, `queue_timeout`, `tenant_rpm`, `tenant_tpm`, `tenant_concurrency`,
+    /// `request_buffers_full`).
     pub rejected_total: IntCounterVec,
     /// `sluice_admission_queue_depth`: requests waiting for a slot.
     pub admission_queue_depth: IntGauge,
@@ -56,6 +57,15 @@ pub struct Metrics {
     pub admission_wait_seconds: Histogram,
     /// `sluice_ratelimit_backend_errors_total`: Redis checks that failed or timed out (fail-open).
     pub ratelimit_backend_errors_total: IntCounterVec,
+    /// `sluice_buffered_request_bytes`: memory reserved for request bodies now (announced
+    /// `Content-Length` of bodies being read, chunked bodies so far, and bodies held for
+    /// their upstream attempts; each body byte counts twice, see
+    /// [`crate::backpressure::buffers`]), bounded by `server.max_buffered_request_bytes`.
+    pub buffered_request_bytes: IntGauge,
+    /// `sluice_request_read_aborts_total{phase,reason}`: requests that never fully arrived:
+    /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
+    /// `body_read_timeout_ms` passed) or `closed` (the client hung up or reset mid-way).
+    pub request_read_aborts_total: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -152,6 +162,15 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Distributed rate-limit checks that failed or timed out (served by the local limiter).",
             &["kind"]
         )?,
+        buffered_request_bytes: register_int_gauge!(
+            "sluice_buffered_request_bytes",
+            "Memory reserved for request bodies now, bytes (each body byte counts twice; bounded by server.max_buffered_request_bytes)."
+        )?,
+        request_read_aborts_total: register_int_counter_vec!(
+            "sluice_request_read_aborts_total",
+            "Requests whose head or body never fully arrived, by phase (head, body) and reason (timeout, closed).",
+            &["phase", "reason"]
+        )?,
     })
 }
 
@@ -167,8 +186,15 @@ fn init_known_series(m: &Metrics) {
         "tenant_rpm",
         "tenant_tpm",
         "tenant_concurrency",
+        "request_buffers_full",
     ] {
         m.rejected_total.with_label_values(&[reason]);
+    }
+    for phase in ["head", "body"] {
+        for reason in ["timeout", "closed"] {
+            m.request_read_aborts_total
+                .with_label_values(&[phase, reason]);
+        }
     }
     for phase in [
         "queued",

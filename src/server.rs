@@ -19,6 +19,7 @@ use crate::backpressure::Admission;
 use crate::cli::Args;
 use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigHandle};
+use crate::proxy::connection::DownstreamApp;
 use crate::proxy::Gateway;
 use crate::routing::probe::HealthProber;
 use crate::shutdown::StreamShutdown;
@@ -96,11 +97,15 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     crate::metrics::init_config_series(&cfg);
     let handle = Arc::new(ConfigHandle::new(cfg));
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
-        &server.configuration,
-        Gateway::new(handle.clone(), admission.clone()),
-        "sluice proxy",
+    // Pingora's proxy behind Sluice's own connection loop (head deadline, pipelining).
+    let app = DownstreamApp::new(
+        pingora::proxy::http_proxy(
+            &server.configuration,
+            Gateway::new(handle.clone(), admission.clone()),
+        ),
+        handle.clone(),
     );
+    let mut proxy = Service::new("sluice proxy".to_string(), app);
     proxy.add_listener(downstream_listener(&listen, cfg_write_timeout));
 
     let mut admin = Service::new("sluice admin".to_string(), AdminApp::new(handle.clone()));

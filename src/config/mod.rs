@@ -86,6 +86,12 @@ pub struct ServerSettings {
     pub upgrade_sock: String,
     /// Daemon log file.
     pub error_log: Option<String>,
+    /// Global bound on held request body bytes (`server.max_buffered_request_bytes`).
+    pub max_buffered_request_bytes: usize,
+    /// Deadline for a whole request head (`server.header_read_timeout_ms`).
+    pub header_read_timeout: Duration,
+    /// Deadline for a whole request body (`server.body_read_timeout_ms`).
+    pub body_read_timeout: Duration,
 }
 
 /// Per-hop timeouts of one provider.

@@ -14,6 +14,7 @@ mod fallback;
 mod harness;
 mod health;
 mod heartbeat;
+mod hostile;
 mod readme;
 mod redis_limits;
 mod reload;
