@@ -513,6 +513,25 @@ fn with_children(pid: u32) -> Vec<u32> {
     pids
 }
 
+/// nginx's master `pid` and its `workers` worker processes, once all of them exist (up to
+/// 10 s).
+fn nginx_pids(pid: u32, workers: usize) -> Result<Vec<u32>, String> {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = with_children(pid);
+        if pids.len() > workers {
+            return Ok(pids);
+        }
+        if Instant::now() > end {
+            return Err(format!(
+                "nginx has {} of {workers} workers after 10 s",
+                pids.len() - 1
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Clock ticks per second of `/proc/*/stat` times.
 fn clock_ticks() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
@@ -555,7 +574,17 @@ struct Reply {
     /// The connection may carry the next request.
     keep_alive: bool,
     body_bytes: usize,
+    /// The body was chunked (and its terminating chunk was read: a cut body is an error).
+    chunked: bool,
+    /// The last bytes of the body (up to [`TAIL`]), to see a stream's `data: [DONE]`.
+    tail: Vec<u8>,
 }
+
+/// How many final body bytes a [`Reply`] keeps.
+const TAIL: usize = 32;
+
+/// The end of a complete OpenAI stream.
+const DONE: &[u8] = b"data: [DONE]\n\n";
 
 fn bad(msg: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.into())
@@ -630,10 +659,11 @@ impl Conn {
         };
         let mut first_byte: Option<Instant> = None;
         let mut body_bytes = 0usize;
+        let mut tail = Vec::with_capacity(2 * TAIL);
         if chunked {
             let mut dec = Chunked::Size;
             loop {
-                if dec.step(&mut self.buf, &mut body_bytes)? {
+                if dec.step(&mut self.buf, &mut body_bytes, &mut tail)? {
                     if first_byte.is_none() && body_bytes > 0 {
                         first_byte = Some(last_read);
                     }
@@ -654,6 +684,7 @@ impl Conn {
             if first_byte.is_none() && len > 0 {
                 first_byte = Some(last_read);
             }
+            tail.extend_from_slice(&self.buf[len.saturating_sub(TAIL)..len]);
             self.buf.advance(len);
             body_bytes = len;
         } else {
@@ -664,6 +695,8 @@ impl Conn {
             ttfb: first_byte.map(|t| t.saturating_duration_since(sent)),
             keep_alive,
             body_bytes,
+            chunked,
+            tail,
         })
     }
 }
@@ -678,8 +711,13 @@ enum Chunked {
 
 impl Chunked {
     /// Consumes what it can from `buf`; `Ok(true)` once the terminating chunk and trailer
-    /// were read. Counts payload bytes into `body`.
-    fn step(&mut self, buf: &mut BytesMut, body: &mut usize) -> std::io::Result<bool> {
+    /// were read. Counts payload bytes into `body` and keeps the last [`TAIL`] in `tail`.
+    fn step(
+        &mut self,
+        buf: &mut BytesMut,
+        body: &mut usize,
+        tail: &mut Vec<u8>,
+    ) -> std::io::Result<bool> {
         loop {
             match *self {
                 Chunked::Size => {
@@ -701,6 +739,10 @@ impl Chunked {
                         return Ok(false);
                     }
                     let n = rest.min(buf.len());
+                    tail.extend_from_slice(&buf[n.saturating_sub(TAIL)..n]);
+                    if tail.len() > TAIL {
+                        tail.drain(..tail.len() - TAIL);
+                    }
                     buf.advance(n);
                     *body += n;
                     *self = if n == rest {
@@ -802,6 +844,7 @@ async fn client(
     budget: Arc<AtomicU64>,
     measure_from: Instant,
     end: Instant,
+    stream: bool,
 ) -> ClientStats {
     let mut st = ClientStats::default();
     let mut conn: Option<Conn> = None;
@@ -846,6 +889,17 @@ async fn client(
                     st.errors += 1;
                     st.first_error
                         .get_or_insert_with(|| format!("HTTP {}", r.status));
+                } else if stream && !(r.chunked && r.tail.ends_with(DONE)) {
+                    // A 200 whose stream did not end with `[DONE]` (and its chunked
+                    // terminator) is a broken stream, not a completed one.
+                    st.errors += 1;
+                    st.first_error.get_or_insert_with(|| {
+                        format!(
+                            "stream without [DONE]: chunked {}, ends {:?}",
+                            r.chunked,
+                            String::from_utf8_lossy(&r.tail)
+                        )
+                    });
                 } else if finished >= measure_from && finished <= end {
                     st.done += 1;
                     st.body_bytes += r.body_bytes as u64;
@@ -881,8 +935,19 @@ async fn phase(
     let t0 = Instant::now();
     let measure_from = t0 + o.warmup;
     let end = measure_from + o.duration;
+    // Stream requests (`"stream":true` in the body) must end with `[DONE]` to count.
+    let stream = req.windows(13).any(|w| w == b"\"stream\":true");
     let tasks: Vec<_> = (0..clients)
-        .map(|_| tokio::spawn(client(addr, req.clone(), budget.clone(), measure_from, end)))
+        .map(|_| {
+            tokio::spawn(client(
+                addr,
+                req.clone(),
+                budget.clone(),
+                measure_from,
+                end,
+                stream,
+            ))
+        })
         .collect();
     let me = std::process::id();
     let sample = || {
@@ -1092,6 +1157,7 @@ fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
         };
         let name = match *t {
             "sluice+redis" => "sluice + redis limiter",
+            "sluice+local" => "sluice + the same limit, local",
             "nginx" => "nginx → mock",
             "sluice" => "sluice → mock",
             other => other,
@@ -1109,6 +1175,13 @@ fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
         );
     }
     println!();
+    let (l, r) = (cell(results, "sluice+local"), cell(results, "sluice+redis"));
+    if let (Some(lv), Some(rv)) = (l.unary, r.unary) {
+        println!(
+            "non-stream req/s, tenant limit in Redis vs the same limit local: {rv:.0} vs {lv:.0} ({:+.1} %)",
+            (rv / lv - 1.0) * 100.0
+        );
+    }
     // Targets.
     let s = cell(results, "sluice");
     let n = cell(results, "nginx");
@@ -1239,12 +1312,20 @@ fn machine_note() -> String {
 }
 
 fn main() {
-    // `cargo test --benches` runs bench targets without `--bench`: do nothing then.
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("load: skipped (run `cargo bench --bench load`)");
-        return;
+    // `cargo test --benches` runs bench targets without `--bench`: then a sanity pass
+    // (direct and Sluice, non-stream and stream, 4 clients, 0.2 + 0.5 s per phase; about
+    // 3 s) that fails on any error or an empty phase, and reports no figure.
+    let sanity = !std::env::args().any(|a| a == "--bench");
+    let mut o = Opts::from_env();
+    if sanity {
+        o.warmup = Duration::from_millis(200);
+        o.duration = Duration::from_millis(500);
+        o.clients = 4;
+        o.rounds = 1;
+        o.max_requests = 100_000;
+        o.targets = vec!["direct".into(), "sluice".into()];
+        o.scenarios = vec!["unary".into(), "stream".into()];
     }
-    let o = Opts::from_env();
     let tmp = TempDir::new(o.keep_tmp);
     eprintln!("load: {o:?}");
     eprintln!("load: {}", machine_note());
@@ -1286,7 +1367,12 @@ fn main() {
             }
             Some(exe) => match start_nginx(&tmp.path, &exe, mock, &o.nginx_workers) {
                 Ok((p, addr)) => {
-                    let pids = with_children(p.child.id());
+                    // The master forks its workers after it listens: wait for all of them,
+                    // or their CPU time would be missed.
+                    let want = o.nginx_workers.parse::<usize>().unwrap_or_else(|_| {
+                        std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+                    });
+                    let pids = nginx_pids(p.child.id(), want).unwrap_or_else(|e| panic!("{e}"));
                     procs.push(p);
                     targets.push(Target {
                         name: "nginx",
@@ -1309,6 +1395,21 @@ fn main() {
                     let redis_pid = rp.child.id();
                     procs.push(rp);
                     let threads = o.sluice_threads;
+                    // Like with like: the Redis row is compared with a Sluice that has the
+                    // same tenant limit checked locally (the plain `sluice` row has none).
+                    let (p, addr) = start_sluice(&tmp.path, "sluice-local", &|l, a| {
+                        sluice_yaml(l, a, threads, mock, "{requests_per_minute: 1000000000}", "")
+                    })
+                    .unwrap_or_else(|e| panic!("{e}"));
+                    let pids = vec![p.child.id()];
+                    procs.push(p);
+                    targets.push(Target {
+                        name: "sluice+local",
+                        addr,
+                        redis: None,
+                        pids,
+                        helper_pids: Vec::new(),
+                    });
                     let started = start_sluice(&tmp.path, "sluice-redis", &|l, a| {
                         sluice_yaml(
                             l,
@@ -1446,6 +1547,26 @@ fn main() {
     println!(
         "note: generator, mock and proxies share this machine's CPUs: compare rows within one run only."
     );
+    if sanity {
+        let mut bad = Vec::new();
+        for ((scenario, target), rs) in &results {
+            for r in rs {
+                if r.errors > 0 || r.done == 0 {
+                    bad.push(format!(
+                        "{scenario:?} via {target}: {} done, {} errors (first: {:?})",
+                        r.done, r.errors, r.first_error
+                    ));
+                }
+            }
+        }
+        assert_eq!(results.len(), 4, "phases run: {:?}", results.keys());
+        assert!(
+            bad.is_empty(),
+            "load sanity pass failed:\n{}",
+            bad.join("\n")
+        );
+        println!("load: sanity pass ok (test build, short phases: not a figure)");
+    }
     drop(procs);
     drop(mock_proc);
 }

@@ -68,6 +68,44 @@ fn model(n: usize, strategy: Strategy) -> Model {
     }
 }
 
+/// TTFT of route `i` of `n`, ms: a scrambled order (neither the priority order nor its
+/// reverse), so `lowest_latency` really sorts on the samples.
+fn ttft_ms(i: usize, n: usize) -> u64 {
+    1 + ((i * 5 + 3) % n.max(1)) as u64
+}
+
+/// Records TTFT samples for every route of `m`, then checks `plan` orders by them: without
+/// samples `lowest_latency` degenerates to the priority sort and measures nothing else.
+fn give_ttft_samples(m: &Model) {
+    let n = m.routes.len();
+    for (i, r) in m.routes.iter().enumerate() {
+        let h = sluice::routing::health::registry().route(&r.provider.id, &r.health_key);
+        for _ in 0..4 {
+            h.record_success(
+                &r.provider.passive_health,
+                Some(Duration::from_millis(ttft_ms(i, n))),
+            );
+        }
+    }
+    let plain = RouteNeeds {
+        capabilities: Vec::new(),
+        estimated_input_tokens: 1200,
+        max_output_tokens: 512,
+    };
+    // The plan's order follows the routes' TTFT averages, all present and distinct (the
+    // registry is shared by the models of every size, so the averages mix their samples).
+    let order: Vec<Duration> = plan(m, &caller(), &plain, None)
+        .expect("plan")
+        .iter()
+        .map(|c| c.health.ewma_ttft().expect("a TTFT sample"))
+        .collect();
+    assert_eq!(order.len(), n);
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "lowest_latency does not follow the TTFT samples: {order:?}"
+    );
+}
+
 fn caller() -> Caller {
     Caller {
         tenant: "bench".into(),
@@ -105,6 +143,9 @@ fn bench_plan(c: &mut Criterion) {
             let m = model(n, strategy);
             // Warm the health registry (first use creates the entries).
             let _ = plan(&m, &caller, &plain, None);
+            if strategy == Strategy::LowestLatency {
+                give_ttft_samples(&m);
+            }
             g.bench_with_input(BenchmarkId::from_parameter(n), &m, |b, m| {
                 b.iter(|| {
                     let p = plan(black_box(m), &caller, black_box(&plain), None);

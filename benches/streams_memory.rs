@@ -49,18 +49,16 @@ const RAMP_DEADLINE: Duration = Duration::from_secs(240);
 const FD_RESERVE: u64 = 128;
 
 fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
-    // and must not start a 10k-stream benchmark.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("streams_memory: run it with `cargo bench --bench streams_memory`");
-        return;
-    }
-    if std::env::var_os("SLUICE_BENCH_CHILD").is_none() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs this binary without it:
+    // then a sanity pass with 20 streams (about 8 s), not the 10k-stream benchmark.
+    let bench = std::env::args().any(|a| a == "--bench");
+    if bench && std::env::var_os("SLUICE_BENCH_CHILD").is_none() {
         reexec_with_raised_nofile();
         return;
     }
+    let default_n = if bench { "1000,10000" } else { "20" };
     let wanted: Vec<usize> = std::env::var("SLUICE_BENCH_STREAMS")
-        .unwrap_or_else(|_| "1000,10000".into())
+        .unwrap_or_else(|_| default_n.into())
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
@@ -68,6 +66,7 @@ fn main() {
     println!("streams_memory: RLIMIT_NOFILE soft {soft} hard {hard}");
     let cap = usize::try_from(soft.saturating_sub(FD_RESERVE) / 2).unwrap_or(usize::MAX);
     let mut rows = Vec::new();
+    let mut failures = Vec::new();
     for n in wanted {
         let target = n.min(cap);
         if target < n {
@@ -77,8 +76,12 @@ fn main() {
             );
         }
         match run_one(target) {
-            Ok(row) => rows.push((n, row)),
-            Err(e) => println!("N={n}: failed: {e}"),
+            Ok(row) if row.open == target => rows.push((n, row)),
+            Ok(row) => failures.push(format!(
+                "N={n}: only {} of {target} streams opened",
+                row.open
+            )),
+            Err(e) => failures.push(format!("N={n}: failed: {e}")),
         }
     }
     println!();
@@ -94,6 +97,10 @@ fn main() {
             r.fds,
             (r.fds.saturating_sub(r.base_fds)) as f64 / r.open.max(1) as f64
         );
+    }
+    if !failures.is_empty() {
+        eprintln!("streams_memory FAILED:\n{}", failures.join("\n"));
+        std::process::exit(1);
     }
 }
 
@@ -176,6 +183,8 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// Resident set size of a live process, KiB. Panics when the process is gone or a zombie
+/// (no `VmRSS`): a dead Sluice must fail the bench, not report 0 KiB per stream.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -183,7 +192,7 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or_else(|| panic!("process {pid} is gone (no VmRSS in /proc/{pid}/status)"))
 }
 
 fn fd_count(pid: u32) -> usize {
@@ -314,7 +323,7 @@ async fn hold_stream(
 }
 
 fn run_one(n: usize) -> Result<Row, String> {
-    let (procs, addr) = start(n)?;
+    let (mut procs, addr) = start(n)?;
     let pid = procs.sluice.id();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -391,6 +400,9 @@ fn run_one(n: usize) -> Result<Row, String> {
         std::thread::sleep(Duration::from_millis(500));
         rss = rss.max(rss_kib(pid));
         fds = fds.max(fd_count(pid));
+    }
+    if let Ok(Some(status)) = procs.sluice.try_wait() {
+        return Err(format!("sluice died ({status}) while holding the streams"));
     }
     let row = Row {
         open: open.load(Ordering::Relaxed),

@@ -233,7 +233,8 @@ async fn read_chunked(rd: &mut Rd, buf: &mut BytesMut) -> Result<Vec<u8>, ReadEr
                 }
             }
         }
-        if body.len() + size > MAX_BODY {
+        // `size` is peer-controlled (up to usize::MAX): compare without overflow.
+        if size > MAX_BODY - body.len() {
             return Err(ReadError::TooLarge(413));
         }
         while buf.len() < size + 2 {

@@ -383,3 +383,50 @@ async fn serve_connection(
         }
     }
 }
+
+/// One request as the mock's HTTP/1.1 reader decoded it (see [`decode_request`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedRequest {
+    /// Method, e.g. `POST`.
+    pub method: String,
+    /// Request target as sent (path and query).
+    pub target: String,
+    /// Headers in order, names lowercase, values lossy UTF-8.
+    pub headers: Vec<(String, String)>,
+    /// The body, de-chunked if it was sent chunked.
+    pub body: Vec<u8>,
+    /// Whether the connection stays open after this request.
+    pub keep_alive: bool,
+}
+
+/// Why [`decode_request`] read no request: `(status, message)`, the status the mock
+/// answers with (400 malformed, 413/431 too large), or 0 for a clean close / I/O error.
+pub type DecodeError = (u16, String);
+
+/// Reads one request from `rd` exactly as the mock's server does on a connection: the
+/// head with `httparse`, then a Content-Length or chunked body (the only chunked-body
+/// decoder Sluice owns; the gateway's own downstream and upstream decoding is Pingora's).
+/// A `100 Continue` interim answer is discarded. Exposed for the fuzz harness
+/// (`tests/fuzz.rs`), which feeds it arbitrary bytes in arbitrary splits.
+///
+/// # Errors
+/// A [`DecodeError`] for a malformed, oversized or truncated request.
+pub async fn decode_request<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
+    rd: &mut R,
+) -> Result<DecodedRequest, DecodeError> {
+    let mut buf = BytesMut::new();
+    let mut sink = tokio::io::sink();
+    match read_request(rd, &mut sink, &mut buf).await {
+        Ok(r) => Ok(DecodedRequest {
+            method: r.method,
+            target: r.target,
+            headers: r.headers,
+            body: r.body,
+            keep_alive: r.keep_alive,
+        }),
+        Err(ReadError::Closed) => Err((0, "closed".into())),
+        Err(ReadError::Io(e)) => Err((0, e.to_string())),
+        Err(ReadError::Bad(m)) => Err((400, m)),
+        Err(ReadError::TooLarge(s)) => Err((s, "too large".into())),
+    }
+}

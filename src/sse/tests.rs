@@ -254,13 +254,24 @@ fn line_too_long() {
 
 #[test]
 fn buffer_reused_across_events() {
+    // Every event is assembled at the start of the same buffer: the one allocation is
+    // reused (a fresh buffer per event would put them at other addresses while the old
+    // one is still alive during the move).
     let mut n = SseNormalizer::new(MAX);
+    let mut first: Option<*const u8> = None;
     for i in 0..1000 {
         n.push(format!("data: {i}\n").as_bytes()).unwrap();
         n.push(b"\n").unwrap();
-        assert!(n.next_event().unwrap().raw().starts_with(b"data: "));
+        let ev = n.next_event().unwrap();
+        assert_eq!(ev.raw(), format!("data: {i}\n\n").as_bytes());
+        let at = ev.raw().as_ptr();
+        assert_eq!(
+            *first.get_or_insert(at),
+            at,
+            "event {i} is in another buffer"
+        );
     }
-    assert!(n.buffered_bytes() == 0);
+    assert_eq!(n.buffered_bytes(), 0);
 }
 
 // ---------------------------------------------------------------- rewrite
@@ -487,13 +498,45 @@ fn split_at_cuts<'a>(input: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
     out
 }
 
-fn check_any_chunking(input: &[u8], mut cuts: Vec<usize>) -> Result<(), TestCaseError> {
+/// The events of [`OPENAI_CRLF`], written out by hand.
+const OPENAI_CRLF_EVENTS: &[&[u8]] = &[
+    b": ping\n\n",
+    b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-4o-mini-2024-07-18\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+    b"data: {\"id\":\"chatcmpl-1\",\"model\":\"gpt-4o-mini-2024-07-18\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]}\n\n",
+    b"data: {\"id\":\"chatcmpl-1\",\"model\":\"gpt-4o-mini-2024-07-18\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\n",
+    b"data: [DONE]\n\n",
+];
+
+/// The events of [`OPENAI_UTF8`], written out by hand.
+const OPENAI_UTF8_EVENTS: &[&str] = &[
+    "data: {\"model\":\"gpt-4o\",\"choices\":[{\"delta\":{\"content\":\"Grüße, 世界! 🎉🦀\"}}]}\n\n",
+    "data: {\"model\":\"gpt-4o\",\"choices\":[{\"delta\":{\"content\":\"ñ é ü ß 日本語\"}}]}\n\n",
+    "data: {\"choices\":[{\"delta\":{\"content\":\"€\"}}]}\n\n",
+    "data: [DONE]\n\n",
+];
+
+/// The events of [`ANTHROPIC_MIXED`], written out by hand.
+const ANTHROPIC_MIXED_EVENTS: &[&[u8]] = &[
+    b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+    b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"caf\xc3\xa9\"}}\n\n",
+    b": c\nid: 7\nretry: 10\ndata: a\ndata: b\n\n",
+    b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+];
+
+fn owned(evs: &[&[u8]]) -> Vec<Vec<u8>> {
+    evs.iter().map(|e| e.to_vec()).collect()
+}
+
+fn check_any_chunking(
+    input: &[u8],
+    expected: &[Vec<u8>],
+    mut cuts: Vec<usize>,
+) -> Result<(), TestCaseError> {
     cuts.iter_mut().for_each(|c| *c %= input.len() + 1);
     cuts.sort_unstable();
     cuts.dedup();
-    let whole = run(&[input]);
     let chunked = run(&split_at_cuts(input, &cuts));
-    prop_assert_eq!(&chunked, &whole);
+    prop_assert_eq!(&chunked, expected);
     for ev in &chunked {
         prop_assert!(ev.ends_with(b"\n\n"));
         prop_assert!(!ev.starts_with(b"\n"));
@@ -503,29 +546,21 @@ fn check_any_chunking(input: &[u8], mut cuts: Vec<usize>) -> Result<(), TestCase
     Ok(())
 }
 
+fn openai_utf8_events() -> Vec<Vec<u8>> {
+    OPENAI_UTF8_EVENTS
+        .iter()
+        .map(|e| e.as_bytes().to_vec())
+        .collect()
+}
+
 #[test]
 fn fixtures_one_chunk_expected() {
-    let evs = run(&[OPENAI_CRLF]);
-    assert_eq!(evs.len(), 5);
-    assert_eq!(evs[0], b": ping\n\n");
-    assert!(evs[2].starts_with(b"data: {\"id\""));
-    assert_eq!(evs[4], b"data: [DONE]\n\n");
-    let evs = run(&[OPENAI_UTF8.as_bytes()]);
-    assert_eq!(evs.len(), 4);
-    assert_eq!(
-        evs[2],
-        "data: {\"choices\":[{\"delta\":{\"content\":\"€\"}}]}\n\n".as_bytes()
-    );
-    let evs = run(&[ANTHROPIC_MIXED]);
-    assert_eq!(evs.len(), 4);
-    assert_eq!(evs[2], b": c\nid: 7\nretry: 10\ndata: a\ndata: b\n\n");
-    assert_eq!(
-        evs[3],
-        b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
-    );
-    for f in [OPENAI_CRLF, OPENAI_UTF8.as_bytes(), ANTHROPIC_MIXED] {
-        assert_eq!(run_bytewise(f), run(&[f]));
-    }
+    assert_eq!(run(&[OPENAI_CRLF]), owned(OPENAI_CRLF_EVENTS));
+    assert_eq!(run(&[OPENAI_UTF8.as_bytes()]), openai_utf8_events());
+    assert_eq!(run(&[ANTHROPIC_MIXED]), owned(ANTHROPIC_MIXED_EVENTS));
+    assert_eq!(run_bytewise(OPENAI_CRLF), owned(OPENAI_CRLF_EVENTS));
+    assert_eq!(run_bytewise(OPENAI_UTF8.as_bytes()), openai_utf8_events());
+    assert_eq!(run_bytewise(ANTHROPIC_MIXED), owned(ANTHROPIC_MIXED_EVENTS));
 }
 
 proptest! {
@@ -533,17 +568,17 @@ proptest! {
 
     #[test]
     fn any_chunking_openai_crlf(cuts in proptest::collection::vec(any::<usize>(), 0..40)) {
-        check_any_chunking(OPENAI_CRLF, cuts)?;
+        check_any_chunking(OPENAI_CRLF, &owned(OPENAI_CRLF_EVENTS), cuts)?;
     }
 
     #[test]
     fn any_chunking_openai_utf8(cuts in proptest::collection::vec(any::<usize>(), 0..40)) {
-        check_any_chunking(OPENAI_UTF8.as_bytes(), cuts)?;
+        check_any_chunking(OPENAI_UTF8.as_bytes(), &openai_utf8_events(), cuts)?;
     }
 
     #[test]
     fn any_chunking_anthropic(cuts in proptest::collection::vec(any::<usize>(), 0..40)) {
-        check_any_chunking(ANTHROPIC_MIXED, cuts)?;
+        check_any_chunking(ANTHROPIC_MIXED, &owned(ANTHROPIC_MIXED_EVENTS), cuts)?;
     }
 
     #[test]

@@ -684,7 +684,7 @@ fn admin_endpoints_and_request_metrics() {
 
     let ok = r#"sluice_requests_total{model="acme/chat",status="200"}"#;
     let not_found = r#"sluice_requests_total{model="none",status="404"}"#;
-    assert_eq!(sluice.metric(ok), 0.0);
+    assert_eq!(sluice.metric_opt(ok), None, "counted before any request");
     for i in 0..3 {
         let r = sluice.chat(&chat_body(i % 2 == 1, ""));
         assert_eq!(r.status, 200);
@@ -709,15 +709,15 @@ fn admin_endpoints_and_request_metrics() {
     assert!(metrics.contains("# TYPE sluice_active_streams gauge"));
     let active = r#"sluice_active_streams{tenant="t"}"#;
     assert!(metrics.contains(active), "{metrics}");
-    assert_eq!(sluice.metric(active), 0.0);
+    assert_eq!(sluice.gauge(active), 0.0);
 
     // While a slow stream is open the gauge is 1, and back to 0 after.
     let mut s = sluice.chat_stream(&chat_body(true, r#"{"tokens":4,"token_delay_ms":250}"#));
     assert_eq!(s.status, 200);
     let _ = s.next_piece(Duration::from_secs(5));
-    assert_eq!(sluice.metric(active), 1.0);
+    assert_eq!(sluice.gauge(active), 1.0);
     let _ = s.read_to_end(Duration::from_secs(10));
-    assert!(eventually(Duration::from_secs(5), || sluice.metric(active) == 0.0));
+    assert!(eventually(Duration::from_secs(5), || sluice.gauge(active) == 0.0));
     assert!(eventually(Duration::from_secs(5), || sluice.metric(ok) == 4.0));
 }
 

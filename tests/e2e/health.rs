@@ -6,29 +6,30 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fallback::{body, chat_hits, config, eventually, wait_metric, Metrics, P};
+use crate::fallback::{body, chat_hits, config, eventually, Metrics, P};
 use crate::harness::{Mock, Sluice};
 
+/// The health gauge of `provider`'s route; panics when the series is absent.
 fn gauge(sluice: &Sluice, provider: &str) -> f64 {
-    Metrics::scrape(sluice).get(
+    let m = Metrics::scrape(sluice);
+    m.get_opt(
         "sluice_provider_health",
         &[
             ("provider", provider),
             ("route", &format!("{provider}/{provider}-model")),
         ],
     )
+    .unwrap_or_else(|| panic!("no health gauge for {provider}:\n{}", m.0))
 }
 
+/// Waits (up to 2 s) until the health gauge of `provider` reads `want`; the last value.
 fn wait_gauge(sluice: &Sluice, provider: &str, want: f64) -> f64 {
-    wait_metric(
-        sluice,
-        "sluice_provider_health",
-        &[
-            ("provider", provider),
-            ("route", &format!("{provider}/{provider}-model")),
-        ],
-        want,
-    )
+    let mut last = f64::NAN;
+    eventually(Duration::from_secs(2), || {
+        last = gauge(sluice, provider);
+        last == want
+    });
+    last
 }
 
 /// The mock's recorded probe requests (`GET .../models` and other `GET`s).

@@ -524,7 +524,9 @@ fn a_hundred_large_uploads_at_once_are_bounded_by_the_request_buffers() {
                     .unwrap_or(0);
                 peak_kib.fetch_max(rss, Ordering::AcqRel);
                 let text = crate::harness::get(admin, "/metrics", &[]).text();
-                let g = crate::harness::parse_metric(&text, "sluice_buffered_request_bytes");
+                // A peak sampler: an absent gauge reads 0 here (the peak is asserted later).
+                let g = crate::harness::parse_metric(&text, "sluice_buffered_request_bytes")
+                    .unwrap_or(0.0);
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 peak_gauge.fetch_max(g as u64, Ordering::AcqRel);
                 std::thread::sleep(Duration::from_millis(20));

@@ -178,6 +178,27 @@ impl RedisServer {
             .unwrap_or_else(|| panic!("not an integer reply: {r:?}"))
     }
 
+    /// Successful executions of `cmd` (lowercase, e.g. `evalsha`) since start, from
+    /// `INFO commandstats` (`calls` minus `failed_calls` and `rejected_calls`).
+    pub(crate) fn successful_calls(&self, cmd: &str) -> u64 {
+        let info = self
+            .command(&["INFO", "commandstats"])
+            .expect("redis answers INFO");
+        let Some(line) = info
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
+        else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            line.split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        field("calls") - field("failed_calls") - field("rejected_calls")
+    }
+
     /// Kills the process (the port then refuses connections).
     pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -254,6 +275,7 @@ fn two_replicas_share_one_sliding_window_limit() {
     warm(&a);
     warm(&b);
     mock.reset();
+    let checks_before = redis.successful_calls("evalsha");
 
     // Four clients alternate between the replicas for 1.5 windows: the first 60 are admitted
     // at once, the next 60 exactly as the first ones leave the window, no third batch.
@@ -332,7 +354,15 @@ fn two_replicas_share_one_sliding_window_limit() {
     );
     // Every admitted request reached the provider exactly once; every request got one answer.
     assert_eq!(mock.hits(), ok.len(), "admitted vs provider hits");
-    assert!(redis.int(&["ZCARD", LOG_KEY]) <= 60);
+    // Redis really decided: one check script per request (admitted or limited), and the
+    // shared log holds the last window's admissions (60 ± 2, as above), not 0.
+    assert_eq!(
+        redis.successful_calls("evalsha") - checks_before,
+        results.len() as u64,
+        "one EVALSHA per request"
+    );
+    let zcard = redis.int(&["ZCARD", LOG_KEY]);
+    assert!((58..=62).contains(&zcard), "ZCARD {zcard}");
     assert_eq!(
         a.metric("sluice_rejected_total{reason=\"tenant_rpm\"}") as usize
             + b.metric("sluice_rejected_total{reason=\"tenant_rpm\"}") as usize,
@@ -444,12 +474,22 @@ fn slow_redis_fails_open_within_the_timeout_and_the_late_write_is_taken_back() {
     for i in 0..10 {
         let t = Instant::now();
         let r = chat_as(a.addr, KEY, &small_body("acme/chat"));
+        let took = t.elapsed();
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
-        assert!(
-            t.elapsed() < Duration::from_millis(900),
-            "request {i} took {:?} (timeout_ms 100)",
-            t.elapsed()
-        );
+        eprintln!("request {i} with Redis paused: {took:?}");
+        if i == 0 {
+            // Waited for the 100 ms timeout, then failed open at once.
+            assert!(
+                took >= Duration::from_millis(100) && took < Duration::from_millis(300),
+                "request 0 took {took:?} (timeout_ms 100)"
+            );
+        } else {
+            // The backend is marked down: no wait on Redis at all.
+            assert!(
+                took < Duration::from_millis(100),
+                "request {i} took {took:?} (backend marked down)"
+            );
+        }
     }
     assert!(
         paused_at.elapsed() < Duration::from_millis(3000),
@@ -496,14 +536,15 @@ fn token_usage_is_settled_in_redis_and_limits_the_next_request() {
     );
     let a = Sluice::start(&cfg);
     let b = Sluice::start(&cfg);
+    // A 65-byte body: estimated at 16 input tokens (4 bytes a token).
     let body = small_body("acme/chat");
-    let estimate = (body.len() / 4) as i64;
+    assert_eq!(body.len(), 65);
     let r = chat_as(a.addr, KEY, &body);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-ratelimit-limit-tokens"), Some("100"));
     assert_eq!(
         r.header("x-ratelimit-remaining-tokens"),
-        Some((100 - estimate).to_string().as_str()),
+        Some("84"),
         "the estimate is charged at admission"
     );
     // The real usage (1 + 90) replaces the estimate, in Redis, shortly after the response.

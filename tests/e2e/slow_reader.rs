@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use crate::cancellation::{chat_body, chat_records, wait_chat};
-use crate::harness::client::sse_text;
-use crate::harness::{Mock, Sluice};
+use crate::harness::client::sse_events;
+use crate::harness::{Mock, Sluice, StreamReader};
 use crate::timeouts::config;
 
 const TOTAL: u64 = 50 * 1024 * 1024;
@@ -76,15 +76,55 @@ fn a_stalled_reader_blocks_the_upstream_and_bounds_memory() {
     while let Some(p) = s.next_piece(Duration::from_secs(10)) {
         body.extend_from_slice(&p);
     }
-    let text = sse_text(&body);
-    assert_eq!(text.len() % 1024, 0, "content tokens are 1 KiB each");
+    // Exactly the events the upstream sent, each intact: no loss, no duplicate. The same
+    // request straight to the mock (which is deterministic) gives the expected count.
+    let got = content_events(&body);
+    let direct = StreamReader::open(
+        mock.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat_body(true, &format!(r#"{{"total_bytes":{TOTAL}}}"#))
+            .replace("acme/chat", "mock-small-v1"),
+    )
+    .read_to_end(Duration::from_secs(30));
+    let want = content_events(&direct);
+    // 1 KiB tokens, each in an event of under 2 KiB, until 50 MiB of events are written.
     assert!(
-        text.len() as u64 > TOTAL * 8 / 10,
-        "{} bytes of text",
-        text.len()
+        (TOTAL as usize / 2048..=TOTAL as usize / 1024).contains(&want),
+        "{want} tokens straight from the mock"
     );
-    assert!(text.starts_with("lorem ipsum dolor sit amet lorem "));
+    assert_eq!(got, want, "content events through Sluice vs from the mock");
     assert!(body.ends_with(b"data: [DONE]\n\n"));
     let rec = wait_chat(&mock, 1, Duration::from_secs(5), |r| r["completed"] == true);
     assert!(rec["bytes_written"].as_u64().unwrap_or(0) >= TOTAL);
+}
+
+/// The 1 KiB text token the mock sends in `total_bytes` mode.
+fn bulk_token() -> String {
+    "lorem ipsum dolor sit amet ".repeat(38)[..1024].to_string()
+}
+
+/// Counts the content events of an SSE body, asserting each carries exactly one whole
+/// bulk token (a split, merged or damaged event fails).
+fn content_events(body: &[u8]) -> usize {
+    let token = bulk_token();
+    let mut n = 0;
+    for ev in sse_events(body) {
+        let Some(data) = ev.strip_prefix("data: ") else {
+            panic!("unexpected event {ev:?}");
+        };
+        if data == "[DONE]" {
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(data).unwrap_or_else(|e| panic!("bad event ({e}): {data}"));
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+            if c.is_empty() {
+                continue;
+            }
+            assert_eq!(c, token, "event {n} is not one whole token");
+            n += 1;
+        }
+    }
+    n
 }

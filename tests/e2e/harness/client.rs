@@ -124,7 +124,14 @@ pub struct StreamReader {
     pub head_at: Instant,
     chunked: bool,
     remaining: Option<usize>,
+    /// No more body will be read (ended cleanly or cut).
     done: bool,
+    /// The body ended by EOF before its framing said it would.
+    cut: bool,
+}
+
+fn eof(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, what.to_string())
 }
 
 impl StreamReader {
@@ -166,6 +173,7 @@ impl StreamReader {
             chunked,
             remaining,
             done,
+            cut: false,
         }
     }
 
@@ -177,37 +185,30 @@ impl StreamReader {
     }
 
     /// The next piece of body (one HTTP chunk, or whatever bytes arrived), `None` at the end.
-    /// Panics if nothing arrives within `timeout`.
+    /// Panics if nothing arrives within `timeout`, or if the body is cut (EOF before the
+    /// chunked terminator or the full Content-Length).
     pub fn next_piece(&mut self, timeout: Duration) -> Option<Vec<u8>> {
         self.try_next_piece(timeout)
             .unwrap_or_else(|e| panic!("reading body: {e}"))
     }
 
-    /// As [`next_piece`], returning the I/O error (timeouts are `WouldBlock`/`TimedOut`).
+    /// As [`next_piece`], returning the I/O error (timeouts are `WouldBlock`/`TimedOut`; a
+    /// cut body is `UnexpectedEof`, after which [`is_cut`](Self::is_cut) holds).
     pub fn try_next_piece(&mut self, timeout: Duration) -> std::io::Result<Option<Vec<u8>>> {
         if self.done {
             return Ok(None);
         }
         self.reader.get_ref().set_read_timeout(Some(timeout))?;
         if self.chunked {
-            let mut line = String::new();
-            if self.reader.read_line(&mut line)? == 0 {
-                self.done = true;
-                return Ok(None);
+            let r = self.next_chunk();
+            if let Err(e) = &r {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    // Nothing more can come: the body was cut.
+                    self.done = true;
+                    self.cut = true;
+                }
             }
-            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or("0"), 16)
-                .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
-            if size == 0 {
-                let mut end = String::new();
-                self.reader.read_line(&mut end)?;
-                self.done = true;
-                return Ok(None);
-            }
-            let mut buf = vec![0u8; size];
-            self.reader.read_exact(&mut buf)?;
-            let mut crlf = [0u8; 2];
-            self.reader.read_exact(&mut crlf)?;
-            return Ok(Some(buf));
+            return r;
         }
         let want = self.remaining.unwrap_or(64 * 1024).min(64 * 1024);
         if want == 0 {
@@ -218,6 +219,11 @@ impl StreamReader {
         let n = self.reader.read(&mut buf)?;
         if n == 0 {
             self.done = true;
+            if self.remaining.is_some() {
+                // EOF with Content-Length bytes still owed.
+                self.cut = true;
+                return Err(eof("EOF before the Content-Length was read"));
+            }
             return Ok(None);
         }
         buf.truncate(n);
@@ -230,13 +236,66 @@ impl StreamReader {
         Ok(Some(buf))
     }
 
-    /// Reads the rest of the body (each read bounded by `per_read`).
+    /// One HTTP chunk; `None` after the `0` chunk and its (empty) trailer section. EOF
+    /// anywhere before that is an `UnexpectedEof` error: a cut body, not an end.
+    fn next_chunk(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 || !line.ends_with('\n') {
+            return Err(eof("EOF before the chunked terminator"));
+        }
+        let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+            .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
+        if size == 0 {
+            // Trailer fields (none expected) until the empty line.
+            loop {
+                let mut t = String::new();
+                if self.reader.read_line(&mut t)? == 0 || !t.ends_with('\n') {
+                    return Err(eof("EOF inside the chunked trailer"));
+                }
+                if t == "\r\n" || t == "\n" {
+                    break;
+                }
+            }
+            self.done = true;
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; size];
+        self.reader.read_exact(&mut buf)?;
+        let mut crlf = [0u8; 2];
+        self.reader.read_exact(&mut crlf)?;
+        if &crlf != b"\r\n" {
+            return Err(std::io::Error::other(format!(
+                "chunk of {size} bytes not followed by CRLF: {crlf:?}"
+            )));
+        }
+        Ok(Some(buf))
+    }
+
+    /// Reads the rest of the body (each read bounded by `per_read`). Panics if the body is
+    /// cut (EOF before the chunked terminator or the full Content-Length).
     pub fn read_to_end(&mut self, per_read: Duration) -> Vec<u8> {
         let mut out = Vec::new();
         while let Some(p) = self.next_piece(per_read) {
             out.extend_from_slice(&p);
         }
         out
+    }
+
+    /// Reads the rest of a body that may be cut: everything read, and whether it ended
+    /// cleanly (`true`) or was cut by EOF (`false`). Other errors (timeouts) panic.
+    pub fn read_to_end_or_cut(&mut self, per_read: Duration) -> (Vec<u8>, bool) {
+        let mut out = Vec::new();
+        loop {
+            match self.try_next_piece(per_read) {
+                Ok(Some(p)) => out.extend_from_slice(&p),
+                Ok(None) => return (out, true),
+                Err(e) if self.cut => {
+                    let _ = e;
+                    return (out, false);
+                }
+                Err(e) => panic!("reading body: {e}"),
+            }
+        }
     }
 
     /// Reads until the body contains `needle` or ends; returns everything read.
@@ -251,9 +310,16 @@ impl StreamReader {
         out
     }
 
-    /// Whether the body ended cleanly (chunked terminator or full length seen).
+    /// Whether the body ended cleanly: the chunked terminator (`0` chunk and the empty
+    /// line after it) or the full Content-Length was read, or a close-delimited body hit
+    /// EOF. A body cut by EOF before its end is not done (see [`is_cut`](Self::is_cut)).
     pub fn is_done(&self) -> bool {
-        self.done
+        self.done && !self.cut
+    }
+
+    /// Whether the body was cut: EOF before the chunked terminator or the full length.
+    pub fn is_cut(&self) -> bool {
+        self.cut
     }
 
     /// Hangs up (closes the socket).

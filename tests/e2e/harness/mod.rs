@@ -222,10 +222,23 @@ impl Sluice {
         get(self.admin, "/metrics", &[]).text()
     }
 
-    /// Value of one metric sample line (exact name with labels, e.g.
-    /// `sluice_requests_total{model="m",status="200"}`), or 0.
+    /// Value of one counter sample line (exact name with labels, e.g.
+    /// `sluice_requests_total{model="m",status="200"}`), 0 when the series is absent (a
+    /// labelled counter appears with its first event). For gauges use [`Sluice::gauge`].
     pub fn metric(&self, sample: &str) -> f64 {
+        self.metric_opt(sample).unwrap_or(0.0)
+    }
+
+    /// Value of one sample line, `None` when the series is absent.
+    pub fn metric_opt(&self, sample: &str) -> Option<f64> {
         parse_metric(&self.metrics(), sample)
+    }
+
+    /// Value of one gauge sample line; panics when the series is absent (an absent gauge
+    /// is not 0).
+    pub fn gauge(&self, sample: &str) -> f64 {
+        let text = self.metrics();
+        parse_metric(&text, sample).unwrap_or_else(|| panic!("no series {sample} in:\n{text}"))
     }
 
     /// POST a chat completion with the test key.
@@ -324,15 +337,19 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Reads one sample value from Prometheus text.
-pub fn parse_metric(text: &str, sample: &str) -> f64 {
+/// Reads one sample value from Prometheus text: `None` when no line has exactly that
+/// series (name and labels), so an absent series is not mistaken for 0.
+pub fn parse_metric(text: &str, sample: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| {
             l.strip_prefix(sample)
                 .and_then(|rest| rest.strip_prefix(' '))
         })
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("bad value in {sample} {v}: {e}"))
+        })
 }
 
 /// A one-provider config: test key, tenant `t`, provider `p1` at `base_url`, model `acme/chat`

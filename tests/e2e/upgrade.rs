@@ -1,0 +1,277 @@
+//! Process management: the graceful upgrade (`sluice -u` takes the listening sockets over
+//! from the running process, which then gets SIGQUIT) and daemon mode (`-d` with a pid file
+//! and an error log).
+//!
+//! Pingora 0.9.1's mechanics (pingora-core `server/mod.rs`, `server/transfer_fd`): the new
+//! process binds `upgrade_sock` and waits up to 5 x 1 s for the old one; on SIGQUIT the old
+//! process sends its listening fds over that socket, keeps accepting for `CLOSE_TIMEOUT`
+//! (5 s) alongside the new one, then stops accepting, lets its open requests finish within
+//! `grace_period_seconds` and exits. The listening socket itself is never closed, so no
+//! connection is refused at any moment.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cancellation::chat_body;
+use crate::harness::client::sse_text;
+use crate::harness::{basic_config, get, Mock, Sluice, TempDir};
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn access_lines(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("sluice::access")).count()
+}
+
+#[test]
+fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
+    let mock = Mock::start(r#"{"tokens":1}"#);
+    let sock_dir = TempDir::new("upgrade");
+    let sock = sock_dir.path().join("upgrade.sock");
+    let extra = format!(
+        "  shutdown_grace_ms: 1000\n  upgrade_sock: {}\n  pid_file: {}\n",
+        sock.display(),
+        sock_dir.path().join("old.pid").display()
+    );
+    let mut old = Sluice::start(&basic_config(&mock.base_url(), &extra));
+    let addr = old.addr;
+
+    // An in-flight stream on the old process (~3 s), read to its end at the finish.
+    let mut stream = old.chat_stream(&chat_body(true, r#"{"tokens":30,"token_delay_ms":100}"#));
+    assert_eq!(stream.status, 200);
+
+    // Clients keep connecting through the whole hand-over; every request must be served.
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let clients = {
+        let (stop, served) = (stop.clone(), served.clone());
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                    Err(e) => failures.push(format!("connect: {e}")),
+                    Ok(s) => {
+                        drop(s);
+                        let r = crate::harness::post_json(
+                            addr,
+                            "/v1/chat/completions",
+                            &[("authorization", &format!("Bearer {}", crate::harness::KEY))],
+                            &chat_body(false, "{}"),
+                        );
+                        if r.status == 200 {
+                            served.fetch_add(1, Ordering::SeqCst);
+                        } else {
+                            failures.push(format!("{}: {}", r.status, r.text()));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            failures
+        })
+    };
+
+    // The new process: same config, `-u`. It waits on the upgrade socket for the old one.
+    let new_log_path = sock_dir.path().join("new.log");
+    let new_log = std::fs::File::create(&new_log_path).expect("log");
+    let mut new = Proc(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("-u")
+            .arg("-c")
+            .arg(&old.config_path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(new_log)
+            .spawn()
+            .expect("spawn sluice -u"),
+    );
+    assert!(
+        crate::harness::eventually(Duration::from_secs(5), || sock.exists()),
+        "sluice -u never bound the upgrade socket"
+    );
+    old.signal("QUIT");
+    let quit_at = Instant::now();
+
+    // The new process serves the listener: its access log shows requests while the old
+    // one is still alive (it keeps accepting for 5 s too) and after it has gone.
+    assert!(
+        crate::harness::eventually(Duration::from_secs(10), || {
+            access_lines(&std::fs::read_to_string(&new_log_path).unwrap_or_default()) > 0
+        }),
+        "the new process served nothing; its log:\n{}",
+        std::fs::read_to_string(&new_log_path).unwrap_or_default()
+    );
+    assert!(
+        new.0.try_wait().expect("wait").is_none(),
+        "sluice -u exited"
+    );
+
+    // The in-flight stream on the old process completes.
+    let body = stream.read_to_end(Duration::from_secs(10));
+    assert!(
+        stream.is_done(),
+        "the old process's stream ends with its terminator"
+    );
+    let want: String = (0..30).map(|i| format!("tok{i} ")).collect();
+    assert_eq!(sse_text(&body), want);
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+
+    // The old process exits: 5 s of shared accepting, then its grace period (2 s).
+    let status = old.wait_exit(Duration::from_secs(15));
+    eprintln!(
+        "old process exited {:?} after SIGQUIT: {status:?}",
+        quit_at.elapsed()
+    );
+    assert!(status.is_some(), "the old process did not exit");
+    let before = served.load(Ordering::SeqCst);
+    assert!(
+        crate::harness::eventually(Duration::from_secs(5), || served.load(Ordering::SeqCst)
+            >= before + 5),
+        "requests stopped being served after the old process exited"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let failures = clients.join().expect("client thread");
+    eprintln!(
+        "{} requests served during the upgrade",
+        served.load(Ordering::SeqCst)
+    );
+    assert!(
+        failures.is_empty(),
+        "failed during the upgrade: {failures:?}"
+    );
+    // Only the new process is left, and it answers.
+    let new_log = std::fs::read_to_string(&new_log_path).unwrap_or_default();
+    assert!(access_lines(&new_log) >= 5, "{new_log}");
+    assert_eq!(
+        get(old.admin, "/healthz", &[]).status,
+        200,
+        "the new process serves the admin listener too"
+    );
+}
+
+#[test]
+fn daemon_mode_writes_the_pid_file_serves_and_stops() {
+    let mock = Mock::start(r#"{"tokens":2}"#);
+    let dir = TempDir::new("daemon");
+    let pid_file = dir.path().join("sluice.pid");
+    let error_log = dir.path().join("error.log");
+    let port = crate::harness::free_port();
+    let admin = crate::harness::free_port();
+    let cfg = basic_config(
+        &mock.base_url(),
+        &format!(
+            "  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
+            pid_file.display(),
+            error_log.display(),
+            dir.path().join("upgrade.sock").display()
+        ),
+    )
+    .replace("{listen}", &format!("127.0.0.1:{port}"))
+    .replace("{admin}", &format!("127.0.0.1:{admin}"));
+    let cfg_path = dir.path().join("sluice.yaml");
+    std::fs::write(&cfg_path, cfg).expect("config");
+
+    // `-d`: the command returns once the daemon has forked off.
+    let t = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("-d")
+        .arg("-c")
+        .arg(&cfg_path)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run sluice -d");
+    assert!(status.success(), "sluice -d exited {status:?}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
+    // The pid file names a live process other than the one we started.
+    assert!(
+        crate::harness::eventually(Duration::from_secs(10), || std::fs::read_to_string(
+            &pid_file
+        )
+        .is_ok_and(|p| !p.trim().is_empty())),
+        "no pid file"
+    );
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // Stop it if the test fails below (only while that pid is still this daemon).
+    struct Kill(u32, std::path::PathBuf);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
+            let ours = String::from_utf8_lossy(&cmdline).contains(&*self.1.to_string_lossy());
+            if ours {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &self.0.to_string()])
+                    .status();
+            }
+        }
+    }
+    let guard = Kill(pid, cfg_path.clone());
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "pid {pid} is not running"
+    );
+
+    // It serves.
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    assert!(
+        crate::harness::eventually(Duration::from_secs(10), || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+        }),
+        "the daemon does not listen; error log:\n{}",
+        std::fs::read_to_string(&error_log).unwrap_or_default()
+    );
+    let r = crate::harness::post_json(
+        addr,
+        "/v1/chat/completions",
+        &[("authorization", &format!("Bearer {}", crate::harness::KEY))],
+        &chat_body(false, "{}"),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 ");
+
+    // Its log goes to the error log.
+    assert!(
+        crate::harness::eventually(Duration::from_secs(5), || access_lines(
+            &std::fs::read_to_string(&error_log).unwrap_or_default()
+        ) >= 1),
+        "error log:\n{}",
+        std::fs::read_to_string(&error_log).unwrap_or_default()
+    );
+
+    // SIGTERM stops it: the process goes away and the port refuses connections.
+    let ok = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -TERM {pid}");
+    assert!(
+        crate::harness::eventually(Duration::from_secs(15), || !std::path::Path::new(&format!(
+            "/proc/{pid}"
+        ))
+        .exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))),
+        "the daemon did not stop"
+    );
+    std::mem::forget(guard);
+    assert!(
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err(),
+        "the port still accepts after the daemon stopped"
+    );
+}
