@@ -226,19 +226,21 @@ fn max_stream_duration_ends_a_flowing_stream() {
 fn a_long_flowing_stream_outlives_the_waiting_phase_timers() {
     let mock = Mock::start("{}");
     let sluice = Sluice::start(&config(
-        "  first_byte_timeout_ms: 300\n  first_event_timeout_ms: 300\n  idle_timeout_ms: 1000\n",
+        // The waiting-phase timers are a quarter of the stream's length, with room for a
+        // loaded CI machine to deliver the first token late.
+        "  first_byte_timeout_ms: 600\n  first_event_timeout_ms: 600\n  idle_timeout_ms: 1500\n",
         &[("p1", &mock.base_url(), "")],
     ));
     let t = Instant::now();
-    let mut s = sluice.chat_stream(&chat_body(true, r#"{"tokens":15,"token_delay_ms":100}"#));
+    let mut s = sluice.chat_stream(&chat_body(true, r#"{"tokens":25,"token_delay_ms":100}"#));
     assert_eq!(s.status, 200);
     let body = read_all(&mut s);
     assert!(
-        t.elapsed() > Duration::from_millis(1400),
+        t.elapsed() > Duration::from_millis(2400),
         "{:?}",
         t.elapsed()
     );
-    let want: String = (0..15).map(|i| format!("tok{i} ")).collect();
+    let want: String = (0..25).map(|i| format!("tok{i} ")).collect();
     assert_eq!(sse_text(body.as_bytes()), want);
     assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
     assert!(!body.contains("event: error"), "{body}");
