@@ -496,6 +496,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             "must be at least 1024".into(),
         ));
     }
+    if server.max_event_bytes < 1024 {
+        return Err(main_err(
+            "server.max_event_bytes",
+            "must be at least 1024".into(),
+        ));
+    }
     if server.rate_limit_window_ms == 0 {
         return Err(main_err(
             "server.rate_limit_window_ms",
@@ -531,6 +537,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         default_timeouts: defaults,
         downstream_write_timeout: ms(server.downstream_write_timeout_ms.max(1)),
         max_buffered_bytes_per_stream: server.max_buffered_bytes_per_stream,
+        max_event_bytes: server.max_event_bytes,
         shutdown_grace: ms(server.shutdown_grace_ms),
         max_stream_duration: server.max_stream_duration_ms.map(ms),
         max_concurrent_upstream_requests: server.max_concurrent_upstream_requests,
@@ -592,7 +599,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             }
             routes.push(Route {
                 health_key: format!("{}/{}", provider.id, r.upstream_model),
-                rewriter: ModelRewriter::new(&r.upstream_model, &id),
+                rewriter: ModelRewriter::new(&id),
                 provider,
                 upstream_model: r.upstream_model,
                 priority: r.priority,

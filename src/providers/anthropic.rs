@@ -1109,6 +1109,8 @@ pub struct StreamTranslator {
     output_tokens: u64,
     /// (Anthropic content block index, OpenAI tool call index).
     tool_blocks: Vec<(u64, u32)>,
+    /// `message_delta` (the stop reason) was translated.
+    stopped: bool,
     finished: bool,
 }
 
@@ -1126,6 +1128,7 @@ impl StreamTranslator {
             input_tokens: 0,
             output_tokens: 0,
             tool_blocks: Vec::new(),
+            stopped: false,
             finished: false,
         }
     }
@@ -1139,6 +1142,38 @@ impl StreamTranslator {
     /// Whether `message_stop` has been seen (and `data: [DONE]` emitted).
     pub fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// Whether the answer's stop reason (`message_delta`) was translated: the answer is
+    /// complete even if the upstream body ends before `message_stop`.
+    pub fn has_stop_reason(&self) -> bool {
+        self.stopped
+    }
+
+    /// Ends the client stream as `message_stop` would (the usage chunk when asked for,
+    /// then `data: [DONE]`); for an upstream body that ended cleanly after
+    /// `message_delta` but before `message_stop`. Does nothing once finished.
+    ///
+    /// # Errors
+    /// [`TranslateError::Internal`] if the usage chunk cannot be serialized.
+    pub fn finish(&mut self, out: &mut BytesMut) -> Result<(), TranslateError> {
+        if self.finished {
+            return Ok(());
+        }
+        self.finished = true;
+        if self.include_usage {
+            let chunk = ChunkOut {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: &self.model,
+                choices: &[],
+                usage: Some(Some(UsageOut::new(self.input_tokens, self.output_tokens))),
+            };
+            write_event(out, &chunk)?;
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Ok(())
     }
 
     /// Translates one upstream SSE event, appending zero or more complete
@@ -1294,24 +1329,10 @@ impl StreamTranslator {
                     .as_ref()
                     .and_then(|d| opt_str(&d.stop_reason))
                     .unwrap_or("end_turn");
+                self.stopped = true;
                 self.write_chunk(out, DeltaOut::default(), Some(map_stop_reason(reason)))
             }
-            b"message_stop" => {
-                self.finished = true;
-                if self.include_usage {
-                    let chunk = ChunkOut {
-                        id: &self.id,
-                        object: "chat.completion.chunk",
-                        created: self.created,
-                        model: &self.model,
-                        choices: &[],
-                        usage: Some(Some(UsageOut::new(self.input_tokens, self.output_tokens))),
-                    };
-                    write_event(out, &chunk)?;
-                }
-                out.extend_from_slice(b"data: [DONE]\n\n");
-                Ok(())
-            }
+            b"message_stop" => self.finish(out),
             b"error" => Err(upstream_error(ev.error.as_ref())),
             _ => Ok(()), // ping, content_block_stop, future event types
         }

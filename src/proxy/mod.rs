@@ -13,6 +13,7 @@
 pub mod attempt;
 pub mod ctx;
 pub mod endpoints;
+mod pipe;
 pub mod request;
 pub mod respond;
 

@@ -18,5 +18,6 @@ mod sdk;
 mod shutdown;
 mod slow_reader;
 mod smoke;
+mod stream_integrity;
 mod streaming;
 mod timeouts;
