@@ -302,20 +302,35 @@ impl BodyEncoder {
     pub(crate) fn for_name(name: &str) -> (Option<BodyEncoder>, String) {
         use flate2::Compression;
         let enc = match name {
-            "gzip" => BodyEncoder::Gzip(flate2::write::GzEncoder::new(Vec::new(), Compression::default())),
-            "deflate" => BodyEncoder::Zlib(flate2::write::ZlibEncoder::new(Vec::new(), Compression::default())),
+            "gzip" => BodyEncoder::Gzip(flate2::write::GzEncoder::new(
+                Vec::new(),
+                Compression::default(),
+            )),
+            "deflate" => BodyEncoder::Zlib(flate2::write::ZlibEncoder::new(
+                Vec::new(),
+                Compression::default(),
+            )),
             "deflate-raw" => BodyEncoder::RawDeflate(flate2::write::DeflateEncoder::new(
                 Vec::new(),
                 Compression::default(),
             )),
-            "br" => BodyEncoder::Brotli(Box::new(brotli::CompressorWriter::new(Vec::new(), 4096, 5, 22))),
+            "br" => BodyEncoder::Brotli(Box::new(brotli::CompressorWriter::new(
+                Vec::new(),
+                4096,
+                5,
+                22,
+            ))),
             "zstd" => match zstd::stream::write::Encoder::new(Vec::new(), 3) {
                 Ok(e) => BodyEncoder::Zstd(e),
                 Err(_) => return (None, name.to_string()),
             },
             _ => return (None, name.to_string()),
         };
-        let header = if name == "deflate-raw" { "deflate" } else { name };
+        let header = if name == "deflate-raw" {
+            "deflate"
+        } else {
+            name
+        };
         (Some(enc), header.to_string())
     }
 

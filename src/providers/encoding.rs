@@ -302,7 +302,10 @@ mod tests {
 
     #[test]
     fn header_values() {
-        assert_eq!(ContentCoding::from_header(None), Ok(ContentCoding::Identity));
+        assert_eq!(
+            ContentCoding::from_header(None),
+            Ok(ContentCoding::Identity)
+        );
         assert_eq!(
             ContentCoding::from_header(Some(b" GZIP ")),
             Ok(ContentCoding::Gzip)

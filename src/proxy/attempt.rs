@@ -431,7 +431,17 @@ async fn attempt(
         )
         .await
     } else {
-        unary(connector, session, ctx, route, &target.peer, up, timeouts, coding).await
+        unary(
+            connector,
+            session,
+            ctx,
+            route,
+            &target.peer,
+            up,
+            timeouts,
+            coding,
+        )
+        .await
     }
 }
 

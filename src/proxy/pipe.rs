@@ -131,7 +131,8 @@ impl<'r> StreamPipe<'r> {
     fn push(&mut self, chunk: Option<&[u8]>) -> Result<(), PipeError> {
         let route = self.route;
         let provider = &route.provider.id;
-        let framing = |e: SseError| match e {
+        let framing = |e: SseError| {
+            match e {
             SseError::LineTooLong { limit_bytes } => PipeError::Framing {
                 reason: "event_too_large",
                 message: format!(
@@ -142,6 +143,7 @@ impl<'r> StreamPipe<'r> {
                 reason: "upstream_truncated",
                 message: format!("provider `{provider}` ended the stream in the middle of an event"),
             },
+        }
         };
         let decoded: Option<&[u8]> = match (&mut self.decoder, chunk) {
             (None, c) => c,
@@ -179,7 +181,12 @@ impl<'r> StreamPipe<'r> {
                     Err(anthropic::TranslateError::Upstream {
                         error_type,
                         message,
-                    }) => return Err(PipeError::Upstream { error_type, message }),
+                    }) => {
+                        return Err(PipeError::Upstream {
+                            error_type,
+                            message,
+                        })
+                    }
                     Err(e) => {
                         return Err(PipeError::Framing {
                             reason: "upstream_error",

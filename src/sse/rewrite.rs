@@ -30,7 +30,10 @@ impl ModelPath {
     /// # Panics
     /// At compile time (in a `const`) or construction if `keys` is empty.
     pub const fn new(keys: &'static [&'static str]) -> Self {
-        assert!(!keys.is_empty(), "a model path names at least the model member");
+        assert!(
+            !keys.is_empty(),
+            "a model path names at least the model member"
+        );
         ModelPath(keys)
     }
 }

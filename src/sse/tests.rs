@@ -257,8 +257,14 @@ fn invalid_utf8_replaced_and_counted() {
     let mut n = SseNormalizer::new(MAX);
     n.push(b"data: {\"c\":\"a\xC3(\xFFb\"}\n\n").unwrap();
     let ev = n.next_event().unwrap();
-    assert_eq!(ev.raw(), "data: {\"c\":\"a\u{FFFD}(\u{FFFD}b\"}\n\n".as_bytes());
-    assert_eq!(ev.data().unwrap().as_ref(), "{\"c\":\"a\u{FFFD}(\u{FFFD}b\"}".as_bytes());
+    assert_eq!(
+        ev.raw(),
+        "data: {\"c\":\"a\u{FFFD}(\u{FFFD}b\"}\n\n".as_bytes()
+    );
+    assert_eq!(
+        ev.data().unwrap().as_ref(),
+        "{\"c\":\"a\u{FFFD}(\u{FFFD}b\"}".as_bytes()
+    );
     assert_eq!(n.take_invalid_utf8(), 2);
     assert_eq!(n.take_invalid_utf8(), 0, "the counter restarts");
     // Valid text split inside a character across chunks is not touched.
@@ -286,7 +292,8 @@ fn invalid_utf8_replaced_and_counted() {
 
 #[test]
 fn invalid_utf8_same_in_any_chunking() {
-    let input = b"data: {\"a\":\"\xF0\x9F\xA6\x80 \xC3\xA9 \xC3 \xE2\x82\xAC\xFF\"}\n\ndata: [DONE]\n\n";
+    let input =
+        b"data: {\"a\":\"\xF0\x9F\xA6\x80 \xC3\xA9 \xC3 \xE2\x82\xAC\xFF\"}\n\ndata: [DONE]\n\n";
     let whole = run(&[input]);
     let expected = String::from_utf8_lossy(input).into_owned();
     assert_eq!(concat(&whole), expected.as_bytes());
@@ -382,7 +389,9 @@ fn rewrite_replaces_whatever_id_the_provider_answered() {
         "",
         "we\\\"ird",
     ] {
-        let body = format!(r#"{{"id":"x","object":"chat.completion","created":1,"model":"{answered}","choices":[]}}"#);
+        let body = format!(
+            r#"{{"id":"x","object":"chat.completion","created":1,"model":"{answered}","choices":[]}}"#
+        );
         assert_eq!(
             rw(&r, body.as_bytes()),
             br#"{"id":"x","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[]}"#,
