@@ -1944,6 +1944,36 @@ data: {"type": "message_stop"}
     }
 
     #[test]
+    fn stream_ended_after_message_delta_is_finished_once() {
+        let cut = TEXT_STREAM
+            .find("event: message_stop")
+            .expect("transcript has message_stop");
+        let id = "chatcmpl-msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY";
+        let mut t = StreamTranslator::new("claude-std", 1_700_000_000, true);
+        let events = run_stream(&mut t, &TEXT_STREAM[..cut]);
+        assert_eq!(events.len(), 4);
+        assert!(t.has_stop_reason());
+        assert!(!t.is_finished());
+        let mut out = BytesMut::new();
+        t.finish(&mut out).expect("finish");
+        let mut usage = chunk(id, Value::Null, Value::Null);
+        usage["choices"] = json!([]);
+        usage["usage"] = json!({"prompt_tokens": 25, "completion_tokens": 15, "total_tokens": 40});
+        assert_eq!(openai_events(&out), vec![usage, json!("[DONE]")]);
+        assert!(t.is_finished());
+        let mut again = BytesMut::new();
+        t.finish(&mut again).expect("finish");
+        assert!(again.is_empty(), "exactly one [DONE]");
+        // Before `message_delta` there is no stop reason: the answer is not complete.
+        let cut = TEXT_STREAM
+            .find("event: message_delta")
+            .expect("transcript has message_delta");
+        let mut t = StreamTranslator::new("claude-std", 1_700_000_000, false);
+        run_stream(&mut t, &TEXT_STREAM[..cut]);
+        assert!(!t.has_stop_reason());
+    }
+
+    #[test]
     fn stream_text_with_usage_and_without_event_names() {
         let mut t = StreamTranslator::new("claude-std", 1_700_000_000, true);
         let mut out = BytesMut::new();

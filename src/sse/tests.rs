@@ -594,6 +594,26 @@ fn content_detection() {
     assert!(!has_content(br#"{"note":"\"content\":\"x\""}"#));
 }
 
+#[test]
+fn finish_reason_detection() {
+    assert!(has_finish_reason(
+        br#"{"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}"#
+    ));
+    assert!(has_finish_reason(
+        br#"{"choices":[{"delta":{},"finish_reason" : "tool_calls"}]}"#
+    ));
+    assert!(!has_finish_reason(
+        br#"{"choices":[{"delta":{"content":"x"},"finish_reason":null}]}"#
+    ));
+    assert!(!has_finish_reason(
+        br#"{"choices":[{"delta":{"content":"x"}}]}"#
+    ));
+    assert!(!has_finish_reason(
+        br#"{"choices":[{"delta":{"content":"\"finish_reason\":\"stop\""}}]}"#
+    ));
+    assert!(!has_finish_reason(b"[DONE]"));
+}
+
 // ---------------------------------------------------------------- frames
 
 #[test]
