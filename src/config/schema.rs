@@ -87,8 +87,9 @@ pub struct ServerSection {
     /// Largest accepted request body in bytes (default 10 MiB); larger gets 413.
     #[serde(default = "default_max_request_body_bytes")]
     pub max_request_body_bytes: usize,
-    /// Largest non-streaming upstream response body Sluice buffers to rewrite, in bytes
-    /// (default 32 MiB); a larger one fails with 502.
+    /// Largest non-streaming upstream response body Sluice buffers to rewrite, in bytes, after
+    /// content decoding (default 32 MiB); a larger one fails with 502 and the error code
+    /// `upstream_response_too_large`, its message naming this limit.
     #[serde(default = "default_max_response_body_bytes")]
     pub max_response_body_bytes: usize,
     /// Default TCP + TLS connect timeout to a provider, ms (default 10000).

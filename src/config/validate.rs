@@ -812,6 +812,24 @@ mod tests {
     }
 
     #[test]
+    fn max_event_bytes_is_its_own_limit() {
+        let c = load_str(MINIMAL).unwrap();
+        assert_eq!(c.server.max_event_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.server.max_buffered_bytes_per_stream, 65_536);
+        let set = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  max_event_bytes: 300000\n",
+        );
+        assert_eq!(load_str(&set).unwrap().server.max_event_bytes, 300_000);
+        let bad = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  max_event_bytes: 100\n",
+        );
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, "server.max_event_bytes", "{e}");
+    }
+
+    #[test]
     fn unknown_key_is_an_error_with_line() {
         let bad = MINIMAL.replace("  admin_listen", "  admn_listen");
         let e = load_str(&bad).unwrap_err();

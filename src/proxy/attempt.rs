@@ -464,7 +464,9 @@ async fn upstream_error(
             ContentCoding::from_header(h.headers.get("content-encoding").map(|v| v.as_bytes()))
         })
         .and_then(Result::ok);
-    let mut decoder = coding.and_then(|c| Decoder::new(c).ok());
+    let mut decoder = coding
+        .filter(|c| *c != ContentCoding::Identity)
+        .and_then(|c| Decoder::new(c).ok());
     let read_all = async {
         loop {
             let chunk = match up.read_response_body().await {
