@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice::sse::{extract_usage, has_content, has_finish_reason, ModelRewriter, SseNormalizer};
+use sluice::sse::{
+    extract_usage, has_content, has_finish_reason, EchoMemo, ModelRewriter, SseNormalizer,
+};
 
 /// System allocator that counts allocations (alloc + realloc calls).
 struct CountingAlloc;
@@ -105,6 +107,7 @@ fn chunked(input: &[u8], size: usize) -> Vec<&[u8]> {
 struct Pipeline {
     norm: SseNormalizer,
     rewriter: ModelRewriter,
+    memo: EchoMemo,
     out: BytesMut,
 }
 
@@ -113,6 +116,7 @@ impl Pipeline {
         Pipeline {
             norm: SseNormalizer::new(MAX_EVENT),
             rewriter: ModelRewriter::new(STANDARD),
+            memo: EchoMemo::default(),
             out: BytesMut::with_capacity(8 * 1024),
         }
     }
@@ -140,7 +144,8 @@ impl Pipeline {
                         black_box(has_finish_reason(&data));
                     }
                 }
-                self.rewriter.rewrite_event(&ev, &mut self.out);
+                self.rewriter
+                    .rewrite_event(&ev, &mut self.memo, &mut self.out);
             }
             if !self.out.is_empty() {
                 let frame = self.out.split().freeze();
@@ -151,7 +156,8 @@ impl Pipeline {
         if self.norm.finish().is_ok() {
             while let Some(ev) = self.norm.next_event() {
                 events += 1;
-                self.rewriter.rewrite_event(&ev, &mut self.out);
+                self.rewriter
+                    .rewrite_event(&ev, &mut self.memo, &mut self.out);
             }
         }
         sent += self.out.split().freeze().len();

@@ -47,6 +47,8 @@ pub(super) struct StreamPipe<'r> {
     normalizer: SseNormalizer,
     route: &'r Route,
     translator: Option<anthropic::StreamTranslator>,
+    /// Where this stream's events name the model (see [`sse::EchoMemo`]).
+    echo: sse::EchoMemo,
     /// Output for the client, taken with [`take`](Self::take).
     pub out: BytesMut,
     /// Data events that produced client output.
@@ -94,6 +96,7 @@ impl<'r> StreamPipe<'r> {
             normalizer: SseNormalizer::new(max_event_bytes),
             route,
             translator,
+            echo: sse::EchoMemo::default(),
             // Small: thousands of held streams each own one; it grows with the events.
             out: BytesMut::with_capacity(512),
             data_events: 0,
@@ -236,7 +239,9 @@ impl<'r> StreamPipe<'r> {
             if let Some(u) = sse::extract_usage(&data) {
                 self.usage = Some(u);
             }
-            self.route.rewriter.rewrite_event(&ev, &mut self.out);
+            self.route
+                .rewriter
+                .rewrite_event(&ev, &mut self.echo, &mut self.out);
         }
         Ok(())
     }

@@ -37,7 +37,7 @@ mod usage;
 mod tests;
 
 pub use normalize::{SseError, SseEvent, SseNormalizer};
-pub use rewrite::{ModelPath, ModelRewriter};
+pub use rewrite::{EchoMemo, ModelPath, ModelRewriter};
 pub use usage::{extract_usage, has_content, has_finish_reason, Usage};
 
 use bytes::Bytes;

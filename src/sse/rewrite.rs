@@ -52,7 +52,9 @@ impl ModelPath {
 /// one `extend_from_slice`. Only a string value is replaced (a `null` or malformed value is
 /// left alone); its spacing and the rest of the text stay byte for byte.
 ///
-/// Allocation-free: the output goes into the caller's reused buffer.
+/// Allocation-free: the output goes into the caller's reused buffer. Per stream, an
+/// [`EchoMemo`] makes the common case a byte comparison: the events of one stream name the
+/// model behind the same bytes (`data: {"id":"chatcmpl-…","object":…,"created":…,"model":`).
 #[derive(Debug, Clone)]
 pub struct ModelRewriter {
     path: ModelPath,
@@ -89,15 +91,38 @@ impl ModelRewriter {
     /// with the model member of its data payload replaced. The JSON is the event's data:
     /// one `data:` line (the hot path, scanned in place), or several joined with `\n` (the
     /// member is located in the joined text and mapped back to its line).
-    pub fn rewrite_event(&self, ev: &SseEvent<'_>, out: &mut BytesMut) {
+    ///
+    /// `memo` is the stream's [`EchoMemo`]: when the event's bytes up to where the previous
+    /// event's model value began are the same, the value begins there too (the scan is a
+    /// left-to-right function of those bytes), so only its end is searched.
+    pub fn rewrite_event(&self, ev: &SseEvent<'_>, memo: &mut EchoMemo, out: &mut BytesMut) {
         let raw = ev.raw();
         let span = match ev.data_line_count() {
             0 => None,
             1 => {
                 let (da, db) = ev.first_data_span();
-                raw.get(da..db)
-                    .and_then(|d| locate(d, self.path.0))
-                    .map(|(a, b)| (da + a, da + b))
+                let data_end = raw.get(..db).unwrap_or_default();
+                let p = memo.prefix.len();
+                let remembered = (p > da && data_end.get(p) == Some(&b'"'))
+                    .then(|| raw.get(..p))
+                    .flatten()
+                    .filter(|head| *head == memo.prefix.as_slice())
+                    .and_then(|_| string_end(data_end, p))
+                    .map(|end| (p, end));
+                remembered.or_else(|| {
+                    let found = raw
+                        .get(da..db)
+                        .and_then(|d| locate(d, self.path.0))
+                        .map(|(a, b)| (da + a, da + b));
+                    memo.prefix.clear();
+                    if let Some((a, _)) = found {
+                        if a <= MEMO_MAX_BYTES {
+                            memo.prefix
+                                .extend_from_slice(raw.get(..a).unwrap_or_default());
+                        }
+                    }
+                    found
+                })
             }
             _ => locate_multi_line(ev, self.path.0),
         };
@@ -114,6 +139,17 @@ impl ModelRewriter {
         out.extend_from_slice(&self.replacement);
         out.extend_from_slice(input.get(b..).unwrap_or_default());
     }
+}
+
+/// Longest event prefix an [`EchoMemo`] keeps, bytes.
+const MEMO_MAX_BYTES: usize = 512;
+
+/// Per-stream memo of [`ModelRewriter::rewrite_event`]: the raw bytes of the last event up
+/// to where its model value began (at most 512 bytes; empty when it had none). Reused, so
+/// it allocates once per stream.
+#[derive(Debug, Default, Clone)]
+pub struct EchoMemo {
+    prefix: Vec<u8>,
 }
 
 /// The model span of a multi-line data event, in raw event coordinates.

@@ -372,8 +372,9 @@ fn rw_events(r: &ModelRewriter, stream: &[u8]) -> Vec<u8> {
     let mut n = SseNormalizer::new(MAX);
     n.push(stream).unwrap();
     let mut out = BytesMut::new();
+    let mut memo = EchoMemo::default();
     while let Some(ev) = n.next_event() {
-        r.rewrite_event(&ev, &mut out);
+        r.rewrite_event(&ev, &mut memo, &mut out);
     }
     out.to_vec()
 }
@@ -468,6 +469,32 @@ fn rewrite_at_a_nested_path() {
     ] {
         assert_eq!(rw(&r, s), s.to_vec());
     }
+}
+
+#[test]
+fn rewrite_memo_hits_only_on_the_same_prefix() {
+    let r = ModelRewriter::new("std");
+    let stream = b"data: {\"id\":\"a\",\"model\":\"x1\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"x2-longer\",\"n\":1}\n\n\
+        data: {\"id\":\"a\",\"model\":null}\n\n\
+        data: {\"id\":\"a\",\"model\":\"q\\\"x\\\\\"}\n\n\
+        data: {\"id\":\"bb\",\"model\":\"x\"}\n\n\
+        data: {\"id\":\"a\",\"model\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"unterminated}\n\n\
+        data: {\"id\":\"a\",\"model\":\"x3\"}\n\n";
+    assert_eq!(
+        String::from_utf8_lossy(&rw_events(&r, stream)),
+        String::from_utf8_lossy(
+            b"data: {\"id\":\"a\",\"model\":\"std\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"std\",\"n\":1}\n\n\
+        data: {\"id\":\"a\",\"model\":null}\n\n\
+        data: {\"id\":\"a\",\"model\":\"std\"}\n\n\
+        data: {\"id\":\"bb\",\"model\":\"std\"}\n\n\
+        data: {\"id\":\"a\",\"model\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"unterminated}\n\n\
+        data: {\"id\":\"a\",\"model\":\"std\"}\n\n"
+        )
+    );
 }
 
 #[test]
