@@ -175,7 +175,7 @@ pub struct Behavior {
     /// terminator (OpenAI: no `[DONE]`; Anthropic: no `message_stop`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_done: Option<bool>,
-    /// Compress chat answers with this `Content-Encoding`: `gzip`, `deflate` (zlib),
+    /// Compress chat answers and error bodies with this `Content-Encoding`: `gzip`, `deflate` (zlib),
     /// `deflate-raw` (raw deflate sent as `deflate`), `br`, `zstd`; any other name is sent
     /// as the header over an uncompressed body. Streams are flushed after every event.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -406,9 +406,19 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         if let Some(s) = b.retry_after_s {
             h.push(("Retry-After".into(), s.to_string()));
         }
+        let mut body = body.as_bytes().to_vec();
+        if let Some(name) = &b.content_encoding {
+            let (enc, header) = BodyEncoder::for_name(name);
+            if let Some(mut enc) = enc {
+                let mut coded = enc.encode(&body)?;
+                coded.extend_from_slice(&enc.finish()?);
+                body = coded;
+            }
+            h.push(("Content-Encoding".into(), header));
+        }
         out.head(*status, &h, Framing::Length(body.len()), close)
             .await?;
-        write_body(out, body.as_bytes(), b.split_mode()).await?;
+        write_body(out, &body, b.split_mode()).await?;
         out.finish().await?;
         return Ok(After::Keep);
     }

@@ -363,6 +363,22 @@ fn compressed_answers_are_decoded_stream_and_not() {
 }
 
 #[test]
+fn a_compressed_error_body_is_decoded_into_the_client_error() {
+    let mock = Mock::start(
+        r#"{"status":400,"error_message":"max_tokens is too large","content_encoding":"br"}"#,
+    );
+    let sluice = openai(&mock, "");
+    let r = sluice.chat(&chat_body("acme/chat", false));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["message"],
+        "max_tokens is too large",
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
 fn an_unknown_content_coding_is_an_honest_error() {
     let mock = Mock::start(r#"{"tokens":2,"content_encoding":"compress"}"#);
     let sluice = openai(&mock, "");
