@@ -4,8 +4,10 @@
 //! - `sluice -t -c FILE`: validate `FILE`, exit 0, or non-zero with `file:line:col: key: message`.
 //! - `-d` (daemonize) and `-u` (graceful upgrade: take over the listeners of a running Sluice)
 //!   are passed to Pingora.
+//! - `sluice key new --tenant T [--name N]`: print a fresh virtual key (first line) and the
+//!   line `key_sha256: <64 hex>` to put in the config; needs no config file.
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// Command line arguments.
 #[derive(Debug, Parser)]
@@ -33,6 +35,34 @@ pub struct Args {
     /// `server.upgrade_sock`); then send the old process SIGQUIT yourself (`kill -QUIT <pid>`).
     #[arg(short = 'u', long = "upgrade")]
     pub upgrade: bool,
+    /// A tool instead of the gateway (the flags above are then ignored).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Virtual keys.
+    Key {
+        /// What to do with keys.
+        #[command(subcommand)]
+        action: KeyAction,
+    },
+}
+
+/// `sluice key ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeyAction {
+    /// Print a fresh random virtual key and its `key_sha256:` line for the config.
+    New {
+        /// The tenant the key will belong to (`virtual_keys[].tenant`).
+        #[arg(long)]
+        tenant: String,
+        /// A label for logs (`virtual_keys[].name`).
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 impl Args {
@@ -45,5 +75,107 @@ impl Args {
             test: false,
             conf: None,
         }
+    }
+}
+
+/// Prefix of every generated virtual key (the demo key `sk-sluice-demo-0001` has it too).
+pub const KEY_PREFIX: &str = "sk-sluice-";
+
+/// Random bytes in a generated key (192 bits, printed as 48 hex digits).
+const KEY_RANDOM_BYTES: usize = 24;
+
+/// A generated virtual key: the secret for the client and what the config stores.
+#[derive(Debug)]
+pub struct NewKey {
+    /// `sk-sluice-<48 hex>`, from the OS CSPRNG.
+    pub key: String,
+    /// Lowercase hex SHA-256 of `key` (the config's `key_sha256`).
+    pub sha256_hex: String,
+}
+
+impl NewKey {
+    /// A fresh key from the operating system's CSPRNG (`getrandom`).
+    ///
+    /// # Errors
+    /// When the OS random source fails.
+    pub fn generate() -> Result<Self, getrandom::Error> {
+        let mut bytes = [0u8; KEY_RANDOM_BYTES];
+        getrandom::fill(&mut bytes)?;
+        let key = format!("{KEY_PREFIX}{}", hex::encode(bytes));
+        let sha256_hex = hex::encode(crate::auth::hash_key(&key));
+        Ok(Self { key, sha256_hex })
+    }
+
+    /// What `sluice key new` prints on stdout: the key on the first line, then the line
+    /// `key_sha256: <64 hex>` (a contract: scripts read both lines).
+    pub fn stdout_text(&self) -> String {
+        format!("{}\nkey_sha256: {}\n", self.key, self.sha256_hex)
+    }
+
+    /// The `virtual_keys:` entry for the config (printed on stderr as a hint).
+    pub fn config_entry(&self, tenant: &str, name: Option<&str>) -> String {
+        #[derive(serde::Serialize)]
+        struct Entry<'a> {
+            key_sha256: &'a str,
+            tenant: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            name: Option<&'a str>,
+        }
+        let yaml = serde_yaml::to_string(&[Entry {
+            key_sha256: &self.sha256_hex,
+            tenant,
+            name,
+        }])
+        .unwrap_or_default();
+        let mut out = String::from(
+            "# add under virtual_keys: in the config (only the hash is stored; the key is shown once):\n",
+        );
+        for line in yaml.lines() {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_key_is_prefixed_random_hex_and_its_hash_is_the_auth_hash() {
+        let a = NewKey::generate().expect("getrandom");
+        let b = NewKey::generate().expect("getrandom");
+        assert_ne!(a.key, b.key);
+        let hex_part = a.key.strip_prefix(KEY_PREFIX).expect("prefix");
+        assert_eq!(hex_part.len(), 48);
+        assert!(hex_part.bytes().all(|c| c.is_ascii_hexdigit()));
+        // sha256("sk-sluice-demo-0001"), computed independently with sha256sum.
+        let demo = NewKey {
+            key: "sk-sluice-demo-0001".into(),
+            sha256_hex: hex::encode(crate::auth::hash_key("sk-sluice-demo-0001")),
+        };
+        assert_eq!(demo.sha256_hex, DEMO_KEY_SHA256);
+        let text = a.stdout_text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [a.key.clone(), format!("key_sha256: {}", a.sha256_hex)]
+        );
+    }
+
+    const DEMO_KEY_SHA256: &str =
+        "876389d64ee43161647cb785948a38a8434cad3fc882c9990e90896392b3cab6";
+
+    #[test]
+    fn the_config_entry_is_yaml_for_virtual_keys() {
+        let k = NewKey::generate().expect("getrandom");
+        let entry = k.config_entry("team-a", Some("ci: bot"));
+        let yaml = entry.lines().skip(1).collect::<Vec<_>>().join("\n");
+        let v: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("yaml");
+        assert_eq!(v[0]["key_sha256"].as_str(), Some(k.sha256_hex.as_str()));
+        assert_eq!(v[0]["tenant"].as_str(), Some("team-a"));
+        assert_eq!(v[0]["name"].as_str(), Some("ci: bot"));
     }
 }

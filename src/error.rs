@@ -41,6 +41,9 @@ pub enum GatewayError {
         /// The configured limit, bytes.
         limit_bytes: usize,
     },
+    /// 408: the request body did not arrive within `server.body_read_timeout_ms`.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// 429: a tenant limit.
     #[error("{message}")]
     RateLimited {
@@ -117,6 +120,7 @@ impl GatewayError {
             Self::NotFound { .. } => 404,
             Self::MethodNotAllowed(_) => 405,
             Self::PayloadTooLarge { .. } => 413,
+            Self::RequestTimeout(_) => 408,
             Self::RateLimited { .. } => 429,
             Self::Overloaded { .. } | Self::NoRoute { .. } => 503,
             Self::UpstreamUnavailable { .. } => 502,
@@ -132,7 +136,8 @@ impl GatewayError {
             Self::InvalidRequest { .. }
             | Self::NotFound { .. }
             | Self::MethodNotAllowed(_)
-            | Self::PayloadTooLarge { .. } => "invalid_request_error",
+            | Self::PayloadTooLarge { .. }
+            | Self::RequestTimeout(_) => "invalid_request_error",
             Self::InvalidVirtualKey(_) => "authentication_error",
             Self::PermissionDenied(_) => "permission_error",
             Self::RateLimited { .. } => "rate_limit_error",
@@ -153,6 +158,7 @@ impl GatewayError {
             Self::NotFound { code, .. } => Some(code),
             Self::MethodNotAllowed(_) => Some("method_not_allowed"),
             Self::PayloadTooLarge { .. } => Some("request_too_large"),
+            Self::RequestTimeout(_) => Some("request_timeout"),
             Self::RateLimited { reason, .. } | Self::Overloaded { reason, .. } => Some(reason),
             Self::NoRoute { .. } => Some("no_route_available"),
             Self::UpstreamUnavailable { .. } => Some("upstream_unavailable"),
@@ -192,6 +198,7 @@ impl GatewayError {
             Self::NotFound { .. } => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::RequestTimeout(_) => "request_timeout",
             Self::RateLimited { reason, .. } | Self::Overloaded { reason, .. } => reason,
             Self::NoRoute { .. } => "no_route",
             Self::UpstreamUnavailable { .. } => "upstream_unavailable",

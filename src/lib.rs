@@ -9,10 +9,10 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`cli`] | the command line contract (`-c`, `-t`, `-d`, `-u`) |
+//! | [`cli`] | the command line contract (`-c`, `-t`, `-d`, `-u`; `key new`) |
 //! | [`config`] | YAML schema, validation with file:line:key errors, hot reload |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
-//! | [`proxy`] | the one `ProxyHttp` impl, endpoints, the attempt loop, the per-stream pipe |
+//! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the per-stream pipe |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`providers`] | peers, upstream request heads, content decoding, OpenAI/Anthropic wire formats, the demo provider |
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
@@ -21,7 +21,7 @@
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` |
-//! | [`mock_upstream`] | the mock provider used by tests, benches and the demo |
+//! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
 //!
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`], [`backpressure`], [`routing`], [`proxy::attempt`] (which calls

@@ -1,14 +1,31 @@
 //! The `sluice` binary: parse the command line, load and validate the config, then run the
-//! Pingora server (or, with `-t`, only validate).
+//! Pingora server (or, with `-t`, only validate; or run a tool subcommand such as
+//! `sluice key new`).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice::cli::Args;
+use sluice::cli::{Args, Command, KeyAction, NewKey};
 use sluice::config::Config;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Key {
+        action: KeyAction::New { tenant, name },
+    }) = &args.command
+    {
+        return match NewKey::generate() {
+            Ok(k) => {
+                print!("{}", k.stdout_text());
+                eprint!("{}", k.config_entry(tenant, name.as_deref()));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice: cannot read the OS random source: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let cfg = match Config::load(std::path::Path::new(&args.conf)) {
         Ok(c) => c,
         Err(e) => {
@@ -17,6 +34,9 @@ fn main() -> ExitCode {
         }
     };
     if args.test {
+        for w in cfg.warnings() {
+            eprintln!("sluice: warning: {w}");
+        }
         println!(
             "sluice: config {} is valid ({} models, {} providers, {} virtual keys)",
             args.conf,
@@ -27,6 +47,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     sluice::logging::init(cfg.server.log_format);
+    for w in cfg.warnings() {
+        log::warn!("{w}");
+    }
     match sluice::server::build(cfg, &args) {
         Ok(server) => server.run_forever(),
         Err(e) => {

@@ -54,7 +54,8 @@ pub struct Metrics {
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
     /// `sluice_rejected_total{reason}`: admission rejections
-    /// (`queue_full`, `queue_timeout`, `tenant_rpm`, `tenant_tpm`, `tenant_concurrency`).
+    /// (`queue_full`, `queue_timeout`, `tenant_rpm`, `tenant_tpm`, `tenant_concurrency`,
+    /// `request_buffers_full`).
     pub rejected_total: IntCounterVec,
     /// `sluice_admission_queue_depth`: requests waiting for a slot.
     pub admission_queue_depth: IntGauge,
@@ -62,6 +63,15 @@ pub struct Metrics {
     pub admission_wait_seconds: Histogram,
     /// `sluice_ratelimit_backend_errors_total`: Redis checks that failed or timed out (fail-open).
     pub ratelimit_backend_errors_total: IntCounterVec,
+    /// `sluice_buffered_request_bytes`: memory reserved for request bodies now (announced
+    /// `Content-Length` of bodies being read, chunked bodies so far, and bodies held for
+    /// their upstream attempts; each body byte counts twice, see
+    /// [`crate::backpressure::buffers`]), bounded by `server.max_buffered_request_bytes`.
+    pub buffered_request_bytes: IntGauge,
+    /// `sluice_request_read_aborts_total{phase,reason}`: requests that never fully arrived:
+    /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
+    /// `body_read_timeout_ms` passed) or `closed` (the client hung up or reset mid-way).
+    pub request_read_aborts_total: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -163,6 +173,15 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Distributed rate-limit checks that failed or timed out (served by the local limiter).",
             &["kind"]
         )?,
+        buffered_request_bytes: register_int_gauge!(
+            "sluice_buffered_request_bytes",
+            "Memory reserved for request bodies now, bytes (each body byte counts twice; bounded by server.max_buffered_request_bytes)."
+        )?,
+        request_read_aborts_total: register_int_counter_vec!(
+            "sluice_request_read_aborts_total",
+            "Requests whose head or body never fully arrived, by phase (head, body) and reason (timeout, closed).",
+            &["phase", "reason"]
+        )?,
     })
 }
 
@@ -178,8 +197,15 @@ fn init_known_series(m: &Metrics) {
         "tenant_rpm",
         "tenant_tpm",
         "tenant_concurrency",
+        "request_buffers_full",
     ] {
         m.rejected_total.with_label_values(&[reason]);
+    }
+    for phase in ["head", "body"] {
+        for reason in ["timeout", "closed"] {
+            m.request_read_aborts_total
+                .with_label_values(&[phase, reason]);
+        }
     }
     for phase in [
         "queued",
@@ -194,6 +220,63 @@ fn init_known_series(m: &Metrics) {
     }
     for kind in ["timeout", "error", "unavailable", "settle"] {
         m.ratelimit_backend_errors_total.with_label_values(&[kind]);
+    }
+}
+
+/// Every `reason` label of [`crate::error::AttemptFailure::label`] (fallbacks, attempts).
+const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
+    "connect",
+    "first_byte_timeout",
+    "first_event_timeout",
+    "status_429",
+    "status_5xx",
+    "status_4xx",
+    "protocol",
+];
+
+/// The `reason`s of same-route retries (only connect failures and 502/503 are retried).
+const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
+
+/// Creates at 0 the series whose label sets the config determines, so that dashboards and
+/// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
+/// `sluice_heartbeats_total`, `sluice_upstream_attempts_total` and `sluice_tokens_total`
+/// before their first event. Called at startup and after every successful reload (series of
+/// providers or models removed by a reload stay, at their last value).
+///
+/// Fallback series: for every standard model, every ordered pair of distinct route
+/// providers × every attempt failure reason (fallback order depends on the strategy and on
+/// health, so any route may follow any other).
+pub fn init_config_series(cfg: &crate::config::Config) {
+    let m = metrics();
+    for id in cfg.providers.keys() {
+        let p = id.as_str();
+        m.heartbeats_total.with_label_values(&[p]);
+        m.upstream_attempts_total.with_label_values(&[p, "ok"]);
+        for reason in ATTEMPT_FAILURE_LABELS {
+            m.upstream_attempts_total.with_label_values(&[p, reason]);
+        }
+        for reason in RETRY_LABELS {
+            m.upstream_retries_total.with_label_values(&[p, reason]);
+        }
+    }
+    for (model_id, model) in &cfg.models {
+        for direction in ["input", "output"] {
+            m.tokens_total
+                .with_label_values(&[model_id.as_str(), direction]);
+        }
+        let providers: std::collections::BTreeSet<&str> = model
+            .routes
+            .iter()
+            .map(|r| r.provider.id.as_str())
+            .collect();
+        for from in &providers {
+            for to in providers.iter().filter(|to| *to != from) {
+                for reason in ATTEMPT_FAILURE_LABELS {
+                    m.fallback_total
+                        .with_label_values(&[model_id.as_str(), from, to, reason]);
+                }
+            }
+        }
     }
 }
 
@@ -234,6 +317,30 @@ pub fn render() -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::AttemptFailure;
+
+    #[test]
+    fn the_zero_series_cover_every_attempt_failure_label() {
+        for f in [
+            AttemptFailure::Connect,
+            AttemptFailure::FirstByteTimeout,
+            AttemptFailure::FirstEventTimeout,
+            AttemptFailure::Status(429),
+            AttemptFailure::Status(503),
+            AttemptFailure::Status(404),
+            AttemptFailure::Protocol,
+        ] {
+            assert!(
+                super::ATTEMPT_FAILURE_LABELS.contains(&f.label()),
+                "{}",
+                f.label()
+            );
+        }
+        for f in [AttemptFailure::Connect, AttemptFailure::Status(502)] {
+            assert!(super::RETRY_LABELS.contains(&f.label()), "{}", f.label());
+        }
+    }
+
     #[test]
     fn renders_registered_names() {
         super::metrics()

@@ -1,6 +1,7 @@
 //! Owns process assembly: the Pingora `Server` with its `ServerConf` derived from our YAML,
 //! the proxy service (the [`Gateway`]), the admin service, and background services (hot
-//! reload, the demo provider, active health probes, graceful stream shutdown).
+//! reload, rate-limit sync, active health probes, graceful stream shutdown). The built-in
+//! demo provider needs no service: it is reached in process (see [`crate::providers::demo`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use crate::backpressure::Admission;
 use crate::cli::Args;
 use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigHandle};
-use crate::providers::demo::DemoProvider;
+use crate::proxy::connection::DownstreamApp;
 use crate::proxy::Gateway;
 use crate::routing::probe::HealthProber;
 use crate::shutdown::StreamShutdown;
@@ -29,9 +30,6 @@ const DOWNSTREAM_L4_READ_BUFFER: usize = 0;
 /// Errors assembling the server.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The demo provider's loopback socket could not be bound.
-    #[error("cannot start the demo provider: {0}")]
-    Demo(std::io::Error),
     /// Pingora refused its configuration.
     #[error("cannot start the server: {0}")]
     Pingora(String),
@@ -80,32 +78,40 @@ fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
 /// Builds the server; `run_forever` it next.
 ///
 /// # Errors
-/// [`StartError`] when a listener or the demo provider cannot be set up.
+/// [`StartError`] when Pingora refuses its configuration.
 pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
+    if let Err(e) = crate::config::reload::catch_early_sighup() {
+        log::warn!("cannot install the early SIGHUP handler: {e}");
+    }
     let conf = server_conf(&cfg, args);
     let mut server = Server::new_with_opt_and_conf(Some(args.pingora_opt()), conf);
     server.bootstrap();
 
     let listen = cfg.server.listen.clone();
     let admin_listen = cfg.server.admin_listen.clone();
-    let path = PathBuf::from(&args.conf);
+    // Absolute, so that reloads (and the watcher) still find it after `-d` changed the
+    // working directory.
+    let path = std::path::absolute(&args.conf).unwrap_or_else(|_| PathBuf::from(&args.conf));
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
+    crate::metrics::init_config_series(&cfg);
     let handle = Arc::new(ConfigHandle::new(cfg));
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
-        &server.configuration,
-        Gateway::new(handle.clone(), admission.clone()),
-        "sluice proxy",
+    // Pingora's proxy behind Sluice's own connection loop (head deadline, pipelining).
+    let app = DownstreamApp::new(
+        pingora::proxy::http_proxy(
+            &server.configuration,
+            Gateway::new(handle.clone(), admission.clone()),
+        ),
+        handle.clone(),
     );
+    let mut proxy = Service::new("sluice proxy".to_string(), app);
     proxy.add_listener(downstream_listener(&listen, cfg_write_timeout));
 
     let mut admin = Service::new("sluice admin".to_string(), AdminApp::new(handle.clone()));
     admin.add_tcp(&admin_listen);
     admin.threads = Some(1);
 
-    let demo = DemoProvider::bind().map_err(StartError::Demo)?;
-    server.add_service(background_service("sluice demo provider", demo));
     server.add_service(background_service(
         "sluice rate limits",
         admission.limits_service(),

@@ -2,9 +2,14 @@
 //!
 //! In order, for `POST /v1/chat/completions`:
 //!
+//! 0. **Request buffers** (`server.max_buffered_request_bytes`): the memory all request
+//!    bodies hold at once, each body byte counted twice ([`buffers`]), reserved from the head
+//!    when the length is announced; over → 503 `request_buffers_full` with `Retry-After`.
 //! 1. **Tenant concurrency** (`tenants.<id>.max_concurrent_streams`, and per standard model
 //!    under `model_limits`): exact per-process counters ([`tenant`]); over → 429
-//!    `tenant_concurrency`.
+//!    `tenant_concurrency`. The tenant-wide slot is taken from the request head, before the
+//!    body is read ([`Admission::take_tenant_slot`]: a tenant at its limit cannot make Sluice
+//!    buffer more bodies); the tenant × model slot once the body named the model.
 //! 2. **Tenant request and token rates** (`requests_per_minute`, `tokens_per_minute` over
 //!    `server.rate_limit_window_ms`): with `redis:` configured, one atomic script call shared by
 //!    all replicas ([`redis`]); without it, or while Redis is slow or down, the local
@@ -22,6 +27,7 @@
 //! `x-ratelimit-*` headers ([`status`]). No lock is held across an await; every wait is
 //! bounded (queue timeout, `redis.timeout_ms`).
 
+pub mod buffers;
 pub mod redis;
 pub mod status;
 pub mod tenant;
@@ -36,8 +42,9 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use buffers::{BufferReservation, BuffersFull, RequestBuffers};
 pub use status::{LimitState, RateLimitStatus};
-use tenant::{Inflight, LimitKind, LocalLimiter, Plan, Refusal, Windows};
+use tenant::{Inflight, InflightGuard, LimitKind, LocalLimiter, Plan, Refusal, Windows};
 
 use crate::config::Config;
 use crate::error::GatewayError;
@@ -71,6 +78,12 @@ impl AdmissionPermit {
         self.tenant.settle(outcome);
     }
 }
+
+/// A tenant-wide concurrency slot taken from the request head, before the body is read
+/// ([`Admission::take_tenant_slot`]); [`Admission::admit`] keeps it instead of taking a
+/// second one. Empty when the tenant has no `max_concurrent_streams`. Released on drop.
+#[derive(Debug, Default)]
+pub struct TenantSlot(Option<InflightGuard>);
 
 /// What a request holds against its tenant's limits.
 #[derive(Debug, Default)]
@@ -165,6 +178,7 @@ pub struct Admission {
     waiting: AtomicUsize,
     local: LocalLimiter,
     redis: Arc<RedisLimiter>,
+    buffers: RequestBuffers,
 }
 
 /// Decrements the queue depth on drop (also when the waiting future is cancelled).
@@ -187,6 +201,52 @@ impl Admission {
             waiting: AtomicUsize::new(0),
             local: LocalLimiter::new(config.server.rate_limit_window),
             redis: Arc::new(RedisLimiter::new(config.redis.as_ref())),
+            buffers: RequestBuffers::new(),
+        }
+    }
+
+    /// The process-wide request body budget (step 0).
+    pub fn buffers(&self) -> &RequestBuffers {
+        &self.buffers
+    }
+
+    /// The 503 of a request whose body does not fit in `server.max_buffered_request_bytes`
+    /// (counted in `sluice_rejected_total{reason="request_buffers_full"}`).
+    pub fn buffers_full(full: BuffersFull) -> GatewayError {
+        metrics()
+            .rejected_total
+            .with_label_values(&["request_buffers_full"])
+            .inc();
+        GatewayError::Overloaded {
+            message: format!(
+                "the gateway holds its limit of {} bytes of request bodies; retry shortly",
+                full.max_bytes
+            ),
+            reason: "request_buffers_full",
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    /// Step 1 for the tenant scope alone, from the request head: takes the tenant's
+    /// `max_concurrent_streams` slot (if it has one) before the body is read. Pass the slot
+    /// to [`Self::admit`].
+    ///
+    /// # Errors
+    /// A 429 `tenant_concurrency` [`GatewayError::RateLimited`] (and `status` set for the
+    /// `x-ratelimit-*` headers).
+    pub fn take_tenant_slot(
+        &self,
+        config: &Config,
+        tenant: &str,
+        status: &mut Option<RateLimitStatus>,
+    ) -> Result<TenantSlot, GatewayError> {
+        let plan = self.local.plan(config, tenant, None);
+        match self.local.acquire_tenant_concurrency(&plan) {
+            Ok(g) => Ok(TenantSlot(g)),
+            Err(r) => {
+                *status = self.status(config, tenant, None);
+                Err(refuse(config, tenant, None, &r))
+            }
         }
     }
 
@@ -236,7 +296,9 @@ impl Admission {
 
     /// Admits the request in `ctx` (authenticated caller, standard model set) with
     /// `estimated_input_tokens`, or says why not. Sets `ctx.rate_limit` for the response
-    /// headers either way.
+    /// headers either way. `slot` is the tenant slot taken from the head
+    /// ([`Self::take_tenant_slot`]; the default when none was taken): it is kept, not taken
+    /// twice.
     ///
     /// # Errors
     /// [`Rejected::Client`] with a 429 (`tenant_concurrency`, `tenant_rpm`, `tenant_tpm`) or a
@@ -247,15 +309,17 @@ impl Admission {
         session: &mut Session,
         ctx: &mut RequestCtx,
         estimated_input_tokens: u64,
+        slot: TenantSlot,
     ) -> Result<AdmissionPermit, Rejected> {
         let config = ctx.config.clone();
         let tenant = self
-            .admit_tenant(
+            .admit_tenant_holding(
                 &config,
                 ctx.caller.as_ref().map(|c| c.tenant.as_str()),
                 ctx.standard_model.as_deref(),
                 estimated_input_tokens,
                 &mut ctx.rate_limit,
+                slot,
             )
             .await
             .map_err(Rejected::Client)?;
@@ -318,7 +382,22 @@ impl Admission {
         cost: u64,
         status: &mut Option<RateLimitStatus>,
     ) -> Result<TenantPermit, GatewayError> {
-        let Some((tenant, plan, inflight)) = self.begin(config, tenant, model, status)? else {
+        self.admit_tenant_holding(config, tenant, model, cost, status, TenantSlot::default())
+            .await
+    }
+
+    /// [`Self::admit_tenant`] keeping a tenant slot already taken.
+    async fn admit_tenant_holding(
+        &self,
+        config: &Config,
+        tenant: Option<&str>,
+        model: Option<&str>,
+        cost: u64,
+        status: &mut Option<RateLimitStatus>,
+        slot: TenantSlot,
+    ) -> Result<TenantPermit, GatewayError> {
+        let Some((tenant, plan, inflight)) = self.begin(config, tenant, model, status, slot)?
+        else {
             return Ok(TenantPermit::default());
         };
         if !plan.has_rates() {
@@ -390,19 +469,23 @@ impl Admission {
         share: u32,
         status: &mut Option<RateLimitStatus>,
     ) -> Result<TenantPermit, GatewayError> {
-        let Some((tenant, plan, inflight)) = self.begin(config, tenant, model, status)? else {
+        let Some((tenant, plan, inflight)) =
+            self.begin(config, tenant, model, status, TenantSlot::default())?
+        else {
             return Ok(TenantPermit::default());
         };
         self.finish_local(config, tenant, model, (plan, inflight), cost, share, status)
     }
 
-    /// The scopes of the request and its concurrency slots; `None` when no limit applies.
+    /// The scopes of the request and its concurrency slots (keeping the tenant slot in
+    /// `slot` when one was taken from the head); `None` when no limit applies.
     fn begin<'t>(
         &self,
         config: &Config,
         tenant: Option<&'t str>,
         model: Option<&str>,
         status: &mut Option<RateLimitStatus>,
+        slot: TenantSlot,
     ) -> Result<Option<(&'t str, Plan, Inflight)>, GatewayError> {
         let Some(tenant) = tenant else {
             return Ok(None);
@@ -411,7 +494,7 @@ impl Admission {
         if plan.is_empty() {
             return Ok(None);
         }
-        match self.local.acquire_concurrency(&plan) {
+        match self.local.acquire_concurrency_holding(&plan, slot.0) {
             Ok(g) => Ok(Some((tenant, plan, g))),
             Err(r) => {
                 *status = self.status(config, tenant, model);

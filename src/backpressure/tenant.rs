@@ -224,6 +224,26 @@ impl Drop for InflightGuard {
     }
 }
 
+/// Takes one slot of `item`'s scope if it has `max_concurrent_streams`.
+fn acquire_one(item: Option<&PlanItem>) -> Result<Option<InflightGuard>, Refusal> {
+    let Some((item, limit)) = item.and_then(|i| Some((i, i.limits.concurrency?))) else {
+        return Ok(None);
+    };
+    let before = item.state.inflight.fetch_add(1, Ordering::AcqRel);
+    let guard = InflightGuard(item.state.clone());
+    if before >= limit {
+        return Err(Refusal {
+            kind: LimitKind::Concurrency,
+            limit: u64::from(limit),
+            used: u64::from(before),
+            requested: 1,
+            retry_after: Duration::from_secs(1),
+            model_scope: item.state.model.is_some(),
+        });
+    }
+    Ok(Some(guard))
+}
+
 /// `limit / share`, rounded up (the fail-open share of one replica).
 pub fn share_of(limit: u64, share: u32) -> u64 {
     limit.div_ceil(u64::from(share.max(1)))
@@ -317,26 +337,37 @@ impl LocalLimiter {
     /// # Errors
     /// The [`Refusal`] of the first full scope (nothing is held then).
     pub fn acquire_concurrency(&self, plan: &Plan) -> Result<Inflight, Refusal> {
-        fn one(item: Option<&PlanItem>) -> Result<Option<InflightGuard>, Refusal> {
-            let Some((item, limit)) = item.and_then(|i| Some((i, i.limits.concurrency?))) else {
-                return Ok(None);
-            };
-            let before = item.state.inflight.fetch_add(1, Ordering::AcqRel);
-            let guard = InflightGuard(item.state.clone());
-            if before >= limit {
-                return Err(Refusal {
-                    kind: LimitKind::Concurrency,
-                    limit: u64::from(limit),
-                    used: u64::from(before),
-                    requested: 1,
-                    retry_after: Duration::from_secs(1),
-                    model_scope: item.state.model.is_some(),
-                });
-            }
-            Ok(Some(guard))
-        }
-        let tenant = one(plan.tenant.as_ref())?;
-        let model = one(plan.model.as_ref())?;
+        self.acquire_concurrency_holding(plan, None)
+    }
+
+    /// Takes the tenant-wide slot alone (none when the tenant has no
+    /// `max_concurrent_streams`), for a request whose model is not known yet.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when the tenant is at its limit (nothing is held then).
+    pub fn acquire_tenant_concurrency(
+        &self,
+        plan: &Plan,
+    ) -> Result<Option<InflightGuard>, Refusal> {
+        acquire_one(plan.tenant.as_ref())
+    }
+
+    /// [`Self::acquire_concurrency`], keeping `held_tenant` (from
+    /// [`Self::acquire_tenant_concurrency`] on the same tenant) as the tenant-wide slot
+    /// instead of taking another.
+    ///
+    /// # Errors
+    /// The [`Refusal`] of the first full scope (the held slot is released then).
+    pub fn acquire_concurrency_holding(
+        &self,
+        plan: &Plan,
+        held_tenant: Option<InflightGuard>,
+    ) -> Result<Inflight, Refusal> {
+        let tenant = match held_tenant {
+            Some(g) => Some(g),
+            None => acquire_one(plan.tenant.as_ref())?,
+        };
+        let model = acquire_one(plan.model.as_ref())?;
         Ok(Inflight {
             _tenant: tenant,
             _model: model,
@@ -623,6 +654,35 @@ mod tests {
         let _c = l.acquire_concurrency(&p).unwrap();
         drop(b);
         assert_eq!(p.tenant.as_ref().unwrap().state.inflight(), 1);
+    }
+
+    #[test]
+    fn a_tenant_slot_taken_from_the_head_is_kept_not_counted_twice() {
+        let c = config("  t:\n    max_concurrent_streams: 1\n    model_limits:\n      m/a: {max_concurrent_streams: 1}");
+        let l = LocalLimiter::new(Duration::from_secs(60));
+        let head = l.plan(&c, "t", None);
+        let slot = l.acquire_tenant_concurrency(&head).unwrap();
+        let tenant = head.tenant.as_ref().unwrap().state.clone();
+        assert_eq!(tenant.inflight(), 1);
+        // A second request's head is refused while the first holds the only slot.
+        assert!(l.acquire_tenant_concurrency(&head).is_err());
+        assert_eq!(tenant.inflight(), 1);
+        // The body named the model: the tenant slot is kept, the model slot taken.
+        let full = l.plan(&c, "t", Some("m/a"));
+        let held = l.acquire_concurrency_holding(&full, slot).unwrap();
+        let model = full.model.as_ref().unwrap().state.clone();
+        assert_eq!((tenant.inflight(), model.inflight()), (1, 1));
+        drop(held);
+        assert_eq!((tenant.inflight(), model.inflight()), (0, 0));
+        // Refused on the model scope: the held tenant slot is released too.
+        let other = l.acquire_concurrency(&full).unwrap();
+        let slot = l.acquire_tenant_concurrency(&l.plan(&c, "t", None));
+        assert!(slot.is_err(), "tenant limit 1 is held by `other`");
+        drop(other);
+        let slot = l.acquire_tenant_concurrency(&head).unwrap();
+        let _model_holder = acquire_one(full.model.as_ref()).unwrap();
+        assert!(l.acquire_concurrency_holding(&full, slot).is_err());
+        assert_eq!(tenant.inflight(), 0);
     }
 
     #[test]

@@ -80,12 +80,20 @@ pub struct ServerSettings {
     pub rate_limit_window: Duration,
     /// Whether to add `x-sluice-provider` / `x-sluice-fallback-depth`.
     pub emit_route_headers: bool,
+    /// Whether file changes reload the config (`SIGHUP` always does).
+    pub watch_config: bool,
     /// Pingora pid file.
     pub pid_file: String,
     /// Pingora upgrade socket.
     pub upgrade_sock: String,
     /// Daemon log file.
     pub error_log: Option<String>,
+    /// Global bound on held request body bytes (`server.max_buffered_request_bytes`).
+    pub max_buffered_request_bytes: usize,
+    /// Deadline for a whole request head (`server.header_read_timeout_ms`).
+    pub header_read_timeout: Duration,
+    /// Deadline for a whole request body (`server.body_read_timeout_ms`).
+    pub body_read_timeout: Duration,
 }
 
 /// Per-hop timeouts of one provider.
@@ -285,6 +293,12 @@ impl Config {
     /// As [`Config::load`].
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         validate::load_text(path, text.to_string())
+    }
+
+    /// Settings that are valid but risky (an `admin_listen` that is not loopback), located
+    /// like errors; `sluice -t` prints them, startup and reload log them as warnings.
+    pub fn warnings(&self) -> Vec<ConfigError> {
+        validate::warnings(self)
     }
 
     /// Timeouts for `provider` when serving `model` (the model may override the TTFT budget).

@@ -1,12 +1,25 @@
-//! Owns hot reload: a Pingora background service that reloads the config on `SIGHUP` or when a
-//! YAML file in the config's folder changes (debounced). Reload = load → validate → swap; a
-//! bad file keeps the old snapshot and logs `file:line:col: key.path: message`. In-flight
-//! requests keep the snapshot they pinned. Listener, thread and daemon settings need a
-//! restart (or Pingora's graceful upgrade); a reload that changes them says so.
+//! Owns hot reload: a Pingora background service that reloads the config on `SIGHUP` or when
+//! the config file or one of its includes changes (debounced). Reload = load → validate →
+//! swap; a bad file keeps the old snapshot and logs `file:line:col: key.path: message`.
+//! In-flight requests keep the snapshot they pinned. Listener, thread and daemon settings need
+//! a restart (or Pingora's graceful upgrade); a reload that changes them says so.
+//!
+//! What is watched: the folders that hold the config file and each included file, plus each
+//! included folder, not recursively (notify/inotify). A change event there only triggers a
+//! check: the config's inputs (the main file and every file its `include:` resolves to, by
+//! path and content) are hashed with SHA-256, and the config is reloaded only when that hash
+//! differs from the one of the last reload attempt. So an unrelated file in the same folder
+//! never reloads, and one edit seen twice (by the watcher and by a `SIGHUP`, or as several
+//! editor writes) is one reload. A `SIGHUP` with unchanged inputs is logged and skipped.
+//! `server.watch_config: false` leaves reloads to `SIGHUP`.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
+
+use sha2::{Digest, Sha256};
 
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
@@ -19,22 +32,182 @@ use crate::metrics::metrics;
 /// Quiet period after a file event before reloading (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(250);
 
+/// The config's inputs on disk: a fingerprint of what the config is made of and the folders
+/// whose changes may alter it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inputs {
+    /// SHA-256 over the path and content (or read error) of the main file and of every file
+    /// its `include:` entries resolve to, in load order.
+    pub fingerprint: [u8; 32],
+    /// Folders to watch (not recursively): those of the main file and of every included
+    /// file (as named and, for symlinks, where they point), and every included folder.
+    pub dirs: BTreeSet<PathBuf>,
+}
+
+/// The folder of `file` (`.` for a bare file name).
+fn folder_of(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Adds the folder of `file`, and the folder of its symlink target when that differs.
+fn add_folders(dirs: &mut BTreeSet<PathBuf>, file: &Path) {
+    dirs.insert(folder_of(file));
+    if let Ok(real) = std::fs::canonicalize(file) {
+        dirs.insert(folder_of(&real));
+    }
+}
+
+fn hash_file(h: &mut Sha256, file: &Path) -> Option<Vec<u8>> {
+    h.update(file.as_os_str().as_encoded_bytes());
+    h.update([0]);
+    match std::fs::read(file) {
+        Ok(bytes) => {
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(&bytes);
+            Some(bytes)
+        }
+        Err(e) => {
+            h.update(format!("error: {}", e.kind()).as_bytes());
+            None
+        }
+    }
+}
+
+/// Reads the config's inputs: the main file at `path`, the `include:` list found in it (if it
+/// parses as YAML at all), and the files those entries resolve to (as [`Config::load`]
+/// resolves them).
+pub fn inputs(path: &Path) -> Inputs {
+    let mut h = Sha256::new();
+    let mut dirs = BTreeSet::new();
+    add_folders(&mut dirs, path);
+    let Some(main) = hash_file(&mut h, path) else {
+        return Inputs {
+            fingerprint: h.finalize().into(),
+            dirs,
+        };
+    };
+    let includes: Vec<String> = serde_yaml::from_slice::<serde_yaml::Value>(&main)
+        .ok()
+        .and_then(|v| v.get("include").and_then(|i| i.as_sequence()).cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .collect();
+    let base = folder_of(path);
+    for pattern in includes {
+        let full = if Path::new(&pattern).is_absolute() {
+            PathBuf::from(&pattern)
+        } else {
+            base.join(&pattern)
+        };
+        if full.is_dir() {
+            dirs.insert(full.clone());
+        } else if let Some(literal) = full
+            .ancestors()
+            .skip(1)
+            .find(|a| !a.to_string_lossy().contains(['*', '?', '[']))
+        {
+            // The deepest folder of a pattern without wildcards (`conf.d/*.yaml` → `conf.d`).
+            dirs.insert(if literal.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                literal.to_path_buf()
+            });
+        }
+        h.update(b"include\0");
+        h.update(pattern.as_bytes());
+        match super::validate::expand_include(&base, &pattern) {
+            Ok(files) => {
+                for f in files {
+                    add_folders(&mut dirs, &f);
+                    let _ = hash_file(&mut h, &f);
+                }
+            }
+            Err(e) => h.update(e.as_bytes()),
+        }
+    }
+    Inputs {
+        fingerprint: h.finalize().into(),
+        dirs,
+    }
+}
+
+/// Set by a `SIGHUP` that arrives before the reload service runs (see [`catch_early_sighup`]).
+static EARLY_SIGHUP: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
+
+/// Installs the `SIGHUP` handler at once, at process assembly: the signal's default action
+/// would terminate the process, and the reload service only starts listening once Pingora
+/// runs its services (after the listeners are up, so a `systemctl reload` right after start
+/// could kill Sluice). A `SIGHUP` caught before the service runs is handled when it starts.
+///
+/// # Errors
+/// If the handler cannot be installed.
+pub fn catch_early_sighup() -> std::io::Result<()> {
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, EARLY_SIGHUP.clone()).map(drop)
+}
+
+/// Why a reload was asked for (for the log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// `SIGHUP`.
+    Signal,
+    /// A change in a watched folder.
+    FileChange,
+}
+
 /// The reload service.
 #[derive(Debug)]
 pub struct Reloader {
     path: PathBuf,
     handle: Arc<ConfigHandle>,
     admission: Arc<Admission>,
+    /// Fingerprint of the inputs of the last load or reload attempt (ok or not).
+    last: Mutex<[u8; 32]>,
 }
 
 impl Reloader {
-    /// Reloads `path` into `handle`.
+    /// Reloads `path` into `handle`; the running config was loaded from `path` just now.
     pub fn new(path: PathBuf, handle: Arc<ConfigHandle>, admission: Arc<Admission>) -> Self {
+        let last = Mutex::new(inputs(&path).fingerprint);
         Self {
             path,
             handle,
             admission,
+            last,
         }
+    }
+
+    /// Reloads when the config's inputs changed since the last attempt; `None` when they
+    /// did not (nothing is loaded, nothing counted).
+    pub fn reload_if_changed(&self, trigger: Trigger) -> Option<Result<(), super::ConfigError>> {
+        let now = inputs(&self.path).fingerprint;
+        {
+            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if *last == now {
+                match trigger {
+                    Trigger::Signal => log::info!(
+                        "SIGHUP: {} and its includes are unchanged since the last reload; nothing to do",
+                        self.path.display()
+                    ),
+                    Trigger::FileChange => log::debug!(
+                        "a watched folder changed, but {} and its includes did not",
+                        self.path.display()
+                    ),
+                }
+                return None;
+            }
+            *last = now;
+        }
+        match trigger {
+            Trigger::Signal => log::info!("SIGHUP: reloading {}", self.path.display()),
+            Trigger::FileChange => {
+                log::info!("config file changed: reloading {}", self.path.display());
+            }
+        }
+        Some(self.reload())
     }
 
     /// Loads, validates and swaps in the config; on error keeps the old one.
@@ -62,6 +235,10 @@ impl Reloader {
                         restart.join(", ")
                     );
                 }
+                for w in new.warnings() {
+                    log::warn!("{w}");
+                }
+                crate::metrics::init_config_series(&new);
                 self.admission.reconfigure(&new);
                 log::info!(
                     "config reloaded file={} models={} providers={} virtual_keys={}",
@@ -89,45 +266,61 @@ impl Reloader {
     }
 }
 
-#[async_trait]
-impl BackgroundService for Reloader {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
-        let watch_dir = self
-            .path
-            .parent()
-            .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf);
-        let file_tx = tx.clone();
+/// The file watcher: notify on the folders of [`Inputs::dirs`], each event a nudge on `tx`.
+struct Watch {
+    watcher: Option<notify::RecommendedWatcher>,
+    dirs: BTreeSet<PathBuf>,
+}
+
+impl Watch {
+    fn new(tx: tokio::sync::mpsc::Sender<()>) -> Self {
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             if let Ok(ev) = res {
-                let yaml = ev
-                    .paths
-                    .iter()
-                    .any(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"));
-                if yaml && !matches!(ev.kind, notify::EventKind::Access(_)) {
-                    let _ = file_tx.try_send(());
+                if !matches!(ev.kind, notify::EventKind::Access(_)) {
+                    let _ = tx.try_send(());
                 }
             }
         });
-        let _watcher = match watcher {
-            Ok(mut w) => {
-                use notify::Watcher;
-                match w.watch(&watch_dir, notify::RecursiveMode::Recursive) {
-                    Ok(()) => Some(w),
-                    Err(e) => {
-                        log::warn!(
-                            "cannot watch {} for changes ({e}); SIGHUP still reloads",
-                            watch_dir.display()
-                        );
-                        None
-                    }
-                }
-            }
+        let watcher = match watcher {
+            Ok(w) => Some(w),
             Err(e) => {
                 log::warn!("file watching unavailable ({e}); SIGHUP still reloads");
                 None
             }
         };
+        Self {
+            watcher,
+            dirs: BTreeSet::new(),
+        }
+    }
+
+    /// Watches exactly `dirs` (non-recursively) from now on.
+    fn set(&mut self, dirs: &BTreeSet<PathBuf>) {
+        use notify::Watcher;
+        let Some(w) = self.watcher.as_mut() else {
+            return;
+        };
+        for gone in self.dirs.difference(dirs) {
+            let _ = w.unwatch(gone);
+        }
+        for new in dirs.difference(&self.dirs) {
+            if let Err(e) = w.watch(new, notify::RecursiveMode::NonRecursive) {
+                log::warn!(
+                    "cannot watch {} for config changes ({e}); SIGHUP still reloads",
+                    new.display()
+                );
+            }
+        }
+        self.dirs.clone_from(dirs);
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Reloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
+        let mut watch = Watch::new(tx);
+        watch.set(&inputs(&self.path).dirs);
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -135,6 +328,21 @@ impl BackgroundService for Reloader {
                 None
             }
         };
+        log::info!(
+            "config reload ready: SIGHUP reloads {}{}",
+            self.path.display(),
+            if self.handle.snapshot().server.watch_config {
+                ", and so do changes of it and its includes"
+            } else {
+                " (server.watch_config: false)"
+            }
+        );
+        // What changed or was signalled while the process was starting.
+        if EARLY_SIGHUP.swap(false, Ordering::SeqCst) {
+            let _ = self.reload_if_changed(Trigger::Signal);
+        } else if self.handle.snapshot().server.watch_config {
+            let _ = self.reload_if_changed(Trigger::FileChange);
+        }
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -144,8 +352,7 @@ impl BackgroundService for Reloader {
                         None => std::future::pending().await,
                     }
                 } => {
-                    log::info!("SIGHUP: reloading {}", self.path.display());
-                    let _ = self.reload();
+                    let _ = self.reload_if_changed(Trigger::Signal);
                 }
                 Some(()) = rx.recv() => {
                     // Debounce: wait until events stop for a moment.
@@ -155,10 +362,61 @@ impl BackgroundService for Reloader {
                             Some(()) = rx.recv() => {}
                         }
                     }
-                    log::info!("config file changed: reloading {}", self.path.display());
-                    let _ = self.reload();
+                    if self.handle.snapshot().server.watch_config {
+                        let _ = self.reload_if_changed(Trigger::FileChange);
+                    }
                 }
             }
+            // Includes may have changed: follow them.
+            watch.set(&inputs(&self.path).dirs);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn dir(tag: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!(
+            "sluice-reload-{tag}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(p.join("conf.d")).expect("mkdir");
+        Dir(p)
+    }
+
+    #[test]
+    fn the_fingerprint_covers_the_main_file_and_its_includes_only() {
+        let d = dir("fp");
+        let main = d.0.join("sluice.yaml");
+        std::fs::write(&main, "include: [conf.d/*.yaml]\nserver: {}\n").expect("write");
+        std::fs::write(d.0.join("conf.d/a.yaml"), "providers: {}\n").expect("write");
+        let first = inputs(&main);
+        assert!(first.dirs.contains(&d.0), "{:?}", first.dirs);
+        assert!(first.dirs.contains(&d.0.join("conf.d")), "{:?}", first.dirs);
+        assert_eq!(first.dirs.len(), 2, "{:?}", first.dirs);
+
+        // An unrelated YAML next to the config, and a non-matching file in the include folder.
+        std::fs::write(d.0.join("other.yaml"), "x: 1\n").expect("write");
+        std::fs::write(d.0.join("conf.d/notes.txt"), "x").expect("write");
+        assert_eq!(inputs(&main).fingerprint, first.fingerprint);
+
+        // An included file's content, a new included file, the main file: each changes it.
+        std::fs::write(d.0.join("conf.d/a.yaml"), "providers: {p: {}}\n").expect("write");
+        let second = inputs(&main).fingerprint;
+        assert_ne!(second, first.fingerprint);
+        std::fs::write(d.0.join("conf.d/b.yaml"), "{}\n").expect("write");
+        let third = inputs(&main).fingerprint;
+        assert_ne!(third, second);
+        std::fs::write(&main, "include: [conf.d/*.yaml]\nserver: {threads: 1}\n").expect("write");
+        assert_ne!(inputs(&main).fingerprint, third);
     }
 }

@@ -143,6 +143,10 @@ pub struct ServerSection {
     /// Add `x-sluice-provider` and `x-sluice-fallback-depth` to responses (default true).
     #[serde(default = "default_true")]
     pub emit_route_headers: bool,
+    /// Reload when the config file or one of its includes changes on disk (default true).
+    /// Either way `SIGHUP` reloads; `false` leaves reloads to `SIGHUP` alone.
+    #[serde(default = "default_true")]
+    pub watch_config: bool,
     /// Pingora pid file, used with `-d` (default `/tmp/sluice.pid`).
     #[serde(default = "default_pid_file")]
     pub pid_file: String,
@@ -152,6 +156,24 @@ pub struct ServerSection {
     /// Where a daemonized (`-d`) Sluice writes its log (default: stderr).
     #[serde(default)]
     pub error_log: Option<String>,
+    // Hostile clients: what one downstream connection may hold and for how long.
+    /// Global bound on the memory request bodies hold at once, bytes (default 256 MiB):
+    /// bodies being read (their announced `Content-Length`, or the buffer so far when
+    /// chunked) and bodies held for the upstream attempts, each body byte counted twice (the
+    /// body is parsed, then re-serialized for each attempt). A request that would pass it gets
+    /// 503 `request_buffers_full` with `Retry-After`. At least 2 × `max_request_body_bytes`.
+    #[serde(default = "default_max_buffered_request_bytes")]
+    pub max_buffered_request_bytes: usize,
+    /// The whole request head (request line and headers) must arrive within this, ms
+    /// (default 30000), counted from the connection's accept for its first request and from
+    /// the first byte of the head for the next ones on a keep-alive connection. Past it the
+    /// connection is closed without an answer.
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// The whole request body must arrive within this, ms from the end of the head (default
+    /// 60000); past it the request gets 408 `request_timeout` and the connection is closed.
+    #[serde(default = "default_body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
 }
 
 impl Default for ServerSection {
@@ -178,9 +200,13 @@ impl Default for ServerSection {
             queue_timeout_ms: default_queue_timeout_ms(),
             rate_limit_window_ms: default_rate_limit_window_ms(),
             emit_route_headers: true,
+            watch_config: true,
             pid_file: default_pid_file(),
             upgrade_sock: default_upgrade_sock(),
             error_log: None,
+            max_buffered_request_bytes: default_max_buffered_request_bytes(),
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            body_read_timeout_ms: default_body_read_timeout_ms(),
         }
     }
 }
@@ -444,6 +470,15 @@ fn default_max_request_body_bytes() -> usize {
 }
 fn default_max_response_body_bytes() -> usize {
     32 * 1024 * 1024
+}
+fn default_max_buffered_request_bytes() -> usize {
+    256 * 1024 * 1024
+}
+fn default_header_read_timeout_ms() -> u64 {
+    30_000
+}
+fn default_body_read_timeout_ms() -> u64 {
+    60_000
 }
 fn default_connect_timeout_ms() -> u64 {
     10_000

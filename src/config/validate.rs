@@ -146,7 +146,7 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 }
 
 /// Expands one `include:` entry relative to `base`.
-fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
+pub(super) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
     let full = if Path::new(pattern).is_absolute() {
         PathBuf::from(pattern)
     } else {
@@ -172,6 +172,32 @@ fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
         return Err(format!("`{pattern}` matches no file"));
     }
     Ok(out)
+}
+
+/// Valid but risky settings of `cfg`, located like errors (`file:line:col: key: message`).
+/// Today: an `admin_listen` that is not a loopback address (the admin listener has no
+/// authentication).
+pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
+    let mut out = Vec::new();
+    let admin = &cfg.server.admin_listen;
+    if admin
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| !a.ip().is_loopback())
+    {
+        let text = std::fs::read_to_string(&cfg.source_path).ok();
+        out.push(ConfigError::at(
+            &cfg.source_path,
+            text.as_deref(),
+            "server.admin_listen",
+            format!(
+                "`{admin}` is not a loopback address, and the admin listener (/metrics, \
+                 /healthz, /readyz) has no authentication: anyone who reaches it reads the \
+                 metrics (tenant, provider and model names, traffic). Bind it to 127.0.0.1 or \
+                 restrict it with a firewall"
+            ),
+        ));
+    }
+    out
 }
 
 /// Loads `path` and its includes and validates them.
@@ -514,6 +540,27 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             "must be greater than 0".into(),
         ));
     }
+    let copies = crate::backpressure::buffers::COPIES_PER_BODY_BYTE;
+    if server.max_buffered_request_bytes / copies < server.max_request_body_bytes {
+        return Err(main_err(
+            "server.max_buffered_request_bytes",
+            format!(
+                "must be at least {copies} x server.max_request_body_bytes ({}): a body of the allowed size counts {copies} times and must fit",
+                server.max_request_body_bytes
+            ),
+        ));
+    }
+    for (k, v) in [
+        (
+            "server.header_read_timeout_ms",
+            server.header_read_timeout_ms,
+        ),
+        ("server.body_read_timeout_ms", server.body_read_timeout_ms),
+    ] {
+        if v == 0 {
+            return Err(main_err(k, "must be greater than 0".into()));
+        }
+    }
     let threads = server.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
@@ -545,9 +592,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         queue_timeout: ms(server.queue_timeout_ms),
         rate_limit_window: ms(server.rate_limit_window_ms),
         emit_route_headers: server.emit_route_headers,
+        watch_config: server.watch_config,
         pid_file: server.pid_file,
         upgrade_sock: server.upgrade_sock,
         error_log: server.error_log,
+        max_buffered_request_bytes: server.max_buffered_request_bytes,
+        header_read_timeout: ms(server.header_read_timeout_ms),
+        body_read_timeout: ms(server.body_read_timeout_ms),
     };
 
     let mut provider_map = BTreeMap::new();
@@ -827,6 +878,26 @@ mod tests {
         );
         let e = load_str(&bad).unwrap_err();
         assert_eq!(e.key_path, "server.max_event_bytes", "{e}");
+    }
+
+    #[test]
+    fn hostile_client_bounds_default_and_are_checked() {
+        let c = load_str(MINIMAL).unwrap();
+        assert_eq!(c.server.max_buffered_request_bytes, 256 * 1024 * 1024);
+        assert_eq!(c.server.header_read_timeout, Duration::from_secs(30));
+        assert_eq!(c.server.body_read_timeout, Duration::from_secs(60));
+        let small = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  max_request_body_bytes: 2000\n  max_buffered_request_bytes: 3999\n",
+        );
+        let e = load_str(&small).unwrap_err();
+        assert_eq!(e.key_path, "server.max_buffered_request_bytes", "{e}");
+        let zero = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  header_read_timeout_ms: 0\n",
+        );
+        let e = load_str(&zero).unwrap_err();
+        assert_eq!(e.key_path, "server.header_read_timeout_ms", "{e}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! A [`Behavior`] is set at three levels, highest precedence first: per request
 //! (the JSON body field `"mock"`, or the `x-mock-behavior` header), process-wide
 //! (`POST /_mock/behavior`), and at startup (CLI `--behavior`). Levels merge field by
-//! field: a knob set at a higher level wins, unset knobs fall through.
+//! field: a knob set at a higher level wins, unset knobs fall through. In demo mode
+//! ([`super::MockState::demo`]) only the startup level exists: no client steers the demo.
 
 use std::collections::BTreeMap;
 

@@ -6,8 +6,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::record::{lock, RecordHandle};
 
@@ -19,6 +18,11 @@ pub(crate) const MAX_BODY: usize = 64 * 1024 * 1024;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Maximum time for one read while a request is partially received.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The read side of a connection (a TCP socket's, or an in-process stream's for the demo).
+pub(crate) type Rd = dyn AsyncRead + Unpin + Send;
+/// The write side of a connection.
+pub(crate) type Wr = dyn AsyncWrite + Unpin + Send;
 
 /// A parsed request.
 #[derive(Debug)]
@@ -58,7 +62,7 @@ pub(crate) enum ReadError {
     Io(io::Error),
 }
 
-async fn fill(rd: &mut OwnedReadHalf, buf: &mut BytesMut, idle: bool) -> Result<usize, ReadError> {
+async fn fill(rd: &mut Rd, buf: &mut BytesMut, idle: bool) -> Result<usize, ReadError> {
     let limit = if idle { IDLE_TIMEOUT } else { READ_TIMEOUT };
     match tokio::time::timeout(limit, rd.read_buf(buf)).await {
         Ok(Ok(n)) => Ok(n),
@@ -84,8 +88,8 @@ async fn fill(rd: &mut OwnedReadHalf, buf: &mut BytesMut, idle: bool) -> Result<
 
 /// Read one request from `rd` (buffered in `buf`, which may hold pipelined bytes).
 pub(crate) async fn read_request(
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    rd: &mut Rd,
+    wr: &mut Wr,
     buf: &mut BytesMut,
 ) -> Result<Request, ReadError> {
     // Skip stray CRLFs between requests.
@@ -194,7 +198,7 @@ pub(crate) async fn read_request(
 }
 
 /// Read one CRLF-terminated line (without the CRLF) from the buffer, filling as needed.
-async fn read_line(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Vec<u8>, ReadError> {
+async fn read_line(rd: &mut Rd, buf: &mut BytesMut) -> Result<Vec<u8>, ReadError> {
     loop {
         if let Some(i) = memchr::memchr(b'\n', buf) {
             let mut line = buf.split_to(i + 1).to_vec();
@@ -213,7 +217,7 @@ async fn read_line(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Vec<u8>
     }
 }
 
-async fn read_chunked(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Vec<u8>, ReadError> {
+async fn read_chunked(rd: &mut Rd, buf: &mut BytesMut) -> Result<Vec<u8>, ReadError> {
     let mut body = Vec::new();
     loop {
         let line = read_line(rd, buf).await?;
@@ -282,7 +286,7 @@ pub(crate) enum Framing {
 
 /// Response writer bound to one request record.
 pub(crate) struct Out<'a> {
-    pub wr: &'a mut OwnedWriteHalf,
+    pub wr: &'a mut Wr,
     pub rec: &'a RecordHandle,
     pub start: Instant,
     /// Bound of each single write (a peer that does not read blocks us at most this long).
@@ -293,7 +297,7 @@ pub(crate) struct Out<'a> {
 impl<'a> Out<'a> {
     /// New writer.
     pub fn new(
-        wr: &'a mut OwnedWriteHalf,
+        wr: &'a mut Wr,
         rec: &'a RecordHandle,
         start: Instant,
         write_timeout: Duration,
@@ -407,7 +411,7 @@ impl<'a> Out<'a> {
 
 /// Write a complete small response (used for control endpoints and early errors).
 pub(crate) async fn simple_response(
-    wr: &mut OwnedWriteHalf,
+    wr: &mut Wr,
     status: u16,
     content_type: &str,
     body: &[u8],

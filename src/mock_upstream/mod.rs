@@ -27,6 +27,12 @@
 //!
 //! The module is self-contained (only external crates), so it can be embedded by the
 //! gateway (demo provider, see [`MockState::demo`]) and by the `sluice-mock-upstream` binary.
+//!
+//! Demo mode ([`MockState::demo`], what the gateway's built-in demo provider runs) is not
+//! scriptable and keeps nothing: no request log, no control endpoints (`/_mock/*` is a 404
+//! like any unknown path), no per-request steering (the body field `mock` and the
+//! `x-mock-behavior` header are ignored), and it is reached in process through
+//! [`serve_stream`], never through a listening socket.
 
 mod behavior;
 mod h1;
@@ -45,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -53,7 +59,7 @@ use tokio::task::JoinHandle;
 pub use self::behavior::{Behavior, Split};
 pub use self::record::{Phase, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
 
-use self::h1::{read_request, simple_response, ReadError};
+use self::h1::{read_request, simple_response, Rd, ReadError, Wr};
 use self::record::{lock, mark_peer_closed, RecordHandle};
 use self::respond::After;
 
@@ -71,6 +77,8 @@ pub struct MockState {
     ids: AtomicU64,
     conns: AtomicU64,
     fail_counters: Mutex<HashMap<String, u64>>,
+    /// Demo mode: fixed behaviour, no log, no control endpoints, no steering.
+    demo: bool,
 }
 
 impl MockState {
@@ -85,13 +93,25 @@ impl MockState {
             ids: AtomicU64::new(0),
             conns: AtomicU64::new(0),
             fail_counters: Mutex::new(HashMap::new()),
+            demo: false,
         }
     }
 
     /// State for the gateway's built-in demo provider ([`Behavior::demo`]: deterministic
     /// "Hello from Sluice's built-in demo provider. You said: …" replies, 20 ms per token).
+    ///
+    /// Demo mode retains nothing per request (the [`MockState::log`] stays empty), answers
+    /// no control endpoint and ignores every per-request behaviour a client could send.
     pub fn demo() -> Self {
-        Self::new(Behavior::demo())
+        Self {
+            demo: true,
+            ..Self::new(Behavior::demo())
+        }
+    }
+
+    /// Whether this state is in demo mode (see [`MockState::demo`]).
+    pub fn is_demo(&self) -> bool {
+        self.demo
     }
 
     /// Milliseconds since this state was created (the clock of all record times).
@@ -126,11 +146,14 @@ impl MockState {
         self.ids.fetch_add(1, Ordering::SeqCst) + 1
     }
 
+    /// The live record of a new request; appended to the log except in demo mode, whose
+    /// records live only as long as their response.
     fn push_record(&self, mut rec: RequestRecord) -> RecordHandle {
-        let mut log = lock(&self.log);
         rec.seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let h = Arc::new(Mutex::new(rec));
-        log.push(h.clone());
+        if !self.demo {
+            lock(&self.log).push(h.clone());
+        }
         h
     }
 
@@ -207,12 +230,7 @@ impl Drop for MockServer {
     }
 }
 
-async fn control(
-    state: &MockState,
-    req: &h1::Request,
-    wr: &mut OwnedWriteHalf,
-    close: bool,
-) -> io::Result<()> {
+async fn control(state: &MockState, req: &h1::Request, wr: &mut Wr, close: bool) -> io::Result<()> {
     let path = req.path();
     let (status, body): (u16, String) = match (req.method.as_str(), path) {
         ("GET", "/_mock/healthz") => (200, "{\"ok\":true}".into()),
@@ -269,46 +287,76 @@ fn abort_connection(rd: OwnedReadHalf, wr: OwnedWriteHalf, reset: bool) {
 
 async fn handle_connection(stream: TcpStream, state: Arc<MockState>) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    let conn_id = state.conns.fetch_add(1, Ordering::SeqCst) + 1;
     let (mut rd, mut wr) = stream.into_split();
+    if let Some(reset) = serve_connection(&mut rd, &mut wr, &state).await? {
+        abort_connection(rd, wr, reset);
+    }
+    Ok(())
+}
+
+/// Serves one in-process connection (any byte stream, e.g. one end of a
+/// [`tokio::io::duplex`]) until the peer closes it or the behaviour ends it. This is how the
+/// gateway reaches its demo provider without a listening socket. An abrupt close (the
+/// `drop_after_tokens` family of knobs) simply drops the stream: there is no RST to send.
+///
+/// # Errors
+/// I/O errors of the stream.
+pub async fn serve_stream<S>(stream: S, state: Arc<MockState>) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    serve_connection(&mut rd, &mut wr, &state).await.map(drop)
+}
+
+/// The request loop of one connection. `Ok(Some(reset))` asks the caller to close the
+/// connection abruptly (with a TCP RST when `reset`); `Ok(None)` means it is done.
+async fn serve_connection(
+    rd: &mut Rd,
+    wr: &mut Wr,
+    state: &Arc<MockState>,
+) -> io::Result<Option<bool>> {
+    let conn_id = state.conns.fetch_add(1, Ordering::SeqCst) + 1;
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut conn_seq = 0u64;
     loop {
-        let req = match read_request(&mut rd, &mut wr, &mut buf).await {
+        let req = match read_request(rd, wr, &mut buf).await {
             Ok(r) => r,
-            Err(ReadError::Closed) => return Ok(()),
+            Err(ReadError::Closed) => return Ok(None),
             Err(ReadError::Io(e)) => return Err(e),
             Err(ReadError::Bad(msg)) => {
                 let body = wire::openai_error(400, &msg);
-                simple_response(&mut wr, 400, "application/json", body.as_bytes(), true).await?;
-                return Ok(());
+                simple_response(wr, 400, "application/json", body.as_bytes(), true).await?;
+                return Ok(None);
             }
             Err(ReadError::TooLarge(status)) => {
                 let body = wire::openai_error(status, "request too large");
-                simple_response(&mut wr, status, "application/json", body.as_bytes(), true).await?;
-                return Ok(());
+                simple_response(wr, status, "application/json", body.as_bytes(), true).await?;
+                return Ok(None);
             }
         };
-        if req.path().starts_with("/_mock/") {
+        if !state.demo && req.path().starts_with("/_mock/") {
             let close = !req.keep_alive;
-            control(&state, &req, &mut wr, close).await?;
+            control(state, &req, wr, close).await?;
             if close {
                 let _ = wr.shutdown().await;
-                return Ok(());
+                return Ok(None);
             }
             continue;
         }
         conn_seq += 1;
-        let (rec, plan) = respond::prepare(&state, &req, conn_id, conn_seq);
+        let (rec, plan) = respond::prepare(state, &req, conn_id, conn_seq);
         let close = !req.keep_alive || Behavior::flag(plan.behavior.close);
+        // The request (and its body) is not needed while the response is written.
+        drop(req);
         let after = {
-            let fut = respond::respond(&state, &plan, &rec, &mut wr, close);
+            let fut = respond::respond(state, &plan, &rec, wr, close);
             tokio::pin!(fut);
             let mut watch = true;
             loop {
                 tokio::select! {
                     a = &mut fut => break a,
-                    r = tokio::io::AsyncReadExt::read_buf(&mut rd, &mut buf), if watch => {
+                    r = tokio::io::AsyncReadExt::read_buf(rd, &mut buf), if watch => {
                         match r {
                             Ok(0) | Err(_) => {
                                 mark_peer_closed(&rec, state.now_ms());
@@ -328,13 +376,10 @@ async fn handle_connection(stream: TcpStream, state: Arc<MockState>) -> io::Resu
             After::Keep if !close => continue,
             After::Keep | After::Close => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
-                return Ok(());
+                return Ok(None);
             }
-            After::Abort { reset } => {
-                abort_connection(rd, wr, reset);
-                return Ok(());
-            }
-            After::PeerGone => return Ok(()),
+            After::Abort { reset } => return Ok(Some(reset)),
+            After::PeerGone => return Ok(None),
         }
     }
 }

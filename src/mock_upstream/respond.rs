@@ -7,10 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::net::tcp::OwnedWriteHalf;
 
 use super::behavior::{Behavior, Split};
-use super::h1::{Framing, Out, Request};
+use super::h1::{Framing, Out, Request, Wr};
 use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
 use super::wire::{self, BodyEncoder, Provider, ReplyMeta, SseStyle};
 use super::MockState;
@@ -148,7 +147,12 @@ pub(crate) fn prepare(
             .map_err(|e| format!("request body is not valid JSON: {e}"))
     };
     let body = parsed.as_ref().ok().cloned().flatten();
-    let mut record = make_record(req, &body);
+    // Demo mode copies nothing of the request into its (short-lived) record.
+    let mut record = if state.demo {
+        RequestRecord::default()
+    } else {
+        make_record(req, &body)
+    };
     record.conn_id = conn_id;
     record.conn_seq = conn_seq;
     record.received_at_ms = state.now_ms();
@@ -162,18 +166,21 @@ pub(crate) fn prepare(
         bad_request = Some(e.clone());
     }
 
-    // Behaviour levels: body "mock" > x-mock-behavior header > process default.
+    // Behaviour levels: body "mock" > x-mock-behavior header > process default. Demo mode
+    // has the process default only: no client steers it.
     let mut per_request = Behavior::default();
-    if let Some(h) = req.header("x-mock-behavior") {
-        match Behavior::from_json(h) {
-            Ok(b) => per_request = b,
-            Err(e) => bad_request = Some(format!("invalid x-mock-behavior header: {e}")),
+    if !state.demo {
+        if let Some(h) = req.header("x-mock-behavior") {
+            match Behavior::from_json(h) {
+                Ok(b) => per_request = b,
+                Err(e) => bad_request = Some(format!("invalid x-mock-behavior header: {e}")),
+            }
         }
-    }
-    if let Some(m) = body.as_ref().and_then(|b| b.get("mock")) {
-        match Behavior::deserialize(m) {
-            Ok(b) => per_request = b.merged_over(&per_request),
-            Err(e) => bad_request = Some(format!("invalid \"mock\" behavior: {e}")),
+        if let Some(m) = body.as_ref().and_then(|b| b.get("mock")) {
+            match Behavior::deserialize(m) {
+                Ok(b) => per_request = b.merged_over(&per_request),
+                Err(e) => bad_request = Some(format!("invalid \"mock\" behavior: {e}")),
+            }
         }
     }
     let behavior = per_request.merged_over(&state.default_behavior());
@@ -363,7 +370,7 @@ pub(crate) async fn respond(
     state: &Arc<MockState>,
     plan: &Plan,
     rec: &RecordHandle,
-    wr: &mut OwnedWriteHalf,
+    wr: &mut Wr,
     close: bool,
 ) -> After {
     let b = &plan.behavior;

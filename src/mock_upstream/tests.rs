@@ -819,7 +819,7 @@ async fn demo_mode_echoes_last_user_message() {
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": [{"type": "text", "text": "héllo wörld"}]}
-    ], "mock": {"token_delay_ms": 0}});
+    ]});
     let r = call(&srv, "/v1/chat/completions", &body).await;
     let j = r.json();
     let text = "Hello from Sluice's built-in demo provider. You said: héllo wörld";
@@ -831,7 +831,6 @@ async fn demo_mode_echoes_last_user_message() {
     // Default 20 ms per token in demo mode.
     let started = Instant::now();
     let mut b2 = body.clone();
-    b2["mock"] = json!({});
     b2["stream"] = json!(true);
     let r = call(&srv, "/v1/messages", &b2).await;
     assert!(r.complete);
@@ -865,4 +864,61 @@ async fn total_bytes_blocks_on_slow_reader() {
     assert!(r.text().ends_with("data: [DONE]\n\n"));
     let rec = wait_log(srv.state(), |r| r.completed).await;
     assert_eq!(rec.bytes_written, r.body.len() as u64);
+}
+
+#[tokio::test]
+async fn demo_mode_keeps_nothing_answers_no_control_endpoint_and_ignores_steering() {
+    let srv = MockServer::start("127.0.0.1:0", Arc::new(MockState::demo()))
+        .await
+        .expect("bind");
+    let text = "Hello from Sluice's built-in demo provider. You said: hi";
+    let body = json!({"model": "demo", "messages": [{"role": "user", "content": "hi"}],
+        "mock": {"status": 500, "text": "steered"}});
+    let mut c = Client::connect(srv.addr()).await;
+    c.send(&post(
+        "/v1/chat/completions",
+        &body,
+        "x-mock-behavior: {\"status\":503}\r\n",
+    ))
+    .await;
+    let r = c.read_response().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], text);
+    assert!(srv.state().log().is_empty(), "demo mode keeps no record");
+    for (method, path, body) in [
+        ("GET", "/_mock/log", ""),
+        ("GET", "/_mock/behavior", ""),
+        ("POST", "/_mock/behavior", r#"{"status":500}"#),
+        ("POST", "/_mock/reset", "{}"),
+    ] {
+        let r = control(&srv, method, path, body).await;
+        assert_eq!(r.status, 404, "{method} {path}: {}", r.text());
+        assert!(!r.text().contains("requests"), "{}", r.text());
+    }
+    // The POST /_mock/behavior above changed nothing.
+    let r = call(&srv, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(srv.state().default_behavior(), Behavior::demo());
+}
+
+#[tokio::test]
+async fn serve_stream_speaks_http_over_an_in_process_pipe() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut near, far) = tokio::io::duplex(64 * 1024);
+    let task = tokio::spawn(super::serve_stream(far, Arc::new(MockState::demo())));
+    let body = json!({"model": "demo", "stream": true,
+        "messages": [{"role": "user", "content": "pipe"}]});
+    // `Connection: close`, so that the response ends with EOF.
+    let req = post("/v1/chat/completions", &body, "connection: close\r\n");
+    near.write_all(&req).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), near.read_to_end(&mut out))
+        .await
+        .expect("in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("\"content\":\"pipe\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n"), "{text}");
+    task.await.expect("join").expect("served");
 }

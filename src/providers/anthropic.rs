@@ -162,8 +162,8 @@ pub fn stream_include_usage(openai_request: &Value) -> bool {
 ///   (default [`DEFAULT_MAX_TOKENS`]); `temperature` (clamped to Anthropic's
 ///   `0..=1`), `top_p`, `stop` → `stop_sequences`, `stream`,
 ///   `user` → `metadata.user_id`; `model` = `upstream_model`;
-/// * `mock` is copied through unchanged, `provider` and unsupported OpenAI
-///   fields are dropped.
+/// * `mock` (the test mock's steering field), `provider` and unsupported OpenAI
+///   fields are dropped: nothing a client adds for a mock reaches a real provider.
 ///
 /// # Errors
 /// [`TranslateError::InvalidRequest`] for malformed input (wrong types,
@@ -360,10 +360,6 @@ pub fn chat_object_to_messages(
             .ok_or_else(|| invalid("user", "expected a string"))?;
         out.insert("metadata".into(), json!({ "user_id": u }));
     }
-    if let Some(mock) = req.get("mock") {
-        out.insert("mock".into(), mock.clone());
-    }
-
     serde_json::to_vec(&Value::Object(out)).map_err(|e| TranslateError::Internal(e.to_string()))
 }
 
@@ -1560,7 +1556,7 @@ mod tests {
     }
 
     #[test]
-    fn request_sampling_stop_stream_user_mock() {
+    fn request_sampling_stop_stream_user_and_no_mock_field() {
         let out = req(json!({
             "model": "x",
             "messages": [{"role": "user", "content": "Hi"}],
@@ -1583,10 +1579,10 @@ mod tests {
                 "top_p": 0.9,
                 "stop_sequences": ["\n\nHuman:"],
                 "stream": true,
-                "metadata": {"user_id": "user-123"},
-                "mock": {"scenario": "slow", "delay_ms": 5}
+                "metadata": {"user_id": "user-123"}
             })
         );
+        assert!(out.get("mock").is_none(), "{out}");
         let out = req(json!({
             "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 12, "stop": ["a", "b"], "temperature": 1.7

@@ -75,8 +75,8 @@ pub struct Target {
 /// Builds the peer for `provider`.
 ///
 /// # Errors
-/// A message when the provider's address cannot be resolved (the demo provider not running,
-/// DNS failure).
+/// A message when the provider's address cannot be resolved (DNS failure) or a non-demo
+/// provider has no endpoint.
 pub async fn target(provider: &Provider) -> Result<Target, String> {
     let (addr, tls, sni, host_header, base_path) = match (&provider.endpoint, provider.kind) {
         (Some(ep), _) => {
@@ -92,19 +92,20 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
                 ep.base_path.clone(),
             )
         }
-        (None, ProviderKind::Demo) => {
-            let addr = demo::address().ok_or("the demo provider is not running")?;
-            (
-                addr,
-                false,
-                String::new(),
-                addr.to_string(),
-                "/v1".to_string(),
-            )
-        }
+        (None, ProviderKind::Demo) => (
+            // Never dialled: the demo peer's custom connector opens an in-process pipe.
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            false,
+            String::new(),
+            "sluice-demo".to_string(),
+            "/v1".to_string(),
+        ),
         (None, _) => return Err(format!("provider {} has no endpoint", provider.id)),
     };
     let mut peer = HttpPeer::new(addr, tls, sni);
+    if provider.endpoint.is_none() && provider.kind == ProviderKind::Demo {
+        peer.options.custom_l4 = Some(demo::connector());
+    }
     let t = provider.timeouts;
     peer.options.connection_timeout = Some(t.connect);
     peer.options.total_connection_timeout = Some(t.connect);

@@ -61,7 +61,8 @@ enum Attempt {
     Shutdown,
 }
 
-/// Resolves when the downstream closes (or misbehaves: sends bytes after its body).
+/// Resolves when the downstream closes. Bytes after the body are a pipelined next request:
+/// Pingora keeps them for it and this stays pending (see [`super::connection`]).
 async fn client_gone(session: &mut Session) {
     let _ = session.downstream_session.read_body_or_idle(true).await;
 }

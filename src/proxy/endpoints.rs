@@ -13,9 +13,10 @@ use serde_json::json;
 
 use super::attempt::{self, ClientGone};
 use super::ctx::{ActiveStreamGuard, RequestCtx};
-use super::request::{self, BodyError, PREFERENCE_HEADER};
+use super::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
 use super::{respond, Gateway};
 use crate::auth::{presented_key, Caller};
+use crate::backpressure::Admission;
 use crate::error::GatewayError;
 use crate::routing;
 
@@ -154,36 +155,75 @@ impl From<GatewayError> for ChatError {
     }
 }
 
+/// Counts a request whose body never fully arrived (`sluice_request_read_aborts_total`).
+fn body_aborted(ctx: &RequestCtx, reason: &'static str) {
+    crate::metrics::metrics()
+        .request_read_aborts_total
+        .with_label_values(&["body", reason])
+        .inc();
+    log::debug!(
+        target: "sluice::proxy::request",
+        "request body not received request_id={} reason={reason}",
+        ctx.request_id
+    );
+}
+
 /// `POST /v1/chat/completions`.
+///
+/// Order: authenticate (head), the tenant-wide concurrency slot (head, before any body byte
+/// is buffered), the body (bounded in size, in global buffer bytes and in time), parse,
+/// the rest of admission, the attempt loop. The body's buffer reservation is held until the
+/// attempt loop ends, since the parsed request is replayed to every candidate.
 async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ChatError> {
     let caller = authenticate(gw, session, ctx)?;
-    let limit = ctx.config.server.max_request_body_bytes;
-    let body = match request::read_body(session, limit).await {
-        Ok(b) => b,
-        Err(BodyError::TooLarge(limit_bytes)) => {
-            return Err(GatewayError::PayloadTooLarge { limit_bytes }.into())
-        }
-        Err(BodyError::Downstream(_)) => return Err(ChatError::Gone(ClientGone("reading_body"))),
-        Err(BodyError::Malformed(detail)) => {
-            // The framing is lost: the connection cannot carry another request.
-            session.set_keepalive(None);
-            return Err(GatewayError::invalid(
-                format!("the request body is malformed: {detail}"),
-                None,
-            )
-            .into());
-        }
-    };
+    let config = ctx.config.clone();
+    let slot = gw
+        .admission
+        .take_tenant_slot(&config, &caller.tenant, &mut ctx.rate_limit)?;
+    let held =
+        match request::read_body(session, BodyLimits::of(&config), gw.admission.buffers()).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge(limit_bytes)) => {
+                return Err(GatewayError::PayloadTooLarge { limit_bytes }.into())
+            }
+            Err(BodyError::BuffersFull(full)) => return Err(Admission::buffers_full(full).into()),
+            Err(BodyError::TimedOut(after)) => {
+                body_aborted(ctx, "timeout");
+                return Err(GatewayError::RequestTimeout(format!(
+                    "the request body did not arrive within {} ms",
+                    after.as_millis()
+                ))
+                .into());
+            }
+            Err(BodyError::Downstream(_)) => {
+                body_aborted(ctx, "closed");
+                return Err(ChatError::Gone(ClientGone("reading_body")));
+            }
+            Err(BodyError::Malformed(detail)) => {
+                // The framing is lost: the connection cannot carry another request.
+                session.set_keepalive(None);
+                return Err(GatewayError::invalid(
+                    format!("the request body is malformed: {detail}"),
+                    None,
+                )
+                .into());
+            }
+        };
     let pref_header = session
         .req_header()
         .headers
         .get(PREFERENCE_HEADER)
         .map(|v| v.as_bytes().to_vec());
-    let req = request::parse_chat(&body, pref_header.as_deref(), &ctx.config)?;
-    drop(body);
+    let request::HeldBody {
+        bytes,
+        reservation: _reservation,
+    } = held;
+    let req = request::parse_chat(&bytes, pref_header.as_deref(), &config)?;
+    // The raw bytes go; their reservation stays (to the end of this function) for the
+    // parsed copy every attempt serializes from.
+    drop(bytes);
     ctx.standard_model = Some(req.model.clone());
     ctx.stream = req.stream;
-    let config = ctx.config.clone();
     let model = config
         .models
         .get(&req.model)
@@ -192,7 +232,7 @@ async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Resu
 
     let permit = match gw
         .admission
-        .admit(session, ctx, req.needs.estimated_input_tokens)
+        .admit(session, ctx, req.needs.estimated_input_tokens, slot)
         .await
     {
         Ok(p) => p,

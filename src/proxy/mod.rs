@@ -1,9 +1,12 @@
 //! Owns [`Gateway`], Sluice's one `ProxyHttp` implementation. Every phase is a few lines that
 //! delegate to the module owning the decision:
 //!
+//! Around it, [`connection`] owns the downstream connection: the keep-alive loop, the
+//! deadline on each request head, HTTP/1.1 pipelining.
+//!
 //! | phase | does | owner |
 //! |---|---|---|
-//! | `new_ctx` | pin the config snapshot, start the clock | [`ctx`] |
+//! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`connection`], [`ctx`] |
 //! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
 //! | `request_filter` | route the path; auth; body; plan; the attempt loop (LLM endpoints) | [`endpoints`], [`attempt`] |
 //! | `upstream_peer` | no native-path routes are configured: refuse | — |
@@ -11,6 +14,7 @@
 //! | `logging` | access log line, request metrics | [`crate::access_log`] |
 
 pub mod attempt;
+pub mod connection;
 pub mod ctx;
 pub mod endpoints;
 mod pipe;
@@ -65,6 +69,8 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
+        // The first hook after the request head: its deadline is met.
+        connection::head_complete();
         RequestCtx::new(self.config.snapshot())
     }
 

@@ -1,12 +1,25 @@
 //! Owns the downstream request body: reading it once, bounded by
-//! `server.max_request_body_bytes` (413 past it), and parsing the OpenAI Chat Completions
-//! request (<https://platform.openai.com/docs/api-reference/chat/create>) into an
+//! `server.max_request_body_bytes` (413 past it), by the process-wide
+//! `server.max_buffered_request_bytes` (503, see [`crate::backpressure::buffers`]) and by
+//! `server.body_read_timeout_ms` (408), and parsing the OpenAI Chat Completions request
+//! (<https://platform.openai.com/docs/api-reference/chat/create>) into an
 //! [`InferenceRequest`]: model, stream flag, capabilities used, provider preference.
+//!
+//! The buffer grows as bytes arrive (doubling, never past the announced `Content-Length`):
+//! a client announcing a large body and sending little costs little memory. The announced
+//! size (twice: the body is parsed and re-serialized per attempt) is reserved against the
+//! global bound before any body byte is read, so a body that cannot fit is refused at its
+//! head (before `100 Continue`).
 
-use bytes::{Bytes, BytesMut};
+use std::time::Duration;
+
+use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::{Map, Value};
+use tokio::time::Instant;
 
+use crate::backpressure::buffers::COPIES_PER_BODY_BYTE;
+use crate::backpressure::{BufferReservation, BuffersFull, RequestBuffers};
 use crate::config::{Capability, Config};
 use crate::error::GatewayError;
 use crate::routing::{Preference, RouteNeeds};
@@ -17,11 +30,18 @@ pub const PREFERENCE_HEADER: &str = "x-sluice-provider-preference";
 /// Default output bound for cost estimates when the request sets none (tokens).
 const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
 
+/// First buffer capacity of a body, bytes (smaller when the body is announced smaller).
+const INITIAL_BODY_CAPACITY: usize = 16 * 1024;
+
 /// Why the body could not be read.
 #[derive(Debug)]
 pub enum BodyError {
     /// Over the limit (bytes).
     TooLarge(usize),
+    /// The process-wide request buffer bound would be passed.
+    BuffersFull(BuffersFull),
+    /// The whole body did not arrive within this.
+    TimedOut(Duration),
     /// The client went away (closed, reset, or stopped sending).
     Downstream(Box<pingora::Error>),
     /// The client is there but its body framing is broken (a bad chunk size, say): a 400.
@@ -37,22 +57,67 @@ fn body_error(e: Box<pingora::Error>) -> BodyError {
     }
 }
 
-/// Reads the whole request body, refusing more than `limit` bytes.
+/// The bounds of one body read.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// Largest body, bytes (`server.max_request_body_bytes`).
+    pub max_bytes: usize,
+    /// Bound on all requests' reserved body bytes (`server.max_buffered_request_bytes`).
+    pub max_buffered: usize,
+    /// Time allowed for the whole body (`server.body_read_timeout_ms`).
+    pub timeout: Duration,
+}
+
+impl BodyLimits {
+    /// The limits of `config.server`.
+    pub fn of(config: &Config) -> Self {
+        Self {
+            max_bytes: config.server.max_request_body_bytes,
+            max_buffered: config.server.max_buffered_request_bytes,
+            timeout: config.server.body_read_timeout,
+        }
+    }
+}
+
+/// A body read whole, with the reservation that accounts for it. Keep the reservation as
+/// long as the body is held in any form (raw or parsed).
+#[derive(Debug)]
+pub struct HeldBody {
+    /// The body bytes.
+    pub bytes: Bytes,
+    /// Its share of `server.max_buffered_request_bytes`.
+    pub reservation: BufferReservation,
+}
+
+/// Reads the whole request body within `limits`, reserving its bytes in `buffers`.
 ///
 /// # Errors
 /// [`BodyError::TooLarge`] as soon as the limit is passed (or announced by `Content-Length`);
-/// [`BodyError::Downstream`] when the client fails; [`BodyError::Malformed`] when the body
-/// framing is invalid.
-pub async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, BodyError> {
+/// [`BodyError::BuffersFull`] when the body does not fit in the global bound (checked
+/// before reading when the length is announced); [`BodyError::TimedOut`] past
+/// `limits.timeout`; [`BodyError::Downstream`] when the client fails;
+/// [`BodyError::Malformed`] when the body framing is invalid.
+pub async fn read_body(
+    session: &mut Session,
+    limits: BodyLimits,
+    buffers: &RequestBuffers,
+) -> Result<HeldBody, BodyError> {
+    let deadline = Instant::now() + limits.timeout;
     let announced = session
         .req_header()
         .headers
         .get("content-length")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<usize>().ok());
-    if announced.is_some_and(|n| n > limit) {
-        return Err(BodyError::TooLarge(limit));
+    if announced.is_some_and(|n| n > limits.max_bytes) {
+        return Err(BodyError::TooLarge(limits.max_bytes));
     }
+    let mut reservation = buffers
+        .reserve(
+            announced.unwrap_or(0).saturating_mul(COPIES_PER_BODY_BYTE),
+            limits.max_buffered,
+        )
+        .map_err(BodyError::BuffersFull)?;
     // A client that sent `Expect: 100-continue` (curl does for bodies over 1 MiB) waits for
     // this before sending the body; without it, it stalls for its expect timeout (1 s).
     let expects_continue = session
@@ -67,19 +132,52 @@ pub async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, Bod
             .await
             .map_err(BodyError::Downstream)?;
     }
-    let mut buf = BytesMut::with_capacity(announced.unwrap_or(4096).min(limit));
+    // Pingora's own limit is per read (60 s by default); past the whole-body deadline it must
+    // not end the read first, or a stalled client would get no 408.
+    session
+        .downstream_session
+        .set_read_timeout(Some(limits.timeout + Duration::from_secs(1)));
+    // Pingora holds a chunked or over-long body to the announced length; the cap keeps the
+    // buffer's growth within it.
+    let cap = announced.unwrap_or(limits.max_bytes);
+    let mut buf: Vec<u8> = Vec::new();
     loop {
-        match session.read_request_body().await {
-            Ok(Some(chunk)) => {
-                if buf.len() + chunk.len() > limit {
-                    return Err(BodyError::TooLarge(limit));
-                }
-                buf.extend_from_slice(&chunk);
+        let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
+            Err(_) => return Err(BodyError::TimedOut(limits.timeout)),
+            Ok(Ok(Some(chunk))) => chunk,
+            Ok(Ok(None)) => {
+                return Ok(HeldBody {
+                    bytes: Bytes::from(buf),
+                    reservation,
+                })
             }
-            Ok(None) => return Ok(buf.freeze()),
-            Err(e) => return Err(body_error(e)),
+            Ok(Err(e)) => return Err(body_error(e)),
+        };
+        let need = buf.len() + chunk.len();
+        if need > limits.max_bytes {
+            return Err(BodyError::TooLarge(limits.max_bytes));
         }
+        if need > buf.capacity() {
+            let target = grown_capacity(buf.capacity(), need, cap);
+            reservation
+                .ensure(
+                    target.saturating_mul(COPIES_PER_BODY_BYTE),
+                    limits.max_buffered,
+                )
+                .map_err(BodyError::BuffersFull)?;
+            buf.reserve_exact(target - buf.len());
+        }
+        buf.extend_from_slice(&chunk);
     }
+}
+
+/// The next capacity of a body buffer of `capacity` that must hold `need` bytes: at least
+/// double (amortized growth), at least [`INITIAL_BODY_CAPACITY`], never past `cap` (the
+/// announced length, or the body limit) unless `need` itself is past it.
+fn grown_capacity(capacity: usize, need: usize, cap: usize) -> usize {
+    need.max(capacity.saturating_mul(2))
+        .max(INITIAL_BODY_CAPACITY.min(cap))
+        .min(cap.max(need))
 }
 
 /// A parsed chat request.
@@ -269,6 +367,28 @@ mod tests {
                 Capability::JsonSchema
             ]
         );
+    }
+
+    #[test]
+    fn body_buffers_grow_with_the_bytes_never_past_the_announced_length() {
+        // A 5 MB announcement allocates nothing up front: 16 KiB for the first bytes.
+        assert_eq!(grown_capacity(0, 100, 5_000_000), INITIAL_BODY_CAPACITY);
+        // Then doubling...
+        assert_eq!(grown_capacity(16_384, 16_385, 5_000_000), 32_768);
+        assert_eq!(grown_capacity(32_768, 100_000, 5_000_000), 100_000);
+        // ...capped at the announced length.
+        assert_eq!(grown_capacity(4_000_000, 4_100_000, 5_000_000), 5_000_000);
+        // A small announced body gets exactly its size.
+        assert_eq!(grown_capacity(0, 10, 300), 300);
+        let mut cap = 0;
+        let mut len = 0;
+        while len < 5_000_000 {
+            len = (len + 65_536).min(5_000_000);
+            if len > cap {
+                cap = grown_capacity(cap, len, 5_000_000);
+            }
+            assert!(cap >= len && cap <= 5_000_000, "{cap} for {len}");
+        }
     }
 
     #[test]

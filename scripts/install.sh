@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs Sluice as a systemd service, idempotently:
+#   target/release/sluice          -> /usr/bin/sluice          (built first if missing)
+#   conf/sluice.yaml               -> /etc/sluice/sluice.yaml  (only if absent: yours is kept)
+#   systemd/sluice.env.example     -> /etc/sluice/sluice.env   (only if absent; mode 600)
+#   systemd/sluice.service         -> /etc/systemd/system/sluice.service
+#   a `sluice` system user and group (no home, no login shell)
+# then `systemctl daemon-reload`. It does not enable or start the service: edit
+# /etc/sluice/sluice.yaml and /etc/sluice/sluice.env, check with `sluice -t -c
+# /etc/sluice/sluice.yaml`, then `systemctl enable --now sluice`.
+#
+# Usage: sudo bash scripts/install.sh
+# Environment:
+#   SLUICE_BIN=path   install this binary instead of target/release/sluice (no build)
+#   DESTDIR=dir       stage everything under dir (packaging, tests): no user is created and
+#                     systemctl is not called
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dest="${DESTDIR:-}"
+bin="${SLUICE_BIN:-target/release/sluice}"
+if [ -z "${SLUICE_BIN:-}" ] && [ ! -x "$bin" ]; then
+  bash scripts/install-deps.sh --run
+  cargo build --locked --release --bin sluice
+fi
+[ -x "$bin" ] || { echo "install.sh: no executable at $bin" >&2; exit 1; }
+if [ -z "$dest" ] && [ "$(id -u)" -ne 0 ]; then
+  echo "install.sh: run as root (sudo bash scripts/install.sh), or set DESTDIR to stage" >&2
+  exit 1
+fi
+
+install -d -m 755 "$dest/usr/bin" "$dest/etc/systemd/system"
+install -d -m 750 "$dest/etc/sluice"
+install -m 755 "$bin" "$dest/usr/bin/sluice"
+install -m 644 systemd/sluice.service "$dest/etc/systemd/system/sluice.service"
+[ -e "$dest/etc/sluice/sluice.yaml" ] || install -m 640 conf/sluice.yaml "$dest/etc/sluice/sluice.yaml"
+[ -e "$dest/etc/sluice/sluice.env" ] || install -m 600 systemd/sluice.env.example "$dest/etc/sluice/sluice.env"
+
+if [ -z "$dest" ]; then
+  if ! getent passwd sluice >/dev/null; then
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+      --user-group sluice
+  fi
+  chgrp sluice /etc/sluice /etc/sluice/sluice.yaml
+  if command -v systemctl >/dev/null 2>&1; then
+    systemctl daemon-reload || true
+  fi
+fi
+echo "installed: $dest/usr/bin/sluice, $dest/etc/sluice/, $dest/etc/systemd/system/sluice.service"
+echo "next: edit $dest/etc/sluice/sluice.yaml and $dest/etc/sluice/sluice.env, then"
+echo "      sluice -t -c /etc/sluice/sluice.yaml && systemctl enable --now sluice"

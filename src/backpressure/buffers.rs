@@ -1,0 +1,178 @@
+//! Owns the process-wide bound on request body bytes held in memory
+//! (`server.max_buffered_request_bytes`).
+//!
+//! A chat request's body is read whole before it goes upstream (it is parsed, and replayed to
+//! each fallback candidate), so without a bound N clients sending large bodies hold N bodies.
+//! Every body read takes a [`BufferReservation`] from [`RequestBuffers`], in bytes of memory:
+//! each body byte counts [`COPIES_PER_BODY_BYTE`] times, since a body is held twice at its
+//! peaks (the bytes as received while they are parsed, then the parsed request while an
+//! attempt's serialized upstream copy is sent and awaited), so the bound is a bound on the
+//! memory request bodies hold, not half of it.
+//!
+//! - with a `Content-Length`, the announced size is reserved **before** the first body byte
+//!   is read (and before `100 Continue` is sent), so a body that does not fit is refused at
+//!   its head, cleanly, without reading it; the memory itself is only allocated as the bytes
+//!   arrive;
+//! - a chunked body grows its reservation with the buffer's capacity, and is refused mid-way
+//!   when the next growth does not fit.
+//!
+//! The reservation is held as long as the request holds the body in any form (the raw bytes,
+//! then the parsed request that every attempt serializes from): until the attempt loop ends.
+//! Dropping it releases the bytes. `sluice_buffered_request_bytes` shows the total reserved.
+
+/// How many times a body byte counts against the bound: the raw bytes and the parsed request
+/// (while parsing), or the parsed request and the serialized upstream body (per attempt).
+pub const COPIES_PER_BODY_BYTE: usize = 2;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::metrics::metrics;
+
+/// The process-wide count of reserved request body bytes.
+#[derive(Debug, Default)]
+pub struct RequestBuffers {
+    held: Arc<AtomicUsize>,
+}
+
+/// The bound would be passed: the caller answers 503 with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuffersFull {
+    /// The configured bound, bytes.
+    pub max_bytes: usize,
+}
+
+/// Bytes reserved by one request; released on drop.
+#[derive(Debug)]
+pub struct BufferReservation {
+    held: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl RequestBuffers {
+    /// An empty count.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes reserved now, all requests together.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Reserves `bytes` if the total stays within `max_bytes`.
+    ///
+    /// # Errors
+    /// [`BuffersFull`] when it would not (nothing is reserved then).
+    pub fn reserve(
+        &self,
+        bytes: usize,
+        max_bytes: usize,
+    ) -> Result<BufferReservation, BuffersFull> {
+        let mut r = BufferReservation {
+            held: self.held.clone(),
+            bytes: 0,
+        };
+        r.ensure(bytes, max_bytes)?;
+        Ok(r)
+    }
+}
+
+impl BufferReservation {
+    /// Bytes this reservation holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Grows the reservation to at least `bytes` if the total stays within `max_bytes`
+    /// (a reservation never shrinks; one already that large is left as it is).
+    ///
+    /// # Errors
+    /// [`BuffersFull`] when the growth does not fit (the reservation is unchanged then).
+    pub fn ensure(&mut self, bytes: usize, max_bytes: usize) -> Result<(), BuffersFull> {
+        let Some(extra) = bytes.checked_sub(self.bytes).filter(|e| *e > 0) else {
+            return Ok(());
+        };
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(extra).filter(|total| *total <= max_bytes)
+            })
+            .map_err(|_| BuffersFull { max_bytes })?;
+        self.bytes = bytes;
+        metrics()
+            .buffered_request_bytes
+            .add(i64::try_from(extra).unwrap_or(i64::MAX));
+        Ok(())
+    }
+}
+
+impl Drop for BufferReservation {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.held.fetch_sub(self.bytes, Ordering::AcqRel);
+            metrics()
+                .buffered_request_bytes
+                .sub(i64::try_from(self.bytes).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_bounded_grow_and_release_on_drop() {
+        let b = RequestBuffers::new();
+        let a = b.reserve(600, 1000).unwrap();
+        assert_eq!(b.held(), 600);
+        // 600 + 500 > 1000: refused, nothing taken.
+        assert_eq!(b.reserve(500, 1000).unwrap_err().max_bytes, 1000);
+        assert_eq!(b.held(), 600);
+        let mut c = b.reserve(0, 1000).unwrap();
+        c.ensure(400, 1000).unwrap();
+        assert_eq!(b.held(), 1000);
+        // Growth past the bound fails and leaves the reservation as it was.
+        assert!(c.ensure(401, 1000).is_err());
+        assert_eq!((c.bytes(), b.held()), (400, 1000));
+        // Never shrinks.
+        c.ensure(10, 1000).unwrap();
+        assert_eq!(c.bytes(), 400);
+        drop(a);
+        assert_eq!(b.held(), 400);
+        c.ensure(1000, 1000).unwrap();
+        assert_eq!(b.held(), 1000);
+        drop(c);
+        assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn concurrent_reservations_never_pass_the_bound() {
+        let b = Arc::new(RequestBuffers::new());
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (b, admitted, peak) = (b.clone(), admitted.clone(), peak.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..2000 {
+                        if let Ok(r) = b.reserve(300, 1000) {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                            peak.fetch_max(b.held(), Ordering::Relaxed);
+                            drop(r);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(
+            peak.load(Ordering::Relaxed) <= 900,
+            "3 × 300 fit, a 4th never"
+        );
+        assert!(admitted.load(Ordering::Relaxed) > 0);
+        assert_eq!(b.held(), 0);
+    }
+}
