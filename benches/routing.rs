@@ -46,7 +46,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
             let upstream = format!("upstream-model-{i}");
             Route {
                 health_key: format!("{id}/{upstream}"),
-                rewriter: ModelRewriter::new(&upstream, MODEL),
+                rewriter: ModelRewriter::new(MODEL),
                 provider: provider(&id),
                 upstream_model: upstream,
                 priority: i32::try_from(i / 2).unwrap_or(0),

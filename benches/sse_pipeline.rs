@@ -1,5 +1,7 @@
-//! Criterion benchmark of the SSE hot path (`sluice::sse`): normalizer +
-//! model rewrite over a realistic recorded-style OpenAI stream, cut into
+//! Criterion benchmark of the SSE hot path (`sluice::sse`): normalizer (with
+//! its per-line UTF-8 validation) + model echo (the structural scan that
+//! replaces whatever model id the provider answered) over a realistic
+//! recorded-style OpenAI stream, cut into
 //! chunks of various sizes, plus an allocation count per event (via a
 //! counting global allocator that exists only in this bench binary).
 #![allow(unsafe_code)] // the counting global allocator below must implement `GlobalAlloc`
@@ -10,7 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice::sse::{extract_usage, has_content, ModelRewriter, SseNormalizer};
+use sluice::sse::{
+    extract_usage, has_content, has_finish_reason, EchoMemo, ModelRewriter, SseNormalizer,
+};
 
 /// System allocator that counts allocations (alloc + realloc calls).
 struct CountingAlloc;
@@ -103,6 +107,7 @@ fn chunked(input: &[u8], size: usize) -> Vec<&[u8]> {
 struct Pipeline {
     norm: SseNormalizer,
     rewriter: ModelRewriter,
+    memo: EchoMemo,
     out: BytesMut,
 }
 
@@ -110,7 +115,8 @@ impl Pipeline {
     fn new() -> Self {
         Pipeline {
             norm: SseNormalizer::new(MAX_EVENT),
-            rewriter: ModelRewriter::new(UPSTREAM, STANDARD),
+            rewriter: ModelRewriter::new(STANDARD),
+            memo: EchoMemo::default(),
             out: BytesMut::with_capacity(8 * 1024),
         }
     }
@@ -135,9 +141,11 @@ impl Pipeline {
                             content_events += 1;
                         }
                         black_box(extract_usage(&data));
+                        black_box(has_finish_reason(&data));
                     }
                 }
-                self.rewriter.rewrite_into(ev.raw(), &mut self.out);
+                self.rewriter
+                    .rewrite_event(&ev, &mut self.memo, &mut self.out);
             }
             if !self.out.is_empty() {
                 let frame = self.out.split().freeze();
@@ -148,7 +156,8 @@ impl Pipeline {
         if self.norm.finish().is_ok() {
             while let Some(ev) = self.norm.next_event() {
                 events += 1;
-                self.rewriter.rewrite_into(ev.raw(), &mut self.out);
+                self.rewriter
+                    .rewrite_event(&ev, &mut self.memo, &mut self.out);
             }
         }
         sent += self.out.split().freeze().len();

@@ -12,10 +12,10 @@
 //! | [`cli`] | the command line contract (`-c`, `-t`, `-d`, `-u`; `key new`) |
 //! | [`config`] | YAML schema, validation with file:line:key errors, hot reload |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
-//! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop |
+//! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the per-stream pipe |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
-//! | [`providers`] | peers, upstream request heads, OpenAI/Anthropic wire formats, the demo provider |
-//! | [`sse`] | the SSE hot path: normalizer, model rewrite, usage |
+//! | [`providers`] | peers, upstream request heads, content decoding, OpenAI/Anthropic wire formats, the demo provider |
+//! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | virtual keys |
 //! | [`error`] | client-facing errors and attempt records |

@@ -44,7 +44,13 @@ pub struct Metrics {
     /// `sluice_heartbeats_total`: `: keepalive` comments written.
     pub heartbeats_total: IntCounterVec,
     /// `sluice_stream_errors_total{reason}`: committed streams that ended with an error event.
+    /// Reasons: `upstream_broken`, `upstream_error`, `upstream_truncated`,
+    /// `upstream_incomplete`, `upstream_encoding`, `event_too_large`, `idle_timeout`,
+    /// `first_event_timeout`, `max_stream_duration`, `shutdown`.
     pub stream_errors_total: IntCounterVec,
+    /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream SSE
+    /// events, each replaced with U+FFFD before it reached the client (WHATWG SSE decoding).
+    pub sse_invalid_utf8_total: IntCounterVec,
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
     /// `sluice_rejected_total{reason}`: admission rejections
@@ -137,6 +143,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_stream_errors_total",
             "Committed streams that ended with an SSE error event, by reason.",
             &["reason"]
+        )?,
+        sse_invalid_utf8_total: register_int_counter_vec!(
+            "sluice_sse_invalid_utf8_total",
+            "Invalid UTF-8 sequences in upstream SSE events, replaced with U+FFFD, by provider.",
+            &["provider"]
         )?,
         config_reloads_total: register_int_counter_vec!(
             "sluice_config_reloads_total",

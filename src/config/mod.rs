@@ -61,8 +61,10 @@ pub struct ServerSettings {
     pub default_timeouts: HopTimeouts,
     /// Downstream write timeout.
     pub downstream_write_timeout: Duration,
-    /// Per-stream buffer bound, bytes.
+    /// Per-stream buffer bound (backpressure: how far ahead of the client Sluice reads), bytes.
     pub max_buffered_bytes_per_stream: usize,
+    /// Largest single upstream SSE event, bytes.
+    pub max_event_bytes: usize,
     /// Shutdown grace period.
     pub shutdown_grace: Duration,
     /// Optional cap on one stream's total duration.
@@ -262,7 +264,7 @@ pub struct Route {
     pub output_usd_per_mtok: f64,
     /// Capabilities; `None` means all.
     pub capabilities: Option<Vec<Capability>>,
-    /// Rewrites `upstream_model` back to the standard id in responses.
+    /// The model echo: puts the standard id in responses, whatever model id the provider answered.
     pub rewriter: ModelRewriter,
     /// Stable health key, `provider/upstream_model`.
     pub health_key: String,

@@ -87,8 +87,9 @@ pub struct ServerSection {
     /// Largest accepted request body in bytes (default 10 MiB); larger gets 413.
     #[serde(default = "default_max_request_body_bytes")]
     pub max_request_body_bytes: usize,
-    /// Largest non-streaming upstream response body Sluice buffers to rewrite, in bytes
-    /// (default 32 MiB); a larger one fails with 502.
+    /// Largest non-streaming upstream response body Sluice buffers to rewrite, in bytes, after
+    /// content decoding (default 32 MiB); a larger one fails with 502 and the error code
+    /// `upstream_response_too_large`, its message naming this limit.
     #[serde(default = "default_max_response_body_bytes")]
     pub max_response_body_bytes: usize,
     /// Default TCP + TLS connect timeout to a provider, ms (default 10000).
@@ -109,9 +110,17 @@ pub struct ServerSection {
     /// A client that accepts no bytes for this long is disconnected, ms (default 60000).
     #[serde(default = "default_downstream_write_timeout_ms")]
     pub downstream_write_timeout_ms: u64,
-    /// Most bytes Sluice holds for one stream before it stops reading upstream (default 65536).
+    /// Most bytes Sluice holds for one stream before it stops reading upstream (default 65536):
+    /// the backpressure bound, how far ahead of a slow reader Sluice reads. Not a limit on the
+    /// size of one event (see `max_event_bytes`).
     #[serde(default = "default_max_buffered_bytes_per_stream")]
     pub max_buffered_bytes_per_stream: usize,
+    /// Largest single upstream SSE event, bytes (default 8388608, 8 MiB; at least 1024): a
+    /// large tool call or reasoning block is one event. A bigger event ends the stream with an
+    /// error event. Also bounds what one compressed stream chunk may decode to (together with
+    /// `max_buffered_bytes_per_stream`).
+    #[serde(default = "default_max_event_bytes")]
+    pub max_event_bytes: usize,
     /// On SIGTERM/SIGQUIT, how long open streams may run before they are cancelled, ms (default 30000).
     #[serde(default = "default_shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
@@ -183,6 +192,7 @@ impl Default for ServerSection {
             heartbeat_interval_ms: default_heartbeat_interval_ms(),
             downstream_write_timeout_ms: default_downstream_write_timeout_ms(),
             max_buffered_bytes_per_stream: default_max_buffered_bytes_per_stream(),
+            max_event_bytes: default_max_event_bytes(),
             shutdown_grace_ms: default_shutdown_grace_ms(),
             max_stream_duration_ms: None,
             max_concurrent_upstream_requests: default_max_concurrent_upstream_requests(),
@@ -490,6 +500,9 @@ fn default_downstream_write_timeout_ms() -> u64 {
 }
 fn default_max_buffered_bytes_per_stream() -> usize {
     65_536
+}
+fn default_max_event_bytes() -> usize {
+    8 * 1024 * 1024
 }
 fn default_shutdown_grace_ms() -> u64 {
     30_000

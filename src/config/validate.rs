@@ -522,6 +522,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             "must be at least 1024".into(),
         ));
     }
+    if server.max_event_bytes < 1024 {
+        return Err(main_err(
+            "server.max_event_bytes",
+            "must be at least 1024".into(),
+        ));
+    }
     if server.rate_limit_window_ms == 0 {
         return Err(main_err(
             "server.rate_limit_window_ms",
@@ -578,6 +584,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         default_timeouts: defaults,
         downstream_write_timeout: ms(server.downstream_write_timeout_ms.max(1)),
         max_buffered_bytes_per_stream: server.max_buffered_bytes_per_stream,
+        max_event_bytes: server.max_event_bytes,
         shutdown_grace: ms(server.shutdown_grace_ms),
         max_stream_duration: server.max_stream_duration_ms.map(ms),
         max_concurrent_upstream_requests: server.max_concurrent_upstream_requests,
@@ -643,7 +650,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             }
             routes.push(Route {
                 health_key: format!("{}/{}", provider.id, r.upstream_model),
-                rewriter: ModelRewriter::new(&r.upstream_model, &id),
+                rewriter: ModelRewriter::new(&id),
                 provider,
                 upstream_model: r.upstream_model,
                 priority: r.priority,
@@ -853,6 +860,24 @@ mod tests {
         );
         assert!(c.keys.authenticate("sk-sluice-team-a-0001").is_some());
         assert!(c.server.threads >= 1);
+    }
+
+    #[test]
+    fn max_event_bytes_is_its_own_limit() {
+        let c = load_str(MINIMAL).unwrap();
+        assert_eq!(c.server.max_event_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.server.max_buffered_bytes_per_stream, 65_536);
+        let set = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  max_event_bytes: 300000\n",
+        );
+        assert_eq!(load_str(&set).unwrap().server.max_event_bytes, 300_000);
+        let bad = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  max_event_bytes: 100\n",
+        );
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, "server.max_event_bytes", "{e}");
     }
 
     #[test]

@@ -154,6 +154,45 @@ pub struct Behavior {
     /// Answer with `Connection: close` and close the connection after the response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub close: Option<bool>,
+    /// The model id the answer names (every chunk, every body) instead of the one asked
+    /// for, as real providers do (`gpt-4o-mini` → `gpt-4o-mini-2024-07-18`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_model: Option<String>,
+    /// Stream: after N content tokens, write the first half of the next event's bytes, then
+    /// end the body cleanly (chunked terminator): a truncated last event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncate_after_tokens: Option<u64>,
+    /// Content tokens carry invalid UTF-8: `tok{i}` followed by the raw bytes `C3 28 FF`
+    /// (a lead byte without its continuation, then a byte never valid in UTF-8); a client
+    /// decoding as WHATWG SSE does sees `tok{i}\u{FFFD}(\u{FFFD}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid_utf8: Option<bool>,
+    /// Stream: after the content tokens, end the body cleanly with no finish reason and no
+    /// terminator (OpenAI: no finish chunk, usage chunk or `[DONE]`; Anthropic: no
+    /// `content_block_stop`, `message_delta` or `message_stop`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_finish: Option<bool>,
+    /// Stream: send the finish reason (and usage), then end the body cleanly without the
+    /// terminator (OpenAI: no `[DONE]`; Anthropic: no `message_stop`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_done: Option<bool>,
+    /// Compress chat answers and error bodies with this `Content-Encoding`: `gzip`, `deflate` (zlib),
+    /// `deflate-raw` (raw deflate sent as `deflate`), `br`, `zstd`; any other name is sent
+    /// as the header over an uncompressed body. Streams are flushed after every event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    /// The first content token is this many bytes (`x` repeated) instead of `tok0 `: one
+    /// huge event (a large tool call or reasoning block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub big_token_bytes: Option<u64>,
+    /// Stream: during every token delay send a keepalive every N ms (Anthropic `event: ping`;
+    /// OpenAI a `: ping` comment), upstream chatter that carries no content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ping_interval_ms: Option<u64>,
+    /// The error `type` in error bodies and in-band error events (default: from the
+    /// status, e.g. Anthropic 529 `overloaded_error`, 429 `rate_limit_error`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
 }
 
 macro_rules! merge_fields {
@@ -216,6 +255,15 @@ impl Behavior {
             prompt_tokens,
             models,
             close,
+            answer_model,
+            truncate_after_tokens,
+            invalid_utf8,
+            no_finish,
+            no_done,
+            content_encoding,
+            big_token_bytes,
+            ping_interval_ms,
+            error_type,
         )
     }
 

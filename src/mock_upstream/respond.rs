@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::behavior::{Behavior, Split};
 use super::h1::{Framing, Out, Request, Wr};
 use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
-use super::wire::{self, Provider, ReplyMeta, SseStyle};
+use super::wire::{self, BodyEncoder, Provider, ReplyMeta, SseStyle};
 use super::MockState;
 
 /// Size of one bulk content token in `total_bytes` mode, bytes.
@@ -225,19 +225,20 @@ pub(crate) fn prepare(
                         .error_message
                         .clone()
                         .unwrap_or_else(|| wire::default_error_message(provider, s));
-                    wire::error_body(provider, s, &msg)
+                    wire::error_body_typed(provider, s, &msg, behavior.error_type.as_deref())
                 }
             };
             (s, body)
         })
     };
 
-    let model = body
-        .as_ref()
-        .and_then(|b| b.get("model"))
-        .and_then(Value::as_str)
-        .unwrap_or("mock-model")
-        .to_string();
+    let model = behavior.answer_model.clone().unwrap_or_else(|| {
+        body.as_ref()
+            .and_then(|b| b.get("model"))
+            .and_then(Value::as_str)
+            .unwrap_or("mock-model")
+            .to_string()
+    });
     let stream = body
         .as_ref()
         .and_then(|b| b.get("stream"))
@@ -294,10 +295,13 @@ pub(crate) fn prepare(
     } else {
         let n = behavior.tokens.unwrap_or(5);
         let utf8 = behavior.split_mode() == Split::MidUtf8;
+        let invalid = Behavior::flag(behavior.invalid_utf8);
         Tokens::List(
             (0..n)
                 .map(|i| {
-                    if utf8 {
+                    if invalid {
+                        format!("tok{i}{} ", wire::INVALID_UTF8_MARKER)
+                    } else if utf8 {
                         format!("tök{i} ")
                     } else {
                         format!("tok{i} ")
@@ -305,6 +309,17 @@ pub(crate) fn prepare(
                 })
                 .collect(),
         )
+    };
+    let tokens = match (tokens, behavior.big_token_bytes) {
+        (Tokens::List(mut t), Some(n)) => {
+            let big = "x".repeat(usize::try_from(n).unwrap_or(0));
+            match t.first_mut() {
+                Some(first) => *first = big,
+                None => t.push(big),
+            }
+            Tokens::List(t)
+        }
+        (t, _) => t,
     };
 
     record.behavior = behavior.clone();
@@ -398,9 +413,19 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         if let Some(s) = b.retry_after_s {
             h.push(("Retry-After".into(), s.to_string()));
         }
+        let mut body = body.as_bytes().to_vec();
+        if let Some(name) = &b.content_encoding {
+            let (enc, header) = BodyEncoder::for_name(name);
+            if let Some(mut enc) = enc {
+                let mut coded = enc.encode(&body)?;
+                coded.extend_from_slice(&enc.finish()?);
+                body = coded;
+            }
+            h.push(("Content-Encoding".into(), header));
+        }
         out.head(*status, &h, Framing::Length(body.len()), close)
             .await?;
-        write_body(out, body.as_bytes(), b.split_mode()).await?;
+        write_body(out, &body, b.split_mode()).await?;
         out.finish().await?;
         return Ok(After::Keep);
     }
@@ -458,7 +483,20 @@ async fn non_stream(
         Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
         Provider::Anthropic => wire::anthropic_message(&plan.meta, &text, n),
     };
-    let h = base_headers(plan, "application/json");
+    let mut body = body.into_bytes();
+    if Behavior::flag(b.invalid_utf8) {
+        body = wire::inject_invalid_utf8(&body);
+    }
+    let mut h = base_headers(plan, "application/json");
+    if let Some(name) = &b.content_encoding {
+        let (enc, header) = BodyEncoder::for_name(name);
+        if let Some(mut enc) = enc {
+            let mut coded = enc.encode(&body)?;
+            coded.extend_from_slice(&enc.finish()?);
+            body = coded;
+        }
+        h.push(("Content-Encoding".into(), header));
+    }
     out.head(200, &h, Framing::Length(body.len()), close)
         .await?;
     if let Some(ms) = b.first_event_delay_ms {
@@ -467,7 +505,7 @@ async fn non_stream(
     if Behavior::flag(b.close_before_first_event) {
         return Ok(abort);
     }
-    let half = &body.as_bytes()[..body.len() / 2];
+    let half = &body[..body.len() / 2];
     if b.drop_after_tokens.is_some() {
         write_body(out, half, b.split_mode()).await?;
         return Ok(abort);
@@ -477,7 +515,7 @@ async fn non_stream(
         sleep_ms(b.stall_max()).await;
         return Ok(After::Close);
     }
-    write_body(out, body.as_bytes(), b.split_mode()).await?;
+    write_body(out, &body, b.split_mode()).await?;
     out.finish().await?;
     Ok(After::Keep)
 }
@@ -492,11 +530,41 @@ struct Ev {
     prelude: bool,
 }
 
-async fn write_event(out: &mut Out<'_>, bytes: &[u8], split: Split) -> io::Result<()> {
-    for piece in wire::split_pieces(bytes, split) {
-        out.piece(piece).await?;
+/// How stream bytes go on the wire: write splitting, invalid UTF-8 injection, a coding.
+struct Wire {
+    split: Split,
+    invalid_utf8: bool,
+    encoder: Option<BodyEncoder>,
+}
+
+impl Wire {
+    /// Writes one event's (or any) bytes.
+    async fn write(&mut self, out: &mut Out<'_>, bytes: &[u8]) -> io::Result<()> {
+        let injected;
+        let mut bytes = bytes;
+        if self.invalid_utf8 {
+            injected = wire::inject_invalid_utf8(bytes);
+            bytes = &injected;
+        }
+        let coded;
+        if let Some(enc) = self.encoder.as_mut() {
+            coded = enc.encode(bytes)?;
+            bytes = &coded;
+        }
+        for piece in wire::split_pieces(bytes, self.split) {
+            out.piece(piece).await?;
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Ends the coded stream (its last bytes) and the body.
+    async fn finish(&mut self, out: &mut Out<'_>) -> io::Result<()> {
+        if let Some(enc) = self.encoder.take() {
+            let tail = enc.finish()?;
+            out.piece(&tail).await?;
+        }
+        out.finish().await
+    }
 }
 
 async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After> {
@@ -516,7 +584,6 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
         no_space: Behavior::flag(b.no_space),
         multi_line: Behavior::flag(b.multi_line_data),
     };
-    let split = b.split_mode();
     let openai = m.provider == Provider::OpenAi;
     let oa_name = if Behavior::flag(b.event_names) {
         Some("chunk")
@@ -524,7 +591,23 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
         None
     };
 
-    let h = base_headers(plan, "text/event-stream");
+    let mut h = base_headers(plan, "text/event-stream");
+    let mut wire = Wire {
+        split: b.split_mode(),
+        invalid_utf8: Behavior::flag(b.invalid_utf8),
+        encoder: None,
+    };
+    if let Some(name) = &b.content_encoding {
+        let (enc, header) = BodyEncoder::for_name(name);
+        wire.encoder = enc;
+        h.push(("Content-Encoding".into(), header));
+    }
+    // A keepalive with no content: Anthropic's `ping` event, an SSE comment for OpenAI.
+    let ping = if openai {
+        format!(": ping{}{}", style.eol, style.eol).into_bytes()
+    } else {
+        wire::encode_event(Some("ping"), wire::ANTHROPIC_PING, style)
+    };
     out.head(200, &h, Framing::Chunked, close).await?;
     if let Some(ms) = b.first_event_delay_ms {
         sleep_ms(ms).await;
@@ -596,6 +679,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                     token: true,
                     prelude: false,
                 },
+                _ if Behavior::flag(b.no_finish) => break,
                 _ => {
                     finish_stage += 1;
                     let ev = match (openai, finish_stage) {
@@ -622,6 +706,11 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                         )),
                         _ => None,
                     };
+                    let terminator = matches!(&ev, Some((_, d))
+                        if d == "[DONE]" || d == wire::ANTHROPIC_MESSAGE_STOP);
+                    if terminator && Behavior::flag(b.no_done) {
+                        break;
+                    }
                     match ev {
                         Some((name, data)) => Ev {
                             name,
@@ -649,30 +738,52 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                     .error_message
                     .clone()
                     .unwrap_or_else(|| wire::default_error_message(m.provider, status));
-                let data = wire::error_body(m.provider, status, &msg);
+                let data =
+                    wire::error_body_typed(m.provider, status, &msg, b.error_type.as_deref());
                 let name = if openai { oa_name } else { Some("error") };
                 if Behavior::flag(b.comments) {
-                    write_event(out, &wire::encode_comment(style), split).await?;
+                    wire.write(out, &wire::encode_comment(style)).await?;
                 }
-                write_event(out, &wire::encode_event(name, &data, style), split).await?;
-                out.finish().await?;
+                wire.write(out, &wire::encode_event(name, &data, style))
+                    .await?;
+                wire.finish(out).await?;
+                return Ok(After::Keep);
+            }
+            if b.truncate_after_tokens == Some(sent) {
+                let bytes = wire::encode_event(ev.name, &ev.data, style);
+                wire.write(out, &bytes[..bytes.len() / 2]).await?;
+                wire.finish(out).await?;
                 return Ok(After::Keep);
             }
         }
         if ev.token {
             let d = b.token_delay();
-            if d > 0 {
-                sleep_ms(d).await;
+            match b.ping_interval_ms {
+                Some(every) if d > 0 => {
+                    let every = every.max(1);
+                    let mut left = d;
+                    while left > 0 {
+                        let step = left.min(every);
+                        sleep_ms(step).await;
+                        left -= step;
+                        if left > 0 {
+                            wire.write(out, &ping).await?;
+                        }
+                    }
+                }
+                _ if d > 0 => sleep_ms(d).await,
+                _ => {}
             }
         }
         if Behavior::flag(b.comments) {
-            write_event(out, &wire::encode_comment(style), split).await?;
+            wire.write(out, &wire::encode_comment(style)).await?;
         }
-        write_event(out, &wire::encode_event(ev.name, &ev.data, style), split).await?;
+        wire.write(out, &wire::encode_event(ev.name, &ev.data, style))
+            .await?;
         if ev.token {
             sent += 1;
         }
     }
-    out.finish().await?;
+    wire.finish(out).await?;
     Ok(After::Keep)
 }

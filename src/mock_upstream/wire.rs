@@ -234,6 +234,147 @@ pub(crate) fn error_body(provider: Provider, status: u16, message: &str) -> Stri
     }
 }
 
+/// Provider-shaped error body for `status` whose error `type` is `error_type` when given.
+pub(crate) fn error_body_typed(
+    provider: Provider,
+    status: u16,
+    message: &str,
+    error_type: Option<&str>,
+) -> String {
+    let Some(ty) = error_type else {
+        return error_body(provider, status, message);
+    };
+    match provider {
+        Provider::OpenAi => format!(
+            "{{\"error\":{{\"message\":{},\"type\":{},\"param\":null,\"code\":null}}}}",
+            js(message),
+            js(ty)
+        ),
+        Provider::Anthropic => format!(
+            "{{\"type\":\"error\",\"error\":{{\"type\":{},\"message\":{}}}}}",
+            js(ty),
+            js(message)
+        ),
+    }
+}
+
+// ---------------------------------------------------------------- failure bytes
+
+/// ASCII marker put in token text where the `invalid_utf8` knob puts invalid bytes.
+pub(crate) const INVALID_UTF8_MARKER: &str = "~INVALID~";
+/// What replaces [`INVALID_UTF8_MARKER`] on the wire: a 2-byte lead without its
+/// continuation byte, `(`, then `FF` (never valid in UTF-8).
+pub(crate) const INVALID_UTF8_BYTES: &[u8] = b"\xC3(\xFF";
+
+/// `bytes` with every [`INVALID_UTF8_MARKER`] replaced by [`INVALID_UTF8_BYTES`].
+pub(crate) fn inject_invalid_utf8(bytes: &[u8]) -> Vec<u8> {
+    let marker = INVALID_UTF8_MARKER.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while let Some(i) = rest.windows(marker.len()).position(|w| w == marker) {
+        out.extend_from_slice(&rest[..i]);
+        out.extend_from_slice(INVALID_UTF8_BYTES);
+        rest = &rest[i + marker.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+/// A content coding the mock answers in (`content_encoding` knob): compresses body pieces
+/// as they are written, flushing after each so that every SSE event can be decoded as soon
+/// as it arrives.
+pub(crate) enum BodyEncoder {
+    /// `gzip`.
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    /// `deflate` (zlib).
+    Zlib(flate2::write::ZlibEncoder<Vec<u8>>),
+    /// `deflate` carrying a raw deflate stream.
+    RawDeflate(flate2::write::DeflateEncoder<Vec<u8>>),
+    /// `br`.
+    Brotli(Box<brotli::CompressorWriter<Vec<u8>>>),
+    /// `zstd`.
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl BodyEncoder {
+    /// The encoder for a knob value and the `Content-Encoding` header to send; `(None,
+    /// name)` for a name the mock does not compress with (sent as is, body uncompressed).
+    pub(crate) fn for_name(name: &str) -> (Option<BodyEncoder>, String) {
+        use flate2::Compression;
+        let enc = match name {
+            "gzip" => BodyEncoder::Gzip(flate2::write::GzEncoder::new(
+                Vec::new(),
+                Compression::default(),
+            )),
+            "deflate" => BodyEncoder::Zlib(flate2::write::ZlibEncoder::new(
+                Vec::new(),
+                Compression::default(),
+            )),
+            "deflate-raw" => BodyEncoder::RawDeflate(flate2::write::DeflateEncoder::new(
+                Vec::new(),
+                Compression::default(),
+            )),
+            "br" => BodyEncoder::Brotli(Box::new(brotli::CompressorWriter::new(
+                Vec::new(),
+                4096,
+                5,
+                22,
+            ))),
+            "zstd" => match zstd::stream::write::Encoder::new(Vec::new(), 3) {
+                Ok(e) => BodyEncoder::Zstd(e),
+                Err(_) => return (None, name.to_string()),
+            },
+            _ => return (None, name.to_string()),
+        };
+        let header = if name == "deflate-raw" {
+            "deflate"
+        } else {
+            name
+        };
+        (Some(enc), header.to_string())
+    }
+
+    fn inner(&mut self) -> &mut Vec<u8> {
+        match self {
+            BodyEncoder::Gzip(e) => e.get_mut(),
+            BodyEncoder::Zlib(e) => e.get_mut(),
+            BodyEncoder::RawDeflate(e) => e.get_mut(),
+            BodyEncoder::Brotli(e) => e.get_mut(),
+            BodyEncoder::Zstd(e) => e.get_mut(),
+        }
+    }
+
+    /// Compresses `data` and flushes: the coded bytes to write now.
+    pub(crate) fn encode(&mut self, data: &[u8]) -> std::io::Result<Vec<u8>> {
+        use std::io::Write;
+        match self {
+            BodyEncoder::Gzip(e) => e.write_all(data).and_then(|()| e.flush())?,
+            BodyEncoder::Zlib(e) => e.write_all(data).and_then(|()| e.flush())?,
+            BodyEncoder::RawDeflate(e) => e.write_all(data).and_then(|()| e.flush())?,
+            BodyEncoder::Brotli(e) => e.write_all(data).and_then(|()| e.flush())?,
+            BodyEncoder::Zstd(e) => e.write_all(data).and_then(|()| e.flush())?,
+        }
+        Ok(std::mem::take(self.inner()))
+    }
+
+    /// Ends the coded stream: its last bytes.
+    pub(crate) fn finish(self) -> std::io::Result<Vec<u8>> {
+        match self {
+            BodyEncoder::Gzip(e) => e.finish(),
+            BodyEncoder::Zlib(e) => e.finish(),
+            BodyEncoder::RawDeflate(e) => e.finish(),
+            BodyEncoder::Brotli(mut e) => {
+                use std::io::Write;
+                e.flush()?;
+                let mut rest = std::mem::take(e.get_mut());
+                rest.extend_from_slice(&e.into_inner());
+                Ok(rest)
+            }
+            BodyEncoder::Zstd(e) => e.finish(),
+        }
+    }
+}
+
 /// Default error message for a status.
 pub(crate) fn default_error_message(provider: Provider, status: u16) -> String {
     match (provider, status) {

@@ -1105,6 +1105,8 @@ pub struct StreamTranslator {
     output_tokens: u64,
     /// (Anthropic content block index, OpenAI tool call index).
     tool_blocks: Vec<(u64, u32)>,
+    /// `message_delta` (the stop reason) was translated.
+    stopped: bool,
     finished: bool,
 }
 
@@ -1122,6 +1124,7 @@ impl StreamTranslator {
             input_tokens: 0,
             output_tokens: 0,
             tool_blocks: Vec::new(),
+            stopped: false,
             finished: false,
         }
     }
@@ -1135,6 +1138,38 @@ impl StreamTranslator {
     /// Whether `message_stop` has been seen (and `data: [DONE]` emitted).
     pub fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// Whether the answer's stop reason (`message_delta`) was translated: the answer is
+    /// complete even if the upstream body ends before `message_stop`.
+    pub fn has_stop_reason(&self) -> bool {
+        self.stopped
+    }
+
+    /// Ends the client stream as `message_stop` would (the usage chunk when asked for,
+    /// then `data: [DONE]`); for an upstream body that ended cleanly after
+    /// `message_delta` but before `message_stop`. Does nothing once finished.
+    ///
+    /// # Errors
+    /// [`TranslateError::Internal`] if the usage chunk cannot be serialized.
+    pub fn finish(&mut self, out: &mut BytesMut) -> Result<(), TranslateError> {
+        if self.finished {
+            return Ok(());
+        }
+        self.finished = true;
+        if self.include_usage {
+            let chunk = ChunkOut {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: &self.model,
+                choices: &[],
+                usage: Some(Some(UsageOut::new(self.input_tokens, self.output_tokens))),
+            };
+            write_event(out, &chunk)?;
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Ok(())
     }
 
     /// Translates one upstream SSE event, appending zero or more complete
@@ -1290,24 +1325,10 @@ impl StreamTranslator {
                     .as_ref()
                     .and_then(|d| opt_str(&d.stop_reason))
                     .unwrap_or("end_turn");
+                self.stopped = true;
                 self.write_chunk(out, DeltaOut::default(), Some(map_stop_reason(reason)))
             }
-            b"message_stop" => {
-                self.finished = true;
-                if self.include_usage {
-                    let chunk = ChunkOut {
-                        id: &self.id,
-                        object: "chat.completion.chunk",
-                        created: self.created,
-                        model: &self.model,
-                        choices: &[],
-                        usage: Some(Some(UsageOut::new(self.input_tokens, self.output_tokens))),
-                    };
-                    write_event(out, &chunk)?;
-                }
-                out.extend_from_slice(b"data: [DONE]\n\n");
-                Ok(())
-            }
+            b"message_stop" => self.finish(out),
             b"error" => Err(upstream_error(ev.error.as_ref())),
             _ => Ok(()), // ping, content_block_stop, future event types
         }
@@ -1916,6 +1937,36 @@ data: {"type": "message_stop"}
         )
         .expect("ok");
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn stream_ended_after_message_delta_is_finished_once() {
+        let cut = TEXT_STREAM
+            .find("event: message_stop")
+            .expect("transcript has message_stop");
+        let id = "chatcmpl-msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY";
+        let mut t = StreamTranslator::new("claude-std", 1_700_000_000, true);
+        let events = run_stream(&mut t, &TEXT_STREAM[..cut]);
+        assert_eq!(events.len(), 4);
+        assert!(t.has_stop_reason());
+        assert!(!t.is_finished());
+        let mut out = BytesMut::new();
+        t.finish(&mut out).expect("finish");
+        let mut usage = chunk(id, Value::Null, Value::Null);
+        usage["choices"] = json!([]);
+        usage["usage"] = json!({"prompt_tokens": 25, "completion_tokens": 15, "total_tokens": 40});
+        assert_eq!(openai_events(&out), vec![usage, json!("[DONE]")]);
+        assert!(t.is_finished());
+        let mut again = BytesMut::new();
+        t.finish(&mut again).expect("finish");
+        assert!(again.is_empty(), "exactly one [DONE]");
+        // Before `message_delta` there is no stop reason: the answer is not complete.
+        let cut = TEXT_STREAM
+            .find("event: message_delta")
+            .expect("transcript has message_delta");
+        let mut t = StreamTranslator::new("claude-std", 1_700_000_000, false);
+        run_stream(&mut t, &TEXT_STREAM[..cut]);
+        assert!(!t.has_stop_reason());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod anthropic;
 pub mod demo;
+pub mod encoding;
 pub mod openai;
 
 use std::collections::HashMap;
@@ -137,7 +138,8 @@ pub fn chat_path(kind: ProviderKind) -> &'static str {
     }
 }
 
-/// Builds the upstream request head: `POST {base}{path}`, `Host`, provider auth, framing.
+/// Builds the upstream request head: `POST {base}{path}`, `Host`, provider auth, framing,
+/// and `Accept-Encoding` ([`encoding::ACCEPT_ENCODING`]).
 ///
 /// # Errors
 /// Only if a header value is invalid (a provider key with a newline, say).
@@ -162,6 +164,9 @@ pub fn request_head(
             "application/json"
         },
     )?;
+    // Honest: exactly the codings `encoding::Decoder` decodes (without this header a
+    // server may send any coding, RFC 9110 §12.5.3).
+    req.insert_header("accept-encoding", encoding::ACCEPT_ENCODING)?;
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
     req.insert_header("x-request-id", request_id)?;
     apply_auth(provider, &mut req)?;

@@ -22,14 +22,16 @@ use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
 use super::ctx::RequestCtx;
+use super::pipe::{PipeError, StreamPipe};
 use super::request::InferenceRequest;
 use super::respond;
 use crate::config::{HopTimeouts, Model, Provider, ProviderKind, Route};
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
+use crate::providers::encoding::{ContentCoding, DecodeError, Decoder};
 use crate::providers::{self, anthropic, openai};
 use crate::routing::Candidate;
-use crate::sse::{self, SseNormalizer};
+use crate::sse;
 
 /// Largest upstream error body read for pass-through (bytes).
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -299,7 +301,6 @@ async fn attempt(
     };
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
-    let sent_at = Instant::now();
     let mut fresh_tries = 0;
     let mut up = loop {
         let connect = tokio::select! {
@@ -395,6 +396,27 @@ async fn attempt(
             .and_then(|v| parse_retry_after(v.as_bytes()));
         return upstream_error(session, &mut up, route, status, retry_after, timeouts).await;
     }
+    let coding = match ContentCoding::from_header(
+        resp.headers.get("content-encoding").map(|v| v.as_bytes()),
+    ) {
+        Ok(c) => c,
+        Err(name) => {
+            up.shutdown().await;
+            let err = GatewayError::UpstreamUnavailable {
+                message: format!(
+                    "provider `{}` answered in content coding `{name}`, which Sluice does not decode",
+                    provider.id
+                ),
+                retry_after: None,
+            };
+            return failed(
+                route,
+                AttemptFailure::Protocol,
+                format!("unsupported content-encoding {name:?}"),
+                err,
+            );
+        }
+    };
     if req.stream {
         stream(
             connector,
@@ -406,11 +428,21 @@ async fn attempt(
             &target.peer,
             up,
             timeouts,
-            sent_at,
+            coding,
         )
         .await
     } else {
-        unary(connector, session, ctx, route, &target.peer, up, timeouts).await
+        unary(
+            connector,
+            session,
+            ctx,
+            route,
+            &target.peer,
+            up,
+            timeouts,
+            coding,
+        )
+        .await
     }
 }
 
@@ -425,11 +457,35 @@ async fn upstream_error(
 ) -> Attempt {
     let provider = &route.provider;
     let mut body = Vec::new();
+    // A compressed error body is decoded (bounded) like any answer; an unknown or broken
+    // coding leaves what was decoded so far (the status still speaks).
+    let coding = up
+        .response_header()
+        .map(|h| {
+            ContentCoding::from_header(h.headers.get("content-encoding").map(|v| v.as_bytes()))
+        })
+        .and_then(Result::ok);
+    let mut decoder = coding
+        .filter(|c| *c != ContentCoding::Identity)
+        .and_then(|c| Decoder::new(c).ok());
     let read_all = async {
-        while let Ok(Some(chunk)) = up.read_response_body().await {
+        loop {
+            let chunk = match up.read_response_body().await {
+                Ok(c) => c,
+                Err(_) => break,
+            };
+            let end = chunk.is_none();
             let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
-            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            if room < chunk.len() {
+            let raw = chunk.as_deref().unwrap_or_default();
+            let piece = match decoder.as_mut() {
+                Some(d) => match d.decode(raw, end, room) {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                None => raw,
+            };
+            body.extend_from_slice(&piece[..piece.len().min(room)]);
+            if end || room <= piece.len() {
                 break;
             }
         }
@@ -494,7 +550,21 @@ fn normalize_upstream_error(
     }
 }
 
-/// A non-streaming answer: read it all (bounded), rewrite `model`, write it.
+/// Why a non-streaming answer could not be read whole.
+enum UnaryBreak {
+    /// The read failed or timed out (detail for the log).
+    Broken(String),
+    /// The (decoded) answer is over `server.max_response_body_bytes`.
+    TooLarge,
+    /// The content coding is broken.
+    Encoding(DecodeError),
+}
+
+/// A non-streaming answer: read it all (bounded, decoded), rewrite `model`, write it.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+)]
 async fn unary(
     connector: &Connector,
     session: &mut Session,
@@ -503,10 +573,15 @@ async fn unary(
     peer: &pingora::upstreams::peer::HttpPeer,
     mut up: UpstreamSession,
     timeouts: HopTimeouts,
+    coding: ContentCoding,
 ) -> Attempt {
     let limit = ctx.config.server.max_response_body_bytes;
+    let mut decoder = match Decoder::new(coding) {
+        Ok(d) => d,
+        Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
+    };
     let mut body = BytesMut::new();
-    let broken: Option<String> = loop {
+    let broken: Option<UnaryBreak> = loop {
         let next = tokio::select! {
             r = tokio::time::timeout(timeouts.idle.max(timeouts.first_byte), up.read_response_body()) => r,
             () = client_gone(session) => {
@@ -519,28 +594,63 @@ async fn unary(
             }
         };
         match next {
-            Ok(Ok(Some(chunk))) => {
-                if body.len() + chunk.len() > limit {
-                    break Some(format!("response body over {limit} bytes"));
+            Ok(Ok(chunk)) => {
+                let end = chunk.is_none();
+                let room = limit.saturating_sub(body.len());
+                match decoder.decode(chunk.as_deref().unwrap_or_default(), end, room) {
+                    Ok(piece) => body.extend_from_slice(piece),
+                    Err(DecodeError::TooLarge { .. }) => break Some(UnaryBreak::TooLarge),
+                    Err(e) => break Some(UnaryBreak::Encoding(e)),
                 }
-                body.extend_from_slice(&chunk);
+                if end {
+                    break None;
+                }
             }
-            Ok(Ok(None)) => break None,
-            Ok(Err(e)) => break Some(e.to_string()),
-            Err(_) => break Some("upstream body read timed out".into()),
+            Ok(Err(e)) => break Some(UnaryBreak::Broken(e.to_string())),
+            Err(_) => break Some(UnaryBreak::Broken("upstream body read timed out".into())),
         }
     };
-    if let Some(detail) = broken {
+    if let Some(why) = broken {
         // Bytes of the answer were received: never send the request again (no double billing).
         up.shutdown().await;
-        log::warn!(
-            "upstream body broke request_id={} provider={} detail={detail:?}",
-            ctx.request_id,
-            route.provider.id
-        );
-        let err = GatewayError::UpstreamUnavailable {
-            message: format!("provider `{}` broke off its answer", route.provider.id),
-            retry_after: None,
+        let provider = &route.provider.id;
+        let err = match why {
+            UnaryBreak::Broken(detail) => {
+                log::warn!(
+                    "upstream body broke request_id={} provider={provider} detail={detail:?}",
+                    ctx.request_id
+                );
+                GatewayError::UpstreamUnavailable {
+                    message: format!("provider `{provider}` broke off its answer"),
+                    retry_after: None,
+                }
+            }
+            UnaryBreak::TooLarge => {
+                log::warn!(
+                    "upstream answer too large request_id={} provider={provider} limit_bytes={limit}",
+                    ctx.request_id
+                );
+                GatewayError::Upstream {
+                    status: 502,
+                    error_type: "api_error".into(),
+                    code: Some("upstream_response_too_large".into()),
+                    message: format!(
+                        "provider `{provider}` sent an answer larger than the gateway's limit of \
+                         {limit} bytes (server.max_response_body_bytes)"
+                    ),
+                    retry_after: None,
+                }
+            }
+            UnaryBreak::Encoding(e) => {
+                log::warn!(
+                    "upstream answer undecodable request_id={} provider={provider} error={e}",
+                    ctx.request_id
+                );
+                GatewayError::UpstreamUnavailable {
+                    message: format!("provider `{provider}` sent an unreadable answer: {e}"),
+                    retry_after: None,
+                }
+            }
         };
         ctx.outcome.provider = Some(route.provider.id.clone());
         ctx.outcome.upstream_broke = true;
@@ -574,7 +684,7 @@ async fn unary(
         }
         ProviderKind::Openai | ProviderKind::Demo => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
-            route.rewriter.rewrite_into(&body, &mut out);
+            route.rewriter.rewrite_json(&body, &mut out);
             out.to_vec()
         }
     };
@@ -613,131 +723,6 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Per-stream transform state: normalizer, model rewrite or Anthropic translation, counters.
-struct StreamPipe<'r> {
-    normalizer: SseNormalizer,
-    route: &'r Route,
-    translator: Option<anthropic::StreamTranslator>,
-    out: BytesMut,
-    data_events: u64,
-    content_events: u64,
-    first_content: bool,
-    usage: Option<sse::Usage>,
-    /// The OpenAI terminal `data: [DONE]` event went into `out`.
-    done: bool,
-}
-
-/// What one upstream chunk produced.
-enum PipeError {
-    /// The upstream sent an in-band error event.
-    Upstream(String, String),
-    /// Framing broke (an event over the per-stream buffer bound).
-    Framing(String),
-}
-
-impl<'r> StreamPipe<'r> {
-    fn new(
-        route: &'r Route,
-        standard_model: &str,
-        include_usage: bool,
-        max_event_bytes: usize,
-    ) -> Self {
-        let translator = (route.provider.kind == ProviderKind::Anthropic)
-            .then(|| anthropic::StreamTranslator::new(standard_model, unix_now(), include_usage));
-        Self {
-            normalizer: SseNormalizer::new(max_event_bytes),
-            route,
-            translator,
-            // Small: thousands of held streams each own one; it grows with the events.
-            out: BytesMut::with_capacity(512),
-            data_events: 0,
-            content_events: 0,
-            first_content: false,
-            usage: None,
-            done: false,
-        }
-    }
-
-    /// Feeds a chunk (or the end, with `None`); complete events land in `self.out`.
-    fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), PipeError> {
-        let r = match chunk {
-            Some(c) => self.normalizer.push(c),
-            None => self.normalizer.finish(),
-        };
-        r.map_err(|e| PipeError::Framing(e.to_string()))?;
-        while let Some(ev) = self.normalizer.next_event() {
-            let Some(data) = ev.data() else {
-                // Comments and field-only events pass through (OpenAI path only).
-                if self.translator.is_none() {
-                    self.out.extend_from_slice(ev.raw());
-                }
-                continue;
-            };
-            if let Some(t) = self.translator.as_mut() {
-                let before = self.out.len();
-                match t.on_event(ev.event_name().map(str::as_bytes), &data, &mut self.out) {
-                    Ok(()) => {}
-                    Err(anthropic::TranslateError::Upstream {
-                        error_type,
-                        message,
-                    }) => {
-                        return Err(PipeError::Upstream(error_type, message));
-                    }
-                    Err(e) => return Err(PipeError::Framing(e.to_string())),
-                }
-                if self.out.len() > before {
-                    self.data_events += 1;
-                    if sse::has_content(&self.out[before..]) {
-                        self.content_events += 1;
-                        self.first_content = true;
-                    }
-                }
-                let (i, o) = t.usage();
-                if i > 0 || o > 0 {
-                    self.usage = Some(sse::Usage {
-                        input_tokens: i,
-                        output_tokens: o,
-                    });
-                }
-                continue;
-            }
-            if ev.is_done() {
-                self.out.extend_from_slice(ev.raw());
-                self.done = true;
-                continue;
-            }
-            if ev.event_name() == Some("error") || data.starts_with(b"{\"error\"") {
-                let (t, _, m) = openai::error_parts(502, &data);
-                return Err(PipeError::Upstream(t, m));
-            }
-            self.data_events += 1;
-            if sse::has_content(&data) {
-                self.content_events += 1;
-                self.first_content = true;
-            }
-            if let Some(u) = sse::extract_usage(&data) {
-                self.usage = Some(u);
-            }
-            self.route.rewriter.rewrite_into(ev.raw(), &mut self.out);
-        }
-        Ok(())
-    }
-
-    /// Whether the client-facing stream is complete (`[DONE]` forwarded or translated):
-    /// nothing after it is for the client, so no heartbeat may follow it.
-    fn finished(&self) -> bool {
-        self.done
-            || self
-                .translator
-                .as_ref()
-                .is_some_and(anthropic::StreamTranslator::is_finished)
-    }
-
-    fn take(&mut self) -> Bytes {
-        self.out.split().freeze()
-    }
-}
-
 /// A streaming answer: hold the head until the first data event, then commit and pump with
 /// heartbeats, idle and duration limits, and client-disconnect detection.
 #[expect(
@@ -758,17 +743,27 @@ async fn stream(
     peer: &pingora::upstreams::peer::HttpPeer,
     mut up: UpstreamSession,
     timeouts: HopTimeouts,
-    sent_at: Instant,
+    coding: ContentCoding,
 ) -> Attempt {
     let standard = ctx.standard_model.clone().unwrap_or_default();
-    let mut pipe = StreamPipe::new(
+    let server = &ctx.config.server;
+    let mut pipe = match StreamPipe::new(
         route,
         &standard,
         req.include_usage,
-        ctx.config.server.max_buffered_bytes_per_stream,
-    );
+        coding,
+        server.max_event_bytes,
+        server.max_buffered_bytes_per_stream,
+        unix_now(),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            up.shutdown().await;
+            return Attempt::Final(GatewayError::Internal(format!("{e:?}")));
+        }
+    };
+    let coalesce_bytes = COALESCE_BYTES.min(server.max_buffered_bytes_per_stream);
     let head_at = Instant::now();
-    let _ = sent_at;
     let first_event_deadline = head_at + timeouts.first_event;
     let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
     let mut ended = false;
@@ -818,13 +813,16 @@ async fn stream(
                 let end = chunk.is_none();
                 match pipe.feed(chunk.as_deref()) {
                     Ok(()) => {}
-                    Err(PipeError::Upstream(t, m)) => {
+                    Err(PipeError::Upstream {
+                        error_type,
+                        message,
+                    }) => {
                         up.shutdown().await;
                         let err = GatewayError::Upstream {
                             status: 502,
-                            error_type: providers::scrub_key(&route.provider, &t),
+                            error_type: providers::scrub_key(&route.provider, &error_type),
                             code: None,
-                            message: providers::scrub_key(&route.provider, &m),
+                            message: providers::scrub_key(&route.provider, &message),
                             retry_after: None,
                         };
                         return failed(
@@ -834,7 +832,7 @@ async fn stream(
                             err,
                         );
                     }
-                    Err(PipeError::Framing(m)) => {
+                    Err(PipeError::Framing { message: m, .. }) => {
                         up.shutdown().await;
                         let err = GatewayError::UpstreamUnavailable {
                             message: format!(
@@ -933,8 +931,9 @@ async fn stream(
         .map(|d| ctx.received + d);
     // Timers are armed once and re-armed only when they fire (lazy deadlines): a chunk
     // just stamps `last_upstream` / `last_write`, so the per-event path touches no timer.
-    // Heartbeats follow upstream silence: `last_write` is the last upstream chunk or
-    // heartbeat, whichever is later.
+    // The heartbeat clock runs on bytes written to the client: `last_write` is the last
+    // write of events or of a heartbeat. Upstream events that produce no client bytes
+    // (Anthropic `ping`, dropped comments) do not postpone a heartbeat.
     let idle = timeouts.idle.max(Duration::from_millis(1));
     let mut last_upstream = Instant::now();
     let mut last_write = last_upstream;
@@ -948,7 +947,7 @@ async fn stream(
         first_event_timer,
         max_end_timer
     );
-    let stream_error: Option<(&'static str, String)> = loop {
+    let stream_error: Option<StreamError> = loop {
         enum Ev {
             Chunk(pingora::Result<Option<Bytes>>),
             Gone,
@@ -1023,7 +1022,7 @@ async fn stream(
                 return Attempt::Gone(ClientGone("streaming"));
             }
             Ev::Idle => {
-                break Some((
+                break Some(StreamError::gateway(
                     "idle_timeout",
                     format!(
                         "provider `{}` sent nothing for {} ms",
@@ -1033,19 +1032,19 @@ async fn stream(
                 ))
             }
             Ev::MaxDuration => {
-                break Some((
+                break Some(StreamError::gateway(
                     "max_stream_duration",
                     "the stream reached its maximum duration".to_string(),
                 ))
             }
             Ev::Shutdown => {
-                break Some((
+                break Some(StreamError::gateway(
                     "shutdown",
                     "the gateway is shutting down; retry the request".to_string(),
                 ))
             }
             Ev::FirstEventTimeout => {
-                break Some((
+                break Some(StreamError::gateway(
                     "first_event_timeout",
                     format!(
                         "provider `{}` sent no event within {} ms",
@@ -1064,7 +1063,7 @@ async fn stream(
                 let stop = if end || pipe.finished() {
                     ReadyStop::Pending
                 } else {
-                    coalesce_ready(&mut up, &mut pipe).await
+                    coalesce_ready(&mut up, &mut pipe, coalesce_bytes).await
                 };
                 let end = end || matches!(stop, ReadyStop::End);
                 let had_content = ctx.outcome.ttft.is_some();
@@ -1073,7 +1072,9 @@ async fn stream(
                     ctx.outcome.ttft = Some(ctx.received.elapsed());
                 }
                 last_upstream = Instant::now();
-                last_write = last_upstream;
+                if !out.is_empty() {
+                    last_write = last_upstream;
+                }
                 // After `[DONE]` nothing more is for the client (no heartbeat either): end
                 // its response now rather than when the upstream gets round to closing.
                 let complete = end || pipe.finished();
@@ -1102,18 +1103,22 @@ async fn stream(
 
     match stream_error {
         None => Box::pin(release_or_close(connector, up, peer)).await,
-        Some((reason, message)) => {
+        Some(StreamError {
+            reason,
+            error_type,
+            message,
+        }) => {
             up.shutdown().await;
             metrics()
                 .stream_errors_total
                 .with_label_values(&[reason])
                 .inc();
             ctx.outcome.label = "stream_error";
-            let ev = sse::openai_error_event(&message, "api_error", reason);
+            let ev = sse::openai_error_event(&message, &error_type, reason);
             ctx.outcome.bytes_out += ev.len() as u64;
-            if matches!(
+            if !matches!(
                 reason,
-                "upstream_broken" | "upstream_error" | "idle_timeout"
+                "max_stream_duration" | "shutdown" | "first_event_timeout"
             ) {
                 ctx.outcome.upstream_broke = true;
             }
@@ -1146,8 +1151,12 @@ enum ReadyStop {
 /// count as nginx with `proxy_buffering off`, and no added latency. A read that is not
 /// ready is dropped after one poll; Pingora's body reads (H1 and H2) commit no state until
 /// their I/O completes, so that is safe.
-async fn coalesce_ready(up: &mut UpstreamSession, pipe: &mut StreamPipe<'_>) -> ReadyStop {
-    while pipe.out.len() < COALESCE_BYTES && !pipe.finished() {
+async fn coalesce_ready(
+    up: &mut UpstreamSession,
+    pipe: &mut StreamPipe<'_>,
+    max_bytes: usize,
+) -> ReadyStop {
+    while pipe.out.len() < max_bytes && !pipe.finished() {
         let ready = {
             let mut read = std::pin::pin!(up.read_response_body());
             std::future::poll_fn(|cx| {
@@ -1208,25 +1217,59 @@ async fn release_or_close(
     }
 }
 
-/// The stream-error reason and client message for an upstream read that failed mid-stream.
-fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> (&'static str, String) {
+/// How a committed stream ends badly: the SSE error event's fields.
+struct StreamError {
+    /// `sluice_stream_errors_total` reason, and the event's `code`.
+    reason: &'static str,
+    /// OpenAI error type: the provider's own for an in-band error, else `api_error`.
+    error_type: String,
+    /// What the client is told.
+    message: String,
+}
+
+impl StreamError {
+    /// An error Sluice itself ends the stream with.
+    fn gateway(reason: &'static str, message: String) -> Self {
+        Self {
+            reason,
+            error_type: "api_error".into(),
+            message,
+        }
+    }
+}
+
+/// The stream error for an upstream read that failed mid-stream.
+fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamError {
     log::warn!(
         "upstream stream broke request_id={request_id} provider={} error={e}",
         route.provider.id
     );
-    (
+    StreamError::gateway(
         "upstream_broken",
         format!("provider `{}` broke off the stream", route.provider.id),
     )
 }
 
-/// The stream-error reason and client message for an in-band upstream error or broken framing.
-fn pipe_failure(route: &Route, e: PipeError) -> (&'static str, String) {
-    let detail = match e {
-        PipeError::Upstream(_, m) => providers::scrub_key(&route.provider, &m),
-        PipeError::Framing(m) => m,
-    };
-    ("upstream_error", detail)
+/// The stream error for an in-band upstream error (the provider's error type kept) or a
+/// body that broke (framing, encoding, truncation, a missing finish).
+fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
+    match e {
+        PipeError::Upstream {
+            error_type,
+            message,
+        } => StreamError {
+            reason: "upstream_error",
+            error_type: providers::scrub_key(&route.provider, &error_type),
+            message: providers::scrub_key(&route.provider, &message),
+        },
+        PipeError::Framing { reason, message } => {
+            log::warn!(
+                "upstream stream ended badly provider={} reason={reason} detail={message:?}",
+                route.provider.id
+            );
+            StreamError::gateway(reason, message)
+        }
+    }
 }
 
 /// Records usage for a finished stream: the upstream's `usage` when it sent one, else the

@@ -17,6 +17,7 @@ pub mod attempt;
 pub mod connection;
 pub mod ctx;
 pub mod endpoints;
+mod pipe;
 pub mod request;
 pub mod respond;
 

@@ -270,7 +270,7 @@ mod tests {
             input_usd_per_mtok: cost,
             output_usd_per_mtok: cost,
             capabilities: caps,
-            rewriter: ModelRewriter::new(&format!("{p}-m"), model),
+            rewriter: ModelRewriter::new(model),
             health_key: format!("{model}|{p}/{p}-m"),
         }
     }

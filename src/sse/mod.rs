@@ -6,13 +6,16 @@
 //! * [`SseNormalizer`] — incremental re-framing of raw upstream body chunks
 //!   (arbitrary boundaries) into complete, normalized `text/event-stream`
 //!   events ([`SseEvent`]), with bounded memory ([`SseError`]).
-//! * [`ModelRewriter`] — replacing the upstream model name with the public
-//!   model id inside JSON text (SSE `data:` payloads or whole JSON bodies)
-//!   without parsing the JSON.
+//! * [`ModelRewriter`] / [`ModelPath`] — the model echo: the value of the
+//!   response's own `model` member, whatever id the provider answered, becomes
+//!   the standard model id inside JSON text (SSE events or whole JSON bodies),
+//!   located by a structural byte scan, not a JSON parse.
 //! * [`extract_usage`] / [`Usage`] — cheap token-usage extraction from a
 //!   chunk's JSON (OpenAI and Anthropic field names).
 //! * [`has_content`] — a cheap "does this chunk carry generated output" check
-//!   (used for time-to-first-token and output-event counting).
+//!   (used for time-to-first-token and output-event counting);
+//!   [`has_finish_reason`] — "does this chunk end the answer" (a stream that
+//!   ends without it broke off).
 //! * [`openai_error_event`] and [`KEEPALIVE_COMMENT`] — the frames Sluice
 //!   itself injects into a committed stream.
 //!
@@ -34,8 +37,8 @@ mod usage;
 mod tests;
 
 pub use normalize::{SseError, SseEvent, SseNormalizer};
-pub use rewrite::ModelRewriter;
-pub use usage::{extract_usage, has_content, Usage};
+pub use rewrite::{EchoMemo, ModelPath, ModelRewriter};
+pub use usage::{extract_usage, has_content, has_finish_reason, Usage};
 
 use bytes::Bytes;
 

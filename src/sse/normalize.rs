@@ -16,6 +16,13 @@ pub enum SseError {
         /// The configured limit, in bytes.
         limit_bytes: usize,
     },
+    /// The upstream body ended in the middle of an event (a line without its line end, or
+    /// data lines without the blank line that dispatches them). The partial event has been
+    /// discarded: forwarding it would hand the client truncated JSON.
+    Truncated {
+        /// Normalized bytes of the discarded partial event.
+        partial_bytes: usize,
+    },
 }
 
 impl fmt::Display for SseError {
@@ -23,7 +30,11 @@ impl fmt::Display for SseError {
         match self {
             SseError::LineTooLong { limit_bytes } => write!(
                 f,
-                "upstream SSE line/event exceeds the limit of {limit_bytes} bytes"
+                "upstream SSE event exceeds the limit of {limit_bytes} bytes"
+            ),
+            SseError::Truncated { partial_bytes } => write!(
+                f,
+                "upstream SSE stream ended in the middle of an event ({partial_bytes} bytes discarded)"
             ),
         }
     }
@@ -73,10 +84,18 @@ struct ReadyEvent {
 ///   unchanged, line by line.
 ///
 /// Only whole lines are ever emitted, so UTF-8 characters are never split.
+/// Each completed line is validated as UTF-8 (`std::str::from_utf8`, the only
+/// work on the fast path); invalid sequences are replaced with U+FFFD as the
+/// spec's UTF-8 decode does (maximal subparts, like
+/// `String::from_utf8_lossy`) and counted
+/// ([`take_invalid_utf8`](Self::take_invalid_utf8)). Line ends are ASCII and
+/// never part of a multi-byte sequence, so decoding line by line gives the
+/// same text as decoding the whole stream, however it was chunked.
 ///
-/// Deviation from the spec: [`finish`](Self::finish) dispatches a trailing
-/// partial event (the spec discards it), because a proxy should forward what
-/// the upstream sent. A leading UTF-8 BOM is not stripped.
+/// At the end of the body a trailing partial event is discarded, as the spec
+/// says; [`finish`](Self::finish) reports it ([`SseError::Truncated`]) so the
+/// caller can tell the client the stream broke. A leading UTF-8 BOM is not
+/// stripped.
 ///
 /// Memory: one internal `Vec<u8>` holding unconsumed events plus the partial
 /// event, and a small queue of event offsets; both are reused, so the steady
@@ -97,6 +116,8 @@ pub struct SseNormalizer {
     max_event_bytes: usize,
     cur: EventState,
     ready: VecDeque<ReadyEvent>,
+    /// Invalid UTF-8 sequences replaced since the last `take_invalid_utf8`.
+    invalid_utf8: u64,
 }
 
 impl SseNormalizer {
@@ -114,6 +135,7 @@ impl SseNormalizer {
             max_event_bytes,
             cur: EventState::default(),
             ready: VecDeque::with_capacity(4),
+            invalid_utf8: 0,
         }
     }
 
@@ -154,25 +176,47 @@ impl SseNormalizer {
         self.append(rest)
     }
 
-    /// Flushes at upstream end-of-stream: a partial last line (no line end)
-    /// counts as a line, and a partial last event is completed with its
-    /// terminating blank line and queued. Drain with
-    /// [`next_event`](Self::next_event) afterwards. The normalizer can then
-    /// be reused for a new stream.
+    /// Ends the stream at the upstream's end of body. A trailing partial event
+    /// is discarded and reported, except two harmless cases: an event of only
+    /// complete comment or field lines without data (nothing is lost), and a
+    /// complete `data: [DONE]` line missing only its blank line (queued as the
+    /// `[DONE]` event). Drain with [`next_event`](Self::next_event) afterwards.
+    /// The normalizer can then be reused for a new stream.
     ///
     /// # Errors
     ///
-    /// [`SseError::LineTooLong`] if terminating the partial event pushes it
-    /// over the limit (the partial event is dropped).
+    /// [`SseError::Truncated`] if the body ended in the middle of an event;
+    /// [`SseError::LineTooLong`] if completing the `[DONE]` event pushes it
+    /// over the limit.
     pub fn finish(&mut self) -> Result<(), SseError> {
         self.pending_cr = false;
-        if self.buf.len() > self.line_start {
-            self.end_line()?;
+        let partial_line = self.buf.len() > self.line_start;
+        let partial_event = self.line_start > self.event_start;
+        if !partial_line && !partial_event {
+            return Ok(());
         }
-        if self.line_start > self.event_start {
-            self.end_line()?;
+        let (da, db) = self.cur.data;
+        let lone_done = !partial_line
+            && self.cur.data_lines == 1
+            && self.buf.get(self.event_start + da..self.event_start + db) == Some(b"[DONE]");
+        if lone_done {
+            return self.end_line();
         }
-        Ok(())
+        let partial_bytes = self.buf.len() - self.event_start;
+        let no_data = !partial_line && self.cur.data_lines == 0;
+        self.buf.truncate(self.event_start);
+        self.line_start = self.event_start;
+        self.cur = EventState::default();
+        if no_data {
+            return Ok(());
+        }
+        Err(SseError::Truncated { partial_bytes })
+    }
+
+    /// Number of invalid UTF-8 sequences replaced with U+FFFD since the last
+    /// call (the counter restarts at zero).
+    pub fn take_invalid_utf8(&mut self) -> u64 {
+        std::mem::take(&mut self.invalid_utf8)
     }
 
     /// Pops the next complete, normalized event, or `None` if no complete
@@ -269,6 +313,9 @@ impl SseNormalizer {
             }
             return Ok(());
         }
+        if std::str::from_utf8(self.buf.get(ls..).unwrap_or_default()).is_err() {
+            self.repair_utf8(ls);
+        }
         let line_len = self.buf.len() - ls;
         let line = self.buf.get(ls..).unwrap_or_default();
         if let Some(after) = line.strip_prefix(b"data") {
@@ -305,6 +352,23 @@ impl SseNormalizer {
             return Err(self.overflow());
         }
         Ok(())
+    }
+}
+
+impl SseNormalizer {
+    /// Replaces the invalid UTF-8 sequences of the line `buf[ls..]` with U+FFFD (each
+    /// maximal invalid subpart becomes one replacement character) and counts them.
+    #[cold]
+    #[inline(never)]
+    fn repair_utf8(&mut self, ls: usize) {
+        let line = self.buf.split_off(ls);
+        for chunk in line.utf8_chunks() {
+            self.buf.extend_from_slice(chunk.valid().as_bytes());
+            if !chunk.invalid().is_empty() {
+                self.buf.extend_from_slice("\u{FFFD}".as_bytes());
+                self.invalid_utf8 += 1;
+            }
+        }
     }
 }
 
@@ -360,6 +424,12 @@ impl<'a> SseEvent<'a> {
             1 => Some(Cow::Borrowed(self.first_data_line())),
             _ => Some(Cow::Owned(self.join_data_lines())),
         }
+    }
+
+    /// Byte range of the first `data` line's value within [`raw`](Self::raw)
+    /// (empty at 0 if there is none).
+    pub(crate) fn first_data_span(&self) -> (usize, usize) {
+        self.state.data
     }
 
     /// Value of the first `data` line (empty if there is none).

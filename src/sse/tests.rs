@@ -16,7 +16,11 @@ fn run(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
             out.push(ev.raw().to_vec());
         }
     }
-    n.finish().unwrap();
+    // A partial last event is discarded (and reported); what came before stands.
+    match n.finish() {
+        Ok(()) | Err(SseError::Truncated { .. }) => {}
+        Err(e) => panic!("finish: {e}"),
+    }
     while let Some(ev) = n.next_event() {
         out.push(ev.raw().to_vec());
     }
@@ -196,16 +200,108 @@ fn extra_blank_lines_dropped() {
 }
 
 #[test]
-fn finish_flushes_partial_event() {
+fn finish_discards_and_reports_partial_event() {
+    // Half an event then the end of body: never flushed (the client would get truncated
+    // JSON), reported as truncated.
+    for tail in [
+        &b"data: {\"choices\":[{\"delta\":{\"content\":\"Hel"[..],
+        b"data: 2\n",
+        b"data: 2\r",
+        b"data:2",
+        b"event: message_delta\ndata: {}",
+        b": comment",
+    ] {
+        let mut n = SseNormalizer::new(MAX);
+        n.push(b"data: 1\n\n").unwrap();
+        n.push(tail).unwrap();
+        assert_eq!(
+            n.finish(),
+            Err(SseError::Truncated {
+                partial_bytes: tail.len()
+            }),
+            "{tail:?}"
+        );
+        assert_eq!(n.next_event().unwrap().raw(), b"data: 1\n\n");
+        assert!(n.next_event().is_none(), "{tail:?}");
+    }
+    // Nothing lost: complete comment/field lines without data, or nothing at all.
+    for tail in [
+        &b": ping\n"[..],
+        b"id: 3\r\n",
+        b"event: message_delta\n",
+        b"\n\n",
+        b"",
+    ] {
+        let mut n = SseNormalizer::new(MAX);
+        n.push(tail).unwrap();
+        assert_eq!(n.finish(), Ok(()), "{tail:?}");
+        assert!(n.next_event().is_none());
+    }
+    // A complete `data: [DONE]` line that only lacks its blank line is the terminator.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"data: [DONE]\n").unwrap();
+    assert_eq!(n.finish(), Ok(()));
+    let ev = n.next_event().unwrap();
+    assert!(ev.is_done());
+    assert_eq!(ev.raw(), b"data: [DONE]\n\n");
+    // Without its line end it could be the start of anything: truncated.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"data: [DONE]").unwrap();
+    assert!(n.finish().is_err());
+    assert!(n.next_event().is_none());
+}
+
+#[test]
+fn invalid_utf8_replaced_and_counted() {
+    // A lead byte without its continuation, then `(`, then FF: two maximal subparts.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"data: {\"c\":\"a\xC3(\xFFb\"}\n\n").unwrap();
+    let ev = n.next_event().unwrap();
     assert_eq!(
-        run(&[b"data: 1\n\ndata: 2"]),
-        vec![b"data: 1\n\n".to_vec(), b"data: 2\n\n".to_vec()]
+        ev.raw(),
+        "data: {\"c\":\"a\u{FFFD}(\u{FFFD}b\"}\n\n".as_bytes()
     );
-    assert_eq!(run(&[b"data: 2\n"]), vec![b"data: 2\n\n".to_vec()]);
-    assert_eq!(run(&[b"data: 2\r"]), vec![b"data: 2\n\n".to_vec()]);
-    assert_eq!(run(&[b"data:2"]), vec![b"data: 2\n\n".to_vec()]);
-    assert!(run(&[b"\n\n"]).is_empty());
-    assert!(run(&[b""]).is_empty());
+    assert_eq!(
+        ev.data().unwrap().as_ref(),
+        "{\"c\":\"a\u{FFFD}(\u{FFFD}b\"}".as_bytes()
+    );
+    assert_eq!(n.take_invalid_utf8(), 2);
+    assert_eq!(n.take_invalid_utf8(), 0, "the counter restarts");
+    // Valid text split inside a character across chunks is not touched.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"data: caf\xC3").unwrap();
+    n.push(b"\xA9\n\n").unwrap();
+    assert_eq!(n.next_event().unwrap().raw(), "data: café\n\n".as_bytes());
+    assert_eq!(n.take_invalid_utf8(), 0);
+    // A sequence cut by a line end is invalid on its own line (as a whole-stream decode
+    // would find), and so is a truncated 4-byte sequence at the end of a line.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"data: x\xE2\x82\ndata: \xF0\x9F\x8E\n\n").unwrap();
+    assert_eq!(
+        n.next_event().unwrap().raw(),
+        "data: x\u{FFFD}\ndata: \u{FFFD}\n\n".as_bytes()
+    );
+    assert_eq!(n.take_invalid_utf8(), 2);
+    // Invalid bytes in the field name (`dat\xFF`) are repaired before the line is read.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"event: e\xFF\ndata: 1\n\n").unwrap();
+    let ev = n.next_event().unwrap();
+    assert_eq!(ev.event_name(), Some("e\u{FFFD}"));
+    assert_eq!(ev.data().unwrap().as_ref(), b"1");
+}
+
+#[test]
+fn invalid_utf8_same_in_any_chunking() {
+    let input =
+        b"data: {\"a\":\"\xF0\x9F\xA6\x80 \xC3\xA9 \xC3 \xE2\x82\xAC\xFF\"}\n\ndata: [DONE]\n\n";
+    let whole = run(&[input]);
+    let expected = String::from_utf8_lossy(input).into_owned();
+    assert_eq!(concat(&whole), expected.as_bytes());
+    for cut in 0..input.len() {
+        let (a, b) = input.split_at(cut);
+        assert_eq!(run(&[a, b]), whole, "cut at {cut}");
+    }
+    assert_eq!(run_bytewise(input), whole);
 }
 
 #[test]
@@ -278,79 +374,157 @@ fn buffer_reused_across_events() {
 
 fn rw(r: &ModelRewriter, input: &[u8]) -> Vec<u8> {
     let mut out = BytesMut::new();
-    r.rewrite_into(input, &mut out);
+    r.rewrite_json(input, &mut out);
+    out.to_vec()
+}
+
+/// Rewrites every event of `stream` (normalized) and returns the concatenated output.
+fn rw_events(r: &ModelRewriter, stream: &[u8]) -> Vec<u8> {
+    let mut n = SseNormalizer::new(MAX);
+    n.push(stream).unwrap();
+    let mut out = BytesMut::new();
+    let mut memo = EchoMemo::default();
+    while let Some(ev) = n.next_event() {
+        r.rewrite_event(&ev, &mut memo, &mut out);
+    }
     out.to_vec()
 }
 
 #[test]
-fn rewrite_spacing_variants() {
-    let r = ModelRewriter::new("gpt-4o-mini-2024-07-18", "gpt-4o-mini");
+fn rewrite_replaces_whatever_id_the_provider_answered() {
+    let r = ModelRewriter::new("gpt-4o-mini");
+    for answered in [
+        "gpt-4o-mini-2024-07-18",
+        "gpt-4o-mini",
+        "my-azure-deployment",
+        "/models/Qwen2.5-7B-Instruct",
+        "",
+        "we\\\"ird",
+    ] {
+        let body = format!(
+            r#"{{"id":"x","object":"chat.completion","created":1,"model":"{answered}","choices":[]}}"#
+        );
+        assert_eq!(
+            rw(&r, body.as_bytes()),
+            br#"{"id":"x","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[]}"#,
+            "{answered}"
+        );
+    }
+    // Spacing around the member stays byte for byte.
     assert_eq!(
-        rw(
-            &r,
-            br#"data: {"id":"x","model":"gpt-4o-mini-2024-07-18","choices":[]}"#
-        ),
-        br#"data: {"id":"x","model":"gpt-4o-mini","choices":[]}"#
-    );
-    assert_eq!(
-        rw(&r, b"{ \"model\" :\t\"gpt-4o-mini-2024-07-18\" }"),
+        rw(&r, b"{ \"model\" :\t\"m-2024\" }"),
         b"{ \"model\" :\t\"gpt-4o-mini\" }"
     );
     assert_eq!(
-        rw(
-            &r,
-            b"{\n  \"object\": \"x\",\n  \"model\":\r\n \"gpt-4o-mini-2024-07-18\"\n}"
-        ),
-        b"{\n  \"object\": \"x\",\n  \"model\":\r\n \"gpt-4o-mini\"\n}"
+        rw(&r, b"{\n  \"object\": \"x\",\n  \"n\": -1.5e3,\n  \"ok\": true,\n  \"model\":\r\n \"m\"\n}"),
+        b"{\n  \"object\": \"x\",\n  \"n\": -1.5e3,\n  \"ok\": true,\n  \"model\":\r\n \"gpt-4o-mini\"\n}"
     );
-    // Nested and multiple occurrences.
-    assert_eq!(
-        rw(
-            &r,
-            br#"{"model":"gpt-4o-mini-2024-07-18","message":{"model":"gpt-4o-mini-2024-07-18"}}"#
-        ),
-        br#"{"model":"gpt-4o-mini","message":{"model":"gpt-4o-mini"}}"#
-    );
-}
-
-#[test]
-fn rewrite_ignores_non_model_occurrences() {
-    let r = ModelRewriter::new("m1", "public");
-    // Escaped inside content text.
-    let s = br#"{"model":"other","content":"use \"m1\" or {\"model\":\"m1\"}"}"#;
-    assert_eq!(rw(&r, s), s.to_vec());
-    // As another key's value.
-    let s = br#"{"id":"m1","model_id":"m1","xmodel":"m1"}"#;
-    assert_eq!(rw(&r, s), s.to_vec());
-    // As a key.
-    let s = br#"{"m1":"model"}"#;
-    assert_eq!(rw(&r, s), s.to_vec());
-    // As an array element after a "model" string.
-    let s = br#"["model","m1"]"#;
-    assert_eq!(rw(&r, s), s.to_vec());
-    // Prefix of a longer name.
-    let s = br#"{"model":"m1-large"}"#;
-    assert_eq!(rw(&r, s), s.to_vec());
-}
-
-#[test]
-fn rewrite_escaping_and_noop() {
-    let r = ModelRewriter::new("we\"ird\\name", "pub\"lic");
-    assert_eq!(
-        rw(&r, br#"{"model":"we\"ird\\name"}"#),
-        br#"{"model":"pub\"lic"}"#
-    );
-    let r = ModelRewriter::new("same", "same");
-    assert!(r.is_noop());
-    let s = br#"{"model":"same"}"#;
-    assert_eq!(rw(&r, s), s.to_vec());
-    let r = ModelRewriter::new("a", "b");
-    assert!(!r.is_noop());
-    assert_eq!(rw(&r, b"no json at all"), b"no json at all");
-    // Appends to existing content.
+    // The standard id is JSON-escaped.
+    let r2 = ModelRewriter::new("pub\"lic");
+    assert_eq!(rw(&r2, br#"{"model":"x"}"#), br#"{"model":"pub\"lic"}"#);
+    // Appends to what `out` holds.
     let mut out = BytesMut::from(&b"prefix|"[..]);
-    r.rewrite_into(br#"{"model":"a"}"#, &mut out);
-    assert_eq!(&out[..], br#"prefix|{"model":"b"}"#);
+    r.rewrite_json(br#"{"model":"a"}"#, &mut out);
+    assert_eq!(&out[..], br#"prefix|{"model":"gpt-4o-mini"}"#);
+}
+
+#[test]
+fn rewrite_touches_only_the_responses_own_member() {
+    let r = ModelRewriter::new("public");
+    // A "model" inside string content (escaped quotes), as another key's value, or as an
+    // array element is not the member.
+    for s in [
+        &br#"{"content":"use {\"model\":\"m1\"}","id":"model"}"#[..],
+        br#"{"id":"m1","model_id":"m1","xmodel":"m1","m1":"model"}"#,
+        br#"["model","m1"]"#,
+        b"no json at all",
+        b"",
+        br#"{"model":null}"#,
+        br#"{"model":42}"#,
+        br#"{"model""#,
+        br#"{"id":"unterminated"#,
+    ] {
+        assert_eq!(rw(&r, s), s.to_vec(), "{}", String::from_utf8_lossy(s));
+    }
+    // Nested objects (tool-call arguments, a message) keep their own "model"; the
+    // top-level member after them is replaced.
+    assert_eq!(
+        rw(
+            &r,
+            br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":{"model":"m1"}}}]},"message":{"model":"m1"}}],"meta":{"model":"m1"},"model":"m1","tail":{"model":"m1"}}"#
+        ),
+        br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":{"model":"m1"}}}]},"message":{"model":"m1"}}],"meta":{"model":"m1"},"model":"public","tail":{"model":"m1"}}"#
+    );
+    // A string with escaped quotes and backslashes before the member is skipped whole.
+    assert_eq!(
+        rw(&r, br#"{"a":"x\\\"model\":\"y\\","model":"m1"}"#),
+        br#"{"a":"x\\\"model\":\"y\\","model":"public"}"#
+    );
+}
+
+#[test]
+fn rewrite_at_a_nested_path() {
+    // Where Anthropic's `message_start` and Responses events name the model.
+    let r = ModelRewriter::at(ModelPath::new(&["message", "model"]), "claude-std");
+    assert_eq!(
+        rw(
+            &r,
+            br#"{"type":"message_start","model":"top","message":{"id":"m","content":[{"model":"x"}],"model":"claude-sonnet-4-5-20250929","usage":{}}}"#
+        ),
+        br#"{"type":"message_start","model":"top","message":{"id":"m","content":[{"model":"x"}],"model":"claude-std","usage":{}}}"#
+    );
+    // `message` that is not an object, or has no model: unchanged.
+    for s in [
+        &br#"{"message":"model","model":"x"}"#[..],
+        br#"{"message":{"id":"m"},"model":"x"}"#,
+    ] {
+        assert_eq!(rw(&r, s), s.to_vec());
+    }
+}
+
+#[test]
+fn rewrite_memo_hits_only_on_the_same_prefix() {
+    let r = ModelRewriter::new("std");
+    let stream = b"data: {\"id\":\"a\",\"model\":\"x1\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"x2-longer\",\"n\":1}\n\n\
+        data: {\"id\":\"a\",\"model\":null}\n\n\
+        data: {\"id\":\"a\",\"model\":\"q\\\"x\\\\\"}\n\n\
+        data: {\"id\":\"bb\",\"model\":\"x\"}\n\n\
+        data: {\"id\":\"a\",\"model\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"unterminated}\n\n\
+        data: {\"id\":\"a\",\"model\":\"x3\"}\n\n";
+    assert_eq!(
+        String::from_utf8_lossy(&rw_events(&r, stream)),
+        String::from_utf8_lossy(
+            b"data: {\"id\":\"a\",\"model\":\"std\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"std\",\"n\":1}\n\n\
+        data: {\"id\":\"a\",\"model\":null}\n\n\
+        data: {\"id\":\"a\",\"model\":\"std\"}\n\n\
+        data: {\"id\":\"bb\",\"model\":\"std\"}\n\n\
+        data: {\"id\":\"a\",\"model\"}\n\n\
+        data: {\"id\":\"a\",\"model\":\"unterminated}\n\n\
+        data: {\"id\":\"a\",\"model\":\"std\"}\n\n"
+        )
+    );
+}
+
+#[test]
+fn rewrite_events_single_and_multi_line() {
+    let r = ModelRewriter::new("gpt-4o-mini");
+    let stream = b"data: {\"id\":\"c\",\"model\":\"gpt-4o-mini-2024-07-18\",\"choices\":[]}\n\n\
+        event: chunk\ndata:{\"id\":\"c\",\n\
+        data: \"model\":\"gpt-4o-mini-2024-07-18\",\"choices\":[]}\n\n\
+        : comment \"model\":\"x\"\n\n\
+        data: [DONE]\n\n";
+    assert_eq!(
+        rw_events(&r, stream),
+        b"data: {\"id\":\"c\",\"model\":\"gpt-4o-mini\",\"choices\":[]}\n\n\
+        event: chunk\ndata: {\"id\":\"c\",\n\
+        data: \"model\":\"gpt-4o-mini\",\"choices\":[]}\n\n\
+        : comment \"model\":\"x\"\n\n\
+        data: [DONE]\n\n"
+            .to_vec()
+    );
 }
 
 // ---------------------------------------------------------------- usage
@@ -458,6 +632,26 @@ fn content_detection() {
     assert!(!has_content(br#"{"note":"\"content\":\"x\""}"#));
 }
 
+#[test]
+fn finish_reason_detection() {
+    assert!(has_finish_reason(
+        br#"{"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}"#
+    ));
+    assert!(has_finish_reason(
+        br#"{"choices":[{"delta":{},"finish_reason" : "tool_calls"}]}"#
+    ));
+    assert!(!has_finish_reason(
+        br#"{"choices":[{"delta":{"content":"x"},"finish_reason":null}]}"#
+    ));
+    assert!(!has_finish_reason(
+        br#"{"choices":[{"delta":{"content":"x"}}]}"#
+    ));
+    assert!(!has_finish_reason(
+        br#"{"choices":[{"delta":{"content":"\"finish_reason\":\"stop\""}}]}"#
+    ));
+    assert!(!has_finish_reason(b"[DONE]"));
+}
+
 // ---------------------------------------------------------------- frames
 
 #[test]
@@ -520,7 +714,6 @@ const ANTHROPIC_MIXED_EVENTS: &[&[u8]] = &[
     b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
     b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"caf\xc3\xa9\"}}\n\n",
     b": c\nid: 7\nretry: 10\ndata: a\ndata: b\n\n",
-    b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 ];
 
 fn owned(evs: &[&[u8]]) -> Vec<Vec<u8>> {
@@ -561,6 +754,17 @@ fn fixtures_one_chunk_expected() {
     assert_eq!(run_bytewise(OPENAI_CRLF), owned(OPENAI_CRLF_EVENTS));
     assert_eq!(run_bytewise(OPENAI_UTF8.as_bytes()), openai_utf8_events());
     assert_eq!(run_bytewise(ANTHROPIC_MIXED), owned(ANTHROPIC_MIXED_EVENTS));
+    // The Anthropic fixture ends in the middle of its last event (no line end): that event
+    // is discarded and reported, never flushed.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(ANTHROPIC_MIXED).unwrap();
+    while n.next_event().is_some() {}
+    assert_eq!(
+        n.finish(),
+        Err(SseError::Truncated {
+            partial_bytes: "event: message_stop\ndata: {\"type\":\"message_stop\"}".len()
+        })
+    );
 }
 
 proptest! {

@@ -130,6 +130,22 @@ pub fn has_content(data: &[u8]) -> bool {
     })
 }
 
+/// Whether a Chat Completions chunk's JSON reports a finish reason: some
+/// `"finish_reason"` member with a string value (`"stop"`, `"length"`,
+/// `"tool_calls"`, …), not `null`. A byte check like [`has_content`]: a quoted
+/// key inside string content has escaped quotes and never matches.
+///
+/// A stream that ends without any such chunk (and without `[DONE]`) broke
+/// off; one that has it is complete even if `[DONE]` is missing.
+pub fn has_finish_reason(data: &[u8]) -> bool {
+    static FINISH_REASON: OnceLock<Finder<'static>> = OnceLock::new();
+    let key = finder(&FINISH_REASON, b"\"finish_reason\"");
+    key.find_iter(data).any(|pos| {
+        let rest = data.get(pos + key.needle().len()..).unwrap_or_default();
+        matches!(member_value(rest), Some([b'"', ..]))
+    })
+}
+
 /// Whether some occurrence of the key `key` is followed by `:` and a value
 /// starting with `open` whose next non-whitespace byte is not `close`.
 fn member_non_empty(data: &[u8], key: &Finder<'_>, open: u8, close: u8) -> bool {

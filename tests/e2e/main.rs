@@ -24,6 +24,7 @@ mod sdk;
 mod shutdown;
 mod slow_reader;
 mod smoke;
+mod stream_integrity;
 mod streaming;
 mod timeouts;
 mod upgrade;

@@ -1,0 +1,295 @@
+//! Owns the per-stream transform of a streaming answer on its way to the client: content
+//! decoding, SSE re-framing (UTF-8 repair included), the model echo or the Anthropic
+//! translation, and the verdict on how the upstream body ended.
+//!
+//! The pump in `attempt.rs` feeds it upstream chunks and writes what lands in its output;
+//! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
+//! `[DONE]` (forwarded or translated), or with a finish reason and no `[DONE]` (then
+//! exactly one `data: [DONE]` is added); a body that ends without a finish reason, or in the
+//! middle of an event, broke off and becomes an error ([`PipeError::Framing`]).
+
+use bytes::{Bytes, BytesMut};
+
+use crate::config::{ProviderKind, Route};
+use crate::metrics::metrics;
+use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::providers::{anthropic, openai};
+use crate::sse::{self, SseError, SseNormalizer};
+
+/// The client-facing stream terminator.
+const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+
+/// Why a stream cannot go on.
+#[derive(Debug)]
+pub(super) enum PipeError {
+    /// The upstream sent an in-band error event (error type already OpenAI-shaped).
+    Upstream {
+        /// OpenAI error type: the provider's own (`overloaded_error`, `rate_limit_error`, ...).
+        error_type: String,
+        /// The provider's message.
+        message: String,
+    },
+    /// The body broke: framing, encoding, an event over its limit, a truncated end.
+    Framing {
+        /// The `sluice_stream_errors_total` reason (also the error event's `code`).
+        reason: &'static str,
+        /// What the client is told.
+        message: String,
+    },
+}
+
+/// Per-stream transform state: decoder, normalizer, model rewrite or Anthropic
+/// translation, counters. Reused buffers: no allocation per event in the steady state.
+pub(super) struct StreamPipe<'r> {
+    decoder: Option<Decoder>,
+    /// Most bytes one compressed chunk may decode to.
+    max_decoded: usize,
+    normalizer: SseNormalizer,
+    route: &'r Route,
+    translator: Option<anthropic::StreamTranslator>,
+    /// Where this stream's events name the model (see [`sse::EchoMemo`]).
+    echo: sse::EchoMemo,
+    /// Output for the client, taken with [`take`](Self::take).
+    pub out: BytesMut,
+    /// Data events that produced client output.
+    pub data_events: u64,
+    /// Events that carried generated content.
+    pub content_events: u64,
+    /// Some event carried generated content (TTFT).
+    pub first_content: bool,
+    /// Usage as last reported.
+    pub usage: Option<sse::Usage>,
+    /// A finish reason was seen (OpenAI path; the translator tracks its own).
+    finish_seen: bool,
+    /// The OpenAI terminal `data: [DONE]` event went into `out`.
+    done: bool,
+}
+
+impl<'r> StreamPipe<'r> {
+    /// A pipe for one answer of `route` in `coding`; `max_event_bytes` bounds one event,
+    /// `max_buffered_bytes` (with it) what one compressed chunk may decode to.
+    ///
+    /// # Errors
+    /// [`PipeError::Framing`] if the decoder cannot be set up.
+    pub fn new(
+        route: &'r Route,
+        standard_model: &str,
+        include_usage: bool,
+        coding: ContentCoding,
+        max_event_bytes: usize,
+        max_buffered_bytes: usize,
+        created_unix_s: u64,
+    ) -> Result<Self, PipeError> {
+        let translator = (route.provider.kind == ProviderKind::Anthropic).then(|| {
+            anthropic::StreamTranslator::new(standard_model, created_unix_s, include_usage)
+        });
+        let decoder = match coding {
+            ContentCoding::Identity => None,
+            c => Some(Decoder::new(c).map_err(|e| PipeError::Framing {
+                reason: "upstream_encoding",
+                message: format!("provider `{}`: {e}", route.provider.id),
+            })?),
+        };
+        Ok(Self {
+            decoder,
+            max_decoded: max_event_bytes.saturating_add(max_buffered_bytes),
+            normalizer: SseNormalizer::new(max_event_bytes),
+            route,
+            translator,
+            echo: sse::EchoMemo::default(),
+            // Small: thousands of held streams each own one; it grows with the events.
+            out: BytesMut::with_capacity(512),
+            data_events: 0,
+            content_events: 0,
+            first_content: false,
+            usage: None,
+            finish_seen: false,
+            done: false,
+        })
+    }
+
+    /// Feeds a chunk (or the end of body, with `None`); complete events land in `self.out`.
+    ///
+    /// # Errors
+    /// [`PipeError`] when the stream cannot go on; `out` may hold the events completed
+    /// before the failure in the same chunk.
+    pub fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), PipeError> {
+        let r = self.push(chunk);
+        let invalid = self.normalizer.take_invalid_utf8();
+        if invalid > 0 {
+            metrics()
+                .sse_invalid_utf8_total
+                .with_label_values(&[self.route.provider.id.as_str()])
+                .inc_by(invalid);
+        }
+        r?;
+        self.drain()?;
+        if chunk.is_none() {
+            self.end_of_body()?;
+        }
+        Ok(())
+    }
+
+    /// Decodes and frames the chunk.
+    fn push(&mut self, chunk: Option<&[u8]>) -> Result<(), PipeError> {
+        let route = self.route;
+        let provider = &route.provider.id;
+        let framing = |e: SseError| {
+            match e {
+            SseError::LineTooLong { limit_bytes } => PipeError::Framing {
+                reason: "event_too_large",
+                message: format!(
+                    "provider `{provider}` sent an SSE event over {limit_bytes} bytes (server.max_event_bytes)"
+                ),
+            },
+            SseError::Truncated { .. } => PipeError::Framing {
+                reason: "upstream_truncated",
+                message: format!("provider `{provider}` ended the stream in the middle of an event"),
+            },
+        }
+        };
+        let decoded: Option<&[u8]> = match (&mut self.decoder, chunk) {
+            (None, c) => c,
+            (Some(d), c) => Some(
+                d.decode(c.unwrap_or_default(), c.is_none(), self.max_decoded)
+                    .map_err(|e| PipeError::Framing {
+                        reason: "upstream_encoding",
+                        message: format!("provider `{provider}`: {e}"),
+                    })?,
+            ),
+        };
+        if let Some(bytes) = decoded {
+            self.normalizer.push(bytes).map_err(framing)?;
+        }
+        if chunk.is_none() {
+            self.normalizer.finish().map_err(framing)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the complete events into `out`.
+    fn drain(&mut self) -> Result<(), PipeError> {
+        while let Some(ev) = self.normalizer.next_event() {
+            let Some(data) = ev.data() else {
+                // Comments and field-only events pass through (OpenAI path only).
+                if self.translator.is_none() {
+                    self.out.extend_from_slice(ev.raw());
+                }
+                continue;
+            };
+            if let Some(t) = self.translator.as_mut() {
+                let before = self.out.len();
+                match t.on_event(ev.event_name().map(str::as_bytes), &data, &mut self.out) {
+                    Ok(()) => {}
+                    Err(anthropic::TranslateError::Upstream {
+                        error_type,
+                        message,
+                    }) => {
+                        return Err(PipeError::Upstream {
+                            error_type,
+                            message,
+                        })
+                    }
+                    Err(e) => {
+                        return Err(PipeError::Framing {
+                            reason: "upstream_error",
+                            message: e.to_string(),
+                        })
+                    }
+                }
+                if self.out.len() > before {
+                    self.data_events += 1;
+                    if sse::has_content(&self.out[before..]) {
+                        self.content_events += 1;
+                        self.first_content = true;
+                    }
+                }
+                let (i, o) = t.usage();
+                if i > 0 || o > 0 {
+                    self.usage = Some(sse::Usage {
+                        input_tokens: i,
+                        output_tokens: o,
+                    });
+                }
+                continue;
+            }
+            if self.done {
+                continue; // nothing after `[DONE]` is for the client
+            }
+            if ev.is_done() {
+                self.out.extend_from_slice(ev.raw());
+                self.done = true;
+                continue;
+            }
+            if ev.event_name() == Some("error") || data.starts_with(b"{\"error\"") {
+                let (error_type, _, message) = openai::error_parts(502, &data);
+                return Err(PipeError::Upstream {
+                    error_type,
+                    message,
+                });
+            }
+            self.data_events += 1;
+            if sse::has_content(&data) {
+                self.content_events += 1;
+                self.first_content = true;
+            }
+            if !self.finish_seen && sse::has_finish_reason(&data) {
+                self.finish_seen = true;
+            }
+            if let Some(u) = sse::extract_usage(&data) {
+                self.usage = Some(u);
+            }
+            self.route
+                .rewriter
+                .rewrite_event(&ev, &mut self.echo, &mut self.out);
+        }
+        Ok(())
+    }
+
+    /// The verdict at a clean end of the upstream body.
+    fn end_of_body(&mut self) -> Result<(), PipeError> {
+        if self.finished() {
+            return Ok(());
+        }
+        let stopped = match self.translator.as_ref() {
+            Some(t) => t.has_stop_reason(),
+            None => self.finish_seen,
+        };
+        if !stopped {
+            return Err(PipeError::Framing {
+                reason: "upstream_incomplete",
+                message: format!(
+                    "provider `{}` ended the stream before the answer was finished",
+                    self.route.provider.id
+                ),
+            });
+        }
+        // Complete, only the terminator is missing: add exactly one.
+        match self.translator.as_mut() {
+            Some(t) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
+                reason: "upstream_error",
+                message: e.to_string(),
+            })?,
+            None => {
+                self.out.extend_from_slice(DONE_EVENT);
+                self.done = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the client-facing stream is complete (`[DONE]` forwarded or translated):
+    /// nothing after it is for the client, so no heartbeat may follow it.
+    pub fn finished(&self) -> bool {
+        self.done
+            || self
+                .translator
+                .as_ref()
+                .is_some_and(anthropic::StreamTranslator::is_finished)
+    }
+
+    /// The output gathered so far, for one downstream write.
+    pub fn take(&mut self) -> Bytes {
+        self.out.split().freeze()
+    }
+}
