@@ -864,7 +864,10 @@ async fn total_bytes_blocks_on_slow_reader() {
             "writer never blocked: {after} of {total} bytes written after 10 s"
         );
     };
-    assert!(still < total, "writer should be blocked below the total: {still}");
+    assert!(
+        still < total,
+        "writer should be blocked below the total: {still}"
+    );
     // Now read everything.
     let r = c.read_response().await;
     assert!(r.complete);
