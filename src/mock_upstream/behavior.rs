@@ -26,6 +26,9 @@ pub enum Split {
     MidUtf8,
     /// One byte per write (and per HTTP chunk), flushed each.
     Bytewise,
+    /// The events written between two pauses (token delays, stalls, the end) go out in one
+    /// write and one HTTP chunk: a provider that delivers many events per read.
+    Burst,
 }
 
 /// Behaviour knobs of the mock upstream. Every field is optional; `None` means

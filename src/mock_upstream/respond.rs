@@ -535,6 +535,8 @@ struct Wire {
     split: Split,
     invalid_utf8: bool,
     encoder: Option<BodyEncoder>,
+    /// [`Split::Burst`]: bytes held for the next [`Wire::flush`].
+    pending: Vec<u8>,
 }
 
 impl Wire {
@@ -551,14 +553,28 @@ impl Wire {
             coded = enc.encode(bytes)?;
             bytes = &coded;
         }
+        if self.split == Split::Burst {
+            self.pending.extend_from_slice(bytes);
+            return Ok(());
+        }
         for piece in wire::split_pieces(bytes, self.split) {
             out.piece(piece).await?;
         }
         Ok(())
     }
 
+    /// Writes what a burst holds, in one piece (before a pause, an abort or the end).
+    async fn flush(&mut self, out: &mut Out<'_>) -> io::Result<()> {
+        if !self.pending.is_empty() {
+            out.piece(&self.pending).await?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
     /// Ends the coded stream (its last bytes) and the body.
     async fn finish(&mut self, out: &mut Out<'_>) -> io::Result<()> {
+        self.flush(out).await?;
         if let Some(enc) = self.encoder.take() {
             let tail = enc.finish()?;
             out.piece(&tail).await?;
@@ -596,6 +612,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
         split: b.split_mode(),
         invalid_utf8: Behavior::flag(b.invalid_utf8),
         encoder: None,
+        pending: Vec::new(),
     };
     if let Some(name) = &b.content_encoding {
         let (enc, header) = BodyEncoder::for_name(name);
@@ -726,10 +743,12 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
 
         if !ev.prelude && (ev.token || finish_stage == 1) {
             if b.stall_after_tokens == Some(sent) {
+                wire.flush(out).await?;
                 sleep_ms(b.stall_max()).await;
                 return Ok(After::Close);
             }
             if b.drop_after_tokens == Some(sent) {
+                wire.flush(out).await?;
                 return Ok(abort);
             }
             if b.error_after_tokens == Some(sent) {
@@ -758,6 +777,9 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
         }
         if ev.token {
             let d = b.token_delay();
+            if d > 0 {
+                wire.flush(out).await?;
+            }
             match b.ping_interval_ms {
                 Some(every) if d > 0 => {
                     let every = every.max(1);
@@ -768,6 +790,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                         left -= step;
                         if left > 0 {
                             wire.write(out, &ping).await?;
+                            wire.flush(out).await?;
                         }
                     }
                 }

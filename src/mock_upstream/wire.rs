@@ -502,7 +502,7 @@ fn mid_line_cuts(bytes: &[u8]) -> Vec<usize> {
 /// Cut `bytes` into the pieces that go out as separate writes / HTTP chunks.
 pub(crate) fn split_pieces(bytes: &[u8], mode: Split) -> Vec<&[u8]> {
     let cuts: Vec<usize> = match mode {
-        Split::None => Vec::new(),
+        Split::None | Split::Burst => Vec::new(),
         Split::Bytewise => (1..bytes.len()).collect(),
         Split::MidLine => mid_line_cuts(bytes),
         Split::MidUtf8 => {

@@ -1114,6 +1114,23 @@ async fn stream(
                 .with_label_values(&[reason])
                 .inc();
             ctx.outcome.label = "stream_error";
+            // Events completed before the failure (in the chunk that failed, or gathered
+            // with it) are the client's: they go out before the error event, never dropped.
+            let pending = pipe.take();
+            if !pending.is_empty() {
+                if ctx.outcome.ttft.is_none() && pipe.first_content {
+                    ctx.outcome.ttft = Some(ctx.received.elapsed());
+                }
+                ctx.outcome.bytes_out += pending.len() as u64;
+                if session
+                    .write_response_body(Some(pending), false)
+                    .await
+                    .is_err()
+                {
+                    finish_stream(ctx, &pipe);
+                    return Attempt::Gone(ClientGone("streaming"));
+                }
+            }
             let ev = sse::openai_error_event(&message, &error_type, reason);
             ctx.outcome.bytes_out += ev.len() as u64;
             if !matches!(
@@ -1140,8 +1157,8 @@ enum ReadyStop {
     End,
     /// Reading the upstream failed.
     Broken(Box<pingora::Error>),
-    /// A chunk held an upstream error event or broke the framing; none of its events are
-    /// in the output (as for a chunk read the ordinary way).
+    /// A chunk held an upstream error event or broke the framing; the events completed
+    /// before the failure are in the output and are written before the error event.
     Pipe(PipeError),
 }
 
@@ -1172,9 +1189,9 @@ async fn coalesce_ready(
             Some(Err(e)) => return ReadyStop::Broken(e),
             Some(Ok(chunk)) => {
                 let end = chunk.is_none();
-                let before = pipe.out.len();
                 if let Err(e) = pipe.feed(chunk.as_deref()) {
-                    pipe.out.truncate(before);
+                    // The events completed before the failure stay in `pipe.out`: they are
+                    // written before the error event.
                     return ReadyStop::Pipe(e);
                 }
                 if end {

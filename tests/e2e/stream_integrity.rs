@@ -522,3 +522,48 @@ fn in_band_stream_errors_keep_the_providers_error_type() {
         strings(&["role", "content:tok0 ", "error:server_error:upstream_error"])
     );
 }
+
+#[test]
+fn events_that_arrive_with_an_in_band_error_reach_the_client_before_it() {
+    // The head is committed early (100 ms), then the provider delivers its whole stream in
+    // one write: role, two tokens and an in-band error in one HTTP chunk. The events before
+    // the error are the client's; only then does the error event end the stream.
+    let behavior = r#"{"tokens":4,"error_after_tokens":2,"error_type":"overloaded_error","first_event_delay_ms":400,"token_delay_ms":0,"split":"burst"}"#;
+    let mock = Mock::start(behavior);
+    let sluice = Sluice::start(&basic_config(&mock.base_url(), "").replace(
+        "  acme/chat:\n",
+        "  acme/chat:\n    early_commit_after_ms: 100\n",
+    ));
+    let body = stream_body(&sluice, "acme/chat");
+    assert_eq!(
+        summary(&body),
+        strings(&[
+            "role",
+            "content:tok0 ",
+            "content:tok1 ",
+            "error:overloaded_error:upstream_error"
+        ]),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+
+    let mock = Mock::start(behavior);
+    let sluice = Sluice::start(
+        &format!(
+            "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  claude:\n    kind: anthropic\n    base_url: {}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\nmodels:\n  acme/claude:\n    early_commit_after_ms: 100\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n",
+            mock.base_url()
+        ),
+    );
+    let body = stream_body(&sluice, "acme/claude");
+    assert_eq!(
+        summary(&body),
+        strings(&[
+            "role",
+            "content:tok0 ",
+            "content:tok1 ",
+            "error:overloaded_error:upstream_error"
+        ]),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+}
