@@ -22,10 +22,15 @@ fn openai(mock: &Mock, extra_server: &str) -> Sluice {
 
 /// An Anthropic-kind provider `claude` (model `acme/claude` → `claude-mock-1`).
 fn anthropic(mock: &Mock, extra_server: &str) -> Sluice {
-    Sluice::start(&format!(
+    Sluice::start(&anthropic_config(mock, extra_server))
+}
+
+/// The config of [`anthropic`].
+fn anthropic_config(mock: &Mock, extra_server: &str) -> String {
+    format!(
         "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n{extra_server}\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  claude:\n    kind: anthropic\n    base_url: {}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\nmodels:\n  acme/claude:\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n",
         mock.base_url()
-    ))
+    )
 }
 
 fn chat_body(model: &str, stream: bool) -> String {
@@ -548,12 +553,10 @@ fn events_that_arrive_with_an_in_band_error_reach_the_client_before_it() {
     );
 
     let mock = Mock::start(behavior);
-    let sluice = Sluice::start(
-        &format!(
-            "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  claude:\n    kind: anthropic\n    base_url: {}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\nmodels:\n  acme/claude:\n    early_commit_after_ms: 100\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n",
-            mock.base_url()
-        ),
-    );
+    let sluice = Sluice::start(&anthropic_config(&mock, "").replace(
+        "  acme/claude:\n",
+        "  acme/claude:\n    early_commit_after_ms: 100\n",
+    ));
     let body = stream_body(&sluice, "acme/claude");
     assert_eq!(
         summary(&body),
