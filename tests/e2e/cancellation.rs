@@ -379,22 +379,28 @@ fn client_gone_while_connecting_abandons_the_connect() {
     std::thread::sleep(Duration::from_millis(100));
     let closed = client.close();
     // Measured on the socket: the SYN_SENT socket towards the blackhole goes away. Each
-    // poll's end bounds the moment from above (a poll reads /proc/net/tcp).
+    // poll's end bounds the moment from above. A poll reads the whole /proc/net/tcp, which
+    // takes tens of ms when the suite holds many sockets: the read time of the poll that saw
+    // the socket gone is measurement error, allowed on top of the bound (and printed).
     let end = closed + Duration::from_secs(3);
-    let gone_at = loop {
+    let (gone_at, poll_cost) = loop {
+        let started = Instant::now();
         let n = hole.syn_sent();
         let at = Instant::now();
         if n <= before {
-            break at;
+            break (at, at - started);
         }
         assert!(at < end, "the upstream connect is still pending after 3 s");
         std::thread::sleep(Duration::from_millis(1));
     };
     let took = gone_at.duration_since(closed);
-    eprintln!("connect abandoned (SYN_SENT socket closed) within {took:?} after the client closed");
+    eprintln!(
+        "connect abandoned (SYN_SENT socket closed) within {took:?} after the client closed \
+         (the last poll itself took {poll_cost:?})"
+    );
     assert!(
-        took <= Duration::from_millis(CLOSE_BOUND_MS as u64),
-        "{took:?}"
+        took <= Duration::from_millis(CLOSE_BOUND_MS as u64) + poll_cost,
+        "{took:?} (poll {poll_cost:?})"
     );
     let (n, _) = wait_metric(&sluice, &aborts("connecting"), 1.0, Duration::from_secs(3));
     assert_eq!(n, 1.0);
