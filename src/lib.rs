@@ -38,6 +38,7 @@ pub mod logging;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod providers;
+pub mod protocol;
 pub mod proxy;
 pub mod routing;
 pub mod secret;
