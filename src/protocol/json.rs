@@ -257,7 +257,11 @@ impl ErrorObj<'_> {
     }
 }
 
-pub(crate) fn decode_error_body(_dialect: Dialect, status: u16, body: &[u8]) -> (ErrorKind, String) {
+pub(crate) fn decode_error_body(
+    _dialect: Dialect,
+    status: u16,
+    body: &[u8],
+) -> (ErrorKind, String) {
     #[derive(Deserialize)]
     struct Envelope<'a> {
         #[serde(borrow, default)]
@@ -280,7 +284,10 @@ pub(crate) fn decode_error_body(_dialect: Dialect, status: u16, body: &[u8]) -> 
             cut -= 1;
         }
         let ellipsis = if cut < text.len() { "…" } else { "" };
-        format!("upstream returned HTTP {status}: {}{ellipsis}", &text[..cut])
+        format!(
+            "upstream returned HTTP {status}: {}{ellipsis}",
+            &text[..cut]
+        )
     };
     (fallback, message)
 }

@@ -37,7 +37,7 @@
 //! | Messages → canonical | `top_k`, `cache_control`, `citations`, `service_tier`, `metadata` keys other than `user_id`, `redacted_thinking` blocks | server tools (`type` other than `custom`), `mcp_servers`, `container`, unknown block types (`search_result`, `server_tool_use`, …), non-text `document` sources other than base64/url |
 //! | Responses → canonical | `include`, `truncation`, `service_tier`, `store: false`, `stream_options`, `reasoning.summary`, `prompt_cache_key`, `safety_identifier`, `text.verbosity`, image `detail`, `top_logprobs` | `previous_response_id`, `store: true`, `conversation` ("there is no response storage"), `background: true`, `prompt`, `item_reference` items, non-function tools, `file_id` images/files |
 //! | canonical → Chat (upstream) | thinking signatures and redacted thinking in history (OpenAI takes no reasoning input), document `title` | images inside tool results, URL documents |
-//! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget; `metadata` other than `user` | `response_format`/`text.format` other than `text`, temperature > 1 is clamped to 1 |
+//! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget (low 1024, medium 8192, high 24576, capped below `max_tokens`); temperature above 1 is clamped to 1; unsigned reasoning in history | `response_format`/`text.format` other than `text` (no equivalent) |
 //! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
 //! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
 //! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
@@ -310,7 +310,8 @@ impl Reasoning {
         if self.disabled {
             return None;
         }
-        self.budget_tokens.or(self.effort.map(Effort::budget_tokens))
+        self.budget_tokens
+            .or(self.effort.map(Effort::budget_tokens))
     }
 }
 
@@ -464,6 +465,20 @@ pub enum StreamEvent<'a> {
     End,
 }
 
+impl StreamEvent<'_> {
+    /// Whether the event carries generated output (text, reasoning, a tool
+    /// call or its arguments): what time-to-first-token waits for.
+    pub fn is_content(&self) -> bool {
+        matches!(
+            self,
+            StreamEvent::TextDelta(_)
+                | StreamEvent::ReasoningDelta(_)
+                | StreamEvent::ToolCallStart { .. }
+                | StreamEvent::ToolArgumentsDelta { .. }
+        )
+    }
+}
+
 // ---------------------------------------------------------------- errors
 
 /// Canonical error kinds, mapped to each dialect's error types and statuses.
@@ -581,6 +596,15 @@ impl ProtocolError {
             ProtocolError::InvalidRequest { .. } | ProtocolError::Unsupported { .. } => 400,
             ProtocolError::InvalidUpstream(_) => 502,
             ProtocolError::Upstream { kind, .. } => kind.status(),
+        }
+    }
+
+    /// The message for the client: the provider's own words for an
+    /// upstream error, the full description otherwise.
+    pub fn message(&self) -> String {
+        match self {
+            ProtocolError::Upstream { message, .. } => message.clone(),
+            other => other.to_string(),
         }
     }
 

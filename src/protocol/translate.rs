@@ -44,6 +44,8 @@ pub struct StreamTranslator {
     decoder: Decoder,
     encoder: Encoder,
     client: Dialect,
+    /// Canonical content events seen (text, reasoning, tool call, arguments).
+    content_events: u64,
 }
 
 impl StreamTranslator {
@@ -68,6 +70,7 @@ impl StreamTranslator {
             decoder,
             encoder,
             client,
+            content_events: 0,
         })
     }
 
@@ -91,13 +94,19 @@ impl StreamTranslator {
         out: &mut BytesMut,
     ) -> Result<(), ProtocolError> {
         let encoder = &mut self.encoder;
-        let mut emit = |ev: &super::StreamEvent<'_>| match encoder {
-            Encoder::Chat(e) => {
-                e.encode(ev, out);
-                Ok(())
+        let content_events = &mut self.content_events;
+        let mut emit = |ev: &super::StreamEvent<'_>| {
+            if ev.is_content() {
+                *content_events += 1;
             }
-            Encoder::Messages(e) => e.encode(ev, out),
-            Encoder::Responses(e) => e.encode(ev, out),
+            match encoder {
+                Encoder::Chat(e) => {
+                    e.encode(ev, out);
+                    Ok(())
+                }
+                Encoder::Messages(e) => e.encode(ev, out),
+                Encoder::Responses(e) => e.encode(ev, out),
+            }
         };
         match &mut self.decoder {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),
@@ -113,6 +122,13 @@ impl StreamTranslator {
             Encoder::Messages(e) => e.error(kind, message, out),
             Encoder::Responses(e) => e.error(kind, message, out),
         }
+    }
+
+    /// Number of content events (text, reasoning, tool-call start or
+    /// arguments) translated so far: the first one marks TTFT, the count
+    /// feeds the output-event metrics.
+    pub fn content_events(&self) -> u64 {
+        self.content_events
     }
 
     /// Usage seen so far (final once [`is_finished`](Self::is_finished)).

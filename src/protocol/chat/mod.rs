@@ -527,7 +527,9 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
                 for p in &m.parts {
                     match p {
                         Part::ToolResult {
-                            call_id, content: c, ..
+                            call_id,
+                            content: c,
+                            ..
                         } => {
                             let mut text = String::new();
                             for cp in c {
@@ -849,11 +851,10 @@ pub fn decode_response(body: &[u8], now_unix_s: u64) -> Result<Response, Protoco
     if let Some(e) = &r.error {
         return Err(e.to_error(super::ErrorKind::Api));
     }
-    let choice = r
-        .choices
-        .into_iter()
-        .next()
-        .ok_or_else(|| ProtocolError::InvalidUpstream("chat completion without choices".into()))?;
+    let choice =
+        r.choices.into_iter().next().ok_or_else(|| {
+            ProtocolError::InvalidUpstream("chat completion without choices".into())
+        })?;
     let mut output = Vec::new();
     if let Some(t) = opt(&choice.message.reasoning_content).filter(|t| !t.is_empty()) {
         output.push(OutputItem::Reasoning {

@@ -161,7 +161,10 @@ impl StreamDecoder {
                     }
                     if let Some(a) = args {
                         if !a.as_str().is_empty() {
-                            emit(&StreamEvent::ToolArgumentsDelta { index, fragment: a.0 })?;
+                            emit(&StreamEvent::ToolArgumentsDelta {
+                                index,
+                                fragment: a.0,
+                            })?;
                         }
                     }
                 }

@@ -24,9 +24,9 @@ pub use stream::{StreamDecoder, StreamEncoder};
 
 use super::json::{decode_client, opt, prefixed, to_vec, ErrorObj, Str};
 use super::{
-    invalid, unsupported, Dialect, ErrorKind, Message, OutputItem, Part, ProtocolError,
-    Reasoning, Request, Response, Role, Source, StopReason, Tool, ToolCall, ToolChoice,
-    UpstreamOptions, Usage,
+    invalid, unsupported, Dialect, ErrorKind, Message, OutputItem, Part, ProtocolError, Reasoning,
+    Request, Response, Role, Source, StopReason, Tool, ToolCall, ToolChoice, UpstreamOptions,
+    Usage,
 };
 
 /// Value of the `anthropic-version` header sent upstream.
@@ -194,7 +194,10 @@ enum ThinkingIn {
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let r: RequestIn = decode_client(body)?;
     if r.mcp_servers.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported("mcp_servers", "MCP connectors are not supported"));
+        return Err(unsupported(
+            "mcp_servers",
+            "MCP connectors are not supported",
+        ));
     }
     if r.container.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(unsupported("container", "containers are not supported"));
@@ -213,11 +216,8 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     };
     match r.system {
         None => {}
-        Some(SystemIn::Text(s)) => {
-            if !s.is_empty() {
-                req.system.push(s);
-            }
-        }
+        Some(SystemIn::Text(s)) if s.is_empty() => {}
+        Some(SystemIn::Text(s)) => req.system.push(s),
         Some(SystemIn::Blocks(b)) => req
             .system
             .extend(b.into_iter().map(|b| b.text).filter(|t| !t.is_empty())),

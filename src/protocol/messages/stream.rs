@@ -321,6 +321,10 @@ struct BlockDeltaOut<'a> {
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "the wire names all end in `_delta`"
+)]
 enum DeltaOut<'a> {
     TextDelta { text: &'a str },
     ThinkingDelta { thinking: &'a str },
@@ -416,7 +420,11 @@ impl StreamEncoder {
     /// # Errors
     /// [`ProtocolError::InvalidUpstream`] for arguments of an already closed
     /// tool call (nothing is appended).
-    pub fn encode(&mut self, ev: &StreamEvent<'_>, out: &mut BytesMut) -> Result<(), ProtocolError> {
+    pub fn encode(
+        &mut self,
+        ev: &StreamEvent<'_>,
+        out: &mut BytesMut,
+    ) -> Result<(), ProtocolError> {
         if self.finished {
             return Ok(());
         }

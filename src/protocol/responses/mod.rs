@@ -24,8 +24,7 @@ pub use stream::StreamEncoder;
 use super::json::{decode_client, image_source, parse_data_url, prefixed, to_vec};
 use super::{
     invalid, unsupported, Dialect, Effort, Message, OutputItem, Part, ProtocolError, Reasoning,
-    Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall, ToolChoice,
-    Usage,
+    Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall, ToolChoice, Usage,
 };
 
 #[derive(Deserialize)]
@@ -235,7 +234,10 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
         ));
     }
     if r.prompt.as_ref().is_some_and(|p| !p.is_null()) {
-        return Err(unsupported("prompt", "stored prompt templates are not supported"));
+        return Err(unsupported(
+            "prompt",
+            "stored prompt templates are not supported",
+        ));
     }
     let mut req = Request {
         model: r.model,
@@ -287,12 +289,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
             "none" => ToolChoice::None,
-            other => {
-                return Err(invalid(
-                    "tool_choice",
-                    format!("unknown value `{other}`"),
-                ))
-            }
+            other => return Err(invalid("tool_choice", format!("unknown value `{other}`"))),
         }),
         Some(ToolChoiceIn::Named { name }) => Some(ToolChoice::Function(name)),
     };
@@ -450,8 +447,8 @@ fn content_parts(content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolEr
                         "uploaded files cannot be resolved; send image_url",
                     ));
                 }
-                let url = image_url
-                    .ok_or_else(|| invalid(format!("{ppath}.image_url"), "missing"))?;
+                let url =
+                    image_url.ok_or_else(|| invalid(format!("{ppath}.image_url"), "missing"))?;
                 out.push(Part::Image(image_source(
                     &url,
                     &format!("{ppath}.image_url"),

@@ -154,7 +154,11 @@ impl StreamEncoder {
     /// # Errors
     /// [`ProtocolError::InvalidUpstream`] for arguments of an already closed
     /// function call.
-    pub fn encode(&mut self, ev: &StreamEvent<'_>, out: &mut BytesMut) -> Result<(), ProtocolError> {
+    pub fn encode(
+        &mut self,
+        ev: &StreamEvent<'_>,
+        out: &mut BytesMut,
+    ) -> Result<(), ProtocolError> {
         if self.finished {
             return Ok(());
         }

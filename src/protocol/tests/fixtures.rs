@@ -36,14 +36,20 @@ fn chat_chunk(delta: &str, finish: &str) -> String {
 }
 
 fn chat_text(t: &str) -> String {
-    chat_chunk(&format!("{{\"content\":{}}}", serde_json::Value::from(t)), "null")
+    chat_chunk(
+        &format!("{{\"content\":{}}}", serde_json::Value::from(t)),
+        "null",
+    )
 }
 
 const CHAT_USAGE: &str = "data: {\"id\":\"chatcmpl-up1\",\"object\":\"chat.completion.chunk\",\"created\":1721234567,\"model\":\"gpt-4o-2024-08-06\",\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":12,\"total_tokens\":42,\"prompt_tokens_details\":{\"cached_tokens\":10},\"completion_tokens_details\":{\"reasoning_tokens\":0}}}\n\n";
 
 /// An OpenAI Chat Completions stream for the scenario.
 pub(crate) fn chat_stream(s: Scenario) -> String {
-    let mut w = chat_chunk(r#"{"role":"assistant","content":"","refusal":null}"#, "null");
+    let mut w = chat_chunk(
+        r#"{"role":"assistant","content":"","refusal":null}"#,
+        "null",
+    );
     match s {
         Scenario::Text | Scenario::Image => {
             for p in TEXT_PIECES {
@@ -103,7 +109,9 @@ fn text_delta(index: u32, t: &str) -> String {
 fn block_start(index: u32, block: &str) -> String {
     ev(
         "content_block_start",
-        &format!("{{\"type\":\"content_block_start\",\"index\":{index},\"content_block\":{block}}}"),
+        &format!(
+            "{{\"type\":\"content_block_start\",\"index\":{index},\"content_block\":{block}}}"
+        ),
     )
 }
 
@@ -199,7 +207,11 @@ pub(crate) fn chat_body(s: Scenario) -> String {
             return r#"{"error":{"message":"Overloaded","type":"overloaded_error","param":null,"code":null}}"#.into()
         }
     };
-    let finish = if s == Scenario::Tool { "tool_calls" } else { "stop" };
+    let finish = if s == Scenario::Tool {
+        "tool_calls"
+    } else {
+        "stop"
+    };
     format!(
         r#"{{"id":"chatcmpl-up1","object":"chat.completion","created":1721234567,"model":"gpt-4o-2024-08-06","choices":[{{"index":0,"message":{message},"logprobs":null,"finish_reason":"{finish}"}}],"usage":{{"prompt_tokens":30,"completion_tokens":12,"total_tokens":42,"prompt_tokens_details":{{"cached_tokens":10}},"completion_tokens_details":{{"reasoning_tokens":0}}}}}}"#
     )
@@ -217,7 +229,11 @@ pub(crate) fn messages_body(s: Scenario) -> String {
             return r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#.into()
         }
     };
-    let stop = if s == Scenario::Tool { "tool_use" } else { "end_turn" };
+    let stop = if s == Scenario::Tool {
+        "tool_use"
+    } else {
+        "end_turn"
+    };
     format!(
         r#"{{"id":"msg_up1","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","content":{content},"stop_reason":"{stop}","stop_sequence":null,"usage":{{"input_tokens":20,"cache_creation_input_tokens":0,"cache_read_input_tokens":10,"output_tokens":12}}}}"#
     )

@@ -5,7 +5,9 @@
 
 use serde_json::{json, Value};
 
-use super::fixtures::{chat_body, chat_stream, messages_body, messages_stream, Scenario, ALL, TEXT};
+use super::fixtures::{
+    chat_body, chat_stream, messages_body, messages_stream, Scenario, ALL, TEXT,
+};
 use super::{seen, translate, Seen, STANDARD};
 use crate::protocol::{
     decode_request, decode_response, encode_request, encode_response, error_body, Dialect,
@@ -58,7 +60,11 @@ fn expected(client: Dialect, up: Dialect, s: Scenario) -> Seen {
         Scenario::Tool => {
             e.text = "Let me check.".into();
             e.tools = vec![
-                ("call_1".into(), "get_weather".into(), r#"{"city":"Paris"}"#.into()),
+                (
+                    "call_1".into(),
+                    "get_weather".into(),
+                    r#"{"city":"Paris"}"#.into(),
+                ),
                 ("call_2".into(), "get_time".into(), r#"{"tz":"CET"}"#.into()),
             ];
             e.stop = stop("tool_calls", "tool_use", "completed");
@@ -144,7 +150,9 @@ fn seen_body(client: Dialect, body: &[u8]) -> Seen {
             s.usage = (
                 u["prompt_tokens"].as_u64().unwrap(),
                 u["completion_tokens"].as_u64().unwrap(),
-                u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+                u["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap(),
             );
         }
         Dialect::Messages => {
@@ -271,16 +279,20 @@ fn client_request(client: Dialect, s: Scenario) -> Value {
         (Dialect::ChatCompletions, _) => {
             json!({"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
         }
-        (Dialect::Messages, Scenario::Image) => json!({"model": "m", "max_tokens": 100, "messages": [
+        (Dialect::Messages, Scenario::Image) => {
+            json!({"model": "m", "max_tokens": 100, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "What is it?"},
              {"type": "image", "source": {"type": "url", "url": img_url}},
-             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]}]}),
-        (Dialect::Messages, Scenario::Tool) => json!({"model": "m", "max_tokens": 100, "messages": [
+             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]}]})
+        }
+        (Dialect::Messages, Scenario::Tool) => {
+            json!({"model": "m", "max_tokens": 100, "messages": [
             {"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}]}],
             "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
-            "tool_choice": {"type": "any"}}),
+            "tool_choice": {"type": "any"}})
+        }
         (Dialect::Messages, Scenario::Reasoning) => json!({"model": "m", "max_tokens": 32000,
             "thinking": {"type": "enabled", "budget_tokens": 24576},
             "messages": [{"role": "user", "content": "1+1?"}]}),
@@ -297,8 +309,10 @@ fn client_request(client: Dialect, s: Scenario) -> Value {
             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
             "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
             "tool_choice": "required"}),
-        (Dialect::Responses, Scenario::Reasoning) => json!({"model": "m", "max_output_tokens": 32000,
-            "reasoning": {"effort": "high"}, "input": "1+1?"}),
+        (Dialect::Responses, Scenario::Reasoning) => {
+            json!({"model": "m", "max_output_tokens": 32000,
+            "reasoning": {"effort": "high"}, "input": "1+1?"})
+        }
         (Dialect::Responses, _) => json!({"model": "m", "input": "Hi"}),
     }
 }
@@ -306,7 +320,11 @@ fn client_request(client: Dialect, s: Scenario) -> Value {
 /// The upstream request the scenario must produce (hand-written).
 fn expected_upstream(up: Dialect, s: Scenario, client: Dialect) -> Value {
     let img_url = "https://example.com/cat.png";
-    let max = if client == Dialect::Messages { 100 } else { 4096 };
+    let max = if client == Dialect::Messages {
+        100
+    } else {
+        4096
+    };
     match (up, s) {
         (Dialect::ChatCompletions, Scenario::Image) => json!({"model": "up", "messages": [
             {"role": "user", "content": [{"type": "text", "text": "What is it?"},
@@ -366,7 +384,9 @@ fn request_matrix() {
                     && client != Dialect::Messages
                     && s != Scenario::Reasoning
                 {
-                    want.as_object_mut().unwrap().remove("max_completion_tokens");
+                    want.as_object_mut()
+                        .unwrap()
+                        .remove("max_completion_tokens");
                 }
                 assert_eq!(got, want, "{client:?} -> {up:?} {s:?}");
             }

@@ -5,7 +5,6 @@
 //!
 //! Expected values are hand-written wire JSON; the client-side reassemblers
 //! below parse client frames independently of the encoders.
-#![allow(clippy::unwrap_used)]
 
 mod fixtures;
 mod matrix;
@@ -258,13 +257,11 @@ pub(super) fn seen_responses(bytes: &[u8]) -> Seen {
             "response.reasoning_summary_text.delta" => {
                 s.reasoning.push_str(v["delta"].as_str().unwrap())
             }
-            "response.output_item.added" if v["item"]["type"] == "function_call" => {
-                s.tools.push((
-                    v["item"]["call_id"].as_str().unwrap().to_owned(),
-                    v["item"]["name"].as_str().unwrap().to_owned(),
-                    String::new(),
-                ))
-            }
+            "response.output_item.added" if v["item"]["type"] == "function_call" => s.tools.push((
+                v["item"]["call_id"].as_str().unwrap().to_owned(),
+                v["item"]["name"].as_str().unwrap().to_owned(),
+                String::new(),
+            )),
             "response.function_call_arguments.delta" => s
                 .tools
                 .last_mut()

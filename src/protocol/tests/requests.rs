@@ -278,7 +278,10 @@ fn refused_fields_name_the_field() {
         b
     };
     for (extra, field) in [
-        (json!({"previous_response_id": "resp_1"}), "previous_response_id"),
+        (
+            json!({"previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
         (json!({"store": true}), "store"),
         (json!({"conversation": "conv_1"}), "conversation"),
         (json!({"background": true}), "background"),
@@ -295,7 +298,10 @@ fn refused_fields_name_the_field() {
         );
     }
     let e = decode_request(Responses, br#"{"model":"m","input":"Q","store":true}"#).unwrap_err();
-    assert!(e.to_string().contains("there is no response storage"), "{e}");
+    assert!(
+        e.to_string().contains("there is no response storage"),
+        "{e}"
+    );
     // Malformed input names the path.
     let e = decode_request(
         Messages,
@@ -333,20 +339,15 @@ fn error_bodies_per_dialect() {
         (529, "overloaded_error"),
     ];
     for (status, ty) in cases {
-        let v: Value = serde_json::from_slice(&error_body(Dialect::Messages, status, "m", None))
-            .unwrap();
+        let v: Value =
+            serde_json::from_slice(&error_body(Dialect::Messages, status, "m", None)).unwrap();
         assert_eq!(
             v,
             json!({"type": "error", "error": {"type": ty, "message": "m"}})
         );
     }
-    let v: Value = serde_json::from_slice(&error_body(
-        Dialect::Responses,
-        400,
-        "bad",
-        Some("store"),
-    ))
-    .unwrap();
+    let v: Value =
+        serde_json::from_slice(&error_body(Dialect::Responses, 400, "bad", Some("store"))).unwrap();
     assert_eq!(
         v,
         json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "store", "code": null}})
@@ -356,10 +357,16 @@ fn error_bodies_per_dialect() {
         529,
         br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
     );
-    assert_eq!((kind, msg.as_str()), (crate::protocol::ErrorKind::Overloaded, "Overloaded"));
+    assert_eq!(
+        (kind, msg.as_str()),
+        (crate::protocol::ErrorKind::Overloaded, "Overloaded")
+    );
     let (kind, msg) = crate::protocol::decode_error_body(Dialect::ChatCompletions, 502, b"");
     assert_eq!(
         (kind, msg.as_str()),
-        (crate::protocol::ErrorKind::Api, "upstream returned HTTP 502")
+        (
+            crate::protocol::ErrorKind::Api,
+            "upstream returned HTTP 502"
+        )
     );
 }

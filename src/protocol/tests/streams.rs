@@ -33,8 +33,7 @@ fn every_byte_split_gives_the_same_output() {
             let bytes = wire.as_bytes();
             for (i, b) in bytes.iter().enumerate() {
                 if *b >= 0xC0 {
-                    let mut t =
-                        StreamTranslator::new(up, client, &opts(true)).unwrap();
+                    let mut t = StreamTranslator::new(up, client, &opts(true)).unwrap();
                     let mut norm = crate::sse::SseNormalizer::new(1 << 20);
                     let mut out = BytesMut::new();
                     for part in [&bytes[..=i], &bytes[i + 1..]] {
@@ -175,8 +174,8 @@ fn max_tokens_stream_is_incomplete_for_responses() {
 
 #[test]
 fn upstream_error_event_maps_to_client_error_frames() {
-    let mut t = StreamTranslator::new(Dialect::Messages, Dialect::ChatCompletions, &opts(false))
-        .unwrap();
+    let mut t =
+        StreamTranslator::new(Dialect::Messages, Dialect::ChatCompletions, &opts(false)).unwrap();
     let mut out = BytesMut::new();
     let e = t
         .on_event(
@@ -199,8 +198,8 @@ fn upstream_error_event_maps_to_client_error_frames() {
     );
     assert!(t.is_finished());
     // Messages clients get Anthropic's shape.
-    let mut t = StreamTranslator::new(Dialect::ChatCompletions, Dialect::Messages, &opts(false))
-        .unwrap();
+    let mut t =
+        StreamTranslator::new(Dialect::ChatCompletions, Dialect::Messages, &opts(false)).unwrap();
     let mut out = BytesMut::new();
     t.error(crate::protocol::ErrorKind::Overloaded, "busy", &mut out);
     assert_eq!(
@@ -212,9 +211,7 @@ fn upstream_error_event_maps_to_client_error_frames() {
 #[test]
 fn same_dialect_is_not_translated_and_heartbeats_are_per_dialect() {
     assert!(StreamTranslator::new(Dialect::Messages, Dialect::Messages, &opts(true)).is_none());
-    assert!(
-        StreamTranslator::new(Dialect::Responses, Dialect::Messages, &opts(true)).is_none()
-    );
+    assert!(StreamTranslator::new(Dialect::Responses, Dialect::Messages, &opts(true)).is_none());
     assert_eq!(
         heartbeat(Dialect::Messages),
         b"event: ping\ndata: {\"type\":\"ping\"}\n\n"
@@ -224,11 +221,41 @@ fn same_dialect_is_not_translated_and_heartbeats_are_per_dialect() {
 
 #[test]
 fn garbage_upstream_data_is_an_upstream_fault() {
-    let mut t = StreamTranslator::new(Dialect::ChatCompletions, Dialect::Messages, &opts(true))
-        .unwrap();
+    let mut t =
+        StreamTranslator::new(Dialect::ChatCompletions, Dialect::Messages, &opts(true)).unwrap();
     let mut out = BytesMut::new();
     let e = t.on_event(None, b"{not json", &mut out).unwrap_err();
     assert!(matches!(e, ProtocolError::InvalidUpstream(_)));
     assert!(!e.is_client_error());
     assert_eq!(e.status(), 502);
+}
+
+#[test]
+fn content_events_count_generated_output_only() {
+    let mut t =
+        StreamTranslator::new(Dialect::Messages, Dialect::ChatCompletions, &opts(false)).unwrap();
+    let mut norm = crate::sse::SseNormalizer::new(1 << 20);
+    let mut out = BytesMut::new();
+    norm.push(messages_stream(Scenario::Tool).as_bytes())
+        .unwrap();
+    let mut seen_first_at = None;
+    let mut n = 0;
+    while let Some(ev) = norm.next_event() {
+        n += 1;
+        t.on_event(ev.event_name(), &ev.data().unwrap(), &mut out)
+            .unwrap();
+        if seen_first_at.is_none() && t.content_events() > 0 {
+            seen_first_at = Some(n);
+        }
+    }
+    // message_start, content_block_start, then the first text_delta (event 3).
+    assert_eq!(seen_first_at, Some(3));
+    // 1 text delta + 2 tool starts + 2 + 2 non-empty argument fragments.
+    assert_eq!(t.content_events(), 7);
+    let e = ProtocolError::Upstream {
+        kind: crate::protocol::ErrorKind::Overloaded,
+        message: "Overloaded".into(),
+    };
+    assert_eq!(e.message(), "Overloaded");
+    assert_eq!(e.status(), 529);
 }
