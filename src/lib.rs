@@ -37,6 +37,7 @@ pub mod error;
 pub mod logging;
 pub mod metrics;
 pub mod mock_upstream;
+pub mod protocol;
 pub mod providers;
 pub mod proxy;
 pub mod routing;

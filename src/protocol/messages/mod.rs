@@ -1,0 +1,783 @@
+//! Anthropic Messages (<https://docs.anthropic.com/en/api/messages>): the
+//! client request decoder, the upstream request encoder, the response
+//! decoder and encoder, and (in [`stream`]) the stream decoder and encoder
+//! (<https://docs.anthropic.com/en/api/messages-streaming>).
+//!
+//! Shapes: request `{"model","max_tokens","system": string | [{"type":"text","text"}],
+//! "messages":[{"role":"user|assistant","content": string | [block]}],"tools":[{"name",
+//! "description","input_schema"}],"tool_choice":{"type":"auto|any|tool|none","name",
+//! "disable_parallel_tool_use"},"thinking":{"type":"enabled","budget_tokens"},
+//! "metadata":{"user_id"},"stop_sequences","temperature","top_p","stream"}` with blocks
+//! `text`, `image`/`document` (`source`: `base64`/`url`/`text`), `tool_use`,
+//! `tool_result`, `thinking` (with `signature`), `redacted_thinking`; response
+//! `{"id","type":"message","role":"assistant","model","content":[block],"stop_reason",
+//! "stop_sequence","usage":{"input_tokens","output_tokens","cache_read_input_tokens",
+//! "cache_creation_input_tokens"}}`. Anthropic's `input_tokens` excludes cache reads and
+//! writes; the canonical [`Usage::input_tokens`] includes them.
+
+pub mod stream;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+pub use stream::{StreamDecoder, StreamEncoder};
+
+use super::json::{decode_client, opt, prefixed, to_vec, ErrorObj, Str};
+use super::{
+    invalid, unsupported, Dialect, ErrorKind, Message, OutputItem, Part, ProtocolError, Reasoning,
+    Request, Response, Role, Source, StopReason, Tool, ToolCall, ToolChoice, UpstreamOptions,
+    Usage,
+};
+
+/// Value of the `anthropic-version` header sent upstream.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Anthropic's minimum thinking budget, in tokens.
+const MIN_THINKING_BUDGET: u64 = 1024;
+
+// ---------------------------------------------------------------- client request
+
+#[derive(Deserialize)]
+struct RequestIn {
+    #[serde(default)]
+    model: String,
+    max_tokens: u64,
+    messages: Vec<MessageIn>,
+    #[serde(default)]
+    system: Option<SystemIn>,
+    #[serde(default)]
+    metadata: Option<MetadataIn>,
+    #[serde(default)]
+    stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    tools: Option<Vec<ToolIn>>,
+    #[serde(default)]
+    tool_choice: Option<ToolChoiceIn>,
+    #[serde(default)]
+    thinking: Option<ThinkingIn>,
+    #[serde(default)]
+    mcp_servers: Option<Value>,
+    #[serde(default)]
+    container: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SystemIn {
+    Text(String),
+    Blocks(Vec<SystemBlockIn>),
+}
+
+#[derive(Deserialize)]
+struct SystemBlockIn {
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct MetadataIn {
+    #[serde(default)]
+    user_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RoleIn {
+    User,
+    Assistant,
+}
+
+#[derive(Deserialize)]
+struct MessageIn {
+    role: RoleIn,
+    content: ContentIn,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ContentIn {
+    Text(String),
+    Blocks(Vec<BlockIn>),
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum BlockIn {
+    Text {
+        text: String,
+    },
+    Image {
+        source: SourceIn,
+    },
+    Document {
+        source: SourceIn,
+        #[serde(default)]
+        title: Option<String>,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Option<Value>,
+    },
+    ToolResult {
+        tool_use_id: String,
+        #[serde(default)]
+        content: Option<ContentIn>,
+        #[serde(default)]
+        is_error: Option<bool>,
+    },
+    Thinking {
+        thinking: String,
+        #[serde(default)]
+        signature: Option<String>,
+    },
+    RedactedThinking {},
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum SourceIn {
+    Base64 { media_type: String, data: String },
+    Url { url: String },
+    Text { data: String },
+}
+
+#[derive(Deserialize)]
+struct ToolIn {
+    #[serde(rename = "type", default)]
+    ty: Option<String>,
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    input_schema: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ToolChoiceIn {
+    Auto {
+        #[serde(default)]
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Any {
+        #[serde(default)]
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Tool {
+        name: String,
+        #[serde(default)]
+        disable_parallel_tool_use: Option<bool>,
+    },
+    None {},
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ThinkingIn {
+    Enabled { budget_tokens: u64 },
+    Disabled {},
+}
+
+/// Decodes a Messages client request into the canonical request.
+///
+/// # Errors
+/// [`ProtocolError::InvalidRequest`] naming the field (missing `max_tokens`,
+/// unknown block types, …); [`ProtocolError::Unsupported`] for server tools,
+/// `mcp_servers` and `container`.
+pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
+    let r: RequestIn = decode_client(body)?;
+    if r.mcp_servers.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(unsupported(
+            "mcp_servers",
+            "MCP connectors are not supported",
+        ));
+    }
+    if r.container.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(unsupported("container", "containers are not supported"));
+    }
+    let mut req = Request {
+        model: r.model,
+        source: Some(Dialect::Messages),
+        max_output_tokens: Some(r.max_tokens),
+        temperature: r.temperature,
+        top_p: r.top_p,
+        stop: r.stop_sequences.unwrap_or_default(),
+        stream: r.stream.unwrap_or(false),
+        include_usage: true,
+        user: r.metadata.and_then(|m| m.user_id),
+        ..Request::default()
+    };
+    match r.system {
+        None => {}
+        Some(SystemIn::Text(s)) if s.is_empty() => {}
+        Some(SystemIn::Text(s)) => req.system.push(s),
+        Some(SystemIn::Blocks(b)) => req
+            .system
+            .extend(b.into_iter().map(|b| b.text).filter(|t| !t.is_empty())),
+    }
+    for (i, m) in r.messages.into_iter().enumerate() {
+        let role = match m.role {
+            RoleIn::User => Role::User,
+            RoleIn::Assistant => Role::Assistant,
+        };
+        let parts = blocks(m.content, &format!("messages[{i}].content"))?;
+        if parts.is_empty() {
+            continue;
+        }
+        match req.messages.last_mut() {
+            Some(last) if last.role == role => last.parts.extend(parts),
+            _ => req.messages.push(Message { role, parts }),
+        }
+    }
+    for (i, t) in r.tools.unwrap_or_default().into_iter().enumerate() {
+        match t.ty.as_deref() {
+            None | Some("custom") => {}
+            Some(other) => {
+                return Err(unsupported(
+                    format!("tools[{i}].type"),
+                    format!("server tool `{other}` is not supported; only custom tools"),
+                ))
+            }
+        }
+        req.tools.push(Tool {
+            name: t.name,
+            description: t.description,
+            parameters: t
+                .input_schema
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            strict: None,
+        });
+    }
+    if let Some(c) = r.tool_choice {
+        let (choice, disable) = match c {
+            ToolChoiceIn::Auto {
+                disable_parallel_tool_use: d,
+            } => (ToolChoice::Auto, d),
+            ToolChoiceIn::Any {
+                disable_parallel_tool_use: d,
+            } => (ToolChoice::Required, d),
+            ToolChoiceIn::Tool {
+                name,
+                disable_parallel_tool_use: d,
+            } => (ToolChoice::Function(name), d),
+            ToolChoiceIn::None {} => (ToolChoice::None, None),
+        };
+        req.tool_choice = Some(choice);
+        if disable == Some(true) {
+            req.parallel_tool_calls = Some(false);
+        }
+    }
+    req.reasoning = match r.thinking {
+        None => None,
+        Some(ThinkingIn::Enabled { budget_tokens }) => Some(Reasoning {
+            effort: None,
+            budget_tokens: Some(budget_tokens),
+            disabled: false,
+        }),
+        Some(ThinkingIn::Disabled {}) => Some(Reasoning {
+            effort: None,
+            budget_tokens: None,
+            disabled: true,
+        }),
+    };
+    Ok(req)
+}
+
+fn source(s: SourceIn) -> Source {
+    match s {
+        SourceIn::Base64 { media_type, data } => Source::Base64 { media_type, data },
+        SourceIn::Url { url } => Source::Url(url),
+        SourceIn::Text { data } => Source::Text(data),
+    }
+}
+
+fn blocks(content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolError> {
+    let list = match content {
+        ContentIn::Text(s) if s.is_empty() => return Ok(Vec::new()),
+        ContentIn::Text(s) => return Ok(vec![Part::Text(s)]),
+        ContentIn::Blocks(b) => b,
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (j, b) in list.into_iter().enumerate() {
+        match b {
+            BlockIn::Text { text } => {
+                if !text.is_empty() {
+                    out.push(Part::Text(text));
+                }
+            }
+            BlockIn::Image { source: s } => out.push(Part::Image(source(s))),
+            BlockIn::Document { source: s, title } => out.push(Part::Document {
+                source: source(s),
+                title,
+            }),
+            BlockIn::ToolUse { id, name, input } => {
+                let input = input.unwrap_or_else(|| json!({}));
+                if !input.is_object() {
+                    return Err(invalid(format!("{path}[{j}].input"), "expected an object"));
+                }
+                out.push(Part::ToolCall(ToolCall {
+                    id,
+                    name,
+                    arguments: input.to_string(),
+                }));
+            }
+            BlockIn::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                let content = match content {
+                    None => Vec::new(),
+                    Some(c) => blocks(c, &format!("{path}[{j}].content"))?,
+                };
+                out.push(Part::ToolResult {
+                    call_id: tool_use_id,
+                    content,
+                    is_error: is_error.unwrap_or(false),
+                });
+            }
+            BlockIn::Thinking {
+                thinking,
+                signature,
+            } => out.push(Part::Reasoning {
+                text: thinking,
+                signature,
+            }),
+            BlockIn::RedactedThinking {} => {}
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- upstream request
+
+/// The client's name for the structured-output field.
+fn response_format_field(req: &Request) -> &'static str {
+    match req.source {
+        Some(Dialect::Responses) => "text.format",
+        _ => "response_format",
+    }
+}
+
+/// Encodes the canonical request as a Messages upstream body.
+///
+/// `max_tokens` is the client's limit or `opts.default_max_tokens`; a
+/// thinking budget is capped below it (Anthropic requires `budget_tokens <
+/// max_tokens`, at least 1024, else thinking is left off); temperature is
+/// clamped to Anthropic's `0..=1`; tool results are put first in their user
+/// turn; reasoning without a signature (from an OpenAI client) is dropped,
+/// because Anthropic rejects unsigned thinking.
+///
+/// # Errors
+/// [`ProtocolError::Unsupported`] for a structured output format (no
+/// equivalent) and [`ProtocolError::InvalidRequest`] for tool-call arguments
+/// that are not a JSON object.
+pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
+    if req.response_format.is_some() {
+        return Err(unsupported(
+            response_format_field(req),
+            "structured output formats are not supported by the provider",
+        ));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        let mut content: Vec<Value> = Vec::with_capacity(m.parts.len());
+        for p in &m.parts {
+            if let Some(b) = block_json(p)? {
+                content.push(b);
+            }
+        }
+        if m.role == Role::User {
+            // Anthropic wants tool results before other content in a turn.
+            content.sort_by_key(|b| b.get("type").and_then(Value::as_str) != Some("tool_result"));
+        }
+        if content.is_empty() {
+            continue;
+        }
+        let role = match m.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        messages.push(json!({"role": role, "content": content}));
+    }
+    if messages.is_empty() {
+        return Err(invalid(
+            "messages",
+            "at least one user or assistant message is required",
+        ));
+    }
+    let max_tokens = req.max_output_tokens.unwrap_or(opts.default_max_tokens);
+    let mut out = Map::new();
+    out.insert("model".into(), opts.model.into());
+    out.insert("max_tokens".into(), max_tokens.into());
+    match req.system.len() {
+        0 => {}
+        1 => {
+            out.insert("system".into(), req.system[0].as_str().into());
+        }
+        _ => {
+            let blocks: Vec<Value> = req
+                .system
+                .iter()
+                .map(|s| json!({"type": "text", "text": s}))
+                .collect();
+            out.insert("system".into(), Value::Array(blocks));
+        }
+    }
+    out.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut o = Map::new();
+                o.insert("name".into(), t.name.as_str().into());
+                if let Some(d) = &t.description {
+                    o.insert("description".into(), d.as_str().into());
+                }
+                o.insert("input_schema".into(), t.parameters.clone());
+                Value::Object(o)
+            })
+            .collect();
+        out.insert("tools".into(), Value::Array(tools));
+        let mut choice = match &req.tool_choice {
+            None => None,
+            Some(ToolChoice::Auto) => Some(json!({"type": "auto"})),
+            Some(ToolChoice::Required) => Some(json!({"type": "any"})),
+            Some(ToolChoice::None) => Some(json!({"type": "none"})),
+            Some(ToolChoice::Function(n)) => Some(json!({"type": "tool", "name": n})),
+        };
+        if req.parallel_tool_calls == Some(false) && req.tool_choice != Some(ToolChoice::None) {
+            let c = choice.get_or_insert_with(|| json!({"type": "auto"}));
+            c["disable_parallel_tool_use"] = true.into();
+        }
+        if let Some(c) = choice {
+            out.insert("tool_choice".into(), c);
+        }
+    }
+    if let Some(t) = req.temperature {
+        out.insert("temperature".into(), json!(t.clamp(0.0, 1.0)));
+    }
+    if let Some(p) = req.top_p {
+        out.insert("top_p".into(), json!(p));
+    }
+    if !req.stop.is_empty() {
+        out.insert("stop_sequences".into(), json!(req.stop));
+    }
+    if let Some(u) = &req.user {
+        out.insert("metadata".into(), json!({"user_id": u}));
+    }
+    if let Some(r) = &req.reasoning {
+        if r.disabled {
+            out.insert("thinking".into(), json!({"type": "disabled"}));
+        } else if let Some(b) = r.budget() {
+            let b = b.min(max_tokens.saturating_sub(1));
+            if b >= MIN_THINKING_BUDGET {
+                out.insert(
+                    "thinking".into(),
+                    json!({"type": "enabled", "budget_tokens": b}),
+                );
+            }
+        }
+    }
+    if req.stream {
+        out.insert("stream".into(), true.into());
+    }
+    Ok(to_vec(&Value::Object(out)))
+}
+
+fn source_json(s: &Source) -> Value {
+    match s {
+        Source::Url(u) => json!({"type": "url", "url": u}),
+        Source::Base64 { media_type, data } => {
+            json!({"type": "base64", "media_type": media_type, "data": data})
+        }
+        Source::Text(t) => json!({"type": "text", "media_type": "text/plain", "data": t}),
+    }
+}
+
+fn block_json(p: &Part) -> Result<Option<Value>, ProtocolError> {
+    Ok(Some(match p {
+        Part::Text(t) if t.is_empty() => return Ok(None),
+        Part::Text(t) => json!({"type": "text", "text": t}),
+        Part::Image(s) => json!({"type": "image", "source": source_json(s)}),
+        Part::Document { source, title } => {
+            let mut o = Map::new();
+            o.insert("type".into(), "document".into());
+            o.insert("source".into(), source_json(source));
+            if let Some(t) = title {
+                o.insert("title".into(), t.as_str().into());
+            }
+            Value::Object(o)
+        }
+        Part::ToolCall(c) => {
+            let input: Value = if c.arguments.trim().is_empty() {
+                json!({})
+            } else {
+                serde_json::from_str(&c.arguments).map_err(|_| {
+                    invalid("tool_calls.function.arguments", "must be a JSON object")
+                })?
+            };
+            if !input.is_object() {
+                return Err(invalid(
+                    "tool_calls.function.arguments",
+                    "must be a JSON object",
+                ));
+            }
+            json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input})
+        }
+        Part::ToolResult {
+            call_id,
+            content,
+            is_error,
+        } => {
+            let mut o = Map::new();
+            o.insert("type".into(), "tool_result".into());
+            o.insert("tool_use_id".into(), call_id.as_str().into());
+            match content.as_slice() {
+                [] => {}
+                [Part::Text(t)] => {
+                    o.insert("content".into(), t.as_str().into());
+                }
+                parts => {
+                    let mut blocks = Vec::with_capacity(parts.len());
+                    for p in parts {
+                        if let Some(b) = block_json(p)? {
+                            blocks.push(b);
+                        }
+                    }
+                    o.insert("content".into(), Value::Array(blocks));
+                }
+            }
+            if *is_error {
+                o.insert("is_error".into(), true.into());
+            }
+            Value::Object(o)
+        }
+        Part::Reasoning {
+            text,
+            signature: Some(sig),
+        } => json!({"type": "thinking", "thinking": text, "signature": sig}),
+        Part::Reasoning {
+            signature: None, ..
+        } => return Ok(None),
+    }))
+}
+
+// ---------------------------------------------------------------- response
+
+/// Anthropic `usage` as read from the wire (every field optional: stream
+/// events carry partial usage).
+#[derive(Deserialize, Default, Clone, Copy)]
+pub(crate) struct UsageIn {
+    #[serde(default)]
+    pub(crate) input_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) output_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) cache_creation_input_tokens: Option<u64>,
+}
+
+impl UsageIn {
+    /// Merges these (partial, cumulative) figures into `u`.
+    pub(crate) fn merge_into(&self, u: &mut Usage) {
+        if self.input_tokens.is_some()
+            || self.cache_read_input_tokens.is_some()
+            || self.cache_creation_input_tokens.is_some()
+        {
+            let read = self.cache_read_input_tokens.unwrap_or(u.cache_read_tokens);
+            let write = self
+                .cache_creation_input_tokens
+                .unwrap_or(u.cache_write_tokens);
+            let uncached = self
+                .input_tokens
+                .unwrap_or_else(|| u.uncached_input_tokens());
+            u.cache_read_tokens = read;
+            u.cache_write_tokens = write;
+            u.input_tokens = uncached + read + write;
+        }
+        if let Some(o) = self.output_tokens {
+            u.output_tokens = o;
+        }
+    }
+}
+
+/// Anthropic `stop_reason` → canonical.
+pub(crate) fn stop_from_wire(s: &str) -> StopReason {
+    match s {
+        "max_tokens" | "model_context_window_exceeded" => StopReason::MaxTokens,
+        "stop_sequence" => StopReason::StopSequence,
+        "tool_use" => StopReason::ToolUse,
+        "refusal" => StopReason::ContentFilter,
+        "pause_turn" => StopReason::PauseTurn,
+        _ => StopReason::EndTurn,
+    }
+}
+
+/// Canonical → Anthropic `stop_reason`.
+pub(crate) fn stop_to_wire(s: StopReason) -> &'static str {
+    match s {
+        StopReason::EndTurn => "end_turn",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::StopSequence => "stop_sequence",
+        StopReason::ToolUse => "tool_use",
+        StopReason::ContentFilter => "refusal",
+        StopReason::PauseTurn => "pause_turn",
+    }
+}
+
+#[derive(Deserialize)]
+struct MessageOut<'a> {
+    #[serde(rename = "type", borrow, default)]
+    ty: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    id: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    model: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    content: Vec<ContentBlockIn<'a>>,
+    #[serde(borrow, default)]
+    stop_reason: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    stop_sequence: Option<Str<'a>>,
+    #[serde(default)]
+    usage: Option<UsageIn>,
+    #[serde(borrow, default)]
+    error: Option<ErrorObj<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ContentBlockIn<'a> {
+    #[serde(rename = "type", borrow)]
+    ty: Str<'a>,
+    #[serde(borrow, default)]
+    text: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    thinking: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    signature: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    id: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    name: Option<Str<'a>>,
+    #[serde(default)]
+    input: Option<Value>,
+}
+
+/// Decodes a non-streaming Messages upstream body. Text blocks become text
+/// items, `thinking` reasoning items (with signature), `tool_use` tool calls
+/// (input re-serialized as JSON text); `redacted_thinking` and server-tool
+/// blocks are dropped.
+///
+/// # Errors
+/// [`ProtocolError::InvalidUpstream`] when unparseable,
+/// [`ProtocolError::Upstream`] for a `{"type":"error"}` body.
+pub fn decode_response(body: &[u8], now_unix_s: u64) -> Result<Response, ProtocolError> {
+    let m: MessageOut<'_> = serde_json::from_slice(body)
+        .map_err(|e| ProtocolError::InvalidUpstream(format!("message: {e}")))?;
+    if opt(&m.ty) == Some("error") || m.error.is_some() {
+        return Err(m
+            .error
+            .as_ref()
+            .map(|e| e.to_error(ErrorKind::Api))
+            .unwrap_or(ProtocolError::Upstream {
+                kind: ErrorKind::Api,
+                message: "upstream reported an error".into(),
+            }));
+    }
+    let mut output = Vec::with_capacity(m.content.len());
+    for b in &m.content {
+        match b.ty.as_str() {
+            "text" => {
+                if let Some(t) = opt(&b.text).filter(|t| !t.is_empty()) {
+                    output.push(OutputItem::Text(t.to_owned()));
+                }
+            }
+            "thinking" => output.push(OutputItem::Reasoning {
+                text: opt(&b.thinking).unwrap_or("").to_owned(),
+                signature: opt(&b.signature).map(str::to_owned),
+            }),
+            "tool_use" => output.push(OutputItem::ToolCall(ToolCall {
+                id: opt(&b.id).unwrap_or("").to_owned(),
+                name: opt(&b.name).unwrap_or("").to_owned(),
+                arguments: b
+                    .input
+                    .as_ref()
+                    .map(Value::to_string)
+                    .unwrap_or_else(|| "{}".into()),
+            })),
+            _ => {}
+        }
+    }
+    let mut usage = Usage::default();
+    if let Some(u) = &m.usage {
+        u.merge_into(&mut usage);
+    }
+    Ok(Response {
+        id: opt(&m.id).unwrap_or("").to_owned(),
+        created: now_unix_s,
+        model: opt(&m.model).unwrap_or("").to_owned(),
+        output,
+        stop_reason: stop_from_wire(opt(&m.stop_reason).unwrap_or("end_turn")),
+        stop_sequence: opt(&m.stop_sequence).map(str::to_owned),
+        usage,
+    })
+}
+
+/// Anthropic `usage` JSON of canonical usage (`input_tokens` without cache).
+pub(crate) fn usage_json(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.uncached_input_tokens(),
+        "cache_creation_input_tokens": u.cache_write_tokens,
+        "cache_read_input_tokens": u.cache_read_tokens,
+        "output_tokens": u.output_tokens
+    })
+}
+
+/// Encodes the canonical response as a Messages client body (`msg_` id
+/// prefix; reasoning as `thinking` blocks with their signature, `""` when the
+/// provider gave none; tool calls as `tool_use` with parsed `input`).
+pub fn encode_response(resp: &Response) -> Vec<u8> {
+    let mut content = Vec::with_capacity(resp.output.len());
+    for item in &resp.output {
+        content.push(match item {
+            OutputItem::Text(t) => json!({"type": "text", "text": t}),
+            OutputItem::Reasoning { text, signature } => json!({
+                "type": "thinking", "thinking": text,
+                "signature": signature.as_deref().unwrap_or("")
+            }),
+            OutputItem::ToolCall(c) => json!({
+                "type": "tool_use", "id": c.id, "name": c.name,
+                "input": parse_arguments(&c.arguments)
+            }),
+        });
+    }
+    to_vec(&json!({
+        "id": prefixed("msg_", &resp.id),
+        "type": "message",
+        "role": "assistant",
+        "model": resp.model,
+        "content": content,
+        "stop_reason": stop_to_wire(resp.stop_reason),
+        "stop_sequence": resp.stop_sequence,
+        "usage": usage_json(&resp.usage)
+    }))
+}
+
+/// Tool arguments as a JSON object: the parsed text, or `{}` when the model
+/// produced something that is not an object (Anthropic's `input` must be one).
+pub(crate) fn parse_arguments(args: &str) -> Value {
+    match serde_json::from_str::<Value>(args) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({}),
+    }
+}

@@ -1,0 +1,742 @@
+//! The protocol layer: every wire API Sluice speaks, converted to and from
+//! one canonical model.
+//!
+//! This module owns:
+//!
+//! * the canonical model: [`Request`], [`Response`], [`StreamEvent`],
+//!   [`Usage`], [`StopReason`] and the conversion error [`ProtocolError`];
+//! * one module per wire API ([`Dialect`]), each owning its serde wire types
+//!   and its converters: [`chat`] (OpenAI Chat Completions), [`messages`]
+//!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only);
+//! * the dialect-agnostic entry points the proxy calls ([`decode_request`],
+//!   [`encode_request`], [`decode_response`], [`encode_response`],
+//!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`],
+//!   [`StreamTranslator`]): the proxy never names a dialect's module.
+//!
+//! A translation is *decode source dialect → canonical → encode target
+//! dialect*; a stream translation does that event by event (a text delta goes
+//! out as soon as it comes in, so TTFT is kept). A new dialect adds two
+//! converters, never one per pair. The same dialect in and out is not
+//! translated at all (the proxy's fast path: normalize + model rewrite), so
+//! nothing here handles it.
+//!
+//! Canonical conventions: [`Usage::input_tokens`] is the *total* prompt size
+//! (OpenAI's meaning, cached tokens included); Anthropic's `input_tokens`
+//! excludes cache reads and writes, so the Messages converters add/subtract
+//! them. Tool-call arguments are kept as the JSON text the model produced.
+//!
+//! # Fields per direction
+//!
+//! "Dropped" fields have no equivalent on the target and losing them is
+//! harmless (sampling hints, tracing labels, caching hints). "Refused"
+//! fields answer a 400 naming the field ([`ProtocolError::Unsupported`]).
+//!
+//! | source → target | dropped (harmless) | refused (400) |
+//! |---|---|---|
+//! | Chat → canonical | `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `service_tier`, `store`, `prediction`, `metadata` (except via `user`), message `name`, `top_logprobs` without `logprobs` | `n` > 1, `logprobs: true`, `audio`/`modalities` with audio, `functions`/`function_call`, role `function`, `web_search_options`, non-function tools, `input_audio` parts, `file` parts with a `file_id` |
+//! | Messages → canonical | `top_k`, `cache_control`, `citations`, `service_tier`, `metadata` keys other than `user_id`, `redacted_thinking` blocks | server tools (`type` other than `custom`), `mcp_servers`, `container`, unknown block types (`search_result`, `server_tool_use`, …), non-text `document` sources other than base64/url |
+//! | Responses → canonical | `include`, `truncation`, `service_tier`, `store: false`, `stream_options`, `reasoning.summary`, `prompt_cache_key`, `safety_identifier`, `text.verbosity`, image `detail`, `top_logprobs` | `previous_response_id`, `store: true`, `conversation` ("there is no response storage"), `background: true`, `prompt`, `item_reference` items, non-function tools, `file_id` images/files |
+//! | canonical → Chat (upstream) | thinking signatures and redacted thinking in history (OpenAI takes no reasoning input), document `title` | images inside tool results, URL documents |
+//! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget (low 1024, medium 8192, high 24576, capped below `max_tokens`); temperature above 1 is clamped to 1; unsigned reasoning in history | `response_format`/`text.format` other than `text` (no equivalent) |
+//! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
+//! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
+//! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
+#![warn(missing_docs)]
+
+pub mod chat;
+mod json;
+pub mod messages;
+pub mod responses;
+mod translate;
+
+#[cfg(test)]
+mod tests;
+
+use std::borrow::Cow;
+
+use bytes::BytesMut;
+
+pub use translate::{StreamOptions, StreamTranslator};
+
+/// A wire API: what a client speaks to Sluice, or a provider to Sluice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// OpenAI Chat Completions (`POST /v1/chat/completions`).
+    ChatCompletions,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Messages,
+    /// OpenAI Responses (`POST /v1/responses`), client side only.
+    Responses,
+}
+
+impl Dialect {
+    /// Short name for logs and metrics labels: `chat`, `messages`, `responses`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::ChatCompletions => "chat",
+            Dialect::Messages => "messages",
+            Dialect::Responses => "responses",
+        }
+    }
+}
+
+// ---------------------------------------------------------------- request
+
+/// The canonical inference request: what every client dialect decodes into
+/// and every provider dialect encodes from.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Request {
+    /// The model the client asked for (the standard model id; routing decides
+    /// the upstream model).
+    pub model: String,
+    /// System prompts in order (Chat `system`/`developer` messages, Messages
+    /// `system`, Responses `instructions` and system/developer items).
+    pub system: Vec<String>,
+    /// The conversation, oldest first.
+    pub messages: Vec<Message>,
+    /// Function tools the model may call.
+    pub tools: Vec<Tool>,
+    /// How the model must use the tools; `None` = the provider's default.
+    pub tool_choice: Option<ToolChoice>,
+    /// `Some(false)` forbids parallel tool calls.
+    pub parallel_tool_calls: Option<bool>,
+    /// Maximum output tokens; `None` = not given (Messages needs a default).
+    pub max_output_tokens: Option<u64>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    pub top_p: Option<f64>,
+    /// Stop sequences (empty = none).
+    pub stop: Vec<String>,
+    /// End-user id (Chat `user`, Messages `metadata.user_id`, Responses `user`).
+    pub user: Option<String>,
+    /// Reasoning settings.
+    pub reasoning: Option<Reasoning>,
+    /// Structured output format; `None` = plain text.
+    pub response_format: Option<ResponseFormat>,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Whether the client asked for usage in the stream (Chat
+    /// `stream_options.include_usage`; always true for Messages and Responses).
+    pub include_usage: bool,
+    /// The dialect the request came in (names refused fields in its terms).
+    pub source: Option<Dialect>,
+}
+
+/// Who speaks a [`Message`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The user (also carries tool results).
+    User,
+    /// The model (text, reasoning, tool calls).
+    Assistant,
+}
+
+/// One turn of the conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// Speaker.
+    pub role: Role,
+    /// Content, in order.
+    pub parts: Vec<Part>,
+}
+
+/// Where an image or document comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// An http(s) URL the provider fetches.
+    Url(String),
+    /// Inline base64 data.
+    Base64 {
+        /// MIME type, e.g. `image/png`, `application/pdf`.
+        media_type: String,
+        /// Base64 payload (no `data:` prefix).
+        data: String,
+    },
+    /// Plain text (Anthropic `document` with a `text` source).
+    Text(String),
+}
+
+/// One content part of a [`Message`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    /// Text.
+    Text(String),
+    /// An image.
+    Image(Source),
+    /// A document (PDF or text), where both sides have them.
+    Document {
+        /// The document.
+        source: Source,
+        /// File name or title, if any.
+        title: Option<String>,
+    },
+    /// A tool call made by the assistant.
+    ToolCall(ToolCall),
+    /// The result of a tool call, sent by the user side.
+    ToolResult {
+        /// Id of the [`ToolCall`] this answers.
+        call_id: String,
+        /// Result content: text and image parts.
+        content: Vec<Part>,
+        /// Whether the tool failed (Anthropic `is_error`).
+        is_error: bool,
+    },
+    /// Model reasoning (Anthropic thinking, Chat `reasoning_content`,
+    /// Responses reasoning item). Never merged into the answer text.
+    Reasoning {
+        /// The reasoning text (may be empty for encrypted-only reasoning).
+        text: String,
+        /// Anthropic thinking `signature` / Responses `encrypted_content`.
+        signature: Option<String>,
+    },
+}
+
+/// A tool call: id, function name and its JSON arguments as text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// Call id (`call_…`, `toolu_…`); tool results refer to it.
+    pub id: String,
+    /// Function name.
+    pub name: String,
+    /// Arguments: a JSON object as text (`{}` when empty).
+    pub arguments: String,
+}
+
+/// A function tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    /// Function name.
+    pub name: String,
+    /// Description for the model.
+    pub description: Option<String>,
+    /// JSON Schema of the arguments (an object).
+    pub parameters: serde_json::Value,
+    /// OpenAI `strict` (structured outputs for arguments).
+    pub strict: Option<bool>,
+}
+
+/// How the model must use tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (Chat/Responses `auto`, Messages `auto`).
+    Auto,
+    /// The model must call some tool (`required` / Messages `any`).
+    Required,
+    /// No tool calls (`none`).
+    None,
+    /// The model must call this function.
+    Function(String),
+}
+
+/// Reasoning effort levels (OpenAI `reasoning_effort` / `reasoning.effort`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    /// `minimal`.
+    Minimal,
+    /// `low`.
+    Low,
+    /// `medium`.
+    Medium,
+    /// `high`.
+    High,
+}
+
+impl Effort {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Minimal => "minimal",
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "minimal" | "none" => Effort::Minimal,
+            "low" => Effort::Low,
+            "medium" => Effort::Medium,
+            "high" => Effort::High,
+            _ => return None,
+        })
+    }
+
+    /// Anthropic thinking budget for this effort, in tokens (Anthropic's
+    /// minimum budget is 1024).
+    pub fn budget_tokens(self) -> u64 {
+        match self {
+            Effort::Minimal | Effort::Low => 1024,
+            Effort::Medium => 8192,
+            Effort::High => 24576,
+        }
+    }
+
+    /// The effort closest to an Anthropic thinking budget in tokens.
+    pub fn from_budget(budget_tokens: u64) -> Self {
+        match budget_tokens {
+            0..=2048 => Effort::Low,
+            2049..=12288 => Effort::Medium,
+            _ => Effort::High,
+        }
+    }
+}
+
+/// Reasoning settings: an OpenAI effort or an Anthropic budget (one of them
+/// is set), or explicitly disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reasoning {
+    /// OpenAI effort, if the client gave one.
+    pub effort: Option<Effort>,
+    /// Anthropic `thinking.budget_tokens`, if the client gave one.
+    pub budget_tokens: Option<u64>,
+    /// Anthropic `thinking.type: disabled`.
+    pub disabled: bool,
+}
+
+impl Reasoning {
+    /// The effort to send to an OpenAI-style provider.
+    pub fn effort(&self) -> Option<Effort> {
+        if self.disabled {
+            return None;
+        }
+        self.effort.or(self.budget_tokens.map(Effort::from_budget))
+    }
+
+    /// The thinking budget to send to Anthropic.
+    pub fn budget(&self) -> Option<u64> {
+        if self.disabled {
+            return None;
+        }
+        self.budget_tokens
+            .or(self.effort.map(Effort::budget_tokens))
+    }
+}
+
+/// Structured output format (Chat `response_format`, Responses `text.format`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResponseFormat {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching a schema.
+    JsonSchema {
+        /// Schema name.
+        name: String,
+        /// The JSON Schema.
+        schema: serde_json::Value,
+        /// OpenAI `strict`.
+        strict: Option<bool>,
+        /// Description.
+        description: Option<String>,
+    },
+}
+
+// ---------------------------------------------------------------- response
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StopReason {
+    /// Natural end (`end_turn` / `stop` / Responses `completed`).
+    #[default]
+    EndTurn,
+    /// Output limit hit (`max_tokens` / `length` / `incomplete: max_output_tokens`).
+    MaxTokens,
+    /// A stop sequence matched (`stop_sequence` / `stop`).
+    StopSequence,
+    /// The model called tools (`tool_use` / `tool_calls`).
+    ToolUse,
+    /// Content filtered or refused (`refusal` / `content_filter`).
+    ContentFilter,
+    /// Anthropic `pause_turn` (long-running server tool turn paused).
+    PauseTurn,
+}
+
+/// Token counts of one exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Total prompt tokens, cached ones included (OpenAI's `prompt_tokens`).
+    pub input_tokens: u64,
+    /// Generated tokens, reasoning included.
+    pub output_tokens: u64,
+    /// Prompt tokens read from the provider's cache (part of `input_tokens`).
+    pub cache_read_tokens: u64,
+    /// Prompt tokens written to the cache (Anthropic; part of `input_tokens`).
+    pub cache_write_tokens: u64,
+    /// Reasoning tokens (part of `output_tokens`), when the provider says.
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// Input tokens that were neither read from nor written to the cache
+    /// (Anthropic's `input_tokens`).
+    pub fn uncached_input_tokens(&self) -> u64 {
+        self.input_tokens
+            .saturating_sub(self.cache_read_tokens)
+            .saturating_sub(self.cache_write_tokens)
+    }
+}
+
+/// One output item of a [`Response`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputItem {
+    /// Answer text.
+    Text(String),
+    /// A tool call.
+    ToolCall(ToolCall),
+    /// Reasoning with its optional signature.
+    Reasoning {
+        /// Reasoning text.
+        text: String,
+        /// Signature / encrypted content.
+        signature: Option<String>,
+    },
+}
+
+/// The canonical non-streaming response.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Response {
+    /// Provider response id (without a dialect prefix added by Sluice).
+    pub id: String,
+    /// Creation time, Unix seconds.
+    pub created: u64,
+    /// Model id (the caller replaces it with the standard model).
+    pub model: String,
+    /// Output items in order.
+    pub output: Vec<OutputItem>,
+    /// Why generation stopped.
+    pub stop_reason: StopReason,
+    /// The stop sequence that matched, if the provider says.
+    pub stop_sequence: Option<String>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+// ---------------------------------------------------------------- stream events
+
+/// One canonical stream event, borrowing its strings from the upstream event
+/// (no copy when the JSON string had no escapes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent<'a> {
+    /// The message begins: provider id, model, and the usage known so far
+    /// (Anthropic sends input tokens here).
+    Start {
+        /// Provider response id.
+        id: Cow<'a, str>,
+        /// Provider model id (encoders write the standard model instead).
+        model: Cow<'a, str>,
+        /// Usage known at start.
+        usage: Usage,
+    },
+    /// Answer text.
+    TextDelta(Cow<'a, str>),
+    /// Reasoning text.
+    ReasoningDelta(Cow<'a, str>),
+    /// The signature of the current reasoning block (Anthropic
+    /// `signature_delta`).
+    ReasoningSignature(Cow<'a, str>),
+    /// A tool call begins. `index` counts tool calls from 0 in this response.
+    ToolCallStart {
+        /// Tool-call index (0, 1, … in order of appearance).
+        index: u32,
+        /// Call id.
+        id: Cow<'a, str>,
+        /// Function name.
+        name: Cow<'a, str>,
+    },
+    /// A fragment of a tool call's JSON arguments.
+    ToolArgumentsDelta {
+        /// Tool-call index, as in [`StreamEvent::ToolCallStart`].
+        index: u32,
+        /// JSON text fragment.
+        fragment: Cow<'a, str>,
+    },
+    /// Generation stopped.
+    Stop {
+        /// Why.
+        reason: StopReason,
+        /// The matched stop sequence, if known.
+        stop_sequence: Option<Cow<'a, str>>,
+    },
+    /// Usage so far (cumulative, replaces earlier figures).
+    Usage(Usage),
+    /// The upstream stream ended normally (`[DONE]`, `message_stop`).
+    End,
+}
+
+impl StreamEvent<'_> {
+    /// Whether the event carries generated output (text, reasoning, a tool
+    /// call or its arguments): what time-to-first-token waits for.
+    pub fn is_content(&self) -> bool {
+        matches!(
+            self,
+            StreamEvent::TextDelta(_)
+                | StreamEvent::ReasoningDelta(_)
+                | StreamEvent::ToolCallStart { .. }
+                | StreamEvent::ToolArgumentsDelta { .. }
+        )
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+/// Canonical error kinds, mapped to each dialect's error types and statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: malformed or unsupported request.
+    InvalidRequest,
+    /// 401.
+    Authentication,
+    /// 403 (and 402 billing).
+    Permission,
+    /// 404.
+    NotFound,
+    /// 413.
+    RequestTooLarge,
+    /// 429.
+    RateLimit,
+    /// 500 and other 5xx.
+    Api,
+    /// 529 / 503: provider overloaded.
+    Overloaded,
+    /// 504: the provider timed out.
+    Timeout,
+}
+
+impl ErrorKind {
+    /// The kind for an HTTP status.
+    pub fn from_status(status: u16) -> Self {
+        match status {
+            401 => ErrorKind::Authentication,
+            402 | 403 => ErrorKind::Permission,
+            404 => ErrorKind::NotFound,
+            413 => ErrorKind::RequestTooLarge,
+            429 => ErrorKind::RateLimit,
+            503 | 529 => ErrorKind::Overloaded,
+            504 => ErrorKind::Timeout,
+            400..=499 => ErrorKind::InvalidRequest,
+            _ => ErrorKind::Api,
+        }
+    }
+
+    /// The canonical HTTP status of the kind (Anthropic's table).
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorKind::InvalidRequest => 400,
+            ErrorKind::Authentication => 401,
+            ErrorKind::Permission => 403,
+            ErrorKind::NotFound => 404,
+            ErrorKind::RequestTooLarge => 413,
+            ErrorKind::RateLimit => 429,
+            ErrorKind::Api => 500,
+            ErrorKind::Overloaded => 529,
+            ErrorKind::Timeout => 504,
+        }
+    }
+}
+
+/// A conversion failure: the client's fault (a 400 naming the field) or the
+/// upstream's (malformed answer, or an error it reported).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The client's request is malformed; `field` is a JSON path such as
+    /// `messages[2].content[0].image_url`.
+    #[error("invalid `{field}`: {reason}")]
+    InvalidRequest {
+        /// JSON path of the offending field, in the client's dialect.
+        field: String,
+        /// Explanation.
+        reason: String,
+    },
+    /// The request is valid but asks for something the target cannot do
+    /// (e.g. `n` > 1 to Messages, `previous_response_id`).
+    #[error("unsupported `{field}`: {reason}")]
+    Unsupported {
+        /// JSON path of the offending field, in the client's dialect.
+        field: String,
+        /// Explanation.
+        reason: String,
+    },
+    /// The upstream's answer could not be parsed (a 502 for the client).
+    #[error("malformed upstream response: {0}")]
+    InvalidUpstream(String),
+    /// The upstream reported an error (error body or in-stream error event).
+    #[error("upstream error ({kind:?}): {message}")]
+    Upstream {
+        /// Canonical kind.
+        kind: ErrorKind,
+        /// The provider's message.
+        message: String,
+    },
+}
+
+impl ProtocolError {
+    /// Whether the client caused it (answer 400 with [`field`](Self::field)).
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            ProtocolError::InvalidRequest { .. } | ProtocolError::Unsupported { .. }
+        )
+    }
+
+    /// The offending request field for client errors.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ProtocolError::InvalidRequest { field, .. }
+            | ProtocolError::Unsupported { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    /// HTTP status for the client: 400 for client errors, 502 for a
+    /// malformed upstream answer, the kind's status for upstream errors.
+    pub fn status(&self) -> u16 {
+        match self {
+            ProtocolError::InvalidRequest { .. } | ProtocolError::Unsupported { .. } => 400,
+            ProtocolError::InvalidUpstream(_) => 502,
+            ProtocolError::Upstream { kind, .. } => kind.status(),
+        }
+    }
+
+    /// The message for the client: the provider's own words for an
+    /// upstream error, the full description otherwise.
+    pub fn message(&self) -> String {
+        match self {
+            ProtocolError::Upstream { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The canonical error kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ProtocolError::InvalidRequest { .. } | ProtocolError::Unsupported { .. } => {
+                ErrorKind::InvalidRequest
+            }
+            ProtocolError::InvalidUpstream(_) => ErrorKind::Api,
+            ProtocolError::Upstream { kind, .. } => *kind,
+        }
+    }
+}
+
+pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
+    ProtocolError::InvalidRequest {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn unsupported(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
+    ProtocolError::Unsupported {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+// ---------------------------------------------------------------- entry points
+
+/// What an upstream request needs besides the canonical request.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamOptions<'a> {
+    /// The provider's model id (`upstream_model`).
+    pub model: &'a str,
+    /// Output limit sent when the client gave none and the dialect requires
+    /// one (Messages `max_tokens`); configurable per model.
+    pub default_max_tokens: u64,
+}
+
+/// Decodes a client request body of `dialect` into the canonical request.
+/// Used only when the request is translated (the same dialect in and out is
+/// forwarded as is).
+///
+/// # Errors
+/// [`ProtocolError::InvalidRequest`]/[`ProtocolError::Unsupported`] naming the field.
+pub fn decode_request(dialect: Dialect, body: &[u8]) -> Result<Request, ProtocolError> {
+    match dialect {
+        Dialect::ChatCompletions => chat::decode_request(body),
+        Dialect::Messages => messages::decode_request(body),
+        Dialect::Responses => responses::decode_request(body),
+    }
+}
+
+/// Encodes the canonical request as an upstream request body of `dialect`.
+///
+/// # Errors
+/// [`ProtocolError::Unsupported`] for a field the target cannot carry, or for
+/// [`Dialect::Responses`] (not a provider dialect).
+pub fn encode_request(
+    dialect: Dialect,
+    req: &Request,
+    opts: &UpstreamOptions<'_>,
+) -> Result<Vec<u8>, ProtocolError> {
+    match dialect {
+        Dialect::ChatCompletions => chat::encode_request(req, opts),
+        Dialect::Messages => messages::encode_request(req, opts),
+        Dialect::Responses => Err(unsupported(
+            "model",
+            "the Responses API is not an upstream dialect",
+        )),
+    }
+}
+
+/// Decodes a non-streaming upstream response of `dialect`. `now_unix_s`
+/// fills `created` when the dialect has no timestamp (Messages).
+///
+/// # Errors
+/// [`ProtocolError::InvalidUpstream`] when unparseable,
+/// [`ProtocolError::Upstream`] for an error body.
+pub fn decode_response(
+    dialect: Dialect,
+    body: &[u8],
+    now_unix_s: u64,
+) -> Result<Response, ProtocolError> {
+    match dialect {
+        Dialect::ChatCompletions => chat::decode_response(body, now_unix_s),
+        Dialect::Messages => messages::decode_response(body, now_unix_s),
+        Dialect::Responses => Err(ProtocolError::InvalidUpstream(
+            "the Responses API is not an upstream dialect".into(),
+        )),
+    }
+}
+
+/// Encodes the canonical response as a client body of `dialect` (JSON).
+/// The caller sets `resp.model` to the standard model first.
+pub fn encode_response(dialect: Dialect, resp: &Response) -> Vec<u8> {
+    match dialect {
+        Dialect::ChatCompletions => chat::encode_response(resp),
+        Dialect::Messages => messages::encode_response(resp),
+        Dialect::Responses => responses::encode_response(resp),
+    }
+}
+
+/// Reads an upstream error body (any status >= 400) of `dialect`: the
+/// canonical kind (the body's type when known, else the status) and message.
+pub fn decode_error_body(dialect: Dialect, status: u16, body: &[u8]) -> (ErrorKind, String) {
+    json::decode_error_body(dialect, status, body)
+}
+
+/// The JSON error body a client of `dialect` gets for `status`: Messages
+/// `{"type":"error","error":{"type","message"}}`, Chat/Responses
+/// `{"error":{"message","type","param","code"}}`.
+pub fn error_body(dialect: Dialect, status: u16, message: &str, param: Option<&str>) -> Vec<u8> {
+    json::error_body(dialect, status, message, param)
+}
+
+/// Appends the in-stream error event of `dialect` (sent after the response
+/// was committed) to `out`. Messages: `event: error`; Chat: OpenAI's
+/// `event: error` frame; Responses: see [`responses::StreamEncoder::error`].
+/// Prefer [`StreamTranslator::error`] inside a translated stream (it keeps
+/// Responses sequence numbers).
+pub fn error_event(dialect: Dialect, kind: ErrorKind, message: &str, out: &mut BytesMut) {
+    json::error_event(dialect, kind, message, 0, out)
+}
+
+/// The idle heartbeat frame for a client of `dialect`: Messages clients get
+/// `event: ping` (what Anthropic sends), the others an SSE comment.
+pub fn heartbeat(dialect: Dialect) -> &'static [u8] {
+    match dialect {
+        Dialect::Messages => b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
+        Dialect::ChatCompletions | Dialect::Responses => b": keepalive\n\n",
+    }
+}

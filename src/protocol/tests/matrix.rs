@@ -1,0 +1,395 @@
+//! The translation matrix: {chat, messages, responses} client ×
+//! {chat, messages} upstream × {stream, non-stream} × {text, tool call,
+//! image input, reasoning, upstream error}. Same-dialect pairs are not
+//! translated (the proxy's fast path) and are skipped.
+
+use serde_json::{json, Value};
+
+use super::fixtures::{
+    chat_body, chat_stream, messages_body, messages_stream, Scenario, ALL, TEXT,
+};
+use super::{seen, translate, Seen, STANDARD};
+use crate::protocol::{
+    decode_request, decode_response, encode_request, encode_response, error_body, Dialect,
+    ProtocolError, UpstreamOptions,
+};
+
+const CLIENTS: [Dialect; 3] = [
+    Dialect::ChatCompletions,
+    Dialect::Messages,
+    Dialect::Responses,
+];
+const UPSTREAMS: [Dialect; 2] = [Dialect::ChatCompletions, Dialect::Messages];
+
+fn upstream_stream(up: Dialect, s: Scenario) -> String {
+    match up {
+        Dialect::ChatCompletions => chat_stream(s),
+        _ => messages_stream(s),
+    }
+}
+
+fn upstream_body(up: Dialect, s: Scenario) -> String {
+    match up {
+        Dialect::ChatCompletions => chat_body(s),
+        _ => messages_body(s),
+    }
+}
+
+/// What the client must see, in its own dialect's words (hand-written).
+fn expected(client: Dialect, up: Dialect, s: Scenario) -> Seen {
+    use Dialect::*;
+    let stop = |chat: &str, messages: &str, responses: &str| match client {
+        ChatCompletions => chat.to_owned(),
+        Messages => messages.to_owned(),
+        Responses => responses.to_owned(),
+    };
+    let usage = match client {
+        Messages => (20, 12, 10),
+        _ => (30, 12, 10),
+    };
+    let mut e = Seen {
+        model: STANDARD.into(),
+        usage,
+        ..Seen::default()
+    };
+    match s {
+        Scenario::Text | Scenario::Image => {
+            e.text = TEXT.into();
+            e.stop = stop("stop", "end_turn", "completed");
+        }
+        Scenario::Tool => {
+            e.text = "Let me check.".into();
+            e.tools = vec![
+                (
+                    "call_1".into(),
+                    "get_weather".into(),
+                    r#"{"city":"Paris"}"#.into(),
+                ),
+                ("call_2".into(), "get_time".into(), r#"{"tz":"CET"}"#.into()),
+            ];
+            e.stop = stop("tool_calls", "tool_use", "completed");
+        }
+        Scenario::Reasoning => {
+            e.text = "2".into();
+            e.reasoning = "Think 1+1.".into();
+            e.stop = stop("stop", "end_turn", "completed");
+            if up == Messages && client == Responses {
+                e.signature = "sig-abc".into();
+            }
+        }
+        Scenario::Error => {
+            e.text = "Hel".into();
+            e.error = Some("overloaded_error".into());
+            e.usage = (0, 0, 0);
+            e.stop = match client {
+                Responses => "failed".into(),
+                _ => String::new(),
+            };
+        }
+    }
+    e
+}
+
+/// Tool arguments compared as JSON values (whitespace may differ).
+fn normalize(mut s: Seen) -> Seen {
+    for t in &mut s.tools {
+        let v: Value = serde_json::from_str(&t.2).unwrap();
+        t.2 = v.to_string();
+    }
+    s
+}
+
+#[test]
+fn stream_matrix() {
+    for client in CLIENTS {
+        for up in UPSTREAMS {
+            if client == up {
+                continue;
+            }
+            for s in ALL {
+                let wire = upstream_stream(up, s);
+                for piece in [0, 1, 7] {
+                    let out = translate(up, client, wire.as_bytes(), piece, true);
+                    let mut got = normalize(seen(client, &out));
+                    if s == Scenario::Error {
+                        got.usage = (0, 0, 0);
+                        got.model = STANDARD.into();
+                    }
+                    let want = normalize(expected(client, up, s));
+                    assert_eq!(got, want, "{client:?} <- {up:?} {s:?} piece {piece}");
+                }
+            }
+        }
+    }
+}
+
+/// Reassembles a non-stream client body (hand-parsed per dialect).
+fn seen_body(client: Dialect, body: &[u8]) -> Seen {
+    let v: Value = serde_json::from_slice(body).unwrap();
+    let mut s = Seen::default();
+    match client {
+        Dialect::ChatCompletions => {
+            if let Some(e) = v.get("error") {
+                s.error = Some(e["type"].as_str().unwrap().into());
+                return s;
+            }
+            assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+            s.model = v["model"].as_str().unwrap().into();
+            let m = &v["choices"][0]["message"];
+            s.text = m["content"].as_str().unwrap_or("").into();
+            s.reasoning = m["reasoning_content"].as_str().unwrap_or("").into();
+            for t in m["tool_calls"].as_array().into_iter().flatten() {
+                s.tools.push((
+                    t["id"].as_str().unwrap().into(),
+                    t["function"]["name"].as_str().unwrap().into(),
+                    t["function"]["arguments"].as_str().unwrap().into(),
+                ));
+            }
+            s.stop = v["choices"][0]["finish_reason"].as_str().unwrap().into();
+            let u = &v["usage"];
+            s.usage = (
+                u["prompt_tokens"].as_u64().unwrap(),
+                u["completion_tokens"].as_u64().unwrap(),
+                u["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap(),
+            );
+        }
+        Dialect::Messages => {
+            if v["type"] == "error" {
+                s.error = Some(v["error"]["type"].as_str().unwrap().into());
+                return s;
+            }
+            assert!(v["id"].as_str().unwrap().starts_with("msg_"));
+            s.model = v["model"].as_str().unwrap().into();
+            for b in v["content"].as_array().unwrap() {
+                match b["type"].as_str().unwrap() {
+                    "text" => s.text.push_str(b["text"].as_str().unwrap()),
+                    "thinking" => {
+                        s.reasoning.push_str(b["thinking"].as_str().unwrap());
+                        s.signature.push_str(b["signature"].as_str().unwrap());
+                    }
+                    "tool_use" => s.tools.push((
+                        b["id"].as_str().unwrap().into(),
+                        b["name"].as_str().unwrap().into(),
+                        b["input"].to_string(),
+                    )),
+                    other => panic!("block {other}"),
+                }
+            }
+            s.stop = v["stop_reason"].as_str().unwrap().into();
+            let u = &v["usage"];
+            s.usage = (
+                u["input_tokens"].as_u64().unwrap(),
+                u["output_tokens"].as_u64().unwrap(),
+                u["cache_read_input_tokens"].as_u64().unwrap(),
+            );
+        }
+        Dialect::Responses => {
+            if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+                s.error = Some(e["type"].as_str().unwrap().into());
+                return s;
+            }
+            assert!(v["id"].as_str().unwrap().starts_with("resp_"));
+            assert_eq!(v["object"], "response");
+            s.model = v["model"].as_str().unwrap().into();
+            for it in v["output"].as_array().unwrap() {
+                match it["type"].as_str().unwrap() {
+                    "message" => s.text.push_str(it["content"][0]["text"].as_str().unwrap()),
+                    "reasoning" => {
+                        for p in it["summary"].as_array().unwrap() {
+                            s.reasoning.push_str(p["text"].as_str().unwrap());
+                        }
+                        if let Some(sig) = it["encrypted_content"].as_str() {
+                            s.signature.push_str(sig);
+                        }
+                    }
+                    "function_call" => s.tools.push((
+                        it["call_id"].as_str().unwrap().into(),
+                        it["name"].as_str().unwrap().into(),
+                        it["arguments"].as_str().unwrap().into(),
+                    )),
+                    other => panic!("item {other}"),
+                }
+            }
+            s.stop = v["status"].as_str().unwrap().into();
+            let u = &v["usage"];
+            s.usage = (
+                u["input_tokens"].as_u64().unwrap(),
+                u["output_tokens"].as_u64().unwrap(),
+                u["input_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+            );
+        }
+    }
+    s
+}
+
+#[test]
+fn non_stream_matrix() {
+    for client in CLIENTS {
+        for up in UPSTREAMS {
+            if client == up {
+                continue;
+            }
+            for s in ALL {
+                let body = upstream_body(up, s);
+                let out = match decode_response(up, body.as_bytes(), 1_700_000_000) {
+                    Ok(mut r) => {
+                        r.model = STANDARD.into();
+                        encode_response(client, &r)
+                    }
+                    Err(e @ ProtocolError::Upstream { .. }) => {
+                        error_body(client, e.status(), &e.to_string(), None)
+                    }
+                    Err(e) => panic!("{e}"),
+                };
+                let got = normalize(seen_body(client, &out));
+                let mut want = normalize(expected(client, up, s));
+                if s == Scenario::Error {
+                    want = Seen {
+                        error: Some("overloaded_error".into()),
+                        ..Seen::default()
+                    };
+                }
+                assert_eq!(got, want, "{client:?} <- {up:?} {s:?}");
+            }
+        }
+    }
+}
+
+/// Client request of the scenario in the client's dialect (hand-written).
+fn client_request(client: Dialect, s: Scenario) -> Value {
+    let img_url = "https://example.com/cat.png";
+    match (client, s) {
+        (Dialect::ChatCompletions, Scenario::Image) => json!({"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is it?"},
+             {"type": "image_url", "image_url": {"url": img_url}},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}]}),
+        (Dialect::ChatCompletions, Scenario::Tool) => json!({"model": "m", "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+            "tool_choice": "required"}),
+        (Dialect::ChatCompletions, Scenario::Reasoning) => {
+            json!({"model": "m", "reasoning_effort": "high", "max_completion_tokens": 32000,
+                   "messages": [{"role": "user", "content": "1+1?"}]})
+        }
+        (Dialect::ChatCompletions, _) => {
+            json!({"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+        }
+        (Dialect::Messages, Scenario::Image) => {
+            json!({"model": "m", "max_tokens": 100, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is it?"},
+             {"type": "image", "source": {"type": "url", "url": img_url}},
+             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]}]})
+        }
+        (Dialect::Messages, Scenario::Tool) => {
+            json!({"model": "m", "max_tokens": 100, "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}]}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"}})
+        }
+        (Dialect::Messages, Scenario::Reasoning) => json!({"model": "m", "max_tokens": 32000,
+            "thinking": {"type": "enabled", "budget_tokens": 24576},
+            "messages": [{"role": "user", "content": "1+1?"}]}),
+        (Dialect::Messages, _) => {
+            json!({"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "Hi"}]})
+        }
+        (Dialect::Responses, Scenario::Image) => json!({"model": "m", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "What is it?"},
+             {"type": "input_image", "image_url": img_url},
+             {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0K"}]}]}),
+        (Dialect::Responses, Scenario::Tool) => json!({"model": "m", "input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+            "tool_choice": "required"}),
+        (Dialect::Responses, Scenario::Reasoning) => {
+            json!({"model": "m", "max_output_tokens": 32000,
+            "reasoning": {"effort": "high"}, "input": "1+1?"})
+        }
+        (Dialect::Responses, _) => json!({"model": "m", "input": "Hi"}),
+    }
+}
+
+/// The upstream request the scenario must produce (hand-written).
+fn expected_upstream(up: Dialect, s: Scenario, client: Dialect) -> Value {
+    let img_url = "https://example.com/cat.png";
+    let max = if client == Dialect::Messages {
+        100
+    } else {
+        4096
+    };
+    match (up, s) {
+        (Dialect::ChatCompletions, Scenario::Image) => json!({"model": "up", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is it?"},
+             {"type": "image_url", "image_url": {"url": img_url}},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}],
+             "max_completion_tokens": 100}),
+        (Dialect::ChatCompletions, Scenario::Tool) => json!({"model": "up", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+            "tool_choice": "required", "max_completion_tokens": 100}),
+        (Dialect::ChatCompletions, Scenario::Reasoning) => json!({"model": "up",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "1+1?"}]}],
+            "max_completion_tokens": 32000, "reasoning_effort": "high"}),
+        (Dialect::ChatCompletions, _) => json!({"model": "up",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            "max_completion_tokens": 100}),
+        (_, Scenario::Image) => json!({"model": "up", "max_tokens": max, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is it?"},
+             {"type": "image", "source": {"type": "url", "url": img_url}},
+             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]}]}),
+        (_, Scenario::Tool) => json!({"model": "up", "max_tokens": max, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}]}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"}}),
+        (_, Scenario::Reasoning) => json!({"model": "up", "max_tokens": 32000,
+            "thinking": {"type": "enabled", "budget_tokens": 24576},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "1+1?"}]}]}),
+        (_, _) => json!({"model": "up", "max_tokens": max,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}),
+    }
+}
+
+#[test]
+fn request_matrix() {
+    for client in CLIENTS {
+        for up in UPSTREAMS {
+            if client == up {
+                continue;
+            }
+            for s in ALL {
+                let body = client_request(client, s).to_string();
+                let req = decode_request(client, body.as_bytes()).unwrap();
+                let opts = UpstreamOptions {
+                    model: "up",
+                    default_max_tokens: 4096,
+                };
+                let out = encode_request(up, &req, &opts).unwrap();
+                let got: Value = serde_json::from_slice(&out).unwrap();
+                let mut want = expected_upstream(up, s, client);
+                // Only a Messages client sends max_tokens (100) in the plain cells.
+                if up == Dialect::ChatCompletions
+                    && client != Dialect::Messages
+                    && s != Scenario::Reasoning
+                {
+                    want.as_object_mut()
+                        .unwrap()
+                        .remove("max_completion_tokens");
+                }
+                assert_eq!(got, want, "{client:?} -> {up:?} {s:?}");
+            }
+        }
+    }
+}

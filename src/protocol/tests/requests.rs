@@ -1,0 +1,372 @@
+//! Golden request translations and the refused fields, per dialect.
+
+use serde_json::{json, Value};
+
+use crate::protocol::{
+    decode_request, encode_request, error_body, Dialect, ProtocolError, UpstreamOptions,
+};
+
+const OPTS: UpstreamOptions<'static> = UpstreamOptions {
+    model: "claude-up",
+    default_max_tokens: 4096,
+};
+
+fn translate(from: Dialect, to: Dialect, body: Value) -> Result<Value, ProtocolError> {
+    let req = decode_request(from, body.to_string().as_bytes())?;
+    let out = encode_request(to, &req, &OPTS)?;
+    Ok(serde_json::from_slice(&out).unwrap())
+}
+
+fn refused(from: Dialect, to: Dialect, body: Value) -> (String, bool) {
+    let e = translate(from, to, body).unwrap_err();
+    assert!(e.is_client_error(), "{e}");
+    assert_eq!(e.status(), 400);
+    (
+        e.field().unwrap().to_owned(),
+        matches!(e, ProtocolError::Unsupported { .. }),
+    )
+}
+
+#[test]
+fn chat_to_messages_golden() {
+    let got = translate(
+        Dialect::ChatCompletions,
+        Dialect::Messages,
+        json!({
+            "model": "house", "stream": true, "stream_options": {"include_usage": true},
+            "temperature": 1.5, "top_p": 0.9, "stop": "END", "user": "u-1", "seed": 7,
+            "parallel_tool_calls": false, "max_tokens": 50,
+            "messages": [
+                {"role": "system", "content": "Be terse."},
+                {"role": "developer", "content": [{"type": "text", "text": "No emoji."}]},
+                {"role": "user", "content": "Read this", "name": "ann"},
+                {"role": "user", "content": [{"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"}}]},
+                {"role": "assistant", "content": "Calling.", "tool_calls": [
+                    {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}},
+                    {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": ""}}]},
+                {"role": "tool", "tool_call_id": "call_a", "content": "one"},
+                {"role": "tool", "tool_call_id": "call_b", "content": [{"type": "text", "text": "two"}]},
+                {"role": "user", "content": "thanks"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "F", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
+                      {"type": "function", "function": {"name": "g"}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}
+        }),
+    )
+    .unwrap();
+    let want = json!({
+        "model": "claude-up", "max_tokens": 50, "stream": true,
+        "system": [{"type": "text", "text": "Be terse."}, {"type": "text", "text": "No emoji."}],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "Read this"},
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}, "title": "a.pdf"}]},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Calling."},
+                {"type": "tool_use", "id": "call_a", "name": "f", "input": {"x": 1}},
+                {"type": "tool_use", "id": "call_b", "name": "g", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "call_a", "content": "one"},
+                {"type": "tool_result", "tool_use_id": "call_b", "content": "two"},
+                {"type": "text", "text": "thanks"}]}
+        ],
+        "tools": [{"name": "f", "description": "F", "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+                  {"name": "g", "input_schema": {"type": "object", "properties": {}}}],
+        "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": true},
+        "temperature": 1.0, "top_p": 0.9, "stop_sequences": ["END"],
+        "metadata": {"user_id": "u-1"}
+    });
+    assert_eq!(got, want);
+}
+
+#[test]
+fn messages_to_chat_golden() {
+    let got = translate(
+        Dialect::Messages,
+        Dialect::ChatCompletions,
+        json!({
+            "model": "house", "max_tokens": 64, "stream": true, "top_k": 5,
+            "system": [{"type": "text", "text": "Sys", "cache_control": {"type": "ephemeral"}}],
+            "metadata": {"user_id": "u-2"}, "stop_sequences": ["\n\nHuman:"],
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "look", "input": {"q": "x"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "found"}], "is_error": false},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/"}}]}
+            ],
+            "tools": [{"name": "look", "description": "Look", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}
+        }),
+    )
+    .unwrap();
+    let want = json!({
+        "model": "claude-up",
+        "messages": [
+            {"role": "system", "content": "Sys"},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                {"id": "toolu_1", "type": "function", "function": {"name": "look", "arguments": "{\"q\":\"x\"}"}}]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "found"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/"}}]}
+        ],
+        "tools": [{"type": "function", "function": {"name": "look", "description": "Look", "parameters": {"type": "object"}}}],
+        "parallel_tool_calls": false, "tool_choice": "auto",
+        "max_completion_tokens": 64, "stop": ["\n\nHuman:"], "user": "u-2",
+        "stream": true, "stream_options": {"include_usage": true}
+    });
+    assert_eq!(got, want);
+}
+
+#[test]
+fn responses_to_chat_golden() {
+    let got = translate(
+        Dialect::Responses,
+        Dialect::ChatCompletions,
+        json!({
+            "model": "house", "instructions": "Be kind.", "store": false, "max_output_tokens": 77,
+            "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": true}},
+            "input": [
+                {"type": "message", "role": "developer", "content": "Dev note"},
+                {"role": "user", "content": [{"type": "input_text", "text": "Q"},
+                    {"type": "input_file", "filename": "r.pdf", "file_data": "data:application/pdf;base64,JVB"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thought"}], "encrypted_content": "enc"},
+                {"role": "assistant", "content": [{"type": "output_text", "text": "A"}]},
+                {"type": "function_call", "call_id": "call_9", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_9", "output": "ok"}
+            ],
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": false}],
+            "tool_choice": {"type": "function", "name": "f"}, "stream": true
+        }),
+    )
+    .unwrap();
+    let want = json!({
+        "model": "claude-up",
+        "messages": [
+            {"role": "system", "content": "Be kind."},
+            {"role": "system", "content": "Dev note"},
+            {"role": "user", "content": [{"type": "text", "text": "Q"},
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVB", "filename": "r.pdf"}}]},
+            {"role": "assistant", "content": "A", "tool_calls": [
+                {"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_9", "content": "ok"}
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": false}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+        "max_completion_tokens": 77,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": true}},
+        "stream": true, "stream_options": {"include_usage": true}
+    });
+    assert_eq!(got, want);
+}
+
+#[test]
+fn responses_reasoning_history_keeps_signature_for_messages() {
+    let got = translate(
+        Dialect::Responses,
+        Dialect::Messages,
+        json!({"model": "m", "input": [
+            {"role": "user", "content": "Q"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "t"}], "encrypted_content": "sig-1"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{\"a\":[1]}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "r"}]}
+        ]}),
+    )
+    .unwrap();
+    assert_eq!(
+        got["messages"],
+        json!([
+            {"role": "user", "content": [{"type": "text", "text": "Q"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": "sig-1"},
+                {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": [1]}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "r"}]}
+        ])
+    );
+}
+
+#[test]
+fn chat_reasoning_history_without_signature_is_dropped_for_messages() {
+    let got = translate(
+        Dialect::ChatCompletions,
+        Dialect::Messages,
+        json!({"model": "m", "messages": [
+            {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": "A", "reasoning_content": "unsigned"},
+            {"role": "user", "content": "Q2"}]}),
+    )
+    .unwrap();
+    assert_eq!(
+        got["messages"][1],
+        json!({"role": "assistant", "content": [{"type": "text", "text": "A"}]})
+    );
+}
+
+#[test]
+fn thinking_budget_is_capped_below_max_tokens() {
+    let got = translate(
+        Dialect::ChatCompletions,
+        Dialect::Messages,
+        json!({"model": "m", "reasoning_effort": "high", "max_tokens": 4000,
+               "messages": [{"role": "user", "content": "Q"}]}),
+    )
+    .unwrap();
+    assert_eq!(
+        got["thinking"],
+        json!({"type": "enabled", "budget_tokens": 3999})
+    );
+    let got = translate(
+        Dialect::Messages,
+        Dialect::ChatCompletions,
+        json!({"model": "m", "max_tokens": 9000, "thinking": {"type": "enabled", "budget_tokens": 2000},
+               "messages": [{"role": "user", "content": "Q"}]}),
+    )
+    .unwrap();
+    assert_eq!(got["reasoning_effort"], "low");
+}
+
+#[test]
+fn refused_fields_name_the_field() {
+    use Dialect::*;
+    let m = |extra: Value| {
+        let mut b = json!({"model": "m", "messages": [{"role": "user", "content": "Q"}]});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    assert_eq!(
+        refused(ChatCompletions, Messages, m(json!({"n": 2}))),
+        ("n".into(), true)
+    );
+    assert_eq!(
+        refused(ChatCompletions, Messages, m(json!({"logprobs": true}))),
+        ("logprobs".into(), true)
+    );
+    assert_eq!(
+        refused(
+            ChatCompletions,
+            Messages,
+            m(json!({"functions": [{"name": "f"}]}))
+        ),
+        ("functions".into(), true)
+    );
+    assert_eq!(
+        refused(
+            ChatCompletions,
+            Messages,
+            m(json!({"response_format": {"type": "json_object"}}))
+        ),
+        ("response_format".into(), true)
+    );
+    assert_eq!(
+        refused(
+            ChatCompletions,
+            Messages,
+            m(json!({"tools": [{"type": "custom", "custom": {}}]}))
+        ),
+        ("tools[0].type".into(), true)
+    );
+    let r = |extra: Value| {
+        let mut b = json!({"model": "m", "input": "Q"});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    for (extra, field) in [
+        (
+            json!({"previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
+        (json!({"store": true}), "store"),
+        (json!({"conversation": "conv_1"}), "conversation"),
+        (json!({"background": true}), "background"),
+        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (
+            json!({"text": {"format": {"type": "json_object"}}}),
+            "text.format",
+        ),
+    ] {
+        assert_eq!(
+            refused(Responses, Messages, r(extra)),
+            (field.into(), true),
+            "{field}"
+        );
+    }
+    let e = decode_request(Responses, br#"{"model":"m","input":"Q","store":true}"#).unwrap_err();
+    assert!(
+        e.to_string().contains("there is no response storage"),
+        "{e}"
+    );
+    // Malformed input names the path.
+    let e = decode_request(
+        Messages,
+        br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("max_tokens"), "{e}");
+    let e = decode_request(
+        Messages,
+        br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.field(), Some("messages[0].content"));
+    assert_eq!(
+        refused(
+            Messages,
+            ChatCompletions,
+            json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+        ),
+        ("tools[0].type".into(), true)
+    );
+}
+
+#[test]
+fn error_bodies_per_dialect() {
+    let cases = [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (529, "overloaded_error"),
+    ];
+    for (status, ty) in cases {
+        let v: Value =
+            serde_json::from_slice(&error_body(Dialect::Messages, status, "m", None)).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "error", "error": {"type": ty, "message": "m"}})
+        );
+    }
+    let v: Value =
+        serde_json::from_slice(&error_body(Dialect::Responses, 400, "bad", Some("store"))).unwrap();
+    assert_eq!(
+        v,
+        json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "store", "code": null}})
+    );
+    let (kind, msg) = crate::protocol::decode_error_body(
+        Dialect::Messages,
+        529,
+        br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    );
+    assert_eq!(
+        (kind, msg.as_str()),
+        (crate::protocol::ErrorKind::Overloaded, "Overloaded")
+    );
+    let (kind, msg) = crate::protocol::decode_error_body(Dialect::ChatCompletions, 502, b"");
+    assert_eq!(
+        (kind, msg.as_str()),
+        (
+            crate::protocol::ErrorKind::Api,
+            "upstream returned HTTP 502"
+        )
+    );
+}

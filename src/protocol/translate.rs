@@ -1,0 +1,151 @@
+//! The dialect-agnostic stream translator: one upstream decoder and one
+//! client encoder, chosen by [`Dialect`], event by event.
+
+use bytes::BytesMut;
+
+use super::{chat, messages, responses, Dialect, ErrorKind, ProtocolError, Usage};
+
+/// What a client stream encoder needs besides the events.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    /// The model id echoed to the client (the standard model).
+    pub model: String,
+    /// Creation time for the client's chunks, Unix seconds.
+    pub created: u64,
+    /// Whether the client asked for usage in the stream (Chat
+    /// `stream_options.include_usage`; ignored by dialects that always send it).
+    pub include_usage: bool,
+}
+
+#[derive(Debug)]
+enum Decoder {
+    Chat(chat::StreamDecoder),
+    Messages(messages::StreamDecoder),
+}
+
+#[derive(Debug)]
+enum Encoder {
+    Chat(chat::StreamEncoder),
+    Messages(messages::StreamEncoder),
+    Responses(responses::StreamEncoder),
+}
+
+/// Translates an upstream SSE stream of one dialect into client SSE frames of
+/// another, event by event (a text delta goes out in the same call that
+/// received it).
+///
+/// Use: for each upstream event framed by [`crate::sse::SseNormalizer`],
+/// call [`on_event`](Self::on_event) with its name and data; on an error
+/// (upstream `error` event, unparseable data) call
+/// [`error`](Self::error) with the kind and message, which writes the
+/// client dialect's in-stream error and ends the stream.
+#[derive(Debug)]
+pub struct StreamTranslator {
+    decoder: Decoder,
+    encoder: Encoder,
+    client: Dialect,
+    /// Canonical content events seen (text, reasoning, tool call, arguments).
+    content_events: u64,
+}
+
+impl StreamTranslator {
+    /// A translator from `upstream` to `client`. `None` when no translation
+    /// is needed (the same dialect) or `upstream` is not a provider dialect
+    /// (Responses).
+    pub fn new(upstream: Dialect, client: Dialect, opts: &StreamOptions) -> Option<Self> {
+        if upstream == client {
+            return None;
+        }
+        let decoder = match upstream {
+            Dialect::ChatCompletions => Decoder::Chat(chat::StreamDecoder::new()),
+            Dialect::Messages => Decoder::Messages(messages::StreamDecoder::new()),
+            Dialect::Responses => return None,
+        };
+        let encoder = match client {
+            Dialect::ChatCompletions => Encoder::Chat(chat::StreamEncoder::new(opts)),
+            Dialect::Messages => Encoder::Messages(messages::StreamEncoder::new(opts)),
+            Dialect::Responses => Encoder::Responses(responses::StreamEncoder::new(opts)),
+        };
+        Some(StreamTranslator {
+            decoder,
+            encoder,
+            client,
+            content_events: 0,
+        })
+    }
+
+    /// The client dialect.
+    pub fn client(&self) -> Dialect {
+        self.client
+    }
+
+    /// Translates one upstream event (`event` name, joined `data` payload),
+    /// appending complete client frames to `out`.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Upstream`] for an upstream error event,
+    /// [`ProtocolError::InvalidUpstream`] for unparseable data or an
+    /// inexpressible sequence. Frames of earlier events in the same call stay
+    /// in `out`; the caller then writes [`error`](Self::error).
+    pub fn on_event(
+        &mut self,
+        event: Option<&str>,
+        data: &[u8],
+        out: &mut BytesMut,
+    ) -> Result<(), ProtocolError> {
+        let encoder = &mut self.encoder;
+        let content_events = &mut self.content_events;
+        let mut emit = |ev: &super::StreamEvent<'_>| {
+            if ev.is_content() {
+                *content_events += 1;
+            }
+            match encoder {
+                Encoder::Chat(e) => {
+                    e.encode(ev, out);
+                    Ok(())
+                }
+                Encoder::Messages(e) => e.encode(ev, out),
+                Encoder::Responses(e) => e.encode(ev, out),
+            }
+        };
+        match &mut self.decoder {
+            Decoder::Chat(d) => d.decode(event, data, &mut emit),
+            Decoder::Messages(d) => d.decode(event, data, &mut emit),
+        }
+    }
+
+    /// Appends the client dialect's in-stream error event and ends the
+    /// stream (later events are ignored).
+    pub fn error(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
+        match &mut self.encoder {
+            Encoder::Chat(e) => e.error(kind, message, out),
+            Encoder::Messages(e) => e.error(kind, message, out),
+            Encoder::Responses(e) => e.error(kind, message, out),
+        }
+    }
+
+    /// Number of content events (text, reasoning, tool-call start or
+    /// arguments) translated so far: the first one marks TTFT, the count
+    /// feeds the output-event metrics.
+    pub fn content_events(&self) -> u64 {
+        self.content_events
+    }
+
+    /// Usage seen so far (final once [`is_finished`](Self::is_finished)).
+    pub fn usage(&self) -> Usage {
+        match &self.encoder {
+            Encoder::Chat(e) => e.usage(),
+            Encoder::Messages(e) => e.usage(),
+            Encoder::Responses(e) => e.usage(),
+        }
+    }
+
+    /// Whether the client stream is complete (final frame or error written).
+    pub fn is_finished(&self) -> bool {
+        match &self.encoder {
+            Encoder::Chat(e) => e.is_finished(),
+            Encoder::Messages(e) => e.is_finished(),
+            Encoder::Responses(e) => e.is_finished(),
+        }
+    }
+}
