@@ -9,12 +9,12 @@
 //! attempt's serialized upstream copy is sent and awaited), so the bound is a bound on the
 //! memory request bodies hold, not half of it.
 //!
-//! - with a `Content-Length`, the announced size is reserved **before** the first body byte
-//!   is read (and before `100 Continue` is sent), so a body that does not fit is refused at
-//!   its head, cleanly, without reading it; the memory itself is only allocated as the bytes
-//!   arrive;
-//! - a chunked body grows its reservation with the buffer's capacity, and is refused mid-way
-//!   when the next growth does not fit.
+//! - a reservation grows with the body buffer's capacity, that is with the bytes that
+//!   arrived (the buffer doubles, never past the announced `Content-Length`), and the body is
+//!   refused mid-way when the next growth does not fit; bytes only announced hold nothing,
+//!   so idle connections announcing large bodies cannot starve other clients;
+//! - with a `Content-Length` that cannot fit in what is left right now, the body is refused
+//!   at its head (before `100 Continue`), cleanly, without reading it.
 //!
 //! The reservation is held as long as the request holds the body in any form (the raw bytes,
 //! then the parsed request that every attempt serializes from): until the attempt loop ends.

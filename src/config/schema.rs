@@ -158,8 +158,8 @@ pub struct ServerSection {
     pub error_log: Option<String>,
     // Hostile clients: what one downstream connection may hold and for how long.
     /// Global bound on the memory request bodies hold at once, bytes (default 256 MiB):
-    /// bodies being read (their announced `Content-Length`, or the buffer so far when
-    /// chunked) and bodies held for the upstream attempts, each body byte counted twice (the
+    /// bodies being read (their buffer so far, which grows with the bytes that arrived) and
+    /// bodies held for the upstream attempts, each body byte counted twice (the
     /// body is parsed, then re-serialized for each attempt). A request that would pass it gets
     /// 503 `request_buffers_full` with `Retry-After`. At least 2 × `max_request_body_bytes`.
     #[serde(default = "default_max_buffered_request_bytes")]

@@ -5,11 +5,13 @@
 //! (<https://platform.openai.com/docs/api-reference/chat/create>) into an
 //! [`InferenceRequest`]: model, stream flag, capabilities used, provider preference.
 //!
-//! The buffer grows as bytes arrive (doubling, never past the announced `Content-Length`):
-//! a client announcing a large body and sending little costs little memory. The announced
-//! size (twice: the body is parsed and re-serialized per attempt) is reserved against the
-//! global bound before any body byte is read, so a body that cannot fit is refused at its
-//! head (before `100 Continue`).
+//! The buffer grows as bytes arrive (doubling, never past the announced `Content-Length`),
+//! and so does its reservation against the global bound (twice the buffer: the body is
+//! parsed and re-serialized per attempt): a client announcing a large body and sending
+//! little costs little memory and holds little of the bound, so idle connections that
+//! announce large bodies cannot lock other clients out. A body whose announced size
+//! cannot fit in what is left of the bound right now is refused at its head (before
+//! `100 Continue`), without reserving anything.
 
 use std::time::Duration;
 
@@ -93,8 +95,8 @@ pub struct HeldBody {
 ///
 /// # Errors
 /// [`BodyError::TooLarge`] as soon as the limit is passed (or announced by `Content-Length`);
-/// [`BodyError::BuffersFull`] when the body does not fit in the global bound (checked
-/// before reading when the length is announced); [`BodyError::TimedOut`] past
+/// [`BodyError::BuffersFull`] when the body does not fit in the global bound (its
+/// announced length checked before reading, its buffer as it grows); [`BodyError::TimedOut`] past
 /// `limits.timeout`; [`BodyError::Downstream`] when the client fails;
 /// [`BodyError::Malformed`] when the body framing is invalid.
 pub async fn read_body(
@@ -112,11 +114,20 @@ pub async fn read_body(
     if announced.is_some_and(|n| n > limits.max_bytes) {
         return Err(BodyError::TooLarge(limits.max_bytes));
     }
+    // Fast failure: an announced body that cannot fit now is refused before it is sent.
+    // Nothing is reserved for bytes that have not arrived (see the module doc).
+    if let Some(n) = announced {
+        let would_hold = buffers
+            .held()
+            .saturating_add(n.saturating_mul(COPIES_PER_BODY_BYTE));
+        if would_hold > limits.max_buffered {
+            return Err(BodyError::BuffersFull(BuffersFull {
+                max_bytes: limits.max_buffered,
+            }));
+        }
+    }
     let mut reservation = buffers
-        .reserve(
-            announced.unwrap_or(0).saturating_mul(COPIES_PER_BODY_BYTE),
-            limits.max_buffered,
-        )
+        .reserve(0, limits.max_buffered)
         .map_err(BodyError::BuffersFull)?;
     // A client that sent `Expect: 100-continue` (curl does for bodies over 1 MiB) waits for
     // this before sending the body; without it, it stalls for its expect timeout (1 s).
