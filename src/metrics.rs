@@ -48,8 +48,10 @@ pub struct Metrics {
     /// `upstream_incomplete`, `upstream_encoding`, `event_too_large`, `idle_timeout`,
     /// `first_event_timeout`, `max_stream_duration`, `shutdown`.
     pub stream_errors_total: IntCounterVec,
-    /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream SSE
-    /// events, each replaced with U+FFFD before it reached the client (WHATWG SSE decoding).
+    /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream
+    /// answers, each replaced with U+FFFD before it reached the client: in SSE events
+    /// (WHATWG SSE decoding) and in non-stream answer bodies (before the model rewrite or
+    /// the Anthropic translation).
     pub sse_invalid_utf8_total: IntCounterVec,
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
@@ -146,7 +148,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         sse_invalid_utf8_total: register_int_counter_vec!(
             "sluice_sse_invalid_utf8_total",
-            "Invalid UTF-8 sequences in upstream SSE events, replaced with U+FFFD, by provider.",
+            "Invalid UTF-8 sequences in upstream answers (SSE events and non-stream bodies), replaced with U+FFFD, by provider.",
             &["provider"]
         )?,
         config_reloads_total: register_int_counter_vec!(

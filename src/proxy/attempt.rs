@@ -664,6 +664,15 @@ async fn unary(
     } else {
         up.shutdown().await;
     }
+    // Invalid UTF-8 would break the client's JSON decode (and the Anthropic translation):
+    // replaced with U+FFFD as in streams, and counted.
+    if let Some((repaired, invalid)) = sse::repair_utf8(&body) {
+        metrics()
+            .sse_invalid_utf8_total
+            .with_label_values(&[route.provider.id.as_str()])
+            .inc_by(invalid);
+        body = BytesMut::from(&repaired[..]);
+    }
     let standard = ctx.standard_model.clone().unwrap_or_default();
     let out: Vec<u8> = match route.provider.kind {
         ProviderKind::Anthropic => {

@@ -799,3 +799,12 @@ proptest! {
         prop_assert_eq!(run(&split_at_cuts(&input, &cuts)), run(&[&input]));
     }
 }
+
+#[test]
+fn repair_utf8_leaves_valid_bodies_alone_and_repairs_like_from_utf8_lossy() {
+    assert_eq!(super::repair_utf8("{\"a\":\"ö\"}".as_bytes()), None);
+    let bad = b"{\"a\":\"x\xC3(\xFF\xF0\x9F\"}";
+    let (fixed, n) = super::repair_utf8(bad).expect("invalid input is repaired");
+    assert_eq!(n, 3);
+    assert_eq!(fixed, String::from_utf8_lossy(bad).as_bytes());
+}

@@ -570,3 +570,37 @@ fn events_that_arrive_with_an_in_band_error_reach_the_client_before_it() {
         String::from_utf8_lossy(&body)
     );
 }
+
+// ------------------------------------------------------------------ non-stream answers
+
+#[test]
+fn invalid_utf8_in_a_non_stream_answer_is_replaced_and_counted() {
+    // OpenAI path: the body is passed on (model rewritten) as valid UTF-8 JSON.
+    let mock = Mock::start(r#"{"tokens":2,"invalid_utf8":true}"#);
+    let sluice = openai(&mock, "");
+    let r = sluice.chat(&chat_body("acme/chat", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "tok0\u{FFFD}(\u{FFFD} tok1\u{FFFD}(\u{FFFD} ",
+        "{v}"
+    );
+    assert_eq!(v["model"], "acme/chat", "{v}");
+    assert_eq!(
+        sluice.metric(r#"sluice_sse_invalid_utf8_total{provider="p1"}"#),
+        4.0
+    );
+    // Anthropic path: translated, not a 502.
+    let mock = Mock::start(r#"{"tokens":2,"invalid_utf8":true}"#);
+    let sluice = anthropic(&mock, "");
+    let r = sluice.chat(&chat_body("acme/claude", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "tok0\u{FFFD}(\u{FFFD} tok1\u{FFFD}(\u{FFFD} ",
+    );
+    assert_eq!(
+        sluice.metric(r#"sluice_sse_invalid_utf8_total{provider="claude"}"#),
+        4.0
+    );
+}
