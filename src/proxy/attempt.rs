@@ -396,6 +396,24 @@ async fn attempt(
             .and_then(|v| parse_retry_after(v.as_bytes()));
         return upstream_error(session, &mut up, route, status, retry_after, timeouts).await;
     }
+    if !req.stream && is_event_stream(resp.headers.get("content-type").map(|v| v.as_bytes())) {
+        // A provider that ignored `stream: false`: its events are no chat completion object,
+        // and the client was promised JSON. Nothing was committed: the next route may answer.
+        up.shutdown().await;
+        let err = GatewayError::UpstreamUnavailable {
+            message: format!(
+                "provider `{}` answered a non-streaming request with a stream (text/event-stream)",
+                provider.id
+            ),
+            retry_after: None,
+        };
+        return failed(
+            route,
+            AttemptFailure::Protocol,
+            "text/event-stream answer to stream:false".into(),
+            err,
+        );
+    }
     let coding = match ContentCoding::from_header(
         resp.headers.get("content-encoding").map(|v| v.as_bytes()),
     ) {
@@ -444,6 +462,17 @@ async fn attempt(
         )
         .await
     }
+}
+
+/// Whether a `Content-Type` value names `text/event-stream` (media type compared without
+/// its parameters, case-insensitively, RFC 9110 §8.3.1).
+fn is_event_stream(content_type: Option<&[u8]>) -> bool {
+    content_type.is_some_and(|v| {
+        let media = v.split(|&b| b == b';').next().unwrap_or_default();
+        media
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"text/event-stream")
+    })
 }
 
 /// Reads a non-2xx answer's body (bounded) and turns it into a client error.
@@ -1312,4 +1341,22 @@ fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
     } else {
         pipe.content_events
     };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn event_stream_content_types_are_recognised_with_parameters_and_any_case() {
+        for v in [
+            &b"text/event-stream"[..],
+            b"text/event-stream; charset=utf-8",
+            b" Text/Event-Stream ;charset=UTF-8",
+        ] {
+            assert!(super::is_event_stream(Some(v)), "{v:?}");
+        }
+        for v in [&b"application/json"[..], b"text/event-streamx", b""] {
+            assert!(!super::is_event_stream(Some(v)), "{v:?}");
+        }
+        assert!(!super::is_event_stream(None));
+    }
 }

@@ -604,3 +604,58 @@ fn invalid_utf8_in_a_non_stream_answer_is_replaced_and_counted() {
         4.0
     );
 }
+
+#[test]
+fn an_sse_answer_to_a_non_stream_request_is_a_failed_attempt() {
+    let mock = Mock::start(r#"{"tokens":2,"stream_always":true}"#);
+    let sluice = openai(&mock, "");
+    let r = sluice.chat(&chat_body("acme/chat", false));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let v = r.json();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("text/event-stream"), "{v}");
+    assert!(message.contains("`p1`"), "{v}");
+    assert_eq!(
+        sluice.metric(r#"sluice_upstream_attempts_total{outcome="protocol",provider="p1"}"#),
+        1.0
+    );
+    // The same provider still streams when asked to.
+    let body = stream_body(&sluice, "acme/chat");
+    assert_eq!(
+        summary(&body),
+        strings(&[
+            "role",
+            "content:tok0 ",
+            "content:tok1 ",
+            "finish:stop",
+            "[DONE]"
+        ])
+    );
+
+    // Nothing was committed: the next route answers.
+    let good = Mock::start(r#"{"tokens":2}"#);
+    let sluice = Sluice::start(&format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p1:\n    kind: openai\n    base_url: {}\n    health_check: {{enabled: false}}\n  p2:\n    kind: openai\n    base_url: {}\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: m1\n        priority: 1\n      - provider: p2\n        upstream_model: m2\n        priority: 2\n",
+        mock.base_url(),
+        good.base_url()
+    ));
+    let r = sluice.chat(&chat_body("acme/chat", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 ");
+    assert_eq!(
+        sluice.metric(
+            r#"sluice_fallback_total{from_provider="p1",model="acme/chat",reason="protocol",to_provider="p2"}"#
+        ),
+        1.0
+    );
+
+    let mock = Mock::start(r#"{"tokens":2,"stream_always":true}"#);
+    let sluice = anthropic(&mock, "");
+    let r = sluice.chat(&chat_body("acme/claude", false));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("text/event-stream"), "{message}");
+}
