@@ -659,3 +659,43 @@ fn an_sse_answer_to_a_non_stream_request_is_a_failed_attempt() {
         .to_string();
     assert!(message.contains("text/event-stream"), "{message}");
 }
+
+// ------------------------------------------------------------------ SSE decoding details
+
+#[test]
+fn a_leading_bom_is_stripped_even_split_across_chunks() {
+    for split in ["none", "bytewise"] {
+        let mock = Mock::start(&format!(r#"{{"tokens":2,"bom":true,"split":"{split}"}}"#));
+        let sluice = openai(&mock, "");
+        let body = stream_body(&sluice, "acme/chat");
+        assert_eq!(
+            summary(&body),
+            strings(&[
+                "role",
+                "content:tok0 ",
+                "content:tok1 ",
+                "finish:stop",
+                "[DONE]"
+            ]),
+            "{split}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert!(!body.starts_with("\u{FEFF}".as_bytes()), "{split}");
+
+        let mock = Mock::start(&format!(r#"{{"tokens":2,"bom":true,"split":"{split}"}}"#));
+        let sluice = anthropic(&mock, "");
+        let body = stream_body(&sluice, "acme/claude");
+        assert_eq!(
+            summary(&body),
+            strings(&[
+                "role",
+                "content:tok0 ",
+                "content:tok1 ",
+                "finish:stop",
+                "[DONE]"
+            ]),
+            "{split}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}
