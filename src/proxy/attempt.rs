@@ -870,16 +870,20 @@ async fn stream(
                             err,
                         );
                     }
-                    Err(PipeError::Framing { message: m, .. }) => {
+                    Err(PipeError::Framing { reason, message: m }) => {
                         up.shutdown().await;
+                        // The client is told the real cause (the pipe's messages name the
+                        // provider and the limit or break, never the upstream's bytes).
                         let err = GatewayError::UpstreamUnavailable {
-                            message: format!(
-                                "provider `{}` sent a malformed stream",
-                                route.provider.id
-                            ),
+                            message: providers::scrub_key(&route.provider, &m),
                             retry_after: None,
                         };
-                        return failed(route, AttemptFailure::Protocol, m, err);
+                        return failed(
+                            route,
+                            AttemptFailure::Protocol,
+                            format!("{reason}: {m}"),
+                            err,
+                        );
                     }
                 }
                 if end {

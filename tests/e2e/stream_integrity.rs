@@ -699,3 +699,22 @@ fn a_leading_bom_is_stripped_even_split_across_chunks() {
         );
     }
 }
+
+#[test]
+fn a_stream_that_decodes_past_the_cap_before_the_commit_says_so() {
+    // 200 kB of `x` gzip to a few hundred bytes, all in one read: a gzip bomb.
+    let mock = Mock::start(
+        r#"{"tokens":2,"big_token_bytes":200000,"content_encoding":"gzip","split":"burst"}"#,
+    );
+    let sluice = openai(&mock, "  max_event_bytes: 16384\n");
+    let r = sluice.chat(&chat_body("acme/chat", true));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let v = r.json();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("`p1`"), "{v}");
+    assert!(
+        message.contains("gzip-decoded answer exceeds 81920 bytes"),
+        "{v}"
+    );
+    assert!(!message.contains("sk-provider-secret"), "{v}");
+}
