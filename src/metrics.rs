@@ -48,8 +48,10 @@ pub struct Metrics {
     /// `upstream_incomplete`, `upstream_encoding`, `event_too_large`, `idle_timeout`,
     /// `first_event_timeout`, `max_stream_duration`, `shutdown`.
     pub stream_errors_total: IntCounterVec,
-    /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream SSE
-    /// events, each replaced with U+FFFD before it reached the client (WHATWG SSE decoding).
+    /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream
+    /// answers, each replaced with U+FFFD before it reached the client: in SSE events
+    /// (WHATWG SSE decoding) and in non-stream answer bodies (before the model rewrite or
+    /// the Anthropic translation).
     pub sse_invalid_utf8_total: IntCounterVec,
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
@@ -146,7 +148,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         sse_invalid_utf8_total: register_int_counter_vec!(
             "sluice_sse_invalid_utf8_total",
-            "Invalid UTF-8 sequences in upstream SSE events, replaced with U+FFFD, by provider.",
+            "Invalid UTF-8 sequences in upstream answers (SSE events and non-stream bodies), replaced with U+FFFD, by provider.",
             &["provider"]
         )?,
         config_reloads_total: register_int_counter_vec!(
@@ -221,7 +223,33 @@ fn init_known_series(m: &Metrics) {
     for kind in ["timeout", "error", "unavailable", "settle"] {
         m.ratelimit_backend_errors_total.with_label_values(&[kind]);
     }
+    for reason in STREAM_ERROR_REASONS {
+        m.stream_errors_total.with_label_values(&[reason]);
+    }
 }
+
+/// Every `reason` of `sluice_stream_errors_total` (the codes of the error events Sluice
+/// writes into committed streams).
+const STREAM_ERROR_REASONS: [&str; 10] = [
+    "upstream_broken",
+    "upstream_error",
+    "upstream_truncated",
+    "upstream_incomplete",
+    "upstream_encoding",
+    "event_too_large",
+    "idle_timeout",
+    "first_event_timeout",
+    "max_stream_duration",
+    "shutdown",
+];
+
+/// The statuses Sluice itself answers with ([`crate::error::GatewayError::status`], 200 for
+/// an answer), exported at 0 in `sluice_requests_total` for every configured model and for
+/// `none` (requests naming no configured model). Provider statuses passed through (other
+/// 4xx/5xx) appear on their first occurrence.
+const GATEWAY_STATUSES: [&str; 13] = [
+    "200", "400", "401", "403", "404", "405", "408", "413", "429", "500", "502", "503", "504",
+];
 
 /// Every `reason` label of [`crate::error::AttemptFailure::label`] (fallbacks, attempts).
 const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
@@ -239,8 +267,10 @@ const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
 
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
-/// `sluice_heartbeats_total`, `sluice_upstream_attempts_total` and `sluice_tokens_total`
-/// before their first event. Called at startup and after every successful reload (series of
+/// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
+/// `sluice_sse_invalid_utf8_total` (per provider) and `sluice_requests_total` (every
+/// configured model and `none` × the statuses Sluice itself answers with) before their first
+/// event. Called at startup and after every successful reload (series of
 /// providers or models removed by a reload stay, at their last value).
 ///
 /// Fallback series: for every standard model, every ordered pair of distinct route
@@ -251,12 +281,18 @@ pub fn init_config_series(cfg: &crate::config::Config) {
     for id in cfg.providers.keys() {
         let p = id.as_str();
         m.heartbeats_total.with_label_values(&[p]);
+        m.sse_invalid_utf8_total.with_label_values(&[p]);
         m.upstream_attempts_total.with_label_values(&[p, "ok"]);
         for reason in ATTEMPT_FAILURE_LABELS {
             m.upstream_attempts_total.with_label_values(&[p, reason]);
         }
         for reason in RETRY_LABELS {
             m.upstream_retries_total.with_label_values(&[p, reason]);
+        }
+    }
+    for model_id in cfg.models.keys().map(|k| k.as_str()).chain(["none"]) {
+        for status in GATEWAY_STATUSES {
+            m.requests_total.with_label_values(&[model_id, status]);
         }
     }
     for (model_id, model) in &cfg.models {
@@ -338,6 +374,39 @@ mod tests {
         }
         for f in [AttemptFailure::Connect, AttemptFailure::Status(502)] {
             assert!(super::RETRY_LABELS.contains(&f.label()), "{}", f.label());
+        }
+    }
+
+    #[test]
+    fn config_series_and_fixed_reasons_start_at_zero() {
+        let dir = std::env::temp_dir().join(format!("sluice-metrics-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sluice.yaml");
+        std::fs::write(
+            &path,
+            "server:\n  listen: 127.0.0.1:8080\n  admin_listen: 127.0.0.1:9090\ntenants:\n  t: {}\nvirtual_keys:\n  - key: sk-sluice-t-0001\n    tenant: t\nproviders:\n  zero-p:\n    kind: openai\n    base_url: http://127.0.0.1:18000/v1\nmodels:\n  zero/model:\n    routes:\n      - provider: zero-p\n        upstream_model: m\n",
+        )
+        .unwrap();
+        let cfg = crate::config::Config::load(&path).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        super::init_config_series(&cfg);
+        let text = String::from_utf8(super::render()).unwrap();
+        let mut want = vec![r#"sluice_sse_invalid_utf8_total{provider="zero-p"} 0"#.to_string()];
+        for status in super::GATEWAY_STATUSES {
+            want.push(format!(
+                r#"sluice_requests_total{{model="zero/model",status="{status}"}} 0"#
+            ));
+            want.push(format!(
+                r#"sluice_requests_total{{model="none",status="{status}"}}"#
+            ));
+        }
+        for reason in super::STREAM_ERROR_REASONS {
+            want.push(format!(
+                r#"sluice_stream_errors_total{{reason="{reason}"}} 0"#
+            ));
+        }
+        for series in want {
+            assert!(text.contains(&series), "{series} missing:\n{text}");
         }
     }
 

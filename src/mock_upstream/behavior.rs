@@ -196,6 +196,14 @@ pub struct Behavior {
     /// status, e.g. Anthropic 529 `overloaded_error`, 429 `rate_limit_error`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_type: Option<String>,
+    /// Answer every chat request with an SSE stream (`text/event-stream`), also one that
+    /// asked for `stream: false`: a provider that ignores the flag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_always: Option<bool>,
+    /// Stream: start the body with a UTF-8 byte order mark (`EF BB BF`), which the WHATWG
+    /// SSE decoder strips; with `split: bytewise` it arrives split across chunks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bom: Option<bool>,
 }
 
 macro_rules! merge_fields {
@@ -267,6 +275,8 @@ impl Behavior {
             big_token_bytes,
             ping_interval_ms,
             error_type,
+            stream_always,
+            bom,
         )
     }
 

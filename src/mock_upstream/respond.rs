@@ -443,7 +443,9 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
             out.finish().await?;
             Ok(After::Keep)
         }
-        Kind::Chat(_) if plan.stream => stream(plan, out, close).await,
+        Kind::Chat(_) if plan.stream || Behavior::flag(plan.behavior.stream_always) => {
+            stream(plan, out, close).await
+        }
         _ => non_stream(plan, out, close, abort).await,
     }
 }
@@ -631,6 +633,9 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     }
     if Behavior::flag(b.close_before_first_event) {
         return Ok(abort);
+    }
+    if Behavior::flag(b.bom) {
+        wire.write(out, "\u{FEFF}".as_bytes()).await?;
     }
 
     let mut prelude: Vec<Ev> = if openai {

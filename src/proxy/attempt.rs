@@ -396,6 +396,24 @@ async fn attempt(
             .and_then(|v| parse_retry_after(v.as_bytes()));
         return upstream_error(session, &mut up, route, status, retry_after, timeouts).await;
     }
+    if !req.stream && is_event_stream(resp.headers.get("content-type").map(|v| v.as_bytes())) {
+        // A provider that ignored `stream: false`: its events are no chat completion object,
+        // and the client was promised JSON. Nothing was committed: the next route may answer.
+        up.shutdown().await;
+        let err = GatewayError::UpstreamUnavailable {
+            message: format!(
+                "provider `{}` answered a non-streaming request with a stream (text/event-stream)",
+                provider.id
+            ),
+            retry_after: None,
+        };
+        return failed(
+            route,
+            AttemptFailure::Protocol,
+            "text/event-stream answer to stream:false".into(),
+            err,
+        );
+    }
     let coding = match ContentCoding::from_header(
         resp.headers.get("content-encoding").map(|v| v.as_bytes()),
     ) {
@@ -444,6 +462,17 @@ async fn attempt(
         )
         .await
     }
+}
+
+/// Whether a `Content-Type` value names `text/event-stream` (media type compared without
+/// its parameters, case-insensitively, RFC 9110 §8.3.1).
+fn is_event_stream(content_type: Option<&[u8]>) -> bool {
+    content_type.is_some_and(|v| {
+        let media = v.split(|&b| b == b';').next().unwrap_or_default();
+        media
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"text/event-stream")
+    })
 }
 
 /// Reads a non-2xx answer's body (bounded) and turns it into a client error.
@@ -664,6 +693,15 @@ async fn unary(
     } else {
         up.shutdown().await;
     }
+    // Invalid UTF-8 would break the client's JSON decode (and the Anthropic translation):
+    // replaced with U+FFFD as in streams, and counted.
+    if let Some((repaired, invalid)) = sse::repair_utf8(&body) {
+        metrics()
+            .sse_invalid_utf8_total
+            .with_label_values(&[route.provider.id.as_str()])
+            .inc_by(invalid);
+        body = BytesMut::from(&repaired[..]);
+    }
     let standard = ctx.standard_model.clone().unwrap_or_default();
     let out: Vec<u8> = match route.provider.kind {
         ProviderKind::Anthropic => {
@@ -832,16 +870,20 @@ async fn stream(
                             err,
                         );
                     }
-                    Err(PipeError::Framing { message: m, .. }) => {
+                    Err(PipeError::Framing { reason, message: m }) => {
                         up.shutdown().await;
+                        // The client is told the real cause (the pipe's messages name the
+                        // provider and the limit or break, never the upstream's bytes).
                         let err = GatewayError::UpstreamUnavailable {
-                            message: format!(
-                                "provider `{}` sent a malformed stream",
-                                route.provider.id
-                            ),
+                            message: providers::scrub_key(&route.provider, &m),
                             retry_after: None,
                         };
-                        return failed(route, AttemptFailure::Protocol, m, err);
+                        return failed(
+                            route,
+                            AttemptFailure::Protocol,
+                            format!("{reason}: {m}"),
+                            err,
+                        );
                     }
                 }
                 if end {
@@ -1303,4 +1345,22 @@ fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
     } else {
         pipe.content_events
     };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn event_stream_content_types_are_recognised_with_parameters_and_any_case() {
+        for v in [
+            &b"text/event-stream"[..],
+            b"text/event-stream; charset=utf-8",
+            b" Text/Event-Stream ;charset=UTF-8",
+        ] {
+            assert!(super::is_event_stream(Some(v)), "{v:?}");
+        }
+        for v in [&b"application/json"[..], b"text/event-streamx", b""] {
+            assert!(!super::is_event_stream(Some(v)), "{v:?}");
+        }
+        assert!(!super::is_event_stream(None));
+    }
 }

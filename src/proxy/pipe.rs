@@ -33,7 +33,8 @@ pub(super) enum PipeError {
     Framing {
         /// The `sluice_stream_errors_total` reason (also the error event's `code`).
         reason: &'static str,
-        /// What the client is told.
+        /// What the client is told (before the commit in the 502, after it in the error
+        /// event): names the provider and the cause, never upstream bytes or secrets.
         message: String,
     },
 }
@@ -193,7 +194,10 @@ impl<'r> StreamPipe<'r> {
                     Err(e) => {
                         return Err(PipeError::Framing {
                             reason: "upstream_error",
-                            message: e.to_string(),
+                            message: format!(
+                                "provider `{}` sent an unreadable stream: {e}",
+                                self.route.provider.id
+                            ),
                         })
                     }
                 }
@@ -268,7 +272,10 @@ impl<'r> StreamPipe<'r> {
         match self.translator.as_mut() {
             Some(t) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
                 reason: "upstream_error",
-                message: e.to_string(),
+                message: format!(
+                    "provider `{}` sent an unreadable stream: {e}",
+                    self.route.provider.id
+                ),
             })?,
             None => {
                 self.out.extend_from_slice(DONE_EVENT);

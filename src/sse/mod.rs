@@ -16,6 +16,7 @@
 //!   (used for time-to-first-token and output-event counting);
 //!   [`has_finish_reason`] — "does this chunk end the answer" (a stream that
 //!   ends without it broke off).
+//! * [`repair_utf8`] — the same UTF-8 repair for a whole non-stream body.
 //! * [`openai_error_event`] and [`KEEPALIVE_COMMENT`] — the frames Sluice
 //!   itself injects into a committed stream.
 //!
@@ -41,6 +42,26 @@ pub use rewrite::{EchoMemo, ModelPath, ModelRewriter};
 pub use usage::{extract_usage, has_content, has_finish_reason, Usage};
 
 use bytes::Bytes;
+
+/// A whole (non-stream) body as valid UTF-8: `None` when it already is (the fast path, one
+/// `std::str::from_utf8` check), else the repaired copy, each maximal invalid subpart
+/// replaced with U+FFFD (as `String::from_utf8_lossy` and the WHATWG UTF-8 decode do), with
+/// the number of replacements.
+pub fn repair_utf8(body: &[u8]) -> Option<(Vec<u8>, u64)> {
+    if std::str::from_utf8(body).is_ok() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + 8);
+    let mut replaced = 0;
+    for chunk in body.utf8_chunks() {
+        out.extend_from_slice(chunk.valid().as_bytes());
+        if !chunk.invalid().is_empty() {
+            out.extend_from_slice("\u{FFFD}".as_bytes());
+            replaced += 1;
+        }
+    }
+    Some((out, replaced))
+}
 
 /// An SSE comment frame (`": keepalive\n\n"`) that clients ignore; written
 /// downstream on idle streams to keep intermediaries from timing out.

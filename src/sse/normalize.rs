@@ -94,8 +94,10 @@ struct ReadyEvent {
 ///
 /// At the end of the body a trailing partial event is discarded, as the spec
 /// says; [`finish`](Self::finish) reports it ([`SseError::Truncated`]) so the
-/// caller can tell the client the stream broke. A leading UTF-8 BOM is not
-/// stripped.
+/// caller can tell the client the stream broke. One leading UTF-8 BOM
+/// (`EF BB BF`) is stripped, as the spec's decode does, also when it arrives
+/// split across chunks (the bytes of a possible BOM are held until it is
+/// decided); a BOM anywhere else is content.
 ///
 /// Memory: one internal `Vec<u8>` holding unconsumed events plus the partial
 /// event, and a small queue of event offsets; both are reused, so the steady
@@ -118,7 +120,15 @@ pub struct SseNormalizer {
     ready: VecDeque<ReadyEvent>,
     /// Invalid UTF-8 sequences replaced since the last `take_invalid_utf8`.
     invalid_utf8: u64,
+    /// Bytes of a leading [`BOM`] matched so far at the stream start, or
+    /// [`BOM_DECIDED`] once the start is past (stripped or not there).
+    bom_matched: u8,
 }
+
+/// The UTF-8 byte order mark, stripped once at the stream start.
+const BOM: &[u8; 3] = b"\xEF\xBB\xBF";
+/// [`SseNormalizer::bom_matched`] once the stream start is decided.
+const BOM_DECIDED: u8 = u8::MAX;
 
 impl SseNormalizer {
     /// Creates a normalizer whose events (normalized, including the
@@ -136,6 +146,7 @@ impl SseNormalizer {
             cur: EventState::default(),
             ready: VecDeque::with_capacity(4),
             invalid_utf8: 0,
+            bom_matched: 0,
         }
     }
 
@@ -153,6 +164,9 @@ impl SseNormalizer {
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), SseError> {
         self.compact();
         let mut rest = chunk;
+        if self.bom_matched != BOM_DECIDED {
+            rest = self.strip_bom(rest)?;
+        }
         if self.pending_cr {
             self.pending_cr = false;
             if let Some((&b'\n', tail)) = rest.split_first() {
@@ -189,6 +203,41 @@ impl SseNormalizer {
     /// [`SseError::LineTooLong`] if completing the `[DONE]` event pushes it
     /// over the limit.
     pub fn finish(&mut self) -> Result<(), SseError> {
+        let r = self.finish_stream();
+        self.bom_matched = 0; // a reused normalizer strips the next stream's BOM
+        r
+    }
+
+    /// Skips one leading [`BOM`] of the stream, which may arrive a byte at a
+    /// time: returns the part of `chunk` that is stream content (empty while
+    /// the chunk is only a BOM prefix). Held bytes that turn out to be no BOM
+    /// are appended as content.
+    fn strip_bom<'c>(&mut self, chunk: &'c [u8]) -> Result<&'c [u8], SseError> {
+        let matched = usize::from(self.bom_matched);
+        let need = &BOM[matched..];
+        let n = need.len().min(chunk.len());
+        if chunk[..n] == need[..n] {
+            if n == need.len() {
+                self.bom_matched = BOM_DECIDED;
+            } else {
+                // n == chunk.len(): the whole chunk is (still) a BOM prefix.
+                self.bom_matched += n as u8;
+            }
+            return Ok(&chunk[n..]);
+        }
+        self.bom_matched = BOM_DECIDED;
+        self.append(&BOM[..matched])?;
+        Ok(chunk)
+    }
+
+    /// [`finish`](Self::finish) without the reset of the BOM state.
+    fn finish_stream(&mut self) -> Result<(), SseError> {
+        if self.bom_matched != BOM_DECIDED {
+            // The body ended inside what could have been a BOM: those bytes were content.
+            let matched = usize::from(self.bom_matched);
+            self.bom_matched = BOM_DECIDED;
+            self.append(&BOM[..matched])?;
+        }
         self.pending_cr = false;
         let partial_line = self.buf.len() > self.line_start;
         let partial_event = self.line_start > self.event_start;

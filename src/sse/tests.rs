@@ -799,3 +799,59 @@ proptest! {
         prop_assert_eq!(run(&split_at_cuts(&input, &cuts)), run(&[&input]));
     }
 }
+
+#[test]
+fn repair_utf8_leaves_valid_bodies_alone_and_repairs_like_from_utf8_lossy() {
+    assert_eq!(super::repair_utf8("{\"a\":\"ö\"}".as_bytes()), None);
+    let bad = b"{\"a\":\"x\xC3(\xFF\xF0\x9F\"}";
+    let (fixed, n) = super::repair_utf8(bad).expect("invalid input is repaired");
+    assert_eq!(n, 3);
+    assert_eq!(fixed, String::from_utf8_lossy(bad).as_bytes());
+}
+
+#[test]
+fn one_leading_bom_is_stripped_in_any_chunking() {
+    let input = b"\xEF\xBB\xBFdata: 1\n\ndata: 2\n\n";
+    let expected = vec![b"data: 1\n\n".to_vec(), b"data: 2\n\n".to_vec()];
+    assert_eq!(run(&[input]), expected);
+    assert_eq!(run_bytewise(input), expected);
+    for cut in 0..input.len() {
+        let (a, b) = input.split_at(cut);
+        assert_eq!(run(&[a, b]), expected, "cut at {cut}");
+    }
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"\xEF\xBB").unwrap();
+    n.push(b"\xBFdata: x\n\n").unwrap();
+    let ev = n.next_event().unwrap();
+    assert_eq!(
+        ev.data().unwrap().as_ref(),
+        b"x",
+        "the first event keeps its data"
+    );
+}
+
+#[test]
+fn only_one_bom_and_only_at_the_start_is_stripped() {
+    // A second BOM is content of the first line (a field named "\u{FEFF}data").
+    let evs = run(&[b"\xEF\xBB\xBF\xEF\xBB\xBFdata: 1\n\n"]);
+    assert_eq!(evs, vec!["\u{FEFF}data: 1\n\n".as_bytes().to_vec()]);
+    let evs = run(&[b"data: 1\n\n\xEF\xBB\xBFdata: 2\n\n"]);
+    assert_eq!(concat(&evs), "data: 1\n\n\u{FEFF}data: 2\n\n".as_bytes());
+    // Bytes held as a possible BOM that turn out not to be one are kept (and repaired).
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"\xEF").unwrap();
+    n.push(b"\xBB").unwrap();
+    n.push(b"data: 1\n\n").unwrap();
+    assert_eq!(
+        n.next_event().unwrap().raw(),
+        "\u{FFFD}data: 1\n\n".as_bytes()
+    );
+    assert_eq!(n.take_invalid_utf8(), 1);
+    // A body that ends inside a possible BOM ended inside an event.
+    let mut n = SseNormalizer::new(MAX);
+    n.push(b"\xEF\xBB").unwrap();
+    assert!(matches!(n.finish(), Err(SseError::Truncated { .. })));
+    // A reused normalizer strips the next stream's BOM.
+    n.push(b"\xEF\xBB\xBFdata: 2\n\n").unwrap();
+    assert_eq!(n.next_event().unwrap().data().unwrap().as_ref(), b"2");
+}

@@ -684,7 +684,11 @@ fn admin_endpoints_and_request_metrics() {
 
     let ok = r#"sluice_requests_total{model="acme/chat",status="200"}"#;
     let not_found = r#"sluice_requests_total{model="none",status="404"}"#;
-    assert_eq!(sluice.metric_opt(ok), None, "counted before any request");
+    assert_eq!(
+        sluice.metric_opt(ok),
+        Some(0.0),
+        "exported at 0, not counted, before any request"
+    );
     for i in 0..3 {
         let r = sluice.chat(&chat_body(i % 2 == 1, ""));
         assert_eq!(r.status, 200);

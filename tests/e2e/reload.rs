@@ -219,6 +219,14 @@ fn counters_with_config_label_sets_are_exported_at_zero() {
         r#"sluice_upstream_attempts_total{outcome="status_429",provider="p1"}"#,
         r#"sluice_tokens_total{direction="input",model="acme/chat"}"#,
         r#"sluice_tokens_total{direction="output",model="acme/chat"}"#,
+        r#"sluice_requests_total{model="acme/chat",status="200"}"#,
+        r#"sluice_requests_total{model="acme/chat",status="502"}"#,
+        r#"sluice_requests_total{model="none",status="401"}"#,
+        r#"sluice_sse_invalid_utf8_total{provider="p1"}"#,
+        r#"sluice_sse_invalid_utf8_total{provider="p2"}"#,
+        r#"sluice_stream_errors_total{reason="upstream_broken"}"#,
+        r#"sluice_stream_errors_total{reason="idle_timeout"}"#,
+        r#"sluice_stream_errors_total{reason="shutdown"}"#,
     ] {
         assert_eq!(sample(&m, series), Some(0.0), "{series} missing:\n{m}");
     }
@@ -233,6 +241,13 @@ fn counters_with_config_label_sets_are_exported_at_zero() {
         &sluice.metrics(),
         r#"sluice_heartbeats_total{provider="p3"}"#
     ) == Some(0.0)));
+    assert_eq!(
+        sample(
+            &sluice.metrics(),
+            r#"sluice_sse_invalid_utf8_total{provider="p3"}"#
+        ),
+        Some(0.0)
+    );
 }
 
 #[test]

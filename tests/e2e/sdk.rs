@@ -130,6 +130,20 @@ fn official_openai_sdk_streams_and_non_streams_through_sluice() {
 }
 
 #[test]
+fn official_openai_sdk_reads_answers_whose_invalid_utf8_sluice_repaired() {
+    // Before the repair of non-stream bodies the SDK raised UnicodeDecodeError.
+    require_openai();
+    let mock = Mock::start(r#"{"tokens":3,"invalid_utf8":true}"#);
+    let sluice = Sluice::start(&basic_config(&mock.base_url(), ""));
+    run_openai_script(
+        &sluice,
+        KEY,
+        "acme/chat",
+        "tok0\u{FFFD}(\u{FFFD} tok1\u{FFFD}(\u{FFFD} tok2\u{FFFD}(\u{FFFD} ",
+    );
+}
+
+#[test]
 fn official_openai_sdk_works_with_the_default_config_and_no_api_key() {
     require_openai();
     // conf/sluice.yaml as shipped (built-in demo provider, no key, no network), on free ports.

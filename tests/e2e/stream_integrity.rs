@@ -570,3 +570,151 @@ fn events_that_arrive_with_an_in_band_error_reach_the_client_before_it() {
         String::from_utf8_lossy(&body)
     );
 }
+
+// ------------------------------------------------------------------ non-stream answers
+
+#[test]
+fn invalid_utf8_in_a_non_stream_answer_is_replaced_and_counted() {
+    // OpenAI path: the body is passed on (model rewritten) as valid UTF-8 JSON.
+    let mock = Mock::start(r#"{"tokens":2,"invalid_utf8":true}"#);
+    let sluice = openai(&mock, "");
+    let r = sluice.chat(&chat_body("acme/chat", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "tok0\u{FFFD}(\u{FFFD} tok1\u{FFFD}(\u{FFFD} ",
+        "{v}"
+    );
+    assert_eq!(v["model"], "acme/chat", "{v}");
+    assert_eq!(
+        sluice.metric(r#"sluice_sse_invalid_utf8_total{provider="p1"}"#),
+        4.0
+    );
+    // Anthropic path: translated, not a 502.
+    let mock = Mock::start(r#"{"tokens":2,"invalid_utf8":true}"#);
+    let sluice = anthropic(&mock, "");
+    let r = sluice.chat(&chat_body("acme/claude", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "tok0\u{FFFD}(\u{FFFD} tok1\u{FFFD}(\u{FFFD} ",
+    );
+    assert_eq!(
+        sluice.metric(r#"sluice_sse_invalid_utf8_total{provider="claude"}"#),
+        4.0
+    );
+}
+
+#[test]
+fn an_sse_answer_to_a_non_stream_request_is_a_failed_attempt() {
+    let mock = Mock::start(r#"{"tokens":2,"stream_always":true}"#);
+    let sluice = openai(&mock, "");
+    let r = sluice.chat(&chat_body("acme/chat", false));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let v = r.json();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("text/event-stream"), "{v}");
+    assert!(message.contains("`p1`"), "{v}");
+    assert_eq!(
+        sluice.metric(r#"sluice_upstream_attempts_total{outcome="protocol",provider="p1"}"#),
+        1.0
+    );
+    // The same provider still streams when asked to.
+    let body = stream_body(&sluice, "acme/chat");
+    assert_eq!(
+        summary(&body),
+        strings(&[
+            "role",
+            "content:tok0 ",
+            "content:tok1 ",
+            "finish:stop",
+            "[DONE]"
+        ])
+    );
+
+    // Nothing was committed: the next route answers.
+    let good = Mock::start(r#"{"tokens":2}"#);
+    let sluice = Sluice::start(&format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p1:\n    kind: openai\n    base_url: {}\n    health_check: {{enabled: false}}\n  p2:\n    kind: openai\n    base_url: {}\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: m1\n        priority: 1\n      - provider: p2\n        upstream_model: m2\n        priority: 2\n",
+        mock.base_url(),
+        good.base_url()
+    ));
+    let r = sluice.chat(&chat_body("acme/chat", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 ");
+    assert_eq!(
+        sluice.metric(
+            r#"sluice_fallback_total{from_provider="p1",model="acme/chat",reason="protocol",to_provider="p2"}"#
+        ),
+        1.0
+    );
+
+    let mock = Mock::start(r#"{"tokens":2,"stream_always":true}"#);
+    let sluice = anthropic(&mock, "");
+    let r = sluice.chat(&chat_body("acme/claude", false));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("text/event-stream"), "{message}");
+}
+
+// ------------------------------------------------------------------ SSE decoding details
+
+#[test]
+fn a_leading_bom_is_stripped_even_split_across_chunks() {
+    for split in ["none", "bytewise"] {
+        let mock = Mock::start(&format!(r#"{{"tokens":2,"bom":true,"split":"{split}"}}"#));
+        let sluice = openai(&mock, "");
+        let body = stream_body(&sluice, "acme/chat");
+        assert_eq!(
+            summary(&body),
+            strings(&[
+                "role",
+                "content:tok0 ",
+                "content:tok1 ",
+                "finish:stop",
+                "[DONE]"
+            ]),
+            "{split}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert!(!body.starts_with("\u{FEFF}".as_bytes()), "{split}");
+
+        let mock = Mock::start(&format!(r#"{{"tokens":2,"bom":true,"split":"{split}"}}"#));
+        let sluice = anthropic(&mock, "");
+        let body = stream_body(&sluice, "acme/claude");
+        assert_eq!(
+            summary(&body),
+            strings(&[
+                "role",
+                "content:tok0 ",
+                "content:tok1 ",
+                "finish:stop",
+                "[DONE]"
+            ]),
+            "{split}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}
+
+#[test]
+fn a_stream_that_decodes_past_the_cap_before_the_commit_says_so() {
+    // 200 kB of `x` gzip to a few hundred bytes, all in one read: a gzip bomb.
+    let mock = Mock::start(
+        r#"{"tokens":2,"big_token_bytes":200000,"content_encoding":"gzip","split":"burst"}"#,
+    );
+    let sluice = openai(&mock, "  max_event_bytes: 16384\n");
+    let r = sluice.chat(&chat_body("acme/chat", true));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let v = r.json();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("`p1`"), "{v}");
+    assert!(
+        message.contains("gzip-decoded answer exceeds 81920 bytes"),
+        "{v}"
+    );
+    assert!(!message.contains("sk-provider-secret"), "{v}");
+}
