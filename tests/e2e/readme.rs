@@ -91,35 +91,89 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
             );
         }
     }
-    // The provider and key fragments, pasted into the first config, pass too.
-    let base = &configs[0];
-    for fragment in blocks(&text, "yaml")
-        .into_iter()
-        .filter(|b| b.starts_with("providers:") || b.starts_with("virtual_keys:"))
-    {
-        let section = fragment.lines().next().expect("section line").to_string();
-        let mut merged = String::new();
-        let mut skipping = false;
-        for line in base.lines() {
-            if line == section {
-                skipping = true;
-                merged.push_str(&fragment);
-                continue;
-            }
-            if skipping && !line.starts_with(' ') {
-                skipping = false;
-            }
-            if !skipping {
-                merged.push_str(line);
-                merged.push('\n');
-            }
-        }
+    // The section fragments (providers, keys, tenants), pasted into the first config, pass too.
+    for fragment in fragments(&text) {
+        let merged = paste(&configs[0], &fragment);
         let file = dir.path().join("fragment.yaml");
         std::fs::write(&file, &merged).expect("write");
         let out = check(&file, &keys);
         assert!(
             out.status.success(),
-            "README fragment `{section}` fails `sluice -t`:\n{merged}\n{}",
+            "README fragment fails `sluice -t`:\n{merged}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The README's YAML blocks that are top-level sections to paste (not a whole config, not a
+/// named file).
+fn fragments(text: &str) -> Vec<String> {
+    blocks(text, "yaml")
+        .into_iter()
+        .filter(|b| !b.starts_with("server:") && !b.starts_with('#'))
+        .collect()
+}
+
+/// `base` with each top-level section of `fragment` put in place of the same section (its
+/// indented lines), or appended when `base` lacks it: what a user pasting it does.
+fn paste(base: &str, fragment: &str) -> String {
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in fragment.lines() {
+        if !line.starts_with(' ') && !line.starts_with('#') && !line.is_empty() {
+            sections.push((line.to_string(), String::new()));
+        }
+        if let Some((_, body)) = sections.last_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    let mut merged = String::new();
+    let mut skipping = false;
+    for line in base.lines() {
+        let top = !line.starts_with(' ') && !line.is_empty();
+        if top {
+            skipping = false;
+        }
+        let name = line.split('#').next().unwrap_or("").trim_end();
+        if top {
+            if let Some(i) = sections.iter().position(|(s, _)| s == name) {
+                merged.push_str(&sections.remove(i).1);
+                skipping = true;
+                continue;
+            }
+        }
+        if !skipping {
+            merged.push_str(line);
+            merged.push('\n');
+        }
+    }
+    for (_, body) in sections {
+        merged.push_str(&body);
+    }
+    merged
+}
+
+#[test]
+fn the_readme_key_entries_pasted_into_the_default_config_pass_sluice_t() {
+    let text = readme();
+    let default = std::fs::read_to_string(root().join("conf/sluice.yaml")).expect("default config");
+    let key_blocks: Vec<String> = fragments(&text)
+        .into_iter()
+        .filter(|b| b.contains("virtual_keys:"))
+        .collect();
+    assert!(
+        !key_blocks.is_empty(),
+        "no virtual_keys block in the README"
+    );
+    let dir = TempDir::new("readme-keys");
+    for fragment in key_blocks {
+        let merged = paste(&default, &fragment);
+        let file = dir.path().join("sluice.yaml");
+        std::fs::write(&file, &merged).expect("write");
+        let out = check(&file, &[]);
+        assert!(
+            out.status.success(),
+            "README key block pasted into conf/sluice.yaml fails `sluice -t`:\n{merged}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
