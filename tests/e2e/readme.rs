@@ -179,6 +179,60 @@ fn the_readme_key_entries_pasted_into_the_default_config_pass_sluice_t() {
     }
 }
 
+/// The README's YAML blocks that are whole files named by their first line (`# path`), in
+/// order: (path, content).
+fn named_files(text: &str) -> Vec<(String, String)> {
+    blocks(text, "yaml")
+        .into_iter()
+        .filter_map(|b| {
+            let first = b.lines().next()?.strip_prefix("# ")?.trim().to_string();
+            (first.ends_with(".yaml") && !first.contains(' ')).then_some((first, b))
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_include_example_passes_sluice_t_as_written() {
+    let files = named_files(&readme());
+    let main = files
+        .iter()
+        .find(|(_, b)| b.contains("\ninclude:"))
+        .expect("an include example in the README");
+    let dir = TempDir::new("readme-include");
+    for (path, content) in &files {
+        let file = dir.path().join(path);
+        std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&file, content).expect("write");
+    }
+    let main_file = dir.path().join(&main.0);
+    let out = check(&main_file, &[("OPENAI_API_KEY", "sk-test-openai")]);
+    assert!(
+        out.status.success(),
+        "README include example fails `sluice -t`:\n{files:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each included file is really read: without it the example fails (a glob that
+    // matches nothing, a folder without the model's routes).
+    for (path, _) in files.iter().filter(|(p, _)| *p != main.0) {
+        let file = dir.path().join(path);
+        let saved = std::fs::read(&file).expect("read");
+        std::fs::remove_file(&file).expect("remove");
+        let out = check(&main_file, &[("OPENAI_API_KEY", "sk-test-openai")]);
+        assert!(!out.status.success(), "{path} is not needed by the example");
+        std::fs::write(&file, saved).expect("restore");
+    }
+    // The scalar form the README warns about is rejected as it says.
+    let scalar = dir.path().join("scalar.yaml");
+    std::fs::write(&scalar, "include: conf.d\n").expect("write");
+    let out = check(&scalar, &[("OPENAI_API_KEY", "sk-test-openai")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("expected a sequence"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn install_sh_stages_binary_unit_config_and_env_file() {
     let dest = TempDir::new("install");
