@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs Sluice as a systemd service, idempotently:
-#   target/release/sluice          -> /usr/bin/sluice          (built first if missing)
+#   target/release/sluice          -> /usr/bin/sluice          (built first if missing, but
+#                                                               not as root under sudo)
 #   conf/sluice.yaml               -> /etc/sluice/sluice.yaml  (only if absent: yours is kept)
 #   systemd/sluice.env.example     -> /etc/sluice/sluice.env   (only if absent; mode 600)
 #   systemd/sluice.service         -> /etc/systemd/system/sluice.service
@@ -20,6 +21,16 @@ cd "$(dirname "$0")/.."
 dest="${DESTDIR:-}"
 bin="${SLUICE_BIN:-target/release/sluice}"
 if [ -z "${SLUICE_BIN:-}" ] && [ ! -x "$bin" ]; then
+  # Under sudo, do not build as root: cargo is usually not on root's PATH, and a root build
+  # leaves root-owned files in the user's target/ and ~/.cargo. Build as the user first.
+  if [ "$(id -u)" -eq 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+    echo "install.sh: there is no $bin, and this script does not build it as root." >&2
+    echo "  Build it as $SUDO_USER first, then install:" >&2
+    echo "    cargo build --locked --release --bin sluice   (or: bash scripts/run.sh)" >&2
+    echo "    sudo bash scripts/install.sh" >&2
+    echo "  or name a binary: sudo SLUICE_BIN=/path/to/sluice bash scripts/install.sh" >&2
+    exit 1
+  fi
   bash scripts/install-deps.sh --run
   cargo build --locked --release --bin sluice
 fi

@@ -285,3 +285,56 @@ fn install_sh_stages_binary_unit_config_and_env_file() {
         "# edited\n"
     );
 }
+
+#[test]
+fn install_sh_under_sudo_without_a_release_binary_refuses_to_build_as_root() {
+    // A copy of the script in a tree without target/release/sluice, run as "root" (a shimmed
+    // `id -u`) under sudo for another user; `cargo` is a shim that records being called.
+    let tree = TempDir::new("install-sudo");
+    let t = tree.path();
+    std::fs::create_dir_all(t.join("scripts")).expect("mkdir");
+    std::fs::create_dir_all(t.join("shims")).expect("mkdir");
+    std::fs::copy(
+        root().join("scripts/install.sh"),
+        t.join("scripts/install.sh"),
+    )
+    .expect("copy install.sh");
+    let called = t.join("cargo-called");
+    let shims = [
+        (
+            "id",
+            "#!/bin/sh\n[ \"$1\" = -u ] && { echo 0; exit 0; }\nexec /usr/bin/id \"$@\"\n"
+                .to_string(),
+        ),
+        ("cargo", format!("#!/bin/sh\ntouch {}\n", called.display())),
+    ];
+    for (name, body) in shims {
+        let p = t.join("shims").join(name);
+        std::fs::write(&p, body).expect("write shim");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let path = format!(
+        "{}:{}",
+        t.join("shims").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .arg(t.join("scripts/install.sh"))
+        .env("PATH", path)
+        .env("SUDO_USER", "alice")
+        .env("DESTDIR", t.join("dest"))
+        .env_remove("SLUICE_BIN")
+        .output()
+        .expect("run install.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr.contains("does not build it as root"), "{stderr}");
+    assert!(
+        stderr.contains("cargo build --locked --release"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("SLUICE_BIN="), "{stderr}");
+    assert!(!called.exists(), "install.sh ran cargo as root");
+    assert!(!t.join("dest/usr/bin/sluice").exists());
+}
