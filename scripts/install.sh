@@ -5,6 +5,7 @@
 #   conf/sluice.yaml               -> /etc/sluice/sluice.yaml  (only if absent: yours is kept)
 #   systemd/sluice.env.example     -> /etc/sluice/sluice.env   (only if absent; mode 600)
 #   systemd/sluice.service         -> /etc/systemd/system/sluice.service
+#   README.md                      -> /usr/share/doc/sluice/README.md (the unit's Documentation=)
 #   a `sluice` system user and group (no home, no login shell)
 # then `systemctl daemon-reload`. It does not enable or start the service: edit
 # /etc/sluice/sluice.yaml and /etc/sluice/sluice.env, check with `sluice -t -c
@@ -40,10 +41,11 @@ if [ -z "$dest" ] && [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-install -d -m 755 "$dest/usr/bin" "$dest/etc/systemd/system"
+install -d -m 755 "$dest/usr/bin" "$dest/etc/systemd/system" "$dest/usr/share/doc/sluice"
 install -d -m 750 "$dest/etc/sluice"
 install -m 755 "$bin" "$dest/usr/bin/sluice"
 install -m 644 systemd/sluice.service "$dest/etc/systemd/system/sluice.service"
+install -m 644 README.md "$dest/usr/share/doc/sluice/README.md"
 [ -e "$dest/etc/sluice/sluice.yaml" ] || install -m 640 conf/sluice.yaml "$dest/etc/sluice/sluice.yaml"
 [ -e "$dest/etc/sluice/sluice.env" ] || install -m 600 systemd/sluice.env.example "$dest/etc/sluice/sluice.env"
 
@@ -57,6 +59,7 @@ if [ -z "$dest" ]; then
     systemctl daemon-reload || true
   fi
 fi
-echo "installed: $dest/usr/bin/sluice, $dest/etc/sluice/, $dest/etc/systemd/system/sluice.service"
+echo "installed: $dest/usr/bin/sluice, $dest/etc/sluice/, $dest/etc/systemd/system/sluice.service,"
+echo "           $dest/usr/share/doc/sluice/"
 echo "next: edit $dest/etc/sluice/sluice.yaml and $dest/etc/sluice/sluice.env, then"
 echo "      sluice -t -c /etc/sluice/sluice.yaml && systemctl enable --now sluice"

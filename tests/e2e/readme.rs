@@ -252,6 +252,15 @@ fn install_sh_stages_binary_unit_config_and_env_file() {
     let unit = std::fs::read_to_string(d.join("etc/systemd/system/sluice.service")).expect("unit");
     assert!(unit.contains("ExecStart=/usr/bin/sluice -c /etc/sluice/sluice.yaml"));
     assert!(unit.contains("User=sluice"));
+    // The unit's Documentation= points at a file the script installs.
+    let doc = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("Documentation=file://"))
+        .expect("Documentation=file:// in the unit");
+    assert_eq!(
+        std::fs::read_to_string(d.join(doc.trim_start_matches('/'))).expect("installed doc"),
+        readme()
+    );
     let conf = d.join("etc/sluice/sluice.yaml");
     assert_eq!(
         std::fs::read_to_string(&conf).expect("config"),
