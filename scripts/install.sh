@@ -6,6 +6,8 @@
 #   systemd/sluice.env.example     -> /etc/sluice/sluice.env   (only if absent; mode 600)
 #   systemd/sluice.service         -> /etc/systemd/system/sluice.service
 #   README.md                      -> /usr/share/doc/sluice/README.md (the unit's Documentation=)
+#   systemd/graceful-upgrade.conf  -> /usr/share/doc/sluice/graceful-upgrade.conf (an optional
+#                                     drop-in: `systemctl reload` = graceful upgrade; not enabled)
 #   a `sluice` system user and group (no home, no login shell)
 # then `systemctl daemon-reload`. It does not enable or start the service: edit
 # /etc/sluice/sluice.yaml and /etc/sluice/sluice.env, check with `sluice -t -c
@@ -46,6 +48,7 @@ install -d -m 750 "$dest/etc/sluice"
 install -m 755 "$bin" "$dest/usr/bin/sluice"
 install -m 644 systemd/sluice.service "$dest/etc/systemd/system/sluice.service"
 install -m 644 README.md "$dest/usr/share/doc/sluice/README.md"
+install -m 644 systemd/graceful-upgrade.conf "$dest/usr/share/doc/sluice/graceful-upgrade.conf"
 [ -e "$dest/etc/sluice/sluice.yaml" ] || install -m 640 conf/sluice.yaml "$dest/etc/sluice/sluice.yaml"
 [ -e "$dest/etc/sluice/sluice.env" ] || install -m 600 systemd/sluice.env.example "$dest/etc/sluice/sluice.env"
 

@@ -57,7 +57,7 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
     let text = readme();
     let configs: Vec<String> = blocks(&text, "yaml")
         .into_iter()
-        .filter(|b| b.starts_with("server:"))
+        .filter(|b| b.starts_with("server:") && b.contains("\nmodels:"))
         .collect();
     assert!(!configs.is_empty(), "no full config block in the README");
     let dir = TempDir::new("readme");
@@ -106,12 +106,12 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
     }
 }
 
-/// The README's YAML blocks that are top-level sections to paste (not a whole config, not a
-/// named file).
+/// The README's YAML blocks that are top-level sections to paste (not a whole config, which
+/// has `models:`, not a named file).
 fn fragments(text: &str) -> Vec<String> {
     blocks(text, "yaml")
         .into_iter()
-        .filter(|b| !b.starts_with("server:") && !b.starts_with('#'))
+        .filter(|b| !(b.starts_with("server:") && b.contains("\nmodels:")) && !b.starts_with('#'))
         .collect()
 }
 
@@ -253,6 +253,12 @@ fn install_sh_stages_binary_unit_config_and_env_file() {
     let unit = std::fs::read_to_string(d.join("etc/systemd/system/sluice.service")).expect("unit");
     assert!(unit.contains("ExecStart=/usr/bin/sluice -c /etc/sluice/sluice.yaml"));
     assert!(unit.contains("User=sluice"));
+    // The optional graceful-upgrade drop-in is shipped with the docs, not enabled.
+    assert_eq!(
+        std::fs::read(d.join("usr/share/doc/sluice/graceful-upgrade.conf")).expect("drop-in"),
+        std::fs::read(root().join("systemd/graceful-upgrade.conf")).expect("shipped drop-in")
+    );
+    assert!(!d.join("etc/systemd/system/sluice.service.d").exists());
     // The unit's Documentation= points at a file the script installs.
     let doc = unit
         .lines()
@@ -347,4 +353,193 @@ fn install_sh_under_sudo_without_a_release_binary_refuses_to_build_as_root() {
     assert!(stderr.contains("SLUICE_BIN="), "{stderr}");
     assert!(!called.exists(), "install.sh ran cargo as root");
     assert!(!t.join("dest/usr/bin/sluice").exists());
+}
+
+/// The effective `[Service]` values of `key` in `unit` then `dropin` (systemd's rule: an
+/// empty assignment clears the list).
+fn unit_values(unit: &str, dropin: &str, key: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in unit.lines().chain(dropin.lines()) {
+        if let Some(v) = line.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+            if v.trim().is_empty() {
+                out.clear();
+            } else {
+                out.push(v.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid_file() {
+    // What systemd runs with systemd/graceful-upgrade.conf, replayed outside systemd: the
+    // ExecStartPre/ExecStart commands, then the ExecReload commands in order with $MAINPID
+    // set to the pid in PIDFile=, as `systemctl reload` does; then PIDFile= must name the
+    // new process (systemd re-reads it after a reload), which serves, while the old one exits.
+    // Not covered here: systemd itself (its PID file and cgroup handling).
+    use crate::cancellation::chat_body;
+    use crate::harness::{basic_config, eventually, free_port, post_json, Mock, KEY};
+    use std::time::{Duration, Instant};
+
+    let unit = std::fs::read_to_string(root().join("systemd/sluice.service")).expect("unit");
+    let dropin =
+        std::fs::read_to_string(root().join("systemd/graceful-upgrade.conf")).expect("drop-in");
+    assert_eq!(unit_values(&unit, &dropin, "Type"), ["simple", "forking"]);
+    let pid_path = unit_values(&unit, &dropin, "PIDFile")
+        .pop()
+        .expect("PIDFile=");
+    // The drop-in tells the operator to set exactly these paths in the config.
+    assert!(
+        dropin.contains(&format!("pid_file: {pid_path}")),
+        "{dropin}"
+    );
+    assert!(dropin.contains("upgrade_sock: /run/sluice/"), "{dropin}");
+
+    let mock = Mock::start(r#"{"tokens":2}"#);
+    let dir = TempDir::new("sd-upgrade");
+    let pid_file = dir.path().join("sluice.pid");
+    let error_log = dir.path().join("error.log");
+    let (port, admin) = (free_port(), free_port());
+    let cfg = basic_config(
+        &mock.base_url(),
+        &format!(
+            "  shutdown_grace_ms: 1000\n  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
+            pid_file.display(),
+            error_log.display(),
+            dir.path().join("upgrade.sock").display()
+        ),
+    )
+    .replace("{listen}", &format!("127.0.0.1:{port}"))
+    .replace("{admin}", &format!("127.0.0.1:{admin}"));
+    let cfg_path = dir.path().join("sluice.yaml");
+    std::fs::write(&cfg_path, cfg).expect("config");
+    let run = |cmd: &str, mainpid: &str| {
+        let cmd = cmd
+            .replace("/usr/bin/sluice", env!("CARGO_BIN_EXE_sluice"))
+            .replace("/etc/sluice/sluice.yaml", &cfg_path.to_string_lossy());
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .env("MAINPID", mainpid)
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("sh");
+        assert!(status.success(), "`{cmd}` exited {status:?}");
+    };
+    let read_pid =
+        || -> Option<u32> { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() };
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    // Kills the daemons this test started if it fails (only pids running this config).
+    struct Kill(Vec<u32>, String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains(&self.1) {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                }
+            }
+        }
+    }
+    let mut guard = Kill(Vec::new(), cfg_path.to_string_lossy().into_owned());
+    let log = || std::fs::read_to_string(&error_log).unwrap_or_default();
+
+    for cmd in unit_values(&unit, &dropin, "ExecStartPre")
+        .iter()
+        .chain(&unit_values(&unit, &dropin, "ExecStart"))
+    {
+        run(cmd, "");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || read_pid().is_some()),
+        "no pid file"
+    );
+    let old = read_pid().expect("pid");
+    guard.0.push(old);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let body = chat_body(false, "{}");
+    let auth = format!("Bearer {KEY}");
+    let serve = || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &[("authorization", &auth)],
+            &body,
+        )
+        .status
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || std::net::TcpStream::connect(
+            addr
+        )
+        .is_ok()),
+        "the daemon does not listen:\n{}",
+        log()
+    );
+    assert_eq!(serve(), 200);
+
+    // Clients connect through the whole reload; each connection must be accepted.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut ok, mut refused) = (0u32, 0u32);
+            let t = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst)
+                && t.elapsed() < Duration::from_secs(30)
+            {
+                match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                    Ok(_) => ok += 1,
+                    Err(_) => refused += 1,
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (ok, refused)
+        })
+    };
+    let reload = Instant::now();
+    for cmd in unit_values(&unit, &dropin, "ExecReload") {
+        run(&cmd, &old.to_string());
+    }
+    let reload_took = reload.elapsed();
+    // After the reload commands, PIDFile= names a new, live process.
+    assert!(
+        eventually(Duration::from_secs(10), || read_pid()
+            .is_some_and(|p| p != old && alive(p))),
+        "the pid file still names {old:?} ({:?}):\n{}",
+        read_pid(),
+        log()
+    );
+    let new = read_pid().expect("pid");
+    guard.0.push(new);
+    // The old process drains and exits (Pingora keeps it accepting for 5 s, then the grace).
+    assert!(
+        eventually(Duration::from_secs(20), || !alive(old)),
+        "old {old} still runs:\n{}",
+        log()
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ok, refused) = clients.join().expect("clients");
+    assert_eq!(
+        refused,
+        0,
+        "{refused} refused connections (of {})",
+        ok + refused
+    );
+    assert!(ok > 10, "{ok}");
+    assert_eq!(serve(), 200, "the new process does not serve:\n{}", log());
+    assert!(reload_took < Duration::from_secs(10), "{reload_took:?}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &new.to_string()])
+        .status();
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(new)),
+        "new {new} ignores SIGTERM"
+    );
 }
