@@ -57,7 +57,7 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
     let text = readme();
     let configs: Vec<String> = blocks(&text, "yaml")
         .into_iter()
-        .filter(|b| b.starts_with("server:") && b.contains("\nmodels:"))
+        .filter(|b| is_whole_config(b))
         .collect();
     assert!(!configs.is_empty(), "no full config block in the README");
     let dir = TempDir::new("readme");
@@ -106,12 +106,18 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
     }
 }
 
+/// A README YAML block that is a whole config (not a section to paste): `server:` first and
+/// `models:` in it.
+fn is_whole_config(block: &str) -> bool {
+    block.starts_with("server:") && block.contains("\nmodels:")
+}
+
 /// The README's YAML blocks that are top-level sections to paste (not a whole config, which
 /// has `models:`, not a named file).
 fn fragments(text: &str) -> Vec<String> {
     blocks(text, "yaml")
         .into_iter()
-        .filter(|b| !(b.starts_with("server:") && b.contains("\nmodels:")) && !b.starts_with('#'))
+        .filter(|b| !b.starts_with('#') && !is_whole_config(b))
         .collect()
 }
 
