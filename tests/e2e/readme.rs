@@ -532,6 +532,7 @@ fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid
     );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (ok, refused) = clients.join().expect("clients");
+    eprintln!("reload commands took {reload_took:?}; {ok} connections accepted, {refused} refused");
     assert_eq!(
         refused,
         0,
