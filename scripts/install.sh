@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs Sluice as a systemd service, idempotently:
-#   target/release/sluice          -> /usr/bin/sluice          (built first if missing)
+#   target/release/sluice          -> /usr/bin/sluice          (built first if missing, but
+#                                                               not as root under sudo)
 #   conf/sluice.yaml               -> /etc/sluice/sluice.yaml  (only if absent: yours is kept)
 #   systemd/sluice.env.example     -> /etc/sluice/sluice.env   (only if absent; mode 600)
 #   systemd/sluice.service         -> /etc/systemd/system/sluice.service
+#   README.md                      -> /usr/share/doc/sluice/README.md (the unit's Documentation=)
+#   systemd/graceful-upgrade.conf  -> /usr/share/doc/sluice/graceful-upgrade.conf (an optional
+#                                     drop-in: `systemctl reload` = graceful upgrade; not enabled)
 #   a `sluice` system user and group (no home, no login shell)
 # then `systemctl daemon-reload`. It does not enable or start the service: edit
 # /etc/sluice/sluice.yaml and /etc/sluice/sluice.env, check with `sluice -t -c
@@ -20,6 +24,16 @@ cd "$(dirname "$0")/.."
 dest="${DESTDIR:-}"
 bin="${SLUICE_BIN:-target/release/sluice}"
 if [ -z "${SLUICE_BIN:-}" ] && [ ! -x "$bin" ]; then
+  # Under sudo, do not build as root: cargo is usually not on root's PATH, and a root build
+  # leaves root-owned files in the user's target/ and ~/.cargo. Build as the user first.
+  if [ "$(id -u)" -eq 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+    echo "install.sh: there is no $bin, and this script does not build it as root." >&2
+    echo "  Build it as $SUDO_USER first, then install:" >&2
+    echo "    cargo build --locked --release --bin sluice   (or: bash scripts/run.sh)" >&2
+    echo "    sudo bash scripts/install.sh" >&2
+    echo "  or name a binary: sudo SLUICE_BIN=/path/to/sluice bash scripts/install.sh" >&2
+    exit 1
+  fi
   bash scripts/install-deps.sh --run
   cargo build --locked --release --bin sluice
 fi
@@ -29,10 +43,12 @@ if [ -z "$dest" ] && [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-install -d -m 755 "$dest/usr/bin" "$dest/etc/systemd/system"
+install -d -m 755 "$dest/usr/bin" "$dest/etc/systemd/system" "$dest/usr/share/doc/sluice"
 install -d -m 750 "$dest/etc/sluice"
 install -m 755 "$bin" "$dest/usr/bin/sluice"
 install -m 644 systemd/sluice.service "$dest/etc/systemd/system/sluice.service"
+install -m 644 README.md "$dest/usr/share/doc/sluice/README.md"
+install -m 644 systemd/graceful-upgrade.conf "$dest/usr/share/doc/sluice/graceful-upgrade.conf"
 [ -e "$dest/etc/sluice/sluice.yaml" ] || install -m 640 conf/sluice.yaml "$dest/etc/sluice/sluice.yaml"
 [ -e "$dest/etc/sluice/sluice.env" ] || install -m 600 systemd/sluice.env.example "$dest/etc/sluice/sluice.env"
 
@@ -46,6 +62,7 @@ if [ -z "$dest" ]; then
     systemctl daemon-reload || true
   fi
 fi
-echo "installed: $dest/usr/bin/sluice, $dest/etc/sluice/, $dest/etc/systemd/system/sluice.service"
+echo "installed: $dest/usr/bin/sluice, $dest/etc/sluice/, $dest/etc/systemd/system/sluice.service,"
+echo "           $dest/usr/share/doc/sluice/"
 echo "next: edit $dest/etc/sluice/sluice.yaml and $dest/etc/sluice/sluice.env, then"
 echo "      sluice -t -c /etc/sluice/sluice.yaml && systemctl enable --now sluice"

@@ -112,7 +112,11 @@ impl NewKey {
         format!("{}\nkey_sha256: {}\n", self.key, self.sha256_hex)
     }
 
-    /// The `virtual_keys:` entry for the config (printed on stderr as a hint).
+    /// The config entries for the key (printed on stderr as a hint): first the
+    /// `tenants:` entry for `tenant` (a key whose tenant is not under `tenants:` is a config
+    /// error, `unknown tenant`), then the `virtual_keys:` entry. Each part is a `#` comment
+    /// line naming its section, then the entry indented by two spaces, ready to paste under
+    /// that section.
     pub fn config_entry(&self, tenant: &str, name: Option<&str>) -> String {
         #[derive(serde::Serialize)]
         struct Entry<'a> {
@@ -121,21 +125,35 @@ impl NewKey {
             #[serde(skip_serializing_if = "Option::is_none")]
             name: Option<&'a str>,
         }
-        let yaml = serde_yaml::to_string(&[Entry {
+        #[derive(serde::Serialize)]
+        struct NoLimits {}
+        let tenants =
+            serde_yaml::to_string(&std::collections::BTreeMap::from([(tenant, NoLimits {})]))
+                .unwrap_or_default();
+        let keys = serde_yaml::to_string(&[Entry {
             key_sha256: &self.sha256_hex,
             tenant,
             name,
         }])
         .unwrap_or_default();
         let mut out = String::from(
+            "# add under tenants: in the config, unless it is there (a key of an unknown tenant is rejected):\n",
+        );
+        indent_into(&mut out, &tenants);
+        out.push_str(
             "# add under virtual_keys: in the config (only the hash is stored; the key is shown once):\n",
         );
-        for line in yaml.lines() {
-            out.push_str("  ");
-            out.push_str(line);
-            out.push('\n');
-        }
+        indent_into(&mut out, &keys);
         out
+    }
+}
+
+/// Appends each line of `yaml` to `out`, indented by two spaces.
+fn indent_into(out: &mut String, yaml: &str) {
+    for line in yaml.lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
     }
 }
 
@@ -169,13 +187,27 @@ mod tests {
         "876389d64ee43161647cb785948a38a8434cad3fc882c9990e90896392b3cab6";
 
     #[test]
-    fn the_config_entry_is_yaml_for_virtual_keys() {
+    fn the_config_entry_is_yaml_for_tenants_then_virtual_keys() {
         let k = NewKey::generate().expect("getrandom");
         let entry = k.config_entry("team-a", Some("ci: bot"));
-        let yaml = entry.lines().skip(1).collect::<Vec<_>>().join("\n");
-        let v: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("yaml");
-        assert_eq!(v[0]["key_sha256"].as_str(), Some(k.sha256_hex.as_str()));
-        assert_eq!(v[0]["tenant"].as_str(), Some("team-a"));
-        assert_eq!(v[0]["name"].as_str(), Some("ci: bot"));
+        // Comment line, tenant entry, comment line, key entry: pasted under their sections.
+        let (tenants, keys) = entry
+            .split_once("\n# add under virtual_keys:")
+            .expect("two parts");
+        assert!(tenants.starts_with("# add under tenants:"), "{entry}");
+        let tenants = format!(
+            "tenants:\n{}\n",
+            tenants.lines().skip(1).collect::<Vec<_>>().join("\n")
+        );
+        let keys = format!(
+            "virtual_keys:\n{}\n",
+            keys.lines().skip(1).collect::<Vec<_>>().join("\n")
+        );
+        let v: serde_yaml::Value = serde_yaml::from_str(&(tenants + &keys)).expect("yaml");
+        assert!(v["tenants"]["team-a"].is_mapping(), "{entry}");
+        let key = &v["virtual_keys"][0];
+        assert_eq!(key["key_sha256"].as_str(), Some(k.sha256_hex.as_str()));
+        assert_eq!(key["tenant"].as_str(), Some("team-a"));
+        assert_eq!(key["name"].as_str(), Some("ci: bot"));
     }
 }

@@ -601,6 +601,32 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         body_read_timeout: ms(server.body_read_timeout_ms),
     };
 
+    // Every unset `api_key_env` at once (a new user setting the keys one `sluice -t` at a
+    // time would otherwise meet them one by one); one alone is `build_provider`'s error.
+    let unset: Vec<(&String, &String)> = providers
+        .iter()
+        .filter(|(_, p)| p.api_key.is_none())
+        .filter_map(|(id, p)| p.api_key_env.as_ref().map(|v| (id, v)))
+        .filter(|(_, var)| std::env::var(var).map_or(true, |v| v.is_empty()))
+        .collect();
+    if let [(first_id, first_var), rest @ ..] = unset.as_slice() {
+        if !rest.is_empty() {
+            let others: Vec<String> = rest
+                .iter()
+                .map(|(id, var)| format!("`{var}` (providers.{id}.api_key_env)"))
+                .collect();
+            let fidx = sources.provider_file.get(*first_id).copied().unwrap_or(0);
+            return Err(sources.err(
+                fidx,
+                &format!("providers.{first_id}.api_key_env"),
+                format!(
+                    "environment variable `{first_var}` is not set; also not set: {}",
+                    others.join(", ")
+                ),
+            ));
+        }
+    }
+
     let mut provider_map = BTreeMap::new();
     for (id, p) in providers {
         let built = build_provider(&id, p, defaults, sources)?;
@@ -927,6 +953,26 @@ mod tests {
         assert!(
             e.to_string().contains("SLUICE_TEST_SURELY_UNSET_VAR"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn every_missing_env_key_is_named_at_once() {
+        let two = MINIMAL
+            .replace("api_key: test-key", "api_key_env: SLUICE_TEST_SURELY_UNSET_A")
+            .replace(
+                "models:\n",
+                "  zz-second:\n    kind: openai\n    base_url: http://127.0.0.1:9\n    api_key_env: SLUICE_TEST_SURELY_UNSET_B\nmodels:\n",
+            );
+        let e = load_str(&two).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("environment variable `SLUICE_TEST_SURELY_UNSET_A` is not set"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`SLUICE_TEST_SURELY_UNSET_B` (providers.zz-second.api_key_env)"),
+            "{text}"
         );
     }
 

@@ -64,11 +64,16 @@ fn key_new_prints_a_random_key_and_its_sha256_line() {
 fn a_generated_key_authenticates_once_its_hash_is_in_the_config() {
     let (stdout, stderr) = key_new(&["--tenant", "t", "--name", "generated"]);
     let key = stdout.lines().next().expect("key line").to_string();
-    // The config entry exactly as printed (comment line first).
-    let entry: String = stderr.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    // The two config entries exactly as printed (each after its comment line): the tenant
+    // under `tenants:`, the key under `virtual_keys:`.
+    let (tenant, entry) = stderr
+        .split_once("# add under virtual_keys:")
+        .expect("two parts");
+    let part = |p: &str| -> String { p.lines().skip(1).map(|l| format!("{l}\n")).collect() };
+    let (tenant, entry) = (part(tenant), part(entry));
     let mock = Mock::start("{}");
     let yaml = format!(
-        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 1\ntenants:\n  t: {{}}\nvirtual_keys:\n{entry}providers:\n  p1:\n    kind: openai\n    base_url: {}\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 1\ntenants:\n{tenant}virtual_keys:\n{entry}providers:\n  p1:\n    kind: openai\n    base_url: {}\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
         mock.base_url()
     );
     let sluice = Sluice::start(&yaml);

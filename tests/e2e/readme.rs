@@ -57,7 +57,7 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
     let text = readme();
     let configs: Vec<String> = blocks(&text, "yaml")
         .into_iter()
-        .filter(|b| b.starts_with("server:"))
+        .filter(|b| is_whole_config(b))
         .collect();
     assert!(!configs.is_empty(), "no full config block in the README");
     let dir = TempDir::new("readme");
@@ -79,50 +79,165 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // Without the variables the README says to set, it names a missing one.
+        // Without the variables the README says to set, it names every one of them at once.
         if yaml.contains("api_key_env: ") {
             let out = check(&file, &[]);
             assert!(!out.status.success());
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                stderr.contains("environment variable `ANTHROPIC_API_KEY` is not set")
-                    || stderr.contains("environment variable `OPENAI_API_KEY` is not set"),
-                "{stderr}"
-            );
+            for var in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"] {
+                if yaml.contains(&format!("api_key_env: {var}")) {
+                    assert!(stderr.contains(&format!("`{var}`")), "{var}: {stderr}");
+                }
+            }
+            assert!(stderr.contains("is not set"), "{stderr}");
         }
     }
-    // The provider and key fragments, pasted into the first config, pass too.
-    let base = &configs[0];
-    for fragment in blocks(&text, "yaml")
-        .into_iter()
-        .filter(|b| b.starts_with("providers:") || b.starts_with("virtual_keys:"))
-    {
-        let section = fragment.lines().next().expect("section line").to_string();
-        let mut merged = String::new();
-        let mut skipping = false;
-        for line in base.lines() {
-            if line == section {
-                skipping = true;
-                merged.push_str(&fragment);
-                continue;
-            }
-            if skipping && !line.starts_with(' ') {
-                skipping = false;
-            }
-            if !skipping {
-                merged.push_str(line);
-                merged.push('\n');
-            }
-        }
+    // The section fragments (providers, keys, tenants), pasted into the first config, pass too.
+    for fragment in fragments(&text) {
+        let merged = paste(&configs[0], &fragment);
         let file = dir.path().join("fragment.yaml");
         std::fs::write(&file, &merged).expect("write");
         let out = check(&file, &keys);
         assert!(
             out.status.success(),
-            "README fragment `{section}` fails `sluice -t`:\n{merged}\n{}",
+            "README fragment fails `sluice -t`:\n{merged}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A README YAML block that is a whole config (not a section to paste): `server:` first and
+/// `models:` in it.
+fn is_whole_config(block: &str) -> bool {
+    block.starts_with("server:") && block.contains("\nmodels:")
+}
+
+/// The README's YAML blocks that are top-level sections to paste (not a whole config, which
+/// has `models:`, not a named file).
+fn fragments(text: &str) -> Vec<String> {
+    blocks(text, "yaml")
+        .into_iter()
+        .filter(|b| !b.starts_with('#') && !is_whole_config(b))
+        .collect()
+}
+
+/// `base` with each top-level section of `fragment` put in place of the same section (its
+/// indented lines), or appended when `base` lacks it: what a user pasting it does.
+fn paste(base: &str, fragment: &str) -> String {
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in fragment.lines() {
+        if !line.starts_with(' ') && !line.starts_with('#') && !line.is_empty() {
+            sections.push((line.to_string(), String::new()));
+        }
+        if let Some((_, body)) = sections.last_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    let mut merged = String::new();
+    let mut skipping = false;
+    for line in base.lines() {
+        let top = !line.starts_with(' ') && !line.is_empty();
+        if top {
+            skipping = false;
+        }
+        let name = line.split('#').next().unwrap_or("").trim_end();
+        if top {
+            if let Some(i) = sections.iter().position(|(s, _)| s == name) {
+                merged.push_str(&sections.remove(i).1);
+                skipping = true;
+                continue;
+            }
+        }
+        if !skipping {
+            merged.push_str(line);
+            merged.push('\n');
+        }
+    }
+    for (_, body) in sections {
+        merged.push_str(&body);
+    }
+    merged
+}
+
+#[test]
+fn the_readme_key_entries_pasted_into_the_default_config_pass_sluice_t() {
+    let text = readme();
+    let default = std::fs::read_to_string(root().join("conf/sluice.yaml")).expect("default config");
+    let key_blocks: Vec<String> = fragments(&text)
+        .into_iter()
+        .filter(|b| b.contains("virtual_keys:"))
+        .collect();
+    assert!(
+        !key_blocks.is_empty(),
+        "no virtual_keys block in the README"
+    );
+    let dir = TempDir::new("readme-keys");
+    for fragment in key_blocks {
+        let merged = paste(&default, &fragment);
+        let file = dir.path().join("sluice.yaml");
+        std::fs::write(&file, &merged).expect("write");
+        let out = check(&file, &[]);
+        assert!(
+            out.status.success(),
+            "README key block pasted into conf/sluice.yaml fails `sluice -t`:\n{merged}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The README's YAML blocks that are whole files named by their first line (`# path`), in
+/// order: (path, content).
+fn named_files(text: &str) -> Vec<(String, String)> {
+    blocks(text, "yaml")
+        .into_iter()
+        .filter_map(|b| {
+            let first = b.lines().next()?.strip_prefix("# ")?.trim().to_string();
+            (first.ends_with(".yaml") && !first.contains(' ')).then_some((first, b))
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_include_example_passes_sluice_t_as_written() {
+    let files = named_files(&readme());
+    let main = files
+        .iter()
+        .find(|(_, b)| b.contains("\ninclude:"))
+        .expect("an include example in the README");
+    let dir = TempDir::new("readme-include");
+    for (path, content) in &files {
+        let file = dir.path().join(path);
+        std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&file, content).expect("write");
+    }
+    let main_file = dir.path().join(&main.0);
+    let out = check(&main_file, &[("OPENAI_API_KEY", "sk-test-openai")]);
+    assert!(
+        out.status.success(),
+        "README include example fails `sluice -t`:\n{files:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each included file is really read: without it the example fails (a glob that
+    // matches nothing, a folder without the model's routes).
+    for (path, _) in files.iter().filter(|(p, _)| *p != main.0) {
+        let file = dir.path().join(path);
+        let saved = std::fs::read(&file).expect("read");
+        std::fs::remove_file(&file).expect("remove");
+        let out = check(&main_file, &[("OPENAI_API_KEY", "sk-test-openai")]);
+        assert!(!out.status.success(), "{path} is not needed by the example");
+        std::fs::write(&file, saved).expect("restore");
+    }
+    // The scalar form the README warns about is rejected as it says.
+    let scalar = dir.path().join("scalar.yaml");
+    std::fs::write(&scalar, "include: conf.d\n").expect("write");
+    let out = check(&scalar, &[("OPENAI_API_KEY", "sk-test-openai")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("expected a sequence"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -144,6 +259,21 @@ fn install_sh_stages_binary_unit_config_and_env_file() {
     let unit = std::fs::read_to_string(d.join("etc/systemd/system/sluice.service")).expect("unit");
     assert!(unit.contains("ExecStart=/usr/bin/sluice -c /etc/sluice/sluice.yaml"));
     assert!(unit.contains("User=sluice"));
+    // The optional graceful-upgrade drop-in is shipped with the docs, not enabled.
+    assert_eq!(
+        std::fs::read(d.join("usr/share/doc/sluice/graceful-upgrade.conf")).expect("drop-in"),
+        std::fs::read(root().join("systemd/graceful-upgrade.conf")).expect("shipped drop-in")
+    );
+    assert!(!d.join("etc/systemd/system/sluice.service.d").exists());
+    // The unit's Documentation= points at a file the script installs.
+    let doc = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("Documentation=file://"))
+        .expect("Documentation=file:// in the unit");
+    assert_eq!(
+        std::fs::read_to_string(d.join(doc.trim_start_matches('/'))).expect("installed doc"),
+        readme()
+    );
     let conf = d.join("etc/sluice/sluice.yaml");
     assert_eq!(
         std::fs::read_to_string(&conf).expect("config"),
@@ -175,5 +305,248 @@ fn install_sh_stages_binary_unit_config_and_env_file() {
     assert_eq!(
         std::fs::read_to_string(&conf).expect("config"),
         "# edited\n"
+    );
+}
+
+#[test]
+fn install_sh_under_sudo_without_a_release_binary_refuses_to_build_as_root() {
+    // A copy of the script in a tree without target/release/sluice, run as "root" (a shimmed
+    // `id -u`) under sudo for another user; `cargo` is a shim that records being called.
+    let tree = TempDir::new("install-sudo");
+    let t = tree.path();
+    std::fs::create_dir_all(t.join("scripts")).expect("mkdir");
+    std::fs::create_dir_all(t.join("shims")).expect("mkdir");
+    std::fs::copy(
+        root().join("scripts/install.sh"),
+        t.join("scripts/install.sh"),
+    )
+    .expect("copy install.sh");
+    let called = t.join("cargo-called");
+    let shims = [
+        (
+            "id",
+            "#!/bin/sh\n[ \"$1\" = -u ] && { echo 0; exit 0; }\nexec /usr/bin/id \"$@\"\n"
+                .to_string(),
+        ),
+        ("cargo", format!("#!/bin/sh\ntouch {}\n", called.display())),
+    ];
+    for (name, body) in shims {
+        let p = t.join("shims").join(name);
+        std::fs::write(&p, body).expect("write shim");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let path = format!(
+        "{}:{}",
+        t.join("shims").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .arg(t.join("scripts/install.sh"))
+        .env("PATH", path)
+        .env("SUDO_USER", "alice")
+        .env("DESTDIR", t.join("dest"))
+        .env_remove("SLUICE_BIN")
+        .output()
+        .expect("run install.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr.contains("does not build it as root"), "{stderr}");
+    assert!(
+        stderr.contains("cargo build --locked --release"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("SLUICE_BIN="), "{stderr}");
+    assert!(!called.exists(), "install.sh ran cargo as root");
+    assert!(!t.join("dest/usr/bin/sluice").exists());
+}
+
+/// The effective `[Service]` values of `key` in `unit` then `dropin` (systemd's rule: an
+/// empty assignment clears the list).
+fn unit_values(unit: &str, dropin: &str, key: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in unit.lines().chain(dropin.lines()) {
+        if let Some(v) = line.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+            if v.trim().is_empty() {
+                out.clear();
+            } else {
+                out.push(v.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid_file() {
+    // What systemd runs with systemd/graceful-upgrade.conf, replayed outside systemd: the
+    // ExecStartPre/ExecStart commands, then the ExecReload commands in order with $MAINPID
+    // set to the pid in PIDFile=, as `systemctl reload` does; then PIDFile= must name the
+    // new process (systemd re-reads it after a reload), which serves, while the old one exits.
+    // Not covered here: systemd itself (its PID file and cgroup handling).
+    use crate::cancellation::chat_body;
+    use crate::harness::{basic_config, eventually, free_port, post_json, Mock, KEY};
+    use std::time::{Duration, Instant};
+
+    let unit = std::fs::read_to_string(root().join("systemd/sluice.service")).expect("unit");
+    let dropin =
+        std::fs::read_to_string(root().join("systemd/graceful-upgrade.conf")).expect("drop-in");
+    assert_eq!(unit_values(&unit, &dropin, "Type"), ["simple", "forking"]);
+    let pid_path = unit_values(&unit, &dropin, "PIDFile")
+        .pop()
+        .expect("PIDFile=");
+    // The drop-in tells the operator to set exactly these paths in the config.
+    assert!(
+        dropin.contains(&format!("pid_file: {pid_path}")),
+        "{dropin}"
+    );
+    assert!(dropin.contains("upgrade_sock: /run/sluice/"), "{dropin}");
+
+    let mock = Mock::start(r#"{"tokens":2}"#);
+    let dir = TempDir::new("sd-upgrade");
+    let pid_file = dir.path().join("sluice.pid");
+    let error_log = dir.path().join("error.log");
+    let (port, admin) = (free_port(), free_port());
+    let cfg = basic_config(
+        &mock.base_url(),
+        &format!(
+            "  shutdown_grace_ms: 1000\n  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
+            pid_file.display(),
+            error_log.display(),
+            dir.path().join("upgrade.sock").display()
+        ),
+    )
+    .replace("{listen}", &format!("127.0.0.1:{port}"))
+    .replace("{admin}", &format!("127.0.0.1:{admin}"));
+    let cfg_path = dir.path().join("sluice.yaml");
+    std::fs::write(&cfg_path, cfg).expect("config");
+    let run = |cmd: &str, mainpid: &str| {
+        let cmd = cmd
+            .replace("/usr/bin/sluice", env!("CARGO_BIN_EXE_sluice"))
+            .replace("/etc/sluice/sluice.yaml", &cfg_path.to_string_lossy());
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .env("MAINPID", mainpid)
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("sh");
+        assert!(status.success(), "`{cmd}` exited {status:?}");
+    };
+    let read_pid =
+        || -> Option<u32> { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() };
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    // Kills the daemons this test started if it fails (only pids running this config).
+    struct Kill(Vec<u32>, String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains(&self.1) {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                }
+            }
+        }
+    }
+    let mut guard = Kill(Vec::new(), cfg_path.to_string_lossy().into_owned());
+    let log = || std::fs::read_to_string(&error_log).unwrap_or_default();
+
+    for cmd in unit_values(&unit, &dropin, "ExecStartPre")
+        .iter()
+        .chain(&unit_values(&unit, &dropin, "ExecStart"))
+    {
+        run(cmd, "");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || read_pid().is_some()),
+        "no pid file"
+    );
+    let old = read_pid().expect("pid");
+    guard.0.push(old);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let body = chat_body(false, "{}");
+    let auth = format!("Bearer {KEY}");
+    let serve = || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &[("authorization", &auth)],
+            &body,
+        )
+        .status
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || std::net::TcpStream::connect(
+            addr
+        )
+        .is_ok()),
+        "the daemon does not listen:\n{}",
+        log()
+    );
+    assert_eq!(serve(), 200);
+
+    // Clients connect through the whole reload; each connection must be accepted.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut ok, mut refused) = (0u32, 0u32);
+            let t = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst)
+                && t.elapsed() < Duration::from_secs(30)
+            {
+                match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                    Ok(_) => ok += 1,
+                    Err(_) => refused += 1,
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (ok, refused)
+        })
+    };
+    let reload = Instant::now();
+    for cmd in unit_values(&unit, &dropin, "ExecReload") {
+        run(&cmd, &old.to_string());
+    }
+    let reload_took = reload.elapsed();
+    // After the reload commands, PIDFile= names a new, live process.
+    assert!(
+        eventually(Duration::from_secs(10), || read_pid()
+            .is_some_and(|p| p != old && alive(p))),
+        "the pid file still names {old:?} ({:?}):\n{}",
+        read_pid(),
+        log()
+    );
+    let new = read_pid().expect("pid");
+    guard.0.push(new);
+    // The old process drains and exits (Pingora keeps it accepting for 5 s, then the grace).
+    assert!(
+        eventually(Duration::from_secs(20), || !alive(old)),
+        "old {old} still runs:\n{}",
+        log()
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ok, refused) = clients.join().expect("clients");
+    eprintln!("reload commands took {reload_took:?}; {ok} connections accepted, {refused} refused");
+    assert_eq!(
+        refused,
+        0,
+        "{refused} refused connections (of {})",
+        ok + refused
+    );
+    assert!(ok > 10, "{ok}");
+    assert_eq!(serve(), 200, "the new process does not serve:\n{}", log());
+    assert!(reload_took < Duration::from_secs(10), "{reload_took:?}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &new.to_string()])
+        .status();
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(new)),
+        "new {new} ignores SIGTERM"
     );
 }
