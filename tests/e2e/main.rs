@@ -10,6 +10,7 @@ mod cli_key;
 mod client_compat;
 mod config_check;
 mod demo;
+mod dialects;
 mod fallback;
 mod harness;
 mod harness_client;
