@@ -22,6 +22,7 @@ mod redis_limits;
 mod reload;
 mod routing;
 mod sdk;
+mod sdk_dialects;
 mod shutdown;
 mod slow_reader;
 mod smoke;
