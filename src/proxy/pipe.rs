@@ -361,8 +361,7 @@ impl<'r> StreamPipe<'r> {
         }
         let stopped = match (self.translator.as_ref(), self.protocol.as_ref()) {
             (Some(t), _) => t.has_stop_reason(),
-            // The translator finishes the client stream itself when the upstream stopped.
-            (None, Some(t)) => t.is_finished(),
+            (None, Some(t)) => t.has_stop_reason(),
             (None, None) => self.finish_seen,
         };
         if !stopped {
@@ -375,12 +374,16 @@ impl<'r> StreamPipe<'r> {
             });
         }
         // Complete, only the terminator is missing: add exactly one.
-        match self.translator.as_mut() {
-            Some(t) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
+        match (self.translator.as_mut(), self.protocol.as_mut()) {
+            (Some(t), _) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
                 reason: "upstream_error",
                 message: e.to_string(),
             })?,
-            None => {
+            (None, Some(t)) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
+                reason: "upstream_error",
+                message: e.to_string(),
+            })?,
+            (None, None) => {
                 self.out
                     .extend_from_slice(if self.client == Dialect::Messages {
                         MESSAGE_STOP_EVENT

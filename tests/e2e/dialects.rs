@@ -485,3 +485,47 @@ fn messages_clients_get_anthropic_pings_as_heartbeats() {
     );
     assert!(!raw.contains(": keepalive"), "{raw}");
 }
+
+#[test]
+fn a_translated_stream_that_stopped_without_its_terminator_is_completed_not_an_error() {
+    // finish_reason sent, `[DONE]` not: the answer is complete.
+    let mock = Mock::start(r#"{"tokens":3,"no_done":true}"#);
+    let sluice = Sluice::start(&config(&mock.base_url(), ""));
+    let (status, body) = post(
+        &sluice,
+        Client::Messages,
+        &Client::Messages.body("acme/gpt", true),
+        &[],
+    );
+    let raw = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(status, 200, "{raw}");
+    let s = seen(Client::Messages, true, &body);
+    assert_eq!(s.stop, "end_turn", "{raw}");
+    assert!(!raw.contains("event: error"), "{raw}");
+    let (status, body) = post(
+        &sluice,
+        Client::Responses,
+        &Client::Responses.body("acme/gpt", true),
+        &[],
+    );
+    let raw = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(status, 200, "{raw}");
+    let s = seen(Client::Responses, true, &body);
+    assert_eq!(s.stop, "completed", "{raw}");
+
+    // No finish reason either: the stream broke off, and the client is told in its dialect.
+    mock.set_behavior(r#"{"tokens":2,"no_finish":true}"#);
+    let (status, body) = post(
+        &sluice,
+        Client::Messages,
+        &Client::Messages.body("acme/gpt", true),
+        &[],
+    );
+    let raw = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(status, 200, "{raw}");
+    assert!(
+        raw.ends_with("\n\n") && raw.contains("event: error\n"),
+        "{raw}"
+    );
+    assert!(!raw.contains("message_stop"), "{raw}");
+}
