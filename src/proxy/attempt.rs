@@ -30,7 +30,7 @@ use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect};
 use crate::providers::encoding::{ContentCoding, DecodeError, Decoder};
-use crate::providers::{self, anthropic, openai};
+use crate::providers::{self, openai};
 use crate::routing::Candidate;
 use crate::sse;
 
@@ -205,47 +205,32 @@ pub async fn run(
     Ok(())
 }
 
-/// Serializes the request for the route's provider: a Chat Completions client as today
-/// (as is to OpenAI-compatible providers, translated to Anthropic); any other client as is
-/// (only `model` replaced) when the provider speaks its dialect, else encoded from the
-/// canonical request with the protocol layer.
+/// Serializes the request for the route's provider: as is (only `model` replaced) when
+/// the provider speaks the client's dialect, else encoded from the canonical request with
+/// the protocol layer.
 fn upstream_body(
     req: &InferenceRequest,
     model: &Model,
     route: &Route,
 ) -> Result<Vec<u8>, GatewayError> {
     let upstream = route.provider.kind.dialect();
-    let serialize =
-        |e: serde_json::Error| GatewayError::Internal(format!("cannot serialize request: {e}"));
     if req.dialect == upstream {
-        return openai::request_body(&req.body, &route.upstream_model).map_err(serialize);
+        return openai::request_body(&req.body, &route.upstream_model)
+            .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
-    let canonical = match &req.canonical {
-        Some(c) => c,
-        None => {
-            // Chat Completions client to an Anthropic provider.
-            return anthropic::chat_object_to_messages(&req.body, &route.upstream_model).map_err(
-                |e| {
-                    if e.is_client_error() {
-                        GatewayError::invalid(e.to_string(), e.field())
-                    } else {
-                        GatewayError::Internal(e.to_string())
-                    }
-                },
-            );
-        }
-    };
-    let opts = protocol::UpstreamOptions {
-        model: &route.upstream_model,
-        default_max_tokens: model.default_max_tokens,
-    };
-    protocol::encode_request(upstream, canonical, &opts).map_err(|e| {
+    let refused = |e: &protocol::ProtocolError| {
         if e.is_client_error() {
             GatewayError::invalid(e.to_string(), e.field())
         } else {
             GatewayError::Internal(e.to_string())
         }
-    })
+    };
+    let canonical = req.canonical().map_err(refused)?;
+    let opts = protocol::UpstreamOptions {
+        model: &route.upstream_model,
+        default_max_tokens: model.default_max_tokens,
+    };
+    protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }
 
 fn failed(route: &Route, failure: AttemptFailure, detail: String, err: GatewayError) -> Attempt {
@@ -569,12 +554,13 @@ fn normalize_upstream_error(
     retry_after: Option<Duration>,
     client: Dialect,
 ) -> GatewayError {
-    let (error_type, code, message) = match provider.kind {
-        ProviderKind::Anthropic => {
-            let (t, m) = anthropic::error_to_openai(status, body);
-            (t, None, m)
+    let (error_type, code, message) = match provider.kind.dialect() {
+        // OpenAI-compatible bodies pass through with their own type and code.
+        Dialect::ChatCompletions => openai::error_parts(status, body),
+        up => {
+            let (kind, message) = protocol::decode_error_body(up, status, body);
+            (kind.openai_type().to_string(), None, message)
         }
-        ProviderKind::Openai | ProviderKind::Demo => openai::error_parts(status, body),
     };
     let message = providers::scrub_key(provider, &message);
     // Every field the client sees is scrubbed, not only the message.
@@ -721,22 +707,6 @@ async fn unary(
     let standard = ctx.standard_model.clone().unwrap_or_default();
     let upstream = route.provider.kind.dialect();
     let out: Vec<u8> = match (ctx.dialect, upstream) {
-        (Dialect::ChatCompletions, Dialect::Messages) => {
-            match anthropic::messages_response_to_chat(&body, &standard, unix_now()) {
-                Ok(b) => b,
-                Err(e) => {
-                    let err = GatewayError::UpstreamUnavailable {
-                        message: format!(
-                            "provider `{}` sent an unreadable answer: {e}",
-                            route.provider.id
-                        ),
-                        retry_after: None,
-                    };
-                    let _ = respond::write_error(session, ctx, &err).await;
-                    return Attempt::Done;
-                }
-            }
-        }
         (client, up) if client == up => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
             route.rewriter.rewrite_json(&body, &mut out);
@@ -761,8 +731,6 @@ async fn unary(
                     ),
                     retry_after: None,
                 };
-                ctx.outcome.provider = Some(route.provider.id.clone());
-                ctx.outcome.upstream_broke = true;
                 let _ = respond::write_error(session, ctx, &err).await;
                 return Attempt::Done;
             }

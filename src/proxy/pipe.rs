@@ -3,10 +3,10 @@
 //! between the upstream's and the client's dialect, and the verdict on how the upstream
 //! body ended.
 //!
-//! Three paths: the same dialect in and out (the fast path: events forwarded with the model
-//! echo rewritten, Chat Completions chunks' top-level `model`, Messages `message.model`);
-//! a Chat Completions client on an Anthropic provider (the Chat translator in
-//! `providers::anthropic`); any other pair through [`protocol::StreamTranslator`].
+//! Two paths: the same dialect in and out (the fast path: events forwarded with the model
+//! echo rewritten, Chat Completions chunks' top-level `model`, Messages `message.model`),
+//! or any other pair through [`protocol::StreamTranslator`]. The pipe names no provider
+//! kind and no dialect module: it only chooses these objects.
 //!
 //! The pump in `attempt.rs` feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
@@ -16,11 +16,11 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::config::{ProviderKind, Route};
+use crate::config::Route;
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
 use crate::providers::encoding::{ContentCoding, Decoder};
-use crate::providers::{anthropic, openai};
+use crate::providers::openai;
 use crate::sse::{self, ModelPath, ModelRewriter, SseError, SseNormalizer};
 
 /// The client-facing stream terminator.
@@ -59,9 +59,7 @@ pub(super) struct StreamPipe<'r> {
     route: &'r Route,
     /// The client's dialect.
     client: Dialect,
-    /// Chat Completions client on an Anthropic provider.
-    translator: Option<anthropic::StreamTranslator>,
-    /// Any other pair of different dialects.
+    /// Upstream and client dialects differ: the translator (`None` = the fast path).
     protocol: Option<protocol::StreamTranslator>,
     /// The same-dialect model echo when it is not the route's (Chat) one: Messages
     /// streams name the model in `message_start`'s `message.model`.
@@ -105,24 +103,15 @@ impl<'r> StreamPipe<'r> {
         created_unix_s: u64,
     ) -> Result<Self, PipeError> {
         let upstream = route.provider.kind.dialect();
-        let translator = (client == Dialect::ChatCompletions
-            && route.provider.kind == ProviderKind::Anthropic)
-            .then(|| {
-                anthropic::StreamTranslator::new(standard_model, created_unix_s, include_usage)
-            });
-        let protocol = if client == Dialect::ChatCompletions {
-            None
-        } else {
-            protocol::StreamTranslator::new(
-                upstream,
-                client,
-                &protocol::StreamOptions {
-                    model: standard_model.to_string(),
-                    created: created_unix_s,
-                    include_usage,
-                },
-            )
-        };
+        let protocol = protocol::StreamTranslator::new(
+            upstream,
+            client,
+            &protocol::StreamOptions {
+                model: standard_model.to_string(),
+                created: created_unix_s,
+                include_usage,
+            },
+        );
         let rewriter = (client == Dialect::Messages && protocol.is_none())
             .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
         let decoder = match coding {
@@ -138,7 +127,6 @@ impl<'r> StreamPipe<'r> {
             normalizer: SseNormalizer::new(max_event_bytes),
             route,
             client,
-            translator,
             protocol,
             rewriter,
             echo: sse::EchoMemo::default(),
@@ -217,48 +205,11 @@ impl<'r> StreamPipe<'r> {
         while let Some(ev) = self.normalizer.next_event() {
             let Some(data) = ev.data() else {
                 // Comments and field-only events pass through (same-dialect path only).
-                if self.translator.is_none() && self.protocol.is_none() {
+                if self.protocol.is_none() {
                     self.out.extend_from_slice(ev.raw());
                 }
                 continue;
             };
-            if let Some(t) = self.translator.as_mut() {
-                let before = self.out.len();
-                match t.on_event(ev.event_name().map(str::as_bytes), &data, &mut self.out) {
-                    Ok(()) => {}
-                    Err(anthropic::TranslateError::Upstream {
-                        error_type,
-                        message,
-                    }) => {
-                        return Err(PipeError::Upstream {
-                            kind: ErrorKind::Api,
-                            error_type,
-                            message,
-                        })
-                    }
-                    Err(e) => {
-                        return Err(PipeError::Framing {
-                            reason: "upstream_error",
-                            message: e.to_string(),
-                        })
-                    }
-                }
-                if self.out.len() > before {
-                    self.data_events += 1;
-                    if sse::has_content(&self.out[before..]) {
-                        self.content_events += 1;
-                        self.first_content = true;
-                    }
-                }
-                let (i, o) = t.usage();
-                if i > 0 || o > 0 {
-                    self.usage = Some(sse::Usage {
-                        input_tokens: i,
-                        output_tokens: o,
-                    });
-                }
-                continue;
-            }
             if let Some(t) = self.protocol.as_mut() {
                 let before = self.out.len();
                 let content_before = t.content_events();
@@ -267,7 +218,7 @@ impl<'r> StreamPipe<'r> {
                     Err(ProtocolError::Upstream { kind, message }) => {
                         return Err(PipeError::Upstream {
                             kind,
-                            error_type: String::new(),
+                            error_type: kind.openai_type().to_string(),
                             message,
                         })
                     }
@@ -359,10 +310,9 @@ impl<'r> StreamPipe<'r> {
         if self.finished() {
             return Ok(());
         }
-        let stopped = match (self.translator.as_ref(), self.protocol.as_ref()) {
-            (Some(t), _) => t.has_stop_reason(),
-            (None, Some(t)) => t.has_stop_reason(),
-            (None, None) => self.finish_seen,
+        let stopped = match self.protocol.as_ref() {
+            Some(t) => t.has_stop_reason(),
+            None => self.finish_seen,
         };
         if !stopped {
             return Err(PipeError::Framing {
@@ -374,16 +324,12 @@ impl<'r> StreamPipe<'r> {
             });
         }
         // Complete, only the terminator is missing: add exactly one.
-        match (self.translator.as_mut(), self.protocol.as_mut()) {
-            (Some(t), _) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
+        match self.protocol.as_mut() {
+            Some(t) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
                 reason: "upstream_error",
                 message: e.to_string(),
             })?,
-            (None, Some(t)) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
-                reason: "upstream_error",
-                message: e.to_string(),
-            })?,
-            (None, None) => {
+            None => {
                 self.out
                     .extend_from_slice(if self.client == Dialect::Messages {
                         MESSAGE_STOP_EVENT
@@ -420,10 +366,6 @@ impl<'r> StreamPipe<'r> {
     /// nothing after it is for the client, so no heartbeat may follow it.
     pub fn finished(&self) -> bool {
         self.done
-            || self
-                .translator
-                .as_ref()
-                .is_some_and(anthropic::StreamTranslator::is_finished)
             || self
                 .protocol
                 .as_ref()

@@ -13,6 +13,7 @@
 //! cannot fit in what is left of the bound right now is refused at its head (before
 //! `100 Continue`), without reserving anything.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -200,9 +201,12 @@ pub struct InferenceRequest {
     /// The request object as sent (forwarded with `model` replaced per attempt when the
     /// upstream speaks the client's dialect; empty for Responses, which no upstream speaks).
     pub body: Map<String, Value>,
-    /// The canonical request, decoded once per request (not per attempt) for translation;
-    /// `None` for Chat Completions clients (their translation reads `body`).
-    pub canonical: Option<protocol::Request>,
+    /// The canonical request, decoded once per request (not per attempt) for translation:
+    /// at parse time for Messages and Responses, on the first translated attempt for Chat
+    /// Completions (an OpenAI-compatible route forwards `body` and never needs it, nor
+    /// refuses what only another dialect cannot carry). Read it with
+    /// [`canonical`](Self::canonical).
+    pub canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
     /// The client's `anthropic-beta` header, forwarded to Anthropic upstreams.
     pub anthropic_beta: Option<String>,
     /// The standard model asked for.
@@ -215,6 +219,22 @@ pub struct InferenceRequest {
     pub needs: RouteNeeds,
     /// The client's provider preference.
     pub preference: Option<Preference>,
+}
+
+impl InferenceRequest {
+    /// The canonical request, decoded from `body` on first use.
+    ///
+    /// # Errors
+    /// What the protocol layer refuses in the client's request (a 400 naming the field).
+    pub fn canonical(&self) -> Result<&protocol::Request, &protocol::ProtocolError> {
+        self.canonical
+            .get_or_init(|| {
+                let bytes = serde_json::to_vec(&self.body)
+                    .map_err(|e| protocol::ProtocolError::InvalidUpstream(e.to_string()))?;
+                protocol::decode_request(self.dialect, &bytes)
+            })
+            .as_ref()
+    }
 }
 
 /// Parses and validates a chat request body.
@@ -314,7 +334,7 @@ pub fn parse_chat(
     Ok(InferenceRequest {
         dialect: Dialect::ChatCompletions,
         body: map,
-        canonical: None,
+        canonical: OnceLock::new(),
         anthropic_beta: None,
         model,
         stream,
@@ -411,7 +431,7 @@ pub fn parse_dialect(
         model: canonical.model.clone(),
         stream: canonical.stream,
         include_usage: canonical.include_usage,
-        canonical: Some(canonical),
+        canonical: OnceLock::from(Ok(canonical)),
         anthropic_beta: None,
         needs,
         preference,
