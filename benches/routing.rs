@@ -62,6 +62,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
         strategy,
         first_event_timeout: None,
         early_commit_after: None,
+        default_max_tokens: 4096,
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
         routes,

@@ -239,6 +239,9 @@ pub struct Model {
     pub first_event_timeout: Option<Duration>,
     /// Early-commit opt-in.
     pub early_commit_after: Option<Duration>,
+    /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
+    /// the upstream API requires one (Anthropic Messages), tokens.
+    pub default_max_tokens: u64,
     /// Sell price, USD per million input tokens.
     pub input_usd_per_mtok: Option<f64>,
     /// Sell price, USD per million output tokens.

@@ -289,6 +289,17 @@ pub enum ProviderKind {
     Demo,
 }
 
+impl ProviderKind {
+    /// The wire API the provider speaks: OpenAI-compatible and demo providers speak Chat
+    /// Completions, Anthropic speaks Messages.
+    pub fn dialect(self) -> crate::protocol::Dialect {
+        match self {
+            ProviderKind::Openai | ProviderKind::Demo => crate::protocol::Dialect::ChatCompletions,
+            ProviderKind::Anthropic => crate::protocol::Dialect::Messages,
+        }
+    }
+}
+
 /// `providers.<id>`: one provider endpoint and account.
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
@@ -409,6 +420,10 @@ pub struct ModelSection {
     /// Opt in to sending `200` + heartbeats when the first event is slower than this, ms.
     #[serde(default)]
     pub early_commit_after_ms: Option<u64>,
+    /// Output-token limit sent upstream when the client gave none and the provider's API
+    /// requires one (Anthropic Messages `max_tokens`), tokens; default 4096.
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,

@@ -18,6 +18,9 @@ use crate::auth::{hash_key, Caller, KeyTable};
 use crate::secret::Secret;
 use crate::sse::ModelRewriter;
 
+/// `models.<id>.default_max_tokens` when not set, tokens.
+const DEFAULT_MAX_TOKENS: u64 = 4096;
+
 /// Where each section came from, for error locations.
 struct Sources {
     /// (file, text) of every file read, main file first.
@@ -291,6 +294,7 @@ fn merge(
         entry.strategy = entry.strategy.or(m.strategy);
         entry.first_event_timeout_ms = entry.first_event_timeout_ms.or(m.first_event_timeout_ms);
         entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
+        entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
     }
@@ -693,6 +697,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 strategy: m.strategy.unwrap_or_default(),
                 first_event_timeout: m.first_event_timeout_ms.map(ms),
                 early_commit_after: m.early_commit_after_ms.map(ms),
+                default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
                 routes,

@@ -520,6 +520,16 @@ impl ErrorKind {
         }
     }
 
+    /// Anthropic's error `type` for the kind (`overloaded_error`, ...).
+    pub fn anthropic_type(self) -> &'static str {
+        json::anthropic_type(self)
+    }
+
+    /// OpenAI's error `type` for the kind (`rate_limit_error`, `api_error`, ...).
+    pub fn openai_type(self) -> &'static str {
+        json::openai_type(self)
+    }
+
     /// The canonical HTTP status of the kind (Anthropic's table).
     pub fn status(self) -> u16 {
         match self {

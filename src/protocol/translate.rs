@@ -46,6 +46,8 @@ pub struct StreamTranslator {
     client: Dialect,
     /// Canonical content events seen (text, reasoning, tool call, arguments).
     content_events: u64,
+    /// A [`StreamEvent::Stop`](super::StreamEvent::Stop) was translated.
+    stopped: bool,
 }
 
 impl StreamTranslator {
@@ -71,6 +73,7 @@ impl StreamTranslator {
             encoder,
             client,
             content_events: 0,
+            stopped: false,
         })
     }
 
@@ -95,9 +98,13 @@ impl StreamTranslator {
     ) -> Result<(), ProtocolError> {
         let encoder = &mut self.encoder;
         let content_events = &mut self.content_events;
+        let stopped = &mut self.stopped;
         let mut emit = |ev: &super::StreamEvent<'_>| {
             if ev.is_content() {
                 *content_events += 1;
+            }
+            if matches!(ev, super::StreamEvent::Stop { .. }) {
+                *stopped = true;
             }
             match encoder {
                 Encoder::Chat(e) => {
@@ -111,6 +118,34 @@ impl StreamTranslator {
         match &mut self.decoder {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),
             Decoder::Messages(d) => d.decode(event, data, &mut emit),
+        }
+    }
+
+    /// Whether the upstream said why generation stopped (a finish reason, a
+    /// `message_delta` stop reason): the answer is complete even when the
+    /// upstream body ends before its terminator.
+    pub fn has_stop_reason(&self) -> bool {
+        self.stopped
+    }
+
+    /// Ends the client stream as the upstream terminator (`[DONE]`,
+    /// `message_stop`) would, for an upstream body that ended cleanly after
+    /// its stop reason but without the terminator. Does nothing once finished.
+    ///
+    /// # Errors
+    /// As [`on_event`](Self::on_event).
+    pub fn finish(&mut self, out: &mut BytesMut) -> Result<(), ProtocolError> {
+        if self.is_finished() {
+            return Ok(());
+        }
+        let ev = super::StreamEvent::End;
+        match &mut self.encoder {
+            Encoder::Chat(e) => {
+                e.encode(&ev, out);
+                Ok(())
+            }
+            Encoder::Messages(e) => e.encode(&ev, out),
+            Encoder::Responses(e) => e.encode(&ev, out),
         }
     }
 

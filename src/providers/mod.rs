@@ -1,6 +1,7 @@
 //! Owns how Sluice talks to a provider: the `HttpPeer` for an attempt (address, TLS, SNI,
-//! ALPN, connect timeout), the upstream request head (path, `Host`, provider auth), and the
-//! per-kind request body (OpenAI as is with the upstream model; Anthropic translated).
+//! ALPN, connect timeout) and the upstream request head (path, `Host`, provider auth). The
+//! request body is the protocol layer's ([`crate::protocol`]): as is with the upstream model
+//! when the provider speaks the client's dialect, else translated.
 //!
 //! Provider host names are resolved asynchronously with a short-lived cache (Pingora's
 //! `HttpPeer::new` would do a blocking lookup and panic on failure).

@@ -28,8 +28,9 @@ use super::respond;
 use crate::config::{HopTimeouts, Model, Provider, ProviderKind, Route};
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
+use crate::protocol::{self, Dialect};
 use crate::providers::encoding::{ContentCoding, DecodeError, Decoder};
-use crate::providers::{self, anthropic, openai};
+use crate::providers::{self, openai};
 use crate::routing::Candidate;
 use crate::sse;
 
@@ -204,23 +205,32 @@ pub async fn run(
     Ok(())
 }
 
-/// Serializes the request for the route's provider kind.
-fn upstream_body(req: &InferenceRequest, route: &Route) -> Result<Vec<u8>, GatewayError> {
-    match route.provider.kind {
-        ProviderKind::Openai | ProviderKind::Demo => {
-            openai::request_body(&req.body, &route.upstream_model)
-                .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")))
-        }
-        ProviderKind::Anthropic => {
-            anthropic::chat_object_to_messages(&req.body, &route.upstream_model).map_err(|e| {
-                if e.is_client_error() {
-                    GatewayError::invalid(e.to_string(), e.field())
-                } else {
-                    GatewayError::Internal(e.to_string())
-                }
-            })
-        }
+/// Serializes the request for the route's provider: as is (only `model` replaced) when
+/// the provider speaks the client's dialect, else encoded from the canonical request with
+/// the protocol layer.
+fn upstream_body(
+    req: &InferenceRequest,
+    model: &Model,
+    route: &Route,
+) -> Result<Vec<u8>, GatewayError> {
+    let upstream = route.provider.kind.dialect();
+    if req.dialect == upstream {
+        return openai::request_body(&req.body, &route.upstream_model)
+            .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
+    let refused = |e: &protocol::ProtocolError| {
+        if e.is_client_error() {
+            GatewayError::invalid(e.to_string(), e.field())
+        } else {
+            GatewayError::Internal(e.to_string())
+        }
+    };
+    let canonical = req.canonical().map_err(refused)?;
+    let opts = protocol::UpstreamOptions {
+        model: &route.upstream_model,
+        default_max_tokens: model.default_max_tokens,
+    };
+    protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }
 
 fn failed(route: &Route, failure: AttemptFailure, detail: String, err: GatewayError) -> Attempt {
@@ -271,7 +281,7 @@ async fn attempt(
 ) -> Attempt {
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
-    let body = match upstream_body(req, route) {
+    let body = match upstream_body(req, model, route) {
         Ok(b) => Bytes::from(b),
         Err(e) => return Attempt::Final(e),
     };
@@ -299,6 +309,19 @@ async fn attempt(
             return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}")))
         }
     };
+    let mut head = head;
+    if let Some(beta) = req
+        .anthropic_beta
+        .as_deref()
+        .filter(|_| provider.kind == ProviderKind::Anthropic)
+    {
+        if head.insert_header("anthropic-beta", beta).is_err() {
+            return Attempt::Final(GatewayError::invalid(
+                "the `anthropic-beta` header is not a valid header value",
+                None,
+            ));
+        }
+    }
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
     let mut fresh_tries = 0;
@@ -394,7 +417,16 @@ async fn attempt(
             .headers
             .get("retry-after")
             .and_then(|v| parse_retry_after(v.as_bytes()));
-        return upstream_error(session, &mut up, route, status, retry_after, timeouts).await;
+        return upstream_error(
+            session,
+            &mut up,
+            route,
+            status,
+            retry_after,
+            timeouts,
+            ctx.dialect,
+        )
+        .await;
     }
     if !req.stream && is_event_stream(resp.headers.get("content-type").map(|v| v.as_bytes())) {
         // A provider that ignored `stream: false`: its events are no chat completion object,
@@ -483,6 +515,7 @@ async fn upstream_error(
     status: u16,
     retry_after: Option<Duration>,
     timeouts: HopTimeouts,
+    client: Dialect,
 ) -> Attempt {
     let provider = &route.provider;
     let mut body = Vec::new();
@@ -527,7 +560,7 @@ async fn upstream_error(
         }
     }
     up.shutdown().await;
-    let err = normalize_upstream_error(provider, status, &body, retry_after);
+    let err = normalize_upstream_error(provider, status, &body, retry_after, client);
     if retryable_status(status) {
         failed(
             route,
@@ -541,19 +574,22 @@ async fn upstream_error(
 }
 
 /// An upstream error body in OpenAI's shape, provider keys scrubbed. A provider's 401/403 is
-/// about the gateway's credentials, not the client's: the client gets 502.
+/// about the gateway's credentials, not the client's: the client gets 502. Anthropic's 529
+/// stays 529 for Messages clients (their API has it) and is a 503 for the others.
 fn normalize_upstream_error(
     provider: &Provider,
     status: u16,
     body: &[u8],
     retry_after: Option<Duration>,
+    client: Dialect,
 ) -> GatewayError {
-    let (error_type, code, message) = match provider.kind {
-        ProviderKind::Anthropic => {
-            let (t, m) = anthropic::error_to_openai(status, body);
-            (t, None, m)
+    let (error_type, code, message) = match provider.kind.dialect() {
+        // OpenAI-compatible bodies pass through with their own type and code.
+        Dialect::ChatCompletions => openai::error_parts(status, body),
+        up => {
+            let (kind, message) = protocol::decode_error_body(up, status, body);
+            (kind.openai_type().to_string(), None, message)
         }
-        ProviderKind::Openai | ProviderKind::Demo => openai::error_parts(status, body),
     };
     let message = providers::scrub_key(provider, &message);
     // Every field the client sees is scrubbed, not only the message.
@@ -569,7 +605,11 @@ fn normalize_upstream_error(
         };
     }
     // Anthropic's 529 "overloaded" is a 503 to OpenAI clients.
-    let status = if status == 529 { 503 } else { status };
+    let status = if status == 529 && client != Dialect::Messages {
+        503
+    } else {
+        status
+    };
     GatewayError::Upstream {
         status,
         error_type,
@@ -703,28 +743,36 @@ async fn unary(
         body = BytesMut::from(&repaired[..]);
     }
     let standard = ctx.standard_model.clone().unwrap_or_default();
-    let out: Vec<u8> = match route.provider.kind {
-        ProviderKind::Anthropic => {
-            match anthropic::messages_response_to_chat(&body, &standard, unix_now()) {
-                Ok(b) => b,
-                Err(e) => {
-                    let err = GatewayError::UpstreamUnavailable {
-                        message: format!(
-                            "provider `{}` sent an unreadable answer: {e}",
-                            route.provider.id
-                        ),
-                        retry_after: None,
-                    };
-                    let _ = respond::write_error(session, ctx, &err).await;
-                    return Attempt::Done;
-                }
-            }
-        }
-        ProviderKind::Openai | ProviderKind::Demo => {
+    let upstream = route.provider.kind.dialect();
+    let out: Vec<u8> = match (ctx.dialect, upstream) {
+        (client, up) if client == up => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
             route.rewriter.rewrite_json(&body, &mut out);
             out.to_vec()
         }
+        (client, up) => match protocol::decode_response(up, &body, unix_now()) {
+            Ok(mut resp) => {
+                resp.model.clone_from(&standard);
+                ctx.outcome.input_tokens = resp.usage.input_tokens;
+                ctx.outcome.output_tokens = resp.usage.output_tokens;
+                protocol::encode_response(client, &resp)
+            }
+            Err(e) => {
+                let err = GatewayError::UpstreamUnavailable {
+                    message: providers::scrub_key(
+                        &route.provider,
+                        &format!(
+                            "provider `{}` sent an unreadable answer: {}",
+                            route.provider.id,
+                            e.message()
+                        ),
+                    ),
+                    retry_after: None,
+                };
+                let _ = respond::write_error(session, ctx, &err).await;
+                return Attempt::Done;
+            }
+        },
     };
     if let Some(u) = sse::extract_usage(&out) {
         ctx.outcome.input_tokens = u.input_tokens;
@@ -787,6 +835,7 @@ async fn stream(
     let server = &ctx.config.server;
     let mut pipe = match StreamPipe::new(
         route,
+        ctx.dialect,
         &standard,
         req.include_usage,
         coding,
@@ -854,6 +903,7 @@ async fn stream(
                     Err(PipeError::Upstream {
                         error_type,
                         message,
+                        ..
                     }) => {
                         up.shutdown().await;
                         let err = GatewayError::Upstream {
@@ -1038,12 +1088,10 @@ async fn stream(
                             .heartbeats_total
                             .with_label_values(&[route.provider.id.as_str()])
                             .inc();
-                        ctx.outcome.bytes_out += sse::KEEPALIVE_COMMENT.len() as u64;
+                        let beat = protocol::heartbeat(ctx.dialect);
+                        ctx.outcome.bytes_out += beat.len() as u64;
                         if session
-                            .write_response_body(
-                                Some(Bytes::from_static(sse::KEEPALIVE_COMMENT)),
-                                false,
-                            )
+                            .write_response_body(Some(Bytes::from_static(beat)), false)
                             .await
                             .is_err()
                         {
@@ -1147,6 +1195,7 @@ async fn stream(
         None => Box::pin(release_or_close(connector, up, peer)).await,
         Some(StreamError {
             reason,
+            kind,
             error_type,
             message,
         }) => {
@@ -1173,7 +1222,7 @@ async fn stream(
                     return Attempt::Gone(ClientGone("streaming"));
                 }
             }
-            let ev = sse::openai_error_event(&message, &error_type, reason);
+            let ev = pipe.error_event(kind, &error_type, &message, reason);
             ctx.outcome.bytes_out += ev.len() as u64;
             if !matches!(
                 reason,
@@ -1280,6 +1329,8 @@ async fn release_or_close(
 struct StreamError {
     /// `sluice_stream_errors_total` reason, and the event's `code`.
     reason: &'static str,
+    /// Canonical kind (types the error event of non-Chat clients).
+    kind: protocol::ErrorKind,
     /// OpenAI error type: the provider's own for an in-band error, else `api_error`.
     error_type: String,
     /// What the client is told.
@@ -1291,6 +1342,11 @@ impl StreamError {
     fn gateway(reason: &'static str, message: String) -> Self {
         Self {
             reason,
+            kind: match reason {
+                "shutdown" => protocol::ErrorKind::Overloaded,
+                "idle_timeout" | "first_event_timeout" => protocol::ErrorKind::Timeout,
+                _ => protocol::ErrorKind::Api,
+            },
             error_type: "api_error".into(),
             message,
         }
@@ -1314,10 +1370,12 @@ fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamE
 fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
     match e {
         PipeError::Upstream {
+            kind,
             error_type,
             message,
         } => StreamError {
             reason: "upstream_error",
+            kind,
             error_type: providers::scrub_key(&route.provider, &error_type),
             message: providers::scrub_key(&route.provider, &message),
         },

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::auth::Caller;
 use crate::config::Config;
 use crate::error::AttemptError;
+use crate::protocol::Dialect;
 
 /// What finally happened, for the access log and metrics.
 #[derive(Debug, Default, Clone)]
@@ -71,6 +72,9 @@ pub struct RequestCtx {
     pub standard_model: Option<String>,
     /// Whether the client asked for a stream.
     pub stream: bool,
+    /// The wire API the client speaks (set by the endpoint): errors Sluice writes, the
+    /// in-stream error event and heartbeats are in it.
+    pub dialect: Dialect,
     /// Failed attempts in order.
     pub attempts: Vec<AttemptError>,
     /// Number of upstream attempts made (failed or not, same-route retries included).
@@ -102,6 +106,7 @@ impl RequestCtx {
             caller: None,
             standard_model: None,
             stream: false,
+            dialect: Dialect::ChatCompletions,
             attempts: Vec::new(),
             attempt_count: 0,
             failed_routes: 0,

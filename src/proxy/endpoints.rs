@@ -2,11 +2,16 @@
 //!
 //! - `POST /v1/chat/completions`: OpenAI Chat Completions, streaming or not
 //!   (<https://platform.openai.com/docs/api-reference/chat/create>).
+//! - `POST /v1/messages`: Anthropic Messages, streaming or not
+//!   (<https://docs.anthropic.com/en/api/messages>); auth by `x-api-key` or Bearer,
+//!   `anthropic-version` accepted, `anthropic-beta` forwarded to Anthropic upstreams.
+//! - `POST /v1/responses`: OpenAI Responses, stateless, streaming or not
+//!   (<https://platform.openai.com/docs/api-reference/responses/create>).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,
 //!   in OpenAI's list format (<https://platform.openai.com/docs/api-reference/models/list>).
 //!
 //! Everything else is a 404 (unknown path) or 405 (known path, wrong method) in OpenAI's error
-//! shape. The `/v1` prefix is optional, as SDK base URLs differ.
+//! shape (Anthropic's for `/v1/messages`). The `/v1` prefix is optional, as SDK base URLs differ.
 
 use pingora::proxy::Session;
 use serde_json::json;
@@ -18,6 +23,7 @@ use super::{respond, Gateway};
 use crate::auth::{presented_key, Caller};
 use crate::backpressure::Admission;
 use crate::error::GatewayError;
+use crate::protocol::Dialect;
 use crate::routing;
 
 /// Handles one downstream request end to end (the response is written when this returns
@@ -34,8 +40,13 @@ pub async fn handle(
     let path = session.req_header().uri.path().to_string();
     let path = path.strip_prefix("/v1").unwrap_or(&path);
     let result = match (path, method.as_str()) {
-        ("/chat/completions", "POST") => chat(gw, session, ctx).await,
-        ("/chat/completions", _) => Err(GatewayError::MethodNotAllowed(method.clone()).into()),
+        ("/chat/completions", "POST") => infer(gw, session, ctx, Dialect::ChatCompletions).await,
+        ("/messages", "POST") => infer(gw, session, ctx, Dialect::Messages).await,
+        ("/responses", "POST") => infer(gw, session, ctx, Dialect::Responses).await,
+        ("/chat/completions" | "/messages" | "/responses", _) => {
+            ctx.dialect = dialect_of(path);
+            Err(GatewayError::MethodNotAllowed(method.clone()).into())
+        }
         ("/models", "GET") => models(gw, session, ctx, None).await,
         (p, "GET") if p.starts_with("/models/") => {
             // SDKs percent-encode the `/` of ids like `openai/gpt-4o-mini`.
@@ -64,6 +75,15 @@ pub async fn handle(
                 .await
                 .map_err(|_| ClientGone("writing"))
         }
+    }
+}
+
+/// The client dialect of an inference path (after the `/v1` prefix).
+fn dialect_of(path: &str) -> Dialect {
+    match path {
+        "/messages" => Dialect::Messages,
+        "/responses" => Dialect::Responses,
+        _ => Dialect::ChatCompletions,
     }
 }
 
@@ -168,13 +188,21 @@ fn body_aborted(ctx: &RequestCtx, reason: &'static str) {
     );
 }
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`, `POST /v1/messages`, `POST /v1/responses`: the same
+/// pipeline for every client dialect; only parsing differs (Chat Completions keeps its own
+/// parse, the others decode once into the canonical request).
 ///
 /// Order: authenticate (head), the tenant-wide concurrency slot (head, before any body byte
 /// is buffered), the body (bounded in size, in global buffer bytes and in time), parse,
 /// the rest of admission, the attempt loop. The body's buffer reservation is held until the
 /// attempt loop ends, since the parsed request is replayed to every candidate.
-async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ChatError> {
+async fn infer(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    dialect: Dialect,
+) -> Result<(), ChatError> {
+    ctx.dialect = dialect;
     let caller = authenticate(gw, session, ctx)?;
     let config = ctx.config.clone();
     let slot = gw
@@ -218,7 +246,16 @@ async fn chat(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> Resu
         bytes,
         reservation: _reservation,
     } = held;
-    let req = request::parse_chat(&bytes, pref_header.as_deref(), &config)?;
+    let mut req = match dialect {
+        Dialect::ChatCompletions => request::parse_chat(&bytes, pref_header.as_deref(), &config)?,
+        d => request::parse_dialect(d, &bytes, pref_header.as_deref(), &config)?,
+    };
+    req.anthropic_beta = session
+        .req_header()
+        .headers
+        .get("anthropic-beta")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     // The raw bytes go; their reservation stays (to the end of this function) for the
     // parsed copy every attempt serializes from.
     drop(bytes);

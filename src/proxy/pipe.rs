@@ -1,6 +1,12 @@
 //! Owns the per-stream transform of a streaming answer on its way to the client: content
-//! decoding, SSE re-framing (UTF-8 repair included), the model echo or the Anthropic
-//! translation, and the verdict on how the upstream body ended.
+//! decoding, SSE re-framing (UTF-8 repair included), the model echo or the translation
+//! between the upstream's and the client's dialect, and the verdict on how the upstream
+//! body ended.
+//!
+//! Two paths: the same dialect in and out (the fast path: events forwarded with the model
+//! echo rewritten, Chat Completions chunks' top-level `model`, Messages `message.model`),
+//! or any other pair through [`protocol::StreamTranslator`]. The pipe names no provider
+//! kind and no dialect module: it only chooses these objects.
 //!
 //! The pump in `attempt.rs` feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
@@ -10,20 +16,25 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::config::{ProviderKind, Route};
+use crate::config::Route;
 use crate::metrics::metrics;
+use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
 use crate::providers::encoding::{ContentCoding, Decoder};
-use crate::providers::{anthropic, openai};
-use crate::sse::{self, SseError, SseNormalizer};
+use crate::providers::openai;
+use crate::sse::{self, ModelPath, ModelRewriter, SseError, SseNormalizer};
 
 /// The client-facing stream terminator.
 const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+/// The Messages stream terminator (added when an Anthropic stream stopped without it).
+const MESSAGE_STOP_EVENT: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
 /// Why a stream cannot go on.
 #[derive(Debug)]
 pub(super) enum PipeError {
     /// The upstream sent an in-band error event (error type already OpenAI-shaped).
     Upstream {
+        /// Canonical kind (the client's in-stream error event is typed by it).
+        kind: ErrorKind,
         /// OpenAI error type: the provider's own (`overloaded_error`, `rate_limit_error`, ...).
         error_type: String,
         /// The provider's message.
@@ -47,7 +58,13 @@ pub(super) struct StreamPipe<'r> {
     max_decoded: usize,
     normalizer: SseNormalizer,
     route: &'r Route,
-    translator: Option<anthropic::StreamTranslator>,
+    /// The client's dialect.
+    client: Dialect,
+    /// Upstream and client dialects differ: the translator (`None` = the fast path).
+    protocol: Option<protocol::StreamTranslator>,
+    /// The same-dialect model echo when it is not the route's (Chat) one: Messages
+    /// streams name the model in `message_start`'s `message.model`.
+    rewriter: Option<ModelRewriter>,
     /// Where this stream's events name the model (see [`sse::EchoMemo`]).
     echo: sse::EchoMemo,
     /// Output for the client, taken with [`take`](Self::take).
@@ -72,8 +89,13 @@ impl<'r> StreamPipe<'r> {
     ///
     /// # Errors
     /// [`PipeError::Framing`] if the decoder cannot be set up.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the stream's parameters are passed explicitly"
+    )]
     pub fn new(
         route: &'r Route,
+        client: Dialect,
         standard_model: &str,
         include_usage: bool,
         coding: ContentCoding,
@@ -81,9 +103,18 @@ impl<'r> StreamPipe<'r> {
         max_buffered_bytes: usize,
         created_unix_s: u64,
     ) -> Result<Self, PipeError> {
-        let translator = (route.provider.kind == ProviderKind::Anthropic).then(|| {
-            anthropic::StreamTranslator::new(standard_model, created_unix_s, include_usage)
-        });
+        let upstream = route.provider.kind.dialect();
+        let protocol = protocol::StreamTranslator::new(
+            upstream,
+            client,
+            &protocol::StreamOptions {
+                model: standard_model.to_string(),
+                created: created_unix_s,
+                include_usage,
+            },
+        );
+        let rewriter = (client == Dialect::Messages && protocol.is_none())
+            .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
         let decoder = match coding {
             ContentCoding::Identity => None,
             c => Some(Decoder::new(c).map_err(|e| PipeError::Framing {
@@ -96,7 +127,9 @@ impl<'r> StreamPipe<'r> {
             max_decoded: max_event_bytes.saturating_add(max_buffered_bytes),
             normalizer: SseNormalizer::new(max_event_bytes),
             route,
-            translator,
+            client,
+            protocol,
+            rewriter,
             echo: sse::EchoMemo::default(),
             // Small: thousands of held streams each own one; it grows with the events.
             out: BytesMut::with_capacity(512),
@@ -172,22 +205,21 @@ impl<'r> StreamPipe<'r> {
     fn drain(&mut self) -> Result<(), PipeError> {
         while let Some(ev) = self.normalizer.next_event() {
             let Some(data) = ev.data() else {
-                // Comments and field-only events pass through (OpenAI path only).
-                if self.translator.is_none() {
+                // Comments and field-only events pass through (same-dialect path only).
+                if self.protocol.is_none() {
                     self.out.extend_from_slice(ev.raw());
                 }
                 continue;
             };
-            if let Some(t) = self.translator.as_mut() {
+            if let Some(t) = self.protocol.as_mut() {
                 let before = self.out.len();
-                match t.on_event(ev.event_name().map(str::as_bytes), &data, &mut self.out) {
+                let content_before = t.content_events();
+                match t.on_event(ev.event_name(), &data, &mut self.out) {
                     Ok(()) => {}
-                    Err(anthropic::TranslateError::Upstream {
-                        error_type,
-                        message,
-                    }) => {
+                    Err(ProtocolError::Upstream { kind, message }) => {
                         return Err(PipeError::Upstream {
-                            error_type,
+                            kind,
+                            error_type: kind.openai_type().to_string(),
                             message,
                         })
                     }
@@ -203,31 +235,47 @@ impl<'r> StreamPipe<'r> {
                 }
                 if self.out.len() > before {
                     self.data_events += 1;
-                    if sse::has_content(&self.out[before..]) {
-                        self.content_events += 1;
-                        self.first_content = true;
-                    }
                 }
-                let (i, o) = t.usage();
-                if i > 0 || o > 0 {
+                let content = t.content_events() - content_before;
+                if content > 0 {
+                    self.content_events += content;
+                    self.first_content = true;
+                }
+                let u = t.usage();
+                if u.input_tokens > 0 || u.output_tokens > 0 {
                     self.usage = Some(sse::Usage {
-                        input_tokens: i,
-                        output_tokens: o,
+                        input_tokens: u.input_tokens,
+                        output_tokens: u.output_tokens,
                     });
                 }
                 continue;
             }
             if self.done {
-                continue; // nothing after `[DONE]` is for the client
+                continue; // nothing after the terminator is for the client
             }
-            if ev.is_done() {
+            let messages = self.client == Dialect::Messages;
+            let terminal = if messages {
+                ev.event_name() == Some("message_stop")
+            } else {
+                ev.is_done()
+            };
+            if terminal {
                 self.out.extend_from_slice(ev.raw());
                 self.done = true;
                 continue;
             }
-            if ev.event_name() == Some("error") || data.starts_with(b"{\"error\"") {
+            if messages && ev.event_name() == Some("error") {
+                let (kind, message) = protocol::decode_error_body(Dialect::Messages, 502, &data);
+                return Err(PipeError::Upstream {
+                    kind,
+                    error_type: String::new(),
+                    message,
+                });
+            }
+            if !messages && (ev.event_name() == Some("error") || data.starts_with(b"{\"error\"")) {
                 let (error_type, _, message) = openai::error_parts(502, &data);
                 return Err(PipeError::Upstream {
+                    kind: ErrorKind::Api,
                     error_type,
                     message,
                 });
@@ -237,14 +285,25 @@ impl<'r> StreamPipe<'r> {
                 self.content_events += 1;
                 self.first_content = true;
             }
-            if !self.finish_seen && sse::has_finish_reason(&data) {
+            if !self.finish_seen
+                && if messages {
+                    ev.event_name() == Some("message_delta")
+                } else {
+                    sse::has_finish_reason(&data)
+                }
+            {
                 self.finish_seen = true;
             }
-            if let Some(u) = sse::extract_usage(&data) {
+            if let Some(mut u) = sse::extract_usage(&data) {
+                // Anthropic sends input tokens in `message_start`, output in `message_delta`.
+                if u.input_tokens == 0 {
+                    u.input_tokens = self.usage.map_or(0, |p| p.input_tokens);
+                }
                 self.usage = Some(u);
             }
-            self.route
-                .rewriter
+            self.rewriter
+                .as_ref()
+                .unwrap_or(&self.route.rewriter)
                 .rewrite_event(&ev, &mut self.echo, &mut self.out);
         }
         Ok(())
@@ -255,7 +314,7 @@ impl<'r> StreamPipe<'r> {
         if self.finished() {
             return Ok(());
         }
-        let stopped = match self.translator.as_ref() {
+        let stopped = match self.protocol.as_ref() {
             Some(t) => t.has_stop_reason(),
             None => self.finish_seen,
         };
@@ -269,7 +328,7 @@ impl<'r> StreamPipe<'r> {
             });
         }
         // Complete, only the terminator is missing: add exactly one.
-        match self.translator.as_mut() {
+        match self.protocol.as_mut() {
             Some(t) => t.finish(&mut self.out).map_err(|e| PipeError::Framing {
                 reason: "upstream_error",
                 message: format!(
@@ -278,11 +337,36 @@ impl<'r> StreamPipe<'r> {
                 ),
             })?,
             None => {
-                self.out.extend_from_slice(DONE_EVENT);
+                self.out
+                    .extend_from_slice(if self.client == Dialect::Messages {
+                        MESSAGE_STOP_EVENT
+                    } else {
+                        DONE_EVENT
+                    });
                 self.done = true;
             }
         }
         Ok(())
+    }
+
+    /// The in-stream error event that ends the client's stream, in its dialect (Chat
+    /// Completions: OpenAI's `event: error` frame with `code` = `reason`).
+    pub fn error_event(
+        &mut self,
+        kind: ErrorKind,
+        error_type: &str,
+        message: &str,
+        reason: &str,
+    ) -> Bytes {
+        if self.client == Dialect::ChatCompletions {
+            return sse::openai_error_event(message, error_type, reason);
+        }
+        let mut out = BytesMut::new();
+        match self.protocol.as_mut() {
+            Some(t) => t.error(kind, message, &mut out),
+            None => protocol::error_event(self.client, kind, message, &mut out),
+        }
+        out.freeze()
     }
 
     /// Whether the client-facing stream is complete (`[DONE]` forwarded or translated):
@@ -290,9 +374,9 @@ impl<'r> StreamPipe<'r> {
     pub fn finished(&self) -> bool {
         self.done
             || self
-                .translator
+                .protocol
                 .as_ref()
-                .is_some_and(anthropic::StreamTranslator::is_finished)
+                .is_some_and(protocol::StreamTranslator::is_finished)
     }
 
     /// The output gathered so far, for one downstream write.

@@ -13,6 +13,7 @@
 //! cannot fit in what is left of the bound right now is refused at its head (before
 //! `100 Continue`), without reserving anything.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,6 +25,7 @@ use crate::backpressure::buffers::COPIES_PER_BODY_BYTE;
 use crate::backpressure::{BufferReservation, BuffersFull, RequestBuffers};
 use crate::config::{Capability, Config};
 use crate::error::GatewayError;
+use crate::protocol::{self, Dialect};
 use crate::routing::{Preference, RouteNeeds};
 
 /// Header carrying the same JSON as the body's `provider` field.
@@ -191,11 +193,22 @@ fn grown_capacity(capacity: usize, need: usize, cap: usize) -> usize {
         .min(cap.max(need))
 }
 
-/// A parsed chat request.
+/// A parsed inference request, in any client dialect.
 #[derive(Debug)]
 pub struct InferenceRequest {
-    /// The request object as sent (forwarded with `model` replaced per attempt).
+    /// The wire API the client spoke (chosen by the endpoint).
+    pub dialect: Dialect,
+    /// The request object as sent (forwarded with `model` replaced per attempt when the
+    /// upstream speaks the client's dialect; empty for Responses, which no upstream speaks).
     pub body: Map<String, Value>,
+    /// The canonical request, decoded once per request (not per attempt) for translation:
+    /// at parse time for Messages and Responses, on the first translated attempt for Chat
+    /// Completions (an OpenAI-compatible route forwards `body` and never needs it, nor
+    /// refuses what only another dialect cannot carry). Read it with
+    /// [`canonical`](Self::canonical).
+    pub canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
+    /// The client's `anthropic-beta` header, forwarded to Anthropic upstreams.
+    pub anthropic_beta: Option<String>,
     /// The standard model asked for.
     pub model: String,
     /// `"stream": true`.
@@ -206,6 +219,22 @@ pub struct InferenceRequest {
     pub needs: RouteNeeds,
     /// The client's provider preference.
     pub preference: Option<Preference>,
+}
+
+impl InferenceRequest {
+    /// The canonical request, decoded from `body` on first use.
+    ///
+    /// # Errors
+    /// What the protocol layer refuses in the client's request (a 400 naming the field).
+    pub fn canonical(&self) -> Result<&protocol::Request, &protocol::ProtocolError> {
+        self.canonical
+            .get_or_init(|| {
+                let bytes = serde_json::to_vec(&self.body)
+                    .map_err(|e| protocol::ProtocolError::InvalidUpstream(e.to_string()))?;
+                protocol::decode_request(self.dialect, &bytes)
+            })
+            .as_ref()
+    }
 }
 
 /// Parses and validates a chat request body.
@@ -303,10 +332,107 @@ pub fn parse_chat(
             .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
     };
     Ok(InferenceRequest {
+        dialect: Dialect::ChatCompletions,
         body: map,
+        canonical: OnceLock::new(),
+        anthropic_beta: None,
         model,
         stream,
         include_usage,
+        needs,
+        preference,
+    })
+}
+
+/// Parses and validates an Anthropic Messages or OpenAI Responses request body: decoded
+/// once into the canonical request (routing takes `model` and `stream` from it). The
+/// provider preference comes from the [`PREFERENCE_HEADER`] header or a `provider` member.
+///
+/// # Errors
+/// 400 [`GatewayError::InvalidRequest`] naming the field for what the protocol layer
+/// refuses (malformed JSON, a missing `model`, `previous_response_id`, `store: true`, ...),
+/// or a bad provider preference.
+pub fn parse_dialect(
+    dialect: Dialect,
+    body: &[u8],
+    preference_header: Option<&[u8]>,
+    config: &Config,
+) -> Result<InferenceRequest, GatewayError> {
+    let canonical = protocol::decode_request(dialect, body)
+        .map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
+    if canonical.model.trim().is_empty() {
+        return Err(GatewayError::invalid(
+            "you must provide a `model` parameter",
+            Some("model"),
+        ));
+    }
+    // The raw object is forwarded as is when the upstream speaks the client's dialect
+    // (Messages to Anthropic); no upstream speaks Responses, so it is not kept.
+    let mut map = match dialect {
+        Dialect::Messages => match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(m)) => m,
+            _ => {
+                return Err(GatewayError::invalid(
+                    "request body must be a JSON object",
+                    None,
+                ))
+            }
+        },
+        Dialect::ChatCompletions | Dialect::Responses => Map::new(),
+    };
+    let mut preference = match map.remove("provider") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value::<Preference>(v).map_err(|e| {
+            GatewayError::invalid(format!("bad `provider` preference: {e}"), Some("provider"))
+        })?),
+    };
+    if let Some(h) = preference_header {
+        let p: Preference = serde_json::from_slice(h).map_err(|e| {
+            GatewayError::invalid(format!("bad {PREFERENCE_HEADER} header: {e}"), None)
+        })?;
+        preference = Some(p);
+    }
+    if let Some(p) = &preference {
+        if let Some(unknown) = p.names().find(|n| !config.providers.contains_key(*n)) {
+            return Err(GatewayError::invalid(
+                format!("unknown provider `{unknown}` in provider preference"),
+                Some("provider"),
+            ));
+        }
+    }
+    let mut caps = Vec::new();
+    if !canonical.tools.is_empty() || canonical.tool_choice.is_some() {
+        caps.push(Capability::Tools);
+    }
+    let vision = canonical.messages.iter().any(|m| {
+        m.parts
+            .iter()
+            .any(|p| matches!(p, protocol::Part::Image(_)))
+    });
+    if vision {
+        caps.push(Capability::Vision);
+    }
+    if matches!(
+        canonical.response_format,
+        Some(protocol::ResponseFormat::JsonSchema { .. })
+    ) {
+        caps.push(Capability::JsonSchema);
+    }
+    let needs = RouteNeeds {
+        capabilities: caps,
+        estimated_input_tokens: (body.len() as u64) / 4,
+        max_output_tokens: canonical
+            .max_output_tokens
+            .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
+    };
+    Ok(InferenceRequest {
+        dialect,
+        body: map,
+        model: canonical.model.clone(),
+        stream: canonical.stream,
+        include_usage: canonical.include_usage,
+        canonical: OnceLock::from(Ok(canonical)),
+        anthropic_beta: None,
         needs,
         preference,
     })

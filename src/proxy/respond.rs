@@ -1,5 +1,5 @@
-//! Owns responses Sluice writes itself: JSON bodies (model lists, OpenAI-style errors with
-//! `Retry-After`) and the response head of a proxied answer (SSE headers, route headers,
+//! Owns responses Sluice writes itself: JSON bodies (model lists, errors in the client's
+//! dialect with `Retry-After`) and the response head of a proxied answer (SSE headers, route headers,
 //! `x-request-id`). Both carry the tenant's `x-ratelimit-*` headers when it has limits.
 
 use bytes::Bytes;
@@ -8,6 +8,7 @@ use pingora::proxy::Session;
 
 use super::ctx::RequestCtx;
 use crate::error::{retry_after_header, GatewayError};
+use crate::protocol::{self, Dialect};
 
 /// Writes a complete JSON response.
 ///
@@ -39,7 +40,8 @@ pub async fn write_json(
         .await
 }
 
-/// Writes `err` as an OpenAI-style JSON error with its status and `Retry-After`.
+/// Writes `err` as a JSON error in the client's dialect (`ctx.dialect`: OpenAI's shape for
+/// Chat Completions and Responses, Anthropic's for Messages) with its status and `Retry-After`.
 ///
 /// # Errors
 /// When the downstream write fails.
@@ -58,7 +60,13 @@ pub async fn write_error(
         let get = session.req_header().uri.path().contains("/models");
         extra.push(("allow", if get { "GET" } else { "POST" }.to_string()));
     }
-    write_json(session, ctx, err.status(), err.to_json(), &extra).await
+    // Chat Completions clients keep the full OpenAI body (with `code`); the others get
+    // their own dialect's error shape.
+    let body = match ctx.dialect {
+        Dialect::ChatCompletions => err.to_json(),
+        d => protocol::error_body(d, err.status(), &err.to_string(), err.param()),
+    };
+    write_json(session, ctx, err.status(), body, &extra).await
 }
 
 /// The response head of a proxied answer: status, content type, `x-request-id`, route

@@ -281,6 +281,7 @@ mod tests {
             strategy,
             first_event_timeout: None,
             early_commit_after: None,
+            default_max_tokens: 4096,
             input_usd_per_mtok: None,
             output_usd_per_mtok: None,
             routes,

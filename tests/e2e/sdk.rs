@@ -28,7 +28,7 @@ fn python() -> PathBuf {
 }
 
 /// Runs `python args…` with a deadline; returns (success, stdout + stderr).
-fn run_python(args: &[&str], timeout: Duration) -> (bool, String) {
+pub(crate) fn run_python(args: &[&str], timeout: Duration) -> (bool, String) {
     let py = python();
     let mut child = Command::new(&py)
         .args(args)

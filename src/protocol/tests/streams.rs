@@ -259,3 +259,31 @@ fn content_events_count_generated_output_only() {
     assert_eq!(e.message(), "Overloaded");
     assert_eq!(e.status(), 529);
 }
+
+#[test]
+fn a_stream_stopped_without_its_terminator_is_finished_once() {
+    // The Anthropic stream up to `message_delta` (stop reason), without `message_stop`.
+    let wire = messages_stream(Scenario::Text);
+    let cut = wire
+        .find("event: message_stop")
+        .expect("message_stop in the fixture");
+    for client in [Dialect::ChatCompletions, Dialect::Responses] {
+        let mut t = StreamTranslator::new(Dialect::Messages, client, &opts(true)).unwrap();
+        let mut norm = crate::sse::SseNormalizer::new(1 << 20);
+        let mut out = BytesMut::new();
+        norm.push(&wire.as_bytes()[..cut]).unwrap();
+        while let Some(ev) = norm.next_event() {
+            let data = ev.data().unwrap();
+            t.on_event(ev.event_name(), &data, &mut out).unwrap();
+        }
+        assert!(t.has_stop_reason() && !t.is_finished(), "{client:?}");
+        t.finish(&mut out).unwrap();
+        assert!(t.is_finished(), "{client:?}");
+        let len = out.len();
+        t.finish(&mut out).unwrap();
+        assert_eq!(out.len(), len, "{client:?}: finish is idempotent");
+        // The same bytes as the whole stream with its terminator.
+        let whole = translate(Dialect::Messages, client, wire.as_bytes(), 0, true);
+        assert_eq!(out.to_vec(), whole, "{client:?}");
+    }
+}
