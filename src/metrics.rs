@@ -300,6 +300,13 @@ pub fn init_config_series(cfg: &crate::config::Config) {
             m.tokens_total
                 .with_label_values(&[model_id.as_str(), direction]);
         }
+        for r in &model.routes {
+            // The route's health series exists (healthy) from the start; one that already
+            // has a state keeps it.
+            let route = format!("{}/{}", r.provider.id, r.upstream_model);
+            m.provider_health
+                .with_label_values(&[r.provider.id.as_str(), route.as_str()]);
+        }
         let providers: std::collections::BTreeSet<&str> = model
             .routes
             .iter()

@@ -278,6 +278,20 @@ impl Blackhole {
         format!("http://{}/v1", self.addr)
     }
 
+    /// Socket inodes of this machine in SYN_SENT towards the blackhole.
+    pub(crate) fn syn_sent_inodes(&self) -> Vec<String> {
+        let port = format!(":{:04X}", self.addr.port());
+        std::fs::read_to_string("/proc/net/tcp")
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() > 9 && f[2].ends_with(&port) && f[3] == "02").then(|| f[9].to_string())
+            })
+            .collect()
+    }
+
     /// Sockets of this machine in SYN_SENT towards the blackhole.
     pub(crate) fn syn_sent(&self) -> usize {
         let port = format!(":{:04X}", self.addr.port());
@@ -377,17 +391,32 @@ fn client_gone_while_connecting_abandons_the_connect() {
     }
     assert!(hole.syn_sent() > before, "sluice never started connecting");
     std::thread::sleep(Duration::from_millis(100));
+    // Measured on the socket: Sluice's file descriptor of the SYN_SENT socket towards the
+    // blackhole goes away. Its inode was found in /proc/net/tcp before the close; polling
+    // Sluice's own fd table is cheap (reading the machine's whole /proc/net/tcp took up to
+    // 137 ms per poll in CI, when the suite holds many sockets). Each poll's end bounds the
+    // moment from above; the read time of the poll that saw it gone is allowed on top.
+    let inodes = hole.syn_sent_inodes();
+    assert!(!inodes.is_empty(), "the SYN_SENT socket has an inode");
+    let held = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                    .any(|l| {
+                        let l = l.to_string_lossy();
+                        inodes.iter().any(|i| l == format!("socket:[{i}]"))
+                    })
+            })
+            .unwrap_or(false)
+    };
+    assert!(held(sluice.pid()), "Sluice holds the connecting socket");
     let closed = client.close();
-    // Measured on the socket: the SYN_SENT socket towards the blackhole goes away. Each
-    // poll's end bounds the moment from above. A poll reads the whole /proc/net/tcp, which
-    // takes tens of ms when the suite holds many sockets: the read time of the poll that saw
-    // the socket gone is measurement error, allowed on top of the bound (and printed).
     let end = closed + Duration::from_secs(3);
     let (gone_at, poll_cost) = loop {
         let started = Instant::now();
-        let n = hole.syn_sent();
+        let still = held(sluice.pid());
         let at = Instant::now();
-        if n <= before {
+        if !still {
             break (at, at - started);
         }
         assert!(at < end, "the upstream connect is still pending after 3 s");

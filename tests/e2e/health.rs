@@ -22,10 +22,11 @@ fn gauge(sluice: &Sluice, provider: &str) -> f64 {
     .unwrap_or_else(|| panic!("no health gauge for {provider}:\n{}", m.0))
 }
 
-/// Waits (up to 2 s) until the health gauge of `provider` reads `want`; the last value.
+/// Waits (up to 5 s: probes on a loaded CI machine) until the health gauge of `provider`
+/// reads `want`; the last value.
 fn wait_gauge(sluice: &Sluice, provider: &str, want: f64) -> f64 {
     let mut last = f64::NAN;
-    eventually(Duration::from_secs(2), || {
+    eventually(Duration::from_secs(5), || {
         last = gauge(sluice, provider);
         last == want
     });

@@ -270,8 +270,6 @@ fn daemon_mode_writes_the_pid_file_serves_and_stops() {
         "the daemon did not stop"
     );
     std::mem::forget(guard);
-    assert!(
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err(),
-        "the port still accepts after the daemon stopped"
-    );
+    // The listener went with the process. (Whether the port now refuses is not checked: a
+    // test running in parallel may already have been given the same free port.)
 }
