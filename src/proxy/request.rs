@@ -301,26 +301,7 @@ pub fn parse_chat(
         .and_then(Value::as_bool)
         .unwrap_or(false);
 
-    let mut preference = match map.remove("provider") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(serde_json::from_value::<Preference>(v).map_err(|e| {
-            GatewayError::invalid(format!("bad `provider` preference: {e}"), Some("provider"))
-        })?),
-    };
-    if let Some(h) = preference_header {
-        let p: Preference = serde_json::from_slice(h).map_err(|e| {
-            GatewayError::invalid(format!("bad {PREFERENCE_HEADER} header: {e}"), None)
-        })?;
-        preference = Some(p);
-    }
-    if let Some(p) = &preference {
-        if let Some(unknown) = p.names().find(|n| !config.providers.contains_key(*n)) {
-            return Err(GatewayError::invalid(
-                format!("unknown provider `{unknown}` in provider preference"),
-                Some("provider"),
-            ));
-        }
-    }
+    let preference = preference(map.remove("provider"), preference_header, config)?;
 
     let needs = RouteNeeds {
         capabilities: capabilities(&map),
@@ -380,26 +361,7 @@ pub fn parse_dialect(
         },
         Dialect::ChatCompletions | Dialect::Responses => Map::new(),
     };
-    let mut preference = match map.remove("provider") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(serde_json::from_value::<Preference>(v).map_err(|e| {
-            GatewayError::invalid(format!("bad `provider` preference: {e}"), Some("provider"))
-        })?),
-    };
-    if let Some(h) = preference_header {
-        let p: Preference = serde_json::from_slice(h).map_err(|e| {
-            GatewayError::invalid(format!("bad {PREFERENCE_HEADER} header: {e}"), None)
-        })?;
-        preference = Some(p);
-    }
-    if let Some(p) = &preference {
-        if let Some(unknown) = p.names().find(|n| !config.providers.contains_key(*n)) {
-            return Err(GatewayError::invalid(
-                format!("unknown provider `{unknown}` in provider preference"),
-                Some("provider"),
-            ));
-        }
-    }
+    let preference = preference(map.remove("provider"), preference_header, config)?;
     let mut caps = Vec::new();
     if !canonical.tools.is_empty() || canonical.tool_choice.is_some() {
         caps.push(Capability::Tools);
@@ -474,6 +436,39 @@ fn capabilities(map: &Map<String, Value>) -> Vec<Capability> {
         caps.push(Capability::JsonSchema);
     }
     caps
+}
+
+/// The per-request provider preference: the body's `provider` field (already removed from
+/// the body) or, overriding it, the [`PREFERENCE_HEADER`] with the same JSON.
+///
+/// # Errors
+/// A 400 naming `provider` for bad JSON or a provider the config does not know.
+fn preference(
+    field: Option<Value>,
+    header: Option<&[u8]>,
+    config: &Config,
+) -> Result<Option<Preference>, GatewayError> {
+    let mut preference = match field {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value::<Preference>(v).map_err(|e| {
+            GatewayError::invalid(format!("bad `provider` preference: {e}"), Some("provider"))
+        })?),
+    };
+    if let Some(h) = header {
+        let p: Preference = serde_json::from_slice(h).map_err(|e| {
+            GatewayError::invalid(format!("bad {PREFERENCE_HEADER} header: {e}"), None)
+        })?;
+        preference = Some(p);
+    }
+    if let Some(p) = &preference {
+        if let Some(unknown) = p.names().find(|n| !config.providers.contains_key(*n)) {
+            return Err(GatewayError::invalid(
+                format!("unknown provider `{unknown}` in provider preference"),
+                Some("provider"),
+            ));
+        }
+    }
+    Ok(preference)
 }
 
 #[cfg(test)]
