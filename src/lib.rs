@@ -1,7 +1,8 @@
 //! Sluice: an LLM inference gateway on Cloudflare Pingora.
 //!
-//! One OpenAI-compatible entry point in front of many model providers: it streams SSE token
-//! by token (normalized, model names rewritten to the public id), routes a standard model id
+//! One entry point in front of many model providers, in the client's own API (OpenAI Chat
+//! Completions, OpenAI Responses, Anthropic Messages): it streams SSE event by event
+//! (normalized, the answer's model id rewritten to the public id), routes a standard model id
 //! to ordered upstream models on several providers and falls back before the first byte,
 //! cancels upstream work when the client leaves, and applies backpressure.
 //!
@@ -14,7 +15,8 @@
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
 //! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the per-stream pipe |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
-//! | [`providers`] | peers, upstream request heads, content decoding, OpenAI/Anthropic wire formats, the demo provider |
+//! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
+//! | [`providers`] | peers, upstream request heads, content decoding, the demo provider |
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | virtual keys |
@@ -24,8 +26,9 @@
 //! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
 //!
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
-//! [`auth`], [`proxy::request`], [`backpressure`], [`routing`], [`proxy::attempt`] (which calls
-//! [`providers`] and [`sse`]); `logging` → [`access_log`].
+//! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
+//! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
+//! [`access_log`].
 
 pub mod access_log;
 pub mod admin;
