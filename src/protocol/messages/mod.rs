@@ -655,6 +655,8 @@ struct MessageOut<'a> {
     error: Option<ErrorObj<'a>>,
 }
 
+/// A content block as Anthropic sends it: in a non-stream message's `content`, and as a
+/// stream's `content_block_start.content_block`.
 #[derive(Deserialize)]
 struct ContentBlockIn<'a> {
     #[serde(rename = "type", borrow)]

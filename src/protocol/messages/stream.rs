@@ -12,7 +12,7 @@ use super::super::json::{opt, prefixed, write_sse, ErrorObj, Str};
 use super::super::{
     Dialect, ErrorKind, ProtocolError, StopReason, StreamEvent, StreamOptions, Usage,
 };
-use super::{stop_from_wire, stop_to_wire, UsageIn};
+use super::{stop_from_wire, stop_to_wire, ContentBlockIn, UsageIn};
 
 #[derive(Deserialize)]
 struct EventIn<'a> {
@@ -23,7 +23,7 @@ struct EventIn<'a> {
     #[serde(borrow, default)]
     message: Option<MessageIn<'a>>,
     #[serde(borrow, default)]
-    content_block: Option<BlockIn<'a>>,
+    content_block: Option<ContentBlockIn<'a>>,
     #[serde(borrow, default)]
     delta: Option<DeltaIn<'a>>,
     #[serde(default)]
@@ -40,20 +40,6 @@ struct MessageIn<'a> {
     model: Option<Str<'a>>,
     #[serde(default)]
     usage: Option<UsageIn>,
-}
-
-#[derive(Deserialize)]
-struct BlockIn<'a> {
-    #[serde(rename = "type", borrow)]
-    ty: Str<'a>,
-    #[serde(borrow, default)]
-    text: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    thinking: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    id: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    name: Option<Str<'a>>,
 }
 
 #[derive(Deserialize)]
