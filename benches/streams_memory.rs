@@ -176,11 +176,21 @@ impl Drop for TempDir {
     }
 }
 
+/// A free loopback port not handed out before in this process (two ports bound, released
+/// and bound again can come back equal, and Sluice refuses `listen == admin_listen`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().expect("ports");
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Resident set size of a live process, KiB. Panics when the process is gone or a zombie

@@ -514,6 +514,26 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             ));
         }
     }
+    // Both listeners are bound with SO_REUSEPORT, so the same address twice binds without
+    // error and the kernel then splits connections between the proxy and the admin
+    // service: half the API calls would get the admin's 404.
+    if let (Ok(l), Ok(a)) = (
+        server.listen.parse::<std::net::SocketAddr>(),
+        server.admin_listen.parse::<std::net::SocketAddr>(),
+    ) {
+        let overlap = l.port() == a.port()
+            && l.port() != 0
+            && (l.ip() == a.ip() || l.ip().is_unspecified() || a.ip().is_unspecified());
+        if overlap {
+            return Err(main_err(
+                "server.admin_listen",
+                format!(
+                    "`{a}` overlaps `server.listen` ({l}): the proxy and the admin service \
+                     need different ports"
+                ),
+            ));
+        }
+    }
     if server.max_request_body_bytes == 0 {
         return Err(main_err(
             "server.max_request_body_bytes",
@@ -929,6 +949,24 @@ mod tests {
         );
         let e = load_str(&zero).unwrap_err();
         assert_eq!(e.key_path, "server.header_read_timeout_ms", "{e}");
+    }
+
+    #[test]
+    fn listen_and_admin_listen_must_not_overlap() {
+        for admin in ["127.0.0.1:8080", "0.0.0.0:8080"] {
+            let same = MINIMAL.replace(
+                "admin_listen: 127.0.0.1:9090",
+                &format!("admin_listen: {admin}"),
+            );
+            let e = load_str(&same).unwrap_err();
+            assert_eq!(e.key_path, "server.admin_listen", "{e}");
+            assert!(e.to_string().contains("overlaps"), "{e}");
+        }
+        let other_ip = MINIMAL.replace(
+            "admin_listen: 127.0.0.1:9090",
+            "admin_listen: 127.0.0.2:8080",
+        );
+        assert!(load_str(&other_ip).is_ok());
     }
 
     #[test]

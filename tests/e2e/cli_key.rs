@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::harness::{eventually, free_port, Mock, Sluice, TempDir};
+use crate::harness::{eventually, Mock, Sluice, TempDir};
 
 fn sluice_cmd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -137,7 +137,7 @@ fn a_non_loopback_admin_listener_is_warned_about_by_check_and_startup() {
     assert!(stderr.contains("no authentication"), "{stderr}");
 
     // Startup logs the same warning (the listeners bind to free ports; nothing connects).
-    let (port, admin_port) = (free_port(), free_port());
+    let [port, admin_port] = crate::harness::free_ports();
     std::fs::write(&file, admin_config(&format!("0.0.0.0:{admin_port}"), port)).expect("write");
     let log = dir.path().join("sluice.log");
     let mut child = sluice_cmd()

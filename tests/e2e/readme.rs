@@ -385,7 +385,7 @@ fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid
     // new process (systemd re-reads it after a reload), which serves, while the old one exits.
     // Not covered here: systemd itself (its PID file and cgroup handling).
     use crate::cancellation::chat_body;
-    use crate::harness::{basic_config, eventually, free_port, post_json, Mock, KEY};
+    use crate::harness::{basic_config, eventually, post_json, Mock, KEY};
     use std::time::{Duration, Instant};
 
     let unit = std::fs::read_to_string(root().join("systemd/sluice.service")).expect("unit");
@@ -406,7 +406,7 @@ fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid
     let dir = TempDir::new("sd-upgrade");
     let pid_file = dir.path().join("sluice.pid");
     let error_log = dir.path().join("error.log");
-    let (port, admin) = (free_port(), free_port());
+    let [port, admin] = crate::harness::free_ports();
     let cfg = basic_config(
         &mock.base_url(),
         &format!(

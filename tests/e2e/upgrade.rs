@@ -164,8 +164,7 @@ fn daemon_mode_writes_the_pid_file_serves_and_stops() {
     let dir = TempDir::new("daemon");
     let pid_file = dir.path().join("sluice.pid");
     let error_log = dir.path().join("error.log");
-    let port = crate::harness::free_port();
-    let admin = crate::harness::free_port();
+    let [port, admin] = crate::harness::free_ports();
     let cfg = basic_config(
         &mock.base_url(),
         &format!(

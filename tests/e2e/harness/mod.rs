@@ -21,6 +21,15 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// `N` distinct free loopback ports: all are held bound until every one is chosen, so two
+/// calls to [`free_port`] can not hand out the same port twice.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("port").port())
+}
+
 /// A scratch directory removed on drop.
 pub struct TempDir(pub PathBuf);
 
@@ -154,8 +163,7 @@ impl Sluice {
     /// As [`Sluice::start`], with extra environment variables.
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Sluice {
         for _ in 0..5 {
-            let port = free_port();
-            let admin_port = free_port();
+            let [port, admin_port] = free_ports();
             let dir = TempDir::new("sluice");
             let cfg = yaml
                 .replace("{listen}", &format!("127.0.0.1:{port}"))
