@@ -10,6 +10,7 @@ mod cli_key;
 mod client_compat;
 mod config_check;
 mod demo;
+mod dialect_matrix;
 mod dialects;
 mod fallback;
 mod harness;
