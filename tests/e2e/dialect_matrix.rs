@@ -1,7 +1,7 @@
 //! The translation matrix over loopback: {Chat Completions, Messages, Responses} clients ×
-//! {openai, anthropic} providers × {stream, non-stream} × {plain text, tool call, image
-//! input, reasoning, upstream error}, 60 cells, one table-driven loop against one Sluice
-//! and one mock upstream.
+//! {openai, anthropic} providers × {stream, non-stream} × {plain text, tool calls (after
+//! text, and alone), image input, reasoning, upstream error}, 72 cells, one table-driven
+//! loop against one Sluice and one mock upstream.
 //!
 //! The mock answers each provider's wire format byte for byte (tool calls as OpenAI
 //! `tool_calls` deltas / Anthropic `input_json_delta` fragments, reasoning as
@@ -34,6 +34,9 @@ const IMAGE_URL: &str = "https://images.example/cat.png";
 /// The tool call and result in the history of the tool cells.
 const PREV_CALL: &str = "call_prev1";
 const PREV_RESULT: &str = "18°C and sunny";
+/// The signed reasoning in the history of the Messages and Responses reasoning cells.
+const PREV_THOUGHT: &str = "They greet me.";
+const PREV_SIGNATURE: &str = "sig-prev-turn";
 
 fn config(base_url: &str) -> String {
     let health =
@@ -54,6 +57,8 @@ enum Client {
 enum Scenario {
     Text,
     Tool,
+    /// Parallel tool calls and no text (OpenAI names the role in the first tool chunk).
+    ToolOnly,
     Image,
     Reasoning,
     Error,
@@ -72,10 +77,17 @@ fn answered_tools() -> Vec<(&'static str, Value)> {
 fn behavior(s: Scenario, stream: bool) -> String {
     let v = match s {
         Scenario::Text | Scenario::Image => json!({"text": TEXT}),
-        Scenario::Tool => json!({"text": TOOL_TEXT, "tool_calls": answered_tools()
-            .into_iter()
-            .map(|(name, arguments)| json!({"name": name, "arguments": arguments}))
-            .collect::<Vec<_>>()}),
+        Scenario::Tool | Scenario::ToolOnly => {
+            let calls: Vec<Value> = answered_tools()
+                .into_iter()
+                .map(|(name, arguments)| json!({"name": name, "arguments": arguments}))
+                .collect();
+            if s == Scenario::Tool {
+                json!({"text": TOOL_TEXT, "tool_calls": calls})
+            } else {
+                json!({"tool_calls": calls})
+            }
+        }
         Scenario::Reasoning => json!({"text": TEXT, "reasoning": REASONING}),
         Scenario::Error if stream => json!({"text": TEXT, "error_after_tokens": 2,
             "error_type": "overloaded_error", "error_message": ERROR_MESSAGE}),
@@ -83,6 +95,8 @@ fn behavior(s: Scenario, stream: bool) -> String {
     };
     let mut v = v;
     v["answer_model"] = json!(ANSWERED);
+    // Every event reaches Sluice cut inside its multi-byte characters.
+    v["split"] = json!("mid_utf8");
     v["prompt_tokens"] = json!(PROMPT_TOKENS);
     v.to_string()
 }
@@ -115,7 +129,7 @@ impl Client {
                             {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_B64}")}},
                             {"type": "image_url", "image_url": {"url": IMAGE_URL}}]);
                     }
-                    Scenario::Tool => {
+                    Scenario::Tool | Scenario::ToolOnly => {
                         b["tools"] = json!([{"type": "function", "function": {
                             "name": "get_weather", "description": "Weather of a city",
                             "parameters": weather_schema}}]);
@@ -147,7 +161,7 @@ impl Client {
                             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
                             {"type": "image", "source": {"type": "url", "url": IMAGE_URL}}]);
                     }
-                    Scenario::Tool => {
+                    Scenario::Tool | Scenario::ToolOnly => {
                         b["tools"] = json!([{"name": "get_weather",
                             "description": "Weather of a city", "input_schema": weather_schema}]);
                         b["tool_choice"] = json!({"type": "auto"});
@@ -161,6 +175,13 @@ impl Client {
                     }
                     Scenario::Reasoning => {
                         b["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+                        // A signed thinking block from an earlier turn.
+                        b["messages"] = json!([
+                            {"role": "user", "content": "hello"},
+                            {"role": "assistant", "content": [
+                                {"type": "thinking", "thinking": PREV_THOUGHT, "signature": PREV_SIGNATURE},
+                                {"type": "text", "text": "Hi!"}]},
+                            {"role": "user", "content": "hi"}]);
                     }
                     Scenario::Text | Scenario::Error => {}
                 }
@@ -176,7 +197,7 @@ impl Client {
                             {"type": "input_image", "image_url": format!("data:image/png;base64,{PNG_B64}")},
                             {"type": "input_image", "image_url": IMAGE_URL}]}]);
                     }
-                    Scenario::Tool => {
+                    Scenario::Tool | Scenario::ToolOnly => {
                         b["tools"] = json!([{"type": "function", "name": "get_weather",
                             "description": "Weather of a city", "parameters": weather_schema}]);
                         b["tool_choice"] = json!("auto");
@@ -190,6 +211,15 @@ impl Client {
                     Scenario::Reasoning => {
                         b["reasoning"] = json!({"effort": "low"});
                         b["max_output_tokens"] = json!(2048);
+                        // A reasoning item with encrypted content from an earlier turn.
+                        b["input"] = json!([
+                            {"role": "user", "content": "hello"},
+                            {"type": "reasoning", "id": "rs_prev", "summary": [
+                                {"type": "summary_text", "text": PREV_THOUGHT}],
+                                "encrypted_content": PREV_SIGNATURE},
+                            {"type": "message", "role": "assistant", "content": [
+                                {"type": "output_text", "text": "Hi!"}]},
+                            {"role": "user", "content": "hi"}]);
                     }
                     Scenario::Text | Scenario::Error => {}
                 }
@@ -649,21 +679,26 @@ fn expected_output_tokens(s: Scenario) -> u64 {
     match s {
         Scenario::Text | Scenario::Image | Scenario::Error => words(TEXT),
         Scenario::Reasoning => words(TEXT) + words(REASONING),
-        Scenario::Tool => {
+        Scenario::Tool | Scenario::ToolOnly => {
             let calls: u64 = answered_tools()
                 .iter()
                 .map(|(_, a)| 1 + (a.to_string().chars().count() as u64).div_ceil(7))
                 .sum();
-            words(TOOL_TEXT) + calls
+            let text = if s == Scenario::Tool {
+                words(TOOL_TEXT)
+            } else {
+                0
+            };
+            text + calls
         }
     }
 }
 
 fn expected_stop(client: Client, s: Scenario) -> &'static str {
     match (client, s) {
-        (Client::Chat, Scenario::Tool) => "tool_calls",
+        (Client::Chat, Scenario::Tool | Scenario::ToolOnly) => "tool_calls",
         (Client::Chat, _) => "stop",
-        (Client::Messages, Scenario::Tool) => "tool_use",
+        (Client::Messages, Scenario::Tool | Scenario::ToolOnly) => "tool_use",
         (Client::Messages, _) => "end_turn",
         (Client::Responses, _) => "completed",
     }
@@ -688,7 +723,7 @@ fn text_of(content: &Value) -> String {
 }
 
 /// Checks what the provider received for the input-side cells.
-fn check_upstream(cell: &str, scenario: Scenario, anthropic: bool, sent: &Value) {
+fn check_upstream(cell: &str, scenario: Scenario, client: Client, anthropic: bool, sent: &Value) {
     let msgs = sent["messages"].as_array().expect("messages");
     match scenario {
         Scenario::Image => {
@@ -727,7 +762,7 @@ fn check_upstream(cell: &str, scenario: Scenario, anthropic: bool, sent: &Value)
                 "{cell}: {sent}"
             );
         }
-        Scenario::Tool => {
+        Scenario::Tool | Scenario::ToolOnly => {
             let tool = &sent["tools"][0];
             let prev_args = json!({"city": "Paris"});
             if anthropic {
@@ -808,6 +843,29 @@ fn check_upstream(cell: &str, scenario: Scenario, anthropic: bool, sent: &Value)
             } else {
                 assert_eq!(sent["reasoning_effort"], "low", "{cell}: {sent}");
             }
+            if client != Client::Chat {
+                // The earlier turn's signed reasoning: kept for Anthropic (it verifies the
+                // signature), dropped for OpenAI-compatible providers (no reasoning input).
+                let assistant = msgs
+                    .iter()
+                    .find(|m| m["role"] == "assistant")
+                    .unwrap_or_else(|| panic!("{cell}: no assistant turn: {sent}"));
+                let ps = parts(assistant);
+                if anthropic {
+                    assert_eq!(
+                        ps.first(),
+                        Some(&json!({"type": "thinking", "thinking": PREV_THOUGHT,
+                            "signature": PREV_SIGNATURE})),
+                        "{cell}: {sent}"
+                    );
+                } else {
+                    assert!(!sent.to_string().contains(PREV_SIGNATURE), "{cell}: {sent}");
+                }
+                assert!(
+                    ps.iter().any(|p| p["type"] == "text" && p["text"] == "Hi!"),
+                    "{cell}: {sent}"
+                );
+            }
         }
         Scenario::Text | Scenario::Error => {}
     }
@@ -822,6 +880,7 @@ fn every_cell_of_the_translation_matrix() {
     for scenario in [
         Scenario::Text,
         Scenario::Tool,
+        Scenario::ToolOnly,
         Scenario::Image,
         Scenario::Reasoning,
         Scenario::Error,
@@ -853,7 +912,7 @@ fn every_cell_of_the_translation_matrix() {
             }
         }
     }
-    assert_eq!(cells, 60);
+    assert_eq!(cells, 72);
     assert!(
         failures.is_empty(),
         "{} of {cells} cells failed:\n{}",
@@ -904,7 +963,7 @@ fn check_cell(
         stream,
         "{cell}: {sent}"
     );
-    check_upstream(cell, scenario, anthropic, &sent);
+    check_upstream(cell, scenario, client, anthropic, &sent);
 
     if scenario == Scenario::Error {
         let (ty, message) = seen
@@ -959,10 +1018,10 @@ fn check_cell(
         expected_output_tokens(scenario),
         "{cell}: output usage: {raw}"
     );
-    let want_text = if scenario == Scenario::Tool {
-        TOOL_TEXT
-    } else {
-        TEXT
+    let want_text = match scenario {
+        Scenario::Tool => TOOL_TEXT,
+        Scenario::ToolOnly => "",
+        _ => TEXT,
     };
     assert_eq!(seen.text, want_text, "{cell}: {raw}");
 
@@ -988,7 +1047,7 @@ fn check_cell(
         assert!(seen.reasoning.is_empty(), "{cell}: {raw}");
     }
 
-    if scenario == Scenario::Tool {
+    if matches!(scenario, Scenario::Tool | Scenario::ToolOnly) {
         let want = answered_tools();
         assert_eq!(
             seen.tools.len(),
