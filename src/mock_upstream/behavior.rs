@@ -223,6 +223,12 @@ pub struct Behavior {
     /// `mock-signature-<response id>`); OpenAI-compatible answers carry none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+    /// Prompt tokens read from the provider's prompt cache (part of the prompt tokens, at
+    /// most all of them): OpenAI `prompt_tokens_details.cached_tokens`; Anthropic
+    /// `cache_read_input_tokens`, with `input_tokens` counting only the rest, as Anthropic
+    /// does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -325,6 +331,7 @@ impl Behavior {
             tool_calls,
             reasoning,
             signature,
+            cached_tokens,
         )
     }
 

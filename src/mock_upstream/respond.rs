@@ -290,14 +290,16 @@ pub(crate) fn prepare(
         }
         .to_string()
     });
+    let prompt_tokens = behavior
+        .prompt_tokens
+        .unwrap_or_else(|| body.as_ref().map(wire::estimate_prompt_tokens).unwrap_or(1));
     let meta = ReplyMeta {
         provider,
         id,
         created: behavior.created.unwrap_or_else(now_unix),
         model,
-        prompt_tokens: behavior
-            .prompt_tokens
-            .unwrap_or_else(|| body.as_ref().map(wire::estimate_prompt_tokens).unwrap_or(1)),
+        prompt_tokens,
+        cached_tokens: behavior.cached_tokens.map(|n| n.min(prompt_tokens)),
         finish_reason,
         include_usage,
         usage_chunk: include_usage || Behavior::flag(behavior.usage),

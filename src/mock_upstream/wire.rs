@@ -31,6 +31,8 @@ pub(crate) struct ReplyMeta {
     pub created: u64,
     pub model: String,
     pub prompt_tokens: u64,
+    /// Prompt tokens read from the cache (part of `prompt_tokens`), if the answer says.
+    pub cached_tokens: Option<u64>,
     /// OpenAI `finish_reason` / Anthropic `stop_reason`.
     pub finish_reason: String,
     /// `stream_options.include_usage` was requested (adds `"usage":null` to chunks).
@@ -122,8 +124,12 @@ fn openai_usage(m: &ReplyMeta, completion_tokens: u64) -> String {
             m.extras.reasoning.len()
         )
     };
+    let cached = match m.cached_tokens {
+        Some(n) => format!(",\"prompt_tokens_details\":{{\"cached_tokens\":{n}}}"),
+        None => String::new(),
+    };
     format!(
-        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}{details}}}",
+        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}{cached}{details}}}",
         m.prompt_tokens,
         completion_tokens,
         m.prompt_tokens + completion_tokens
@@ -336,13 +342,13 @@ pub(crate) fn anthropic_message(m: &ReplyMeta, text: &str, output_tokens: u64) -
         concat!(
             "{{\"id\":{},\"type\":\"message\",\"role\":\"assistant\",\"model\":{},",
             "\"content\":[{}],\"stop_reason\":{},",
-            "\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}"
+            "\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":{}}}}}"
         ),
         js(&m.id),
         js(&m.model),
         blocks.join(","),
         js(&m.finish_reason),
-        m.prompt_tokens,
+        anthropic_input_usage(m),
         output_tokens
     )
 }
@@ -423,12 +429,25 @@ pub(crate) fn anthropic_message_start(m: &ReplyMeta) -> String {
         concat!(
             "{{\"type\":\"message_start\",\"message\":{{\"id\":{},\"type\":\"message\",",
             "\"role\":\"assistant\",\"content\":[],\"model\":{},\"stop_reason\":null,",
-            "\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":1}}}}}}"
+            "\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":1}}}}}}"
         ),
         js(&m.id),
         js(&m.model),
-        m.prompt_tokens
+        anthropic_input_usage(m)
     )
+}
+
+/// The input fields of an Anthropic `usage` object: `input_tokens`, and with cached tokens
+/// `cache_creation_input_tokens` and `cache_read_input_tokens` (`input_tokens` then counts
+/// only the uncached rest).
+fn anthropic_input_usage(m: &ReplyMeta) -> String {
+    match m.cached_tokens {
+        None => format!("\"input_tokens\":{}", m.prompt_tokens),
+        Some(n) => format!(
+            "\"input_tokens\":{},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{n}",
+            m.prompt_tokens - n
+        ),
+    }
 }
 
 /// `ping` event data.

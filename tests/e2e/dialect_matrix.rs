@@ -27,6 +27,8 @@ const TOOL_TEXT: &str = "Let me check.";
 const REASONING: &str = "First the weather, then the tïme. Done thinking.";
 /// The input tokens the mock reports.
 const PROMPT_TOKENS: u64 = 42;
+/// How many of them the mock says were read from its prompt cache.
+const CACHED_TOKENS: u64 = 30;
 const ERROR_MESSAGE: &str = "mock upstream is overloaded";
 /// A 1×1 PNG.
 const PNG_B64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
@@ -98,6 +100,7 @@ fn behavior(s: Scenario, stream: bool) -> String {
     // Every event reaches Sluice cut inside its multi-byte characters.
     v["split"] = json!("mid_utf8");
     v["prompt_tokens"] = json!(PROMPT_TOKENS);
+    v["cached_tokens"] = json!(CACHED_TOKENS);
     v.to_string()
 }
 
@@ -279,6 +282,7 @@ struct Seen {
     input_tokens: u64,
     output_tokens: u64,
     reasoning_tokens: u64,
+    cached_tokens: u64,
     models: Vec<String>,
     /// (error type, message) of an error body or in-stream error event.
     error: Option<(String, String)>,
@@ -304,6 +308,9 @@ fn chat_nonstream(v: &Value, out: &mut Seen) {
     out.stop = s(&v["choices"][0]["finish_reason"]);
     out.input_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
     out.output_tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    out.cached_tokens = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
     out.reasoning_tokens = v["usage"]["completion_tokens_details"]["reasoning_tokens"]
         .as_u64()
         .unwrap_or(0);
@@ -347,6 +354,9 @@ fn chat_stream(raw: &str, body: &[u8], out: &mut Seen) {
         if let Some(n) = d["usage"]["completion_tokens"].as_u64() {
             out.output_tokens = n;
             out.input_tokens = d["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            out.cached_tokens = d["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
             out.reasoning_tokens = d["usage"]["completion_tokens_details"]["reasoning_tokens"]
                 .as_u64()
                 .unwrap_or(0);
@@ -389,6 +399,7 @@ fn messages_nonstream(v: &Value, out: &mut Seen) {
     out.stop = s(&v["stop_reason"]);
     out.input_tokens = v["usage"]["input_tokens"].as_u64().unwrap_or(0);
     out.output_tokens = v["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    out.cached_tokens = v["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
 }
 
 fn messages_stream(raw: &str, body: &[u8], out: &mut Seen) {
@@ -415,7 +426,9 @@ fn messages_stream(raw: &str, body: &[u8], out: &mut Seen) {
         match d["type"].as_str() {
             Some("message_start") => {
                 out.models.push(s(&d["message"]["model"]));
-                out.input_tokens = d["message"]["usage"]["input_tokens"].as_u64().unwrap_or(0);
+                let u = &d["message"]["usage"];
+                out.input_tokens = u["input_tokens"].as_u64().unwrap_or(0);
+                out.cached_tokens = u["cache_read_input_tokens"].as_u64().unwrap_or(0);
             }
             Some("content_block_start") => {
                 let i = d["index"].as_u64().expect("index");
@@ -474,6 +487,9 @@ fn messages_stream(raw: &str, body: &[u8], out: &mut Seen) {
                 // Cumulative: a translated stream may know the input only at the end.
                 if let Some(n) = d["usage"]["input_tokens"].as_u64() {
                     out.input_tokens = n;
+                }
+                if let Some(n) = d["usage"]["cache_read_input_tokens"].as_u64() {
+                    out.cached_tokens = n;
                 }
             }
             Some("error") => {
@@ -546,6 +562,9 @@ fn responses_nonstream(v: &Value, out: &mut Seen) {
     out.stop = s(&v["status"]);
     out.input_tokens = v["usage"]["input_tokens"].as_u64().unwrap_or(0);
     out.output_tokens = v["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    out.cached_tokens = v["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
     out.reasoning_tokens = v["usage"]["output_tokens_details"]["reasoning_tokens"]
         .as_u64()
         .unwrap_or(0);
@@ -1009,9 +1028,16 @@ fn check_cell(
         seen.models
     );
     assert_eq!(seen.stop, expected_stop(client, scenario), "{cell}: {raw}");
+    // Anthropic's input_tokens leave the cache reads out; OpenAI's include them.
+    let want_input = if client == Client::Messages {
+        PROMPT_TOKENS - CACHED_TOKENS
+    } else {
+        PROMPT_TOKENS
+    };
+    assert_eq!(seen.input_tokens, want_input, "{cell}: input usage: {raw}");
     assert_eq!(
-        seen.input_tokens, PROMPT_TOKENS,
-        "{cell}: input usage: {raw}"
+        seen.cached_tokens, CACHED_TOKENS,
+        "{cell}: cached tokens: {raw}"
     );
     assert_eq!(
         seen.output_tokens,
