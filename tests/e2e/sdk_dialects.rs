@@ -1,8 +1,9 @@
-//! The official `anthropic` (`messages.create`, `messages.stream`, with and without tools,
-//! error classes) and `openai` (`responses.create`, `responses.stream`, with and without a
-//! function tool, Chat Completions streaming with tools, a refused field) Python packages
-//! against a real Sluice, on an OpenAI-compatible and on an Anthropic provider
-//! (`tests/sdk/dialects_client.py`; interpreter as in [`crate::sdk`]).
+//! The official `anthropic` (`messages.create`, `messages.stream` with and without tools
+//! and with thinking, error classes) and `openai` (`responses.create`, `responses.stream`
+//! with and without a function tool and with reasoning, Chat Completions streaming with
+//! tools, a refused field) Python packages against a real Sluice, on an OpenAI-compatible
+//! and on an Anthropic provider (`tests/sdk/dialects_client.py`; interpreter as in
+//! [`crate::sdk`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,6 +40,14 @@ fn official_anthropic_and_responses_sdks_work_on_both_providers() {
         "answer_model": answered,
     })
     .to_string();
+    let thought = "Höw tö greet: wärmly, 🤝 first.";
+    let reasoning_behavior = serde_json::json!({
+        "text": text,
+        "reasoning": thought,
+        "split": "mid_utf8",
+        "answer_model": answered,
+    })
+    .to_string();
     let mock = Mock::start(&text_behavior);
     let sluice = Sluice::start(&config(&mock.base_url()));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/dialects_client.py");
@@ -69,15 +78,19 @@ fn official_anthropic_and_responses_sdks_work_on_both_providers() {
             tool_text,
             "--expect-tools",
             &tools,
+            "--reasoning-behavior",
+            &reasoning_behavior,
+            "--expect-reasoning",
+            thought,
         ],
         Duration::from_secs(180),
     );
     assert!(ok, "the SDK script failed:\n{out}");
     assert!(out.contains("sdk ok"), "{out}");
-    // Per model, four text calls and four tool calls reach the provider; the error cases
-    // do not.
+    // Per model, four text calls, four tool calls and three reasoning calls reach the
+    // provider; the error cases do not.
     let log = mock.log();
-    assert_eq!(log.len(), 16, "{out}");
+    assert_eq!(log.len(), 22, "{out}");
     // The tool definitions reached both providers in their own API.
     let tool_bodies = log
         .iter()

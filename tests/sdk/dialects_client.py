@@ -7,12 +7,14 @@ Run by `tests/e2e/sdk_dialects.rs` against a real Sluice in front of the mock up
         --key VIRTUAL_KEY --model acme/claude --model acme/gpt \
         --mock-url http://127.0.0.1:MOCK --text-behavior '{...}' --expect-text "..." \
         --tools-behavior '{...}' --expect-tool-text "..." \
-        --expect-tools '[{"name": ..., "arguments": {...}}]'
+        --expect-tools '[{"name": ..., "arguments": {...}}]' \
+        --reasoning-behavior '{...}' --expect-reasoning "..."
 
 For each model it runs the plain-text checks with the mock answering `--text-behavior`,
-then the tool checks (`anthropic` `messages.stream` with tools, `openai` `responses.create`
+the tool checks (`anthropic` `messages.stream` with tools, `openai` `responses.create`
 and `responses.stream` with a function tool, Chat Completions streaming with tools) with the
-mock answering `--tools-behavior` (set through the mock's `POST /_mock/behavior`; one Python
+mock answering `--tools-behavior`, then the reasoning checks (thinking blocks, reasoning
+items) with `--reasoning-behavior` (each set through the mock's `POST /_mock/behavior`; one Python
 process for everything, as importing the SDKs is slow). Exits 0 and prints `sdk ok` when
 every check passed; any failure raises (non-zero exit).
 """
@@ -235,6 +237,50 @@ def chat_tools(args):
     print(f"chat.completions.stream with tools: {calls!r}")
 
 
+def reasoning(args):
+    """Reasoning reaches each SDK as its own kind of output, never inside the text."""
+    client = anthropic.Anthropic(
+        base_url=args.base_url, api_key=args.key, max_retries=0, timeout=20.0
+    )
+    msgs = [{"role": "user", "content": "Think, then say hello"}]
+    with client.messages.stream(
+        model=args.model, max_tokens=2048, messages=msgs,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    ) as stream:
+        thinking = "".join(e.thinking for e in stream if e.type == "thinking")
+        final = stream.get_final_message()
+    check(thinking == args.expect_reasoning, f"thinking {thinking!r}")
+    blocks = [b.type for b in final.content]
+    check(blocks == ["thinking", "text"], f"blocks {blocks!r}")
+    check(final.content[0].thinking == args.expect_reasoning, f"final thinking {final.content[0]!r}")
+    check(final.content[1].text == args.expect_text, f"final text {final.content[1]!r}")
+    check(final.stop_reason == "end_turn", f"stop_reason {final.stop_reason!r}")
+    print(f"messages.stream with thinking: {thinking!r}")
+
+    client = openai.OpenAI(
+        base_url=args.base_url + "/v1", api_key=args.key, max_retries=0, timeout=20.0
+    )
+    resp = client.responses.create(model=args.model, input="Think", reasoning={"effort": "low"})
+    check(resp.output_text == args.expect_text, f"reasoning text {resp.output_text!r}")
+    items = [i for i in resp.output if i.type == "reasoning"]
+    check(len(items) == 1, f"reasoning items {resp.output!r}")
+    summary = "".join(p.text for p in items[0].summary)
+    check(summary == args.expect_reasoning, f"summary {summary!r}")
+    with client.responses.stream(
+        model=args.model, input="Think", reasoning={"effort": "low"}
+    ) as stream:
+        deltas = "".join(
+            e.delta for e in stream if e.type == "response.reasoning_summary_text.delta"
+        )
+        final = stream.get_final_response()
+    check(deltas == args.expect_reasoning, f"reasoning deltas {deltas!r}")
+    check(final.output_text == args.expect_text, f"stream text {final.output_text!r}")
+    items = [i for i in final.output if i.type == "reasoning"]
+    check(len(items) == 1 and "".join(p.text for p in items[0].summary) == args.expect_reasoning,
+          f"stream reasoning items {final.output!r}")
+    print(f"responses with reasoning: {summary!r}")
+
+
 def set_mock_behavior(mock_url, behavior):
     req = urllib.request.Request(
         mock_url + "/_mock/behavior", data=behavior.encode(), method="POST",
@@ -255,6 +301,8 @@ def main():
     ap.add_argument("--tools-behavior", required=True)
     ap.add_argument("--expect-tool-text", required=True)
     ap.add_argument("--expect-tools", required=True, type=json.loads)
+    ap.add_argument("--reasoning-behavior", required=True)
+    ap.add_argument("--expect-reasoning", required=True)
     opts = ap.parse_args()
     for model in opts.model:
         args = argparse.Namespace(**{**vars(opts), "model": model})
@@ -266,6 +314,8 @@ def main():
         messages_tools(args)
         responses_tools(args)
         chat_tools(args)
+        set_mock_behavior(opts.mock_url, opts.reasoning_behavior)
+        reasoning(args)
     print("sdk ok")
 
 
