@@ -11,6 +11,11 @@
 //!   (<https://docs.anthropic.com/en/api/messages-streaming>);
 //! - `GET {prefix}/models` — an OpenAI-style model list (health probes).
 //!
+//! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
+//! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI
+//! `tool_calls` deltas, Anthropic `tool_use` blocks with `input_json_delta` fragments),
+//! cached prompt tokens and a dated model id.
+//!
 //! Its behaviour (latency, failures, stalls, abrupt closes, SSE framing quirks, write
 //! splitting, slow-reader back-pressure) is scripted with [`Behavior`] knobs, per request
 //! (body field `"mock"`), per process (`POST /_mock/behavior`) or at startup. Every
