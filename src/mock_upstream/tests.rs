@@ -884,7 +884,8 @@ async fn demo_mode_keeps_nothing_answers_no_control_endpoint_and_ignores_steerin
         .expect("bind");
     let text = "Hello from Sluice's built-in demo provider. You said: hi";
     let body = json!({"model": "demo", "messages": [{"role": "user", "content": "hi"}],
-        "mock": {"status": 500, "text": "steered"}});
+        "mock": {"status": 500, "text": "steered", "reasoning": "steered",
+                 "tool_calls": [{"name": "steered"}]}});
     let mut c = Client::connect(srv.addr()).await;
     c.send(&post(
         "/v1/chat/completions",
@@ -895,6 +896,7 @@ async fn demo_mode_keeps_nothing_answers_no_control_endpoint_and_ignores_steerin
     let r = c.read_response().await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["choices"][0]["message"]["content"], text);
+    assert!(!r.text().contains("steered"), "{}", r.text());
     assert!(srv.state().log().is_empty(), "demo mode keeps no record");
     for (method, path, body) in [
         ("GET", "/_mock/log", ""),
