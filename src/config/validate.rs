@@ -500,8 +500,31 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         providers,
         models,
         redis,
+        ledger,
     } = f;
     let main_err = |key: &str, msg: String| sources.err(0, key, msg);
+    let ledger = ledger_settings(ledger, &main_err)?;
+    let admin_token = match &server.admin_token_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(v) if v.chars().count() >= MIN_ADMIN_TOKEN_CHARS => Some(Secret::new(v)),
+            Ok(v) if !v.is_empty() => {
+                return Err(main_err(
+                    "server.admin_token_env",
+                    format!(
+                        "the admin token in `{var}` is too short ({} characters; at least {MIN_ADMIN_TOKEN_CHARS})",
+                        v.chars().count()
+                    ),
+                ))
+            }
+            _ => {
+                return Err(main_err(
+                    "server.admin_token_env",
+                    format!("environment variable `{var}` is not set"),
+                ))
+            }
+        },
+    };
 
     for (k, v) in [
         ("server.listen", &server.listen),
@@ -615,6 +638,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         queue_size: server.queue_size,
         queue_timeout: ms(server.queue_timeout_ms),
         rate_limit_window: ms(server.rate_limit_window_ms),
+        admin_token,
         emit_route_headers: server.emit_route_headers,
         watch_config: server.watch_config,
         pid_file: server.pid_file,
@@ -870,7 +894,76 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         providers: provider_map,
         models: model_map,
         redis,
+        ledger,
     })
+}
+
+/// Shortest accepted admin token, characters.
+const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// `ledger:` → [`crate::ledger::LedgerSettings`] (`None`: the defaults); `err(key, message)`
+/// locates a problem in the main file.
+fn ledger_settings(
+    section: Option<super::schema::LedgerSection>,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<crate::ledger::LedgerSettings, ConfigError> {
+    use crate::ledger::{Backend, LedgerSettings};
+    let defaults = LedgerSettings::default();
+    let Some(super::schema::LedgerSection {
+        path,
+        url,
+        flush_interval_ms,
+        queue_capacity,
+    }) = section
+    else {
+        return Ok(defaults);
+    };
+    let backend = match (path, url) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "ledger.url",
+                "set ledger.path (SQLite) or ledger.url (PostgreSQL), not both".into(),
+            ))
+        }
+        (Some(p), None) if p.trim().is_empty() => {
+            return Err(err("ledger.path", "must not be empty".into()))
+        }
+        (Some(p), None) => Backend::Sqlite { path: p.into() },
+        (None, Some(u)) => {
+            crate::ledger::postgres::check_url(&u).map_err(|m| err("ledger.url", m))?;
+            Backend::Postgres {
+                url: Secret::new(u),
+            }
+        }
+        (None, None) => defaults.backend,
+    };
+    let flush_interval = match flush_interval_ms {
+        Some(0) => {
+            return Err(err(
+                "ledger.flush_interval_ms",
+                "must be greater than 0".into(),
+            ))
+        }
+        Some(v) => ms(v),
+        None => defaults.flush_interval,
+    };
+    let queue_capacity = match queue_capacity {
+        Some(0) => return Err(err("ledger.queue_capacity", "must be at least 1".into())),
+        Some(v) => v,
+        None => defaults.queue_capacity,
+    };
+    Ok(LedgerSettings {
+        backend,
+        flush_interval,
+        queue_capacity,
+    })
+}
+
+/// Reads only the `ledger:` section of `path` (see [`Config::load_ledger`]).
+pub(super) fn load_ledger(path: &Path) -> Result<crate::ledger::LedgerSettings, ConfigError> {
+    let text = read(path)?;
+    let only: super::schema::LedgerOnly = parse(path, &text)?;
+    ledger_settings(only.ledger, &|key, msg| ConfigError::at(path, Some(&text), key, msg))
 }
 
 fn intersect(a: Option<Vec<String>>, b: Option<Vec<String>>) -> Option<Vec<String>> {
