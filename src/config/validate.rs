@@ -1007,6 +1007,95 @@ mod tests {
     }
 
     #[test]
+    fn the_ledger_defaults_to_sqlite_in_the_working_directory_and_its_keys_are_checked() {
+        use crate::ledger::{Backend, LedgerSettings};
+        let c = load_str(MINIMAL).unwrap();
+        assert_eq!(c.ledger, LedgerSettings::default());
+        assert_eq!(
+            c.ledger.backend,
+            Backend::Sqlite {
+                path: "sluice-usage.db".into()
+            }
+        );
+        assert_eq!(c.ledger.flush_interval, Duration::from_millis(200));
+        let set = format!(
+            "{MINIMAL}ledger:\n  path: /var/lib/sluice/usage.db\n  flush_interval_ms: 50\n  queue_capacity: 7\n"
+        );
+        let c = load_str(&set).unwrap();
+        assert_eq!(
+            c.ledger.backend,
+            Backend::Sqlite {
+                path: "/var/lib/sluice/usage.db".into()
+            }
+        );
+        assert_eq!(
+            (c.ledger.flush_interval, c.ledger.queue_capacity),
+            (Duration::from_millis(50), 7)
+        );
+        let pg = format!("{MINIMAL}ledger: {{url: \"postgres://u:pw@127.0.0.1:5432/usage\"}}\n");
+        let c = load_str(&pg).unwrap();
+        assert!(matches!(c.ledger.backend, Backend::Postgres { .. }));
+        assert!(!format!("{:?} {}", c.ledger, c.ledger.backend).contains("pw@"));
+
+        // file:line:col: key: message, like every other key.
+        for (yaml, key, line, msg) in [
+            (
+                "ledger:\n  path: a.db\n  url: postgres://h/db\n",
+                "ledger.url",
+                22,
+                "not both",
+            ),
+            ("ledger:\n  url: mysql://h/db\n", "ledger.url", 21, "postgres://"),
+            (
+                "ledger:\n  url: postgres://h/db?sslmode=require\n",
+                "ledger.url",
+                21,
+                "sslmode=require",
+            ),
+            ("ledger:\n  flush_interval_ms: 0\n", "ledger.flush_interval_ms", 21, "greater than 0"),
+            ("ledger:\n  queue_capacity: 0\n", "ledger.queue_capacity", 21, "at least 1"),
+            ("ledger:\n  pth: x\n", "ledger.pth", 21, "unknown field `pth`"),
+        ] {
+            let e = load_str(&format!("{MINIMAL}{yaml}")).unwrap_err();
+            assert_eq!(e.key_path, key, "{e}");
+            assert_eq!(e.line, Some(line), "{e}");
+            assert!(e.to_string().contains(msg), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_admin_token_comes_from_the_named_variable_which_must_be_set() {
+        assert!(load_str(MINIMAL).unwrap().server.admin_token.is_none());
+        let yaml = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  admin_token_env: SLUICE_TEST_SURELY_UNSET_ADMIN_TOKEN\n",
+        );
+        let e = load_str(&yaml).unwrap_err();
+        assert_eq!(e.key_path, "server.admin_token_env", "{e}");
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.to_string().contains("SLUICE_TEST_SURELY_UNSET_ADMIN_TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn sluice_usage_reads_the_ledger_section_alone() {
+        // Provider keys from unset variables, unknown sections: none of it matters here.
+        let dir = std::env::temp_dir().join(format!("sluice-cfg-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("sluice.yaml");
+        std::fs::write(
+            &p,
+            "providers:\n  o: {kind: openai, base_url: https://x/v1, api_key_env: SLUICE_SURELY_UNSET}\nledger:\n  path: /tmp/u.db\n",
+        )
+        .unwrap();
+        let l = load_ledger(&p).unwrap();
+        assert_eq!(l.backend, crate::ledger::Backend::Sqlite { path: "/tmp/u.db".into() });
+        std::fs::write(&p, "server: {}\nledger:\n  flush_interval_ms: 0\n").unwrap();
+        let e = load_ledger(&p).unwrap_err();
+        assert_eq!((e.key_path.as_str(), e.line), ("ledger.flush_interval_ms", Some(3)), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn max_event_bytes_is_its_own_limit() {
         let c = load_str(MINIMAL).unwrap();
         assert_eq!(c.server.max_event_bytes, 8 * 1024 * 1024);

@@ -202,22 +202,17 @@ fn csv_line(out: &mut String, fields: &[String]) {
     out.push('\n');
 }
 
-/// Field names and values of a JSON object, in order (the serde field order), as CSV cells:
-/// strings as they are, `null` empty, numbers and booleans as JSON prints them.
-fn cells(v: &serde_json::Value) -> (Vec<String>, Vec<String>) {
-    let mut names = Vec::new();
-    let mut values = Vec::new();
-    if let Some(obj) = v.as_object() {
-        for (k, v) in obj {
-            names.push(k.clone());
-            values.push(match v {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Null => String::new(),
-                other => other.to_string(),
-            });
-        }
-    }
-    (names, values)
+/// The CSV cells of `row` for the fields `header` names: strings as they are, `null` empty,
+/// numbers and booleans as JSON prints them.
+fn cells(row: &serde_json::Value, header: &[&str]) -> Vec<String> {
+    header
+        .iter()
+        .map(|k| match row.get(*k) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(other) => other.to_string(),
+        })
+        .collect()
 }
 
 /// `rows` as CSV: a header line with the field names, one line per row.
@@ -225,8 +220,8 @@ fn to_csv<T: Serialize>(rows: &[T], header: &[&str]) -> String {
     let mut out = String::new();
     csv_line(&mut out, &header.iter().map(|s| (*s).to_string()).collect::<Vec<_>>());
     for r in rows {
-        let (_, values) = cells(&serde_json::to_value(r).unwrap_or_default());
-        csv_line(&mut out, &values);
+        let v = serde_json::to_value(r).unwrap_or_default();
+        csv_line(&mut out, &cells(&v, header));
     }
     out
 }
@@ -545,8 +540,17 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         let arr = v.as_array().unwrap();
         assert_eq!(arr.len(), 2);
-        let keys: Vec<&str> = arr[0].as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys, RECORD_FIELDS);
+        let mut keys: Vec<&str> = arr[0].as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want = RECORD_FIELDS.to_vec();
+        keys.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(keys, want);
+        // Serialized in the record's field order.
+        let first_keys: Vec<usize> = RECORD_FIELDS
+            .iter()
+            .map(|k| json.find(&format!("\"{k}\":")).unwrap())
+            .collect();
+        assert!(first_keys.windows(2).all(|w| w[0] < w[1]), "{json}");
         assert_eq!(arr[0]["time"], "2026-12-01T23:50:00.001Z");
         assert!(arr[0]["provider"].is_null());
         let back: Vec<UsageRecord> = serde_json::from_str(&json).unwrap();

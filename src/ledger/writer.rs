@@ -285,7 +285,7 @@ fn write(sink: &mut dyn Sink, batch: &mut Vec<UsageRecord>, at: &str, last_log: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::{Arc, Mutex as StdMutex};
 
