@@ -60,7 +60,12 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct UsageArgs {
     /// The YAML config whose `ledger:` section names the ledger (only that section is read).
-    #[arg(short = 'c', long = "conf", alias = "config", default_value = "conf/sluice.yaml")]
+    #[arg(
+        short = 'c',
+        long = "conf",
+        alias = "config",
+        default_value = "conf/sluice.yaml"
+    )]
     pub conf: String,
     /// Records at or after this time: `YYYY-MM-DD` (UTC midnight) or RFC 3339.
     #[arg(long, value_parser = crate::ledger::query::parse_date)]

@@ -963,7 +963,9 @@ fn ledger_settings(
 pub(super) fn load_ledger(path: &Path) -> Result<crate::ledger::LedgerSettings, ConfigError> {
     let text = read(path)?;
     let only: super::schema::LedgerOnly = parse(path, &text)?;
-    ledger_settings(only.ledger, &|key, msg| ConfigError::at(path, Some(&text), key, msg))
+    ledger_settings(only.ledger, &|key, msg| {
+        ConfigError::at(path, Some(&text), key, msg)
+    })
 }
 
 fn intersect(a: Option<Vec<String>>, b: Option<Vec<String>>) -> Option<Vec<String>> {
@@ -1045,16 +1047,36 @@ mod tests {
                 22,
                 "not both",
             ),
-            ("ledger:\n  url: mysql://h/db\n", "ledger.url", 21, "postgres://"),
+            (
+                "ledger:\n  url: mysql://h/db\n",
+                "ledger.url",
+                21,
+                "postgres://",
+            ),
             (
                 "ledger:\n  url: postgres://h/db?sslmode=require\n",
                 "ledger.url",
                 21,
                 "sslmode=require",
             ),
-            ("ledger:\n  flush_interval_ms: 0\n", "ledger.flush_interval_ms", 21, "greater than 0"),
-            ("ledger:\n  queue_capacity: 0\n", "ledger.queue_capacity", 21, "at least 1"),
-            ("ledger:\n  pth: x\n", "ledger.pth", 21, "unknown field `pth`"),
+            (
+                "ledger:\n  flush_interval_ms: 0\n",
+                "ledger.flush_interval_ms",
+                21,
+                "greater than 0",
+            ),
+            (
+                "ledger:\n  queue_capacity: 0\n",
+                "ledger.queue_capacity",
+                21,
+                "at least 1",
+            ),
+            (
+                "ledger:\n  pth: x\n",
+                "ledger.pth",
+                21,
+                "unknown field `pth`",
+            ),
         ] {
             let e = load_str(&format!("{MINIMAL}{yaml}")).unwrap_err();
             assert_eq!(e.key_path, key, "{e}");
@@ -1073,7 +1095,11 @@ mod tests {
         let e = load_str(&yaml).unwrap_err();
         assert_eq!(e.key_path, "server.admin_token_env", "{e}");
         assert_eq!(e.line, Some(4), "{e}");
-        assert!(e.to_string().contains("SLUICE_TEST_SURELY_UNSET_ADMIN_TOKEN"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("SLUICE_TEST_SURELY_UNSET_ADMIN_TOKEN"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1088,10 +1114,19 @@ mod tests {
         )
         .unwrap();
         let l = load_ledger(&p).unwrap();
-        assert_eq!(l.backend, crate::ledger::Backend::Sqlite { path: "/tmp/u.db".into() });
+        assert_eq!(
+            l.backend,
+            crate::ledger::Backend::Sqlite {
+                path: "/tmp/u.db".into()
+            }
+        );
         std::fs::write(&p, "server: {}\nledger:\n  flush_interval_ms: 0\n").unwrap();
         let e = load_ledger(&p).unwrap_err();
-        assert_eq!((e.key_path.as_str(), e.line), ("ledger.flush_interval_ms", Some(3)), "{e}");
+        assert_eq!(
+            (e.key_path.as_str(), e.line),
+            ("ledger.flush_interval_ms", Some(3)),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

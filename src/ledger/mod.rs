@@ -127,8 +127,13 @@ pub fn outcome_class(label: &str, status: u16) -> &'static str {
         "stream_error" | "upstream_error" | "upstream_unavailable" | "upstream_timeout" => {
             "upstream_error"
         }
-        "queue_full" | "queue_timeout" | "tenant_rpm" | "tenant_tpm" | "tenant_concurrency"
-        | "request_buffers_full" | "budget_exceeded" => "rejected",
+        "queue_full"
+        | "queue_timeout"
+        | "tenant_rpm"
+        | "tenant_tpm"
+        | "tenant_concurrency"
+        | "request_buffers_full"
+        | "budget_exceeded" => "rejected",
         "unauthorized" | "forbidden" => "unauthorized",
         "invalid_request" | "not_found" | "method_not_allowed" | "payload_too_large"
         | "request_timeout" | "no_route" => "invalid_request",
@@ -411,7 +416,10 @@ mod tests {
     #[test]
     fn time_is_rfc3339_utc_with_milliseconds_both_ways() {
         assert_eq!(rfc3339_ms::format(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339_ms::format(1_796_169_000_123), "2026-12-01T23:50:00.123Z");
+        assert_eq!(
+            rfc3339_ms::format(1_796_169_000_123),
+            "2026-12-01T23:50:00.123Z"
+        );
         let r: UsageRecord = serde_json::from_value(serde_json::json!({
             "time": "2026-12-01T23:50:00.123Z", "request_id": "r", "tenant": "t",
             "virtual_key": "k", "model": "m", "provider": null, "upstream_model": null,

@@ -71,7 +71,10 @@ pub fn redacted_url(url: &str) -> String {
             let tail = tail.split('?').next().unwrap_or("");
             format!("{scheme}://{user}{pw}@{host}{tail}")
         }
-        None => format!("{scheme}://{authority}{}", tail.split('?').next().unwrap_or("")),
+        None => format!(
+            "{scheme}://{authority}{}",
+            tail.split('?').next().unwrap_or("")
+        ),
     }
 }
 
@@ -185,7 +188,10 @@ impl PostgresLedger {
                     return Ok(0i64);
                 }
                 Ok(client
-                    .query_one("SELECT COALESCE(MAX(version), 0)::BIGINT FROM ledger_schema", &[])
+                    .query_one(
+                        "SELECT COALESCE(MAX(version), 0)::BIGINT FROM ledger_schema",
+                        &[],
+                    )
                     .await?
                     .get(0))
             };
@@ -217,13 +223,20 @@ impl PostgresLedger {
             tx.batch_execute("CREATE TABLE IF NOT EXISTS ledger_schema (version BIGINT NOT NULL)")
                 .await?;
             let v: i64 = tx
-                .query_one("SELECT COALESCE(MAX(version), 0)::BIGINT FROM ledger_schema", &[])
+                .query_one(
+                    "SELECT COALESCE(MAX(version), 0)::BIGINT FROM ledger_schema",
+                    &[],
+                )
                 .await?
                 .get(0);
             if v > SCHEMA_VERSION {
                 return Ok(Err(v));
             }
-            for (i, sql) in MIGRATIONS.iter().enumerate().skip(usize::try_from(v).unwrap_or(0)) {
+            for (i, sql) in MIGRATIONS
+                .iter()
+                .enumerate()
+                .skip(usize::try_from(v).unwrap_or(0))
+            {
                 tx.batch_execute(sql).await?;
                 tx.execute("DELETE FROM ledger_schema", &[]).await?;
                 let next = i64::try_from(i + 1).unwrap_or(i64::MAX);
@@ -268,7 +281,8 @@ impl PostgresLedger {
             filter.limit_clause()
         );
         let boxed = Self::params(&params);
-        let refs: Vec<&(dyn ToSql + Sync)> = boxed.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            boxed.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
         let (rt, client) = self.parts()?;
         let rows = rt.block_on(client.query(&sql, &refs));
         let rows = rows.map_err(|e| self.err(e))?;
@@ -314,7 +328,8 @@ impl PostgresLedger {
             "SELECT {SUMMARY_COLUMNS} FROM usage_records{w} GROUP BY tenant, model ORDER BY tenant, model"
         );
         let boxed = Self::params(&params);
-        let refs: Vec<&(dyn ToSql + Sync)> = boxed.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            boxed.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
         let (rt, client) = self.parts()?;
         let rows = rt.block_on(client.query(&sql, &refs));
         let rows = rows.map_err(|e| self.err(e))?;
@@ -349,7 +364,10 @@ impl Sink for PostgresLedger {
     fn write_batch(&mut self, batch: &[UsageRecord]) -> Result<(), LedgerError> {
         let col = |f: fn(&UsageRecord) -> i64| batch.iter().map(f).collect::<Vec<i64>>();
         let text = |f: fn(&UsageRecord) -> &str| {
-            batch.iter().map(|r| f(r).to_string()).collect::<Vec<String>>()
+            batch
+                .iter()
+                .map(|r| f(r).to_string())
+                .collect::<Vec<String>>()
         };
         let time = col(|r| r.time);
         let request_id = text(|r| &r.request_id);
@@ -434,7 +452,10 @@ mod tests {
             super::redacted_url("postgres://u:secret@db:5432/usage?sslmode=disable"),
             "postgres://u:***@db:5432/usage"
         );
-        assert_eq!(super::redacted_url("postgres://db/usage"), "postgres://db/usage");
+        assert_eq!(
+            super::redacted_url("postgres://db/usage"),
+            "postgres://db/usage"
+        );
         assert!(super::check_url("postgres://u@127.0.0.1:5432/db").is_ok());
         assert!(super::check_url("mysql://x").is_err());
         assert!(super::check_url("postgres://u@h/db?sslmode=require")

@@ -128,7 +128,9 @@ impl Filter {
 
     /// ` LIMIT n` or nothing.
     pub fn limit_clause(&self) -> String {
-        self.limit.map(|n| format!(" LIMIT {n}")).unwrap_or_default()
+        self.limit
+            .map(|n| format!(" LIMIT {n}"))
+            .unwrap_or_default()
     }
 }
 
@@ -150,7 +152,9 @@ pub fn parse_date(s: &str) -> Result<i64, String> {
     s.parse::<jiff::Timestamp>()
         .map(jiff::Timestamp::as_millisecond)
         .map_err(|_| {
-            format!("`{s}` is not a date (YYYY-MM-DD, UTC) or an RFC 3339 time (2026-12-01T10:00:00Z)")
+            format!(
+                "`{s}` is not a date (YYYY-MM-DD, UTC) or an RFC 3339 time (2026-12-01T10:00:00Z)"
+            )
         })
 }
 
@@ -159,9 +163,14 @@ pub fn parse_date(s: &str) -> Result<i64, String> {
 ///
 /// # Errors
 /// When the ledger is missing or cannot be read.
-pub fn records(settings: &LedgerSettings, filter: &Filter) -> Result<Vec<UsageRecord>, LedgerError> {
+pub fn records(
+    settings: &LedgerSettings,
+    filter: &Filter,
+) -> Result<Vec<UsageRecord>, LedgerError> {
     match &settings.backend {
-        Backend::Sqlite { path } => super::sqlite::SqliteLedger::open_existing(path)?.records(filter),
+        Backend::Sqlite { path } => {
+            super::sqlite::SqliteLedger::open_existing(path)?.records(filter)
+        }
         Backend::Postgres { url } => {
             super::postgres::PostgresLedger::connect_existing(url.expose())?.records(filter)
         }
@@ -174,7 +183,9 @@ pub fn records(settings: &LedgerSettings, filter: &Filter) -> Result<Vec<UsageRe
 /// As [`records`].
 pub fn summary(settings: &LedgerSettings, filter: &Filter) -> Result<Vec<SummaryRow>, LedgerError> {
     match &settings.backend {
-        Backend::Sqlite { path } => super::sqlite::SqliteLedger::open_existing(path)?.summary(filter),
+        Backend::Sqlite { path } => {
+            super::sqlite::SqliteLedger::open_existing(path)?.summary(filter)
+        }
         Backend::Postgres { url } => {
             super::postgres::PostgresLedger::connect_existing(url.expose())?.summary(filter)
         }
@@ -218,7 +229,10 @@ fn cells(row: &serde_json::Value, header: &[&str]) -> Vec<String> {
 /// `rows` as CSV: a header line with the field names, one line per row.
 fn to_csv<T: Serialize>(rows: &[T], header: &[&str]) -> String {
     let mut out = String::new();
-    csv_line(&mut out, &header.iter().map(|s| (*s).to_string()).collect::<Vec<_>>());
+    csv_line(
+        &mut out,
+        &header.iter().map(|s| (*s).to_string()).collect::<Vec<_>>(),
+    );
     for r in rows {
         let v = serde_json::to_value(r).unwrap_or_default();
         csv_line(&mut out, &cells(&v, header));
@@ -299,12 +313,26 @@ fn to_table(header: &[&str], rows: &[Vec<String>]) -> String {
 /// Formats records.
 pub fn format_records(records: &[UsageRecord], format: Format) -> String {
     match format {
-        Format::Json => serde_json::to_string_pretty(records).unwrap_or_else(|_| "[]".into()) + "\n",
+        Format::Json => {
+            serde_json::to_string_pretty(records).unwrap_or_else(|_| "[]".into()) + "\n"
+        }
         Format::Csv => to_csv(records, &RECORD_FIELDS),
         Format::Table => {
             let header = [
-                "time", "request_id", "tenant", "virtual_key", "model", "provider", "status",
-                "outcome", "input", "output", "est", "charge_usd", "ttft_ms", "duration_ms",
+                "time",
+                "request_id",
+                "tenant",
+                "virtual_key",
+                "model",
+                "provider",
+                "status",
+                "outcome",
+                "input",
+                "output",
+                "est",
+                "charge_usd",
+                "ttft_ms",
+                "duration_ms",
             ];
             let rows: Vec<Vec<String>> = records
                 .iter()
@@ -376,7 +404,8 @@ pub struct AdminResponse {
 }
 
 fn admin_error(status: u16, code: &str, message: &str) -> AdminResponse {
-    let body = serde_json::json!({"error": {"message": message, "type": "admin_error", "code": code}});
+    let body =
+        serde_json::json!({"error": {"message": message, "type": "admin_error", "code": code}});
     AdminResponse {
         status,
         content_type: "application/json",
@@ -493,7 +522,11 @@ pub fn admin_usage(
         },
         Err(e) => {
             log::error!("GET /admin/usage: {e}");
-            admin_error(503, "ledger_unavailable", "the usage ledger cannot be read (see the log)")
+            admin_error(
+                503,
+                "ledger_unavailable",
+                "the usage ledger cannot be read (see the log)",
+            )
         }
     }
 }
@@ -526,7 +559,10 @@ mod tests {
         };
         let (sql, params) = f.where_clause(|n| format!("${n}"));
         assert_eq!(sql, " WHERE time_ms >= $1 AND time_ms < $2 AND tenant = $3");
-        assert_eq!(params, vec![Param::Int(1), Param::Int(2), Param::Text("t".into())]);
+        assert_eq!(
+            params,
+            vec![Param::Int(1), Param::Int(2), Param::Text("t".into())]
+        );
         assert_eq!(f.limit_clause(), " LIMIT 5");
         assert_eq!(Filter::default().where_clause(|n| format!("?{n}")).0, "");
     }
@@ -540,7 +576,12 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         let arr = v.as_array().unwrap();
         assert_eq!(arr.len(), 2);
-        let mut keys: Vec<&str> = arr[0].as_object().unwrap().keys().map(String::as_str).collect();
+        let mut keys: Vec<&str> = arr[0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         let mut want = RECORD_FIELDS.to_vec();
         keys.sort_unstable();
         want.sort_unstable();
@@ -566,7 +607,10 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("time "), "{table}");
-        assert!(lines[2].contains(" r3 ") && lines[2].contains(" ok "), "{table}");
+        assert!(
+            lines[2].contains(" r3 ") && lines[2].contains(" ok "),
+            "{table}"
+        );
     }
 
     #[test]
@@ -585,9 +629,13 @@ mod tests {
             charge_usd: 1.25,
         };
         let csv = format_summary(std::slice::from_ref(&row), Format::Csv);
-        assert_eq!(csv, format!("{}\nt,m,2,3,4,0,0,0,1,0.5,1.25\n", SUMMARY_FIELDS.join(",")));
+        assert_eq!(
+            csv,
+            format!("{}\nt,m,2,3,4,0,0,0,1,0.5,1.25\n", SUMMARY_FIELDS.join(","))
+        );
         let json: Vec<SummaryRow> =
-            serde_json::from_str(&format_summary(std::slice::from_ref(&row), Format::Json)).unwrap();
+            serde_json::from_str(&format_summary(std::slice::from_ref(&row), Format::Json))
+                .unwrap();
         assert_eq!(json, vec![row.clone()]);
         assert!(format_summary(&[row], Format::Table).contains("1.250000"));
     }
@@ -599,19 +647,35 @@ mod tests {
         assert!(String::from_utf8_lossy(&r.body).contains("server.admin_token_env"));
         let token = "0123456789abcdef0123";
         assert_eq!(admin_usage("", None, Some(token), None).status, 401);
-        assert_eq!(admin_usage("", Some(b"Bearer 0123456789abcdef012"), Some(token), None).status, 401);
-        assert_eq!(admin_usage("", Some(b"Bearer "), Some(token), None).status, 401);
+        assert_eq!(
+            admin_usage("", Some(b"Bearer 0123456789abcdef012"), Some(token), None).status,
+            401
+        );
+        assert_eq!(
+            admin_usage("", Some(b"Bearer "), Some(token), None).status,
+            401
+        );
         let auth = format!("Bearer {token}");
-        assert_eq!(admin_usage("bogus=1", Some(auth.as_bytes()), Some(token), None).status, 400);
-        assert_eq!(admin_usage("limit=0", Some(auth.as_bytes()), Some(token), None).status, 400);
-        assert_eq!(admin_usage("since=2026-12-01", Some(auth.as_bytes()), Some(token), None).status, 503);
+        assert_eq!(
+            admin_usage("bogus=1", Some(auth.as_bytes()), Some(token), None).status,
+            400
+        );
+        assert_eq!(
+            admin_usage("limit=0", Some(auth.as_bytes()), Some(token), None).status,
+            400
+        );
+        assert_eq!(
+            admin_usage("since=2026-12-01", Some(auth.as_bytes()), Some(token), None).status,
+            503
+        );
     }
 
     #[test]
     fn admin_query_parameters_are_percent_decoded() {
-        let (f, format, summary) =
-            parse_admin_query("tenant=team%20a&model=openai%2Fgpt&since=2026-12-01&format=csv&summary=1&limit=7")
-                .unwrap();
+        let (f, format, summary) = parse_admin_query(
+            "tenant=team%20a&model=openai%2Fgpt&since=2026-12-01&format=csv&summary=1&limit=7",
+        )
+        .unwrap();
         assert_eq!(f.tenant.as_deref(), Some("team a"));
         assert_eq!(f.model.as_deref(), Some("openai/gpt"));
         assert_eq!(f.since, Some(1_796_083_200_000));

@@ -169,9 +169,11 @@ impl SqliteLedger {
             return Ok(0);
         }
         self.conn
-            .query_row("SELECT COALESCE(MAX(version), 0) FROM ledger_schema", [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT COALESCE(MAX(version), 0) FROM ledger_schema",
+                [],
+                |r| r.get(0),
+            )
             .map_err(|e| self.err(e))
     }
 
@@ -190,15 +192,21 @@ impl SqliteLedger {
         tx.execute_batch("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
             .map_err(wrap)?;
         let v: i64 = tx
-            .query_row("SELECT COALESCE(MAX(version), 0) FROM ledger_schema", [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT COALESCE(MAX(version), 0) FROM ledger_schema",
+                [],
+                |r| r.get(0),
+            )
             .map_err(wrap)?;
         if v > SCHEMA_VERSION {
             drop(tx);
             return Err(self.newer(v));
         }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(usize::try_from(v).unwrap_or(0)) {
+        for (i, sql) in MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(usize::try_from(v).unwrap_or(0))
+        {
             tx.execute_batch(sql).map_err(wrap)?;
             tx.execute("DELETE FROM ledger_schema", []).map_err(wrap)?;
             tx.execute(

@@ -39,9 +39,9 @@ pub trait Sink: Send {
 pub fn open_sink(settings: &LedgerSettings) -> Result<Box<dyn Sink>, LedgerError> {
     Ok(match &settings.backend {
         Backend::Sqlite { path } => Box::new(super::sqlite::SqliteLedger::open(path)?),
-        Backend::Postgres { url } => Box::new(super::postgres::PostgresLedger::connect(
-            url.expose(),
-        )?),
+        Backend::Postgres { url } => {
+            Box::new(super::postgres::PostgresLedger::connect(url.expose())?)
+        }
     })
 }
 
@@ -160,7 +160,10 @@ impl Handle {
     ///
     /// # Errors
     /// When the thread cannot be spawned.
-    pub fn start_with(settings: LedgerSettings, sink: Box<dyn Sink>) -> Result<Handle, LedgerError> {
+    pub fn start_with(
+        settings: LedgerSettings,
+        sink: Box<dyn Sink>,
+    ) -> Result<Handle, LedgerError> {
         let (handle, pending) = Self::channels(settings);
         pending.spawn(sink)?;
         Ok(handle)
@@ -264,8 +267,7 @@ fn write(sink: &mut dyn Sink, batch: &mut Vec<UsageRecord>, at: &str, last_log: 
             let m = metrics();
             m.ledger_flush_seconds
                 .observe(started.elapsed().as_secs_f64());
-            m.ledger_records_written_total
-                .inc_by(batch.len() as u64);
+            m.ledger_records_written_total.inc_by(batch.len() as u64);
             batch.clear();
             true
         }

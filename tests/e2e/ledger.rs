@@ -110,7 +110,10 @@ fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
 
     let recs = wait_records(&dir, &cfg, 4);
     assert_eq!(recs.len(), 4, "{recs:#?}");
-    assert!(dir.join("sluice-usage.db").exists(), "the default ledger file");
+    assert!(
+        dir.join("sluice-usage.db").exists(),
+        "the default ledger file"
+    );
     let fields: Vec<&str> = vec![
         "time",
         "request_id",
@@ -144,10 +147,16 @@ fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
         assert_eq!(r["tenant"], "t");
         assert_eq!(r["model"], "acme/chat");
         assert_eq!(r["ingress"], "chat");
-        assert!(r["virtual_key"].as_str().unwrap().starts_with("key-"), "{r}");
+        assert!(
+            r["virtual_key"].as_str().unwrap().starts_with("key-"),
+            "{r}"
+        );
         assert!(r["time"].as_str().unwrap().ends_with('Z'), "{r}");
         // Metadata only: no prompt or completion text anywhere.
-        assert!(!r.to_string().contains("tok0") && !r.to_string().contains("\"hi\""), "{r}");
+        assert!(
+            !r.to_string().contains("tok0") && !r.to_string().contains("\"hi\""),
+            "{r}"
+        );
     }
     let s = by_id(&recs, "req-stream");
     assert_eq!(
@@ -165,13 +174,26 @@ fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
         ),
         "{s}"
     );
-    assert_eq!((&s["input_tokens"], &s["output_tokens"]), (&Value::from(7), &Value::from(3)));
-    assert_eq!((&s["estimated"], &s["attempts"]), (&Value::from(false), &Value::from(1)));
+    assert_eq!(
+        (&s["input_tokens"], &s["output_tokens"]),
+        (&Value::from(7), &Value::from(3))
+    );
+    assert_eq!(
+        (&s["estimated"], &s["attempts"]),
+        (&Value::from(false), &Value::from(1))
+    );
     assert!(s["ttft_ms"].is_u64() && s["duration_ms"].is_u64(), "{s}");
     let p = by_id(&recs, "req-plain");
-    assert_eq!((&p["input_tokens"], &p["output_tokens"]), (&Value::from(9), &Value::from(4)));
+    assert_eq!(
+        (&p["input_tokens"], &p["output_tokens"]),
+        (&Value::from(9), &Value::from(4))
+    );
     let n = by_id(&recs, "req-nousage");
-    assert_eq!((&n["output_tokens"], &n["estimated"]), (&Value::from(2), &Value::from(true)), "{n}");
+    assert_eq!(
+        (&n["output_tokens"], &n["estimated"]),
+        (&Value::from(2), &Value::from(true)),
+        "{n}"
+    );
     let f = by_id(&recs, "req-fail");
     assert_eq!(f["outcome"], "upstream_error", "{f}");
     assert!(f["ttft_ms"].is_null(), "{f}");
@@ -179,27 +201,49 @@ fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
     // Filters, summary, csv, table.
     assert!(records(&dir, &cfg, &["--tenant", "nobody"]).is_empty());
     assert!(records(&dir, &cfg, &["--since", "2999-01-01"]).is_empty());
-    assert_eq!(records(&dir, &cfg, &["--since", "2020-01-01", "--model", "acme/chat"]).len(), 4);
+    assert_eq!(
+        records(
+            &dir,
+            &cfg,
+            &["--since", "2020-01-01", "--model", "acme/chat"]
+        )
+        .len(),
+        4
+    );
     let sum = records(&dir, &cfg, &["--summary"]);
     assert_eq!(sum.len(), 1, "{sum:#?}");
     assert_eq!(
         (&sum[0]["tenant"], &sum[0]["model"], &sum[0]["requests"]),
-        (&Value::from("t"), &Value::from("acme/chat"), &Value::from(4))
+        (
+            &Value::from("t"),
+            &Value::from("acme/chat"),
+            &Value::from(4)
+        )
     );
-    let out_sum: u64 = recs.iter().map(|r| r["output_tokens"].as_u64().unwrap()).sum();
+    let out_sum: u64 = recs
+        .iter()
+        .map(|r| r["output_tokens"].as_u64().unwrap())
+        .sum();
     assert_eq!(sum[0]["output_tokens"], out_sum);
     assert_eq!(sum[0]["estimated_requests"], 1);
     let csv = usage(&dir, &cfg, &["--format", "csv"]);
     assert_eq!(csv.lines().next().unwrap(), fields.join(","));
     assert_eq!(csv.lines().count(), 5, "{csv}");
     let table = usage(&dir, &cfg, &["--summary"]);
-    assert!(table.lines().next().unwrap().starts_with("tenant"), "{table}");
+    assert!(
+        table.lines().next().unwrap().starts_with("tenant"),
+        "{table}"
+    );
     assert!(table.contains("acme/chat"), "{table}");
 
     // The admin listener: the token, then the same data.
     let r = get(sluice.admin, "/admin/usage", &[]);
     assert_eq!(r.status, 401, "{}", r.text());
-    let r = get(sluice.admin, "/admin/usage", &[("authorization", "Bearer wrong-token-0123456789")]);
+    let r = get(
+        sluice.admin,
+        "/admin/usage",
+        &[("authorization", "Bearer wrong-token-0123456789")],
+    );
     assert_eq!(r.status, 401, "{}", r.text());
     let auth = format!("Bearer {TOKEN}");
     let r = get(sluice.admin, "/admin/usage", &[("authorization", &auth)]);
@@ -212,9 +256,22 @@ fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()[0]["requests"], 4);
-    let r = get(sluice.admin, "/admin/usage?format=csv&model=none", &[("authorization", &auth)]);
-    assert_eq!((r.status, r.text().lines().count()), (200, 1), "{}", r.text());
-    let r = get(sluice.admin, "/admin/usage?since=yesterday", &[("authorization", &auth)]);
+    let r = get(
+        sluice.admin,
+        "/admin/usage?format=csv&model=none",
+        &[("authorization", &auth)],
+    );
+    assert_eq!(
+        (r.status, r.text().lines().count()),
+        (200, 1),
+        "{}",
+        r.text()
+    );
+    let r = get(
+        sluice.admin,
+        "/admin/usage?since=yesterday",
+        &[("authorization", &auth)],
+    );
     assert_eq!(r.status, 400, "{}", r.text());
 
     // Ledger settings are restart-only: a reload says so and keeps writing where it was.
@@ -233,7 +290,11 @@ fn without_an_admin_token_the_admin_listener_serves_no_usage_data() {
     let mock = Mock::start("{}");
     let sluice = Sluice::start(&config("", &[("p1", &mock.base_url(), "")]));
     assert_eq!(sluice.chat(&chat_body(false, "{}")).status, 200);
-    let r = get(sluice.admin, "/admin/usage", &[("authorization", &format!("Bearer {TOKEN}"))]);
+    let r = get(
+        sluice.admin,
+        "/admin/usage",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+    );
     assert_eq!(r.status, 403, "{}", r.text());
     assert!(r.text().contains("server.admin_token_env"), "{}", r.text());
 }
@@ -256,19 +317,28 @@ fn sigterm_writes_every_queued_record() {
     ));
     let n = 25;
     for i in 0..n {
-        assert_eq!(chat_with_id(&sluice, &format!("term-{i}"), &chat_body(false, "{}")), 200);
+        assert_eq!(
+            chat_with_id(&sluice, &format!("term-{i}"), &chat_body(false, "{}")),
+            200
+        );
     }
     // The access log (and the record) follows the response by a moment.
     assert!(
-        eventually(Duration::from_secs(2), || sluice.gauge("sluice_ledger_queue_depth")
+        eventually(Duration::from_secs(2), || sluice
+            .gauge("sluice_ledger_queue_depth")
             == f64::from(n)),
         "{}",
         sluice.metrics()
     );
     let term = Instant::now();
     sluice.signal("TERM");
-    let status = sluice.wait_exit(Duration::from_secs(10)).expect("exits after SIGTERM");
-    eprintln!("SIGTERM → exit with {n} queued records: {:?} ({status})", term.elapsed());
+    let status = sluice
+        .wait_exit(Duration::from_secs(10))
+        .expect("exits after SIGTERM");
+    eprintln!(
+        "SIGTERM → exit with {n} queued records: {:?} ({status})",
+        term.elapsed()
+    );
     let recs = records(sluice.dir.path(), &sluice.config_path, &[]);
     assert_eq!(recs.len(), n as usize, "{}", sluice.log());
     for i in 0..n {
@@ -297,8 +367,10 @@ fn kill_9_loses_at_most_the_last_flush_interval() {
     let killed = Instant::now();
     sluice.kill();
     let recs = records(sluice.dir.path(), &sluice.config_path, &[]);
-    let have: std::collections::HashSet<&str> =
-        recs.iter().filter_map(|r| r["request_id"].as_str()).collect();
+    let have: std::collections::HashSet<&str> = recs
+        .iter()
+        .filter_map(|r| r["request_id"].as_str())
+        .collect();
     let lost: Vec<Duration> = done
         .iter()
         .filter(|(id, _)| !have.contains(id.as_str()))
@@ -312,7 +384,11 @@ fn kill_9_loses_at_most_the_last_flush_interval() {
         lost.len(),
         oldest
     );
-    assert!(done.len() > 20, "too few requests to measure: {}", done.len());
+    assert!(
+        done.len() > 20,
+        "too few requests to measure: {}",
+        done.len()
+    );
     // The window: one interval, plus the write of a batch and scheduling on a busy machine.
     assert!(
         oldest <= Duration::from_millis(INTERVAL_MS + 150),
@@ -330,25 +406,37 @@ fn a_full_queue_drops_and_counts_without_blocking_requests() {
     ));
     let started = Instant::now();
     for i in 0..8 {
-        assert_eq!(chat_with_id(&sluice, &format!("q-{i}"), &chat_body(false, "{}")), 200);
+        assert_eq!(
+            chat_with_id(&sluice, &format!("q-{i}"), &chat_body(false, "{}")),
+            200
+        );
     }
-    eprintln!("8 requests with a full ledger queue: {:?}", started.elapsed());
+    eprintln!(
+        "8 requests with a full ledger queue: {:?}",
+        started.elapsed()
+    );
     assert!(
-        eventually(Duration::from_secs(2), || sluice.metric("sluice_ledger_dropped_total")
+        eventually(Duration::from_secs(2), || sluice
+            .metric("sluice_ledger_dropped_total")
             == 5.0),
         "{}",
         sluice.metrics()
     );
     assert_eq!(sluice.gauge("sluice_ledger_queue_depth"), 3.0);
     assert!(
-        eventually(Duration::from_secs(2), || sluice.log().contains("usage ledger queue full")),
+        eventually(Duration::from_secs(2), || sluice
+            .log()
+            .contains("usage ledger queue full")),
         "{}",
         sluice.log()
     );
     sluice.signal("TERM");
     sluice.wait_exit(Duration::from_secs(10)).expect("exits");
     let recs = records(sluice.dir.path(), &sluice.config_path, &[]);
-    let ids: Vec<&str> = recs.iter().filter_map(|r| r["request_id"].as_str()).collect();
+    let ids: Vec<&str> = recs
+        .iter()
+        .filter_map(|r| r["request_id"].as_str())
+        .collect();
     assert_eq!(ids, ["q-0", "q-1", "q-2"]);
 }
 
@@ -379,7 +467,8 @@ fn postgres_bindir() -> Option<PathBuf> {
     });
     found.pop().or_else(|| {
         std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path).find(|d| d.join("initdb").exists() && d.join("postgres").exists())
+            std::env::split_paths(&path)
+                .find(|d| d.join("initdb").exists() && d.join("postgres").exists())
         })
     })
 }
@@ -418,11 +507,24 @@ impl Postgres {
         let init = unprivileged(&bindir.join("initdb"), root)
             .arg("-D")
             .arg(&data)
-            .args(["-U", "sluice", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions"])
+            .args([
+                "-U",
+                "sluice",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
             .stdout(Stdio::null())
             .output()
             .expect("run initdb");
-        assert!(init.status.success(), "initdb failed: {}", String::from_utf8_lossy(&init.stderr));
+        assert!(
+            init.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
         let port = free_port();
         let log = dir.path().join("postgres.log");
         let child = unprivileged(&bindir.join("postgres"), root)
@@ -430,7 +532,14 @@ impl Postgres {
             .arg(&data)
             .arg("-k")
             .arg(dir.path())
-            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .args([
+                "-p",
+                &port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+            ])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
@@ -447,7 +556,10 @@ impl Postgres {
         });
         if !ready {
             pg.stop();
-            panic!("postgres did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            panic!(
+                "postgres did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
         pg
     }
@@ -491,10 +603,21 @@ fn two_replicas_share_one_postgres_ledger() {
     let mut b = Sluice::start(&ledger_config(&mock, &ledger));
     for i in 0..3 {
         assert_eq!(
-            chat_with_id(&a, &format!("pg-a-{i}"), &chat_body(true, r#"{"tokens":2,"usage":true,"prompt_tokens":5}"#)),
+            chat_with_id(
+                &a,
+                &format!("pg-a-{i}"),
+                &chat_body(true, r#"{"tokens":2,"usage":true,"prompt_tokens":5}"#)
+            ),
             200
         );
-        assert_eq!(chat_with_id(&b, &format!("pg-b-{i}"), &chat_body(false, r#"{"tokens":4}"#)), 200);
+        assert_eq!(
+            chat_with_id(
+                &b,
+                &format!("pg-b-{i}"),
+                &chat_body(false, r#"{"tokens":4}"#)
+            ),
+            200
+        );
     }
     // b ends gracefully (flushes); a is read while it runs.
     b.signal("TERM");
@@ -503,13 +626,22 @@ fn two_replicas_share_one_postgres_ledger() {
     let recs = wait_records(&dir, &a.config_path, 6);
     assert_eq!(recs.len(), 6, "{recs:#?}\n{}", a.log());
     let r = by_id(&recs, "pg-a-1");
-    assert_eq!((&r["input_tokens"], &r["output_tokens"], &r["provider"]), (&Value::from(5), &Value::from(2), &Value::from("p1")));
+    assert_eq!(
+        (&r["input_tokens"], &r["output_tokens"], &r["provider"]),
+        (&Value::from(5), &Value::from(2), &Value::from("p1"))
+    );
     assert!(r["time"].as_str().unwrap().ends_with('Z'), "{r}");
     assert!(!by_id(&recs, "pg-b-2")["estimated"].as_bool().unwrap());
     let sum = records(&dir, &a.config_path, &["--summary"]);
     assert_eq!(sum.len(), 1, "{sum:#?}");
-    assert_eq!((&sum[0]["requests"], &sum[0]["output_tokens"]), (&Value::from(6), &Value::from(18)));
-    assert_eq!(records(&dir, &a.config_path, &["--tenant", "t", "--limit", "2"]).len(), 2);
+    assert_eq!(
+        (&sum[0]["requests"], &sum[0]["output_tokens"]),
+        (&Value::from(6), &Value::from(18))
+    );
+    assert_eq!(
+        records(&dir, &a.config_path, &["--tenant", "t", "--limit", "2"]).len(),
+        2
+    );
     assert!(!a.log().contains("postgres://sluice@127.0.0.1") || !a.log().contains(":***@"));
     a.kill();
 }
