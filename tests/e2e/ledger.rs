@@ -354,16 +354,25 @@ fn kill_9_loses_at_most_the_last_flush_interval() {
         &mock,
         &format!("  path: usage.db\n  flush_interval_ms: {INTERVAL_MS}\n"),
     ));
-    // Requests one after the other for ~1.2 s; each one's end is noted.
+    // Requests one after the other for 1.0-1.2 s (so the kill falls at any point of the
+    // flush cycle); each one's end is noted.
+    let run = Duration::from_millis(1000 + fastrand::u64(..INTERVAL_MS));
     let mut done: Vec<(String, Instant)> = Vec::new();
     let start = Instant::now();
     let mut i = 0;
-    while start.elapsed() < Duration::from_millis(1200) && i < 2000 {
+    while start.elapsed() < run && i < 3000 {
         let id = format!("k-{i}");
         assert_eq!(chat_with_id(&sluice, &id, &chat_body(false, "{}")), 200);
         done.push((id, Instant::now()));
         i += 1;
     }
+    let flushes = sluice.metric("sluice_ledger_flush_seconds_count");
+    let flush_s = sluice.metric("sluice_ledger_flush_seconds_sum");
+    let written = sluice.metric("sluice_ledger_records_written_total");
+    eprintln!(
+        "ledger writer: {flushes} batches, {written} records, mean batch write {:.2} ms",
+        1000.0 * flush_s / flushes.max(1.0)
+    );
     let killed = Instant::now();
     sluice.kill();
     let recs = records(sluice.dir.path(), &sluice.config_path, &[]);
@@ -389,9 +398,10 @@ fn kill_9_loses_at_most_the_last_flush_interval() {
         "too few requests to measure: {}",
         done.len()
     );
-    // The window: one interval, plus the write of a batch and scheduling on a busy machine.
+    // The window: one interval plus the write of the batch in flight (measured here: 20-195
+    // ms lost, batch writes of 2-90 ms); the slack covers a loaded CI machine.
     assert!(
-        oldest <= Duration::from_millis(INTERVAL_MS + 150),
+        oldest <= Duration::from_millis(INTERVAL_MS + 250),
         "a record that finished {oldest:?} before the kill was lost"
     );
     assert!(have.len() + lost.len() == done.len() && have.len() > done.len() / 2);
