@@ -275,7 +275,7 @@ pub struct LedgerService {
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for LedgerService {
-    async fn start(&self, _shutdown: pingora::server::ShutdownWatch) {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
         let Some(pending) = self.pending.lock().ok().and_then(|mut p| p.take()) else {
             return;
         };
@@ -297,6 +297,9 @@ impl pingora::services::background::BackgroundService for LedgerService {
             Ok(Err(e)) => log::error!("usage ledger: cannot open: {e}; usage is not recorded"),
             Err(e) => log::error!("usage ledger: cannot open: {e}; usage is not recorded"),
         }
+        // The writer thread runs on; the service lives as long as it (the final flush is
+        // [`crate::shutdown`]'s, just before the process exits).
+        let _ = shutdown.changed().await;
     }
 }
 

@@ -308,6 +308,31 @@ fn ledger_config(mock: &Mock, ledger: &str) -> String {
 }
 
 #[test]
+fn a_request_over_a_tenant_limit_is_recorded_as_rejected() {
+    let mock = Mock::start("{}");
+    let yaml = config("", &[("p1", &mock.base_url(), "")])
+        .replace("  t: {}\n", "  t: {requests_per_minute: 1}\n");
+    let sluice = Sluice::start(&yaml);
+    assert_eq!(
+        chat_with_id(&sluice, "lim-ok", &chat_body(false, "{}")),
+        200
+    );
+    assert_eq!(
+        chat_with_id(&sluice, "lim-429", &chat_body(false, "{}")),
+        429
+    );
+    let recs = wait_records(sluice.dir.path(), &sluice.config_path, 2);
+    let r = by_id(&recs, "lim-429");
+    assert_eq!(
+        (&r["status"], &r["outcome"]),
+        (&Value::from(429), &Value::from("rejected")),
+        "{r}"
+    );
+    assert!(r["provider"].is_null() && r["attempts"] == 0, "{r}");
+    assert_eq!(by_id(&recs, "lim-ok")["outcome"], "ok");
+}
+
+#[test]
 fn sigterm_writes_every_queued_record() {
     let mock = Mock::start("{}");
     // The interval is far away: only the shutdown flush can write these.
@@ -607,7 +632,9 @@ fn two_replicas_share_one_postgres_ledger() {
     let pg = Postgres::start();
     eprintln!("throwaway PostgreSQL ready in {:?}", started.elapsed());
     let mock = Mock::start("{}");
-    let ledger = format!("  url: {}\n  flush_interval_ms: 50\n", pg.url());
+    // A password in the URL (trust auth ignores it) must never reach the log.
+    let url = pg.url().replace("sluice@", "sluice:hunter2-secret@");
+    let ledger = format!("  url: {url}\n  flush_interval_ms: 50\n");
     // Two replicas start against the same empty database: the schema is created once.
     let mut a = Sluice::start(&ledger_config(&mock, &ledger));
     let mut b = Sluice::start(&ledger_config(&mock, &ledger));
@@ -652,6 +679,12 @@ fn two_replicas_share_one_postgres_ledger() {
         records(&dir, &a.config_path, &["--tenant", "t", "--limit", "2"]).len(),
         2
     );
-    assert!(!a.log().contains("postgres://sluice@127.0.0.1") || !a.log().contains(":***@"));
+    assert!(
+        a.log()
+            .contains("usage ledger: postgres://sluice:***@127.0.0.1"),
+        "{}",
+        a.log()
+    );
+    assert!(!a.log().contains("hunter2") && !b.log().contains("hunter2"));
     a.kill();
 }
