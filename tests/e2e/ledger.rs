@@ -478,9 +478,11 @@ fn a_full_queue_drops_and_counts_without_blocking_requests() {
 /// A throwaway PostgreSQL server: `initdb` into a temp dir, `postgres` on a free loopback
 /// port, run as `nobody` when the tests run as root (PostgreSQL refuses root). Stopped on drop.
 struct Postgres {
-    child: Child,
+    child: Option<Child>,
     port: u16,
-    _dir: TempDir,
+    bindir: PathBuf,
+    root: bool,
+    dir: TempDir,
 }
 
 /// The folder of PostgreSQL's server binaries (`initdb`, `postgres`): Debian's
@@ -560,16 +562,31 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&init.stderr)
         );
-        let port = free_port();
-        let log = dir.path().join("postgres.log");
-        let child = unprivileged(&bindir.join("postgres"), root)
+        let mut pg = Postgres {
+            child: None,
+            port: free_port(),
+            bindir,
+            root,
+            dir,
+        };
+        pg.run();
+        pg
+    }
+
+    /// Starts the server on the data folder and port (again, after [`Postgres::stop`]).
+    fn run(&mut self) {
+        let log = self
+            .dir
+            .path()
+            .join(format!("postgres-{}.log", fastrand::u32(..)));
+        let child = unprivileged(&self.bindir.join("postgres"), self.root)
             .arg("-D")
-            .arg(&data)
+            .arg(self.dir.path().join("data"))
             .arg("-k")
-            .arg(dir.path())
+            .arg(self.dir.path())
             .args([
                 "-p",
-                &port.to_string(),
+                &self.port.to_string(),
                 "-c",
                 "listen_addresses=127.0.0.1",
                 "-c",
@@ -579,24 +596,19 @@ impl Postgres {
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
             .expect("start postgres");
-        let mut pg = Postgres {
-            child,
-            port,
-            _dir: dir,
-        };
+        self.child = Some(child);
         let ready = eventually(Duration::from_secs(15), || {
             std::fs::read_to_string(&log)
                 .unwrap_or_default()
                 .contains("ready to accept connections")
         });
         if !ready {
-            pg.stop();
+            self.stop();
             panic!(
                 "postgres did not start: {}",
                 std::fs::read_to_string(&log).unwrap_or_default()
             );
         }
-        pg
     }
 
     fn url(&self) -> String {
@@ -604,19 +616,22 @@ impl Postgres {
     }
 
     fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         // SIGINT: PostgreSQL's fast shutdown.
         let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
+            .args(["-INT", &child.id().to_string()])
             .status();
         let end = Instant::now() + Duration::from_secs(5);
         while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
@@ -686,5 +701,22 @@ fn two_replicas_share_one_postgres_ledger() {
         a.log()
     );
     assert!(!a.log().contains("hunter2") && !b.log().contains("hunter2"));
+
+    // PostgreSQL goes away: requests are still answered, the failed batch is kept, and it
+    // is written once the server is back.
+    let mut pg = pg;
+    pg.stop();
+    let errors = a.metric("sluice_ledger_write_errors_total");
+    assert_eq!(chat_with_id(&a, "pg-down", &chat_body(false, "{}")), 200);
+    assert!(
+        eventually(Duration::from_secs(5), || a
+            .metric("sluice_ledger_write_errors_total")
+            > errors),
+        "{}",
+        a.log()
+    );
+    pg.run();
+    let recs = wait_records(&dir, &a.config_path, 7);
+    by_id(&recs, "pg-down");
     a.kill();
 }
