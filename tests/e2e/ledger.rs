@@ -379,9 +379,9 @@ fn kill_9_loses_at_most_the_last_flush_interval() {
         &mock,
         &format!("  path: usage.db\n  flush_interval_ms: {INTERVAL_MS}\n"),
     ));
-    // Requests one after the other for 1.0-1.2 s (so the kill falls at any point of the
+    // Requests one after the other for 0.6-0.8 s (so the kill falls at any point of the
     // flush cycle); each one's end is noted.
-    let run = Duration::from_millis(1000 + fastrand::u64(..INTERVAL_MS));
+    let run = Duration::from_millis(600 + fastrand::u64(..INTERVAL_MS));
     let mut done: Vec<(String, Instant)> = Vec::new();
     let start = Instant::now();
     let mut i = 0;
