@@ -2,7 +2,8 @@
 //! per-request metrics recorded with it. Fields, in a fixed order:
 //! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
 //! ttft_ms duration_ms bytes_out input_tokens output_tokens`. Bodies and keys are never
-//! logged (the key appears only as its `key_id`).
+//! logged (the key appears only as its `key_id`). The request's usage record for the ledger
+//! ([`crate::ledger::record`]) is queued here too, from the same facts.
 
 use pingora::proxy::Session;
 
@@ -110,4 +111,5 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         s
     };
     log::info!(target: TARGET, "{line}");
+    crate::ledger::record(ctx, status, outcome);
 }

@@ -20,6 +20,7 @@
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | virtual keys |
+//! | [`ledger`] | the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage` |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` |
@@ -28,7 +29,7 @@
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
 //! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
-//! [`access_log`].
+//! [`access_log`] → [`ledger`].
 
 pub mod access_log;
 pub mod admin;
@@ -37,6 +38,7 @@ pub mod backpressure;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod ledger;
 pub mod logging;
 pub mod metrics;
 pub mod mock_upstream;

@@ -7,9 +7,9 @@
 //! `status` an HTTP status, `reason`/`phase` fixed small sets.
 
 use prometheus::{
-    exponential_buckets, register_histogram, register_histogram_vec, register_int_counter_vec,
-    register_int_gauge, register_int_gauge_vec, Encoder, Histogram, HistogramVec, IntCounterVec,
-    IntGauge, IntGaugeVec, TextEncoder,
+    exponential_buckets, register_histogram, register_histogram_vec, register_int_counter,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, Encoder, Histogram,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, TextEncoder,
 };
 use std::sync::LazyLock;
 
@@ -74,6 +74,16 @@ pub struct Metrics {
     /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
     /// `body_read_timeout_ms` passed) or `closed` (the client hung up or reset mid-way).
     pub request_read_aborts_total: IntCounterVec,
+    /// `sluice_ledger_queue_depth`: usage records queued for the ledger writer.
+    pub ledger_queue_depth: IntGauge,
+    /// `sluice_ledger_dropped_total`: usage records dropped because the ledger queue was full.
+    pub ledger_dropped_total: IntCounter,
+    /// `sluice_ledger_records_written_total`: usage records written to the ledger.
+    pub ledger_records_written_total: IntCounter,
+    /// `sluice_ledger_write_errors_total`: ledger batch writes that failed (retried).
+    pub ledger_write_errors_total: IntCounter,
+    /// `sluice_ledger_flush_seconds`: time to write one batch of usage records, seconds.
+    pub ledger_flush_seconds: Histogram,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -183,6 +193,27 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_request_read_aborts_total",
             "Requests whose head or body never fully arrived, by phase (head, body) and reason (timeout, closed).",
             &["phase", "reason"]
+        )?,
+        ledger_queue_depth: register_int_gauge!(
+            "sluice_ledger_queue_depth",
+            "Usage records queued for the ledger writer."
+        )?,
+        ledger_dropped_total: register_int_counter!(
+            "sluice_ledger_dropped_total",
+            "Usage records dropped because the ledger queue was full."
+        )?,
+        ledger_records_written_total: register_int_counter!(
+            "sluice_ledger_records_written_total",
+            "Usage records written to the ledger."
+        )?,
+        ledger_write_errors_total: register_int_counter!(
+            "sluice_ledger_write_errors_total",
+            "Ledger batch writes that failed (the batch is kept and retried)."
+        )?,
+        ledger_flush_seconds: register_histogram!(
+            "sluice_ledger_flush_seconds",
+            "Time to write one batch of usage records to the ledger, seconds.",
+            exponential_buckets(0.0001, 2.0, 16)?
         )?,
     })
 }
