@@ -27,6 +27,10 @@ pub struct Metrics {
     /// `sluice_upstream_attempts_total{provider,outcome}`: attempts by outcome
     /// (`ok`, or an attempt failure label).
     pub upstream_attempts_total: IntCounterVec,
+    /// `sluice_token_counts_total{model,method}`: answered `/v1/messages/count_tokens`
+    /// requests by how they were counted (`provider`: the Anthropic provider's own count;
+    /// `estimate`: the local `o200k_base` estimate).
+    pub token_counts_total: IntCounterVec,
     /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: cross-provider fallbacks.
     pub fallback_total: IntCounterVec,
     /// `sluice_fallback_depth`: candidate routes that failed before the one that answered
@@ -130,6 +134,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_provider_health",
             "Route health: 0 healthy, 1 degraded, 2 unhealthy.",
             &["provider", "route"]
+        )?,
+        token_counts_total: register_int_counter_vec!(
+            "sluice_token_counts_total",
+            "Answered token-count requests by standard model and method (provider, estimate).",
+            &["model", "method"]
         )?,
         tokens_total: register_int_counter_vec!(
             "sluice_tokens_total",
