@@ -277,6 +277,7 @@ const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
+/// `sluice_token_counts_total`,
 /// `sluice_sse_invalid_utf8_total` (per provider) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
@@ -308,6 +309,10 @@ pub fn init_config_series(cfg: &crate::config::Config) {
         for direction in ["input", "output"] {
             m.tokens_total
                 .with_label_values(&[model_id.as_str(), direction]);
+        }
+        for method in ["provider", "estimate"] {
+            m.token_counts_total
+                .with_label_values(&[model_id.as_str(), method]);
         }
         for r in &model.routes {
             // The route's health series exists (healthy) from the start; one that already

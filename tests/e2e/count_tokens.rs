@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::client::{post_json, request, Response};
-use crate::harness::{free_port, Mock, Sluice, KEY};
+use crate::harness::{eventually, free_port, Mock, Sluice, KEY};
 use crate::sdk::run_python;
 
 const PATH: &str = "/v1/messages/count_tokens";
@@ -213,10 +213,16 @@ fn an_anthropic_route_answers_with_the_providers_own_count() {
         1.0
     );
     assert_eq!(
-        sluice
-            .metric_opt(r#"sluice_tokens_total{direction="input",model="acme/claude"}"#)
-            .unwrap_or(0.0),
+        sluice.metric(r#"sluice_token_counts_total{method="estimate",model="acme/claude"}"#),
         0.0
+    );
+    // Counting is not generation: no request duration sample (its latency would skew the
+    // generation histograms).
+    assert_eq!(
+        sluice.metric_opt(
+            r#"sluice_request_duration_seconds_count{model="acme/claude",provider="claude",stream="false"}"#
+        ),
+        None
     );
 }
 
@@ -427,6 +433,17 @@ fn counting_spends_no_generation_budget() {
     assert_eq!(r.status, 200, "{}", r.text());
     let r = post_json(sluice.addr, "/v1/messages", &[("x-api-key", KEY)], gen);
     anthropic_error(&r, 429, "rate_limit_error");
+    // The generation metrics saw the one non-stream generation, none of the 4 provider
+    // counts of `acme/claude`.
+    assert!(eventually(Duration::from_secs(2), || {
+        sluice.metric_opt(
+        r#"sluice_request_duration_seconds_count{model="acme/claude",provider="claude",stream="false"}"#
+    ) == Some(1.0)
+    }));
+    assert_eq!(
+        sluice.metric(r#"sluice_token_counts_total{method="provider",model="acme/claude"}"#),
+        4.0
+    );
 }
 
 #[test]
