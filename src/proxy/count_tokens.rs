@@ -31,8 +31,11 @@
 //! `server.max_concurrent_upstream_requests` while it is in flight, but never waits in the
 //! admission queue: with no slot free the estimate answers. Count calls neither trip nor
 //! heal a route's passive health (they are another endpoint); routes that are resting or
-//! unhealthy are skipped. Counted in `sluice_token_counts_total{model,method}`.
+//! unhealthy are skipped. Estimates run on blocking threads, at most one per CPU at once
+//! (the rest wait, bounded in memory by the request-buffer bound). Counted in
+//! `sluice_token_counts_total{model,method}`.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,6 +43,7 @@ use pingora::connectors::http::Connector;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
 
 use super::attempt::{self, ClientGone};
 use super::ctx::RequestCtx;
@@ -60,6 +64,14 @@ pub const COUNT_METHOD_HEADER: &str = "x-sluice-token-count";
 
 /// Largest upstream count answer (or error body) read, bytes: `{"input_tokens":N}` is ~25.
 const MAX_UPSTREAM_BODY_BYTES: usize = 64 * 1024;
+
+/// Estimates running at once, process-wide: one per CPU. An estimate is CPU-bound (about
+/// 1 µs per byte of text in a debug build, 2 s for the first one there while the BPE
+/// table loads), so more would only slow the proxy's own threads; the others wait (their
+/// bodies are bounded by `server.max_buffered_request_bytes`) or leave.
+static ESTIMATE_SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
+    Semaphore::new(std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
+});
 
 /// Idle time a pooled upstream connection is kept (as generation's).
 const POOL_IDLE: Duration = Duration::from_secs(90);
@@ -223,10 +235,20 @@ pub(super) async fn handle(
         }
     }
     let canonical = req.canonical;
-    let n =
-        tokio::task::spawn_blocking(move || protocol::tokens::estimate_input_tokens(&canonical))
-            .await
-            .map_err(|e| GatewayError::Internal(format!("the token estimate failed: {e}")))?;
+    let n = {
+        let slot = tokio::select! {
+            s = ESTIMATE_SLOTS.acquire() => s
+                .map_err(|_| GatewayError::Internal("the token estimator is closed".into()))?,
+            () = client_gone(session) => return Err(ChatError::Gone(ClientGone("queued"))),
+        };
+        let n = tokio::task::spawn_blocking(move || {
+            protocol::tokens::estimate_input_tokens(&canonical)
+        })
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the token estimate failed: {e}")))?;
+        drop(slot);
+        n
+    };
     answer(
         session,
         ctx,
