@@ -15,7 +15,7 @@
 
 pub mod attempt;
 pub mod connection;
-mod count_tokens;
+pub mod count_tokens;
 pub mod ctx;
 pub mod endpoints;
 mod pipe;
