@@ -11,6 +11,7 @@ mod client_compat;
 mod config_check;
 mod count_tokens;
 mod demo;
+mod dialect_matrix;
 mod dialects;
 mod fallback;
 mod harness;
