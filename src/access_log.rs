@@ -42,7 +42,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     m.requests_total
         .with_label_values(&[model, &status.to_string()])
         .inc();
-    if o.provider.is_some() {
+    if o.provider.is_some() && !o.count_only {
         m.request_duration_seconds
             .with_label_values(&[model, provider, if ctx.stream { "true" } else { "false" }])
             .observe(duration.as_secs_f64());

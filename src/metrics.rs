@@ -27,6 +27,10 @@ pub struct Metrics {
     /// `sluice_upstream_attempts_total{provider,outcome}`: attempts by outcome
     /// (`ok`, or an attempt failure label).
     pub upstream_attempts_total: IntCounterVec,
+    /// `sluice_token_counts_total{model,method}`: answered `/v1/messages/count_tokens`
+    /// requests by how they were counted (`provider`: the Anthropic provider's own count;
+    /// `estimate`: the local `o200k_base` estimate).
+    pub token_counts_total: IntCounterVec,
     /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: cross-provider fallbacks.
     pub fallback_total: IntCounterVec,
     /// `sluice_fallback_depth`: candidate routes that failed before the one that answered
@@ -140,6 +144,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_provider_health",
             "Route health: 0 healthy, 1 degraded, 2 unhealthy.",
             &["provider", "route"]
+        )?,
+        token_counts_total: register_int_counter_vec!(
+            "sluice_token_counts_total",
+            "Answered token-count requests by standard model and method (provider, estimate).",
+            &["model", "method"]
         )?,
         tokens_total: register_int_counter_vec!(
             "sluice_tokens_total",
@@ -299,6 +308,7 @@ const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
+/// `sluice_token_counts_total`,
 /// `sluice_sse_invalid_utf8_total` (per provider) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
@@ -330,6 +340,10 @@ pub fn init_config_series(cfg: &crate::config::Config) {
         for direction in ["input", "output"] {
             m.tokens_total
                 .with_label_values(&[model_id.as_str(), direction]);
+        }
+        for method in ["provider", "estimate"] {
+            m.token_counts_total
+                .with_label_values(&[model_id.as_str(), method]);
         }
         for r in &model.routes {
             // The route's health series exists (healthy) from the start; one that already

@@ -9,6 +9,11 @@
 //! - `POST {prefix}/messages` — Anthropic Messages, non-stream
 //!   (<https://docs.anthropic.com/en/api/messages>) and SSE stream
 //!   (<https://docs.anthropic.com/en/api/messages-streaming>);
+//! - `POST {prefix}/messages/count_tokens` — Anthropic's token count
+//!   (<https://docs.anthropic.com/en/api/messages-count-tokens>): `{"input_tokens": N}` with
+//!   N the `prompt_tokens` knob, else the words of `system` and every message (min 1); a
+//!   body with a member Anthropic does not take there (`max_tokens`, `stream`, …) gets its
+//!   400 `invalid_request_error`;
 //! - `GET {prefix}/models` — an OpenAI-style model list (health probes).
 //!
 //! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,

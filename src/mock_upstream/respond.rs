@@ -24,6 +24,8 @@ const BODY_PIECE_BYTES: usize = 16 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Chat(Provider),
+    /// Anthropic's `POST /v1/messages/count_tokens`.
+    CountTokens,
     Models,
     NotFound,
 }
@@ -73,7 +75,9 @@ fn now_unix() -> u64 {
 
 fn classify(req: &Request) -> Kind {
     let path = req.path().trim_end_matches('/');
-    if req.method == "POST" && path.ends_with("/chat/completions") {
+    if req.method == "POST" && path.ends_with("/messages/count_tokens") {
+        Kind::CountTokens
+    } else if req.method == "POST" && path.ends_with("/chat/completions") {
         Kind::Chat(Provider::OpenAi)
     } else if req.method == "POST" && path.ends_with("/messages") {
         Kind::Chat(Provider::Anthropic)
@@ -160,11 +164,15 @@ pub(crate) fn prepare(
 
     let provider = match kind {
         Kind::Chat(p) => p,
+        Kind::CountTokens => Provider::Anthropic,
         _ => Provider::OpenAi,
     };
     let mut bad_request: Option<String> = None;
-    if let (Kind::Chat(_), Err(e)) = (kind, &parsed) {
+    if let (Kind::Chat(_) | Kind::CountTokens, Err(e)) = (kind, &parsed) {
         bad_request = Some(e.clone());
+    }
+    if kind == Kind::CountTokens && bad_request.is_none() {
+        bad_request = wire::count_tokens_refusal(body.as_ref());
     }
 
     // Behaviour levels: body "mock" > x-mock-behavior header > process default. Demo mode
@@ -481,6 +489,10 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         Kind::Chat(_) if plan.stream || Behavior::flag(plan.behavior.stream_always) => {
             stream(plan, out, close).await
         }
+        Kind::CountTokens => {
+            let body = wire::anthropic_token_count(plan.meta.prompt_tokens);
+            write_answer(plan, out, close, abort, body.into_bytes()).await
+        }
         _ => non_stream(plan, out, close, abort).await,
     }
 }
@@ -520,7 +532,21 @@ async fn non_stream(
         Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
         Provider::Anthropic => wire::anthropic_message(&plan.meta, &text, n),
     };
-    let mut body = body.into_bytes();
+    write_answer(plan, out, close, abort, body.into_bytes()).await
+}
+
+/// Writes a non-stream JSON answer with the body knobs applied: invalid UTF-8, content
+/// coding, write splitting, `first_event_delay_ms` (before the body),
+/// `close_before_first_event`, and `drop_after_tokens` / `stall_after_tokens` (cut after
+/// half of the body).
+async fn write_answer(
+    plan: &Plan,
+    out: &mut Out<'_>,
+    close: bool,
+    abort: After,
+    mut body: Vec<u8>,
+) -> io::Result<After> {
+    let b = &plan.behavior;
     if Behavior::flag(b.invalid_utf8) {
         body = wire::inject_invalid_utf8(&body);
     }

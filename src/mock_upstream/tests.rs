@@ -1067,3 +1067,46 @@ async fn openai_parallel_tool_calls_and_reasoning_content() {
     assert!(t.find("reasoning_content").unwrap() < t.find(r#""content":"Yes""#).unwrap());
     assert!(t.contains(r#""finish_reason":"stop""#), "{t}");
 }
+
+#[tokio::test]
+async fn anthropic_token_count_is_deterministic_recorded_and_refuses_generation_fields() {
+    let srv = server(Behavior::default()).await;
+    let body = json!({"model": "claude-x", "system": "be brief please",
+        "messages": [{"role": "user", "content": "hi there"},
+                     {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}]});
+    let r = call(&srv, "/v1/messages/count_tokens", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    // The words of `system` and of every message: 3 + 2 + 1.
+    assert_eq!(r.text(), r#"{"input_tokens":6}"#);
+    let rec = wait_log(srv.state(), |r| r.path == "/v1/messages/count_tokens").await;
+    assert_eq!(rec.method, "POST");
+    assert_eq!(rec.model.as_deref(), Some("claude-x"));
+    // `prompt_tokens` fixes the count; the failure knobs apply.
+    let mut fixed = body.clone();
+    fixed["mock"] = json!({"prompt_tokens": 4242});
+    let r = call(&srv, "/v1/messages/count_tokens", &fixed).await;
+    assert_eq!(r.text(), r#"{"input_tokens":4242}"#);
+    fixed["mock"] = json!({"status": 529});
+    let r = call(&srv, "/v1/messages/count_tokens", &fixed).await;
+    assert_eq!(r.status, 529);
+    assert_eq!(r.json()["error"]["type"], "overloaded_error");
+    // Anthropic refuses generation-only members here.
+    let mut extra = body.clone();
+    extra["max_tokens"] = json!(10);
+    let r = call(&srv, "/v1/messages/count_tokens", &extra).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json(),
+        json!({"type": "error", "error": {"type": "invalid_request_error",
+            "message": "max_tokens: Extra inputs are not permitted"}})
+    );
+    let r = call(
+        &srv,
+        "/v1/messages/count_tokens",
+        &json!({"model": "claude-x"}),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["message"], "messages: Field required");
+}

@@ -423,6 +423,46 @@ pub(crate) fn anthropic_block_stop(index: usize) -> String {
     format!("{{\"type\":\"content_block_stop\",\"index\":{index}}}")
 }
 
+/// A token-count answer (`POST /v1/messages/count_tokens`,
+/// <https://docs.anthropic.com/en/api/messages-count-tokens>).
+pub(crate) fn anthropic_token_count(input_tokens: u64) -> String {
+    format!("{{\"input_tokens\":{input_tokens}}}")
+}
+
+/// The top-level members Anthropic's token-count endpoint accepts (and the mock's own
+/// `mock` knob).
+const COUNT_TOKENS_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+    "context_management",
+    "output_config",
+    "output_format",
+    "mock",
+];
+
+/// Why Anthropic would refuse a token-count body with a 400 (its messages): no object, no
+/// `model` string, no `messages` array, or a member it does not take (`max_tokens: Extra
+/// inputs are not permitted`: generation-only members are refused there).
+pub(crate) fn count_tokens_refusal(body: Option<&Value>) -> Option<String> {
+    let Some(Value::Object(map)) = body else {
+        return Some("request body must be a JSON object".into());
+    };
+    if !map.get("model").is_some_and(Value::is_string) {
+        return Some("model: Field required".into());
+    }
+    if !map.get("messages").is_some_and(Value::is_array) {
+        return Some("messages: Field required".into());
+    }
+    map.keys()
+        .find(|k| !COUNT_TOKENS_FIELDS.contains(&k.as_str()))
+        .map(|k| format!("{k}: Extra inputs are not permitted"))
+}
+
 /// `message_start` event data.
 pub(crate) fn anthropic_message_start(m: &ReplyMeta) -> String {
     format!(

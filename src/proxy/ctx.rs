@@ -37,6 +37,9 @@ pub struct Outcome {
     /// The upstream answered, then broke off (mid-stream error, broken body): the route
     /// is charged a failure although a response was written.
     pub upstream_broke: bool,
+    /// The request only counted tokens (`/v1/messages/count_tokens`): nothing was generated,
+    /// so it stays out of the generation metrics (durations, TTFT, `sluice_tokens_total`).
+    pub count_only: bool,
 }
 
 /// Decrements `sluice_active_streams{tenant}` on drop.

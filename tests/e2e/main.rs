@@ -9,6 +9,7 @@ mod cancellation;
 mod cli_key;
 mod client_compat;
 mod config_check;
+mod count_tokens;
 mod demo;
 mod dialect_matrix;
 mod dialects;
