@@ -93,6 +93,7 @@ fn start_sluice(dir: &Path, name: &str, providers: &[(&str, SocketAddr)]) -> (Pr
     std::fs::write(&cfg, y).expect("write config");
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log");
     let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(dir)
         .arg("-c")
         .arg(&cfg)
         .env("RUST_LOG", "warn")

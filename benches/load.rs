@@ -331,6 +331,7 @@ fn start_sluice(
         sluice_check(&config)?;
         let log = dir.join(format!("{tag}.log"));
         let child = Command::new(sluice_exe())
+            .current_dir(dir)
             .arg("-c")
             .arg(&config)
             .env("RUST_LOG", "info")

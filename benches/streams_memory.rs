@@ -257,6 +257,7 @@ fn start(n: usize) -> Result<(Procs, std::net::SocketAddr), String> {
         None => Command::new(env!("CARGO_BIN_EXE_sluice")),
     };
     let sluice = cmd
+        .current_dir(&dir.0)
         .process_group(0)
         .arg("-c")
         .arg(&path)

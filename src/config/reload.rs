@@ -268,6 +268,18 @@ impl Reloader {
     }
 }
 
+/// Whether an event about `paths` concerns only files whose path starts with `ignore`.
+fn only_ignored(paths: &[PathBuf], ignore: Option<&Path>) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(ignore) = ignore else { return false };
+    !paths.is_empty()
+        && paths.iter().all(|p| {
+            p.as_os_str()
+                .as_bytes()
+                .starts_with(ignore.as_os_str().as_bytes())
+        })
+}
+
 /// The file watcher: notify on the folders of [`Inputs::dirs`], each event a nudge on `tx`.
 struct Watch {
     watcher: Option<notify::RecommendedWatcher>,
@@ -275,10 +287,15 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(tx: tokio::sync::mpsc::Sender<()>) -> Self {
+    /// A watcher nudging `tx`. Events only about files whose path starts with `ignore` (the
+    /// SQLite usage ledger and its `-wal`/`-shm` files, which a ledger kept beside the config
+    /// writes every flush interval) are not nudges.
+    fn new(tx: tokio::sync::mpsc::Sender<()>, ignore: Option<PathBuf>) -> Self {
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             if let Ok(ev) = res {
-                if !matches!(ev.kind, notify::EventKind::Access(_)) {
+                if !matches!(ev.kind, notify::EventKind::Access(_))
+                    && !only_ignored(&ev.paths, ignore.as_deref())
+                {
                     let _ = tx.try_send(());
                 }
             }
@@ -321,7 +338,11 @@ impl Watch {
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
-        let mut watch = Watch::new(tx);
+        let ledger = match self.handle.snapshot().ledger.clone().absolute().backend {
+            crate::ledger::Backend::Sqlite { path } => Some(path),
+            _ => None,
+        };
+        let mut watch = Watch::new(tx, ledger);
         watch.set(&inputs(&self.path).dirs);
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -378,6 +399,35 @@ impl BackgroundService for Reloader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ledger_writes_beside_the_config_are_not_nudges() {
+        let db = Path::new("/etc/sluice/sluice-usage.db");
+        let p = |s: &str| PathBuf::from(s);
+        for f in [
+            "sluice-usage.db",
+            "sluice-usage.db-wal",
+            "sluice-usage.db-shm",
+        ] {
+            assert!(
+                only_ignored(&[p(&format!("/etc/sluice/{f}"))], Some(db)),
+                "{f}"
+            );
+        }
+        assert!(!only_ignored(&[p("/etc/sluice/sluice.yaml")], Some(db)));
+        assert!(!only_ignored(
+            &[
+                p("/etc/sluice/sluice-usage.db-wal"),
+                p("/etc/sluice/sluice.yaml")
+            ],
+            Some(db)
+        ));
+        assert!(
+            !only_ignored(&[], Some(db)),
+            "an event naming no path may be anything"
+        );
+        assert!(!only_ignored(&[p("/etc/sluice/sluice-usage.db")], None));
+    }
 
     struct Dir(PathBuf);
     impl Drop for Dir {

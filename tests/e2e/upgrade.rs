@@ -85,6 +85,7 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
     let new_log = std::fs::File::create(&new_log_path).expect("log");
     let mut new = Proc(
         Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .current_dir(old.dir.path())
             .arg("-u")
             .arg("-c")
             .arg(&old.config_path)
@@ -182,6 +183,7 @@ fn daemon_mode_writes_the_pid_file_serves_and_stops() {
     // `-d`: the command returns once the daemon has forked off.
     let t = Instant::now();
     let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(dir.path())
         .arg("-d")
         .arg("-c")
         .arg(&cfg_path)
