@@ -174,6 +174,30 @@ pub fn request_head(
     Ok(req)
 }
 
+/// Sends the request head and body (none for a `GET`) and reads the final (non-1xx)
+/// response head. Used by the attempt loop and the active health probes.
+///
+/// # Errors
+/// Pingora's write/read errors (connection closed, reset, protocol).
+pub async fn exchange(
+    up: &mut pingora::protocols::http::client::HttpSession,
+    head: pingora::http::RequestHeader,
+    body: Option<bytes::Bytes>,
+) -> pingora::Result<()> {
+    up.write_request_header(Box::new(head)).await?;
+    if let Some(body) = body {
+        up.write_request_body(body, true).await?;
+    }
+    up.finish_request_body().await?;
+    loop {
+        up.read_response_header().await?;
+        match up.response_header() {
+            Some(h) if h.status.as_u16() < 200 => {}
+            _ => return Ok(()),
+        }
+    }
+}
+
 /// Adds the provider's credential (`Authorization: Bearer` or `x-api-key` +
 /// `anthropic-version`).
 ///

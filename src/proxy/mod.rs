@@ -12,14 +12,21 @@
 //! | `upstream_peer` | no native-path routes are configured: refuse | — |
 //! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped | [`respond`] |
 //! | `logging` | access log line, request metrics | [`crate::access_log`] |
+//!
+//! Inside the attempt loop the arrows point down the request path: [`attempt`] (candidates,
+//! fallback, the upstream request) → `unary` (a non-streaming answer) or `pump` (a stream,
+//! through `pipe`'s per-stream transform) → `upstream` (how an attempt ends, shared by all).
 
 pub mod attempt;
 pub mod connection;
 pub mod ctx;
 pub mod endpoints;
 mod pipe;
+mod pump;
 pub mod request;
 pub mod respond;
+mod unary;
+mod upstream;
 
 use std::sync::Arc;
 
