@@ -31,12 +31,12 @@ use super::respond;
 pub use super::upstream::ClientGone;
 use super::upstream::{client_gone, failed, Attempt, MAX_ERROR_BODY_BYTES};
 use super::{pump, unary};
-use crate::config::{HopTimeouts, Model, Provider, ProviderKind, Route};
+use crate::config::{HopTimeouts, Model, Provider, Route};
 use crate::error::{parse_retry_after, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect};
+use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
-use crate::providers::{self, openai};
 use crate::routing::{retryable_status, Candidate};
 
 /// Runs the attempt loop and writes the response.
@@ -180,7 +180,7 @@ fn upstream_body(
 ) -> Result<Vec<u8>, GatewayError> {
     let upstream = route.provider.kind.dialect();
     if req.dialect == upstream {
-        return openai::request_body(&req.body, &route.upstream_model)
+        return providers::passthrough_body(&req.body, &route.upstream_model)
             .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
     let refused = |e: &protocol::ProtocolError| {
@@ -238,17 +238,13 @@ async fn attempt(
         }
     };
     let mut head = head;
-    if let Some(beta) = req
-        .anthropic_beta
-        .as_deref()
-        .filter(|_| provider.kind == ProviderKind::Anthropic)
+    if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
+        .is_err()
     {
-        if head.insert_header("anthropic-beta", beta).is_err() {
-            return Attempt::Final(GatewayError::invalid(
-                "the `anthropic-beta` header is not a valid header value",
-                None,
-            ));
-        }
+        return Attempt::Final(GatewayError::invalid(
+            "the `anthropic-beta` header is not a valid header value",
+            None,
+        ));
     }
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
@@ -511,14 +507,7 @@ fn normalize_upstream_error(
     retry_after: Option<Duration>,
     client: Dialect,
 ) -> GatewayError {
-    let (error_type, code, message) = match provider.kind.dialect() {
-        // OpenAI-compatible bodies pass through with their own type and code.
-        Dialect::ChatCompletions => openai::error_parts(status, body),
-        up => {
-            let (kind, message) = protocol::decode_error_body(up, status, body);
-            (kind.openai_type().to_string(), None, message)
-        }
-    };
+    let (error_type, code, message) = providers::error_parts(provider.kind.dialect(), status, body);
     let message = providers::scrub_key(provider, &message);
     // Every field the client sees is scrubbed, not only the message.
     let error_type = providers::scrub_key(provider, &error_type);

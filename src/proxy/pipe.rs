@@ -19,8 +19,8 @@ use bytes::{Bytes, BytesMut};
 use crate::config::Route;
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
+use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
-use crate::providers::openai;
 use crate::sse::{self, ModelPath, ModelRewriter, SseError, SseNormalizer};
 
 /// The client-facing stream terminator.
@@ -273,7 +273,8 @@ impl<'r> StreamPipe<'r> {
                 });
             }
             if !messages && (ev.event_name() == Some("error") || data.starts_with(b"{\"error\"")) {
-                let (error_type, _, message) = openai::error_parts(502, &data);
+                let (error_type, _, message) =
+                    providers::error_parts(Dialect::ChatCompletions, 502, &data);
                 return Err(PipeError::Upstream {
                     kind: ErrorKind::Api,
                     error_type,
