@@ -5,6 +5,7 @@
 //! Errors come back as [`ConfigError`] naming file, line, column and key path.
 
 pub mod error;
+pub mod keys;
 pub mod reload;
 pub mod schema;
 mod validate;
@@ -19,9 +20,9 @@ use std::time::Duration;
 pub use error::ConfigError;
 pub use schema::{Capability, LogFormat, ProviderKind, Strategy};
 
-use crate::auth::KeyTable;
 use crate::secret::Secret;
 use crate::sse::ModelRewriter;
+use keys::KeyTable;
 
 /// A validated, immutable configuration snapshot. One is pinned per request.
 #[derive(Debug)]

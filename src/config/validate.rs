@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::ConfigError;
+use super::keys::{hash_key, Caller, KeyTable};
 use super::schema::{FileConfig, IncludedFile, ProviderKind, ProviderSection};
 use super::{
     ActiveHealthCheck, Config, Endpoint, ErrorRate, HopTimeouts, Model, PassiveHealth, Provider,
     Route, ServerSettings, Tenant,
 };
-use crate::auth::{hash_key, Caller, KeyTable};
 use crate::secret::Secret;
 use crate::sse::ModelRewriter;
 
