@@ -264,6 +264,16 @@ impl<'r> StreamPipe<'r> {
                 self.done = true;
                 continue;
             }
+            if messages && ev.event_name() == Some("ping") {
+                // Keepalive chatter, not the answer: it never commits the response (a ping
+                // before `message_start` followed by a failure must still fall back), and
+                // before the first data event it is dropped (the client's stream opens with
+                // `message_start`; Sluice's own heartbeats keep a committed line alive).
+                if self.data_events > 0 {
+                    self.out.extend_from_slice(ev.raw());
+                }
+                continue;
+            }
             if messages && ev.event_name() == Some("error") {
                 let (kind, message) = protocol::decode_error_body(Dialect::Messages, 502, &data);
                 return Err(PipeError::Upstream {

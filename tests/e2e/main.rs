@@ -17,6 +17,7 @@ mod harness_client;
 mod health;
 mod heartbeat;
 mod hostile;
+mod ping_commit;
 mod readme;
 mod redis_limits;
 mod reload;
