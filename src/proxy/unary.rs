@@ -142,20 +142,20 @@ pub(super) async fn unary(
             .inc_by(invalid);
         body = BytesMut::from(&repaired[..]);
     }
-    let standard = ctx.standard_model.clone().unwrap_or_default();
     let upstream = route.provider.kind.dialect();
-    let out: Vec<u8> = match (ctx.dialect, upstream) {
+    // Written as is: no copy of the answer between the rewrite and the socket.
+    let out: Bytes = match (ctx.dialect, upstream) {
         (client, up) if client == up => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
             route.rewriter.rewrite_json(&body, &mut out);
-            out.to_vec()
+            out.freeze()
         }
         (client, up) => match protocol::decode_response(up, &body, unix_now()) {
             Ok(mut resp) => {
-                resp.model.clone_from(&standard);
+                resp.model = ctx.standard_model.clone().unwrap_or_default();
                 ctx.outcome.input_tokens = resp.usage.input_tokens;
                 ctx.outcome.output_tokens = resp.usage.output_tokens;
-                protocol::encode_response(client, &resp)
+                Bytes::from(protocol::encode_response(client, &resp))
             }
             Err(e) => {
                 let err = GatewayError::UpstreamUnavailable {
@@ -193,10 +193,7 @@ pub(super) async fn unary(
         .write_response_header(Box::new(head), false)
         .await
         .is_err()
-        || session
-            .write_response_body(Some(Bytes::from(out)), true)
-            .await
-            .is_err()
+        || session.write_response_body(Some(out), true).await.is_err()
     {
         return Attempt::Gone(ClientGone("writing"));
     }
