@@ -19,9 +19,7 @@ use super::ctx::RequestCtx;
 use super::pipe::{PipeError, StreamPipe};
 use super::request::InferenceRequest;
 use super::respond;
-use super::upstream::{
-    client_gone, failed, unix_now, Attempt, ClientGone, MAX_ERROR_BODY_BYTES, POOL_IDLE,
-};
+use super::upstream::{client_gone, failed, release_or_close, unix_now, Attempt, ClientGone};
 use crate::config::{HopTimeouts, Model, Route};
 use crate::error::{AttemptFailure, GatewayError};
 use crate::metrics::metrics;
@@ -29,8 +27,6 @@ use crate::protocol;
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
 
-/// After `[DONE]`, how long the upstream's end of body is awaited to pool its connection.
-const DONE_DRAIN: Duration = Duration::from_millis(200);
 /// Most output bytes gathered from already-received upstream chunks into one downstream
 /// write (see [`coalesce_ready`]).
 const COALESCE_BYTES: usize = 16 * 1024;
@@ -518,37 +514,6 @@ async fn coalesce_ready(
         }
     }
     ReadyStop::Pending
-}
-
-/// Returns a finished stream's upstream connection to the pool when its body was read to
-/// the end (waiting at most [`DONE_DRAIN`] for the terminator after `[DONE]`), else closes
-/// it: a connection with unread body bytes is never reused. Callers box it: its future is
-/// ~4 KiB and would otherwise be part of every held stream's future.
-async fn release_or_close(
-    connector: &Connector,
-    mut up: UpstreamSession,
-    peer: &pingora::upstreams::peer::HttpPeer,
-) {
-    if !up.response_done() {
-        // Boxed, as it is rare and large (a body read): the stream's future stays small.
-        let drain = Box::pin(async {
-            let mut left = MAX_ERROR_BODY_BYTES;
-            while let Ok(Some(b)) = up.read_response_body().await {
-                left = left.saturating_sub(b.len());
-                if left == 0 {
-                    break;
-                }
-            }
-        });
-        let _ = tokio::time::timeout(DONE_DRAIN, drain).await;
-    }
-    if up.response_done() {
-        connector
-            .release_http_session(up, peer, Some(POOL_IDLE))
-            .await;
-    } else {
-        up.shutdown().await;
-    }
 }
 
 /// How a committed stream ends badly: the SSE error event's fields.

@@ -1,10 +1,12 @@
-//! Owns what the attempt loop ([`super::attempt`]), the unary exchange ([`super::unary`]) and
-//! the stream pump ([`super::pump`]) share about one attempt: how it ends ([`Attempt`]), the
-//! client-disconnect signal, and the upstream connection pool's idle time. It depends on
-//! neither of them, so each arrow points down: attempt → unary / pump → upstream.
+//! Owns what the attempt loop ([`super::attempt`]), the unary exchange ([`super::unary`])
+//! and the stream pump ([`super::pump`]) share about one attempt: how it ends ([`Attempt`]),
+//! the client-disconnect signal, and returning a finished upstream connection to the pool.
+//! It depends on none of them, so each arrow points down: attempt → unary / pump → upstream.
 
 use std::time::Duration;
 
+use pingora::connectors::http::Connector;
+use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
 use crate::config::Route;
@@ -15,6 +17,8 @@ use crate::error::{AttemptError, AttemptFailure, GatewayError};
 pub(super) const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 /// Idle time a pooled upstream connection is kept.
 pub(super) const POOL_IDLE: Duration = Duration::from_secs(90);
+/// After `[DONE]`, how long the upstream's end of body is awaited to pool its connection.
+const DONE_DRAIN: Duration = Duration::from_millis(200);
 
 /// The client disconnected; the phase is the `sluice_client_aborts_total` label.
 #[derive(Debug, Clone, Copy)]
@@ -65,4 +69,35 @@ pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Returns a finished stream's upstream connection to the pool when its body was read to
+/// the end (waiting at most [`DONE_DRAIN`] for the terminator after `[DONE]`), else closes
+/// it: a connection with unread body bytes is never reused. Callers box it: its future is
+/// ~4 KiB and would otherwise be part of every held stream's future.
+pub(super) async fn release_or_close(
+    connector: &Connector,
+    mut up: UpstreamSession,
+    peer: &pingora::upstreams::peer::HttpPeer,
+) {
+    if !up.response_done() {
+        // Boxed, as it is rare and large (a body read): the stream's future stays small.
+        let drain = Box::pin(async {
+            let mut left = MAX_ERROR_BODY_BYTES;
+            while let Ok(Some(b)) = up.read_response_body().await {
+                left = left.saturating_sub(b.len());
+                if left == 0 {
+                    break;
+                }
+            }
+        });
+        let _ = tokio::time::timeout(DONE_DRAIN, drain).await;
+    }
+    if up.response_done() {
+        connector
+            .release_http_session(up, peer, Some(POOL_IDLE))
+            .await;
+    } else {
+        up.shutdown().await;
+    }
 }
