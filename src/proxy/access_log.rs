@@ -6,8 +6,8 @@
 
 use pingora::proxy::Session;
 
+use super::ctx::RequestCtx;
 use crate::metrics::metrics;
-use crate::proxy::ctx::RequestCtx;
 
 /// Log target of access lines (`RUST_LOG=sluice::access=info`).
 pub const TARGET: &str = "sluice::access";
