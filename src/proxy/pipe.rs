@@ -8,7 +8,11 @@
 //! or any other pair through [`protocol::StreamTranslator`]. The pipe names no provider
 //! kind and no dialect module: it only chooses these objects.
 //!
-//! The pump in `attempt.rs` feeds it upstream chunks and writes what lands in its output;
+//! Only data events of the answer count toward the commit ([`StreamPipe::data_events`]):
+//! comments and Anthropic `ping`s do not, so an upstream that pings and then fails before
+//! its first event still falls back.
+//!
+//! The pump ([`super::pump`]) feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
 //! `[DONE]` (forwarded or translated), or with a finish reason and no `[DONE]` (then
 //! exactly one `data: [DONE]` is added); a body that ends without a finish reason, or in the
@@ -50,8 +54,8 @@ pub(super) enum PipeError {
     },
 }
 
-/// Per-stream transform state: decoder, normalizer, model rewrite or Anthropic
-/// translation, counters. Reused buffers: no allocation per event in the steady state.
+/// Per-stream transform state: decoder, normalizer, model rewrite or the dialect translator,
+/// counters. Reused buffers: no allocation per event in the steady state.
 pub(super) struct StreamPipe<'r> {
     decoder: Option<Decoder>,
     /// Most bytes one compressed chunk may decode to.
