@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Sluice needs on a fresh Debian machine, idempotently:
 #   cmake + a C compiler (Pingora builds zlib-ng), ca-certificates (TLS to real providers),
-#   redis-server (distributed rate-limit tests), nginx (load-script comparison, optional),
+#   redis-server (distributed rate-limit tests), postgresql (the usage-ledger tests start their
+#   own throwaway server with its initdb/postgres binaries), nginx (load-script comparison, optional),
 #   and a Python venv at .venv with the official SDKs (tests/sdk/requirements.txt).
 # Usage: bash scripts/install-deps.sh [--run]   (--run: only what building and running needs)
 set -euo pipefail
@@ -15,6 +16,9 @@ command -v cc >/dev/null 2>&1 || need+=(build-essential)
 if [ "$mode" != "--run" ]; then
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
   command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+  # The throwaway PostgreSQL runs as `nobody` through setpriv (util-linux) when tests run as root.
+  command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
@@ -23,7 +27,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# Debian starts a system redis-server on install; the tests start their own on free ports.
+# Debian starts a system redis-server (and a PostgreSQL cluster) on install; the tests start
+# their own on free ports.
 
 if [ "$mode" != "--run" ]; then
   if [ ! -x .venv/bin/python ]; then

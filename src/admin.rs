@@ -1,5 +1,7 @@
 //! Owns the admin listener: `/healthz` (the process is up), `/readyz` (config loaded and the
-//! proxy listener bound) and `/metrics` (Prometheus text exposition, see [`crate::metrics`]).
+//! proxy listener bound), `/metrics` (Prometheus text exposition, see [`crate::metrics`]) and
+//! `/admin/usage` (the usage ledger, behind the admin token of `server.admin_token_env`; see
+//! [`crate::ledger::query::admin_usage`]).
 //! It never shares a port with client traffic.
 
 use std::sync::Arc;
@@ -51,6 +53,35 @@ impl ServeHttp for AdminApp {
                 respond(200, "text/plain", body.into_bytes())
             }
             "/metrics" => respond(200, "text/plain; version=0.0.4", crate::metrics::render()),
+            "/admin/usage" => {
+                let query = session.req_header().uri.query().unwrap_or("").to_string();
+                let auth = session
+                    .req_header()
+                    .headers
+                    .get(http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes().to_vec());
+                let token = self
+                    .config
+                    .snapshot()
+                    .server
+                    .admin_token
+                    .as_ref()
+                    .map(|t| t.expose().to_string());
+                // The ledger query blocks (SQLite, or PostgreSQL on its own runtime).
+                let r = tokio::task::spawn_blocking(move || {
+                    crate::ledger::query::admin_usage(
+                        &query,
+                        auth.as_deref(),
+                        token.as_deref(),
+                        crate::ledger::running(),
+                    )
+                })
+                .await;
+                match r {
+                    Ok(r) => respond(r.status, r.content_type, r.body),
+                    Err(_) => respond(500, "text/plain", b"usage query failed\n".to_vec()),
+                }
+            }
             _ => respond(404, "text/plain", b"not found\n".to_vec()),
         }
     }

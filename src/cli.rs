@@ -6,6 +6,9 @@
 //!   are passed to Pingora.
 //! - `sluice key new --tenant T [--name N]`: print a fresh virtual key (first line) and the
 //!   line `key_sha256: <64 hex>` to put in the config; needs no config file.
+//! - `sluice usage -c FILE [--since DATE] [--until DATE] [--tenant T] [--model M]
+//!   [--format table|json|csv] [--summary] [--limit N]`: print the usage ledger that `FILE`'s
+//!   `ledger:` section names (only that section is read). See [`crate::ledger::query`].
 
 use clap::{Parser, Subcommand};
 
@@ -49,6 +52,73 @@ pub enum Command {
         #[command(subcommand)]
         action: KeyAction,
     },
+    /// Print the usage ledger (records or per tenant × model sums).
+    Usage(UsageArgs),
+}
+
+/// `sluice usage ...`: read the usage ledger.
+#[derive(Debug, clap::Args)]
+pub struct UsageArgs {
+    /// The YAML config whose `ledger:` section names the ledger (only that section is read).
+    #[arg(
+        short = 'c',
+        long = "conf",
+        alias = "config",
+        default_value = "conf/sluice.yaml"
+    )]
+    pub conf: String,
+    /// Records at or after this time: `YYYY-MM-DD` (UTC midnight) or RFC 3339.
+    #[arg(long, value_parser = crate::ledger::query::parse_date)]
+    pub since: Option<i64>,
+    /// Records before this time: `YYYY-MM-DD` (UTC midnight) or RFC 3339.
+    #[arg(long, value_parser = crate::ledger::query::parse_date)]
+    pub until: Option<i64>,
+    /// Only this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only this standard model.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: crate::ledger::query::Format,
+    /// Sums per tenant and standard model instead of records.
+    #[arg(long)]
+    pub summary: bool,
+    /// At most this many records (the oldest first).
+    #[arg(long)]
+    pub limit: Option<u64>,
+}
+
+impl UsageArgs {
+    /// The filter these flags select.
+    pub fn filter(&self) -> crate::ledger::query::Filter {
+        crate::ledger::query::Filter {
+            since: self.since,
+            until: self.until,
+            tenant: self.tenant.clone(),
+            model: self.model.clone(),
+            limit: self.limit,
+        }
+    }
+
+    /// Runs the command: the formatted output, or an error message.
+    ///
+    /// # Errors
+    /// A config or ledger error, as text.
+    pub fn run(&self) -> Result<String, String> {
+        use crate::ledger::query;
+        let settings = crate::config::Config::load_ledger(std::path::Path::new(&self.conf))
+            .map_err(|e| format!("config error: {e}"))?
+            .absolute();
+        let filter = self.filter();
+        let out = if self.summary {
+            query::summary(&settings, &filter).map(|r| query::format_summary(&r, self.format))
+        } else {
+            query::records(&settings, &filter).map(|r| query::format_records(&r, self.format))
+        };
+        out.map_err(|e| e.to_string())
+    }
 }
 
 /// `sluice key ...`.

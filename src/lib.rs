@@ -21,6 +21,7 @@
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
+//! | [`ledger`] | the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage` |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` |
@@ -29,8 +30,9 @@
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
 //! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
-//! [`proxy::access_log`]. Module dependencies point down this path: none of these modules uses one
-//! that calls it (config and the protocol layer are at the bottom, next to metrics and sse).
+//! [`proxy::access_log`] → [`ledger`]. Module dependencies point down this path: none of these
+//! modules uses one that calls it (config and the protocol layer are at the bottom, next to
+//! metrics and sse).
 
 pub mod admin;
 pub mod auth;
@@ -38,6 +40,7 @@ pub mod backpressure;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod ledger;
 pub mod logging;
 pub mod metrics;
 pub mod mock_upstream;

@@ -1,6 +1,6 @@
 //! The `sluice` binary: parse the command line, load and validate the config, then run the
 //! Pingora server (or, with `-t`, only validate; or run a tool subcommand such as
-//! `sluice key new`).
+//! `sluice key new` or `sluice usage`).
 
 use std::process::ExitCode;
 
@@ -22,6 +22,18 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("sluice: cannot read the OS random source: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if let Some(Command::Usage(usage)) = &args.command {
+        return match usage.run() {
+            Ok(out) => {
+                print!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice: {e}");
                 ExitCode::from(1)
             }
         };

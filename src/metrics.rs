@@ -7,9 +7,9 @@
 //! `status` an HTTP status, `reason`/`phase` fixed small sets.
 
 use prometheus::{
-    exponential_buckets, register_histogram, register_histogram_vec, register_int_counter_vec,
-    register_int_gauge, register_int_gauge_vec, Encoder, Histogram, HistogramVec, IntCounterVec,
-    IntGauge, IntGaugeVec, TextEncoder,
+    exponential_buckets, register_histogram, register_histogram_vec, register_int_counter,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, Encoder, Histogram,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, TextEncoder,
 };
 use std::sync::LazyLock;
 
@@ -27,6 +27,10 @@ pub struct Metrics {
     /// `sluice_upstream_attempts_total{provider,outcome}`: attempts by outcome
     /// (`ok`, or an attempt failure label).
     pub upstream_attempts_total: IntCounterVec,
+    /// `sluice_token_counts_total{model,method}`: answered `/v1/messages/count_tokens`
+    /// requests by how they were counted (`provider`: the Anthropic provider's own count;
+    /// `estimate`: the local `o200k_base` estimate).
+    pub token_counts_total: IntCounterVec,
     /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: cross-provider fallbacks.
     pub fallback_total: IntCounterVec,
     /// `sluice_fallback_depth`: candidate routes that failed before the one that answered
@@ -74,6 +78,16 @@ pub struct Metrics {
     /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
     /// `body_read_timeout_ms` passed) or `closed` (the client hung up or reset mid-way).
     pub request_read_aborts_total: IntCounterVec,
+    /// `sluice_ledger_queue_depth`: usage records queued for the ledger writer.
+    pub ledger_queue_depth: IntGauge,
+    /// `sluice_ledger_dropped_total`: usage records dropped because the ledger queue was full.
+    pub ledger_dropped_total: IntCounter,
+    /// `sluice_ledger_records_written_total`: usage records written to the ledger.
+    pub ledger_records_written_total: IntCounter,
+    /// `sluice_ledger_write_errors_total`: ledger batch writes that failed (retried).
+    pub ledger_write_errors_total: IntCounter,
+    /// `sluice_ledger_flush_seconds`: time to write one batch of usage records, seconds.
+    pub ledger_flush_seconds: Histogram,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -131,6 +145,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Route health: 0 healthy, 1 degraded, 2 unhealthy.",
             &["provider", "route"]
         )?,
+        token_counts_total: register_int_counter_vec!(
+            "sluice_token_counts_total",
+            "Answered token-count requests by standard model and method (provider, estimate).",
+            &["model", "method"]
+        )?,
         tokens_total: register_int_counter_vec!(
             "sluice_tokens_total",
             "Tokens by standard model and direction (input, output).",
@@ -183,6 +202,27 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_request_read_aborts_total",
             "Requests whose head or body never fully arrived, by phase (head, body) and reason (timeout, closed).",
             &["phase", "reason"]
+        )?,
+        ledger_queue_depth: register_int_gauge!(
+            "sluice_ledger_queue_depth",
+            "Usage records queued for the ledger writer."
+        )?,
+        ledger_dropped_total: register_int_counter!(
+            "sluice_ledger_dropped_total",
+            "Usage records dropped because the ledger queue was full."
+        )?,
+        ledger_records_written_total: register_int_counter!(
+            "sluice_ledger_records_written_total",
+            "Usage records written to the ledger."
+        )?,
+        ledger_write_errors_total: register_int_counter!(
+            "sluice_ledger_write_errors_total",
+            "Ledger batch writes that failed (the batch is kept and retried)."
+        )?,
+        ledger_flush_seconds: register_histogram!(
+            "sluice_ledger_flush_seconds",
+            "Time to write one batch of usage records to the ledger, seconds.",
+            exponential_buckets(0.0001, 2.0, 16)?
         )?,
     })
 }
@@ -268,6 +308,7 @@ const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
+/// `sluice_token_counts_total`,
 /// `sluice_sse_invalid_utf8_total` (per provider) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
@@ -299,6 +340,10 @@ pub fn init_config_series(cfg: &crate::config::Config) {
         for direction in ["input", "output"] {
             m.tokens_total
                 .with_label_values(&[model_id.as_str(), direction]);
+        }
+        for method in ["provider", "estimate"] {
+            m.token_counts_total
+                .with_label_values(&[model_id.as_str(), method]);
         }
         for r in &model.routes {
             // The route's health series exists (healthy) from the start; one that already

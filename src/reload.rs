@@ -229,6 +229,8 @@ impl Reloader {
                         old.server.admin_listen != new.server.admin_listen,
                     ),
                     ("server.threads", old.server.threads != new.server.threads),
+                    // The writer thread and its database are opened once, at startup.
+                    ("ledger", old.ledger != new.ledger),
                 ]
                 .into_iter()
                 .filter_map(|(k, changed)| changed.then_some(k))

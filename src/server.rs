@@ -1,6 +1,7 @@
 //! Owns process assembly: the Pingora `Server` with its `ServerConf` derived from our YAML,
 //! the proxy service (the [`Gateway`]), the admin service, and background services (hot
-//! reload, rate-limit sync, active health probes, graceful stream shutdown). The built-in
+//! reload, rate-limit sync, active health probes, graceful stream shutdown, the usage
+//! ledger's writer). The built-in
 //! demo provider needs no service: it is reached in process (see [`crate::providers::demo`]).
 
 use std::path::PathBuf;
@@ -33,6 +34,9 @@ pub enum StartError {
     /// Pingora refused its configuration.
     #[error("cannot start the server: {0}")]
     Pingora(String),
+    /// The usage ledger cannot be opened.
+    #[error("cannot open the usage ledger: {0}")]
+    Ledger(#[from] crate::ledger::LedgerError),
 }
 
 /// Pingora's `ServerConf` from our `server:` section.
@@ -92,6 +96,9 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     // Absolute, so that reloads (and the watcher) still find it after `-d` changed the
     // working directory.
     let path = std::path::absolute(&args.conf).unwrap_or_else(|_| PathBuf::from(&args.conf));
+    // Relative ledger paths resolve against the working directory of this start (not the
+    // one `-d` moves to); the ledger opens now so that a bad one stops the start.
+    let ledger = crate::ledger::install(&cfg.ledger.clone().absolute())?;
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
     crate::metrics::init_config_series(&cfg);
@@ -112,6 +119,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     admin.add_tcp(&admin_listen);
     admin.threads = Some(1);
 
+    server.add_service(background_service("sluice usage ledger", ledger));
     server.add_service(background_service(
         "sluice rate limits",
         admission.limits_service(),

@@ -4,7 +4,8 @@
 //! ends with an SSE error event.
 //!
 //! The process exits as soon as no request is in flight ([`InFlight`] counts them), instead of
-//! sleeping through Pingora's whole grace period when there is nothing left to finish.
+//! sleeping through Pingora's whole grace period when there is nothing left to finish. Just
+//! before it exits, the usage ledger writes every queued record ([`crate::ledger::flush`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -71,8 +72,22 @@ async fn drained_within(limit: Duration) -> bool {
     reason = "Pingora would otherwise sleep out its whole grace period"
 )]
 fn exit_now() -> ! {
+    flush_ledger();
     log::info!("no requests in flight: exiting");
     std::process::exit(0)
+}
+
+/// How long shutdown waits for the usage ledger to write what is queued.
+const LEDGER_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Writes every queued usage record before the process exits.
+fn flush_ledger() {
+    if !crate::ledger::flush(LEDGER_FLUSH_TIMEOUT) {
+        log::error!(
+            "usage ledger: queued records were not all written within {} s of shutdown",
+            LEDGER_FLUSH_TIMEOUT.as_secs()
+        );
+    }
 }
 
 /// Resolves once the shutdown grace period is over (pends forever before that).
@@ -121,5 +136,8 @@ impl BackgroundService for StreamShutdown {
         if drained_within(Duration::from_secs(1)).await {
             exit_now();
         }
+        // Pingora ends the process at the end of its grace period: write what is queued
+        // now (a request still finishing after this loses its record at most).
+        flush_ledger();
     }
 }

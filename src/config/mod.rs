@@ -47,6 +47,8 @@ pub struct Config {
     pub models: BTreeMap<String, Arc<Model>>,
     /// Distributed limit settings, if any.
     pub redis: Option<schema::RedisSection>,
+    /// The usage ledger (`ledger:`; restart to change).
+    pub ledger: crate::ledger::LedgerSettings,
 }
 
 /// `server:` after validation: durations converted once.
@@ -85,6 +87,9 @@ pub struct ServerSettings {
     /// The sliding window of `requests_per_minute` / `tokens_per_minute` (a minute unless
     /// `server.rate_limit_window_ms` shortens it).
     pub rate_limit_window: Duration,
+    /// The admin token (from the variable `server.admin_token_env` names); `None`: the admin
+    /// listener serves no usage data.
+    pub admin_token: Option<Secret>,
     /// Whether to add `x-sluice-provider` / `x-sluice-fallback-depth`.
     pub emit_route_headers: bool,
     /// Whether file changes reload the config (`SIGHUP` always does).
@@ -303,6 +308,15 @@ impl Config {
     /// As [`Config::load`].
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         validate::load_text(path, text.to_string())
+    }
+
+    /// Reads only the `ledger:` section of `path` (for `sluice usage`: the rest of the file
+    /// is not validated, so no provider key needs to be in the environment).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for an unreadable file or a bad `ledger:` section.
+    pub fn load_ledger(path: &Path) -> Result<crate::ledger::LedgerSettings, ConfigError> {
+        validate::load_ledger(path)
     }
 
     /// Settings that are valid but risky (an `admin_listen` that is not loopback), located

@@ -35,6 +35,42 @@ pub struct FileConfig {
     /// Optional distributed rate limiting through Redis; absent means local limits only.
     #[serde(default)]
     pub redis: Option<RedisSection>,
+    /// The durable usage ledger; absent means SQLite at `sluice-usage.db` in the working
+    /// directory.
+    #[serde(default)]
+    pub ledger: Option<LedgerSection>,
+}
+
+/// What `sluice usage` reads of a config file: the `ledger:` section alone (other sections
+/// are not checked, so the tool needs none of the provider keys' environment variables).
+#[derive(Debug, Deserialize, Default)]
+pub struct LedgerOnly {
+    /// The `ledger:` section.
+    #[serde(default)]
+    pub ledger: Option<LedgerSection>,
+}
+
+/// `ledger:`: where usage records are written. Needs a restart to change (a reload says so).
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerSection {
+    /// SQLite file (created with its schema if missing; relative paths resolve against the
+    /// working directory at startup). Default, when neither `path` nor `url` is set:
+    /// `sluice-usage.db`.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// PostgreSQL instead of SQLite, `postgres://user[:password]@host[:port]/db`: one ledger
+    /// for several replicas. Not with `path`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// How often queued records are written, ms (default 200): at most this much traffic is
+    /// lost when the process is killed (`kill -9`); SIGTERM writes everything.
+    #[serde(default)]
+    pub flush_interval_ms: Option<u64>,
+    /// Records queued for writing before new ones are dropped and counted in
+    /// `sluice_ledger_dropped_total` (default 10000).
+    #[serde(default)]
+    pub queue_capacity: Option<usize>,
 }
 
 /// A file named by `include:`: the same sections minus `server`, `include` and `redis`.
@@ -140,6 +176,11 @@ pub struct ServerSection {
     /// (default 60000, a minute; tests shorten it, the limits then apply per this window).
     #[serde(default = "default_rate_limit_window_ms")]
     pub rate_limit_window_ms: u64,
+    /// Name of the environment variable holding the admin token (at least 16 characters):
+    /// `GET /admin/usage` on the admin listener then answers requests with `Authorization:
+    /// Bearer <token>`. Absent: the admin listener serves no usage data (403).
+    #[serde(default)]
+    pub admin_token_env: Option<String>,
     /// Add `x-sluice-provider` and `x-sluice-fallback-depth` to responses (default true).
     #[serde(default = "default_true")]
     pub emit_route_headers: bool,
@@ -199,6 +240,7 @@ impl Default for ServerSection {
             queue_size: default_queue_size(),
             queue_timeout_ms: default_queue_timeout_ms(),
             rate_limit_window_ms: default_rate_limit_window_ms(),
+            admin_token_env: None,
             emit_route_headers: true,
             watch_config: true,
             pid_file: default_pid_file(),

@@ -500,8 +500,31 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         providers,
         models,
         redis,
+        ledger,
     } = f;
     let main_err = |key: &str, msg: String| sources.err(0, key, msg);
+    let ledger = ledger_settings(ledger, &main_err)?;
+    let admin_token = match &server.admin_token_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(v) if v.chars().count() >= MIN_ADMIN_TOKEN_CHARS => Some(Secret::new(v)),
+            Ok(v) if !v.is_empty() => {
+                return Err(main_err(
+                    "server.admin_token_env",
+                    format!(
+                        "the admin token in `{var}` is too short ({} characters; at least {MIN_ADMIN_TOKEN_CHARS})",
+                        v.chars().count()
+                    ),
+                ))
+            }
+            _ => {
+                return Err(main_err(
+                    "server.admin_token_env",
+                    format!("environment variable `{var}` is not set"),
+                ))
+            }
+        },
+    };
 
     for (k, v) in [
         ("server.listen", &server.listen),
@@ -615,6 +638,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         queue_size: server.queue_size,
         queue_timeout: ms(server.queue_timeout_ms),
         rate_limit_window: ms(server.rate_limit_window_ms),
+        admin_token,
         emit_route_headers: server.emit_route_headers,
         watch_config: server.watch_config,
         pid_file: server.pid_file,
@@ -870,6 +894,77 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         providers: provider_map,
         models: model_map,
         redis,
+        ledger,
+    })
+}
+
+/// Shortest accepted admin token, characters.
+const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// `ledger:` → [`crate::ledger::LedgerSettings`] (`None`: the defaults); `err(key, message)`
+/// locates a problem in the main file.
+fn ledger_settings(
+    section: Option<super::schema::LedgerSection>,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<crate::ledger::LedgerSettings, ConfigError> {
+    use crate::ledger::{Backend, LedgerSettings};
+    let defaults = LedgerSettings::default();
+    let Some(super::schema::LedgerSection {
+        path,
+        url,
+        flush_interval_ms,
+        queue_capacity,
+    }) = section
+    else {
+        return Ok(defaults);
+    };
+    let backend = match (path, url) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "ledger.url",
+                "set ledger.path (SQLite) or ledger.url (PostgreSQL), not both".into(),
+            ))
+        }
+        (Some(p), None) if p.trim().is_empty() => {
+            return Err(err("ledger.path", "must not be empty".into()))
+        }
+        (Some(p), None) => Backend::Sqlite { path: p.into() },
+        (None, Some(u)) => {
+            crate::ledger::postgres::check_url(&u).map_err(|m| err("ledger.url", m))?;
+            Backend::Postgres {
+                url: Secret::new(u),
+            }
+        }
+        (None, None) => defaults.backend,
+    };
+    let flush_interval = match flush_interval_ms {
+        Some(0) => {
+            return Err(err(
+                "ledger.flush_interval_ms",
+                "must be greater than 0".into(),
+            ))
+        }
+        Some(v) => ms(v),
+        None => defaults.flush_interval,
+    };
+    let queue_capacity = match queue_capacity {
+        Some(0) => return Err(err("ledger.queue_capacity", "must be at least 1".into())),
+        Some(v) => v,
+        None => defaults.queue_capacity,
+    };
+    Ok(LedgerSettings {
+        backend,
+        flush_interval,
+        queue_capacity,
+    })
+}
+
+/// Reads only the `ledger:` section of `path` (see [`Config::load_ledger`]).
+pub(super) fn load_ledger(path: &Path) -> Result<crate::ledger::LedgerSettings, ConfigError> {
+    let text = read(path)?;
+    let only: super::schema::LedgerOnly = parse(path, &text)?;
+    ledger_settings(only.ledger, &|key, msg| {
+        ConfigError::at(path, Some(&text), key, msg)
     })
 }
 
@@ -911,6 +1006,128 @@ mod tests {
         );
         assert!(c.keys.authenticate("sk-sluice-team-a-0001").is_some());
         assert!(c.server.threads >= 1);
+    }
+
+    #[test]
+    fn the_ledger_defaults_to_sqlite_in_the_working_directory_and_its_keys_are_checked() {
+        use crate::ledger::{Backend, LedgerSettings};
+        let c = load_str(MINIMAL).unwrap();
+        assert_eq!(c.ledger, LedgerSettings::default());
+        assert_eq!(
+            c.ledger.backend,
+            Backend::Sqlite {
+                path: "sluice-usage.db".into()
+            }
+        );
+        assert_eq!(c.ledger.flush_interval, Duration::from_millis(200));
+        let set = format!(
+            "{MINIMAL}ledger:\n  path: /var/lib/sluice/usage.db\n  flush_interval_ms: 50\n  queue_capacity: 7\n"
+        );
+        let c = load_str(&set).unwrap();
+        assert_eq!(
+            c.ledger.backend,
+            Backend::Sqlite {
+                path: "/var/lib/sluice/usage.db".into()
+            }
+        );
+        assert_eq!(
+            (c.ledger.flush_interval, c.ledger.queue_capacity),
+            (Duration::from_millis(50), 7)
+        );
+        let pg = format!("{MINIMAL}ledger: {{url: \"postgres://u:pw@127.0.0.1:5432/usage\"}}\n");
+        let c = load_str(&pg).unwrap();
+        assert!(matches!(c.ledger.backend, Backend::Postgres { .. }));
+        assert!(!format!("{:?} {}", c.ledger, c.ledger.backend).contains("pw@"));
+
+        // file:line:col: key: message, like every other key.
+        for (yaml, key, line, msg) in [
+            (
+                "ledger:\n  path: a.db\n  url: postgres://h/db\n",
+                "ledger.url",
+                22,
+                "not both",
+            ),
+            (
+                "ledger:\n  url: mysql://h/db\n",
+                "ledger.url",
+                21,
+                "postgres://",
+            ),
+            (
+                "ledger:\n  url: postgres://h/db?sslmode=require\n",
+                "ledger.url",
+                21,
+                "sslmode=require",
+            ),
+            (
+                "ledger:\n  flush_interval_ms: 0\n",
+                "ledger.flush_interval_ms",
+                21,
+                "greater than 0",
+            ),
+            (
+                "ledger:\n  queue_capacity: 0\n",
+                "ledger.queue_capacity",
+                21,
+                "at least 1",
+            ),
+            (
+                "ledger:\n  pth: x\n",
+                "ledger.pth",
+                21,
+                "unknown field `pth`",
+            ),
+        ] {
+            let e = load_str(&format!("{MINIMAL}{yaml}")).unwrap_err();
+            assert_eq!(e.key_path, key, "{e}");
+            assert_eq!(e.line, Some(line), "{e}");
+            assert!(e.to_string().contains(msg), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_admin_token_comes_from_the_named_variable_which_must_be_set() {
+        assert!(load_str(MINIMAL).unwrap().server.admin_token.is_none());
+        let yaml = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  admin_token_env: SLUICE_TEST_SURELY_UNSET_ADMIN_TOKEN\n",
+        );
+        let e = load_str(&yaml).unwrap_err();
+        assert_eq!(e.key_path, "server.admin_token_env", "{e}");
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(
+            e.to_string()
+                .contains("SLUICE_TEST_SURELY_UNSET_ADMIN_TOKEN"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sluice_usage_reads_the_ledger_section_alone() {
+        // Provider keys from unset variables, unknown sections: none of it matters here.
+        let dir = std::env::temp_dir().join(format!("sluice-cfg-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("sluice.yaml");
+        std::fs::write(
+            &p,
+            "providers:\n  o: {kind: openai, base_url: https://x/v1, api_key_env: SLUICE_SURELY_UNSET}\nledger:\n  path: /tmp/u.db\n",
+        )
+        .unwrap();
+        let l = load_ledger(&p).unwrap();
+        assert_eq!(
+            l.backend,
+            crate::ledger::Backend::Sqlite {
+                path: "/tmp/u.db".into()
+            }
+        );
+        std::fs::write(&p, "server: {}\nledger:\n  flush_interval_ms: 0\n").unwrap();
+        let e = load_ledger(&p).unwrap_err();
+        assert_eq!(
+            (e.key_path.as_str(), e.line),
+            ("ledger.flush_interval_ms", Some(3)),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -205,6 +205,57 @@ pub struct Behavior {
     /// SSE decoder strips; with `split: bytewise` it arrives split across chunks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bom: Option<bool>,
+    /// Answer with these tool calls (in order; two or more are parallel tool calls), after
+    /// the reasoning and the text. Without `text` and `tokens` the answer has no text. The
+    /// finish reason defaults to `tool_calls` (OpenAI) / `tool_use` (Anthropic). Streamed as
+    /// OpenAI `tool_calls` deltas (index, id, type and `function.name` first, then
+    /// `arguments` fragments) or Anthropic `tool_use` blocks (`input_json_delta` with
+    /// `partial_json` fragments); each fragment counts as one content token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<MockToolCall>>,
+    /// Answer with this reasoning before the text, one word per event: OpenAI-compatible
+    /// `reasoning_content` (as DeepSeek and vLLM send it, with
+    /// `completion_tokens_details.reasoning_tokens` in the usage), Anthropic a `thinking`
+    /// block (`thinking_delta` events, then a `signature_delta`). Each word counts as one
+    /// content token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// The Anthropic thinking `signature` sent with `reasoning` (default
+    /// `mock-signature-<response id>`); OpenAI-compatible answers carry none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// Prompt tokens read from the provider's prompt cache (part of the prompt tokens, at
+    /// most all of them): OpenAI `prompt_tokens_details.cached_tokens`; Anthropic
+    /// `cache_read_input_tokens`, with `input_tokens` counting only the rest, as Anthropic
+    /// does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+}
+
+/// One tool call of the `tool_calls` knob.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MockToolCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments: a JSON object (sent as its compact JSON text), or a JSON string sent
+    /// verbatim as the argument text; absent = `{}`.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub arguments: serde_json::Value,
+    /// Call id (default `call_mock<n>_<i>` for OpenAI, `toolu_mock<n>_<i>` for Anthropic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+impl MockToolCall {
+    /// The argument text as the mock sends it.
+    pub(crate) fn arguments_text(&self) -> String {
+        match &self.arguments {
+            serde_json::Value::Null => "{}".to_string(),
+            serde_json::Value::String(s) => s.clone(),
+            v => v.to_string(),
+        }
+    }
 }
 
 macro_rules! merge_fields {
@@ -278,6 +329,10 @@ impl Behavior {
             error_type,
             stream_always,
             bom,
+            tool_calls,
+            reasoning,
+            signature,
+            cached_tokens,
         )
     }
 

@@ -9,7 +9,17 @@
 //! - `POST {prefix}/messages` — Anthropic Messages, non-stream
 //!   (<https://docs.anthropic.com/en/api/messages>) and SSE stream
 //!   (<https://docs.anthropic.com/en/api/messages-streaming>);
+//! - `POST {prefix}/messages/count_tokens` — Anthropic's token count
+//!   (<https://docs.anthropic.com/en/api/messages-count-tokens>): `{"input_tokens": N}` with
+//!   N the `prompt_tokens` knob, else the words of `system` and every message (min 1); a
+//!   body with a member Anthropic does not take there (`max_tokens`, `stream`, …) gets its
+//!   400 `invalid_request_error`;
 //! - `GET {prefix}/models` — an OpenAI-style model list (health probes).
+//!
+//! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
+//! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI
+//! `tool_calls` deltas, Anthropic `tool_use` blocks with `input_json_delta` fragments),
+//! cached prompt tokens and a dated model id.
 //!
 //! Its behaviour (latency, failures, stalls, abrupt closes, SSE framing quirks, write
 //! splitting, slow-reader back-pressure) is scripted with [`Behavior`] knobs, per request
@@ -56,7 +66,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-pub use self::behavior::{Behavior, Split};
+pub use self::behavior::{Behavior, MockToolCall, Split};
 pub use self::record::{Phase, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
 
 use self::h1::{read_request, simple_response, Rd, ReadError, Wr};

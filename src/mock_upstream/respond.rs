@@ -1,6 +1,7 @@
 //! Turning one parsed request into a response plan (effective behaviour, recorded entry)
 //! and writing that response according to the behaviour knobs.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,6 +24,8 @@ const BODY_PIECE_BYTES: usize = 16 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Chat(Provider),
+    /// Anthropic's `POST /v1/messages/count_tokens`.
+    CountTokens,
     Models,
     NotFound,
 }
@@ -72,7 +75,9 @@ fn now_unix() -> u64 {
 
 fn classify(req: &Request) -> Kind {
     let path = req.path().trim_end_matches('/');
-    if req.method == "POST" && path.ends_with("/chat/completions") {
+    if req.method == "POST" && path.ends_with("/messages/count_tokens") {
+        Kind::CountTokens
+    } else if req.method == "POST" && path.ends_with("/chat/completions") {
         Kind::Chat(Provider::OpenAi)
     } else if req.method == "POST" && path.ends_with("/messages") {
         Kind::Chat(Provider::Anthropic)
@@ -159,11 +164,15 @@ pub(crate) fn prepare(
 
     let provider = match kind {
         Kind::Chat(p) => p,
+        Kind::CountTokens => Provider::Anthropic,
         _ => Provider::OpenAi,
     };
     let mut bad_request: Option<String> = None;
-    if let (Kind::Chat(_), Err(e)) = (kind, &parsed) {
+    if let (Kind::Chat(_) | Kind::CountTokens, Err(e)) = (kind, &parsed) {
         bad_request = Some(e.clone());
+    }
+    if kind == Kind::CountTokens && bad_request.is_none() {
+        bad_request = wire::count_tokens_refusal(body.as_ref());
     }
 
     // Behaviour levels: body "mock" > x-mock-behavior header > process default. Demo mode
@@ -254,24 +263,55 @@ pub(crate) fn prepare(
         Provider::OpenAi => format!("chatcmpl-mock{serial:012}"),
         Provider::Anthropic => format!("msg_mock{serial:012}"),
     });
+    let tool_calls: Vec<wire::ToolCallOut> = behavior
+        .tool_calls
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, t)| wire::ToolCallOut {
+            id: t.id.clone().unwrap_or_else(|| match provider {
+                Provider::OpenAi => format!("call_mock{serial}_{i}"),
+                Provider::Anthropic => format!("toolu_mock{serial}_{i}"),
+            }),
+            name: t.name.clone(),
+            arguments: t.arguments_text(),
+        })
+        .collect();
+    let extras = wire::Extras {
+        reasoning: behavior
+            .reasoning
+            .as_deref()
+            .map(wire::split_words)
+            .unwrap_or_default(),
+        signature: behavior
+            .signature
+            .clone()
+            .unwrap_or_else(|| format!("mock-signature-{id}")),
+        tool_calls,
+    };
     let finish_reason = behavior.finish_reason.clone().unwrap_or_else(|| {
-        match provider {
-            Provider::OpenAi => "stop",
-            Provider::Anthropic => "end_turn",
+        match (provider, extras.tool_calls.is_empty()) {
+            (Provider::OpenAi, true) => "stop",
+            (Provider::OpenAi, false) => "tool_calls",
+            (Provider::Anthropic, true) => "end_turn",
+            (Provider::Anthropic, false) => "tool_use",
         }
         .to_string()
     });
+    let prompt_tokens = behavior
+        .prompt_tokens
+        .unwrap_or_else(|| body.as_ref().map(wire::estimate_prompt_tokens).unwrap_or(1));
     let meta = ReplyMeta {
         provider,
         id,
         created: behavior.created.unwrap_or_else(now_unix),
         model,
-        prompt_tokens: behavior
-            .prompt_tokens
-            .unwrap_or_else(|| body.as_ref().map(wire::estimate_prompt_tokens).unwrap_or(1)),
+        prompt_tokens,
+        cached_tokens: behavior.cached_tokens.map(|n| n.min(prompt_tokens)),
         finish_reason,
         include_usage,
         usage_chunk: include_usage || Behavior::flag(behavior.usage),
+        extras,
     };
 
     let tokens = if let Some(total) = behavior.total_bytes {
@@ -281,6 +321,9 @@ pub(crate) fn prepare(
         }
     } else if let Some(text) = &behavior.text {
         Tokens::List(wire::split_words(text))
+    } else if behavior.tokens.is_none() && !meta.extras.tool_calls.is_empty() {
+        // A tool-call answer without text.
+        Tokens::List(Vec::new())
     } else if Behavior::flag(behavior.demo) {
         let said: String = body
             .as_ref()
@@ -446,6 +489,10 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         Kind::Chat(_) if plan.stream || Behavior::flag(plan.behavior.stream_always) => {
             stream(plan, out, close).await
         }
+        Kind::CountTokens => {
+            let body = wire::anthropic_token_count(plan.meta.prompt_tokens);
+            write_answer(plan, out, close, abort, body.into_bytes()).await
+        }
         _ => non_stream(plan, out, close, abort).await,
     }
 }
@@ -471,7 +518,7 @@ async fn non_stream(
 ) -> io::Result<After> {
     let b = &plan.behavior;
     let (text, n) = match &plan.tokens {
-        Tokens::List(t) => (t.concat(), t.len() as u64),
+        Tokens::List(t) => (t.concat(), t.len() as u64 + plan.meta.extras.tokens()),
         Tokens::Bulk { total, chunk } => {
             let n = (*total as usize).div_ceil(BULK_TOKEN_BYTES).max(1);
             (chunk.repeat(n), n as u64)
@@ -485,7 +532,21 @@ async fn non_stream(
         Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
         Provider::Anthropic => wire::anthropic_message(&plan.meta, &text, n),
     };
-    let mut body = body.into_bytes();
+    write_answer(plan, out, close, abort, body.into_bytes()).await
+}
+
+/// Writes a non-stream JSON answer with the body knobs applied: invalid UTF-8, content
+/// coding, write splitting, `first_event_delay_ms` (before the body),
+/// `close_before_first_event`, and `drop_after_tokens` / `stall_after_tokens` (cut after
+/// half of the body).
+async fn write_answer(
+    plan: &Plan,
+    out: &mut Out<'_>,
+    close: bool,
+    abort: After,
+    mut body: Vec<u8>,
+) -> io::Result<After> {
+    let b = &plan.behavior;
     if Behavior::flag(b.invalid_utf8) {
         body = wire::inject_invalid_utf8(&body);
     }
@@ -530,6 +591,172 @@ struct Ev {
     token: bool,
     /// Part of the prelude (before any content); stall/drop/error checks skip these.
     prelude: bool,
+    /// The first finish event: stall/drop/error checks run before it too.
+    first_finish: bool,
+    /// The stream's terminator (`[DONE]`, `message_stop`), left out by `no_done`.
+    terminator: bool,
+}
+
+impl Ev {
+    fn new(name: Option<&'static str>, data: String) -> Ev {
+        Ev {
+            name,
+            data,
+            token: false,
+            prelude: false,
+            first_finish: false,
+            terminator: false,
+        }
+    }
+
+    fn prelude(name: Option<&'static str>, data: String) -> Ev {
+        Ev {
+            prelude: true,
+            ..Ev::new(name, data)
+        }
+    }
+
+    fn token(name: Option<&'static str>, data: String) -> Ev {
+        Ev {
+            token: true,
+            ..Ev::new(name, data)
+        }
+    }
+}
+
+/// The content events of an answer with reasoning or tool calls, appended to `queue` in
+/// the provider's order: reasoning, text, tool calls. Returns the index of the last
+/// Anthropic content block, whose `content_block_stop` is left to [`finish_events`].
+fn structured_events(
+    m: &ReplyMeta,
+    text: &[String],
+    oa_name: Option<&'static str>,
+    tool_first: bool,
+    queue: &mut VecDeque<Ev>,
+) -> usize {
+    let x = &m.extras;
+    if m.provider == Provider::OpenAi {
+        for w in &x.reasoning {
+            queue.push_back(Ev::token(oa_name, wire::openai_reasoning_chunk(m, w)));
+        }
+        for t in text {
+            queue.push_back(Ev::token(oa_name, wire::openai_token_chunk(m, t)));
+        }
+        for (i, call) in x.tool_calls.iter().enumerate() {
+            let start = wire::openai_tool_start_chunk(m, i, call, tool_first && i == 0);
+            queue.push_back(Ev::token(oa_name, start));
+            for f in call.fragments() {
+                let data = wire::openai_tool_arguments_chunk(m, i, f);
+                queue.push_back(Ev::token(oa_name, data));
+            }
+        }
+        return 0;
+    }
+    let delta = Some("content_block_delta");
+    let mut blocks = Blocks::default();
+    if !x.reasoning.is_empty() {
+        let i = blocks.open(queue, false, wire::anthropic_thinking_start);
+        for w in &x.reasoning {
+            queue.push_back(Ev::token(delta, wire::anthropic_thinking_delta(i, w)));
+        }
+        queue.push_back(Ev::new(
+            delta,
+            wire::anthropic_signature_delta(i, &x.signature),
+        ));
+    }
+    if !text.is_empty() {
+        let i = blocks.open(queue, false, wire::anthropic_text_start);
+        for t in text {
+            queue.push_back(Ev::token(delta, wire::anthropic_text_delta(i, t)));
+        }
+    }
+    for call in &x.tool_calls {
+        let i = blocks.open(queue, true, |i| wire::anthropic_tool_start(i, call));
+        // Anthropic starts a tool_use block's input with an empty fragment.
+        queue.push_back(Ev::new(delta, wire::anthropic_json_delta(i, "")));
+        for f in call.fragments() {
+            queue.push_back(Ev::token(delta, wire::anthropic_json_delta(i, f)));
+        }
+    }
+    blocks.open.unwrap_or(0)
+}
+
+/// Anthropic content block numbering while the content events are built.
+#[derive(Default)]
+struct Blocks {
+    next: usize,
+    open: Option<usize>,
+}
+
+impl Blocks {
+    /// Stops the open block, starts the next one (`start` makes its `content_block_start`
+    /// data from its index) and returns its index; a `ping` follows the first start, as
+    /// Anthropic sends it.
+    /// A `tool_use` start counts as a content token (`token`), as OpenAI's tool-call start.
+    fn open(
+        &mut self,
+        queue: &mut VecDeque<Ev>,
+        token: bool,
+        start: impl FnOnce(usize) -> String,
+    ) -> usize {
+        if let Some(i) = self.open {
+            queue.push_back(Ev::new(
+                Some("content_block_stop"),
+                wire::anthropic_block_stop(i),
+            ));
+        }
+        let i = self.next;
+        self.next += 1;
+        queue.push_back(Ev {
+            token,
+            ..Ev::new(Some("content_block_start"), start(i))
+        });
+        if i == 0 {
+            queue.push_back(Ev::prelude(Some("ping"), wire::ANTHROPIC_PING.to_string()));
+        }
+        self.open = Some(i);
+        i
+    }
+}
+
+/// The events that end a stream after `sent` content tokens: OpenAI the finish chunk,
+/// the usage chunk (when asked for) and `[DONE]`; Anthropic the `content_block_stop` of
+/// block `last_block`, `message_delta` and `message_stop`.
+fn finish_events(
+    m: &ReplyMeta,
+    openai: bool,
+    oa_name: Option<&'static str>,
+    sent: u64,
+    last_block: usize,
+) -> VecDeque<Ev> {
+    let mut evs = VecDeque::new();
+    if openai {
+        evs.push_back(Ev::new(oa_name, wire::openai_finish_chunk(m)));
+        if m.usage_chunk {
+            evs.push_back(Ev::new(oa_name, wire::openai_usage_chunk(m, sent)));
+        }
+        evs.push_back(Ev::new(oa_name, "[DONE]".to_string()));
+    } else {
+        evs.push_back(Ev::new(
+            Some("content_block_stop"),
+            wire::anthropic_block_stop(last_block),
+        ));
+        evs.push_back(Ev::new(
+            Some("message_delta"),
+            wire::anthropic_message_delta(m, sent),
+        ));
+        evs.push_back(Ev::new(
+            Some("message_stop"),
+            wire::ANTHROPIC_MESSAGE_STOP.to_string(),
+        ));
+    }
+    if let Some(first) = evs.front_mut() {
+        first.first_finish = true;
+    }
+    if let Some(last) = evs.back_mut() {
+        last.terminator = true;
+    }
+    evs
 }
 
 /// How stream bytes go on the wire: write splitting, invalid UTF-8 injection, a coding.
@@ -668,115 +895,87 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
         wire.write(out, "\u{FEFF}".as_bytes()).await?;
     }
 
-    let mut prelude: Vec<Ev> = if openai {
-        vec![Ev {
-            name: oa_name,
-            data: wire::openai_role_chunk(m),
-            token: false,
-            prelude: true,
-        }]
-    } else {
-        vec![
-            Ev {
-                name: Some("message_start"),
-                data: wire::anthropic_message_start(m),
-                token: false,
-                prelude: true,
-            },
-            Ev {
-                name: Some("content_block_start"),
-                data: wire::ANTHROPIC_BLOCK_START.to_string(),
-                token: false,
-                prelude: true,
-            },
-            Ev {
-                name: Some("ping"),
-                data: wire::ANTHROPIC_PING.to_string(),
-                token: false,
-                prelude: true,
-            },
-        ]
+    let structured = !m.extras.is_empty();
+    let text_tokens: &[String] = match &plan.tokens {
+        Tokens::List(t) => t,
+        Tokens::Bulk { .. } => &[],
     };
-    prelude.reverse();
+    // The events before the text tokens (and, for answers with reasoning or tool calls,
+    // all content events); the text tokens of plain answers are generated lazily.
+    let mut queue: VecDeque<Ev> = VecDeque::new();
+    let tool_first = structured && m.extras.reasoning.is_empty() && text_tokens.is_empty();
+    if openai {
+        // An answer that starts with a tool call names the role in the tool call's chunk.
+        if !tool_first {
+            queue.push_back(Ev::prelude(oa_name, wire::openai_role_chunk(m)));
+        }
+    } else {
+        queue.push_back(Ev::prelude(
+            Some("message_start"),
+            wire::anthropic_message_start(m),
+        ));
+        if !structured {
+            queue.push_back(Ev::prelude(
+                Some("content_block_start"),
+                wire::anthropic_text_start(0),
+            ));
+            queue.push_back(Ev::prelude(Some("ping"), wire::ANTHROPIC_PING.to_string()));
+        }
+    }
+    // The index of the last Anthropic content block: its `content_block_stop` is the
+    // first finish event (as for a plain answer).
+    let mut last_block = 0usize;
+    if structured {
+        last_block = structured_events(m, text_tokens, oa_name, tool_first, &mut queue);
+    }
 
     let mut sent: u64 = 0;
-    let mut finish_stage = 0usize;
+    let mut finish: Option<VecDeque<Ev>> = None;
     loop {
         // Next event.
-        let ev = if let Some(ev) = prelude.pop() {
-            ev
-        } else {
-            let next_token: Option<String> = match &plan.tokens {
-                Tokens::List(t) => t.get(sent as usize).cloned(),
-                Tokens::Bulk { total, chunk } => {
-                    if out.body_written() < *total {
-                        Some(chunk.clone())
-                    } else {
-                        None
+        let next = match queue.pop_front() {
+            Some(ev) => Some(ev),
+            None if finish.is_none() && !structured => {
+                let next_token: Option<String> = match &plan.tokens {
+                    Tokens::List(t) => t.get(sent as usize).cloned(),
+                    Tokens::Bulk { total, chunk } => {
+                        if out.body_written() < *total {
+                            Some(chunk.clone())
+                        } else {
+                            None
+                        }
                     }
+                };
+                next_token.map(|tok| {
+                    if openai {
+                        Ev::token(oa_name, wire::openai_token_chunk(m, &tok))
+                    } else {
+                        Ev::token(
+                            Some("content_block_delta"),
+                            wire::anthropic_text_delta(0, &tok),
+                        )
+                    }
+                })
+            }
+            None => None,
+        };
+        let ev = match next {
+            Some(ev) => ev,
+            None => {
+                if Behavior::flag(b.no_finish) {
+                    break;
                 }
-            };
-            match next_token {
-                Some(tok) if finish_stage == 0 => Ev {
-                    name: if openai {
-                        oa_name
-                    } else {
-                        Some("content_block_delta")
-                    },
-                    data: if openai {
-                        wire::openai_token_chunk(m, &tok)
-                    } else {
-                        wire::anthropic_delta(&tok)
-                    },
-                    token: true,
-                    prelude: false,
-                },
-                _ if Behavior::flag(b.no_finish) => break,
-                _ => {
-                    finish_stage += 1;
-                    let ev = match (openai, finish_stage) {
-                        (true, 1) => Some((oa_name, wire::openai_finish_chunk(m))),
-                        (true, 2) if m.usage_chunk => {
-                            Some((oa_name, wire::openai_usage_chunk(m, sent)))
-                        }
-                        (true, 2) => {
-                            finish_stage += 1;
-                            Some((oa_name, "[DONE]".to_string()))
-                        }
-                        (true, 3) => Some((oa_name, "[DONE]".to_string())),
-                        (false, 1) => Some((
-                            Some("content_block_stop"),
-                            wire::ANTHROPIC_BLOCK_STOP.to_string(),
-                        )),
-                        (false, 2) => Some((
-                            Some("message_delta"),
-                            wire::anthropic_message_delta(m, sent),
-                        )),
-                        (false, 3) => Some((
-                            Some("message_stop"),
-                            wire::ANTHROPIC_MESSAGE_STOP.to_string(),
-                        )),
-                        _ => None,
-                    };
-                    let terminator = matches!(&ev, Some((_, d))
-                        if d == "[DONE]" || d == wire::ANTHROPIC_MESSAGE_STOP);
-                    if terminator && Behavior::flag(b.no_done) {
-                        break;
-                    }
-                    match ev {
-                        Some((name, data)) => Ev {
-                            name,
-                            data,
-                            token: false,
-                            prelude: false,
-                        },
-                        None => break,
-                    }
+                let fin = finish
+                    .get_or_insert_with(|| finish_events(m, openai, oa_name, sent, last_block));
+                match fin.pop_front() {
+                    Some(ev) if ev.terminator && Behavior::flag(b.no_done) => break,
+                    Some(ev) => ev,
+                    None => break,
                 }
             }
         };
 
-        if !ev.prelude && (ev.token || finish_stage == 1) {
+        if !ev.prelude && (ev.token || ev.first_finish) {
             if b.stall_after_tokens == Some(sent) {
                 wire.flush(out).await?;
                 sleep_ms(b.stall_max()).await;

@@ -884,7 +884,8 @@ async fn demo_mode_keeps_nothing_answers_no_control_endpoint_and_ignores_steerin
         .expect("bind");
     let text = "Hello from Sluice's built-in demo provider. You said: hi";
     let body = json!({"model": "demo", "messages": [{"role": "user", "content": "hi"}],
-        "mock": {"status": 500, "text": "steered"}});
+        "mock": {"status": 500, "text": "steered", "reasoning": "steered",
+                 "tool_calls": [{"name": "steered"}]}});
     let mut c = Client::connect(srv.addr()).await;
     c.send(&post(
         "/v1/chat/completions",
@@ -895,6 +896,7 @@ async fn demo_mode_keeps_nothing_answers_no_control_endpoint_and_ignores_steerin
     let r = c.read_response().await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["choices"][0]["message"]["content"], text);
+    assert!(!r.text().contains("steered"), "{}", r.text());
     assert!(srv.state().log().is_empty(), "demo mode keeps no record");
     for (method, path, body) in [
         ("GET", "/_mock/log", ""),
@@ -932,4 +934,179 @@ async fn serve_stream_speaks_http_over_an_in_process_pipe() {
     assert!(text.contains("\"content\":\"pipe\""), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n"), "{text}");
     task.await.expect("join").expect("served");
+}
+
+#[tokio::test]
+async fn anthropic_tool_use_and_thinking_stream_exact_bytes() {
+    let srv = server(Behavior::default()).await;
+    let mock = json!({"id": "msg_1", "text": "Hi", "reasoning": "Let me think",
+        "signature": "sig==",
+        "tool_calls": [{"name": "get_weather", "arguments": {"city": "Zürich"}, "id": "toolu_1"},
+                       {"name": "get_time", "id": "toolu_2"}]});
+    let r = call(&srv, "/v1/messages", &chat("claude-x", true, mock.clone())).await;
+    assert!(r.complete);
+    let ev = |name: &str, data: &str| format!("event: {name}\ndata: {data}\n\n");
+    let d = |i: u32, delta: &str| {
+        ev(
+            "content_block_delta",
+            &format!(r#"{{"type":"content_block_delta","index":{i},"delta":{delta}}}"#),
+        )
+    };
+    let stop = |i: u32| {
+        ev(
+            "content_block_stop",
+            &format!(r#"{{"type":"content_block_stop","index":{i}}}"#),
+        )
+    };
+    let expected = [
+        ev("message_start", r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-x","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":2,"output_tokens":1}}}"#),
+        ev("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#),
+        ev("ping", r#"{"type":"ping"}"#),
+        d(0, r#"{"type":"thinking_delta","thinking":"Let "}"#),
+        d(0, r#"{"type":"thinking_delta","thinking":"me "}"#),
+        d(0, r#"{"type":"thinking_delta","thinking":"think"}"#),
+        d(0, r#"{"type":"signature_delta","signature":"sig=="}"#),
+        stop(0),
+        ev("content_block_start", r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#),
+        d(1, r#"{"type":"text_delta","text":"Hi"}"#),
+        stop(1),
+        ev("content_block_start", r#"{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}"#),
+        d(2, r#"{"type":"input_json_delta","partial_json":""}"#),
+        d(2, r#"{"type":"input_json_delta","partial_json":"{\"city\""}"#),
+        d(2, r#"{"type":"input_json_delta","partial_json":":\"Züric"}"#),
+        d(2, r#"{"type":"input_json_delta","partial_json":"h\"}"}"#),
+        stop(2),
+        ev("content_block_start", r#"{"type":"content_block_start","index":3,"content_block":{"type":"tool_use","id":"toolu_2","name":"get_time","input":{}}}"#),
+        d(3, r#"{"type":"input_json_delta","partial_json":""}"#),
+        d(3, r#"{"type":"input_json_delta","partial_json":"{}"}"#),
+        stop(3),
+        ev("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":10}}"#),
+        ev("message_stop", r#"{"type":"message_stop"}"#),
+    ]
+    .concat();
+    assert_eq!(r.text(), expected);
+
+    let r = call(&srv, "/v1/messages", &chat("claude-x", false, mock)).await;
+    assert_eq!(
+        r.json(),
+        json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [
+                {"type": "thinking", "thinking": "Let me think", "signature": "sig=="},
+                {"type": "text", "text": "Hi"},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Zürich"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {}}],
+            "stop_reason": "tool_use", "stop_sequence": null,
+            "usage": {"input_tokens": 2, "output_tokens": 10}})
+    );
+}
+
+#[tokio::test]
+async fn openai_parallel_tool_calls_and_reasoning_content() {
+    let srv = server(Behavior::default()).await;
+    let tools =
+        json!([{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": "{\"y\":true}"}]);
+    let mut body = chat(
+        "gpt-x",
+        true,
+        json!({"id": "c", "created": 1, "tool_calls": tools}),
+    );
+    body["stream_options"] = json!({"include_usage": true});
+    let r = call(&srv, "/v1/chat/completions", &body).await;
+    let pre = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-x","system_fingerprint":"fp_mock","choices":[{"index":0,"delta":"#;
+    let post = r#","logprobs":null,"finish_reason":null}],"usage":null}"#;
+    let chunk = |delta: &str| format!("{pre}{delta}{post}\n\n");
+    let expected = [
+        chunk(r#"{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_mock1_0","type":"function","function":{"name":"a","arguments":""}}],"refusal":null}"#),
+        chunk(r#"{"tool_calls":[{"index":0,"function":{"arguments":"{\"x\":1}"}}]}"#),
+        chunk(r#"{"tool_calls":[{"index":1,"id":"call_mock1_1","type":"function","function":{"name":"b","arguments":""}}]}"#),
+        chunk(r#"{"tool_calls":[{"index":1,"function":{"arguments":"{\"y\":tr"}}]}"#),
+        chunk(r#"{"tool_calls":[{"index":1,"function":{"arguments":"ue}"}}]}"#),
+        format!("{pre}{{}},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}}],\"usage\":null}}\n\n"),
+        r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-x","system_fingerprint":"fp_mock","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":5,"total_tokens":7}}"#.to_string() + "\n\n",
+        "data: [DONE]\n\n".to_string(),
+    ]
+    .concat();
+    assert_eq!(r.text(), expected);
+
+    let r = call(
+        &srv,
+        "/v1/chat/completions",
+        &chat(
+            "gpt-x",
+            false,
+            json!({"reasoning": "hm ok", "text": "Yes", "tool_calls": tools}),
+        ),
+    )
+    .await;
+    let v = r.json();
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["content"], "Yes");
+    assert_eq!(msg["reasoning_content"], "hm ok");
+    assert_eq!(
+        msg["tool_calls"][1]["function"]["arguments"],
+        "{\"y\":true}"
+    );
+    assert_eq!(msg["tool_calls"][1]["type"], "function");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        2
+    );
+
+    let r = call(
+        &srv,
+        "/v1/chat/completions",
+        &chat("gpt-x", true, json!({"reasoning": "hm", "text": "Yes"})),
+    )
+    .await;
+    let t = r.text();
+    assert!(
+        t.contains(r#""delta":{"content":null,"reasoning_content":"hm"}"#),
+        "{t}"
+    );
+    assert!(t.find("reasoning_content").unwrap() < t.find(r#""content":"Yes""#).unwrap());
+    assert!(t.contains(r#""finish_reason":"stop""#), "{t}");
+}
+
+#[tokio::test]
+async fn anthropic_token_count_is_deterministic_recorded_and_refuses_generation_fields() {
+    let srv = server(Behavior::default()).await;
+    let body = json!({"model": "claude-x", "system": "be brief please",
+        "messages": [{"role": "user", "content": "hi there"},
+                     {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}]});
+    let r = call(&srv, "/v1/messages/count_tokens", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    // The words of `system` and of every message: 3 + 2 + 1.
+    assert_eq!(r.text(), r#"{"input_tokens":6}"#);
+    let rec = wait_log(srv.state(), |r| r.path == "/v1/messages/count_tokens").await;
+    assert_eq!(rec.method, "POST");
+    assert_eq!(rec.model.as_deref(), Some("claude-x"));
+    // `prompt_tokens` fixes the count; the failure knobs apply.
+    let mut fixed = body.clone();
+    fixed["mock"] = json!({"prompt_tokens": 4242});
+    let r = call(&srv, "/v1/messages/count_tokens", &fixed).await;
+    assert_eq!(r.text(), r#"{"input_tokens":4242}"#);
+    fixed["mock"] = json!({"status": 529});
+    let r = call(&srv, "/v1/messages/count_tokens", &fixed).await;
+    assert_eq!(r.status, 529);
+    assert_eq!(r.json()["error"]["type"], "overloaded_error");
+    // Anthropic refuses generation-only members here.
+    let mut extra = body.clone();
+    extra["max_tokens"] = json!(10);
+    let r = call(&srv, "/v1/messages/count_tokens", &extra).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json(),
+        json!({"type": "error", "error": {"type": "invalid_request_error",
+            "message": "max_tokens: Extra inputs are not permitted"}})
+    );
+    let r = call(
+        &srv,
+        "/v1/messages/count_tokens",
+        &json!({"model": "claude-x"}),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["message"], "messages: Field required");
 }

@@ -31,34 +31,157 @@ pub(crate) struct ReplyMeta {
     pub created: u64,
     pub model: String,
     pub prompt_tokens: u64,
+    /// Prompt tokens read from the cache (part of `prompt_tokens`), if the answer says.
+    pub cached_tokens: Option<u64>,
     /// OpenAI `finish_reason` / Anthropic `stop_reason`.
     pub finish_reason: String,
     /// `stream_options.include_usage` was requested (adds `"usage":null` to chunks).
     pub include_usage: bool,
     /// Emit the final usage chunk (requested or forced).
     pub usage_chunk: bool,
+    /// Reasoning and tool calls of the answer (`reasoning`, `tool_calls` knobs).
+    pub extras: Extras,
+}
+
+/// Most characters in one streamed tool-argument fragment (OpenAI `arguments`, Anthropic
+/// `partial_json`): the argument text arrives in several pieces, as from the providers.
+pub(crate) const ARGUMENT_FRAGMENT_CHARS: usize = 7;
+
+/// One tool call as the mock answers it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ToolCallOut {
+    /// Call id (`call_…` / `toolu_…`).
+    pub id: String,
+    /// Function name.
+    pub name: String,
+    /// Arguments JSON text.
+    pub arguments: String,
+}
+
+impl ToolCallOut {
+    /// The argument text cut into fragments of at most [`ARGUMENT_FRAGMENT_CHARS`]
+    /// characters (none for an empty text).
+    pub(crate) fn fragments(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        for (n, (i, _)) in self.arguments.char_indices().enumerate() {
+            if n > 0 && n % ARGUMENT_FRAGMENT_CHARS == 0 {
+                out.push(&self.arguments[start..i]);
+                start = i;
+            }
+        }
+        if start < self.arguments.len() {
+            out.push(&self.arguments[start..]);
+        }
+        out
+    }
+
+    /// The arguments as a JSON value (Anthropic `input`); `{}` when they are not JSON.
+    fn input(&self) -> Value {
+        serde_json::from_str(&self.arguments).unwrap_or_else(|_| Value::Object(Default::default()))
+    }
+}
+
+/// Reasoning and tool calls of one answer, besides its text.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Extras {
+    /// Reasoning words, each keeping its trailing whitespace (empty = no reasoning).
+    pub reasoning: Vec<String>,
+    /// Anthropic thinking signature.
+    pub signature: String,
+    /// Tool calls in order.
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+impl Extras {
+    /// Neither reasoning nor tool calls.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.tool_calls.is_empty()
+    }
+
+    /// Content tokens the extras count for: reasoning words, tool-call starts and
+    /// argument fragments.
+    pub(crate) fn tokens(&self) -> u64 {
+        let tools: usize = self
+            .tool_calls
+            .iter()
+            .map(|t| 1 + t.fragments().len())
+            .sum();
+        (self.reasoning.len() + tools) as u64
+    }
 }
 
 // ---------------------------------------------------------------- OpenAI
 
-/// Full non-stream `chat.completion` object.
+/// The `usage` object of an OpenAI answer; with reasoning it carries
+/// `completion_tokens_details.reasoning_tokens` (DeepSeek, vLLM).
+fn openai_usage(m: &ReplyMeta, completion_tokens: u64) -> String {
+    let details = if m.extras.reasoning.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ",\"completion_tokens_details\":{{\"reasoning_tokens\":{}}}",
+            m.extras.reasoning.len()
+        )
+    };
+    let cached = match m.cached_tokens {
+        Some(n) => format!(",\"prompt_tokens_details\":{{\"cached_tokens\":{n}}}"),
+        None => String::new(),
+    };
+    format!(
+        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}{cached}{details}}}",
+        m.prompt_tokens,
+        completion_tokens,
+        m.prompt_tokens + completion_tokens
+    )
+}
+
+/// Full non-stream `chat.completion` object. With tool calls and no text, `content` is
+/// `null` (as OpenAI sends it); reasoning goes in `reasoning_content`.
 pub(crate) fn openai_completion(m: &ReplyMeta, text: &str, completion_tokens: u64) -> String {
+    let x = &m.extras;
+    let content = if text.is_empty() && !x.tool_calls.is_empty() {
+        "null".to_string()
+    } else {
+        js(text)
+    };
+    let reasoning = if x.reasoning.is_empty() {
+        String::new()
+    } else {
+        format!(",\"reasoning_content\":{}", js(&x.reasoning.concat()))
+    };
+    let tools = if x.tool_calls.is_empty() {
+        String::new()
+    } else {
+        let calls: Vec<String> = x
+            .tool_calls
+            .iter()
+            .map(|t| {
+                format!(
+                    "{{\"id\":{},\"type\":\"function\",\"function\":{{\"name\":{},\"arguments\":{}}}}}",
+                    js(&t.id),
+                    js(&t.name),
+                    js(&t.arguments)
+                )
+            })
+            .collect();
+        format!(",\"tool_calls\":[{}]", calls.join(","))
+    };
     format!(
         concat!(
             "{{\"id\":{},\"object\":\"chat.completion\",\"created\":{},\"model\":{},",
-            "\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":{},",
+            "\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":{}{}{},",
             "\"refusal\":null,\"annotations\":[]}},\"logprobs\":null,\"finish_reason\":{}}}],",
-            "\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}},",
-            "\"system_fingerprint\":\"fp_mock\"}}"
+            "\"usage\":{},\"system_fingerprint\":\"fp_mock\"}}"
         ),
         js(&m.id),
         m.created,
         js(&m.model),
-        js(text),
+        content,
+        reasoning,
+        tools,
         js(&m.finish_reason),
-        m.prompt_tokens,
-        completion_tokens,
-        m.prompt_tokens + completion_tokens
+        openai_usage(m, completion_tokens),
     )
 }
 
@@ -99,6 +222,56 @@ pub(crate) fn openai_token_chunk(m: &ReplyMeta, token: &str) -> String {
     openai_chunk(m, &choices, usage_null(m))
 }
 
+/// A chunk with one choice whose `delta` is the JSON object `delta`.
+fn openai_delta_chunk(m: &ReplyMeta, delta: &str) -> String {
+    let choices =
+        format!("[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":null}}]");
+    openai_chunk(m, &choices, usage_null(m))
+}
+
+/// One reasoning chunk, DeepSeek style: `delta: {"content":null,"reasoning_content":…}`.
+pub(crate) fn openai_reasoning_chunk(m: &ReplyMeta, word: &str) -> String {
+    openai_delta_chunk(
+        m,
+        &format!("{{\"content\":null,\"reasoning_content\":{}}}", js(word)),
+    )
+}
+
+/// The chunk that starts tool call `index`: its id, type and name with empty arguments.
+/// As the first chunk of an answer without text it also carries the role (and
+/// `content: null`), as OpenAI sends it.
+pub(crate) fn openai_tool_start_chunk(
+    m: &ReplyMeta,
+    index: usize,
+    call: &ToolCallOut,
+    with_role: bool,
+) -> String {
+    let call = format!(
+        "[{{\"index\":{index},\"id\":{},\"type\":\"function\",\"function\":{{\"name\":{},\"arguments\":\"\"}}}}]",
+        js(&call.id),
+        js(&call.name)
+    );
+    let delta = if with_role {
+        format!(
+            "{{\"role\":\"assistant\",\"content\":null,\"tool_calls\":{call},\"refusal\":null}}"
+        )
+    } else {
+        format!("{{\"tool_calls\":{call}}}")
+    };
+    openai_delta_chunk(m, &delta)
+}
+
+/// A chunk with one fragment of tool call `index`'s arguments.
+pub(crate) fn openai_tool_arguments_chunk(m: &ReplyMeta, index: usize, fragment: &str) -> String {
+    openai_delta_chunk(
+        m,
+        &format!(
+            "{{\"tool_calls\":[{{\"index\":{index},\"function\":{{\"arguments\":{}}}}}]}}",
+            js(fragment)
+        ),
+    )
+}
+
 /// Final chunk with an empty delta and the finish reason.
 pub(crate) fn openai_finish_chunk(m: &ReplyMeta) -> String {
     let choices = format!(
@@ -110,12 +283,7 @@ pub(crate) fn openai_finish_chunk(m: &ReplyMeta) -> String {
 
 /// Usage chunk with `"choices":[]`.
 pub(crate) fn openai_usage_chunk(m: &ReplyMeta, completion_tokens: u64) -> String {
-    let usage = format!(
-        ",\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
-        m.prompt_tokens,
-        completion_tokens,
-        m.prompt_tokens + completion_tokens
-    );
+    let usage = format!(",\"usage\":{}", openai_usage(m, completion_tokens));
     openai_chunk(m, "[]", &usage)
 }
 
@@ -146,21 +314,153 @@ pub(crate) fn openai_error(status: u16, message: &str) -> String {
 
 // ---------------------------------------------------------------- Anthropic
 
-/// Full non-stream Messages response.
+/// Full non-stream Messages response: a `thinking` block (with its signature) for
+/// reasoning, the `text` block (left out when empty and there are tool calls), one
+/// `tool_use` block per tool call.
 pub(crate) fn anthropic_message(m: &ReplyMeta, text: &str, output_tokens: u64) -> String {
+    let x = &m.extras;
+    let mut blocks = Vec::new();
+    if !x.reasoning.is_empty() {
+        blocks.push(format!(
+            "{{\"type\":\"thinking\",\"thinking\":{},\"signature\":{}}}",
+            js(&x.reasoning.concat()),
+            js(&x.signature)
+        ));
+    }
+    if !text.is_empty() || x.tool_calls.is_empty() {
+        blocks.push(format!("{{\"type\":\"text\",\"text\":{}}}", js(text)));
+    }
+    for t in &x.tool_calls {
+        blocks.push(format!(
+            "{{\"type\":\"tool_use\",\"id\":{},\"name\":{},\"input\":{}}}",
+            js(&t.id),
+            js(&t.name),
+            t.input()
+        ));
+    }
     format!(
         concat!(
             "{{\"id\":{},\"type\":\"message\",\"role\":\"assistant\",\"model\":{},",
-            "\"content\":[{{\"type\":\"text\",\"text\":{}}}],\"stop_reason\":{},",
-            "\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}"
+            "\"content\":[{}],\"stop_reason\":{},",
+            "\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":{}}}}}"
         ),
         js(&m.id),
         js(&m.model),
-        js(text),
+        blocks.join(","),
         js(&m.finish_reason),
-        m.prompt_tokens,
+        anthropic_input_usage(m),
         output_tokens
     )
+}
+
+/// `content_block_start` of a text block at `index`.
+pub(crate) fn anthropic_text_start(index: usize) -> String {
+    format!("{{\"type\":\"content_block_start\",\"index\":{index},\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}")
+}
+
+/// `content_block_start` of a thinking block at `index`.
+pub(crate) fn anthropic_thinking_start(index: usize) -> String {
+    format!("{{\"type\":\"content_block_start\",\"index\":{index},\"content_block\":{{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}}}")
+}
+
+/// `content_block_start` of a `tool_use` block at `index` (empty `input`).
+pub(crate) fn anthropic_tool_start(index: usize, call: &ToolCallOut) -> String {
+    format!(
+        "{{\"type\":\"content_block_start\",\"index\":{index},\"content_block\":{{\"type\":\"tool_use\",\"id\":{},\"name\":{},\"input\":{{}}}}}}",
+        js(&call.id),
+        js(&call.name)
+    )
+}
+
+/// `content_block_delta` at `index` with `delta` (a JSON object).
+fn anthropic_block_delta(index: usize, delta: &str) -> String {
+    format!("{{\"type\":\"content_block_delta\",\"index\":{index},\"delta\":{delta}}}")
+}
+
+/// `text_delta` at `index`.
+pub(crate) fn anthropic_text_delta(index: usize, text: &str) -> String {
+    anthropic_block_delta(
+        index,
+        &format!("{{\"type\":\"text_delta\",\"text\":{}}}", js(text)),
+    )
+}
+
+/// `thinking_delta` at `index`.
+pub(crate) fn anthropic_thinking_delta(index: usize, thinking: &str) -> String {
+    anthropic_block_delta(
+        index,
+        &format!(
+            "{{\"type\":\"thinking_delta\",\"thinking\":{}}}",
+            js(thinking)
+        ),
+    )
+}
+
+/// `signature_delta` at `index` (the end of a thinking block).
+pub(crate) fn anthropic_signature_delta(index: usize, signature: &str) -> String {
+    anthropic_block_delta(
+        index,
+        &format!(
+            "{{\"type\":\"signature_delta\",\"signature\":{}}}",
+            js(signature)
+        ),
+    )
+}
+
+/// `input_json_delta` at `index` with one `partial_json` fragment.
+pub(crate) fn anthropic_json_delta(index: usize, fragment: &str) -> String {
+    anthropic_block_delta(
+        index,
+        &format!(
+            "{{\"type\":\"input_json_delta\",\"partial_json\":{}}}",
+            js(fragment)
+        ),
+    )
+}
+
+/// `content_block_stop` at `index`.
+pub(crate) fn anthropic_block_stop(index: usize) -> String {
+    format!("{{\"type\":\"content_block_stop\",\"index\":{index}}}")
+}
+
+/// A token-count answer (`POST /v1/messages/count_tokens`,
+/// <https://docs.anthropic.com/en/api/messages-count-tokens>).
+pub(crate) fn anthropic_token_count(input_tokens: u64) -> String {
+    format!("{{\"input_tokens\":{input_tokens}}}")
+}
+
+/// The top-level members Anthropic's token-count endpoint accepts (and the mock's own
+/// `mock` knob).
+const COUNT_TOKENS_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+    "context_management",
+    "output_config",
+    "output_format",
+    "mock",
+];
+
+/// Why Anthropic would refuse a token-count body with a 400 (its messages): no object, no
+/// `model` string, no `messages` array, or a member it does not take (`max_tokens: Extra
+/// inputs are not permitted`: generation-only members are refused there).
+pub(crate) fn count_tokens_refusal(body: Option<&Value>) -> Option<String> {
+    let Some(Value::Object(map)) = body else {
+        return Some("request body must be a JSON object".into());
+    };
+    if !map.get("model").is_some_and(Value::is_string) {
+        return Some("model: Field required".into());
+    }
+    if !map.get("messages").is_some_and(Value::is_array) {
+        return Some("messages: Field required".into());
+    }
+    map.keys()
+        .find(|k| !COUNT_TOKENS_FIELDS.contains(&k.as_str()))
+        .map(|k| format!("{k}: Extra inputs are not permitted"))
 }
 
 /// `message_start` event data.
@@ -169,31 +469,31 @@ pub(crate) fn anthropic_message_start(m: &ReplyMeta) -> String {
         concat!(
             "{{\"type\":\"message_start\",\"message\":{{\"id\":{},\"type\":\"message\",",
             "\"role\":\"assistant\",\"content\":[],\"model\":{},\"stop_reason\":null,",
-            "\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":1}}}}}}"
+            "\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":1}}}}}}"
         ),
         js(&m.id),
         js(&m.model),
-        m.prompt_tokens
+        anthropic_input_usage(m)
     )
 }
 
-/// `content_block_start` event data.
-pub(crate) const ANTHROPIC_BLOCK_START: &str =
-    "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}";
+/// The input fields of an Anthropic `usage` object: `input_tokens`, and with cached tokens
+/// `cache_creation_input_tokens` and `cache_read_input_tokens` (`input_tokens` then counts
+/// only the uncached rest).
+fn anthropic_input_usage(m: &ReplyMeta) -> String {
+    match m.cached_tokens {
+        None => format!("\"input_tokens\":{}", m.prompt_tokens),
+        Some(n) => format!(
+            "\"input_tokens\":{},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{n}",
+            m.prompt_tokens - n
+        ),
+    }
+}
+
 /// `ping` event data.
 pub(crate) const ANTHROPIC_PING: &str = "{\"type\":\"ping\"}";
-/// `content_block_stop` event data.
-pub(crate) const ANTHROPIC_BLOCK_STOP: &str = "{\"type\":\"content_block_stop\",\"index\":0}";
 /// `message_stop` event data.
 pub(crate) const ANTHROPIC_MESSAGE_STOP: &str = "{\"type\":\"message_stop\"}";
-
-/// `content_block_delta` event data with a `text_delta`.
-pub(crate) fn anthropic_delta(token: &str) -> String {
-    format!(
-        "{{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":{}}}}}",
-        js(token)
-    )
-}
 
 /// `message_delta` event data.
 pub(crate) fn anthropic_message_delta(m: &ReplyMeta, output_tokens: u64) -> String {

@@ -31,9 +31,15 @@ pub struct Outcome {
     pub input_tokens: u64,
     /// Output tokens (from `usage`, else counted events).
     pub output_tokens: u64,
+    /// Whether `output_tokens` is Sluice's count of content events because the stream
+    /// carried no `usage` (the ledger record's `estimated`).
+    pub usage_estimated: bool,
     /// The upstream answered, then broke off (mid-stream error, broken body): the route
     /// is charged a failure although a response was written.
     pub upstream_broke: bool,
+    /// The request only counted tokens (`/v1/messages/count_tokens`): nothing was generated,
+    /// so it stays out of the generation metrics (durations, TTFT, `sluice_tokens_total`).
+    pub count_only: bool,
 }
 
 impl Outcome {

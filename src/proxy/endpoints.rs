@@ -5,13 +5,16 @@
 //! - `POST /v1/messages`: Anthropic Messages, streaming or not
 //!   (<https://docs.anthropic.com/en/api/messages>); auth by `x-api-key` or Bearer,
 //!   `anthropic-version` accepted, `anthropic-beta` forwarded to Anthropic upstreams.
+//! - `POST /v1/messages/count_tokens`: Anthropic's token count
+//!   (<https://docs.anthropic.com/en/api/messages-count-tokens>), answered by the Anthropic
+//!   provider of the route or estimated locally ([`super::count_tokens`]).
 //! - `POST /v1/responses`: OpenAI Responses, stateless, streaming or not
 //!   (<https://platform.openai.com/docs/api-reference/responses/create>).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,
 //!   in OpenAI's list format (<https://platform.openai.com/docs/api-reference/models/list>).
 //!
 //! Everything else is a 404 (unknown path) or 405 (known path, wrong method) in OpenAI's error
-//! shape (Anthropic's for `/v1/messages`). The `/v1` prefix is optional, as SDK base URLs differ.
+//! shape (Anthropic's for `/v1/messages` and `/v1/messages/count_tokens`). The `/v1` prefix is optional, as SDK base URLs differ.
 
 use pingora::proxy::Session;
 use serde_json::json;
@@ -19,7 +22,7 @@ use serde_json::json;
 use super::attempt::{self, ClientGone};
 use super::ctx::{ActiveStreamGuard, RequestCtx};
 use super::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
-use super::{respond, Gateway};
+use super::{count_tokens, respond, Gateway};
 use crate::auth::{presented_key, Caller};
 use crate::backpressure::Admission;
 use crate::error::GatewayError;
@@ -43,7 +46,8 @@ pub async fn handle(
         ("/chat/completions", "POST") => infer(gw, session, ctx, Dialect::ChatCompletions).await,
         ("/messages", "POST") => infer(gw, session, ctx, Dialect::Messages).await,
         ("/responses", "POST") => infer(gw, session, ctx, Dialect::Responses).await,
-        ("/chat/completions" | "/messages" | "/responses", _) => {
+        ("/messages/count_tokens", "POST") => count_tokens::handle(gw, session, ctx).await,
+        ("/chat/completions" | "/messages" | "/messages/count_tokens" | "/responses", _) => {
             ctx.dialect = dialect_of(path);
             Err(GatewayError::MethodNotAllowed(method.clone()).into())
         }
@@ -81,7 +85,7 @@ pub async fn handle(
 /// The client dialect of an inference path (after the `/v1` prefix).
 fn dialect_of(path: &str) -> Dialect {
     match path {
-        "/messages" => Dialect::Messages,
+        "/messages" | "/messages/count_tokens" => Dialect::Messages,
         "/responses" => Dialect::Responses,
         _ => Dialect::ChatCompletions,
     }
@@ -89,7 +93,7 @@ fn dialect_of(path: &str) -> Dialect {
 
 /// Authenticates the presented virtual key (and attaches the tenant's rate-limit status for the
 /// `x-ratelimit-*` headers).
-fn authenticate(
+pub(super) fn authenticate(
     gw: &Gateway,
     session: &Session,
     ctx: &mut RequestCtx,
@@ -151,7 +155,7 @@ async fn models(
         .map_err(|_| ChatError::Gone(ClientGone("writing")))
 }
 
-fn model_not_found(id: &str) -> GatewayError {
+pub(super) fn model_not_found(id: &str) -> GatewayError {
     // Echo at most 256 characters of what the client sent.
     let shown: String = id.chars().take(256).collect();
     let ellipsis = if shown.len() < id.len() { "…" } else { "" };
@@ -164,8 +168,10 @@ fn model_not_found(id: &str) -> GatewayError {
 }
 
 /// Why a request ended without a proxied answer.
-enum ChatError {
+pub(super) enum ChatError {
+    /// Answer the client this error (in its dialect).
     Client(GatewayError),
+    /// The client left.
     Gone(ClientGone),
 }
 
@@ -208,35 +214,7 @@ async fn infer(
     let slot = gw
         .admission
         .take_tenant_slot(&config, &caller.tenant, &mut ctx.rate_limit)?;
-    let held =
-        match request::read_body(session, BodyLimits::of(&config), gw.admission.buffers()).await {
-            Ok(b) => b,
-            Err(BodyError::TooLarge(limit_bytes)) => {
-                return Err(GatewayError::PayloadTooLarge { limit_bytes }.into())
-            }
-            Err(BodyError::BuffersFull(full)) => return Err(Admission::buffers_full(full).into()),
-            Err(BodyError::TimedOut(after)) => {
-                body_aborted(ctx, "timeout");
-                return Err(GatewayError::RequestTimeout(format!(
-                    "the request body did not arrive within {} ms",
-                    after.as_millis()
-                ))
-                .into());
-            }
-            Err(BodyError::Downstream(_)) => {
-                body_aborted(ctx, "closed");
-                return Err(ChatError::Gone(ClientGone("reading_body")));
-            }
-            Err(BodyError::Malformed(detail)) => {
-                // The framing is lost: the connection cannot carry another request.
-                session.set_keepalive(None);
-                return Err(GatewayError::invalid(
-                    format!("the request body is malformed: {detail}"),
-                    None,
-                )
-                .into());
-            }
-        };
+    let held = read_body(gw, session, ctx, &config).await?;
     let pref_header = session
         .req_header()
         .headers
@@ -296,4 +274,41 @@ async fn infer(
     // Token limits learn the real usage (`ctx.outcome` is final here).
     permit.settle(ctx.outcome.used());
     result.map_err(ChatError::Gone)
+}
+
+/// Reads the request body within the configured bounds (size, global buffer bytes, time),
+/// answering 413, 503, 408 or 400 (malformed framing) in the client's dialect.
+pub(super) async fn read_body(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &RequestCtx,
+    config: &crate::config::Config,
+) -> Result<request::HeldBody, ChatError> {
+    match request::read_body(session, BodyLimits::of(config), gw.admission.buffers()).await {
+        Ok(b) => Ok(b),
+        Err(BodyError::TooLarge(limit_bytes)) => {
+            Err(GatewayError::PayloadTooLarge { limit_bytes }.into())
+        }
+        Err(BodyError::BuffersFull(full)) => Err(Admission::buffers_full(full).into()),
+        Err(BodyError::TimedOut(after)) => {
+            body_aborted(ctx, "timeout");
+            Err(GatewayError::RequestTimeout(format!(
+                "the request body did not arrive within {} ms",
+                after.as_millis()
+            ))
+            .into())
+        }
+        Err(BodyError::Downstream(_)) => {
+            body_aborted(ctx, "closed");
+            Err(ChatError::Gone(ClientGone("reading_body")))
+        }
+        Err(BodyError::Malformed(detail)) => {
+            // The framing is lost: the connection cannot carry another request.
+            session.set_keepalive(None);
+            Err(
+                GatewayError::invalid(format!("the request body is malformed: {detail}"), None)
+                    .into(),
+            )
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`connection`], [`ctx`] |
 //! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
-//! | `request_filter` | route the path; auth; body; plan; the attempt loop (LLM endpoints) | [`endpoints`], [`attempt`] |
+//! | `request_filter` | route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`endpoints`], [`attempt`], [`count_tokens`] |
 //! | `upstream_peer` | no native-path routes are configured: refuse | — |
 //! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped | [`respond`] |
 //! | `logging` | access log line, request metrics | [`access_log`] |
@@ -20,6 +20,7 @@
 pub mod access_log;
 pub mod attempt;
 pub mod connection;
+pub mod count_tokens;
 pub mod ctx;
 pub mod endpoints;
 mod pipe;

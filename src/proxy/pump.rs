@@ -589,6 +589,7 @@ fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
     if input > 0 {
         ctx.outcome.input_tokens = input;
     }
+    ctx.outcome.usage_estimated = output == 0 && pipe.content_events > 0;
     ctx.outcome.output_tokens = if output > 0 {
         output
     } else {

@@ -362,6 +362,23 @@ pub fn parse_dialect(
         Dialect::ChatCompletions | Dialect::Responses => Map::new(),
     };
     let preference = preference(map.remove("provider"), preference_header, config)?;
+    let needs = canonical_needs(&canonical, body.len());
+    Ok(InferenceRequest {
+        dialect,
+        body: map,
+        model: canonical.model.clone(),
+        stream: canonical.stream,
+        include_usage: canonical.include_usage,
+        canonical: OnceLock::from(Ok(canonical)),
+        anthropic_beta: None,
+        needs,
+        preference,
+    })
+}
+
+/// What a canonical request needs from a route: the capabilities it uses (tools, vision,
+/// JSON schema), its input estimate (a quarter of the body's bytes) and its output bound.
+pub(crate) fn canonical_needs(canonical: &protocol::Request, body_len: usize) -> RouteNeeds {
     let mut caps = Vec::new();
     if !canonical.tools.is_empty() || canonical.tool_choice.is_some() {
         caps.push(Capability::Tools);
@@ -380,24 +397,13 @@ pub fn parse_dialect(
     ) {
         caps.push(Capability::JsonSchema);
     }
-    let needs = RouteNeeds {
+    RouteNeeds {
         capabilities: caps,
-        estimated_input_tokens: (body.len() as u64) / 4,
+        estimated_input_tokens: (body_len as u64) / 4,
         max_output_tokens: canonical
             .max_output_tokens
             .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
-    };
-    Ok(InferenceRequest {
-        dialect,
-        body: map,
-        model: canonical.model.clone(),
-        stream: canonical.stream,
-        include_usage: canonical.include_usage,
-        canonical: OnceLock::from(Ok(canonical)),
-        anthropic_beta: None,
-        needs,
-        preference,
-    })
+    }
 }
 
 /// Capabilities the request uses.
@@ -443,7 +449,7 @@ fn capabilities(map: &Map<String, Value>) -> Vec<Capability> {
 ///
 /// # Errors
 /// A 400 naming `provider` for bad JSON or a provider the config does not know.
-fn preference(
+pub(crate) fn preference(
     field: Option<Value>,
     header: Option<&[u8]>,
     config: &Config,

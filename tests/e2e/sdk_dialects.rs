@@ -1,7 +1,9 @@
-//! The official `anthropic` (`messages.create`, `messages.stream`, error classes) and
-//! `openai` (`responses.create`, `responses.stream`, a refused field) Python packages against
-//! a real Sluice, on an OpenAI-compatible and on an Anthropic provider
-//! (`tests/sdk/dialects_client.py`; interpreter as in [`crate::sdk`]).
+//! The official `anthropic` (`messages.create`, `messages.stream` with and without tools
+//! and with thinking, error classes) and `openai` (`responses.create`, `responses.stream`
+//! with and without a function tool and with reasoning, Chat Completions streaming with
+//! tools, a refused field) Python packages against a real Sluice, on an OpenAI-compatible
+//! and on an Anthropic provider (`tests/sdk/dialects_client.py`; interpreter as in
+//! [`crate::sdk`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,34 +20,86 @@ fn config(base_url: &str) -> String {
 #[test]
 fn official_anthropic_and_responses_sdks_work_on_both_providers() {
     let text = "Hello from the mock: héllo 世界 🚀, twenty tokens or so of text.";
-    let behavior = serde_json::json!({
+    let answered = "upstream-dated-2026-01-01";
+    let text_behavior = serde_json::json!({
         "text": text,
         "split": "mid_utf8",
-        "answer_model": "upstream-dated-2026-01-01",
+        "answer_model": answered,
     })
     .to_string();
-    let mock = Mock::start(&behavior);
+    // Parallel tool calls after some text; argument fragments cut inside "ü".
+    let tools = serde_json::json!([
+        {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "c"}},
+        {"name": "get_time", "arguments": {"tz": "Europe/Zurich"}},
+    ]);
+    let tool_text = "Let me check both.";
+    let tools_behavior = serde_json::json!({
+        "text": tool_text,
+        "tool_calls": tools,
+        "split": "mid_utf8",
+        "answer_model": answered,
+    })
+    .to_string();
+    let thought = "Höw tö greet: wärmly, 🤝 first.";
+    let reasoning_behavior = serde_json::json!({
+        "text": text,
+        "reasoning": thought,
+        "split": "mid_utf8",
+        "answer_model": answered,
+    })
+    .to_string();
+    let mock = Mock::start(&text_behavior);
     let sluice = Sluice::start(&config(&mock.base_url()));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/dialects_client.py");
     let base_url = format!("http://{}", sluice.addr);
-    for model in ["acme/claude", "acme/gpt"] {
-        let (ok, out) = run_python(
-            &[
-                script.to_str().expect("utf-8 path"),
-                "--base-url",
-                &base_url,
-                "--key",
-                KEY,
-                "--model",
-                model,
-                "--expect-text",
-                text,
-            ],
-            Duration::from_secs(120),
-        );
-        assert!(ok, "the SDK script failed for {model}:\n{out}");
-        assert!(out.contains("sdk ok"), "{out}");
-    }
-    // Two calls per SDK reach the provider per model; the error cases do not.
-    assert_eq!(mock.log().len(), 8);
+    let mock_url = format!("http://{}", mock.addr);
+    let tools = tools.to_string();
+    // One Python process for both models: importing the SDKs takes seconds.
+    let (ok, out) = run_python(
+        &[
+            script.to_str().expect("utf-8 path"),
+            "--base-url",
+            &base_url,
+            "--key",
+            KEY,
+            "--model",
+            "acme/claude",
+            "--model",
+            "acme/gpt",
+            "--mock-url",
+            &mock_url,
+            "--text-behavior",
+            &text_behavior,
+            "--expect-text",
+            text,
+            "--tools-behavior",
+            &tools_behavior,
+            "--expect-tool-text",
+            tool_text,
+            "--expect-tools",
+            &tools,
+            "--reasoning-behavior",
+            &reasoning_behavior,
+            "--expect-reasoning",
+            thought,
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(ok, "the SDK script failed:\n{out}");
+    assert!(out.contains("sdk ok"), "{out}");
+    // Per model, four text calls, four tool calls and three reasoning calls reach the
+    // provider; the error cases do not.
+    let log = mock.log();
+    assert_eq!(log.len(), 22, "{out}");
+    // The tool definitions reached both providers in their own API.
+    let tool_bodies = log
+        .iter()
+        .filter(|r| {
+            r["body"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("get_weather")
+        })
+        .count();
+    assert_eq!(tool_bodies, 8, "{out}");
 }

@@ -9,6 +9,7 @@
 mod fixtures;
 mod matrix;
 mod requests;
+mod splits;
 mod streams;
 
 use bytes::BytesMut;

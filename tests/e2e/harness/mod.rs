@@ -173,7 +173,10 @@ impl Sluice {
             let log_path = dir.path().join("sluice.log");
             let log = std::fs::File::create(&log_path).expect("log file");
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-            cmd.arg("-c")
+            // Its own working directory: the default usage ledger (`sluice-usage.db`) is
+            // created there, not in the repository.
+            cmd.current_dir(dir.path())
+                .arg("-c")
                 .arg(&config_path)
                 .env_remove("RUST_LOG")
                 .env("RUST_LOG", "info")

@@ -1,0 +1,397 @@
+//! Owns the durable usage ledger: one [`UsageRecord`] per authenticated inference request,
+//! written off the request path to SQLite (the default) or PostgreSQL, and read back by
+//! `sluice usage` and the admin listener's `GET /admin/usage`.
+//!
+//! | part | owns |
+//! |---|---|
+//! | this file | the record (its field names are a contract), the outcome classes, the settings, the process-wide writer handle |
+//! | [`writer`] | the bounded queue and the background thread that writes batches |
+//! | [`sqlite`], [`postgres`] | the two backends: schema with a version table, migrations, batch insert, queries |
+//! | [`query`] | filters, the per tenant × model summary, the `table`/`json`/`csv` formats, `GET /admin/usage` |
+//!
+//! **Never blocks a request.** [`record`] builds the record and `try_send`s it into a bounded
+//! queue (`ledger.queue_capacity`); a full queue drops the record, counts it in
+//! `sluice_ledger_dropped_total` and logs (at most one warning per 10 s). A background thread
+//! drains the queue every `ledger.flush_interval_ms` (default 200 ms) and writes everything
+//! queued in one transaction. `sluice_ledger_queue_depth` is the number of queued records.
+//!
+//! **Durability.** SIGTERM (graceful shutdown) writes everything queued before the process
+//! exits (see [`flush`] and [`crate::shutdown`]). After `kill -9` (or a crash, or SIGINT, which
+//! is Pingora's fast shutdown) the records queued since the last flush are lost: at most one
+//! flush interval of traffic, plus a batch being written. SQLite runs in WAL mode with
+//! `synchronous=NORMAL`: a committed batch survives a process kill; an OS crash or power loss
+//! may lose the last batches too.
+//!
+//! **What a record holds.** Metadata only, never prompt or completion text. `cost_usd`,
+//! `charge_usd` are 0 and `estimated` is `false` for upstream usage until metering
+//! (prices, token estimation) lands; `cached_input_tokens`, `cache_write_tokens` and
+//! `reasoning_tokens` are 0 until the stream pipe reports them. `estimated` is already
+//! `true` when a stream ended without the provider's `usage` and the output count is the
+//! number of content events. Unauthenticated requests and requests that name no model
+//! (bad JSON, `GET /v1/models`) are only in the access log.
+
+pub mod postgres;
+pub mod query;
+pub mod sqlite;
+pub mod writer;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::secret::Secret;
+
+/// Default SQLite file when the config has no `ledger:` section, relative to the working
+/// directory of the process (made absolute at startup).
+pub const DEFAULT_PATH: &str = "sluice-usage.db";
+
+/// Default `ledger.flush_interval_ms`.
+pub const DEFAULT_FLUSH_INTERVAL_MS: u64 = 200;
+
+/// Default `ledger.queue_capacity`, records.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 10_000;
+
+/// One request's usage, as stored and as `sluice usage --format json` prints it (the field
+/// names are a contract: tooling outside the repository reads them).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct UsageRecord {
+    /// When the request arrived, unix milliseconds (UTC); printed as RFC 3339 with ms.
+    #[serde(with = "rfc3339_ms")]
+    pub time: i64,
+    /// The request id (`x-request-id`).
+    pub request_id: String,
+    /// Tenant id.
+    pub tenant: String,
+    /// The virtual key's name (`virtual_keys[].name`, else `key-` + 8 hex of its hash).
+    pub virtual_key: String,
+    /// The standard model asked for.
+    pub model: String,
+    /// The provider that answered, if any (`None`: rejected before an upstream answered).
+    pub provider: Option<String>,
+    /// The upstream model that answered, if any.
+    pub upstream_model: Option<String>,
+    /// Input (prompt) tokens, cached ones included.
+    pub input_tokens: u64,
+    /// Output tokens, reasoning included.
+    pub output_tokens: u64,
+    /// Input tokens read from the provider's prompt cache (part of `input_tokens`).
+    pub cached_input_tokens: u64,
+    /// Input tokens written to the provider's prompt cache (part of `input_tokens`).
+    pub cache_write_tokens: u64,
+    /// Reasoning tokens (part of `output_tokens`).
+    pub reasoning_tokens: u64,
+    /// Whether the token counts are Sluice's estimate (the provider reported no usage).
+    pub estimated: bool,
+    /// What the providers charge Sluice for this request, USD.
+    pub cost_usd: f64,
+    /// What the tenant is charged, USD.
+    pub charge_usd: f64,
+    /// Final downstream HTTP status (0: nothing was written).
+    pub status: u16,
+    /// Outcome class, one of [`OUTCOMES`].
+    pub outcome: String,
+    /// Request received → first content event written downstream, ms (`None`: no content).
+    pub ttft_ms: Option<u64>,
+    /// Request received → request finished, ms.
+    pub duration_ms: u64,
+    /// Candidate routes that failed before the one that answered.
+    pub fallback_depth: u32,
+    /// Upstream attempts made (same-route retries included).
+    pub attempts: u32,
+    /// The client's wire API: `chat`, `messages` or `responses`.
+    pub ingress: String,
+}
+
+/// Every value of [`UsageRecord::outcome`].
+pub const OUTCOMES: [&str; 7] = [
+    "ok",
+    "client_abort",
+    "upstream_error",
+    "rejected",
+    "invalid_request",
+    "unauthorized",
+    "error",
+];
+
+/// The ledger outcome class of a request from its access-log outcome label (`ok`,
+/// `client_abort`, `stream_error`, or a [`crate::error::GatewayError::metric_label`]) and its
+/// final status: admission and limit refusals (429, 503 queue/buffers, 402 budgets) are
+/// `rejected`; failures of the upstream (after it was tried) `upstream_error`; other client
+/// errors `invalid_request` or `unauthorized`; anything else `error`.
+pub fn outcome_class(label: &str, status: u16) -> &'static str {
+    match label {
+        "ok" => "ok",
+        "client_abort" => "client_abort",
+        "stream_error" | "upstream_error" | "upstream_unavailable" | "upstream_timeout" => {
+            "upstream_error"
+        }
+        "queue_full"
+        | "queue_timeout"
+        | "tenant_rpm"
+        | "tenant_tpm"
+        | "tenant_concurrency"
+        | "request_buffers_full"
+        | "budget_exceeded" => "rejected",
+        "unauthorized" | "forbidden" => "unauthorized",
+        "invalid_request" | "not_found" | "method_not_allowed" | "payload_too_large"
+        | "request_timeout" | "no_route" => "invalid_request",
+        _ => match status {
+            402 | 429 => "rejected",
+            401 | 403 => "unauthorized",
+            400..=499 => "invalid_request",
+            _ => "error",
+        },
+    }
+}
+
+/// Where the ledger lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file (`ledger.path`, or [`DEFAULT_PATH`]).
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// A PostgreSQL database (`ledger.url`), shared by several replicas.
+    Postgres {
+        /// `postgres://user[:password]@host[:port]/db` (the password is never printed).
+        url: Secret,
+    },
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Sqlite { path } => write!(f, "sqlite:{}", path.display()),
+            Backend::Postgres { url } => write!(f, "{}", postgres::redacted_url(url.expose())),
+        }
+    }
+}
+
+/// `ledger:` after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerSettings {
+    /// The backend.
+    pub backend: Backend,
+    /// How often the writer drains the queue (`ledger.flush_interval_ms`).
+    pub flush_interval: Duration,
+    /// Records the queue holds before new ones are dropped (`ledger.queue_capacity`).
+    pub queue_capacity: usize,
+}
+
+impl Default for LedgerSettings {
+    /// SQLite at [`DEFAULT_PATH`], 200 ms flush interval, 10 000 queued records.
+    fn default() -> Self {
+        Self {
+            backend: Backend::Sqlite {
+                path: PathBuf::from(DEFAULT_PATH),
+            },
+            flush_interval: Duration::from_millis(DEFAULT_FLUSH_INTERVAL_MS),
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+        }
+    }
+}
+
+impl LedgerSettings {
+    /// The same settings with a relative SQLite path made absolute against the current
+    /// working directory (done once at startup, before `-d` changes the directory).
+    pub fn absolute(mut self) -> Self {
+        if let Backend::Sqlite { path } = &mut self.backend {
+            if let Ok(p) = std::path::absolute(&*path) {
+                *path = p;
+            }
+        }
+        self
+    }
+}
+
+/// Errors of the ledger backends.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// SQLite failed.
+    #[error("sqlite ledger {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: String,
+        /// The driver's error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// PostgreSQL failed.
+    #[error("postgres ledger {url}: {source}")]
+    Postgres {
+        /// The URL without its password.
+        url: String,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The stored schema is newer than this Sluice knows, or otherwise unusable.
+    #[error("ledger {at}: {message}")]
+    Schema {
+        /// Backend description.
+        at: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The ledger does not exist (only reading opens without creating).
+    #[error("no ledger at {0} (Sluice creates it when it starts)")]
+    Missing(String),
+    /// A runtime for the async driver could not be built.
+    #[error("ledger: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The ledger queue of this process, once [`install`] ran.
+static WRITER: OnceLock<writer::Handle> = OnceLock::new();
+
+/// Checks that the ledger of `settings` opens (creating or migrating its schema, then closing
+/// it again) and installs the process-wide queue; the returned service starts the writer
+/// thread when Pingora runs its services (after `-d` forked). Records queued before then wait
+/// in the queue.
+///
+/// # Errors
+/// When the backend cannot be opened or its schema cannot be created or migrated, or a
+/// ledger is already installed.
+pub fn install(settings: &LedgerSettings) -> Result<LedgerService, LedgerError> {
+    drop(writer::open_sink(settings)?);
+    let (handle, pending) = writer::Handle::channels(settings.clone());
+    WRITER.set(handle).map_err(|_| LedgerError::Schema {
+        at: settings.backend.to_string(),
+        message: "a ledger is already running in this process".into(),
+    })?;
+    Ok(LedgerService {
+        pending: std::sync::Mutex::new(Some(pending)),
+    })
+}
+
+/// The Pingora background service that opens the ledger and runs its writer thread.
+#[derive(Debug)]
+pub struct LedgerService {
+    pending: std::sync::Mutex<Option<writer::Pending>>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for LedgerService {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let Some(pending) = self.pending.lock().ok().and_then(|mut p| p.take()) else {
+            return;
+        };
+        let settings = pending.settings().clone();
+        let opened = tokio::task::spawn_blocking(move || writer::open_sink(&settings)).await;
+        match opened {
+            Ok(Ok(sink)) => {
+                let s = pending.settings();
+                log::info!(
+                    "usage ledger: {} (flush every {} ms, queue {} records)",
+                    s.backend,
+                    s.flush_interval.as_millis(),
+                    s.queue_capacity
+                );
+                if let Err(e) = pending.spawn(sink) {
+                    log::error!("usage ledger: cannot start the writer thread: {e}");
+                }
+            }
+            Ok(Err(e)) => log::error!("usage ledger: cannot open: {e}; usage is not recorded"),
+            Err(e) => log::error!("usage ledger: cannot open: {e}; usage is not recorded"),
+        }
+        // The writer thread runs on; the service lives as long as it (the final flush is
+        // [`crate::shutdown`]'s, just before the process exits).
+        let _ = shutdown.changed().await;
+    }
+}
+
+/// The settings of the installed ledger (`None` before [`install`]).
+pub fn running() -> Option<&'static LedgerSettings> {
+    WRITER.get().map(writer::Handle::settings)
+}
+
+/// Queues one record (never blocks; a full queue drops and counts it). A no-op before
+/// [`install`] (the `sluice usage` tool, unit tests).
+pub fn submit(rec: UsageRecord) {
+    if let Some(w) = WRITER.get() {
+        w.submit(rec);
+    }
+}
+
+/// Writes everything queued now and waits up to `timeout` for it; whether it finished.
+/// Called on graceful shutdown just before the process exits.
+pub fn flush(timeout: Duration) -> bool {
+    WRITER.get().is_none_or(|w| w.flush(timeout))
+}
+
+/// `time` as RFC 3339 UTC with milliseconds (`2026-12-01T23:50:00.123Z`).
+pub mod rfc3339_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Formats unix ms; out-of-range values print as the number.
+    pub fn format(ms: i64) -> String {
+        match jiff::Timestamp::from_millisecond(ms) {
+            Ok(t) => t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+            Err(_) => ms.to_string(),
+        }
+    }
+
+    /// Serializes unix ms as RFC 3339.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(ms: &i64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format(*ms))
+    }
+
+    /// Reads an RFC 3339 timestamp back into unix ms.
+    ///
+    /// # Errors
+    /// When the text is no RFC 3339 timestamp.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<jiff::Timestamp>()
+            .map(jiff::Timestamp::as_millisecond)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_classes_cover_the_labels_sluice_writes() {
+        assert_eq!(outcome_class("ok", 200), "ok");
+        assert_eq!(outcome_class("client_abort", 0), "client_abort");
+        assert_eq!(outcome_class("stream_error", 200), "upstream_error");
+        assert_eq!(outcome_class("upstream_unavailable", 503), "upstream_error");
+        assert_eq!(outcome_class("tenant_rpm", 429), "rejected");
+        assert_eq!(outcome_class("queue_full", 503), "rejected");
+        assert_eq!(outcome_class("invalid_request", 400), "invalid_request");
+        assert_eq!(outcome_class("forbidden", 403), "unauthorized");
+        assert_eq!(outcome_class("something_new", 402), "rejected");
+        assert_eq!(outcome_class("internal", 500), "error");
+        for l in ["ok", "client_abort", "x"] {
+            assert!(OUTCOMES.contains(&outcome_class(l, 500)));
+        }
+    }
+
+    #[test]
+    fn time_is_rfc3339_utc_with_milliseconds_both_ways() {
+        assert_eq!(rfc3339_ms::format(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339_ms::format(1_796_169_000_123),
+            "2026-12-01T23:50:00.123Z"
+        );
+        let r: UsageRecord = serde_json::from_value(serde_json::json!({
+            "time": "2026-12-01T23:50:00.123Z", "request_id": "r", "tenant": "t",
+            "virtual_key": "k", "model": "m", "provider": null, "upstream_model": null,
+            "input_tokens": 1, "output_tokens": 2, "cached_input_tokens": 0,
+            "cache_write_tokens": 0, "reasoning_tokens": 0, "estimated": false,
+            "cost_usd": 0.0, "charge_usd": 0.0, "status": 200, "outcome": "ok",
+            "ttft_ms": null, "duration_ms": 5, "fallback_depth": 0, "attempts": 1,
+            "ingress": "chat"
+        }))
+        .unwrap();
+        assert_eq!(r.time, 1_796_169_000_123);
+    }
+}

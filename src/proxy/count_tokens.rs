@@ -1,0 +1,467 @@
+//! Owns `POST /v1/messages/count_tokens` (Anthropic's token count,
+//! <https://docs.anthropic.com/en/api/messages-count-tokens>; Claude Code calls it): the
+//! provider's own count when the route is Anthropic, else a local estimate, answered as
+//! `{"input_tokens": N}`.
+//!
+//! The ingress is `/v1/messages`'s: the virtual key by `x-api-key` or Bearer, the tenant's
+//! model and provider allow-lists, the body bounds (413/408/503), a Messages request
+//! without `max_tokens` ([`protocol::messages::count`]), errors in Anthropic's shape,
+//! `x-request-id`, the access log. Routing is generation's ([`routing::plan`]: capabilities,
+//! provider preference, strategy, health order), and the first route generation would use
+//! decides:
+//!
+//! - an Anthropic route: `POST {base_url}/messages/count_tokens` with the upstream model,
+//!   the provider's key and `anthropic-version`, and the client's `anthropic-beta`; the
+//!   answer's `input_tokens` is returned. A failure before an answer (connect error,
+//!   timeout, a retryable status such as 429/5xx or the gateway's credentials refused,
+//!   a 404/405 from an Anthropic-compatible provider without this endpoint, a body that is
+//!   no count) moves on to the next route; a 400/413/422 about the request is the client's
+//!   answer, in Anthropic's shape.
+//! - an OpenAI-compatible route, or no route left: the local estimate
+//!   ([`protocol::tokens`], `o200k_base`), computed on a blocking thread.
+//!
+//! The answer says how it was counted in `x-sluice-token-count: provider | estimate`;
+//! a provider count also carries `x-sluice-provider` and `x-sluice-fallback-depth` (when
+//! `server.emit_route_headers`).
+//!
+//! Limits, as Anthropic meters its own count endpoint apart from generation: a count uses
+//! none of the tenant's `requests_per_minute`, `tokens_per_minute` or
+//! `max_concurrent_streams` (a client counting while its stream runs is not refused, and
+//! counting never spends generation budget). A provider count takes a slot of
+//! `server.max_concurrent_upstream_requests` while it is in flight, but never waits in the
+//! admission queue: with no slot free the estimate answers. Count calls neither trip nor
+//! heal a route's passive health (they are another endpoint); routes that are resting or
+//! unhealthy are skipped. Estimates run on blocking threads, at most one per CPU at once
+//! (the rest wait, bounded in memory by the request-buffer bound). Counted in
+//! `sluice_token_counts_total{model,method}`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora::connectors::http::Connector;
+use pingora::protocols::http::client::HttpSession as UpstreamSession;
+use pingora::proxy::Session;
+use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
+
+use super::attempt::ClientGone;
+use super::ctx::RequestCtx;
+use super::endpoints::{self, ChatError};
+use super::request::{self, PREFERENCE_HEADER};
+use super::{respond, Gateway};
+use crate::config::{Model, ProviderKind, Route};
+use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
+use crate::metrics::metrics;
+use crate::protocol::{self, messages::count, Dialect};
+use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::providers::{self, anthropic};
+use crate::routing::health::Health;
+use crate::routing::{self, Preference, RouteNeeds};
+
+/// Header naming how the answer was counted: `provider` or `estimate`.
+pub const COUNT_METHOD_HEADER: &str = "x-sluice-token-count";
+
+/// Largest upstream count answer (or error body) read, bytes: `{"input_tokens":N}` is ~25.
+const MAX_UPSTREAM_BODY_BYTES: usize = 64 * 1024;
+
+/// Estimates running at once, process-wide: one per CPU. An estimate is CPU-bound (about
+/// 1 µs per byte of text in a debug build, 2 s for the first one there while the BPE
+/// table loads), so more would only slow the proxy's own threads; the others wait (their
+/// bodies are bounded by `server.max_buffered_request_bytes`) or leave.
+static ESTIMATE_SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
+    Semaphore::new(std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
+});
+
+/// Idle time a pooled upstream connection is kept (as generation's).
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// A parsed token-count request.
+struct CountRequest {
+    /// The canonical request (what the estimate counts).
+    canonical: protocol::Request,
+    /// The client's object (what an Anthropic upstream gets, reduced to its members).
+    body: Map<String, Value>,
+    /// What routing needs to know.
+    needs: RouteNeeds,
+    /// The client's provider preference.
+    preference: Option<Preference>,
+}
+
+/// Decodes and validates the body (400 naming the field, in Anthropic's shape).
+fn parse(
+    body: &[u8],
+    preference_header: Option<&[u8]>,
+    config: &crate::config::Config,
+) -> Result<CountRequest, GatewayError> {
+    let mut map = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => {
+            return Err(GatewayError::invalid(
+                "request body must be a JSON object",
+                None,
+            ))
+        }
+        Err(e) => {
+            return Err(GatewayError::invalid(
+                format!("request body is not valid JSON: {e}"),
+                None,
+            ))
+        }
+    };
+    let canonical =
+        count::decode_request(body).map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
+    if canonical.model.trim().is_empty() {
+        return Err(GatewayError::invalid(
+            "you must provide a `model` parameter",
+            Some("model"),
+        ));
+    }
+    let preference = request::preference(map.remove("provider"), preference_header, config)?;
+    let needs = request::canonical_needs(&canonical, body.len());
+    Ok(CountRequest {
+        canonical,
+        body: map,
+        needs,
+        preference,
+    })
+}
+
+/// How one provider count ended.
+enum Counted {
+    /// The provider's `input_tokens`.
+    Tokens(u64),
+    /// No answer (or none usable): the next route, else the estimate.
+    Failed(AttemptError),
+    /// The provider refused the request itself (a 4xx): the client's answer.
+    Refused(GatewayError),
+    /// The client left.
+    Gone(ClientGone),
+}
+
+/// `POST /v1/messages/count_tokens` end to end (see the module doc).
+///
+/// # Errors
+/// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
+/// [`ChatError::Gone`] when the client left.
+pub(super) async fn handle(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> Result<(), ChatError> {
+    ctx.dialect = Dialect::Messages;
+    ctx.outcome.count_only = true;
+    let caller = endpoints::authenticate(gw, session, ctx)?;
+    let config = ctx.config.clone();
+    let held = endpoints::read_body(gw, session, ctx, &config).await?;
+    let pref_header = session
+        .req_header()
+        .headers
+        .get(PREFERENCE_HEADER)
+        .map(|v| v.as_bytes().to_vec());
+    let request::HeldBody {
+        bytes,
+        reservation: _reservation,
+    } = held;
+    let req = parse(&bytes, pref_header.as_deref(), &config)?;
+    // The parsed copies stay accounted by the reservation (to the end of this function).
+    drop(bytes);
+    ctx.standard_model = Some(req.canonical.model.clone());
+    let model = config
+        .models
+        .get(&req.canonical.model)
+        .filter(|_| caller.may_use_model(&req.canonical.model))
+        .ok_or_else(|| endpoints::model_not_found(&req.canonical.model))?;
+    let candidates = routing::plan(model, &caller, &req.needs, req.preference.as_ref())?;
+    let beta = session
+        .req_header()
+        .headers
+        .get("anthropic-beta")
+        .map(|v| v.as_bytes().to_vec());
+
+    for cand in &candidates {
+        let health = &cand.health;
+        if !health.is_available() || health.state() == Health::Unhealthy {
+            continue;
+        }
+        let route = cand.route;
+        if route.provider.kind != ProviderKind::Anthropic {
+            // Generation would take this route: its count is the estimate.
+            break;
+        }
+        let Some(_slot) = gw.admission.try_admit_global() else {
+            // The gateway is at its upstream cap: a count never queues behind generation.
+            break;
+        };
+        // Encoded per route: the upstream model differs.
+        let body = Bytes::from(count::encode_request(&req.body, &route.upstream_model));
+        ctx.attempt_count += 1;
+        match provider_count(
+            &gw.connector,
+            session,
+            ctx,
+            model,
+            route,
+            body,
+            beta.as_deref(),
+        )
+        .await
+        {
+            Counted::Tokens(n) => {
+                ctx.outcome.provider = Some(route.provider.id.clone());
+                ctx.outcome.upstream_model = Some(route.upstream_model.clone());
+                let mut extra = vec![(COUNT_METHOD_HEADER, "provider".to_string())];
+                if config.server.emit_route_headers {
+                    extra.push(("x-sluice-provider", route.provider.id.clone()));
+                    extra.push(("x-sluice-fallback-depth", ctx.fallback_depth().to_string()));
+                }
+                return answer(session, ctx, model, "provider", n, &extra).await;
+            }
+            Counted::Refused(err) => {
+                ctx.outcome.provider = Some(route.provider.id.clone());
+                ctx.outcome.upstream_model = Some(route.upstream_model.clone());
+                return Err(err.into());
+            }
+            Counted::Gone(g) => return Err(ChatError::Gone(g)),
+            Counted::Failed(ae) => {
+                log::info!(
+                    target: "sluice::proxy::count_tokens",
+                    "token count failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
+                    ctx.request_id, ae.provider, ae.upstream_model, ae.failure.label(), ae.detail
+                );
+                ctx.attempts.push(ae);
+                ctx.failed_routes += 1;
+            }
+        }
+    }
+    let canonical = req.canonical;
+    let n = {
+        let slot = tokio::select! {
+            s = ESTIMATE_SLOTS.acquire() => s
+                .map_err(|_| GatewayError::Internal("the token estimator is closed".into()))?,
+            () = client_gone(session) => return Err(ChatError::Gone(ClientGone("queued"))),
+        };
+        let n = tokio::task::spawn_blocking(move || {
+            protocol::tokens::estimate_input_tokens(&canonical)
+        })
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the token estimate failed: {e}")))?;
+        drop(slot);
+        n
+    };
+    answer(
+        session,
+        ctx,
+        model,
+        "estimate",
+        n,
+        &[(COUNT_METHOD_HEADER, "estimate".to_string())],
+    )
+    .await
+}
+
+/// Writes `{"input_tokens": n}` and counts it.
+async fn answer(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    model: &Model,
+    method: &'static str,
+    n: u64,
+    extra: &[(&'static str, String)],
+) -> Result<(), ChatError> {
+    metrics()
+        .token_counts_total
+        .with_label_values(&[model.id.as_str(), method])
+        .inc();
+    ctx.outcome.label = "ok";
+    respond::write_json(session, ctx, 200, count::encode_response(n), extra)
+        .await
+        .map_err(|_| ChatError::Gone(ClientGone("writing")))
+}
+
+/// Resolves when the downstream closes (bytes after the body are a pipelined request and
+/// leave it pending, as in the attempt loop).
+async fn client_gone(session: &mut Session) {
+    let _ = session.downstream_session.read_body_or_idle(true).await;
+}
+
+fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
+    Counted::Failed(AttemptError {
+        provider: route.provider.id.clone(),
+        upstream_model: route.upstream_model.clone(),
+        failure,
+        retry_after: None,
+        detail,
+    })
+}
+
+/// One count against one Anthropic route: connect (a stale pooled connection gets one
+/// fresh retry), send, read the head and the (bounded, decoded) body, each step within the
+/// route's `connect` and `first_byte` timeouts.
+async fn provider_count(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &RequestCtx,
+    model: &Model,
+    route: &Route,
+    body: Bytes,
+    beta: Option<&[u8]>,
+) -> Counted {
+    let provider = &route.provider;
+    let timeouts = ctx.config.timeouts_for(provider, model);
+    let target = match providers::target(provider).await {
+        Ok(t) => t,
+        Err(m) => return failed(route, AttemptFailure::Connect, m),
+    };
+    let mut head = match providers::request_head(
+        provider,
+        &target,
+        anthropic::COUNT_TOKENS_PATH,
+        body.len(),
+        false,
+        &ctx.request_id,
+    ) {
+        Ok(h) => h,
+        Err(e) => return failed(route, AttemptFailure::Protocol, e.to_string()),
+    };
+    if let Some(beta) = beta {
+        if head.insert_header("anthropic-beta", beta).is_err() {
+            return Counted::Refused(GatewayError::invalid(
+                "the `anthropic-beta` header is not a valid header value",
+                None,
+            ));
+        }
+    }
+    let mut fresh_tries = 0;
+    let mut up = loop {
+        let connect = tokio::select! {
+            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
+            () = client_gone(session) => return Counted::Gone(ClientGone("connecting")),
+        };
+        let (mut up, reused) = match connect {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => return failed(route, AttemptFailure::Connect, e.to_string()),
+            Err(_) => return failed(route, AttemptFailure::Connect, "connect timeout".into()),
+        };
+        let exchanged = tokio::select! {
+            r = tokio::time::timeout(timeouts.first_byte, crate::providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
+            () = client_gone(session) => {
+                up.shutdown().await;
+                return Counted::Gone(ClientGone("waiting_head"));
+            }
+        };
+        match exchanged {
+            Ok(Ok(())) => break up,
+            Ok(Err(e)) if reused && fresh_tries == 0 => {
+                log::debug!("stale pooled upstream connection: {e}");
+                fresh_tries += 1;
+            }
+            Ok(Err(e)) => {
+                up.shutdown().await;
+                return failed(route, AttemptFailure::Protocol, e.to_string());
+            }
+            Err(_) => {
+                up.shutdown().await;
+                return failed(
+                    route,
+                    AttemptFailure::FirstByteTimeout,
+                    "first byte timeout".into(),
+                );
+            }
+        }
+    };
+    let (status, retry_after, coding) = match up.response_header() {
+        Some(h) => (
+            h.status.as_u16(),
+            h.headers
+                .get("retry-after")
+                .and_then(|v| parse_retry_after(v.as_bytes())),
+            ContentCoding::from_header(h.headers.get("content-encoding").map(|v| v.as_bytes())),
+        ),
+        None => {
+            up.shutdown().await;
+            return failed(route, AttemptFailure::Protocol, "no response head".into());
+        }
+    };
+    let read = tokio::select! {
+        r = tokio::time::timeout(timeouts.first_byte.max(timeouts.idle), read_bounded(&mut up, coding)) => r,
+        () = client_gone(session) => {
+            up.shutdown().await;
+            return Counted::Gone(ClientGone("waiting_body"));
+        }
+    };
+    let answer = match read {
+        Ok(Ok(b)) => b,
+        Ok(Err(detail)) => {
+            up.shutdown().await;
+            return failed(route, AttemptFailure::Protocol, detail);
+        }
+        Err(_) => {
+            up.shutdown().await;
+            return failed(
+                route,
+                AttemptFailure::Protocol,
+                "upstream body read timed out".into(),
+            );
+        }
+    };
+    if up.response_done() {
+        connector
+            .release_http_session(up, &target.peer, Some(POOL_IDLE))
+            .await;
+    } else {
+        up.shutdown().await;
+    }
+    if (200..300).contains(&status) {
+        return match count::decode_response(&answer) {
+            Ok(n) => Counted::Tokens(n),
+            Err(e) => failed(route, AttemptFailure::Protocol, e.message()),
+        };
+    }
+    // A provider without the endpoint (an Anthropic-compatible API that lacks it) says 404
+    // or 405: not the request's fault, so the estimate answers.
+    if crate::routing::retryable_status(status) || matches!(status, 404 | 405) {
+        let mut f = failed(
+            route,
+            AttemptFailure::Status(status),
+            format!("HTTP {status}"),
+        );
+        if let Counted::Failed(ae) = &mut f {
+            ae.retry_after = retry_after;
+        }
+        return f;
+    }
+    let (kind, message) = protocol::decode_error_body(Dialect::Messages, status, &answer);
+    Counted::Refused(GatewayError::Upstream {
+        status,
+        error_type: kind.openai_type().to_string(),
+        code: None,
+        message: providers::scrub_key(provider, &message),
+        retry_after,
+    })
+}
+
+/// Reads the whole upstream body, decoded, at most [`MAX_UPSTREAM_BODY_BYTES`].
+///
+/// # Errors
+/// A detail for the log: an unknown or broken coding, a read error, a body over the bound.
+async fn read_bounded(
+    up: &mut UpstreamSession,
+    coding: Result<ContentCoding, String>,
+) -> Result<Vec<u8>, String> {
+    let coding = coding.map_err(|name| format!("unsupported content-encoding {name:?}"))?;
+    let mut decoder = Decoder::new(coding).map_err(|e| e.to_string())?;
+    let mut body = Vec::new();
+    loop {
+        let chunk = up.read_response_body().await.map_err(|e| e.to_string())?;
+        let end = chunk.is_none();
+        let room = MAX_UPSTREAM_BODY_BYTES.saturating_sub(body.len());
+        let piece = decoder
+            .decode(chunk.as_deref().unwrap_or_default(), end, room)
+            .map_err(|e| e.to_string())?;
+        body.extend_from_slice(piece);
+        if end {
+            return Ok(body);
+        }
+    }
+}
