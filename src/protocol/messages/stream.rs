@@ -8,7 +8,9 @@
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
-use super::super::json::{opt, prefixed, write_sse, ErrorObj, Str};
+use super::super::json::{
+    from_event, opt, prefixed, push_sse_head, push_str, push_u64, write_sse, ErrorObj, Str,
+};
 use super::super::{
     Dialect, ErrorKind, ProtocolError, StopReason, StreamEvent, StreamOptions, Usage,
 };
@@ -110,8 +112,7 @@ impl StreamDecoder {
         if data.is_empty() {
             return Ok(());
         }
-        let ev: EventIn<'_> = serde_json::from_slice(data)
-            .map_err(|e| ProtocolError::InvalidUpstream(format!("messages event: {e}")))?;
+        let ev: EventIn<'_> = from_event(data, "messages event")?;
         let kind = match &ev.ty {
             Some(t) => t.as_str(),
             None => event.unwrap_or(""),
@@ -297,16 +298,9 @@ enum BlockOut<'a> {
 #[derive(Serialize)]
 struct Empty {}
 
-#[derive(Serialize)]
-struct BlockDeltaOut<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    index: u32,
-    delta: DeltaOut<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// A `content_block_delta`'s `delta`: `{"type":"<kind>_delta","<field>":…}`
+/// (written by hand: the per-token frame).
+#[derive(Clone, Copy)]
 #[expect(
     clippy::enum_variant_names,
     reason = "the wire names all end in `_delta`"
@@ -564,15 +558,32 @@ impl StreamEncoder {
         }
     }
 
+    /// `event: content_block_delta` with
+    /// `{"type":"content_block_delta","index":…,"delta":{…}}`, byte for byte
+    /// what serde_json writes.
     fn delta(&self, out: &mut BytesMut, index: u32, delta: DeltaOut<'_>) {
-        write_sse(
-            out,
-            "content_block_delta",
-            &BlockDeltaOut {
-                ty: "content_block_delta",
-                index,
-                delta,
-            },
-        );
+        push_sse_head(out, "content_block_delta");
+        out.extend_from_slice(b"{\"type\":\"content_block_delta\",\"index\":");
+        push_u64(out, u64::from(index));
+        let (head, value): (&[u8], &str) = match delta {
+            DeltaOut::TextDelta { text } => {
+                (b",\"delta\":{\"type\":\"text_delta\",\"text\":", text)
+            }
+            DeltaOut::ThinkingDelta { thinking } => (
+                b",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":",
+                thinking,
+            ),
+            DeltaOut::SignatureDelta { signature } => (
+                b",\"delta\":{\"type\":\"signature_delta\",\"signature\":",
+                signature,
+            ),
+            DeltaOut::InputJsonDelta { partial_json } => (
+                b",\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":",
+                partial_json,
+            ),
+        };
+        out.extend_from_slice(head);
+        push_str(out, value);
+        out.extend_from_slice(b"}}\n\n");
     }
 }

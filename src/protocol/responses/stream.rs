@@ -12,47 +12,46 @@
 //! `response.failed`) carrying the whole response.
 
 use bytes::BytesMut;
-use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::super::json::{error_event, openai_type, prefixed, write_sse};
+use super::super::json::{
+    error_event, openai_type, prefixed, push_sse_head, push_str, push_u64, write_sse,
+};
 use super::super::{
     Dialect, ErrorKind, OutputItem, ProtocolError, Response, StopReason, StreamEvent,
     StreamOptions, ToolCall, Usage,
 };
 use super::{item_json, response_json};
 
-#[derive(Serialize)]
-struct TextDeltaOut<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    sequence_number: u64,
-    item_id: &'a str,
+/// Appends one per-token delta event, byte for byte what serde_json writes
+/// for `{"type":name,"sequence_number":seq,"item_id":…,"output_index":n,
+/// <extra>"delta":…<tail>}` (`extra` is e.g. `"content_index":0,`).
+#[expect(clippy::too_many_arguments, reason = "the fields of one wire event")]
+fn write_delta(
+    out: &mut BytesMut,
+    name: &str,
+    seq: u64,
+    item_id: &str,
     output_index: usize,
-    content_index: u32,
-    delta: &'a str,
-    logprobs: [(); 0],
-}
-
-#[derive(Serialize)]
-struct SummaryDeltaOut<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    sequence_number: u64,
-    item_id: &'a str,
-    output_index: usize,
-    summary_index: u32,
-    delta: &'a str,
-}
-
-#[derive(Serialize)]
-struct ArgsDeltaOut<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    sequence_number: u64,
-    item_id: &'a str,
-    output_index: usize,
-    delta: &'a str,
+    extra: &[u8],
+    delta: &str,
+    tail: &[u8],
+) {
+    push_sse_head(out, name);
+    out.extend_from_slice(b"{\"type\":");
+    push_str(out, name);
+    out.extend_from_slice(b",\"sequence_number\":");
+    push_u64(out, seq);
+    out.extend_from_slice(b",\"item_id\":");
+    push_str(out, item_id);
+    out.extend_from_slice(b",\"output_index\":");
+    push_u64(out, output_index as u64);
+    out.extend_from_slice(b",");
+    out.extend_from_slice(extra);
+    out.extend_from_slice(b"\"delta\":");
+    push_str(out, delta);
+    out.extend_from_slice(tail);
+    out.extend_from_slice(b"}\n\n");
 }
 
 /// One output item being streamed.
@@ -187,18 +186,15 @@ impl StreamEncoder {
                 if let OutputItem::Text(s) = &mut item.item {
                     s.push_str(t);
                 }
-                write_sse(
+                write_delta(
                     out,
                     "response.output_text.delta",
-                    &TextDeltaOut {
-                        ty: "response.output_text.delta",
-                        sequence_number: seq,
-                        item_id: &item.id,
-                        output_index: n,
-                        content_index: 0,
-                        delta: t,
-                        logprobs: [],
-                    },
+                    seq,
+                    &item.id,
+                    n,
+                    b"\"content_index\":0,",
+                    t,
+                    b",\"logprobs\":[]",
                 );
             }
             StreamEvent::ReasoningDelta(t) => {
@@ -209,17 +205,15 @@ impl StreamEncoder {
                 if let OutputItem::Reasoning { text, .. } = &mut item.item {
                     text.push_str(t);
                 }
-                write_sse(
+                write_delta(
                     out,
                     "response.reasoning_summary_text.delta",
-                    &SummaryDeltaOut {
-                        ty: "response.reasoning_summary_text.delta",
-                        sequence_number: seq,
-                        item_id: &item.id,
-                        output_index: n,
-                        summary_index: 0,
-                        delta: t,
-                    },
+                    seq,
+                    &item.id,
+                    n,
+                    b"\"summary_index\":0,",
+                    t,
+                    b"",
                 );
             }
             StreamEvent::ReasoningSignature(s) => {
@@ -252,16 +246,15 @@ impl StreamEncoder {
                 if let OutputItem::ToolCall(c) = &mut item.item {
                     c.arguments.push_str(fragment);
                 }
-                write_sse(
+                write_delta(
                     out,
                     "response.function_call_arguments.delta",
-                    &ArgsDeltaOut {
-                        ty: "response.function_call_arguments.delta",
-                        sequence_number: seq,
-                        item_id: &item.id,
-                        output_index: n,
-                        delta: fragment,
-                    },
+                    seq,
+                    &item.id,
+                    n,
+                    b"",
+                    fragment,
+                    b"",
                 );
             }
             StreamEvent::Stop { reason, .. } => self.stop = *reason,
