@@ -107,42 +107,15 @@ impl<T> IntoIterator for Few<T> {
     }
 }
 
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Few<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
-            type Value = Few<T>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array")
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Few<T>, E> {
-                Ok(Few::default())
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Few<T>, A::Error> {
-                let first = seq.next_element::<T>()?;
-                let mut rest = Vec::new();
-                if first.is_some() {
-                    while let Some(t) = seq.next_element::<T>()? {
-                        rest.push(t);
-                    }
-                }
-                Ok(Few { first, rest })
-            }
+impl<T> Few<T> {
+    /// Appends `t` (the first one inline).
+    pub(crate) fn push(&mut self, t: T) {
+        if self.first.is_none() {
+            self.first = Some(t);
+        } else {
+            self.rest.push(t);
         }
-        d.deserialize_any(V(PhantomData))
     }
-}
-
-/// Parses one upstream stream event's JSON `data` into `T`, borrowing its
-/// strings. The payload is checked for UTF-8 once, then parsed as `str`
-/// (serde_json's slice reader would re-validate every string it reads).
-pub(crate) fn from_event<'a, T: Deserialize<'a>>(
-    data: &'a [u8],
-    what: &str,
-) -> Result<T, ProtocolError> {
-    let text = std::str::from_utf8(data)
-        .map_err(|e| ProtocolError::InvalidUpstream(format!("{what}: {e}")))?;
-    serde_json::from_str(text).map_err(|e| ProtocolError::InvalidUpstream(format!("{what}: {e}")))
 }
 
 // ---------------------------------------------------------------- direct JSON output

@@ -47,6 +47,7 @@ pub mod chat;
 mod json;
 pub mod messages;
 pub mod responses;
+mod scan;
 mod translate;
 
 #[cfg(test)]

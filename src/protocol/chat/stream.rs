@@ -8,69 +8,152 @@
 //! client chunks straight into the output buffer.
 
 use bytes::BytesMut;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::super::json::{
-    from_event, opt, prefixed, push_str, push_u64, write_data, Few, First, Str,
-};
+use super::super::scan::Scan;
+
+use super::super::json::{opt, prefixed, push_str, push_u64, write_data, Few, First, Str};
 use super::super::{ErrorKind, ProtocolError, StreamEvent, StreamOptions, Usage};
 use super::{stop_from_wire, stop_to_wire, UsageIn};
 
-#[derive(Deserialize)]
+/// One upstream chunk, read by [`ChunkIn::parse`] (hand-written: the
+/// per-token hot path); `usage` and `error` go through serde.
+#[derive(Default)]
 struct ChunkIn<'a> {
-    #[serde(borrow, default)]
     id: Option<Str<'a>>,
-    #[serde(borrow, default)]
     model: Option<Str<'a>>,
-    #[serde(borrow, default)]
+    /// The first choice (a stream chunk has one; later ones are skipped).
     choices: First<ChoiceIn<'a>>,
-    #[serde(default)]
     usage: Option<UsageIn>,
-    #[serde(borrow, default)]
     error: Option<super::super::json::ErrorObj<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct ChoiceIn<'a> {
-    #[serde(borrow, default)]
     delta: Option<DeltaIn<'a>>,
-    #[serde(borrow, default)]
     finish_reason: Option<Str<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct DeltaIn<'a> {
-    #[serde(borrow, default)]
     content: Option<Str<'a>>,
-    #[serde(borrow, default)]
     reasoning_content: Option<Str<'a>>,
     /// vLLM/OpenRouter spelling of `reasoning_content`.
-    #[serde(borrow, default)]
     reasoning: Option<Str<'a>>,
-    #[serde(borrow, default)]
     refusal: Option<Str<'a>>,
     /// `Few`: one tool delta per chunk is the rule, several the exception
     /// (no `Vec` allocated per argument chunk).
-    #[serde(borrow, default)]
     tool_calls: Few<ToolDeltaIn<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct ToolDeltaIn<'a> {
-    #[serde(default)]
     index: Option<u32>,
-    #[serde(borrow, default)]
     id: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    function: Option<FunctionDeltaIn<'a>>,
+    name: Option<Str<'a>>,
+    arguments: Option<Str<'a>>,
 }
 
-#[derive(Deserialize)]
-struct FunctionDeltaIn<'a> {
-    #[serde(borrow, default)]
-    name: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    arguments: Option<Str<'a>>,
+const WHAT: &str = "chat chunk";
+
+impl<'a> ChunkIn<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut s = Scan::new(data, WHAT)?;
+        let mut c = ChunkIn::default();
+        s.object(|s, name| {
+            match name {
+                "id" => c.id = s.opt_str()?.map(Str),
+                "model" => c.model = s.opt_str()?.map(Str),
+                "choices" => {
+                    let mut first = None;
+                    s.array(|s| {
+                        if first.is_some() {
+                            return s.skip();
+                        }
+                        first = Some(ChoiceIn::parse(s)?);
+                        Ok(())
+                    })?;
+                    c.choices = First(first);
+                }
+                "usage" => c.usage = s.serde()?,
+                "error" => c.error = s.serde()?,
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        s.end()?;
+        Ok(c)
+    }
+}
+
+impl<'a> ChoiceIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut c = ChoiceIn::default();
+        s.object(|s, name| {
+            match name {
+                "delta" => {
+                    if !s.null()? {
+                        c.delta = Some(DeltaIn::parse(s)?);
+                    }
+                }
+                "finish_reason" => c.finish_reason = s.opt_str()?.map(Str),
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        Ok(c)
+    }
+}
+
+impl<'a> DeltaIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut d = DeltaIn::default();
+        s.object(|s, name| {
+            let slot = match name {
+                "content" => &mut d.content,
+                "reasoning_content" => &mut d.reasoning_content,
+                "reasoning" => &mut d.reasoning,
+                "refusal" => &mut d.refusal,
+                "tool_calls" => {
+                    return s.array(|s| {
+                        d.tool_calls.push(ToolDeltaIn::parse(s)?);
+                        Ok(())
+                    })
+                }
+                _ => return s.skip(),
+            };
+            *slot = s.opt_str()?.map(Str);
+            Ok(())
+        })?;
+        Ok(d)
+    }
+}
+
+impl<'a> ToolDeltaIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut t = ToolDeltaIn::default();
+        s.object(|s, name| {
+            match name {
+                "index" => t.index = s.opt_u32()?,
+                "id" => t.id = s.opt_str()?.map(Str),
+                "function" => {
+                    if !s.null()? {
+                        s.object(|s, name| {
+                            match name {
+                                "name" => t.name = s.opt_str()?.map(Str),
+                                "arguments" => t.arguments = s.opt_str()?.map(Str),
+                                _ => s.skip()?,
+                            }
+                            Ok(())
+                        })?;
+                    }
+                }
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        Ok(t)
+    }
 }
 
 /// Upstream Chat Completions stream → canonical events.
@@ -119,7 +202,7 @@ impl StreamDecoder {
             self.done = true;
             return emit(&StreamEvent::End);
         }
-        let c: ChunkIn<'_> = from_event(data, "chat chunk")?;
+        let c = ChunkIn::parse(data)?;
         if let Some(e) = &c.error {
             return Err(e.to_error(ErrorKind::Api));
         }
@@ -151,10 +234,7 @@ impl StreamDecoder {
                 }
                 for (k, t) in d.tool_calls.into_iter().enumerate() {
                     let index = t.index.unwrap_or(k as u32);
-                    let (name, args) = match t.function {
-                        Some(f) => (f.name, f.arguments),
-                        None => (None, None),
-                    };
+                    let (name, args) = (t.name, t.arguments);
                     if let Some(id) = t.id {
                         emit(&StreamEvent::ToolCallStart {
                             index,

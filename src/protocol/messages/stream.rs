@@ -9,28 +9,25 @@ use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
 use super::super::json::{
-    from_event, opt, prefixed, push_sse_head, push_str, push_u64, write_sse, ErrorObj, Str,
+    opt, prefixed, push_sse_head, push_str, push_u64, write_sse, ErrorObj, Str,
 };
+use super::super::scan::Scan;
 use super::super::{
     Dialect, ErrorKind, ProtocolError, StopReason, StreamEvent, StreamOptions, Usage,
 };
 use super::{stop_from_wire, stop_to_wire, ContentBlockIn, UsageIn};
 
-#[derive(Deserialize)]
+/// One upstream event, read by [`EventIn::parse`] (hand-written: the
+/// per-token hot path); the rare sub-objects (`message`, `content_block`,
+/// `usage`, `error`) go through serde.
+#[derive(Default)]
 struct EventIn<'a> {
-    #[serde(rename = "type", borrow, default)]
     ty: Option<Str<'a>>,
-    #[serde(default)]
     index: Option<u64>,
-    #[serde(borrow, default)]
     message: Option<MessageIn<'a>>,
-    #[serde(borrow, default)]
     content_block: Option<ContentBlockIn<'a>>,
-    #[serde(borrow, default)]
     delta: Option<DeltaIn<'a>>,
-    #[serde(default)]
     usage: Option<UsageIn>,
-    #[serde(borrow, default)]
     error: Option<ErrorObj<'a>>,
 }
 
@@ -44,22 +41,64 @@ struct MessageIn<'a> {
     usage: Option<UsageIn>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct DeltaIn<'a> {
-    #[serde(rename = "type", borrow, default)]
     ty: Option<Str<'a>>,
-    #[serde(borrow, default)]
     text: Option<Str<'a>>,
-    #[serde(borrow, default)]
     thinking: Option<Str<'a>>,
-    #[serde(borrow, default)]
     signature: Option<Str<'a>>,
-    #[serde(borrow, default)]
     partial_json: Option<Str<'a>>,
-    #[serde(borrow, default)]
     stop_reason: Option<Str<'a>>,
-    #[serde(borrow, default)]
     stop_sequence: Option<Str<'a>>,
+}
+
+const WHAT: &str = "messages event";
+
+impl<'a> EventIn<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut s = Scan::new(data, WHAT)?;
+        let mut ev = EventIn::default();
+        s.object(|s, name| {
+            match name {
+                "type" => ev.ty = s.opt_str()?.map(Str),
+                "index" => ev.index = s.opt_u64()?,
+                "delta" => {
+                    if !s.null()? {
+                        ev.delta = Some(DeltaIn::parse(s)?);
+                    }
+                }
+                "message" => ev.message = s.serde()?,
+                "content_block" => ev.content_block = s.serde()?,
+                "usage" => ev.usage = s.serde()?,
+                "error" => ev.error = s.serde()?,
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        s.end()?;
+        Ok(ev)
+    }
+}
+
+impl<'a> DeltaIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut d = DeltaIn::default();
+        s.object(|s, name| {
+            let slot = match name {
+                "type" => &mut d.ty,
+                "text" => &mut d.text,
+                "thinking" => &mut d.thinking,
+                "signature" => &mut d.signature,
+                "partial_json" => &mut d.partial_json,
+                "stop_reason" => &mut d.stop_reason,
+                "stop_sequence" => &mut d.stop_sequence,
+                _ => return s.skip(),
+            };
+            *slot = s.opt_str()?.map(Str);
+            Ok(())
+        })?;
+        Ok(d)
+    }
 }
 
 /// Upstream Messages stream → canonical events.
@@ -112,7 +151,7 @@ impl StreamDecoder {
         if data.is_empty() {
             return Ok(());
         }
-        let ev: EventIn<'_> = from_event(data, "messages event")?;
+        let ev = EventIn::parse(data)?;
         let kind = match &ev.ty {
             Some(t) => t.as_str(),
             None => event.unwrap_or(""),

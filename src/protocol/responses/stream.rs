@@ -15,7 +15,7 @@ use bytes::BytesMut;
 use serde_json::{json, Value};
 
 use super::super::json::{
-    error_event, openai_type, prefixed, push_sse_head, push_str, push_u64, write_sse,
+    error_event, openai_type, prefixed, push_sse_head, push_str, push_u64, write_json, write_sse,
 };
 use super::super::{
     Dialect, ErrorKind, OutputItem, ProtocolError, Response, StopReason, StreamEvent,
@@ -51,6 +51,20 @@ fn write_delta(
     out.extend_from_slice(b"\"delta\":");
     push_str(out, delta);
     out.extend_from_slice(tail);
+    out.extend_from_slice(b"}\n\n");
+}
+
+/// Appends `event: name` with `{"response":r,"sequence_number":seq,"type":name}`:
+/// what [`StreamEncoder::emit`] writes for `{"response": r}` (serde_json's
+/// map writes its keys sorted), without building the wrapper object.
+fn write_response_event(out: &mut BytesMut, name: &str, r: &Value, seq: u64) {
+    push_sse_head(out, name);
+    out.extend_from_slice(b"{\"response\":");
+    write_json(out, r);
+    out.extend_from_slice(b",\"sequence_number\":");
+    push_u64(out, seq);
+    out.extend_from_slice(b",\"type\":");
+    push_str(out, name);
     out.extend_from_slice(b"}\n\n");
 }
 
@@ -169,10 +183,12 @@ impl StreamEncoder {
                 }
                 self.usage = *usage;
             }
+            // One snapshot for both events (they carry the same response).
             let r = self.snapshot("in_progress");
-            self.emit("response.created", json!({"response": r}), out);
-            let r = self.snapshot("in_progress");
-            self.emit("response.in_progress", json!({"response": r}), out);
+            for name in ["response.created", "response.in_progress"] {
+                let seq = self.next_seq();
+                write_response_event(out, name, &r, seq);
+            }
         }
         match ev {
             StreamEvent::Start { .. } => {}
@@ -267,7 +283,8 @@ impl StreamEncoder {
                     StopReason::MaxTokens | StopReason::ContentFilter => "response.incomplete",
                     _ => "response.completed",
                 };
-                self.emit(name, json!({ "response": r }), out);
+                let seq = self.next_seq();
+                write_response_event(out, name, &r, seq);
             }
         }
         Ok(())
@@ -356,8 +373,10 @@ impl StreamEncoder {
         }
         self.open = false;
         let n = self.items.len() - 1;
-        let id = self.items[n].id.clone();
-        let item = self.items[n].item.clone();
+        // Taken out while the `.done` events are written (`emit` needs
+        // `&mut self`), put back below: no copy of the accumulated text.
+        let id = std::mem::take(&mut self.items[n].id);
+        let item = std::mem::replace(&mut self.items[n].item, OutputItem::Text(String::new()));
         match &item {
             OutputItem::Text(t) => {
                 self.emit(
@@ -398,5 +417,7 @@ impl StreamEncoder {
             json!({"output_index": n, "item": v}),
             out,
         );
+        self.items[n].id = id;
+        self.items[n].item = item;
     }
 }
