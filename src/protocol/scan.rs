@@ -4,8 +4,9 @@
 //!
 //! Why not serde: a derived `Deserialize` costs ~30 instructions per byte of
 //! an upstream chunk (per-field visitor calls, identifier matching, a UTF-8
-//! check per string); this reader checks UTF-8 once per event and walks the
-//! bytes directly. Rare sub-objects (`message`, `usage`, `error`,
+//! check per string); this reader walks the bytes directly and checks UTF-8
+//! only in the strings it returns (as serde_json's slice reader, skipped
+//! strings are not decoded; the SSE normalizer has validated every line). Rare sub-objects (`message`, `usage`, `error`,
 //! `content_block`) are handed to serde as borrowed spans
 //! ([`Scan::value_span`] + [`from_span`]).
 //!
@@ -38,9 +39,9 @@ static STOP: [bool; 256] = {
 /// Nesting depth at which skipping gives up (serde_json's recursion limit).
 const MAX_DEPTH: usize = 128;
 
-/// Reader over one JSON text (already valid UTF-8).
+/// Reader over one JSON text.
 pub(crate) struct Scan<'a> {
-    s: &'a str,
+    b: &'a [u8],
     i: usize,
     what: &'static str,
 }
@@ -50,20 +51,25 @@ type R<T> = Result<T, ProtocolError>;
 impl<'a> Scan<'a> {
     /// A reader over `data`; `what` names the event kind in errors
     /// (`chat chunk`, `messages event`).
-    pub(crate) fn new(data: &'a [u8], what: &'static str) -> R<Self> {
-        let s = std::str::from_utf8(data)
-            .map_err(|e| ProtocolError::InvalidUpstream(format!("{what}: {e}")))?;
-        Ok(Scan { s, i: 0, what })
+    pub(crate) fn new(data: &'a [u8], what: &'static str) -> Self {
+        Scan {
+            b: data,
+            i: 0,
+            what,
+        }
     }
 
+    #[inline]
     fn bytes(&self) -> &'a [u8] {
-        self.s.as_bytes()
+        self.b
     }
 
+    #[cold]
     fn err(&self, msg: &str) -> ProtocolError {
         ProtocolError::InvalidUpstream(format!("{}: {msg} at byte {}", self.what, self.i))
     }
 
+    #[inline]
     fn ws(&mut self) {
         let b = self.bytes();
         while let Some(&c) = b.get(self.i) {
@@ -75,11 +81,13 @@ impl<'a> Scan<'a> {
     }
 
     /// The next non-whitespace byte, not consumed.
+    #[inline]
     fn peek(&mut self) -> Option<u8> {
         self.ws();
         self.bytes().get(self.i).copied()
     }
 
+    #[inline]
     fn expect(&mut self, c: u8) -> R<()> {
         if self.peek() == Some(c) {
             self.i += 1;
@@ -111,7 +119,7 @@ impl<'a> Scan<'a> {
     /// Reads an object, calling `member(self, name)` with the reader at each
     /// member's value; `member` must consume the value ([`skip`](Self::skip)
     /// for unknown members).
-    pub(crate) fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> R<()>) -> R<()> {
+    pub(crate) fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> R<()>) -> R<()> {
         self.expect(b'{')?;
         if self.peek() == Some(b'}') {
             self.i += 1;
@@ -121,7 +129,7 @@ impl<'a> Scan<'a> {
             if self.peek() != Some(b'"') {
                 return Err(self.err("expected a member name"));
             }
-            let name = self.raw_string()?;
+            let (name, _) = self.string_span()?;
             self.expect(b':')?;
             member(self, name)?;
             match self.peek() {
@@ -159,47 +167,48 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A string's raw text between its quotes (escapes left as written),
-    /// validated.
-    fn raw_string(&mut self) -> R<&'a str> {
-        Ok(self.string_span()?.0)
-    }
-
-    /// (raw text between the quotes, whether it has escapes).
-    fn string_span(&mut self) -> R<(&'a str, bool)> {
+    /// (raw bytes between the quotes, whether they have escapes), the
+    /// escapes and the absence of raw control characters checked.
+    #[inline]
+    fn string_span(&mut self) -> R<(&'a [u8], bool)> {
         self.expect(b'"')?;
-        let b = self.bytes();
+        let b = self.b;
         let start = self.i;
+        let mut i = start;
         let mut escaped = false;
         loop {
-            while let Some(&c) = b.get(self.i) {
-                if STOP[c as usize] {
-                    break;
-                }
-                self.i += 1;
+            while i < b.len() && !STOP[b[i] as usize] {
+                i += 1;
             }
-            match b.get(self.i) {
+            match b.get(i) {
                 Some(b'"') => {
-                    let raw = self.s.get(start..self.i).unwrap_or_default();
-                    self.i += 1;
-                    return Ok((raw, escaped));
+                    self.i = i + 1;
+                    return Ok((&b[start..i], escaped));
                 }
                 Some(b'\\') => {
                     escaped = true;
-                    match b.get(self.i + 1) {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.i += 2,
-                        Some(b'u') => {
-                            let hex = b.get(self.i + 2..self.i + 6).unwrap_or_default();
-                            if hex.len() != 4 || !hex.iter().all(u8::is_ascii_hexdigit) {
-                                return Err(self.err("invalid \\u escape"));
-                            }
-                            self.i += 6;
+                    match b.get(i + 1) {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                        Some(b'u')
+                            if b.get(i + 2..i + 6)
+                                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
+                        {
+                            i += 6
                         }
-                        _ => return Err(self.err("invalid escape")),
+                        _ => {
+                            self.i = i;
+                            return Err(self.err("invalid escape"));
+                        }
                     }
                 }
-                Some(_) => return Err(self.err("control character in string")),
-                None => return Err(self.err("unterminated string")),
+                Some(_) => {
+                    self.i = i;
+                    return Err(self.err("control character in string"));
+                }
+                None => {
+                    self.i = i;
+                    return Err(self.err("unterminated string"));
+                }
             }
         }
     }
@@ -210,6 +219,9 @@ impl<'a> Scan<'a> {
             return Err(self.err("expected a string"));
         }
         let (raw, escaped) = self.string_span()?;
+        let Ok(raw) = std::str::from_utf8(raw) else {
+            return Err(self.err("invalid UTF-8 in string"));
+        };
         if !escaped {
             return Ok(Cow::Borrowed(raw));
         }
@@ -270,11 +282,11 @@ impl<'a> Scan<'a> {
     }
 
     /// Skips any value and returns its text (for serde: [`from_span`]).
-    pub(crate) fn value_span(&mut self) -> R<&'a str> {
+    pub(crate) fn value_span(&mut self) -> R<&'a [u8]> {
         self.ws();
         let start = self.i;
         self.skip()?;
-        Ok(self.s.get(start..self.i).unwrap_or_default())
+        Ok(&self.b[start..self.i])
     }
 
     fn skip_depth(&mut self, depth: usize) -> R<()> {
@@ -346,8 +358,8 @@ impl<'a> Scan<'a> {
 
 /// Parses `span` (a value's text from [`Scan::value_span`]) with serde,
 /// borrowing its strings.
-pub(crate) fn from_span<'a, T: Deserialize<'a>>(span: &'a str, what: &str) -> R<T> {
-    serde_json::from_str(span).map_err(|e| ProtocolError::InvalidUpstream(format!("{what}: {e}")))
+pub(crate) fn from_span<'a, T: Deserialize<'a>>(span: &'a [u8], what: &str) -> R<T> {
+    serde_json::from_slice(span).map_err(|e| ProtocolError::InvalidUpstream(format!("{what}: {e}")))
 }
 
 /// Decodes the escapes of a validated raw string; `None` for a lone
@@ -412,9 +424,7 @@ mod tests {
 
     /// Skips `text` as one value: Ok exactly when serde_json parses it.
     fn accepts(text: &str) -> bool {
-        let Ok(mut s) = Scan::new(text.as_bytes(), "test") else {
-            return false;
-        };
+        let mut s = Scan::new(text.as_bytes(), "test");
         s.skip().and_then(|()| s.end()).is_ok()
     }
 
@@ -459,12 +469,12 @@ mod tests {
             r#""q\"b\\s\/ \b\f\n\r\t""#,
             r#""\u00e9\u4e16\ud83e\udd80 \u0001""#,
         ] {
-            let mut s = Scan::new(text.as_bytes(), "test").unwrap();
+            let mut s = Scan::new(text.as_bytes(), "test");
             let got = s.str().unwrap();
             assert_eq!(got, serde_json::from_str::<String>(text).unwrap());
         }
         for lone in [r#""\ud83e""#, r#""\udd80""#, r#""\ud83e\u0041""#] {
-            let mut s = Scan::new(lone.as_bytes(), "test").unwrap();
+            let mut s = Scan::new(lone.as_bytes(), "test");
             assert!(s.str().is_err(), "{lone}");
             assert!(serde_json::from_str::<String>(lone).is_err(), "{lone}");
         }
@@ -473,11 +483,11 @@ mod tests {
     #[test]
     fn integers() {
         for (text, want) in [("0", Some(0)), ("42", Some(42)), ("null", None)] {
-            let mut s = Scan::new(text.as_bytes(), "test").unwrap();
+            let mut s = Scan::new(text.as_bytes(), "test");
             assert_eq!(s.opt_u64().unwrap(), want);
         }
         for bad in ["-1", "1.5", "1e3", "01", "18446744073709551616", "\"1\""] {
-            let mut s = Scan::new(bad.as_bytes(), "test").unwrap();
+            let mut s = Scan::new(bad.as_bytes(), "test");
             assert!(s.opt_u64().is_err(), "{bad}");
         }
     }
@@ -488,11 +498,11 @@ mod tests {
         fn reads_what_serde_json_writes(text in "(?s).{0,24}", n in any::<u64>()) {
             let doc = serde_json::json!({"t": text, "n": n, "a": [text, null, 1.5]}).to_string();
             prop_assert!(accepts(&doc));
-            let mut s = Scan::new(doc.as_bytes(), "test").unwrap();
+            let mut s = Scan::new(doc.as_bytes(), "test");
             let (mut t, mut m) = (None, None);
             s.object(|s, name| match name {
-                "t" => { t = Some(s.str()?.into_owned()); Ok(()) }
-                "n" => { m = s.opt_u64()?; Ok(()) }
+                b"t" => { t = Some(s.str()?.into_owned()); Ok(()) }
+                b"n" => { m = s.opt_u64()?; Ok(()) }
                 _ => s.skip(),
             }).unwrap();
             prop_assert_eq!(t.as_deref(), Some(text.as_str()));

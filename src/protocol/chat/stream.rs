@@ -58,13 +58,13 @@ const WHAT: &str = "chat chunk";
 
 impl<'a> ChunkIn<'a> {
     fn parse(data: &'a [u8]) -> Result<Self, ProtocolError> {
-        let mut s = Scan::new(data, WHAT)?;
+        let mut s = Scan::new(data, WHAT);
         let mut c = ChunkIn::default();
         s.object(|s, name| {
             match name {
-                "id" => c.id = s.opt_str()?.map(Str),
-                "model" => c.model = s.opt_str()?.map(Str),
-                "choices" => {
+                b"id" => c.id = s.opt_str()?.map(Str),
+                b"model" => c.model = s.opt_str()?.map(Str),
+                b"choices" => {
                     let mut first = None;
                     s.array(|s| {
                         if first.is_some() {
@@ -75,8 +75,8 @@ impl<'a> ChunkIn<'a> {
                     })?;
                     c.choices = First(first);
                 }
-                "usage" => c.usage = s.serde()?,
-                "error" => c.error = s.serde()?,
+                b"usage" => c.usage = s.serde()?,
+                b"error" => c.error = s.serde()?,
                 _ => s.skip()?,
             }
             Ok(())
@@ -91,12 +91,12 @@ impl<'a> ChoiceIn<'a> {
         let mut c = ChoiceIn::default();
         s.object(|s, name| {
             match name {
-                "delta" => {
+                b"delta" => {
                     if !s.null()? {
                         c.delta = Some(DeltaIn::parse(s)?);
                     }
                 }
-                "finish_reason" => c.finish_reason = s.opt_str()?.map(Str),
+                b"finish_reason" => c.finish_reason = s.opt_str()?.map(Str),
                 _ => s.skip()?,
             }
             Ok(())
@@ -110,11 +110,11 @@ impl<'a> DeltaIn<'a> {
         let mut d = DeltaIn::default();
         s.object(|s, name| {
             let slot = match name {
-                "content" => &mut d.content,
-                "reasoning_content" => &mut d.reasoning_content,
-                "reasoning" => &mut d.reasoning,
-                "refusal" => &mut d.refusal,
-                "tool_calls" => {
+                b"content" => &mut d.content,
+                b"reasoning_content" => &mut d.reasoning_content,
+                b"reasoning" => &mut d.reasoning,
+                b"refusal" => &mut d.refusal,
+                b"tool_calls" => {
                     return s.array(|s| {
                         d.tool_calls.push(ToolDeltaIn::parse(s)?);
                         Ok(())
@@ -134,14 +134,14 @@ impl<'a> ToolDeltaIn<'a> {
         let mut t = ToolDeltaIn::default();
         s.object(|s, name| {
             match name {
-                "index" => t.index = s.opt_u32()?,
-                "id" => t.id = s.opt_str()?.map(Str),
-                "function" => {
+                b"index" => t.index = s.opt_u32()?,
+                b"id" => t.id = s.opt_str()?.map(Str),
+                b"function" => {
                     if !s.null()? {
                         s.object(|s, name| {
                             match name {
-                                "name" => t.name = s.opt_str()?.map(Str),
-                                "arguments" => t.arguments = s.opt_str()?.map(Str),
+                                b"name" => t.name = s.opt_str()?.map(Str),
+                                b"arguments" => t.arguments = s.opt_str()?.map(Str),
                                 _ => s.skip()?,
                             }
                             Ok(())
@@ -526,6 +526,9 @@ impl StreamEncoder {
     fn write_head(&mut self) {
         let h = &mut self.head;
         h.clear();
+        // One allocation: 100 constant bytes, up to 20 digits, the id and
+        // model (a few more bytes when they need escapes).
+        h.reserve(128 + self.id.len() + self.model.len());
         h.extend_from_slice(b"data: {\"id\":");
         push_str(h, &self.id);
         h.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");

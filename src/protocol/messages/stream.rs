@@ -56,21 +56,21 @@ const WHAT: &str = "messages event";
 
 impl<'a> EventIn<'a> {
     fn parse(data: &'a [u8]) -> Result<Self, ProtocolError> {
-        let mut s = Scan::new(data, WHAT)?;
+        let mut s = Scan::new(data, WHAT);
         let mut ev = EventIn::default();
         s.object(|s, name| {
             match name {
-                "type" => ev.ty = s.opt_str()?.map(Str),
-                "index" => ev.index = s.opt_u64()?,
-                "delta" => {
+                b"type" => ev.ty = s.opt_str()?.map(Str),
+                b"index" => ev.index = s.opt_u64()?,
+                b"delta" => {
                     if !s.null()? {
                         ev.delta = Some(DeltaIn::parse(s)?);
                     }
                 }
-                "message" => ev.message = s.serde()?,
-                "content_block" => ev.content_block = s.serde()?,
-                "usage" => ev.usage = s.serde()?,
-                "error" => ev.error = s.serde()?,
+                b"message" => ev.message = s.serde()?,
+                b"content_block" => ev.content_block = s.serde()?,
+                b"usage" => ev.usage = s.serde()?,
+                b"error" => ev.error = s.serde()?,
                 _ => s.skip()?,
             }
             Ok(())
@@ -85,13 +85,13 @@ impl<'a> DeltaIn<'a> {
         let mut d = DeltaIn::default();
         s.object(|s, name| {
             let slot = match name {
-                "type" => &mut d.ty,
-                "text" => &mut d.text,
-                "thinking" => &mut d.thinking,
-                "signature" => &mut d.signature,
-                "partial_json" => &mut d.partial_json,
-                "stop_reason" => &mut d.stop_reason,
-                "stop_sequence" => &mut d.stop_sequence,
+                b"type" => &mut d.ty,
+                b"text" => &mut d.text,
+                b"thinking" => &mut d.thinking,
+                b"signature" => &mut d.signature,
+                b"partial_json" => &mut d.partial_json,
+                b"stop_reason" => &mut d.stop_reason,
+                b"stop_sequence" => &mut d.stop_sequence,
                 _ => return s.skip(),
             };
             *slot = s.opt_str()?.map(Str);
