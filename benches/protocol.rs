@@ -27,8 +27,8 @@ use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sluice::protocol::{Dialect, StreamOptions, StreamTranslator};
 use sluice::sse::{
-    extract_usage, has_content, has_finish_reason, EchoMemo, ModelPath, ModelRewriter,
-    SseNormalizer,
+    extract_usage, has_content, has_content_anthropic_first, has_finish_reason, EchoMemo,
+    ModelPath, ModelRewriter, SseNormalizer,
 };
 
 /// Whether the case `name` runs (all unless `PROTOCOL_BENCH_CASE` names one).
@@ -286,7 +286,11 @@ impl SamePipeline {
             while let Some(ev) = self.norm.next_event() {
                 events += 1;
                 if let Some(data) = ev.data() {
-                    content += usize::from(has_content(&data));
+                    content += usize::from(if self.messages {
+                        has_content_anthropic_first(&data)
+                    } else {
+                        has_content(&data)
+                    });
                     let finish = if self.messages {
                         ev.event_name() == Some("message_delta")
                     } else {

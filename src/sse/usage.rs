@@ -1,7 +1,7 @@
 //! Cheap byte-level inspection of streaming chunk JSON: token usage and
 //! "carries generated content".
 
-use memchr::memmem::Finder;
+use memchr::memmem::{Finder, FinderRev};
 use serde::Deserialize;
 use std::sync::OnceLock;
 
@@ -103,7 +103,6 @@ pub fn has_content(data: &[u8]) -> bool {
     static REFUSAL: OnceLock<Finder<'static>> = OnceLock::new();
     static ARGUMENTS: OnceLock<Finder<'static>> = OnceLock::new();
     static TOOL_CALLS: OnceLock<Finder<'static>> = OnceLock::new();
-    static ANTHROPIC_DELTA: OnceLock<Finder<'static>> = OnceLock::new();
 
     let string_keys: [(&'static OnceLock<Finder<'static>>, &'static [u8]); 5] = [
         (&CONTENT, b"\"content\""),
@@ -120,7 +119,20 @@ pub fn has_content(data: &[u8]) -> bool {
     if member_non_empty(data, finder(&TOOL_CALLS, b"\"tool_calls\""), b'[', b']') {
         return true;
     }
-    // Anthropic: {"type":"content_block_delta","delta":{"type":"text_delta",...}}
+    anthropic_delta(data)
+}
+
+/// [`has_content`] with its Anthropic check first: the same answer, found
+/// with one search for a Messages `content_block_delta` (the OpenAI member
+/// searches, which never match there, run only for the other events).
+pub fn has_content_anthropic_first(data: &[u8]) -> bool {
+    anthropic_delta(data) || has_content(data)
+}
+
+/// Anthropic: `{"type":"content_block_delta","delta":{"type":"text_delta",...}}`
+/// (or `thinking_delta`, `input_json_delta`).
+fn anthropic_delta(data: &[u8]) -> bool {
+    static ANTHROPIC_DELTA: OnceLock<Finder<'static>> = OnceLock::new();
     let delta = finder(&ANTHROPIC_DELTA, b"_delta\"");
     delta.find_iter(data).any(|pos| {
         let head = data.get(..pos).unwrap_or_default();
@@ -137,11 +149,16 @@ pub fn has_content(data: &[u8]) -> bool {
 ///
 /// A stream that ends without any such chunk (and without `[DONE]`) broke
 /// off; one that has it is complete even if `[DONE]` is missing.
+///
+/// Searched from the end: OpenAI-style chunks put `finish_reason` after the
+/// delta, so a reverse search stops within the last few dozen bytes instead
+/// of scanning the whole chunk (every chunk has the key, most with `null`).
 pub fn has_finish_reason(data: &[u8]) -> bool {
-    static FINISH_REASON: OnceLock<Finder<'static>> = OnceLock::new();
-    let key = finder(&FINISH_REASON, b"\"finish_reason\"");
-    key.find_iter(data).any(|pos| {
-        let rest = data.get(pos + key.needle().len()..).unwrap_or_default();
+    static FINISH_REASON: OnceLock<FinderRev<'static>> = OnceLock::new();
+    const KEY: &[u8] = b"\"finish_reason\"";
+    let key = FINISH_REASON.get_or_init(|| FinderRev::new(KEY));
+    key.rfind_iter(data).any(|pos| {
+        let rest = data.get(pos + KEY.len()..).unwrap_or_default();
         matches!(member_value(rest), Some([b'"', ..]))
     })
 }
