@@ -1,7 +1,7 @@
 //! Cheap byte-level inspection of streaming chunk JSON: token usage and
 //! "carries generated content".
 
-use memchr::memmem::{Finder, FinderRev};
+use memchr::memmem::Finder;
 use serde::Deserialize;
 use std::sync::OnceLock;
 
@@ -149,16 +149,11 @@ fn anthropic_delta(data: &[u8]) -> bool {
 ///
 /// A stream that ends without any such chunk (and without `[DONE]`) broke
 /// off; one that has it is complete even if `[DONE]` is missing.
-///
-/// Searched from the end: OpenAI-style chunks put `finish_reason` after the
-/// delta, so a reverse search stops within the last few dozen bytes instead
-/// of scanning the whole chunk (every chunk has the key, most with `null`).
 pub fn has_finish_reason(data: &[u8]) -> bool {
-    static FINISH_REASON: OnceLock<FinderRev<'static>> = OnceLock::new();
-    const KEY: &[u8] = b"\"finish_reason\"";
-    let key = FINISH_REASON.get_or_init(|| FinderRev::new(KEY));
-    key.rfind_iter(data).any(|pos| {
-        let rest = data.get(pos + KEY.len()..).unwrap_or_default();
+    static FINISH_REASON: OnceLock<Finder<'static>> = OnceLock::new();
+    let key = finder(&FINISH_REASON, b"\"finish_reason\"");
+    key.find_iter(data).any(|pos| {
+        let rest = data.get(pos + key.needle().len()..).unwrap_or_default();
         matches!(member_value(rest), Some([b'"', ..]))
     })
 }
