@@ -1,11 +1,22 @@
 //! Criterion benchmark of stream translation (`sluice::protocol`):
 //! normalizer + `StreamTranslator` over realistic upstream streams, for
-//! Messages→Chat, Chat→Messages and Chat→Responses, in MB/s of upstream
-//! SSE; plus an allocation count per upstream event (counting global
-//! allocator, this bench binary only).
+//! Messages→Chat, Chat→Messages, Chat→Responses and Messages→Responses, in
+//! MB/s of upstream SSE; and, for comparison, the same-dialect fast path
+//! (normalizer + the per-event inspection and model echo of
+//! `proxy::pipe`, no translation) on the same streams. Plus an allocation
+//! count per upstream event (counting global allocator, this bench binary
+//! only).
 //!
 //! Under `cargo test --benches` criterion runs each benchmark once (test
-//! mode), so the sanity checks below run in CI too.
+//! mode), so the sanity checks below run in CI too: every translated
+//! direction must stay at or below [`MAX_ALLOCS_PER_EVENT`] allocations per
+//! upstream event, warm (issue 9's bound: at most one allocation per event
+//! beyond the output buffer, which is reused here as the proxy reuses it).
+//! Throughput is printed by criterion, never asserted.
+//!
+//! `PROTOCOL_BENCH_CASE=<name>` (e.g. `messages_to_chat`) runs one case
+//! only, for a per-direction instruction count:
+//! `PROTOCOL_BENCH_CASE=messages_to_chat valgrind --tool=callgrind <bench binary> --test`.
 #![allow(unsafe_code)] // the counting global allocator must implement `GlobalAlloc`
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -15,7 +26,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sluice::protocol::{Dialect, StreamOptions, StreamTranslator};
-use sluice::sse::SseNormalizer;
+use sluice::sse::{
+    extract_usage, has_content, has_content_anthropic_first, has_finish_reason, EchoMemo,
+    ModelPath, ModelRewriter, SseNormalizer,
+};
+
+/// Whether the case `name` runs (all unless `PROTOCOL_BENCH_CASE` names one).
+fn selected(name: &str) -> bool {
+    std::env::var("PROTOCOL_BENCH_CASE").map_or(true, |only| only == name)
+}
+
+/// Allocations per upstream event a translated stream may cost, warm.
+const MAX_ALLOCS_PER_EVENT: f64 = 1.0;
 
 /// System allocator that counts allocations (alloc + realloc calls).
 struct CountingAlloc;
@@ -224,6 +246,108 @@ impl Pipeline {
     }
 }
 
+/// The same-dialect path as `proxy::pipe` runs it per event: normalize,
+/// `has_content`, the finish check, `extract_usage`, the model echo.
+struct SamePipeline {
+    norm: SseNormalizer,
+    rewriter: ModelRewriter,
+    memo: EchoMemo,
+    out: BytesMut,
+    messages: bool,
+}
+
+impl SamePipeline {
+    fn new(dialect: Dialect) -> Self {
+        let messages = dialect == Dialect::Messages;
+        let rewriter = if messages {
+            ModelRewriter::at(ModelPath::new(&["message", "model"]), "house-model")
+        } else {
+            ModelRewriter::new("house-model")
+        };
+        SamePipeline {
+            norm: SseNormalizer::new(1 << 20),
+            rewriter,
+            memo: EchoMemo::default(),
+            out: BytesMut::with_capacity(64 * 1024),
+            messages,
+        }
+    }
+
+    /// One stream: returns (client bytes, upstream events).
+    fn run(&mut self, chunks: &[&[u8]]) -> (usize, usize) {
+        self.memo = EchoMemo::default();
+        let mut events = 0;
+        let mut sent = 0;
+        let mut content = 0;
+        for c in chunks {
+            if self.norm.push(c).is_err() {
+                return (sent, events);
+            }
+            while let Some(ev) = self.norm.next_event() {
+                events += 1;
+                if let Some(data) = ev.data() {
+                    content += usize::from(if self.messages {
+                        has_content_anthropic_first(&data)
+                    } else {
+                        has_content(&data)
+                    });
+                    let finish = if self.messages {
+                        ev.event_name() == Some("message_delta")
+                    } else {
+                        has_finish_reason(&data)
+                    };
+                    black_box(finish);
+                    black_box(extract_usage(&data));
+                }
+                self.rewriter
+                    .rewrite_event(&ev, &mut self.memo, &mut self.out);
+            }
+            sent += self.out.split().len();
+        }
+        black_box(content);
+        (sent, events)
+    }
+}
+
+fn bench_same_dialect(c: &mut Criterion) {
+    let (messages, m_events) = messages_stream();
+    let (chat, c_events) = chat_stream();
+    let mut group = c.benchmark_group("protocol_same_dialect");
+    for (name, dialect, stream, events) in [
+        ("chat_to_chat", Dialect::ChatCompletions, &chat, c_events),
+        (
+            "messages_to_messages",
+            Dialect::Messages,
+            &messages,
+            m_events,
+        ),
+    ] {
+        if !selected(name) {
+            continue;
+        }
+        let chunks = chunked(stream);
+        let mut p = SamePipeline::new(dialect);
+        let (sent, ev) = p.run(&chunks);
+        assert_eq!(ev, events);
+        assert!(sent > 0);
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for _ in 0..20 {
+            p.run(&chunks);
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        println!(
+            "{name}: {} B upstream, {events} events, {sent} B to client; {:.3} allocs/event",
+            stream.len(),
+            allocs as f64 / (20 * events) as f64
+        );
+        group.throughput(Throughput::Bytes(stream.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(name), &chunks, |b, chunks| {
+            b.iter(|| black_box(p.run(black_box(chunks))))
+        });
+    }
+    group.finish();
+}
+
 fn bench_translation(c: &mut Criterion) {
     let (messages, m_events) = messages_stream();
     let (chat, c_events) = chat_stream();
@@ -259,6 +383,9 @@ fn bench_translation(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group("protocol_stream_translation");
     for (name, up, client, stream, events) in cases {
+        if !selected(name) {
+            continue;
+        }
         let chunks = chunked(stream);
         let mut p = Pipeline::new(up, client);
         let (sent, ev) = p.run(&chunks);
@@ -270,10 +397,14 @@ fn bench_translation(c: &mut Criterion) {
             p.run(&chunks);
         }
         let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        let per_event = allocs as f64 / (20 * events) as f64;
         println!(
-            "{name}: {} B upstream, {events} events, {sent} B to client; {:.3} allocs/event",
+            "{name}: {} B upstream, {events} events, {sent} B to client; {per_event:.3} allocs/event",
             stream.len(),
-            allocs as f64 / (20 * events) as f64
+        );
+        assert!(
+            per_event <= MAX_ALLOCS_PER_EVENT,
+            "{name}: {per_event:.3} allocations per upstream event (bound {MAX_ALLOCS_PER_EVENT})"
         );
         group.throughput(Throughput::Bytes(stream.len() as u64));
         group.bench_with_input(BenchmarkId::from_parameter(name), &chunks, |b, chunks| {
@@ -283,5 +414,5 @@ fn bench_translation(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_translation);
+criterion_group!(benches, bench_translation, bench_same_dialect);
 criterion_main!(benches);

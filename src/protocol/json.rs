@@ -82,6 +82,127 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for First<T> {
     }
 }
 
+/// A JSON array read into its first element inline and the rest in a
+/// `Vec`: no allocation for the usual one-element array (a stream chunk's
+/// `tool_calls`), every element kept (parallel tool calls in one chunk).
+pub(crate) struct Few<T> {
+    first: Option<T>,
+    rest: Vec<T>,
+}
+
+impl<T> Default for Few<T> {
+    fn default() -> Self {
+        Few {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<T> IntoIterator for Few<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.rest)
+    }
+}
+
+impl<T> Few<T> {
+    /// Appends `t` (the first one inline).
+    pub(crate) fn push(&mut self, t: T) {
+        if self.first.is_none() {
+            self.first = Some(t);
+        } else {
+            self.rest.push(t);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- direct JSON output
+//
+// The per-event frames of the stream encoders are written with these
+// instead of serde: no `Serialize` machinery, no `io::Write` adapter, one
+// `extend_from_slice` per run of plain bytes. The output is byte for byte
+// what serde_json writes for the same values (the golden stream tests
+// compare bytes).
+
+/// What serde_json writes after a `\` for each byte (0 = the byte is copied,
+/// `u` = `\u00XX`): `"`, `\` and the control characters below 0x20.
+static ESCAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = b'u';
+        i += 1;
+    }
+    t[0x08] = b'b';
+    t[0x09] = b't';
+    t[0x0A] = b'n';
+    t[0x0C] = b'f';
+    t[0x0D] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
+/// Appends `s` JSON-escaped, without the quotes (serde_json's escaping).
+pub(crate) fn push_escaped(out: &mut BytesMut, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let b = s.as_bytes();
+    out.reserve(b.len() + 2);
+    let mut start = 0;
+    for (i, &c) in b.iter().enumerate() {
+        let e = ESCAPE[c as usize];
+        if e == 0 {
+            continue;
+        }
+        out.extend_from_slice(&b[start..i]);
+        if e == b'u' {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(c >> 4) as usize],
+                HEX[(c & 0xF) as usize],
+            ]);
+        } else {
+            out.extend_from_slice(&[b'\\', e]);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&b[start..]);
+}
+
+/// Appends `s` as a JSON string (quoted, escaped).
+pub(crate) fn push_str(out: &mut BytesMut, s: &str) {
+    out.extend_from_slice(b"\"");
+    push_escaped(out, s);
+    out.extend_from_slice(b"\"");
+}
+
+/// Appends `n` in decimal.
+pub(crate) fn push_u64(out: &mut BytesMut, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Appends `event: {name}\ndata: ` (the frame's JSON and `\n\n` follow).
+pub(crate) fn push_sse_head(out: &mut BytesMut, name: &str) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+}
+
 /// Serializes `v` into `out` (never fails for the plain structs used here:
 /// `BytesMut` writes cannot fail and no map has non-string keys).
 pub(crate) fn write_json<T: Serialize + ?Sized>(out: &mut BytesMut, v: &T) {
@@ -399,5 +520,52 @@ pub(crate) fn error_event(
                 param: None,
             },
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+
+    use super::{push_str, push_u64};
+
+    proptest! {
+        /// The hand-written frames rely on this: `push_str` writes what
+        /// serde_json writes, for any string (controls, quotes, backslashes,
+        /// multi-byte characters).
+        #[test]
+        fn push_str_is_serde_json_escaping(s in "(?s).{0,40}|[\\x00-\\x20\"\\\\/\\x7f]{0,10}") {
+            let mut out = BytesMut::new();
+            push_str(&mut out, &s);
+            let want = serde_json::to_string(&s).unwrap();
+            prop_assert_eq!(&out[..], want.as_bytes());
+        }
+
+        #[test]
+        fn push_u64_is_decimal(n in any::<u64>()) {
+            let mut out = BytesMut::new();
+            push_u64(&mut out, n);
+            let want = n.to_string();
+            prop_assert_eq!(&out[..], want.as_bytes());
+        }
+    }
+
+    #[test]
+    fn push_str_escapes_every_control_character() {
+        for c in 0u8..=0x7f {
+            let s = (c as char).to_string();
+            let mut out = BytesMut::new();
+            push_str(&mut out, &s);
+            assert_eq!(
+                &out[..],
+                serde_json::to_string(&s).unwrap().as_bytes(),
+                "{c:#x}"
+            );
+        }
+        let mut out = BytesMut::new();
+        push_u64(&mut out, 0);
+        push_u64(&mut out, u64::MAX);
+        assert_eq!(&out[..], b"018446744073709551615");
     }
 }

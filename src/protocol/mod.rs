@@ -50,6 +50,7 @@ pub mod chat;
 mod json;
 pub mod messages;
 pub mod responses;
+mod scan;
 pub mod tokens;
 mod translate;
 

@@ -296,7 +296,12 @@ impl<'r> StreamPipe<'r> {
                 });
             }
             self.data_events += 1;
-            if sse::has_content(&data) {
+            let content = if messages {
+                sse::has_content_anthropic_first(&data)
+            } else {
+                sse::has_content(&data)
+            };
+            if content {
                 self.content_events += 1;
                 self.first_content = true;
             }

@@ -855,3 +855,38 @@ fn only_one_bom_and_only_at_the_start_is_stripped() {
     n.push(b"\xEF\xBB\xBFdata: 2\n\n").unwrap();
     assert_eq!(n.next_event().unwrap().data().unwrap().as_ref(), b"2");
 }
+
+#[test]
+fn has_content_anthropic_first_is_has_content() {
+    for data in [
+        &br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#[..],
+        br#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a"}}"#,
+        br#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#,
+        br#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"s"}}"#,
+        br#"{"type":"message_start","message":{"id":"m","content":[],"model":"x"}}"#,
+        br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}"#,
+        br#"{"type": "ping"}"#,
+        br#"{"choices":[{"delta":{"content":"x"},"finish_reason":null}]}"#,
+        br#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+        br#"{"note":"\"text_delta\":\"x\""}"#,
+        b"[DONE]",
+    ] {
+        assert_eq!(
+            has_content_anthropic_first(data),
+            has_content(data),
+            "{}",
+            String::from_utf8_lossy(data)
+        );
+    }
+}
+
+#[test]
+fn finish_reason_found_wherever_the_member_is() {
+    // The reverse search still checks every occurrence, first or last.
+    assert!(has_finish_reason(
+        br#"{"finish_reason":"stop","choices":[{"delta":{"content":"\"finish_reason\":null"}}]}"#
+    ));
+    assert!(has_finish_reason(
+        br#"{"choices":[{"finish_reason":"length","delta":{}}],"note":{"finish_reason":null}}"#
+    ));
+}

@@ -103,7 +103,6 @@ pub fn has_content(data: &[u8]) -> bool {
     static REFUSAL: OnceLock<Finder<'static>> = OnceLock::new();
     static ARGUMENTS: OnceLock<Finder<'static>> = OnceLock::new();
     static TOOL_CALLS: OnceLock<Finder<'static>> = OnceLock::new();
-    static ANTHROPIC_DELTA: OnceLock<Finder<'static>> = OnceLock::new();
 
     let string_keys: [(&'static OnceLock<Finder<'static>>, &'static [u8]); 5] = [
         (&CONTENT, b"\"content\""),
@@ -120,7 +119,20 @@ pub fn has_content(data: &[u8]) -> bool {
     if member_non_empty(data, finder(&TOOL_CALLS, b"\"tool_calls\""), b'[', b']') {
         return true;
     }
-    // Anthropic: {"type":"content_block_delta","delta":{"type":"text_delta",...}}
+    anthropic_delta(data)
+}
+
+/// [`has_content`] with its Anthropic check first: the same answer, found
+/// with one search for a Messages `content_block_delta` (the OpenAI member
+/// searches, which never match there, run only for the other events).
+pub fn has_content_anthropic_first(data: &[u8]) -> bool {
+    anthropic_delta(data) || has_content(data)
+}
+
+/// Anthropic: `{"type":"content_block_delta","delta":{"type":"text_delta",...}}`
+/// (or `thinking_delta`, `input_json_delta`).
+fn anthropic_delta(data: &[u8]) -> bool {
+    static ANTHROPIC_DELTA: OnceLock<Finder<'static>> = OnceLock::new();
     let delta = finder(&ANTHROPIC_DELTA, b"_delta\"");
     delta.find_iter(data).any(|pos| {
         let head = data.get(..pos).unwrap_or_default();

@@ -8,65 +8,152 @@
 //! client chunks straight into the output buffer.
 
 use bytes::BytesMut;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::super::json::{opt, prefixed, write_data, First, Str};
+use super::super::scan::Scan;
+
+use super::super::json::{opt, prefixed, push_str, push_u64, write_data, Few, First, Str};
 use super::super::{ErrorKind, ProtocolError, StreamEvent, StreamOptions, Usage};
 use super::{stop_from_wire, stop_to_wire, UsageIn};
 
-#[derive(Deserialize)]
+/// One upstream chunk, read by [`ChunkIn::parse`] (hand-written: the
+/// per-token hot path); `usage` and `error` go through serde.
+#[derive(Default)]
 struct ChunkIn<'a> {
-    #[serde(borrow, default)]
     id: Option<Str<'a>>,
-    #[serde(borrow, default)]
     model: Option<Str<'a>>,
-    #[serde(borrow, default)]
+    /// The first choice (a stream chunk has one; later ones are skipped).
     choices: First<ChoiceIn<'a>>,
-    #[serde(default)]
     usage: Option<UsageIn>,
-    #[serde(borrow, default)]
     error: Option<super::super::json::ErrorObj<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct ChoiceIn<'a> {
-    #[serde(borrow, default)]
     delta: Option<DeltaIn<'a>>,
-    #[serde(borrow, default)]
     finish_reason: Option<Str<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct DeltaIn<'a> {
-    #[serde(borrow, default)]
     content: Option<Str<'a>>,
-    #[serde(borrow, default)]
     reasoning_content: Option<Str<'a>>,
     /// vLLM/OpenRouter spelling of `reasoning_content`.
-    #[serde(borrow, default)]
     reasoning: Option<Str<'a>>,
-    #[serde(borrow, default)]
     refusal: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<Vec<ToolDeltaIn<'a>>>,
+    /// `Few`: one tool delta per chunk is the rule, several the exception
+    /// (no `Vec` allocated per argument chunk).
+    tool_calls: Few<ToolDeltaIn<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct ToolDeltaIn<'a> {
-    #[serde(default)]
     index: Option<u32>,
-    #[serde(borrow, default)]
     id: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    function: Option<FunctionDeltaIn<'a>>,
+    name: Option<Str<'a>>,
+    arguments: Option<Str<'a>>,
 }
 
-#[derive(Deserialize)]
-struct FunctionDeltaIn<'a> {
-    #[serde(borrow, default)]
-    name: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    arguments: Option<Str<'a>>,
+const WHAT: &str = "chat chunk";
+
+impl<'a> ChunkIn<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut s = Scan::new(data, WHAT);
+        let mut c = ChunkIn::default();
+        s.object(|s, name| {
+            match name {
+                b"id" => c.id = s.opt_str()?.map(Str),
+                b"model" => c.model = s.opt_str()?.map(Str),
+                b"choices" => {
+                    let mut first = None;
+                    s.array(|s| {
+                        if first.is_some() {
+                            return s.skip();
+                        }
+                        first = Some(ChoiceIn::parse(s)?);
+                        Ok(())
+                    })?;
+                    c.choices = First(first);
+                }
+                b"usage" => c.usage = s.serde()?,
+                b"error" => c.error = s.serde()?,
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        s.end()?;
+        Ok(c)
+    }
+}
+
+impl<'a> ChoiceIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut c = ChoiceIn::default();
+        s.object(|s, name| {
+            match name {
+                b"delta" => {
+                    if !s.null()? {
+                        c.delta = Some(DeltaIn::parse(s)?);
+                    }
+                }
+                b"finish_reason" => c.finish_reason = s.opt_str()?.map(Str),
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        Ok(c)
+    }
+}
+
+impl<'a> DeltaIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut d = DeltaIn::default();
+        s.object(|s, name| {
+            let slot = match name {
+                b"content" => &mut d.content,
+                b"reasoning_content" => &mut d.reasoning_content,
+                b"reasoning" => &mut d.reasoning,
+                b"refusal" => &mut d.refusal,
+                b"tool_calls" => {
+                    return s.array(|s| {
+                        d.tool_calls.push(ToolDeltaIn::parse(s)?);
+                        Ok(())
+                    })
+                }
+                _ => return s.skip(),
+            };
+            *slot = s.opt_str()?.map(Str);
+            Ok(())
+        })?;
+        Ok(d)
+    }
+}
+
+impl<'a> ToolDeltaIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut t = ToolDeltaIn::default();
+        s.object(|s, name| {
+            match name {
+                b"index" => t.index = s.opt_u32()?,
+                b"id" => t.id = s.opt_str()?.map(Str),
+                b"function" => {
+                    if !s.null()? {
+                        s.object(|s, name| {
+                            match name {
+                                b"name" => t.name = s.opt_str()?.map(Str),
+                                b"arguments" => t.arguments = s.opt_str()?.map(Str),
+                                _ => s.skip()?,
+                            }
+                            Ok(())
+                        })?;
+                    }
+                }
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        Ok(t)
+    }
 }
 
 /// Upstream Chat Completions stream → canonical events.
@@ -115,8 +202,7 @@ impl StreamDecoder {
             self.done = true;
             return emit(&StreamEvent::End);
         }
-        let c: ChunkIn<'_> = serde_json::from_slice(data)
-            .map_err(|e| ProtocolError::InvalidUpstream(format!("chat chunk: {e}")))?;
+        let c = ChunkIn::parse(data)?;
         if let Some(e) = &c.error {
             return Err(e.to_error(ErrorKind::Api));
         }
@@ -146,12 +232,9 @@ impl StreamDecoder {
                 if let Some(t) = d.refusal.filter(|t| !t.as_str().is_empty()) {
                     emit(&StreamEvent::TextDelta(t.0))?;
                 }
-                for (k, t) in d.tool_calls.into_iter().flatten().enumerate() {
+                for (k, t) in d.tool_calls.into_iter().enumerate() {
                     let index = t.index.unwrap_or(k as u32);
-                    let (name, args) = match t.function {
-                        Some(f) => (f.name, f.arguments),
-                        None => (None, None),
-                    };
+                    let (name, args) = (t.name, t.arguments);
                     if let Some(id) = t.id {
                         emit(&StreamEvent::ToolCallStart {
                             index,
@@ -183,52 +266,83 @@ impl StreamDecoder {
     }
 }
 
+/// The usage-only chunk (`"choices":[]`), the one chunk still written
+/// through serde (once per stream).
 #[derive(Serialize)]
 struct ChunkOut<'a> {
     id: &'a str,
     object: &'static str,
     created: u64,
     model: &'a str,
-    choices: &'a [ChoiceOut<'a>],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Option<UsageOut>>,
+    choices: [(); 0],
+    usage: UsageOut,
 }
 
-#[derive(Serialize)]
-struct ChoiceOut<'a> {
-    index: u32,
-    delta: DeltaOut<'a>,
-    logprobs: (),
-    finish_reason: Option<&'a str>,
-}
-
-#[derive(Serialize, Default)]
+/// The `delta` of one client chunk; `None` fields are left out. Written by
+/// [`DeltaOut::write`] as serde_json would write
+/// `{"role","content","reasoning_content","tool_calls":[…]}`.
+#[derive(Default)]
 struct DeltaOut<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_calls: Option<[ToolCallOut<'a>; 1]>,
+    tool_calls: Option<ToolCallOut<'a>>,
 }
 
-#[derive(Serialize)]
+/// One element of `delta.tool_calls`: `{"index","id"?,"type"?,"function":{"name"?,"arguments"}}`.
 struct ToolCallOut<'a> {
     index: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a str>,
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     ty: Option<&'static str>,
-    function: FunctionOut<'a>,
-}
-
-#[derive(Serialize)]
-struct FunctionOut<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
     arguments: &'a str,
+}
+
+impl DeltaOut<'_> {
+    fn write(&self, out: &mut BytesMut) {
+        out.extend_from_slice(b"{");
+        let mut sep: &[u8] = b"";
+        let mut field = |out: &mut BytesMut, key: &[u8], value: Option<&str>| {
+            if let Some(v) = value {
+                out.extend_from_slice(sep);
+                out.extend_from_slice(key);
+                push_str(out, v);
+                sep = b",";
+            }
+        };
+        field(out, b"\"role\":", self.role);
+        field(out, b"\"content\":", self.content);
+        field(out, b"\"reasoning_content\":", self.reasoning_content);
+        let sep =
+            if self.role.is_some() || self.content.is_some() || self.reasoning_content.is_some() {
+                &b","[..]
+            } else {
+                b""
+            };
+        if let Some(t) = &self.tool_calls {
+            out.extend_from_slice(sep);
+            out.extend_from_slice(b"\"tool_calls\":[{\"index\":");
+            push_u64(out, u64::from(t.index));
+            if let Some(id) = t.id {
+                out.extend_from_slice(b",\"id\":");
+                push_str(out, id);
+            }
+            if let Some(ty) = t.ty {
+                out.extend_from_slice(b",\"type\":");
+                push_str(out, ty);
+            }
+            out.extend_from_slice(b",\"function\":{");
+            if let Some(name) = t.name {
+                out.extend_from_slice(b"\"name\":");
+                push_str(out, name);
+                out.extend_from_slice(b",");
+            }
+            out.extend_from_slice(b"\"arguments\":");
+            push_str(out, t.arguments);
+            out.extend_from_slice(b"}}]");
+        }
+        out.extend_from_slice(b"}");
+    }
 }
 
 #[derive(Serialize)]
@@ -281,6 +395,10 @@ pub struct StreamEncoder {
     usage: Usage,
     started: bool,
     finished: bool,
+    /// Every chunk's constant start, `data: {"id":…,"object":…,"created":…,
+    /// "model":…,"choices":[{"index":0,"delta":`, written once the id is
+    /// known (the first event) and copied per chunk.
+    head: BytesMut,
 }
 
 impl StreamEncoder {
@@ -294,6 +412,7 @@ impl StreamEncoder {
             usage: Usage::default(),
             started: false,
             finished: false,
+            head: BytesMut::new(),
         }
     }
 
@@ -319,6 +438,7 @@ impl StreamEncoder {
                 }
             }
             self.started = true;
+            self.write_head();
             let d = DeltaOut {
                 role: Some("assistant"),
                 content: Some(""),
@@ -345,30 +465,26 @@ impl StreamEncoder {
             StreamEvent::ReasoningSignature(_) => {}
             StreamEvent::ToolCallStart { index, id, name } => {
                 let d = DeltaOut {
-                    tool_calls: Some([ToolCallOut {
+                    tool_calls: Some(ToolCallOut {
                         index: *index,
                         id: Some(id),
                         ty: Some("function"),
-                        function: FunctionOut {
-                            name: Some(name),
-                            arguments: "",
-                        },
-                    }]),
+                        name: Some(name),
+                        arguments: "",
+                    }),
                     ..DeltaOut::default()
                 };
                 self.chunk(out, d, None);
             }
             StreamEvent::ToolArgumentsDelta { index, fragment } => {
                 let d = DeltaOut {
-                    tool_calls: Some([ToolCallOut {
+                    tool_calls: Some(ToolCallOut {
                         index: *index,
                         id: None,
                         ty: None,
-                        function: FunctionOut {
-                            name: None,
-                            arguments: fragment,
-                        },
-                    }]),
+                        name: None,
+                        arguments: fragment,
+                    }),
                     ..DeltaOut::default()
                 };
                 self.chunk(out, d, None);
@@ -385,8 +501,8 @@ impl StreamEncoder {
                         object: "chat.completion.chunk",
                         created: self.created,
                         model: &self.model,
-                        choices: &[],
-                        usage: Some(Some(self.usage.into())),
+                        choices: [],
+                        usage: self.usage.into(),
                     };
                     write_data(out, &c);
                 }
@@ -407,21 +523,35 @@ impl StreamEncoder {
         );
     }
 
+    fn write_head(&mut self) {
+        let h = &mut self.head;
+        h.clear();
+        // One allocation: 100 constant bytes, up to 20 digits, the id and
+        // model (a few more bytes when they need escapes).
+        h.reserve(128 + self.id.len() + self.model.len());
+        h.extend_from_slice(b"data: {\"id\":");
+        push_str(h, &self.id);
+        h.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+        push_u64(h, self.created);
+        h.extend_from_slice(b",\"model\":");
+        push_str(h, &self.model);
+        h.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":");
+    }
+
+    /// One chunk: `head`, the delta, `"logprobs":null,"finish_reason":…}]`,
+    /// `"usage":null` when the client asked for usage, `\n\n`.
     fn chunk(&self, out: &mut BytesMut, delta: DeltaOut<'_>, finish_reason: Option<&str>) {
-        let choice = ChoiceOut {
-            index: 0,
-            delta,
-            logprobs: (),
-            finish_reason,
-        };
-        let c = ChunkOut {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            choices: std::slice::from_ref(&choice),
-            usage: if self.include_usage { Some(None) } else { None },
-        };
-        write_data(out, &c);
+        out.extend_from_slice(&self.head);
+        delta.write(out);
+        out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
+        match finish_reason {
+            Some(r) => push_str(out, r),
+            None => out.extend_from_slice(b"null"),
+        }
+        if self.include_usage {
+            out.extend_from_slice(b"}],\"usage\":null}\n\n");
+        } else {
+            out.extend_from_slice(b"}]}\n\n");
+        }
     }
 }

@@ -8,27 +8,26 @@
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
-use super::super::json::{opt, prefixed, write_sse, ErrorObj, Str};
+use super::super::json::{
+    opt, prefixed, push_sse_head, push_str, push_u64, write_sse, ErrorObj, Str,
+};
+use super::super::scan::Scan;
 use super::super::{
     Dialect, ErrorKind, ProtocolError, StopReason, StreamEvent, StreamOptions, Usage,
 };
 use super::{stop_from_wire, stop_to_wire, ContentBlockIn, UsageIn};
 
-#[derive(Deserialize)]
+/// One upstream event, read by [`EventIn::parse`] (hand-written: the
+/// per-token hot path); the rare sub-objects (`message`, `content_block`,
+/// `usage`, `error`) go through serde.
+#[derive(Default)]
 struct EventIn<'a> {
-    #[serde(rename = "type", borrow, default)]
     ty: Option<Str<'a>>,
-    #[serde(default)]
     index: Option<u64>,
-    #[serde(borrow, default)]
     message: Option<MessageIn<'a>>,
-    #[serde(borrow, default)]
     content_block: Option<ContentBlockIn<'a>>,
-    #[serde(borrow, default)]
     delta: Option<DeltaIn<'a>>,
-    #[serde(default)]
     usage: Option<UsageIn>,
-    #[serde(borrow, default)]
     error: Option<ErrorObj<'a>>,
 }
 
@@ -42,22 +41,64 @@ struct MessageIn<'a> {
     usage: Option<UsageIn>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct DeltaIn<'a> {
-    #[serde(rename = "type", borrow, default)]
     ty: Option<Str<'a>>,
-    #[serde(borrow, default)]
     text: Option<Str<'a>>,
-    #[serde(borrow, default)]
     thinking: Option<Str<'a>>,
-    #[serde(borrow, default)]
     signature: Option<Str<'a>>,
-    #[serde(borrow, default)]
     partial_json: Option<Str<'a>>,
-    #[serde(borrow, default)]
     stop_reason: Option<Str<'a>>,
-    #[serde(borrow, default)]
     stop_sequence: Option<Str<'a>>,
+}
+
+const WHAT: &str = "messages event";
+
+impl<'a> EventIn<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut s = Scan::new(data, WHAT);
+        let mut ev = EventIn::default();
+        s.object(|s, name| {
+            match name {
+                b"type" => ev.ty = s.opt_str()?.map(Str),
+                b"index" => ev.index = s.opt_u64()?,
+                b"delta" => {
+                    if !s.null()? {
+                        ev.delta = Some(DeltaIn::parse(s)?);
+                    }
+                }
+                b"message" => ev.message = s.serde()?,
+                b"content_block" => ev.content_block = s.serde()?,
+                b"usage" => ev.usage = s.serde()?,
+                b"error" => ev.error = s.serde()?,
+                _ => s.skip()?,
+            }
+            Ok(())
+        })?;
+        s.end()?;
+        Ok(ev)
+    }
+}
+
+impl<'a> DeltaIn<'a> {
+    fn parse(s: &mut Scan<'a>) -> Result<Self, ProtocolError> {
+        let mut d = DeltaIn::default();
+        s.object(|s, name| {
+            let slot = match name {
+                b"type" => &mut d.ty,
+                b"text" => &mut d.text,
+                b"thinking" => &mut d.thinking,
+                b"signature" => &mut d.signature,
+                b"partial_json" => &mut d.partial_json,
+                b"stop_reason" => &mut d.stop_reason,
+                b"stop_sequence" => &mut d.stop_sequence,
+                _ => return s.skip(),
+            };
+            *slot = s.opt_str()?.map(Str);
+            Ok(())
+        })?;
+        Ok(d)
+    }
 }
 
 /// Upstream Messages stream → canonical events.
@@ -110,8 +151,7 @@ impl StreamDecoder {
         if data.is_empty() {
             return Ok(());
         }
-        let ev: EventIn<'_> = serde_json::from_slice(data)
-            .map_err(|e| ProtocolError::InvalidUpstream(format!("messages event: {e}")))?;
+        let ev = EventIn::parse(data)?;
         let kind = match &ev.ty {
             Some(t) => t.as_str(),
             None => event.unwrap_or(""),
@@ -297,16 +337,9 @@ enum BlockOut<'a> {
 #[derive(Serialize)]
 struct Empty {}
 
-#[derive(Serialize)]
-struct BlockDeltaOut<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    index: u32,
-    delta: DeltaOut<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// A `content_block_delta`'s `delta`: `{"type":"<kind>_delta","<field>":…}`
+/// (written by hand: the per-token frame).
+#[derive(Clone, Copy)]
 #[expect(
     clippy::enum_variant_names,
     reason = "the wire names all end in `_delta`"
@@ -564,15 +597,32 @@ impl StreamEncoder {
         }
     }
 
+    /// `event: content_block_delta` with
+    /// `{"type":"content_block_delta","index":…,"delta":{…}}`, byte for byte
+    /// what serde_json writes.
     fn delta(&self, out: &mut BytesMut, index: u32, delta: DeltaOut<'_>) {
-        write_sse(
-            out,
-            "content_block_delta",
-            &BlockDeltaOut {
-                ty: "content_block_delta",
-                index,
-                delta,
-            },
-        );
+        push_sse_head(out, "content_block_delta");
+        out.extend_from_slice(b"{\"type\":\"content_block_delta\",\"index\":");
+        push_u64(out, u64::from(index));
+        let (head, value): (&[u8], &str) = match delta {
+            DeltaOut::TextDelta { text } => {
+                (b",\"delta\":{\"type\":\"text_delta\",\"text\":", text)
+            }
+            DeltaOut::ThinkingDelta { thinking } => (
+                b",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":",
+                thinking,
+            ),
+            DeltaOut::SignatureDelta { signature } => (
+                b",\"delta\":{\"type\":\"signature_delta\",\"signature\":",
+                signature,
+            ),
+            DeltaOut::InputJsonDelta { partial_json } => (
+                b",\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":",
+                partial_json,
+            ),
+        };
+        out.extend_from_slice(head);
+        push_str(out, value);
+        out.extend_from_slice(b"}}\n\n");
     }
 }

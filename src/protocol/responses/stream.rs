@@ -15,44 +15,303 @@ use bytes::BytesMut;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::super::json::{error_event, openai_type, prefixed, write_sse};
+use super::super::json::{
+    error_event, openai_type, prefixed, push_sse_head, push_str, push_u64, write_sse,
+};
 use super::super::{
     Dialect, ErrorKind, OutputItem, ProtocolError, Response, StopReason, StreamEvent,
     StreamOptions, ToolCall, Usage,
 };
-use super::{item_json, response_json};
+use super::response_json;
+
+/// Appends one per-token delta event, byte for byte what serde_json writes
+/// for `{"type":name,"sequence_number":seq,"item_id":…,"output_index":n,
+/// <extra>"delta":…<tail>}` (`extra` is e.g. `"content_index":0,`).
+#[expect(clippy::too_many_arguments, reason = "the fields of one wire event")]
+fn write_delta(
+    out: &mut BytesMut,
+    name: &str,
+    seq: u64,
+    item_id: &str,
+    output_index: usize,
+    extra: &[u8],
+    delta: &str,
+    tail: &[u8],
+) {
+    push_sse_head(out, name);
+    out.extend_from_slice(b"{\"type\":");
+    push_str(out, name);
+    out.extend_from_slice(b",\"sequence_number\":");
+    push_u64(out, seq);
+    out.extend_from_slice(b",\"item_id\":");
+    push_str(out, item_id);
+    out.extend_from_slice(b",\"output_index\":");
+    push_u64(out, output_index as u64);
+    out.extend_from_slice(b",");
+    out.extend_from_slice(extra);
+    out.extend_from_slice(b"\"delta\":");
+    push_str(out, delta);
+    out.extend_from_slice(tail);
+    out.extend_from_slice(b"}\n\n");
+}
+
+// ---------------------------------------------------------------- typed output
+//
+// The structural events (item added/done, parts, the response snapshots) as
+// borrowed `Serialize` structs: no `serde_json::Value` tree (tens of
+// allocations per event). Their fields are in sorted key order, so the bytes
+// are exactly what the `Value`-based builders of `super` write (serde_json's
+// map sorts its keys).
+
+/// `[]` or `[t]`.
+struct OneOrNone<T>(Option<T>);
+
+impl<T: Serialize> Serialize for OneOrNone<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter())
+    }
+}
 
 #[derive(Serialize)]
-struct TextDeltaOut<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    sequence_number: u64,
-    item_id: &'a str,
-    output_index: usize,
-    content_index: u32,
-    delta: &'a str,
+struct Empty {}
+
+#[derive(Serialize)]
+struct ItemTextPartOut<'a> {
+    annotations: [(); 0],
     logprobs: [(); 0],
+    text: &'a str,
+    #[serde(rename = "type")]
+    ty: &'static str,
 }
 
 #[derive(Serialize)]
-struct SummaryDeltaOut<'a> {
+struct PartOut<'a> {
+    annotations: [(); 0],
+    text: &'a str,
     #[serde(rename = "type")]
     ty: &'static str,
+}
+
+#[derive(Serialize)]
+struct SummaryPartOut<'a> {
+    text: &'a str,
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+/// An output item as `super::item_json` writes it (`done`) or as
+/// `response.output_item.added` announces it (in progress, no content yet).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ItemOut<'a> {
+    Message {
+        content: OneOrNone<ItemTextPartOut<'a>>,
+        id: &'a str,
+        role: &'static str,
+        status: &'static str,
+        #[serde(rename = "type")]
+        ty: &'static str,
+    },
+    Reasoning {
+        encrypted_content: Option<&'a str>,
+        id: &'a str,
+        summary: OneOrNone<SummaryPartOut<'a>>,
+        #[serde(rename = "type")]
+        ty: &'static str,
+    },
+    Call {
+        arguments: &'a str,
+        call_id: &'a str,
+        id: &'a str,
+        name: &'a str,
+        status: &'static str,
+        #[serde(rename = "type")]
+        ty: &'static str,
+    },
+}
+
+fn item_out<'a>(id: &'a str, item: &'a OutputItem, done: bool) -> ItemOut<'a> {
+    let status = if done { "completed" } else { "in_progress" };
+    match item {
+        OutputItem::Text(t) => ItemOut::Message {
+            content: OneOrNone(done.then_some(ItemTextPartOut {
+                annotations: [],
+                logprobs: [],
+                text: t,
+                ty: "output_text",
+            })),
+            id,
+            role: "assistant",
+            status,
+            ty: "message",
+        },
+        OutputItem::Reasoning { text, signature } => ItemOut::Reasoning {
+            encrypted_content: signature.as_deref(),
+            id,
+            summary: OneOrNone((done && !text.is_empty()).then_some(SummaryPartOut {
+                text,
+                ty: "summary_text",
+            })),
+            ty: "reasoning",
+        },
+        OutputItem::ToolCall(c) => ItemOut::Call {
+            arguments: &c.arguments,
+            call_id: &c.id,
+            id,
+            name: &c.name,
+            status,
+            ty: "function_call",
+        },
+    }
+}
+
+#[derive(Serialize)]
+struct ItemEventOut<'a> {
+    item: ItemOut<'a>,
+    output_index: usize,
     sequence_number: u64,
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+#[derive(Serialize)]
+struct ContentPartEventOut<'a> {
+    content_index: u32,
     item_id: &'a str,
     output_index: usize,
+    part: PartOut<'a>,
+    sequence_number: u64,
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+#[derive(Serialize)]
+struct SummaryPartEventOut<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    part: SummaryPartOut<'a>,
+    sequence_number: u64,
     summary_index: u32,
-    delta: &'a str,
+    #[serde(rename = "type")]
+    ty: &'static str,
 }
 
 #[derive(Serialize)]
-struct ArgsDeltaOut<'a> {
+struct TextDoneOut<'a> {
+    content_index: u32,
+    item_id: &'a str,
+    logprobs: [(); 0],
+    output_index: usize,
+    sequence_number: u64,
+    text: &'a str,
     #[serde(rename = "type")]
     ty: &'static str,
-    sequence_number: u64,
+}
+
+#[derive(Serialize)]
+struct SummaryTextDoneOut<'a> {
     item_id: &'a str,
     output_index: usize,
-    delta: &'a str,
+    sequence_number: u64,
+    summary_index: u32,
+    text: &'a str,
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+#[derive(Serialize)]
+struct ArgsDoneOut<'a> {
+    arguments: &'a str,
+    item_id: &'a str,
+    output_index: usize,
+    sequence_number: u64,
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+/// The items of the final response.
+struct ItemsOut<'a>(&'a [Item]);
+
+impl Serialize for ItemsOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|i| item_out(&i.id, &i.item, true)))
+    }
+}
+
+#[derive(Serialize)]
+struct ReasonOut {
+    reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct ReasoningCfgOut {
+    effort: (),
+    summary: (),
+}
+
+#[derive(Serialize)]
+struct FormatOut {
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+#[derive(Serialize)]
+struct TextCfgOut {
+    format: FormatOut,
+}
+
+#[derive(Serialize)]
+struct CachedOut {
+    cached_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct ReasoningTokensOut {
+    reasoning_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct UsageOut {
+    input_tokens: u64,
+    input_tokens_details: CachedOut,
+    output_tokens: u64,
+    output_tokens_details: ReasoningTokensOut,
+    total_tokens: u64,
+}
+
+/// `super::response_json` of the streamed response, typed.
+#[derive(Serialize)]
+struct ResponseOut<'a> {
+    created_at: u64,
+    error: (),
+    id: &'a str,
+    incomplete_details: Option<ReasonOut>,
+    instructions: (),
+    max_output_tokens: (),
+    metadata: Empty,
+    model: &'a str,
+    object: &'static str,
+    output: ItemsOut<'a>,
+    parallel_tool_calls: bool,
+    previous_response_id: (),
+    reasoning: ReasoningCfgOut,
+    status: &'static str,
+    store: bool,
+    temperature: (),
+    text: TextCfgOut,
+    tool_choice: &'static str,
+    tools: [(); 0],
+    top_p: (),
+    truncation: &'static str,
+    usage: Option<UsageOut>,
+}
+
+#[derive(Serialize)]
+struct ResponseEventOut<'a> {
+    response: ResponseOut<'a>,
+    sequence_number: u64,
+    #[serde(rename = "type")]
+    ty: &'static str,
 }
 
 /// One output item being streamed.
@@ -130,6 +389,78 @@ impl StreamEncoder {
         self.id.strip_prefix("resp_").unwrap_or(&self.id)
     }
 
+    /// The response as `response.created`/`in_progress` (`final` false: no
+    /// output, no usage) or the final event carries it.
+    fn response_out(&self, final_: bool) -> ResponseOut<'_> {
+        let incomplete_details = match self.stop {
+            StopReason::MaxTokens => Some(ReasonOut {
+                reason: "max_output_tokens",
+            }),
+            StopReason::ContentFilter => Some(ReasonOut {
+                reason: "content_filter",
+            }),
+            _ => None,
+        };
+        let status = if !final_ {
+            "in_progress"
+        } else if incomplete_details.is_some() {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        let u = self.usage;
+        ResponseOut {
+            created_at: self.created,
+            error: (),
+            id: &self.id,
+            incomplete_details,
+            instructions: (),
+            max_output_tokens: (),
+            metadata: Empty {},
+            model: &self.model,
+            object: "response",
+            output: ItemsOut(if final_ { &self.items } else { &[] }),
+            parallel_tool_calls: true,
+            previous_response_id: (),
+            reasoning: ReasoningCfgOut {
+                effort: (),
+                summary: (),
+            },
+            status,
+            store: false,
+            temperature: (),
+            text: TextCfgOut {
+                format: FormatOut { ty: "text" },
+            },
+            tool_choice: "auto",
+            tools: [],
+            top_p: (),
+            truncation: "disabled",
+            usage: final_.then_some(UsageOut {
+                input_tokens: u.input_tokens,
+                input_tokens_details: CachedOut {
+                    cached_tokens: u.cache_read_tokens,
+                },
+                output_tokens: u.output_tokens,
+                output_tokens_details: ReasoningTokensOut {
+                    reasoning_tokens: u.reasoning_tokens,
+                },
+                total_tokens: u.input_tokens + u.output_tokens,
+            }),
+        }
+    }
+
+    fn write_response_event(&mut self, name: &'static str, final_: bool, out: &mut BytesMut) {
+        let sequence_number = self.next_seq();
+        let ev = ResponseEventOut {
+            response: self.response_out(final_),
+            sequence_number,
+            ty: name,
+        };
+        write_sse(out, name, &ev);
+    }
+
+    /// The `Value` snapshot, for the (rare) `response.failed` event.
     fn snapshot(&self, status: &str) -> Value {
         let resp = Response {
             id: String::new(),
@@ -170,10 +501,8 @@ impl StreamEncoder {
                 }
                 self.usage = *usage;
             }
-            let r = self.snapshot("in_progress");
-            self.emit("response.created", json!({"response": r}), out);
-            let r = self.snapshot("in_progress");
-            self.emit("response.in_progress", json!({"response": r}), out);
+            self.write_response_event("response.created", false, out);
+            self.write_response_event("response.in_progress", false, out);
         }
         match ev {
             StreamEvent::Start { .. } => {}
@@ -187,18 +516,15 @@ impl StreamEncoder {
                 if let OutputItem::Text(s) = &mut item.item {
                     s.push_str(t);
                 }
-                write_sse(
+                write_delta(
                     out,
                     "response.output_text.delta",
-                    &TextDeltaOut {
-                        ty: "response.output_text.delta",
-                        sequence_number: seq,
-                        item_id: &item.id,
-                        output_index: n,
-                        content_index: 0,
-                        delta: t,
-                        logprobs: [],
-                    },
+                    seq,
+                    &item.id,
+                    n,
+                    b"\"content_index\":0,",
+                    t,
+                    b",\"logprobs\":[]",
                 );
             }
             StreamEvent::ReasoningDelta(t) => {
@@ -209,17 +535,15 @@ impl StreamEncoder {
                 if let OutputItem::Reasoning { text, .. } = &mut item.item {
                     text.push_str(t);
                 }
-                write_sse(
+                write_delta(
                     out,
                     "response.reasoning_summary_text.delta",
-                    &SummaryDeltaOut {
-                        ty: "response.reasoning_summary_text.delta",
-                        sequence_number: seq,
-                        item_id: &item.id,
-                        output_index: n,
-                        summary_index: 0,
-                        delta: t,
-                    },
+                    seq,
+                    &item.id,
+                    n,
+                    b"\"summary_index\":0,",
+                    t,
+                    b"",
                 );
             }
             StreamEvent::ReasoningSignature(s) => {
@@ -252,16 +576,15 @@ impl StreamEncoder {
                 if let OutputItem::ToolCall(c) = &mut item.item {
                     c.arguments.push_str(fragment);
                 }
-                write_sse(
+                write_delta(
                     out,
                     "response.function_call_arguments.delta",
-                    &ArgsDeltaOut {
-                        ty: "response.function_call_arguments.delta",
-                        sequence_number: seq,
-                        item_id: &item.id,
-                        output_index: n,
-                        delta: fragment,
-                    },
+                    seq,
+                    &item.id,
+                    n,
+                    b"",
+                    fragment,
+                    b"",
                 );
             }
             StreamEvent::Stop { reason, .. } => self.stop = *reason,
@@ -269,12 +592,11 @@ impl StreamEncoder {
             StreamEvent::End => {
                 self.close_item(out);
                 self.finished = true;
-                let r = self.snapshot("final");
                 let name = match self.stop {
                     StopReason::MaxTokens | StopReason::ContentFilter => "response.incomplete",
                     _ => "response.completed",
                 };
-                self.emit(name, json!({ "response": r }), out);
+                self.write_response_event(name, true, out);
             }
         }
         Ok(())
@@ -319,34 +641,63 @@ impl StreamEncoder {
     fn open_item(&mut self, item: OutputItem, tool_index: Option<u32>, out: &mut BytesMut) {
         self.close_item(out);
         let n = self.items.len();
-        let mut v = item_json(self.bare_id(), n, &item);
-        let id = v["id"].as_str().unwrap_or_default().to_owned();
-        match &item {
-            OutputItem::Text(_) => {
-                v["status"] = "in_progress".into();
-                v["content"] = json!([]);
-            }
-            OutputItem::ToolCall(_) => v["status"] = "in_progress".into(),
-            OutputItem::Reasoning { .. } => v["summary"] = json!([]),
-        }
-        self.emit(
-            "response.output_item.added",
-            json!({"output_index": n, "item": v}),
+        let id = match &item {
+            OutputItem::Text(_) => format!("msg_{}_{n}", self.bare_id()),
+            OutputItem::Reasoning { .. } => format!("rs_{}_{n}", self.bare_id()),
+            OutputItem::ToolCall(c) => format!("fc_{}", c.id),
+        };
+        let name = "response.output_item.added";
+        let sequence_number = self.next_seq();
+        write_sse(
             out,
+            name,
+            &ItemEventOut {
+                item: item_out(&id, &item, false),
+                output_index: n,
+                sequence_number,
+                ty: name,
+            },
         );
         match &item {
-            OutputItem::Text(_) => self.emit(
-                "response.content_part.added",
-                json!({"item_id": id, "output_index": n, "content_index": 0,
-                       "part": {"type": "output_text", "text": "", "annotations": []}}),
-                out,
-            ),
-            OutputItem::Reasoning { .. } => self.emit(
-                "response.reasoning_summary_part.added",
-                json!({"item_id": id, "output_index": n, "summary_index": 0,
-                       "part": {"type": "summary_text", "text": ""}}),
-                out,
-            ),
+            OutputItem::Text(_) => {
+                let name = "response.content_part.added";
+                let sequence_number = self.next_seq();
+                write_sse(
+                    out,
+                    name,
+                    &ContentPartEventOut {
+                        content_index: 0,
+                        item_id: &id,
+                        output_index: n,
+                        part: PartOut {
+                            annotations: [],
+                            text: "",
+                            ty: "output_text",
+                        },
+                        sequence_number,
+                        ty: name,
+                    },
+                );
+            }
+            OutputItem::Reasoning { .. } => {
+                let name = "response.reasoning_summary_part.added";
+                let sequence_number = self.next_seq();
+                write_sse(
+                    out,
+                    name,
+                    &SummaryPartEventOut {
+                        item_id: &id,
+                        output_index: n,
+                        part: SummaryPartOut {
+                            text: "",
+                            ty: "summary_text",
+                        },
+                        sequence_number,
+                        summary_index: 0,
+                        ty: name,
+                    },
+                );
+            }
             OutputItem::ToolCall(_) => {}
         }
         self.items.push(Item {
@@ -363,47 +714,103 @@ impl StreamEncoder {
         }
         self.open = false;
         let n = self.items.len() - 1;
-        let id = self.items[n].id.clone();
-        let item = self.items[n].item.clone();
-        match &item {
+        let mut seq = self.seq;
+        let mut next = || {
+            seq += 1;
+            seq - 1
+        };
+        let Item { id, item, .. } = &self.items[n];
+        match item {
             OutputItem::Text(t) => {
-                self.emit(
-                    "response.output_text.done",
-                    json!({"item_id": id, "output_index": n, "content_index": 0,
-                           "text": t, "logprobs": []}),
+                let name = "response.output_text.done";
+                write_sse(
                     out,
+                    name,
+                    &TextDoneOut {
+                        content_index: 0,
+                        item_id: id,
+                        logprobs: [],
+                        output_index: n,
+                        sequence_number: next(),
+                        text: t,
+                        ty: name,
+                    },
                 );
-                self.emit(
-                    "response.content_part.done",
-                    json!({"item_id": id, "output_index": n, "content_index": 0,
-                           "part": {"type": "output_text", "text": t, "annotations": []}}),
+                let name = "response.content_part.done";
+                write_sse(
                     out,
+                    name,
+                    &ContentPartEventOut {
+                        content_index: 0,
+                        item_id: id,
+                        output_index: n,
+                        part: PartOut {
+                            annotations: [],
+                            text: t,
+                            ty: "output_text",
+                        },
+                        sequence_number: next(),
+                        ty: name,
+                    },
                 );
             }
             OutputItem::Reasoning { text, .. } => {
-                self.emit(
-                    "response.reasoning_summary_text.done",
-                    json!({"item_id": id, "output_index": n, "summary_index": 0, "text": text}),
+                let name = "response.reasoning_summary_text.done";
+                write_sse(
                     out,
+                    name,
+                    &SummaryTextDoneOut {
+                        item_id: id,
+                        output_index: n,
+                        sequence_number: next(),
+                        summary_index: 0,
+                        text,
+                        ty: name,
+                    },
                 );
-                self.emit(
-                    "response.reasoning_summary_part.done",
-                    json!({"item_id": id, "output_index": n, "summary_index": 0,
-                           "part": {"type": "summary_text", "text": text}}),
+                let name = "response.reasoning_summary_part.done";
+                write_sse(
                     out,
+                    name,
+                    &SummaryPartEventOut {
+                        item_id: id,
+                        output_index: n,
+                        part: SummaryPartOut {
+                            text,
+                            ty: "summary_text",
+                        },
+                        sequence_number: next(),
+                        summary_index: 0,
+                        ty: name,
+                    },
                 );
             }
-            OutputItem::ToolCall(c) => self.emit(
-                "response.function_call_arguments.done",
-                json!({"item_id": id, "output_index": n, "arguments": c.arguments}),
-                out,
-            ),
+            OutputItem::ToolCall(c) => {
+                let name = "response.function_call_arguments.done";
+                write_sse(
+                    out,
+                    name,
+                    &ArgsDoneOut {
+                        arguments: &c.arguments,
+                        item_id: id,
+                        output_index: n,
+                        sequence_number: next(),
+                        ty: name,
+                    },
+                );
+            }
         }
-        let v = item_json(self.bare_id(), n, &item);
-        self.emit(
-            "response.output_item.done",
-            json!({"output_index": n, "item": v}),
+        let name = "response.output_item.done";
+        write_sse(
             out,
+            name,
+            &ItemEventOut {
+                item: item_out(id, item, true),
+                output_index: n,
+                sequence_number: next(),
+                ty: name,
+            },
         );
+        self.seq = seq;
     }
 }
