@@ -324,6 +324,9 @@ async fn attempt(
     }
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
+    ctx.outcome
+        .upstream_started
+        .get_or_insert_with(Instant::now);
     let mut fresh_tries = 0;
     let mut up = loop {
         let connect = tokio::select! {
@@ -672,6 +675,7 @@ async fn unary(
                     Err(e) => break Some(UnaryBreak::Encoding(e)),
                 }
                 if end {
+                    ctx.outcome.upstream_first_event = Some(Instant::now());
                     break None;
                 }
             }
@@ -782,6 +786,7 @@ async fn unary(
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
     ctx.outcome.ttft = Some(ctx.received.elapsed());
     ctx.outcome.label = "ok";
+    ctx.outcome.overhead = ctx.outcome.overhead_at(ctx.received.elapsed());
     let head = match respond::proxied_head(ctx, 200, false, Some(out.len()), &route.provider.id) {
         Ok(h) => h,
         Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
@@ -899,6 +904,9 @@ async fn stream(
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 match pipe.feed(chunk.as_deref()) {
+                    Ok(()) if pipe.data_events > 0 => {
+                        ctx.outcome.upstream_first_event = Some(Instant::now());
+                    }
                     Ok(()) => {}
                     Err(PipeError::Upstream {
                         error_type,
@@ -974,6 +982,7 @@ async fn stream(
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
     ctx.outcome.label = "ok";
     ctx.outcome.status = 200;
+    ctx.outcome.overhead = ctx.outcome.overhead_at(ctx.received.elapsed());
     let mut head = match respond::proxied_head(ctx, 200, true, None, &route.provider.id) {
         Ok(h) => h,
         Err(e) => {
@@ -1016,6 +1025,12 @@ async fn stream(
     }
 
     // Phase 2: committed. Pump until the end; failures become an SSE error event.
+    let mut gaps = crate::metrics::InterTokenClock::new(
+        &standard,
+        &route.provider.id,
+        pipe.content_events,
+        ctx.outcome.upstream_first_event,
+    );
     let max_end = ctx
         .config
         .server
@@ -1162,6 +1177,7 @@ async fn stream(
                     ctx.outcome.ttft = Some(ctx.received.elapsed());
                 }
                 last_upstream = Instant::now();
+                gaps.arrived(pipe.content_events, last_upstream);
                 if !out.is_empty() {
                     last_write = last_upstream;
                 }

@@ -29,6 +29,7 @@ mod sdk_dialects;
 mod shutdown;
 mod slow_reader;
 mod smoke;
+mod status_page;
 mod stream_integrity;
 mod streaming;
 mod timeouts;
