@@ -14,6 +14,7 @@ mod demo;
 mod dialect_matrix;
 mod dialects;
 mod fallback;
+mod grafana_dashboard;
 mod harness;
 mod harness_client;
 mod health;
