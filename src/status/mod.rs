@@ -101,23 +101,48 @@ pub fn start_sampler() {
 fn take_sample(families: &[MetricFamily], at: f64) {
     let sample = sample_of(families, at);
     let spend = series2(families, "sluice_charge_usd_total", "tenant", "model");
-    let day = (at / 86_400.0).floor() as i64;
-    let mut st = lock();
-    if st.day != day {
-        // A new UTC day: what was charged up to the previous sample was yesterday's; a
-        // Sluice started today has no baseline (everything charged since start is today's).
-        st.spend_baseline = if st.day == i64::MIN {
-            BTreeMap::new()
-        } else {
-            std::mem::take(&mut st.spend_last)
-        };
-        st.day = day;
+    lock().record(sample, spend);
+}
+
+impl State {
+    /// Appends `sample` (dropping the oldest past [`RING_LEN`]) and `spend`, the charge
+    /// counters at the same time. The first sample of a new UTC day makes the previous
+    /// sample's charges the day's baseline; a Sluice started today has none (everything
+    /// charged since start is today's).
+    fn record(&mut self, sample: Sample, spend: BTreeMap<(String, String), f64>) {
+        let day = (sample.at / 86_400.0).floor() as i64;
+        if self.day != day {
+            self.spend_baseline = if self.day == i64::MIN {
+                BTreeMap::new()
+            } else {
+                std::mem::take(&mut self.spend_last)
+            };
+            self.day = day;
+        }
+        self.spend_last = spend;
+        if self.ring.len() == RING_LEN {
+            self.ring.pop_front();
+        }
+        self.ring.push_back(sample);
     }
-    st.spend_last = spend;
-    if st.ring.len() == RING_LEN {
-        st.ring.pop_front();
+
+    /// Charged today per (tenant, model), from the charge counters now: what grew since
+    /// the day's baseline (a series first seen today counts whole); zero rows left out.
+    fn spend_today(
+        &self,
+        current: &BTreeMap<(String, String), f64>,
+    ) -> Vec<((String, String), f64)> {
+        current
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v - self.spend_baseline.get(k).copied().unwrap_or(0.0),
+                )
+            })
+            .filter(|(_, v)| *v > 0.0)
+            .collect()
     }
-    st.ring.push_back(sample);
 }
 
 fn sample_of(families: &[MetricFamily], at: f64) -> Sample {
@@ -314,10 +339,9 @@ pub fn status_json() -> Vec<u8> {
 
     let spend_today = family(&families, "sluice_charge_usd_total").map(|_| {
         let current = series2(&families, "sluice_charge_usd_total", "tenant", "model");
-        let rows: Vec<Value> = current
-            .iter()
-            .map(|(k, v)| (k, v - st.spend_baseline.get(k).copied().unwrap_or(0.0)))
-            .filter(|(_, v)| *v > 0.0)
+        let rows: Vec<Value> = st
+            .spend_today(&current)
+            .into_iter()
             .map(|((tenant, model), v)| json!({"tenant": tenant, "model": model, "usd": usd(v)}))
             .collect();
         let total: f64 = rows
@@ -380,7 +404,47 @@ pub fn status_json() -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::quantile;
+    use super::{quantile, Sample, State, RING_LEN};
+    use std::collections::BTreeMap;
+
+    fn spend(rows: &[(&str, f64)]) -> BTreeMap<(String, String), f64> {
+        rows.iter()
+            .map(|(t, v)| ((t.to_string(), "m".to_string()), *v))
+            .collect()
+    }
+
+    fn at(t: f64) -> Sample {
+        Sample {
+            at: t,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn spend_today_restarts_at_utc_midnight_and_the_ring_stays_bounded() {
+        let day = 20_000.0 * 86_400.0;
+        let mut st = State {
+            day: i64::MIN,
+            ..State::default()
+        };
+        // Started in the afternoon: everything charged since start is today's.
+        st.record(at(day + 50_000.0), spend(&[("a", 2.0)]));
+        assert_eq!(st.spend_today(&spend(&[("a", 3.0)]))[0].1, 3.0);
+        // Last sample before midnight, then the first of the next day.
+        st.record(at(day + 86_399.0), spend(&[("a", 5.0)]));
+        st.record(at(day + 86_404.0), spend(&[("a", 5.5), ("b", 1.0)]));
+        let today = st.spend_today(&spend(&[("a", 6.0), ("b", 1.0)]));
+        assert_eq!(today.len(), 2);
+        assert!((today[0].1 - 1.0).abs() < 1e-9, "{today:?}");
+        assert_eq!(today[1].1, 1.0, "a tenant first seen today counts whole");
+        // Same day: the baseline stays.
+        st.record(at(day + 90_000.0), spend(&[("a", 7.0)]));
+        assert!((st.spend_today(&spend(&[("a", 7.0)]))[0].1 - 2.0).abs() < 1e-9);
+        for i in 0..(RING_LEN * 2) {
+            st.record(at(day + 90_000.0 + i as f64), BTreeMap::new());
+        }
+        assert_eq!(st.ring.len(), RING_LEN);
+    }
 
     #[test]
     fn quantiles_interpolate_inside_the_bucket_of_the_delta() {
