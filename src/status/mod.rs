@@ -287,8 +287,8 @@ fn usd(v: f64) -> f64 {
 /// The body of `/status.json`: the live figures plus the sampled history. Shape:
 /// `{now, sample_interval_s, requests: {total, per_s, by_status}, active_streams: {total,
 /// by_tenant}, providers: [{provider, route, health}], fallbacks: {total, per_min},
-/// rejections: {total, by_reason}, ttft: {p50_ms, p99_ms, window_s, series: [{t, p50_ms,
-/// p99_ms, count}]}, spend_today: {metric, since, total_usd, rows: [{tenant, model, usd}]} |
+/// rejections: {total, by_reason}, ttft: {p50_ms, p99_ms, window_s, history_s, series: [{t,
+/// p50_ms, p99_ms, count}]}, spend_today: {metric, since, total_usd, rows: [{tenant, model, usd}]} |
 /// null, budgets: [{tenant, window, remaining_usd}] | null}`. Times are Unix seconds,
 /// latencies milliseconds, money US dollars; `null` spend/budgets mean the metric is not
 /// exported (no prices or no budgets configured).
@@ -392,6 +392,7 @@ pub fn status_json() -> Vec<u8> {
         },
         "ttft": {
             "window_s": span.round(),
+            "history_s": SAMPLE_INTERVAL.as_secs() * RING_LEN as u64,
             "p50_ms": ms(quantile(0.5, &live.ttft, &base.ttft)),
             "p99_ms": ms(quantile(0.99, &live.ttft, &base.ttft)),
             "series": series,
