@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::backpressure::redis::RedisLimiter;
 use sluice::backpressure::Admission;
+use sluice::backpressure::Used;
 use sluice::config::Config;
-use sluice::proxy::ctx::Outcome;
 
 /// A config whose tenant `t` has every limit (high enough never to refuse during the bench),
 /// with a tenant × model scope on `acme/chat`; tenant `free` has none.
@@ -45,17 +45,16 @@ fn config(redis: Option<&str>) -> Config {
     c
 }
 
-fn outcome() -> Outcome {
-    Outcome {
-        provider: Some("p".into()),
+fn outcome() -> Used {
+    Used {
+        answered: true,
         input_tokens: 20,
         output_tokens: 50,
-        ..Outcome::default()
     }
 }
 
 /// One request's local admission, release and settlement.
-fn admit_once(adm: &Admission, cfg: &Config, tenant: &str, model: &str, done: &Outcome) {
+fn admit_once(adm: &Admission, cfg: &Config, tenant: &str, model: &str, done: Used) {
     let mut status = None;
     let tenant = adm
         .admit_tenant_local(cfg, Some(tenant), Some(model), 100, 1, &mut status)
@@ -72,13 +71,13 @@ fn bench_local(c: &mut Criterion) {
     let done = outcome();
     let mut g = c.benchmark_group("admission");
     g.bench_function("tenant_and_model_limits", |b| {
-        b.iter(|| admit_once(&adm, &cfg, "t", "acme/chat", &done));
+        b.iter(|| admit_once(&adm, &cfg, "t", "acme/chat", done));
     });
     g.bench_function("tenant_limits", |b| {
-        b.iter(|| admit_once(&adm, &cfg, "t", "acme/other", &done));
+        b.iter(|| admit_once(&adm, &cfg, "t", "acme/other", done));
     });
     g.bench_function("no_limits", |b| {
-        b.iter(|| admit_once(&adm, &cfg, "free", "acme/chat", &done));
+        b.iter(|| admit_once(&adm, &cfg, "free", "acme/chat", done));
     });
     // Two threads admitting the same tenant at once (shared counters and windows).
     let adm = Arc::new(adm);
@@ -98,7 +97,7 @@ fn bench_local(c: &mut Criterion) {
                         barrier.wait();
                         let start = Instant::now();
                         for _ in 0..iters {
-                            admit_once(&adm, &cfg, "t", "acme/chat", &done);
+                            admit_once(&adm, &cfg, "t", "acme/chat", done);
                         }
                         start.elapsed()
                     })

@@ -11,18 +11,19 @@
 //! | module | owns |
 //! |---|---|
 //! | [`cli`] | the command line contract (`-c`, `-t`, `-d`, `-u`; `key new`) |
-//! | [`config`] | YAML schema, validation with file:line:key errors, hot reload |
+//! | [`config`] | YAML schema, validation with file:line:key errors, the virtual key table of a snapshot |
+//! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
-//! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the per-stream pipe |
+//! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
 //! | [`providers`] | peers, upstream request heads, content decoding, the demo provider |
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
-//! | [`auth`] | virtual keys |
+//! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
 //! | [`ledger`] | the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage` |
 //! | [`error`] | client-facing errors and attempt records |
-//! | [`metrics`], [`access_log`], [`logging`] | observability |
+//! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`] |
 //! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
 //! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
@@ -30,9 +31,10 @@
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
 //! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
-//! [`access_log`] → [`ledger`].
+//! [`proxy::access_log`] → [`ledger`]. Module dependencies point down this path: none of these
+//! modules uses one that calls it (config and the protocol layer are at the bottom, next to
+//! metrics and sse).
 
-pub mod access_log;
 pub mod admin;
 pub mod auth;
 pub mod backpressure;
@@ -46,6 +48,7 @@ pub mod mock_upstream;
 pub mod protocol;
 pub mod providers;
 pub mod proxy;
+pub mod reload;
 pub mod routing;
 pub mod secret;
 pub mod server;

@@ -31,7 +31,7 @@ pub fn init(format: LogFormat) {
                 obj.insert("target".into(), record.target().into());
                 match serde_json::from_str::<serde_json::Value>(&msg) {
                     Ok(serde_json::Value::Object(fields))
-                        if record.target() == crate::access_log::TARGET =>
+                        if record.target() == crate::proxy::access_log::TARGET =>
                     {
                         obj.extend(fields);
                     }

@@ -18,10 +18,10 @@ use pingora::services::listening::Service;
 use crate::admin::AdminApp;
 use crate::backpressure::Admission;
 use crate::cli::Args;
-use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigHandle};
 use crate::proxy::connection::DownstreamApp;
 use crate::proxy::Gateway;
+use crate::reload::Reloader;
 use crate::routing::probe::HealthProber;
 use crate::shutdown::StreamShutdown;
 
@@ -84,7 +84,7 @@ fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
 /// # Errors
 /// [`StartError`] when Pingora refuses its configuration.
 pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
-    if let Err(e) = crate::config::reload::catch_early_sighup() {
+    if let Err(e) = crate::reload::catch_early_sighup() {
         log::warn!("cannot install the early SIGHUP handler: {e}");
     }
     let conf = server_conf(&cfg, args);

@@ -20,13 +20,10 @@
 //! then the parsed request that every attempt serializes from): until the attempt loop ends.
 //! Dropping it releases the bytes. `sluice_buffered_request_bytes` shows the total reserved.
 
-/// How many times a body byte counts against the bound: the raw bytes and the parsed request
-/// (while parsing), or the parsed request and the serialized upstream body (per attempt).
-pub const COPIES_PER_BODY_BYTE: usize = 2;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+pub use crate::config::COPIES_PER_BODY_BYTE;
 use crate::metrics::metrics;
 
 /// The process-wide count of reserved request body bytes.

@@ -49,8 +49,31 @@ use tenant::{Inflight, InflightGuard, LimitKind, LocalLimiter, Plan, Refusal, Wi
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::metrics::metrics;
-use crate::proxy::ctx::{Outcome, RequestCtx};
 use redis::{BackendError, RedisLimiter, Settle};
+
+/// What admission needs to know about a request: who it is billed to and what it asks for.
+/// Admission knows no request context type: the caller passes these (the proxy's context
+/// lives above it on the request path).
+#[derive(Debug, Clone, Copy)]
+pub struct Demand<'a> {
+    /// The authenticated caller's tenant (`None`: no tenant limits apply).
+    pub tenant: Option<&'a str>,
+    /// The standard model asked for (tenant × model limits).
+    pub model: Option<&'a str>,
+    /// Estimated input tokens, charged to the token windows until [`AdmissionPermit::settle`].
+    pub estimated_input_tokens: u64,
+}
+
+/// A finished request's real token use, for [`AdmissionPermit::settle`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Used {
+    /// A provider answered (its input is charged at the estimate when it reported none).
+    pub answered: bool,
+    /// Input tokens reported by the upstream `usage` (0: none reported).
+    pub input_tokens: u64,
+    /// Output tokens (from `usage`, else counted events).
+    pub output_tokens: u64,
+}
 
 /// Why admission failed.
 #[derive(Debug)]
@@ -74,8 +97,8 @@ impl AdmissionPermit {
     /// Corrects the tenant's token windows with the request's real usage (input from
     /// `usage`, else the estimate when an upstream answered, else 0; plus output tokens), then
     /// releases everything.
-    pub fn settle(self, outcome: &Outcome) {
-        self.tenant.settle(outcome);
+    pub fn settle(self, used: Used) {
+        self.tenant.settle(used);
     }
 }
 
@@ -134,18 +157,18 @@ fn settle_remote(
 
 impl TenantPermit {
     /// See [`AdmissionPermit::settle`].
-    pub fn settle(mut self, outcome: &Outcome) {
+    pub fn settle(mut self, used: Used) {
         let Some(c) = self.charge.take() else {
             return;
         };
-        let input = if outcome.input_tokens > 0 {
-            outcome.input_tokens
-        } else if outcome.provider.is_some() {
+        let input = if used.input_tokens > 0 {
+            used.input_tokens
+        } else if used.answered {
             c.cost
         } else {
             0
         };
-        let actual = input.saturating_add(outcome.output_tokens);
+        let actual = input.saturating_add(used.output_tokens);
         if actual == c.cost {
             return;
         }
@@ -294,9 +317,8 @@ impl Admission {
         &self.local
     }
 
-    /// Admits the request in `ctx` (authenticated caller, standard model set) with
-    /// `estimated_input_tokens`, or says why not. Sets `ctx.rate_limit` for the response
-    /// headers either way. `slot` is the tenant slot taken from the head
+    /// Admits a request of `demand` under `config`, or says why not. Writes the tenant's limit
+    /// status for the response headers into `status` either way. `slot` is the tenant slot taken from the head
     /// ([`Self::take_tenant_slot`]; the default when none was taken): it is kept, not taken
     /// twice.
     ///
@@ -307,23 +329,23 @@ impl Admission {
     pub async fn admit(
         &self,
         session: &mut Session,
-        ctx: &mut RequestCtx,
-        estimated_input_tokens: u64,
+        config: &Config,
+        demand: Demand<'_>,
+        status: &mut Option<RateLimitStatus>,
         slot: TenantSlot,
     ) -> Result<AdmissionPermit, Rejected> {
-        let config = ctx.config.clone();
         let tenant = self
             .admit_tenant_holding(
-                &config,
-                ctx.caller.as_ref().map(|c| c.tenant.as_str()),
-                ctx.standard_model.as_deref(),
-                estimated_input_tokens,
-                &mut ctx.rate_limit,
+                config,
+                demand.tenant,
+                demand.model,
+                demand.estimated_input_tokens,
+                status,
                 slot,
             )
             .await
             .map_err(Rejected::Client)?;
-        match self.admit_global(session, &config).await {
+        match self.admit_global(session, config).await {
             Ok(global) => Ok(AdmissionPermit {
                 _global: global,
                 tenant,
@@ -686,11 +708,10 @@ mod tests {
             .unwrap();
         assert_eq!(st.unwrap().tokens.unwrap().remaining, 70);
         // Real usage 50 + 40: the token window now holds 90.
-        a.settle(&Outcome {
-            provider: Some("p".into()),
+        a.settle(Used {
+            answered: true,
             input_tokens: 50,
             output_tokens: 40,
-            ..Outcome::default()
         });
         let status = adm.status(&c, "t", None).unwrap();
         assert_eq!(status.tokens.unwrap().remaining, 10);
@@ -714,7 +735,7 @@ mod tests {
             .unwrap();
         assert_eq!(st.unwrap().requests.unwrap().remaining, 0);
         // An upstream that never answered consumed no tokens.
-        b.settle(&Outcome::default());
+        b.settle(Used::default());
         assert_eq!(
             adm.status(&c, "t", None).unwrap().tokens.unwrap().remaining,
             10

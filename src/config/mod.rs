@@ -5,7 +5,7 @@
 //! Errors come back as [`ConfigError`] naming file, line, column and key path.
 
 pub mod error;
-pub mod reload;
+pub mod keys;
 pub mod schema;
 mod validate;
 
@@ -18,10 +18,17 @@ use std::time::Duration;
 
 pub use error::ConfigError;
 pub use schema::{Capability, LogFormat, ProviderKind, Strategy};
+pub(crate) use validate::expand_include;
 
-use crate::auth::KeyTable;
 use crate::secret::Secret;
 use crate::sse::ModelRewriter;
+use keys::KeyTable;
+
+/// How many times a request body byte counts against `server.max_buffered_request_bytes`: the
+/// raw bytes and the parsed request (while parsing), or the parsed request and the serialized
+/// upstream body (per attempt). Validation requires room for one body of the allowed size;
+/// the request buffers (`backpressure::buffers`) count with it.
+pub const COPIES_PER_BODY_BYTE: usize = 2;
 
 /// A validated, immutable configuration snapshot. One is pinned per request.
 #[derive(Debug)]

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::ConfigError;
+use super::keys::{hash_key, Caller, KeyTable};
 use super::schema::{FileConfig, IncludedFile, ProviderKind, ProviderSection};
 use super::{
     ActiveHealthCheck, Config, Endpoint, ErrorRate, HopTimeouts, Model, PassiveHealth, Provider,
     Route, ServerSettings, Tenant,
 };
-use crate::auth::{hash_key, Caller, KeyTable};
 use crate::secret::Secret;
 use crate::sse::ModelRewriter;
 
@@ -149,7 +149,7 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 }
 
 /// Expands one `include:` entry relative to `base`.
-pub(super) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
+pub(crate) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
     let full = if Path::new(pattern).is_absolute() {
         PathBuf::from(pattern)
     } else {
@@ -587,7 +587,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             "must be greater than 0".into(),
         ));
     }
-    let copies = crate::backpressure::buffers::COPIES_PER_BODY_BYTE;
+    let copies = super::COPIES_PER_BODY_BYTE;
     if server.max_buffered_request_bytes / copies < server.max_request_body_bytes {
         return Err(main_err(
             "server.max_buffered_request_bytes",

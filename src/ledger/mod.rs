@@ -322,47 +322,6 @@ pub fn flush(timeout: Duration) -> bool {
     WRITER.get().is_none_or(|w| w.flush(timeout))
 }
 
-/// Builds the record of a finished request and queues it: called once per request where the
-/// access log is written. `status` and `label` are the access log's status and outcome.
-pub fn record(ctx: &crate::proxy::ctx::RequestCtx, status: u16, label: &str) {
-    if WRITER.get().is_none() {
-        return;
-    }
-    let (Some(caller), Some(model)) = (ctx.caller.as_ref(), ctx.standard_model.as_ref()) else {
-        return;
-    };
-    let o = &ctx.outcome;
-    let duration = ctx.received.elapsed();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let to_ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    submit(UsageRecord {
-        time: now_ms.saturating_sub(i64::try_from(duration.as_millis()).unwrap_or(0)),
-        request_id: ctx.request_id.clone(),
-        tenant: caller.tenant.clone(),
-        virtual_key: caller.key_id.clone(),
-        model: model.clone(),
-        provider: o.provider.clone(),
-        upstream_model: o.upstream_model.clone(),
-        input_tokens: o.input_tokens,
-        output_tokens: o.output_tokens,
-        cached_input_tokens: 0,
-        cache_write_tokens: 0,
-        reasoning_tokens: 0,
-        estimated: o.usage_estimated,
-        cost_usd: 0.0,
-        charge_usd: 0.0,
-        status,
-        outcome: outcome_class(label, status).to_string(),
-        ttft_ms: o.ttft.map(to_ms),
-        duration_ms: to_ms(duration),
-        fallback_depth: u32::try_from(ctx.fallback_depth()).unwrap_or(u32::MAX),
-        attempts: u32::try_from(ctx.attempt_count).unwrap_or(u32::MAX),
-        ingress: ctx.dialect.as_str().to_string(),
-    });
-}
-
 /// `time` as RFC 3339 UTC with milliseconds (`2026-12-01T23:50:00.123Z`).
 pub mod rfc3339_ms {
     use serde::{Deserialize, Deserializer, Serializer};

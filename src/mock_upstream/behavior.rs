@@ -188,7 +188,8 @@ pub struct Behavior {
     /// huge event (a large tool call or reasoning block).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub big_token_bytes: Option<u64>,
-    /// Stream: during every token delay send a keepalive every N ms (Anthropic `event: ping`;
+    /// Stream: during every token delay and during `first_event_delay_ms` (so before
+    /// Anthropic's `message_start`) send a keepalive every N ms (Anthropic `event: ping`;
     /// OpenAI a `: ping` comment), upstream chatter that carries no content.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ping_interval_ms: Option<u64>,

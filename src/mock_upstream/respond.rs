@@ -801,6 +801,35 @@ impl Wire {
         Ok(())
     }
 
+    /// Waits `ms`; with `ping_every` set, writes (and flushes) `ping` every that many ms in
+    /// between: keepalive chatter during a pause, none at its end.
+    async fn pause(
+        &mut self,
+        out: &mut Out<'_>,
+        ms: u64,
+        ping_every: Option<u64>,
+        ping: &[u8],
+    ) -> io::Result<()> {
+        match ping_every {
+            Some(every) if ms > 0 => {
+                let every = every.max(1);
+                let mut left = ms;
+                while left > 0 {
+                    let step = left.min(every);
+                    sleep_ms(step).await;
+                    left -= step;
+                    if left > 0 {
+                        self.write(out, ping).await?;
+                        self.flush(out).await?;
+                    }
+                }
+            }
+            _ if ms > 0 => sleep_ms(ms).await,
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Ends the coded stream (its last bytes) and the body.
     async fn finish(&mut self, out: &mut Out<'_>) -> io::Result<()> {
         self.flush(out).await?;
@@ -856,7 +885,8 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     };
     out.head(200, &h, Framing::Chunked, close).await?;
     if let Some(ms) = b.first_event_delay_ms {
-        sleep_ms(ms).await;
+        // Keepalives also while the model has not started: a ping before `message_start`.
+        wire.pause(out, ms, b.ping_interval_ms, &ping).await?;
     }
     if Behavior::flag(b.close_before_first_event) {
         return Ok(abort);
@@ -984,23 +1014,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
             if d > 0 {
                 wire.flush(out).await?;
             }
-            match b.ping_interval_ms {
-                Some(every) if d > 0 => {
-                    let every = every.max(1);
-                    let mut left = d;
-                    while left > 0 {
-                        let step = left.min(every);
-                        sleep_ms(step).await;
-                        left -= step;
-                        if left > 0 {
-                            wire.write(out, &ping).await?;
-                            wire.flush(out).await?;
-                        }
-                    }
-                }
-                _ if d > 0 => sleep_ms(d).await,
-                _ => {}
-            }
+            wire.pause(out, d, b.ping_interval_ms, &ping).await?;
         }
         if Behavior::flag(b.comments) {
             wire.write(out, &wire::encode_comment(style)).await?;

@@ -21,6 +21,7 @@ use pingora::protocols::ALPN;
 use pingora::upstreams::peer::HttpPeer;
 
 use crate::config::{Provider, ProviderKind};
+use crate::protocol::Dialect;
 
 /// How long a DNS answer is reused.
 const DNS_TTL: Duration = Duration::from_secs(30);
@@ -174,6 +175,96 @@ pub fn request_head(
     Ok(req)
 }
 
+/// Sends the request head and body (none for a `GET`) and reads the final (non-1xx)
+/// response head. Used by the attempt loop and the active health probes.
+///
+/// # Errors
+/// Pingora's write/read errors (connection closed, reset, protocol).
+pub async fn exchange(
+    up: &mut pingora::protocols::http::client::HttpSession,
+    head: pingora::http::RequestHeader,
+    body: Option<bytes::Bytes>,
+) -> pingora::Result<()> {
+    up.write_request_header(Box::new(head)).await?;
+    if let Some(body) = body {
+        up.write_request_body(body, true).await?;
+    }
+    up.finish_request_body().await?;
+    loop {
+        up.read_response_header().await?;
+        match up.response_header() {
+            Some(h) if h.status.as_u16() < 200 => {}
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Request fields that are Sluice's own and never go upstream.
+pub const GATEWAY_FIELDS: &[&str] = &["provider"];
+
+/// Serializes the client's request for a provider that speaks the client's dialect (the fast
+/// path, any dialect: each names the model in top-level `model`): `model` replaced by the
+/// upstream model, gateway-only fields removed, everything else as sent.
+///
+/// # Errors
+/// Only if serialization fails (it cannot for a parsed `Value`).
+pub fn passthrough_body(
+    request: &serde_json::Map<String, serde_json::Value>,
+    upstream_model: &str,
+) -> serde_json::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(256);
+    let mut ser = serde_json::Serializer::new(&mut out);
+    use serde::ser::{SerializeMap, Serializer};
+    let mut map = ser.serialize_map(None)?;
+    for (k, v) in request {
+        if GATEWAY_FIELDS.contains(&k.as_str()) {
+            continue;
+        }
+        if k == "model" {
+            map.serialize_entry(k, upstream_model)?;
+        } else {
+            map.serialize_entry(k, v)?;
+        }
+    }
+    map.end()?;
+    Ok(out)
+}
+
+/// Forwards the client headers a provider's API defines: `anthropic-beta` (the Messages
+/// API's feature opt-ins) to Anthropic providers; no other provider kind takes one. Called
+/// after [`request_head`], so the attempt loop never branches on the provider kind.
+///
+/// # Errors
+/// If a forwarded value is not a valid header value.
+pub fn forward_client_headers(
+    provider: &Provider,
+    head: &mut RequestHeader,
+    anthropic_beta: Option<&str>,
+) -> pingora::Result<()> {
+    match (provider.kind, anthropic_beta) {
+        (ProviderKind::Anthropic, Some(beta)) => head.insert_header("anthropic-beta", beta),
+        _ => Ok(()),
+    }
+}
+
+/// An upstream error body's `(type, code, message)` in OpenAI's terms, whatever dialect the
+/// provider speaks: OpenAI-compatible bodies keep their own type and code
+/// ([`openai::error_parts`]), the others are decoded by the protocol layer and typed by
+/// their canonical kind.
+pub fn error_parts(
+    upstream: Dialect,
+    status: u16,
+    body: &[u8],
+) -> (String, Option<String>, String) {
+    match upstream {
+        Dialect::ChatCompletions => openai::error_parts(status, body),
+        up => {
+            let (kind, message) = crate::protocol::decode_error_body(up, status, body);
+            (kind.openai_type().to_string(), None, message)
+        }
+    }
+}
+
 /// Adds the provider's credential (`Authorization: Bearer` or `x-api-key` +
 /// `anthropic-version`).
 ///
@@ -204,5 +295,23 @@ pub fn scrub_key(provider: &Provider, text: &str) -> String {
             text.replace(k.expose(), "[redacted]")
         }
         _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_gets_upstream_model_and_loses_gateway_fields() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"model":"acme/x","provider":{"only":["a"]},"stream":true,"messages":[]}"#,
+        )
+        .unwrap();
+        let out = passthrough_body(v.as_object().unwrap(), "m-1").unwrap();
+        let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back["model"], "m-1");
+        assert!(back.get("provider").is_none());
+        assert_eq!(back["stream"], true);
     }
 }

@@ -1,42 +1,12 @@
 //! Owns the OpenAI Chat Completions wire format on the upstream side
-//! (<https://platform.openai.com/docs/api-reference/chat/create>): the request body sent to an
-//! OpenAI-compatible provider, and normalizing any provider's error body into OpenAI's error
-//! shape (<https://platform.openai.com/docs/guides/error-codes>).
+//! (<https://platform.openai.com/docs/api-reference/chat/create>): its endpoint path, and
+//! reading an OpenAI-shaped error body
+//! (<https://platform.openai.com/docs/guides/error-codes>).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Path of the endpoint under the base URL.
 pub const CHAT_COMPLETIONS_PATH: &str = "/chat/completions";
-
-/// Request fields that are Sluice's own and never go upstream.
-pub const GATEWAY_FIELDS: &[&str] = &["provider"];
-
-/// Serializes the client's request for an OpenAI-compatible provider: `model` replaced by the
-/// upstream model, gateway-only fields removed, everything else as sent.
-///
-/// # Errors
-/// Only if serialization fails (it cannot for a parsed `Value`).
-pub fn request_body(
-    request: &Map<String, Value>,
-    upstream_model: &str,
-) -> serde_json::Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(256);
-    let mut ser = serde_json::Serializer::new(&mut out);
-    use serde::ser::{SerializeMap, Serializer};
-    let mut map = ser.serialize_map(None)?;
-    for (k, v) in request {
-        if GATEWAY_FIELDS.contains(&k.as_str()) {
-            continue;
-        }
-        if k == "model" {
-            map.serialize_entry(k, upstream_model)?;
-        } else {
-            map.serialize_entry(k, v)?;
-        }
-    }
-    map.end()?;
-    Ok(out)
-}
 
 /// Extracts `(type, code, message)` from an upstream error body in OpenAI's shape
 /// (`{"error":{"message","type","code"}}`), or a plain-text/other-JSON body.
@@ -86,19 +56,6 @@ pub fn default_type(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn body_gets_upstream_model_and_loses_gateway_fields() {
-        let v: Value = serde_json::from_str(
-            r#"{"model":"acme/x","provider":{"only":["a"]},"stream":true,"messages":[]}"#,
-        )
-        .unwrap();
-        let out = request_body(v.as_object().unwrap(), "m-1").unwrap();
-        let back: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(back["model"], "m-1");
-        assert!(back.get("provider").is_none());
-        assert_eq!(back["stream"], true);
-    }
 
     #[test]
     fn error_shapes() {

@@ -12,67 +12,32 @@
 //! so a provider that fails before that is invisible to the client. After the commit a
 //! failure ends the stream with an SSE error event; a non-streaming answer whose body broke
 //! gets 502. A request is never sent again after any byte of its response was received.
+//!
+//! The unary exchange is [`super::unary`], the stream pump [`super::pump`]; what they share
+//! about an attempt's end is [`super::upstream`]. None of them names a provider kind: the
+//! provider's converters ([`crate::protocol`]) and its request head and signer
+//! ([`crate::providers`]) are chosen from the route.
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use pingora::connectors::http::Connector;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
-use tokio::time::{sleep_until, Instant};
 
 use super::ctx::RequestCtx;
-use super::pipe::{PipeError, StreamPipe};
 use super::request::InferenceRequest;
 use super::respond;
-use crate::config::{HopTimeouts, Model, Provider, ProviderKind, Route};
-use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
+pub use super::upstream::ClientGone;
+use super::upstream::{client_gone, failed, Attempt, MAX_ERROR_BODY_BYTES};
+use super::{pump, unary};
+use crate::config::{HopTimeouts, Model, Provider, Route};
+use crate::error::{parse_retry_after, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect};
-use crate::providers::encoding::{ContentCoding, DecodeError, Decoder};
-use crate::providers::{self, openai};
-use crate::routing::Candidate;
-use crate::sse;
-
-/// Largest upstream error body read for pass-through (bytes).
-const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
-/// Idle time a pooled upstream connection is kept.
-const POOL_IDLE: Duration = Duration::from_secs(90);
-/// After `[DONE]`, how long the upstream's end of body is awaited to pool its connection.
-const DONE_DRAIN: Duration = Duration::from_millis(200);
-/// Most output bytes gathered from already-received upstream chunks into one downstream
-/// write (see [`coalesce_ready`]).
-const COALESCE_BYTES: usize = 16 * 1024;
-
-/// The client disconnected; the phase is the `sluice_client_aborts_total` label.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientGone(pub &'static str);
-
-/// How one attempt ended.
-enum Attempt {
-    /// The response was written (fully, or ended with an error after the commit).
-    Done,
-    /// Failed before the commit; the next candidate may be tried.
-    Failed(AttemptError, GatewayError),
-    /// Failed before the commit in a way another provider would not fix (4xx).
-    Final(GatewayError),
-    /// The client left.
-    Gone(ClientGone),
-    /// Shutdown's grace period ended before the commit: the client gets a 503.
-    Shutdown,
-}
-
-/// Resolves when the downstream closes. Bytes after the body are a pipelined next request:
-/// Pingora keeps them for it and this stays pending (see [`super::connection`]).
-async fn client_gone(session: &mut Session) {
-    let _ = session.downstream_session.read_body_or_idle(true).await;
-}
-
-/// Whether an upstream status is worth another provider (the active probes use the same
-/// predicate to call a provider down).
-pub fn retryable_status(status: u16) -> bool {
-    matches!(status, 401 | 403 | 408 | 409 | 429 | 500..=599)
-}
+use crate::providers;
+use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::routing::{retryable_status, Candidate};
 
 /// Runs the attempt loop and writes the response.
 ///
@@ -215,7 +180,7 @@ fn upstream_body(
 ) -> Result<Vec<u8>, GatewayError> {
     let upstream = route.provider.kind.dialect();
     if req.dialect == upstream {
-        return openai::request_body(&req.body, &route.upstream_model)
+        return providers::passthrough_body(&req.body, &route.upstream_model)
             .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
     let refused = |e: &protocol::ProtocolError| {
@@ -231,43 +196,6 @@ fn upstream_body(
         default_max_tokens: model.default_max_tokens,
     };
     protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
-}
-
-fn failed(route: &Route, failure: AttemptFailure, detail: String, err: GatewayError) -> Attempt {
-    Attempt::Failed(
-        AttemptError {
-            provider: route.provider.id.clone(),
-            upstream_model: route.upstream_model.clone(),
-            failure,
-            retry_after: err.retry_after(),
-            detail,
-        },
-        err,
-    )
-}
-
-/// Sends the request head and body (none for a `GET`) and reads the final (non-1xx)
-/// response head. Also used by the active health probes.
-///
-/// # Errors
-/// Pingora's write/read errors (connection closed, reset, protocol).
-pub(crate) async fn exchange(
-    up: &mut UpstreamSession,
-    head: pingora::http::RequestHeader,
-    body: Option<Bytes>,
-) -> pingora::Result<()> {
-    up.write_request_header(Box::new(head)).await?;
-    if let Some(body) = body {
-        up.write_request_body(body, true).await?;
-    }
-    up.finish_request_body().await?;
-    loop {
-        up.read_response_header().await?;
-        match up.response_header() {
-            Some(h) if h.status.as_u16() < 200 => {}
-            _ => return Ok(()),
-        }
-    }
 }
 
 /// One attempt against one route.
@@ -310,23 +238,19 @@ async fn attempt(
         }
     };
     let mut head = head;
-    if let Some(beta) = req
-        .anthropic_beta
-        .as_deref()
-        .filter(|_| provider.kind == ProviderKind::Anthropic)
+    if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
+        .is_err()
     {
-        if head.insert_header("anthropic-beta", beta).is_err() {
-            return Attempt::Final(GatewayError::invalid(
-                "the `anthropic-beta` header is not a valid header value",
-                None,
-            ));
-        }
+        return Attempt::Final(GatewayError::invalid(
+            "the `anthropic-beta` header is not a valid header value",
+            None,
+        ));
     }
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
     ctx.outcome
         .upstream_started
-        .get_or_insert_with(Instant::now);
+        .get_or_insert_with(tokio::time::Instant::now);
     let mut fresh_tries = 0;
     let mut up = loop {
         let connect = tokio::select! {
@@ -365,7 +289,7 @@ async fn attempt(
             }
         };
         let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, exchange(&mut up, head.clone(), Some(body.clone()))) => r,
+            r = tokio::time::timeout(timeouts.first_byte, providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("waiting_head"));
@@ -471,7 +395,7 @@ async fn attempt(
         }
     };
     if req.stream {
-        stream(
+        pump::stream(
             connector,
             session,
             ctx,
@@ -485,7 +409,7 @@ async fn attempt(
         )
         .await
     } else {
-        unary(
+        unary::unary(
             connector,
             session,
             ctx,
@@ -586,14 +510,7 @@ fn normalize_upstream_error(
     retry_after: Option<Duration>,
     client: Dialect,
 ) -> GatewayError {
-    let (error_type, code, message) = match provider.kind.dialect() {
-        // OpenAI-compatible bodies pass through with their own type and code.
-        Dialect::ChatCompletions => openai::error_parts(status, body),
-        up => {
-            let (kind, message) = protocol::decode_error_body(up, status, body);
-            (kind.openai_type().to_string(), None, message)
-        }
-    };
+    let (error_type, code, message) = providers::error_parts(provider.kind.dialect(), status, body);
     let message = providers::scrub_key(provider, &message);
     // Every field the client sees is scrubbed, not only the message.
     let error_type = providers::scrub_key(provider, &error_type);
@@ -620,806 +537,6 @@ fn normalize_upstream_error(
         message,
         retry_after,
     }
-}
-
-/// Why a non-streaming answer could not be read whole.
-enum UnaryBreak {
-    /// The read failed or timed out (detail for the log).
-    Broken(String),
-    /// The (decoded) answer is over `server.max_response_body_bytes`.
-    TooLarge,
-    /// The content coding is broken.
-    Encoding(DecodeError),
-}
-
-/// A non-streaming answer: read it all (bounded, decoded), rewrite `model`, write it.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
-)]
-async fn unary(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    route: &Route,
-    peer: &pingora::upstreams::peer::HttpPeer,
-    mut up: UpstreamSession,
-    timeouts: HopTimeouts,
-    coding: ContentCoding,
-) -> Attempt {
-    let limit = ctx.config.server.max_response_body_bytes;
-    let mut decoder = match Decoder::new(coding) {
-        Ok(d) => d,
-        Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
-    };
-    let mut body = BytesMut::new();
-    let broken: Option<UnaryBreak> = loop {
-        let next = tokio::select! {
-            r = tokio::time::timeout(timeouts.idle.max(timeouts.first_byte), up.read_response_body()) => r,
-            () = client_gone(session) => {
-                up.shutdown().await;
-                return Attempt::Gone(ClientGone("waiting_body"));
-            }
-            () = crate::shutdown::streams_cancelled() => {
-                up.shutdown().await;
-                return Attempt::Shutdown;
-            }
-        };
-        match next {
-            Ok(Ok(chunk)) => {
-                let end = chunk.is_none();
-                let room = limit.saturating_sub(body.len());
-                match decoder.decode(chunk.as_deref().unwrap_or_default(), end, room) {
-                    Ok(piece) => body.extend_from_slice(piece),
-                    Err(DecodeError::TooLarge { .. }) => break Some(UnaryBreak::TooLarge),
-                    Err(e) => break Some(UnaryBreak::Encoding(e)),
-                }
-                if end {
-                    ctx.outcome.upstream_first_event = Some(Instant::now());
-                    break None;
-                }
-            }
-            Ok(Err(e)) => break Some(UnaryBreak::Broken(e.to_string())),
-            Err(_) => break Some(UnaryBreak::Broken("upstream body read timed out".into())),
-        }
-    };
-    if let Some(why) = broken {
-        // Bytes of the answer were received: never send the request again (no double billing).
-        up.shutdown().await;
-        let provider = &route.provider.id;
-        let err = match why {
-            UnaryBreak::Broken(detail) => {
-                log::warn!(
-                    "upstream body broke request_id={} provider={provider} detail={detail:?}",
-                    ctx.request_id
-                );
-                GatewayError::UpstreamUnavailable {
-                    message: format!("provider `{provider}` broke off its answer"),
-                    retry_after: None,
-                }
-            }
-            UnaryBreak::TooLarge => {
-                log::warn!(
-                    "upstream answer too large request_id={} provider={provider} limit_bytes={limit}",
-                    ctx.request_id
-                );
-                GatewayError::Upstream {
-                    status: 502,
-                    error_type: "api_error".into(),
-                    code: Some("upstream_response_too_large".into()),
-                    message: format!(
-                        "provider `{provider}` sent an answer larger than the gateway's limit of \
-                         {limit} bytes (server.max_response_body_bytes)"
-                    ),
-                    retry_after: None,
-                }
-            }
-            UnaryBreak::Encoding(e) => {
-                log::warn!(
-                    "upstream answer undecodable request_id={} provider={provider} error={e}",
-                    ctx.request_id
-                );
-                GatewayError::UpstreamUnavailable {
-                    message: format!("provider `{provider}` sent an unreadable answer: {e}"),
-                    retry_after: None,
-                }
-            }
-        };
-        ctx.outcome.provider = Some(route.provider.id.clone());
-        ctx.outcome.upstream_broke = true;
-        let _ = respond::write_error(session, ctx, &err).await;
-        return Attempt::Done;
-    }
-    if up.response_done() {
-        connector
-            .release_http_session(up, peer, Some(POOL_IDLE))
-            .await;
-    } else {
-        up.shutdown().await;
-    }
-    // Invalid UTF-8 would break the client's JSON decode (and the Anthropic translation):
-    // replaced with U+FFFD as in streams, and counted.
-    if let Some((repaired, invalid)) = sse::repair_utf8(&body) {
-        metrics()
-            .sse_invalid_utf8_total
-            .with_label_values(&[route.provider.id.as_str()])
-            .inc_by(invalid);
-        body = BytesMut::from(&repaired[..]);
-    }
-    let standard = ctx.standard_model.clone().unwrap_or_default();
-    let upstream = route.provider.kind.dialect();
-    let out: Vec<u8> = match (ctx.dialect, upstream) {
-        (client, up) if client == up => {
-            let mut out = BytesMut::with_capacity(body.len() + 32);
-            route.rewriter.rewrite_json(&body, &mut out);
-            out.to_vec()
-        }
-        (client, up) => match protocol::decode_response(up, &body, unix_now()) {
-            Ok(mut resp) => {
-                resp.model.clone_from(&standard);
-                ctx.outcome.input_tokens = resp.usage.input_tokens;
-                ctx.outcome.output_tokens = resp.usage.output_tokens;
-                protocol::encode_response(client, &resp)
-            }
-            Err(e) => {
-                let err = GatewayError::UpstreamUnavailable {
-                    message: providers::scrub_key(
-                        &route.provider,
-                        &format!(
-                            "provider `{}` sent an unreadable answer: {}",
-                            route.provider.id,
-                            e.message()
-                        ),
-                    ),
-                    retry_after: None,
-                };
-                let _ = respond::write_error(session, ctx, &err).await;
-                return Attempt::Done;
-            }
-        },
-    };
-    if let Some(u) = sse::extract_usage(&out) {
-        ctx.outcome.input_tokens = u.input_tokens;
-        ctx.outcome.output_tokens = u.output_tokens;
-    }
-    ctx.outcome.provider = Some(route.provider.id.clone());
-    ctx.outcome.upstream_model = Some(route.upstream_model.clone());
-    ctx.outcome.ttft = Some(ctx.received.elapsed());
-    ctx.outcome.label = "ok";
-    ctx.outcome.overhead = ctx.outcome.overhead_at(ctx.received.elapsed());
-    let head = match respond::proxied_head(ctx, 200, false, Some(out.len()), &route.provider.id) {
-        Ok(h) => h,
-        Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
-    };
-    ctx.downstream_committed = true;
-    ctx.outcome.status = 200;
-    ctx.outcome.bytes_out = out.len() as u64;
-    if session
-        .write_response_header(Box::new(head), false)
-        .await
-        .is_err()
-        || session
-            .write_response_body(Some(Bytes::from(out)), true)
-            .await
-            .is_err()
-    {
-        return Attempt::Gone(ClientGone("writing"));
-    }
-    Attempt::Done
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// A streaming answer: hold the head until the first data event, then commit and pump with
-/// heartbeats, idle and duration limits, and client-disconnect detection.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the loop's state is passed explicitly, not hidden in the ctx"
-)]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one linear state machine reads best in one place"
-)]
-async fn stream(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    route: &Route,
-    peer: &pingora::upstreams::peer::HttpPeer,
-    mut up: UpstreamSession,
-    timeouts: HopTimeouts,
-    coding: ContentCoding,
-) -> Attempt {
-    let standard = ctx.standard_model.clone().unwrap_or_default();
-    let server = &ctx.config.server;
-    let mut pipe = match StreamPipe::new(
-        route,
-        ctx.dialect,
-        &standard,
-        req.include_usage,
-        coding,
-        server.max_event_bytes,
-        server.max_buffered_bytes_per_stream,
-        unix_now(),
-    ) {
-        Ok(p) => p,
-        Err(e) => {
-            up.shutdown().await;
-            return Attempt::Final(GatewayError::Internal(format!("{e:?}")));
-        }
-    };
-    let coalesce_bytes = COALESCE_BYTES.min(server.max_buffered_bytes_per_stream);
-    let head_at = Instant::now();
-    let first_event_deadline = head_at + timeouts.first_event;
-    let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
-    let mut ended = false;
-
-    // Phase 1: before the commit. Any failure here falls back.
-    while pipe.data_events == 0 {
-        enum Ev {
-            Chunk(pingora::Result<Option<Bytes>>),
-            FirstEventTimeout,
-            EarlyCommit,
-            Gone,
-            Shutdown,
-        }
-        let ev = tokio::select! {
-            biased;
-            () = client_gone(session) => Ev::Gone,
-            r = up.read_response_body() => Ev::Chunk(r),
-            () = sleep_until(first_event_deadline) => Ev::FirstEventTimeout,
-            () = sleep_until(early_commit_at.unwrap_or(first_event_deadline)), if early_commit_at.is_some() => Ev::EarlyCommit,
-            () = crate::shutdown::streams_cancelled() => Ev::Shutdown,
-        };
-        match ev {
-            Ev::Shutdown => {
-                up.shutdown().await;
-                return Attempt::Shutdown;
-            }
-            Ev::Gone => {
-                up.shutdown().await;
-                return Attempt::Gone(ClientGone("waiting_first_event"));
-            }
-            Ev::FirstEventTimeout => {
-                up.shutdown().await;
-                let err = GatewayError::UpstreamTimeout(format!(
-                    "provider `{}` sent no event within {} ms",
-                    route.provider.id,
-                    timeouts.first_event.as_millis()
-                ));
-                return failed(
-                    route,
-                    AttemptFailure::FirstEventTimeout,
-                    "first event timeout".into(),
-                    err,
-                );
-            }
-            Ev::EarlyCommit => break,
-            Ev::Chunk(Ok(chunk)) => {
-                let end = chunk.is_none();
-                match pipe.feed(chunk.as_deref()) {
-                    Ok(()) if pipe.data_events > 0 => {
-                        ctx.outcome.upstream_first_event = Some(Instant::now());
-                    }
-                    Ok(()) => {}
-                    Err(PipeError::Upstream {
-                        error_type,
-                        message,
-                        ..
-                    }) => {
-                        up.shutdown().await;
-                        let err = GatewayError::Upstream {
-                            status: 502,
-                            error_type: providers::scrub_key(&route.provider, &error_type),
-                            code: None,
-                            message: providers::scrub_key(&route.provider, &message),
-                            retry_after: None,
-                        };
-                        return failed(
-                            route,
-                            AttemptFailure::Protocol,
-                            "in-band error before first event".into(),
-                            err,
-                        );
-                    }
-                    Err(PipeError::Framing { reason, message: m }) => {
-                        up.shutdown().await;
-                        // The client is told the real cause (the pipe's messages name the
-                        // provider and the limit or break, never the upstream's bytes).
-                        let err = GatewayError::UpstreamUnavailable {
-                            message: providers::scrub_key(&route.provider, &m),
-                            retry_after: None,
-                        };
-                        return failed(
-                            route,
-                            AttemptFailure::Protocol,
-                            format!("{reason}: {m}"),
-                            err,
-                        );
-                    }
-                }
-                if end {
-                    ended = true;
-                    if pipe.data_events == 0 {
-                        let err = GatewayError::UpstreamUnavailable {
-                            message: format!(
-                                "provider `{}` closed the stream before its first event",
-                                route.provider.id
-                            ),
-                            retry_after: None,
-                        };
-                        return failed(
-                            route,
-                            AttemptFailure::Protocol,
-                            "closed before first event".into(),
-                            err,
-                        );
-                    }
-                }
-            }
-            Ev::Chunk(Err(e)) => {
-                up.shutdown().await;
-                let err = GatewayError::UpstreamUnavailable {
-                    message: format!(
-                        "provider `{}` broke the stream before its first event",
-                        route.provider.id
-                    ),
-                    retry_after: None,
-                };
-                return failed(route, AttemptFailure::Protocol, e.to_string(), err);
-            }
-        }
-    }
-
-    // Commit: the response head goes out with whatever complete events we hold.
-    ctx.outcome.provider = Some(route.provider.id.clone());
-    ctx.outcome.upstream_model = Some(route.upstream_model.clone());
-    ctx.outcome.label = "ok";
-    ctx.outcome.status = 200;
-    ctx.outcome.overhead = ctx.outcome.overhead_at(ctx.received.elapsed());
-    let mut head = match respond::proxied_head(ctx, 200, true, None, &route.provider.id) {
-        Ok(h) => h,
-        Err(e) => {
-            up.shutdown().await;
-            return Attempt::Final(GatewayError::Internal(e.to_string()));
-        }
-    };
-    if session.req_header().version == http::Version::HTTP_10 {
-        // HTTP/1.0 has no chunked encoding (RFC 9112 §7.1): the stream ends with the connection.
-        head.remove_header("transfer-encoding");
-        session.set_keepalive(None);
-    }
-    ctx.downstream_committed = true;
-    if session
-        .write_response_header(Box::new(head), false)
-        .await
-        .is_err()
-    {
-        up.shutdown().await;
-        return Attempt::Gone(ClientGone("writing"));
-    }
-    let first = pipe.take();
-    if pipe.first_content {
-        ctx.outcome.ttft = Some(ctx.received.elapsed());
-    }
-    // The whole answer may already be here (`[DONE]` seen): end the response at once.
-    let complete = ended || pipe.finished();
-    if !first.is_empty() || complete {
-        ctx.outcome.bytes_out += first.len() as u64;
-        let body = (!first.is_empty()).then_some(first);
-        if session.write_response_body(body, complete).await.is_err() {
-            up.shutdown().await;
-            return Attempt::Gone(ClientGone("streaming"));
-        }
-    }
-    if complete {
-        Box::pin(release_or_close(connector, up, peer)).await;
-        finish_stream(ctx, &pipe);
-        return Attempt::Done;
-    }
-
-    // Phase 2: committed. Pump until the end; failures become an SSE error event.
-    let mut gaps = crate::metrics::InterTokenClock::new(
-        &standard,
-        &route.provider.id,
-        pipe.content_events,
-        ctx.outcome.upstream_first_event,
-    );
-    let max_end = ctx
-        .config
-        .server
-        .max_stream_duration
-        .map(|d| ctx.received + d);
-    // Timers are armed once and re-armed only when they fire (lazy deadlines): a chunk
-    // just stamps `last_upstream` / `last_write`, so the per-event path touches no timer.
-    // The heartbeat clock runs on bytes written to the client: `last_write` is the last
-    // write of events or of a heartbeat. Upstream events that produce no client bytes
-    // (Anthropic `ping`, dropped comments) do not postpone a heartbeat.
-    let idle = timeouts.idle.max(Duration::from_millis(1));
-    let mut last_upstream = Instant::now();
-    let mut last_write = last_upstream;
-    let idle_timer = sleep_until(last_upstream + idle);
-    let heartbeat_timer = sleep_until(last_write + timeouts.heartbeat);
-    let first_event_timer = sleep_until(first_event_deadline);
-    let max_end_timer = sleep_until(max_end.unwrap_or(first_event_deadline));
-    tokio::pin!(
-        idle_timer,
-        heartbeat_timer,
-        first_event_timer,
-        max_end_timer
-    );
-    let stream_error: Option<StreamError> = loop {
-        enum Ev {
-            Chunk(pingora::Result<Option<Bytes>>),
-            Gone,
-            Idle,
-            MaxDuration,
-            FirstEventTimeout,
-            Shutdown,
-        }
-        let ev = {
-            let read = up.read_response_body();
-            tokio::pin!(read);
-            loop {
-                let waiting_first = pipe.data_events == 0;
-                enum Tick {
-                    Ev(Ev),
-                    Idle,
-                    Heartbeat,
-                }
-                let tick = tokio::select! {
-                    biased;
-                    () = client_gone(session) => Tick::Ev(Ev::Gone),
-                    r = &mut read => Tick::Ev(Ev::Chunk(r)),
-                    () = &mut idle_timer => Tick::Idle,
-                    () = &mut first_event_timer, if waiting_first => Tick::Ev(Ev::FirstEventTimeout),
-                    () = &mut max_end_timer, if max_end.is_some() => Tick::Ev(Ev::MaxDuration),
-                    () = crate::shutdown::streams_cancelled() => Tick::Ev(Ev::Shutdown),
-                    () = &mut heartbeat_timer => Tick::Heartbeat,
-                };
-                match tick {
-                    Tick::Ev(ev) => break ev,
-                    Tick::Idle => {
-                        let due = last_upstream + idle;
-                        if Instant::now() >= due {
-                            break Ev::Idle;
-                        }
-                        idle_timer.as_mut().reset(due);
-                    }
-                    Tick::Heartbeat => {
-                        let due = last_write + timeouts.heartbeat;
-                        if Instant::now() < due {
-                            heartbeat_timer.as_mut().reset(due);
-                            continue;
-                        }
-                        // Between events only: `out` is always drained after each chunk.
-                        metrics()
-                            .heartbeats_total
-                            .with_label_values(&[route.provider.id.as_str()])
-                            .inc();
-                        let beat = protocol::heartbeat(ctx.dialect);
-                        ctx.outcome.bytes_out += beat.len() as u64;
-                        if session
-                            .write_response_body(Some(Bytes::from_static(beat)), false)
-                            .await
-                            .is_err()
-                        {
-                            break Ev::Gone;
-                        }
-                        last_write = Instant::now();
-                        heartbeat_timer
-                            .as_mut()
-                            .reset(last_write + timeouts.heartbeat);
-                    }
-                }
-            }
-        };
-        match ev {
-            Ev::Gone => {
-                up.shutdown().await;
-                finish_stream(ctx, &pipe);
-                return Attempt::Gone(ClientGone("streaming"));
-            }
-            Ev::Idle => {
-                break Some(StreamError::gateway(
-                    "idle_timeout",
-                    format!(
-                        "provider `{}` sent nothing for {} ms",
-                        route.provider.id,
-                        timeouts.idle.as_millis()
-                    ),
-                ))
-            }
-            Ev::MaxDuration => {
-                break Some(StreamError::gateway(
-                    "max_stream_duration",
-                    "the stream reached its maximum duration".to_string(),
-                ))
-            }
-            Ev::Shutdown => {
-                break Some(StreamError::gateway(
-                    "shutdown",
-                    "the gateway is shutting down; retry the request".to_string(),
-                ))
-            }
-            Ev::FirstEventTimeout => {
-                break Some(StreamError::gateway(
-                    "first_event_timeout",
-                    format!(
-                        "provider `{}` sent no event within {} ms",
-                        route.provider.id,
-                        timeouts.first_event.as_millis()
-                    ),
-                ))
-            }
-            Ev::Chunk(Err(e)) => break Some(stream_broken(&ctx.request_id, route, &e)),
-            Ev::Chunk(Ok(chunk)) => {
-                let end = chunk.is_none();
-                if let Err(e) = pipe.feed(chunk.as_deref()) {
-                    break Some(pipe_failure(route, e));
-                }
-                // Events that arrived together leave together: one write, not one per event.
-                let stop = if end || pipe.finished() {
-                    ReadyStop::Pending
-                } else {
-                    coalesce_ready(&mut up, &mut pipe, coalesce_bytes).await
-                };
-                let end = end || matches!(stop, ReadyStop::End);
-                let had_content = ctx.outcome.ttft.is_some();
-                let out = pipe.take();
-                if !had_content && pipe.first_content {
-                    ctx.outcome.ttft = Some(ctx.received.elapsed());
-                }
-                last_upstream = Instant::now();
-                gaps.arrived(pipe.content_events, last_upstream);
-                if !out.is_empty() {
-                    last_write = last_upstream;
-                }
-                // After `[DONE]` nothing more is for the client (no heartbeat either): end
-                // its response now rather than when the upstream gets round to closing.
-                let complete = end || pipe.finished();
-                if !out.is_empty() || complete {
-                    ctx.outcome.bytes_out += out.len() as u64;
-                    let body = (!out.is_empty()).then_some(out);
-                    if session.write_response_body(body, complete).await.is_err() {
-                        up.shutdown().await;
-                        finish_stream(ctx, &pipe);
-                        return Attempt::Gone(ClientGone("streaming"));
-                    }
-                }
-                if complete {
-                    break None;
-                }
-                match stop {
-                    ReadyStop::Pending | ReadyStop::End => {}
-                    ReadyStop::Broken(e) => break Some(stream_broken(&ctx.request_id, route, &e)),
-                    ReadyStop::Pipe(e) => {
-                        break Some(pipe_failure(route, e));
-                    }
-                }
-            }
-        }
-    };
-
-    match stream_error {
-        None => Box::pin(release_or_close(connector, up, peer)).await,
-        Some(StreamError {
-            reason,
-            kind,
-            error_type,
-            message,
-        }) => {
-            up.shutdown().await;
-            metrics()
-                .stream_errors_total
-                .with_label_values(&[reason])
-                .inc();
-            ctx.outcome.label = "stream_error";
-            // Events completed before the failure (in the chunk that failed, or gathered
-            // with it) are the client's: they go out before the error event, never dropped.
-            let pending = pipe.take();
-            if !pending.is_empty() {
-                if ctx.outcome.ttft.is_none() && pipe.first_content {
-                    ctx.outcome.ttft = Some(ctx.received.elapsed());
-                }
-                ctx.outcome.bytes_out += pending.len() as u64;
-                if session
-                    .write_response_body(Some(pending), false)
-                    .await
-                    .is_err()
-                {
-                    finish_stream(ctx, &pipe);
-                    return Attempt::Gone(ClientGone("streaming"));
-                }
-            }
-            let ev = pipe.error_event(kind, &error_type, &message, reason);
-            ctx.outcome.bytes_out += ev.len() as u64;
-            if !matches!(
-                reason,
-                "max_stream_duration" | "shutdown" | "first_event_timeout"
-            ) {
-                ctx.outcome.upstream_broke = true;
-            }
-            if session.write_response_body(Some(ev), true).await.is_err() {
-                finish_stream(ctx, &pipe);
-                return Attempt::Gone(ClientGone("streaming"));
-            }
-        }
-    }
-    finish_stream(ctx, &pipe);
-    Attempt::Done
-}
-
-/// Where [`coalesce_ready`] stopped; handled after the gathered output is written.
-enum ReadyStop {
-    /// Nothing more was ready without waiting, or the batch is full.
-    Pending,
-    /// The upstream body ended.
-    End,
-    /// Reading the upstream failed.
-    Broken(Box<pingora::Error>),
-    /// A chunk held an upstream error event or broke the framing; the events completed
-    /// before the failure are in the output and are written before the error event.
-    Pipe(PipeError),
-}
-
-/// Feeds the upstream chunks that are ready *without waiting* into `pipe` (up to
-/// [`COALESCE_BYTES`] of output), so that events the provider sent in a burst reach the
-/// client in one write and one HTTP chunk instead of one per event: the same syscall
-/// count as nginx with `proxy_buffering off`, and no added latency. A read that is not
-/// ready is dropped after one poll; Pingora's body reads (H1 and H2) commit no state until
-/// their I/O completes, so that is safe.
-async fn coalesce_ready(
-    up: &mut UpstreamSession,
-    pipe: &mut StreamPipe<'_>,
-    max_bytes: usize,
-) -> ReadyStop {
-    while pipe.out.len() < max_bytes && !pipe.finished() {
-        let ready = {
-            let mut read = std::pin::pin!(up.read_response_body());
-            std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(match std::future::Future::poll(read.as_mut(), cx) {
-                    std::task::Poll::Ready(r) => Some(r),
-                    std::task::Poll::Pending => None,
-                })
-            })
-            .await
-        };
-        match ready {
-            None => return ReadyStop::Pending,
-            Some(Err(e)) => return ReadyStop::Broken(e),
-            Some(Ok(chunk)) => {
-                let end = chunk.is_none();
-                if let Err(e) = pipe.feed(chunk.as_deref()) {
-                    // The events completed before the failure stay in `pipe.out`: they are
-                    // written before the error event.
-                    return ReadyStop::Pipe(e);
-                }
-                if end {
-                    return ReadyStop::End;
-                }
-            }
-        }
-    }
-    ReadyStop::Pending
-}
-
-/// Returns a finished stream's upstream connection to the pool when its body was read to
-/// the end (waiting at most [`DONE_DRAIN`] for the terminator after `[DONE]`), else closes
-/// it: a connection with unread body bytes is never reused. Callers box it: its future is
-/// ~4 KiB and would otherwise be part of every held stream's future.
-async fn release_or_close(
-    connector: &Connector,
-    mut up: UpstreamSession,
-    peer: &pingora::upstreams::peer::HttpPeer,
-) {
-    if !up.response_done() {
-        // Boxed, as it is rare and large (a body read): the stream's future stays small.
-        let drain = Box::pin(async {
-            let mut left = MAX_ERROR_BODY_BYTES;
-            while let Ok(Some(b)) = up.read_response_body().await {
-                left = left.saturating_sub(b.len());
-                if left == 0 {
-                    break;
-                }
-            }
-        });
-        let _ = tokio::time::timeout(DONE_DRAIN, drain).await;
-    }
-    if up.response_done() {
-        connector
-            .release_http_session(up, peer, Some(POOL_IDLE))
-            .await;
-    } else {
-        up.shutdown().await;
-    }
-}
-
-/// How a committed stream ends badly: the SSE error event's fields.
-struct StreamError {
-    /// `sluice_stream_errors_total` reason, and the event's `code`.
-    reason: &'static str,
-    /// Canonical kind (types the error event of non-Chat clients).
-    kind: protocol::ErrorKind,
-    /// OpenAI error type: the provider's own for an in-band error, else `api_error`.
-    error_type: String,
-    /// What the client is told.
-    message: String,
-}
-
-impl StreamError {
-    /// An error Sluice itself ends the stream with.
-    fn gateway(reason: &'static str, message: String) -> Self {
-        Self {
-            reason,
-            kind: match reason {
-                "shutdown" => protocol::ErrorKind::Overloaded,
-                "idle_timeout" | "first_event_timeout" => protocol::ErrorKind::Timeout,
-                _ => protocol::ErrorKind::Api,
-            },
-            error_type: "api_error".into(),
-            message,
-        }
-    }
-}
-
-/// The stream error for an upstream read that failed mid-stream.
-fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamError {
-    log::warn!(
-        "upstream stream broke request_id={request_id} provider={} error={e}",
-        route.provider.id
-    );
-    StreamError::gateway(
-        "upstream_broken",
-        format!("provider `{}` broke off the stream", route.provider.id),
-    )
-}
-
-/// The stream error for an in-band upstream error (the provider's error type kept) or a
-/// body that broke (framing, encoding, truncation, a missing finish).
-fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
-    match e {
-        PipeError::Upstream {
-            kind,
-            error_type,
-            message,
-        } => StreamError {
-            reason: "upstream_error",
-            kind,
-            error_type: providers::scrub_key(&route.provider, &error_type),
-            message: providers::scrub_key(&route.provider, &message),
-        },
-        PipeError::Framing { reason, message } => {
-            log::warn!(
-                "upstream stream ended badly provider={} reason={reason} detail={message:?}",
-                route.provider.id
-            );
-            StreamError::gateway(reason, message)
-        }
-    }
-}
-
-/// Records usage for a finished stream: the upstream's `usage` when it sent one, else the
-/// number of content events as the output count.
-fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
-    let (input, output) = pipe
-        .usage
-        .map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
-    if input > 0 {
-        ctx.outcome.input_tokens = input;
-    }
-    ctx.outcome.usage_estimated = output == 0 && pipe.content_events > 0;
-    ctx.outcome.output_tokens = if output > 0 {
-        output
-    } else {
-        pipe.content_events
-    };
 }
 
 #[cfg(test)]

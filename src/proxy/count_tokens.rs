@@ -45,7 +45,7 @@ use pingora::proxy::Session;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
-use super::attempt::{self, ClientGone};
+use super::attempt::ClientGone;
 use super::ctx::RequestCtx;
 use super::endpoints::{self, ChatError};
 use super::request::{self, PREFERENCE_HEADER};
@@ -344,7 +344,7 @@ async fn provider_count(
             Err(_) => return failed(route, AttemptFailure::Connect, "connect timeout".into()),
         };
         let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, attempt::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
+            r = tokio::time::timeout(timeouts.first_byte, crate::providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Counted::Gone(ClientGone("waiting_head"));
@@ -420,7 +420,7 @@ async fn provider_count(
     }
     // A provider without the endpoint (an Anthropic-compatible API that lacks it) says 404
     // or 405: not the request's fault, so the estimate answers.
-    if attempt::retryable_status(status) || matches!(status, 404 | 405) {
+    if crate::routing::retryable_status(status) || matches!(status, 404 | 405) {
         let mut f = failed(
             route,
             AttemptFailure::Status(status),

@@ -66,6 +66,17 @@ impl Outcome {
     }
 }
 
+impl Outcome {
+    /// The token use admission settles the request's charge with.
+    pub fn used(&self) -> crate::backpressure::Used {
+        crate::backpressure::Used {
+            answered: self.provider.is_some(),
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+        }
+    }
+}
+
 /// Decrements `sluice_active_streams{tenant}` on drop.
 #[derive(Debug)]
 pub struct ActiveStreamGuard(prometheus::IntGauge);

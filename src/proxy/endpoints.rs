@@ -245,9 +245,14 @@ async fn infer(
         .filter(|_| caller.may_use_model(&req.model))
         .ok_or_else(|| model_not_found(&req.model))?;
 
+    let demand = crate::backpressure::Demand {
+        tenant: Some(&caller.tenant),
+        model: Some(&req.model),
+        estimated_input_tokens: req.needs.estimated_input_tokens,
+    };
     let permit = match gw
         .admission
-        .admit(session, ctx, req.needs.estimated_input_tokens, slot)
+        .admit(session, &config, demand, &mut ctx.rate_limit, slot)
         .await
     {
         Ok(p) => p,
@@ -260,14 +265,14 @@ async fn infer(
         Ok(c) => c,
         Err(e) => {
             // Nothing went upstream: no tokens were used.
-            permit.settle(&ctx.outcome);
+            permit.settle(ctx.outcome.used());
             return Err(e.into());
         }
     };
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
     let result = attempt::run(&gw.connector, session, ctx, &req, model, &candidates).await;
     // Token limits learn the real usage (`ctx.outcome` is final here).
-    permit.settle(&ctx.outcome);
+    permit.settle(ctx.outcome.used());
     result.map_err(ChatError::Gone)
 }
 

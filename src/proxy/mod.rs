@@ -11,16 +11,24 @@
 //! | `request_filter` | route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`endpoints`], [`attempt`], [`count_tokens`] |
 //! | `upstream_peer` | no native-path routes are configured: refuse | — |
 //! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped | [`respond`] |
-//! | `logging` | access log line, request metrics | [`crate::access_log`] |
+//! | `logging` | access log line, request metrics | [`access_log`] |
+//!
+//! Inside the attempt loop the arrows point down the request path: [`attempt`] (candidates,
+//! fallback, the upstream request) → `unary` (a non-streaming answer) or `pump` (a stream,
+//! through `pipe`'s per-stream transform) → `upstream` (how an attempt ends, shared by all).
 
+pub mod access_log;
 pub mod attempt;
 pub mod connection;
 pub mod count_tokens;
 pub mod ctx;
 pub mod endpoints;
 mod pipe;
+mod pump;
 pub mod request;
 pub mod respond;
+mod unary;
+mod upstream;
 
 use std::sync::Arc;
 
@@ -159,6 +167,6 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
-        crate::access_log::record(session, e, ctx);
+        access_log::record(session, e, ctx);
     }
 }

@@ -8,7 +8,11 @@
 //! or any other pair through [`protocol::StreamTranslator`]. The pipe names no provider
 //! kind and no dialect module: it only chooses these objects.
 //!
-//! The pump in `attempt.rs` feeds it upstream chunks and writes what lands in its output;
+//! Only data events of the answer count toward the commit ([`StreamPipe::data_events`]):
+//! comments and Anthropic `ping`s do not, so an upstream that pings and then fails before
+//! its first event still falls back.
+//!
+//! The pump ([`super::pump`]) feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
 //! `[DONE]` (forwarded or translated), or with a finish reason and no `[DONE]` (then
 //! exactly one `data: [DONE]` is added); a body that ends without a finish reason, or in the
@@ -19,8 +23,8 @@ use bytes::{Bytes, BytesMut};
 use crate::config::Route;
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
+use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
-use crate::providers::openai;
 use crate::sse::{self, ModelPath, ModelRewriter, SseError, SseNormalizer};
 
 /// The client-facing stream terminator.
@@ -50,8 +54,8 @@ pub(super) enum PipeError {
     },
 }
 
-/// Per-stream transform state: decoder, normalizer, model rewrite or Anthropic
-/// translation, counters. Reused buffers: no allocation per event in the steady state.
+/// Per-stream transform state: decoder, normalizer, model rewrite or the dialect translator,
+/// counters. Reused buffers: no allocation per event in the steady state.
 pub(super) struct StreamPipe<'r> {
     decoder: Option<Decoder>,
     /// Most bytes one compressed chunk may decode to.
@@ -264,6 +268,16 @@ impl<'r> StreamPipe<'r> {
                 self.done = true;
                 continue;
             }
+            if messages && ev.event_name() == Some("ping") {
+                // Keepalive chatter, not the answer: it never commits the response (a ping
+                // before `message_start` followed by a failure must still fall back), and
+                // before the first data event it is dropped (the client's stream opens with
+                // `message_start`; Sluice's own heartbeats keep a committed line alive).
+                if self.data_events > 0 {
+                    self.out.extend_from_slice(ev.raw());
+                }
+                continue;
+            }
             if messages && ev.event_name() == Some("error") {
                 let (kind, message) = protocol::decode_error_body(Dialect::Messages, 502, &data);
                 return Err(PipeError::Upstream {
@@ -273,7 +287,8 @@ impl<'r> StreamPipe<'r> {
                 });
             }
             if !messages && (ev.event_name() == Some("error") || data.starts_with(b"{\"error\"")) {
-                let (error_type, _, message) = openai::error_parts(502, &data);
+                let (error_type, _, message) =
+                    providers::error_parts(Dialect::ChatCompletions, 502, &data);
                 return Err(PipeError::Upstream {
                     kind: ErrorKind::Api,
                     error_type,

@@ -19,6 +19,12 @@ use std::time::Duration;
 use crate::config::{ErrorRate, PassiveHealth};
 use crate::metrics::metrics;
 
+/// Whether an upstream status is worth another provider: the attempt loop falls back on it,
+/// and the active probes call a provider down for it.
+pub fn retryable_status(status: u16) -> bool {
+    matches!(status, 401 | 403 | 408 | 409 | 429 | 500..=599)
+}
+
 /// A route's health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Health {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crate::auth::Caller;
 use crate::config::{Capability, Model, Route, Strategy};
 use crate::error::GatewayError;
+pub use health::retryable_status;
 use health::{Health, RouteHealth};
 
 /// The client's per-request provider preference: body field `provider` or header

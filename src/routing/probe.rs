@@ -9,7 +9,7 @@
 //!   runs in its own task, so a slow provider never delays another provider's probe, and no
 //!   probe ever touches the request hot path. At most one probe per provider is in flight.
 //! - Outcome: an answer with a status the attempt loop would fall back on (401, 403, 408, 409,
-//!   429, 5xx; see [`crate::proxy::attempt::retryable_status`]), a connect error or a timeout is
+//!   429, 5xx; see [`crate::routing::retryable_status`]), a connect error or a timeout is
 //!   a failure (`record_failure`, with a 429's `Retry-After` as the cool-down); any other
 //!   answer means the provider is reachable (`record_success`). State changes are logged once
 //!   each by the health module.
@@ -110,14 +110,14 @@ async fn probe_inner(
         Ok((up, _reused)) => up,
         Err(e) => return down(format!("connect: {e}")),
     };
-    let exchanged = crate::proxy::attempt::exchange(&mut up, head, None).await;
+    let exchanged = crate::providers::exchange(&mut up, head, None).await;
     let outcome = match exchanged {
         Err(e) => down(format!("request: {e}")),
         Ok(()) => match up.response_header() {
             None => down("no response head".into()),
             Some(h) => {
                 let status = h.status.as_u16();
-                if crate::proxy::attempt::retryable_status(status) {
+                if crate::routing::retryable_status(status) {
                     ProbeOutcome::Down {
                         reason: format!("HTTP {status}"),
                         retry_after: h

@@ -30,6 +30,36 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     std::array::from_fn(|i| held[i].local_addr().expect("port").port())
 }
 
+/// Whether process `pid` holds a listening TCP socket on loopback `port` (Linux: the socket
+/// inodes among `/proc/PID/fd` matched against `/proc/net/tcp{,6}`).
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let port_hex = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
+                f.len() > 9
+                    && f[1].ends_with(&port_hex)
+                    && f[3] == "0A"
+                    && inodes.iter().any(|i| i == f[9])
+            })
+    })
+}
+
 /// A scratch directory removed on drop.
 pub struct TempDir(pub PathBuf);
 
@@ -216,7 +246,11 @@ impl Sluice {
                 std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200))
                     .is_ok();
             if admin_ok && proxy_ok {
-                return true;
+                // Another process may answer on these ports (a parallel test's Sluice that
+                // bound them between our port probe and our bind; ours then failed to bind):
+                // ready means *this* child holds both listeners.
+                return listens_on(self.child.id(), self.addr.port())
+                    && listens_on(self.child.id(), self.admin.port());
             }
             std::thread::sleep(Duration::from_millis(25));
         }

@@ -3,12 +3,12 @@
 //! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
 //! ttft_ms duration_ms bytes_out input_tokens output_tokens`. Bodies and keys are never
 //! logged (the key appears only as its `key_id`). The request's usage record for the ledger
-//! ([`crate::ledger::record`]) is queued here too, from the same facts.
+//! ([`crate::ledger::submit`]) is queued here too, from the same facts.
 
 use pingora::proxy::Session;
 
+use super::ctx::RequestCtx;
 use crate::metrics::metrics;
-use crate::proxy::ctx::RequestCtx;
 
 /// Log target of access lines (`RUST_LOG=sluice::access=info`).
 pub const TARGET: &str = "sluice::access";
@@ -116,5 +116,47 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         s
     };
     log::info!(target: TARGET, "{line}");
-    crate::ledger::record(ctx, status, outcome);
+    ledger_record(ctx, status, outcome);
+}
+
+/// Builds the ledger record of a finished request and queues it ([`crate::ledger::submit`]):
+/// built here, where the access log is written, so the ledger never knows the request
+/// context (ledger -> proxy would be a cycle). `status` and `label` are the access log's status and outcome.
+fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
+    if crate::ledger::running().is_none() {
+        return;
+    }
+    let (Some(caller), Some(model)) = (ctx.caller.as_ref(), ctx.standard_model.as_ref()) else {
+        return;
+    };
+    let o = &ctx.outcome;
+    let duration = ctx.received.elapsed();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let to_ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    crate::ledger::submit(crate::ledger::UsageRecord {
+        time: now_ms.saturating_sub(i64::try_from(duration.as_millis()).unwrap_or(0)),
+        request_id: ctx.request_id.clone(),
+        tenant: caller.tenant.clone(),
+        virtual_key: caller.key_id.clone(),
+        model: model.clone(),
+        provider: o.provider.clone(),
+        upstream_model: o.upstream_model.clone(),
+        input_tokens: o.input_tokens,
+        output_tokens: o.output_tokens,
+        cached_input_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
+        estimated: o.usage_estimated,
+        cost_usd: 0.0,
+        charge_usd: 0.0,
+        status,
+        outcome: crate::ledger::outcome_class(label, status).to_string(),
+        ttft_ms: o.ttft.map(to_ms),
+        duration_ms: to_ms(duration),
+        fallback_depth: u32::try_from(ctx.fallback_depth()).unwrap_or(u32::MAX),
+        attempts: u32::try_from(ctx.attempt_count).unwrap_or(u32::MAX),
+        ingress: ctx.dialect.as_str().to_string(),
+    });
 }

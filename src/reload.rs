@@ -12,6 +12,10 @@
 //! never reloads, and one edit seen twice (by the watcher and by a `SIGHUP`, or as several
 //! editor writes) is one reload. A `SIGHUP` with unchanged inputs is logged and skipped.
 //! `server.watch_config: false` leaves reloads to `SIGHUP`.
+//!
+//! It sits above [`crate::config`] (which only loads and validates): a reload also resizes
+//! admission ([`crate::backpressure`]) and re-exports the config's metric series, so config
+//! itself depends on neither.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,8 +29,8 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::{Config, ConfigHandle};
 use crate::backpressure::Admission;
+use crate::config::{expand_include, Config, ConfigError, ConfigHandle};
 use crate::metrics::metrics;
 
 /// Quiet period after a file event before reloading (editors write in several steps).
@@ -119,7 +123,7 @@ pub fn inputs(path: &Path) -> Inputs {
         }
         h.update(b"include\0");
         h.update(pattern.as_bytes());
-        match super::validate::expand_include(&base, &pattern) {
+        match expand_include(&base, &pattern) {
             Ok(files) => {
                 for f in files {
                     add_folders(&mut dirs, &f);
@@ -182,7 +186,7 @@ impl Reloader {
 
     /// Reloads when the config's inputs changed since the last attempt; `None` when they
     /// did not (nothing is loaded, nothing counted).
-    pub fn reload_if_changed(&self, trigger: Trigger) -> Option<Result<(), super::ConfigError>> {
+    pub fn reload_if_changed(&self, trigger: Trigger) -> Option<Result<(), ConfigError>> {
         let now = inputs(&self.path).fingerprint;
         {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,8 +217,8 @@ impl Reloader {
     /// Loads, validates and swaps in the config; on error keeps the old one.
     ///
     /// # Errors
-    /// The [`super::ConfigError`] of the rejected file (already logged and counted).
-    pub fn reload(&self) -> Result<(), super::ConfigError> {
+    /// The [`ConfigError`] of the rejected file (already logged and counted).
+    pub fn reload(&self) -> Result<(), ConfigError> {
         match Config::load(&self.path) {
             Ok(new) => {
                 let old = self.handle.snapshot();

@@ -1,0 +1,203 @@
+//! Owns the unary exchange: a non-streaming answer read whole (bounded by
+//! `server.max_response_body_bytes`, content-decoded, UTF-8 repaired), its model echo
+//! rewritten or translated into the client's dialect, and written in one go. Bytes of the
+//! answer were received once it runs, so a broken answer is a 502, never a fallback.
+
+use bytes::{Bytes, BytesMut};
+use pingora::connectors::http::Connector;
+use pingora::protocols::http::client::HttpSession as UpstreamSession;
+use pingora::proxy::Session;
+
+use super::ctx::RequestCtx;
+use super::respond;
+use super::upstream::{client_gone, unix_now, Attempt, ClientGone, POOL_IDLE};
+use crate::config::{HopTimeouts, Route};
+use crate::error::GatewayError;
+use crate::metrics::metrics;
+use crate::protocol;
+use crate::providers;
+use crate::providers::encoding::{ContentCoding, DecodeError, Decoder};
+use crate::sse;
+
+/// Why a non-streaming answer could not be read whole.
+enum UnaryBreak {
+    /// The read failed or timed out (detail for the log).
+    Broken(String),
+    /// The (decoded) answer is over `server.max_response_body_bytes`.
+    TooLarge,
+    /// The content coding is broken.
+    Encoding(DecodeError),
+}
+
+/// A non-streaming answer: read it all (bounded, decoded), rewrite `model`, write it.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+)]
+pub(super) async fn unary(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    peer: &pingora::upstreams::peer::HttpPeer,
+    mut up: UpstreamSession,
+    timeouts: HopTimeouts,
+    coding: ContentCoding,
+) -> Attempt {
+    let limit = ctx.config.server.max_response_body_bytes;
+    let mut decoder = match Decoder::new(coding) {
+        Ok(d) => d,
+        Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
+    };
+    let mut body = BytesMut::new();
+    let broken: Option<UnaryBreak> = loop {
+        let next = tokio::select! {
+            r = tokio::time::timeout(timeouts.idle.max(timeouts.first_byte), up.read_response_body()) => r,
+            () = client_gone(session) => {
+                up.shutdown().await;
+                return Attempt::Gone(ClientGone("waiting_body"));
+            }
+            () = crate::shutdown::streams_cancelled() => {
+                up.shutdown().await;
+                return Attempt::Shutdown;
+            }
+        };
+        match next {
+            Ok(Ok(chunk)) => {
+                let end = chunk.is_none();
+                let room = limit.saturating_sub(body.len());
+                match decoder.decode(chunk.as_deref().unwrap_or_default(), end, room) {
+                    Ok(piece) => body.extend_from_slice(piece),
+                    Err(DecodeError::TooLarge { .. }) => break Some(UnaryBreak::TooLarge),
+                    Err(e) => break Some(UnaryBreak::Encoding(e)),
+                }
+                if end {
+                    ctx.outcome.upstream_first_event = Some(tokio::time::Instant::now());
+                    break None;
+                }
+            }
+            Ok(Err(e)) => break Some(UnaryBreak::Broken(e.to_string())),
+            Err(_) => break Some(UnaryBreak::Broken("upstream body read timed out".into())),
+        }
+    };
+    if let Some(why) = broken {
+        // Bytes of the answer were received: never send the request again (no double billing).
+        up.shutdown().await;
+        let provider = &route.provider.id;
+        let err = match why {
+            UnaryBreak::Broken(detail) => {
+                log::warn!(
+                    "upstream body broke request_id={} provider={provider} detail={detail:?}",
+                    ctx.request_id
+                );
+                GatewayError::UpstreamUnavailable {
+                    message: format!("provider `{provider}` broke off its answer"),
+                    retry_after: None,
+                }
+            }
+            UnaryBreak::TooLarge => {
+                log::warn!(
+                    "upstream answer too large request_id={} provider={provider} limit_bytes={limit}",
+                    ctx.request_id
+                );
+                GatewayError::Upstream {
+                    status: 502,
+                    error_type: "api_error".into(),
+                    code: Some("upstream_response_too_large".into()),
+                    message: format!(
+                        "provider `{provider}` sent an answer larger than the gateway's limit of \
+                         {limit} bytes (server.max_response_body_bytes)"
+                    ),
+                    retry_after: None,
+                }
+            }
+            UnaryBreak::Encoding(e) => {
+                log::warn!(
+                    "upstream answer undecodable request_id={} provider={provider} error={e}",
+                    ctx.request_id
+                );
+                GatewayError::UpstreamUnavailable {
+                    message: format!("provider `{provider}` sent an unreadable answer: {e}"),
+                    retry_after: None,
+                }
+            }
+        };
+        ctx.outcome.provider = Some(route.provider.id.clone());
+        ctx.outcome.upstream_broke = true;
+        let _ = respond::write_error(session, ctx, &err).await;
+        return Attempt::Done;
+    }
+    if up.response_done() {
+        connector
+            .release_http_session(up, peer, Some(POOL_IDLE))
+            .await;
+    } else {
+        up.shutdown().await;
+    }
+    // Invalid UTF-8 would break the client's JSON decode (and the Anthropic translation):
+    // replaced with U+FFFD as in streams, and counted.
+    if let Some((repaired, invalid)) = sse::repair_utf8(&body) {
+        metrics()
+            .sse_invalid_utf8_total
+            .with_label_values(&[route.provider.id.as_str()])
+            .inc_by(invalid);
+        body = BytesMut::from(&repaired[..]);
+    }
+    let upstream = route.provider.kind.dialect();
+    // Written as is: no copy of the answer between the rewrite and the socket.
+    let out: Bytes = match (ctx.dialect, upstream) {
+        (client, up) if client == up => {
+            let mut out = BytesMut::with_capacity(body.len() + 32);
+            route.rewriter.rewrite_json(&body, &mut out);
+            out.freeze()
+        }
+        (client, up) => match protocol::decode_response(up, &body, unix_now()) {
+            Ok(mut resp) => {
+                resp.model = ctx.standard_model.clone().unwrap_or_default();
+                ctx.outcome.input_tokens = resp.usage.input_tokens;
+                ctx.outcome.output_tokens = resp.usage.output_tokens;
+                Bytes::from(protocol::encode_response(client, &resp))
+            }
+            Err(e) => {
+                let err = GatewayError::UpstreamUnavailable {
+                    message: providers::scrub_key(
+                        &route.provider,
+                        &format!(
+                            "provider `{}` sent an unreadable answer: {}",
+                            route.provider.id,
+                            e.message()
+                        ),
+                    ),
+                    retry_after: None,
+                };
+                let _ = respond::write_error(session, ctx, &err).await;
+                return Attempt::Done;
+            }
+        },
+    };
+    if let Some(u) = sse::extract_usage(&out) {
+        ctx.outcome.input_tokens = u.input_tokens;
+        ctx.outcome.output_tokens = u.output_tokens;
+    }
+    ctx.outcome.provider = Some(route.provider.id.clone());
+    ctx.outcome.upstream_model = Some(route.upstream_model.clone());
+    ctx.outcome.ttft = Some(ctx.received.elapsed());
+    ctx.outcome.label = "ok";
+    ctx.outcome.overhead = ctx.outcome.overhead_at(ctx.received.elapsed());
+    let head = match respond::proxied_head(ctx, 200, false, Some(out.len()), &route.provider.id) {
+        Ok(h) => h,
+        Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
+    };
+    ctx.downstream_committed = true;
+    ctx.outcome.status = 200;
+    ctx.outcome.bytes_out = out.len() as u64;
+    if session
+        .write_response_header(Box::new(head), false)
+        .await
+        .is_err()
+        || session.write_response_body(Some(out), true).await.is_err()
+    {
+        return Attempt::Gone(ClientGone("writing"));
+    }
+    Attempt::Done
+}

@@ -1,0 +1,103 @@
+//! Owns what the attempt loop ([`super::attempt`]), the unary exchange ([`super::unary`])
+//! and the stream pump ([`super::pump`]) share about one attempt: how it ends ([`Attempt`]),
+//! the client-disconnect signal, and returning a finished upstream connection to the pool.
+//! It depends on none of them, so each arrow points down: attempt → unary / pump → upstream.
+
+use std::time::Duration;
+
+use pingora::connectors::http::Connector;
+use pingora::protocols::http::client::HttpSession as UpstreamSession;
+use pingora::proxy::Session;
+
+use crate::config::Route;
+use crate::error::{AttemptError, AttemptFailure, GatewayError};
+
+/// Largest upstream error body read for pass-through (bytes); also the most body bytes
+/// drained after `[DONE]` to pool a connection.
+pub(super) const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+/// Idle time a pooled upstream connection is kept.
+pub(super) const POOL_IDLE: Duration = Duration::from_secs(90);
+/// After `[DONE]`, how long the upstream's end of body is awaited to pool its connection.
+const DONE_DRAIN: Duration = Duration::from_millis(200);
+
+/// The client disconnected; the phase is the `sluice_client_aborts_total` label.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientGone(pub &'static str);
+
+/// How one attempt ended.
+pub(super) enum Attempt {
+    /// The response was written (fully, or ended with an error after the commit).
+    Done,
+    /// Failed before the commit; the next candidate may be tried.
+    Failed(AttemptError, GatewayError),
+    /// Failed before the commit in a way another provider would not fix (4xx).
+    Final(GatewayError),
+    /// The client left.
+    Gone(ClientGone),
+    /// Shutdown's grace period ended before the commit: the client gets a 503.
+    Shutdown,
+}
+
+/// Resolves when the downstream closes. Bytes after the body are a pipelined next request:
+/// Resolves when the downstream closes. Bytes after the body are a pipelined next request:
+/// Pingora keeps them for it and this stays pending (see [`super::connection`]).
+pub(super) async fn client_gone(session: &mut Session) {
+    let _ = session.downstream_session.read_body_or_idle(true).await;
+}
+
+/// A failure before the commit on `route`: the next candidate may be tried.
+pub(super) fn failed(
+    route: &Route,
+    failure: AttemptFailure,
+    detail: String,
+    err: GatewayError,
+) -> Attempt {
+    Attempt::Failed(
+        AttemptError {
+            provider: route.provider.id.clone(),
+            upstream_model: route.upstream_model.clone(),
+            failure,
+            retry_after: err.retry_after(),
+            detail,
+        },
+        err,
+    )
+}
+
+/// Now as Unix seconds (the `created` of translated answers).
+pub(super) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Returns a finished stream's upstream connection to the pool when its body was read to
+/// the end (waiting at most [`DONE_DRAIN`] for the terminator after `[DONE]`), else closes
+/// it: a connection with unread body bytes is never reused. Callers box it: its future is
+/// ~4 KiB and would otherwise be part of every held stream's future.
+pub(super) async fn release_or_close(
+    connector: &Connector,
+    mut up: UpstreamSession,
+    peer: &pingora::upstreams::peer::HttpPeer,
+) {
+    if !up.response_done() {
+        // Boxed, as it is rare and large (a body read): the stream's future stays small.
+        let drain = Box::pin(async {
+            let mut left = MAX_ERROR_BODY_BYTES;
+            while let Ok(Some(b)) = up.read_response_body().await {
+                left = left.saturating_sub(b.len());
+                if left == 0 {
+                    break;
+                }
+            }
+        });
+        let _ = tokio::time::timeout(DONE_DRAIN, drain).await;
+    }
+    if up.response_done() {
+        connector
+            .release_http_session(up, peer, Some(POOL_IDLE))
+            .await;
+    } else {
+        up.shutdown().await;
+    }
+}
