@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod keys;
+pub mod ledger;
 pub mod schema;
 mod validate;
 
@@ -48,7 +49,7 @@ pub struct Config {
     /// Distributed limit settings, if any.
     pub redis: Option<schema::RedisSection>,
     /// The usage ledger (`ledger:`; restart to change).
-    pub ledger: crate::ledger::LedgerSettings,
+    pub ledger: ledger::LedgerSettings,
 }
 
 /// `server:` after validation: durations converted once.
@@ -315,7 +316,7 @@ impl Config {
     ///
     /// # Errors
     /// A [`ConfigError`] for an unreadable file or a bad `ledger:` section.
-    pub fn load_ledger(path: &Path) -> Result<crate::ledger::LedgerSettings, ConfigError> {
+    pub fn load_ledger(path: &Path) -> Result<ledger::LedgerSettings, ConfigError> {
         validate::load_ledger(path)
     }
 

@@ -901,13 +901,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
 /// Shortest accepted admin token, characters.
 const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 
-/// `ledger:` → [`crate::ledger::LedgerSettings`] (`None`: the defaults); `err(key, message)`
+/// `ledger:` → [`super::ledger::LedgerSettings`] (`None`: the defaults); `err(key, message)`
 /// locates a problem in the main file.
 fn ledger_settings(
     section: Option<super::schema::LedgerSection>,
     err: &dyn Fn(&str, String) -> ConfigError,
-) -> Result<crate::ledger::LedgerSettings, ConfigError> {
-    use crate::ledger::{Backend, LedgerSettings};
+) -> Result<super::ledger::LedgerSettings, ConfigError> {
+    use super::ledger::{Backend, LedgerSettings};
     let defaults = LedgerSettings::default();
     let Some(super::schema::LedgerSection {
         path,
@@ -930,7 +930,7 @@ fn ledger_settings(
         }
         (Some(p), None) => Backend::Sqlite { path: p.into() },
         (None, Some(u)) => {
-            crate::ledger::postgres::check_url(&u).map_err(|m| err("ledger.url", m))?;
+            super::ledger::check_url(&u).map_err(|m| err("ledger.url", m))?;
             Backend::Postgres {
                 url: Secret::new(u),
             }
@@ -960,7 +960,7 @@ fn ledger_settings(
 }
 
 /// Reads only the `ledger:` section of `path` (see [`Config::load_ledger`]).
-pub(super) fn load_ledger(path: &Path) -> Result<crate::ledger::LedgerSettings, ConfigError> {
+pub(super) fn load_ledger(path: &Path) -> Result<super::ledger::LedgerSettings, ConfigError> {
     let text = read(path)?;
     let only: super::schema::LedgerOnly = parse(path, &text)?;
     ledger_settings(only.ledger, &|key, msg| {
@@ -1010,7 +1010,7 @@ mod tests {
 
     #[test]
     fn the_ledger_defaults_to_sqlite_in_the_working_directory_and_its_keys_are_checked() {
-        use crate::ledger::{Backend, LedgerSettings};
+        use crate::config::ledger::{Backend, LedgerSettings};
         let c = load_str(MINIMAL).unwrap();
         assert_eq!(c.ledger, LedgerSettings::default());
         assert_eq!(
@@ -1116,7 +1116,7 @@ mod tests {
         let l = load_ledger(&p).unwrap();
         assert_eq!(
             l.backend,
-            crate::ledger::Backend::Sqlite {
+            crate::config::ledger::Backend::Sqlite {
                 path: "/tmp/u.db".into()
             }
         );

@@ -35,23 +35,14 @@ pub mod query;
 pub mod sqlite;
 pub mod writer;
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::secret::Secret;
-
-/// Default SQLite file when the config has no `ledger:` section, relative to the working
-/// directory of the process (made absolute at startup).
-pub const DEFAULT_PATH: &str = "sluice-usage.db";
-
-/// Default `ledger.flush_interval_ms`.
-pub const DEFAULT_FLUSH_INTERVAL_MS: u64 = 200;
-
-/// Default `ledger.queue_capacity`, records.
-pub const DEFAULT_QUEUE_CAPACITY: usize = 10_000;
+pub use crate::config::ledger::{
+    Backend, LedgerSettings, DEFAULT_FLUSH_INTERVAL_MS, DEFAULT_PATH, DEFAULT_QUEUE_CAPACITY,
+};
 
 /// One request's usage, as stored and as `sluice usage --format json` prints it (the field
 /// names are a contract: tooling outside the repository reads them).
@@ -146,64 +137,12 @@ pub fn outcome_class(label: &str, status: u16) -> &'static str {
     }
 }
 
-/// Where the ledger lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Backend {
-    /// A SQLite file (`ledger.path`, or [`DEFAULT_PATH`]).
-    Sqlite {
-        /// The database file.
-        path: PathBuf,
-    },
-    /// A PostgreSQL database (`ledger.url`), shared by several replicas.
-    Postgres {
-        /// `postgres://user[:password]@host[:port]/db` (the password is never printed).
-        url: Secret,
-    },
-}
-
 impl std::fmt::Display for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Backend::Sqlite { path } => write!(f, "sqlite:{}", path.display()),
             Backend::Postgres { url } => write!(f, "{}", postgres::redacted_url(url.expose())),
         }
-    }
-}
-
-/// `ledger:` after validation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LedgerSettings {
-    /// The backend.
-    pub backend: Backend,
-    /// How often the writer drains the queue (`ledger.flush_interval_ms`).
-    pub flush_interval: Duration,
-    /// Records the queue holds before new ones are dropped (`ledger.queue_capacity`).
-    pub queue_capacity: usize,
-}
-
-impl Default for LedgerSettings {
-    /// SQLite at [`DEFAULT_PATH`], 200 ms flush interval, 10 000 queued records.
-    fn default() -> Self {
-        Self {
-            backend: Backend::Sqlite {
-                path: PathBuf::from(DEFAULT_PATH),
-            },
-            flush_interval: Duration::from_millis(DEFAULT_FLUSH_INTERVAL_MS),
-            queue_capacity: DEFAULT_QUEUE_CAPACITY,
-        }
-    }
-}
-
-impl LedgerSettings {
-    /// The same settings with a relative SQLite path made absolute against the current
-    /// working directory (done once at startup, before `-d` changes the directory).
-    pub fn absolute(mut self) -> Self {
-        if let Backend::Sqlite { path } = &mut self.backend {
-            if let Ok(p) = std::path::absolute(&*path) {
-                *path = p;
-            }
-        }
-        self
     }
 }
 

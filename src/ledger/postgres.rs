@@ -78,23 +78,7 @@ pub fn redacted_url(url: &str) -> String {
     }
 }
 
-/// Checks a `ledger.url` without connecting; the message for the config error.
-///
-/// # Errors
-/// A message when the URL does not parse or asks for TLS.
-pub fn check_url(url: &str) -> Result<(), String> {
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err("must start with postgres:// or postgresql://".into());
-    }
-    let cfg: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
-    if cfg.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(
-            "sslmode=require is not supported (Sluice connects without TLS: use a private network or a local TLS tunnel)"
-                .into(),
-        );
-    }
-    Ok(())
-}
+pub use crate::config::ledger::check_url;
 
 /// A connection to a PostgreSQL ledger.
 pub struct PostgresLedger {

@@ -227,18 +227,27 @@ pub(super) async fn stream(
     }
     // The whole answer may already be here (`[DONE]` seen): end the response at once.
     let complete = ended || pipe.finished();
-    if !first.is_empty() || complete {
-        ctx.outcome.bytes_out += first.len() as u64;
-        let body = (!first.is_empty()).then_some(first);
-        if session.write_response_body(body, complete).await.is_err() {
+    ctx.outcome.bytes_out += first.len() as u64;
+    let body = (!first.is_empty()).then_some(first);
+    if complete {
+        // Pooled before the client sees the end (see the end of phase 2).
+        Box::pin(release_or_close(connector, up, peer)).await;
+        if session.write_response_body(body, true).await.is_err() {
+            finish_stream(ctx, &pipe);
+            return Attempt::Gone(ClientGone("streaming"));
+        }
+        finish_stream(ctx, &pipe);
+        return Attempt::Done;
+    }
+    if let Some(body) = body {
+        if session
+            .write_response_body(Some(body), false)
+            .await
+            .is_err()
+        {
             up.shutdown().await;
             return Attempt::Gone(ClientGone("streaming"));
         }
-    }
-    if complete {
-        Box::pin(release_or_close(connector, up, peer)).await;
-        finish_stream(ctx, &pipe);
-        return Attempt::Done;
     }
 
     // Phase 2: committed. Pump until the end; failures become an SSE error event.
@@ -271,7 +280,9 @@ pub(super) async fn stream(
         first_event_timer,
         max_end_timer
     );
-    let stream_error: Option<StreamError> = loop {
+    // `Ok(last)`: the stream ended cleanly and `last` is its final output, written after the
+    // upstream connection went back to the pool; `Err`: it failed.
+    let stream_end: Result<Option<Bytes>, StreamError> = loop {
         enum Ev {
             Chunk(pingora::Result<Option<Bytes>>),
             Gone,
@@ -344,7 +355,7 @@ pub(super) async fn stream(
                 return Attempt::Gone(ClientGone("streaming"));
             }
             Ev::Idle => {
-                break Some(StreamError::gateway(
+                break Err(StreamError::gateway(
                     "idle_timeout",
                     format!(
                         "provider `{}` sent nothing for {} ms",
@@ -354,19 +365,19 @@ pub(super) async fn stream(
                 ))
             }
             Ev::MaxDuration => {
-                break Some(StreamError::gateway(
+                break Err(StreamError::gateway(
                     "max_stream_duration",
                     "the stream reached its maximum duration".to_string(),
                 ))
             }
             Ev::Shutdown => {
-                break Some(StreamError::gateway(
+                break Err(StreamError::gateway(
                     "shutdown",
                     "the gateway is shutting down; retry the request".to_string(),
                 ))
             }
             Ev::FirstEventTimeout => {
-                break Some(StreamError::gateway(
+                break Err(StreamError::gateway(
                     "first_event_timeout",
                     format!(
                         "provider `{}` sent no event within {} ms",
@@ -375,11 +386,11 @@ pub(super) async fn stream(
                     ),
                 ))
             }
-            Ev::Chunk(Err(e)) => break Some(stream_broken(&ctx.request_id, route, &e)),
+            Ev::Chunk(Err(e)) => break Err(stream_broken(&ctx.request_id, route, &e)),
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 if let Err(e) = pipe.feed(chunk.as_deref()) {
-                    break Some(pipe_failure(route, e));
+                    break Err(pipe_failure(route, e));
                 }
                 // Events that arrived together leave together: one write, not one per event.
                 let stop = if end || pipe.finished() {
@@ -401,32 +412,44 @@ pub(super) async fn stream(
                 // After `[DONE]` nothing more is for the client (no heartbeat either): end
                 // its response now rather than when the upstream gets round to closing.
                 let complete = end || pipe.finished();
-                if !out.is_empty() || complete {
-                    ctx.outcome.bytes_out += out.len() as u64;
-                    let body = (!out.is_empty()).then_some(out);
-                    if session.write_response_body(body, complete).await.is_err() {
+                ctx.outcome.bytes_out += out.len() as u64;
+                let body = (!out.is_empty()).then_some(out);
+                if complete {
+                    break Ok(body);
+                }
+                if let Some(body) = body {
+                    if session
+                        .write_response_body(Some(body), false)
+                        .await
+                        .is_err()
+                    {
                         up.shutdown().await;
                         finish_stream(ctx, &pipe);
                         return Attempt::Gone(ClientGone("streaming"));
                     }
                 }
-                if complete {
-                    break None;
-                }
                 match stop {
                     ReadyStop::Pending | ReadyStop::End => {}
-                    ReadyStop::Broken(e) => break Some(stream_broken(&ctx.request_id, route, &e)),
+                    ReadyStop::Broken(e) => break Err(stream_broken(&ctx.request_id, route, &e)),
                     ReadyStop::Pipe(e) => {
-                        break Some(pipe_failure(route, e));
+                        break Err(pipe_failure(route, e));
                     }
                 }
             }
         }
     };
 
-    match stream_error {
-        None => Box::pin(release_or_close(connector, up, peer)).await,
-        Some(StreamError {
+    match stream_end {
+        Ok(last) => {
+            // The connection goes back to the pool before the client sees the end: a client
+            // that sends its next request on `[DONE]` finds it there.
+            Box::pin(release_or_close(connector, up, peer)).await;
+            if session.write_response_body(last, true).await.is_err() {
+                finish_stream(ctx, &pipe);
+                return Attempt::Gone(ClientGone("streaming"));
+            }
+        }
+        Err(StreamError {
             reason,
             kind,
             error_type,

@@ -193,8 +193,11 @@ fn an_anthropic_route_answers_with_the_providers_own_count() {
     assert_eq!(sent["tools"][0]["name"], "read_file");
 
     // The access line names the provider; a count adds nothing to the generation metrics.
+    // The access line is written after the answer (Pingora's logging phase).
     assert!(
-        sluice.log().contains("request_id=count-req-1"),
+        crate::harness::eventually(Duration::from_secs(3), || sluice
+            .log()
+            .contains("request_id=count-req-1")),
         "{}",
         sluice.log()
     );
