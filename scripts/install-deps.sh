@@ -3,6 +3,7 @@
 #   cmake + a C compiler (Pingora builds zlib-ng), ca-certificates (TLS to real providers),
 #   redis-server (distributed rate-limit tests), postgresql (the usage-ledger tests start their
 #   own throwaway server with its initdb/postgres binaries), nginx (load-script comparison, optional),
+#   chromium (the status-page test loads the admin page in headless Chromium),
 #   and a Python venv at .venv with the official SDKs (tests/sdk/requirements.txt).
 # Usage: bash scripts/install-deps.sh [--run]   (--run: only what building and running needs)
 set -euo pipefail
@@ -19,6 +20,7 @@ if [ "$mode" != "--run" ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
   # The throwaway PostgreSQL runs as `nobody` through setpriv (util-linux) when tests run as root.
   command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

@@ -1,4 +1,5 @@
-//! Owns the admin listener: `/healthz` (the process is up), `/readyz` (config loaded and the
+//! Owns the admin listener: `/` (the status page) and `/status.json` (its figures; see
+//! [`crate::status`]), `/healthz` (the process is up), `/readyz` (config loaded and the
 //! proxy listener bound), `/metrics` (Prometheus text exposition, see [`crate::metrics`]) and
 //! `/admin/usage` (the usage ledger, behind the admin token of `server.admin_token_env`; see
 //! [`crate::ledger::query::admin_usage`]).
@@ -20,8 +21,9 @@ pub struct AdminApp {
 }
 
 impl AdminApp {
-    /// An admin app reporting on `config`.
+    /// An admin app reporting on `config`; starts the status page's sampler.
     pub fn new(config: Arc<ConfigHandle>) -> Self {
+        crate::status::start_sampler();
         Self { config }
     }
 }
@@ -41,6 +43,12 @@ impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
         match path.as_str() {
+            "/" | "/index.html" => respond(
+                200,
+                "text/html; charset=utf-8",
+                crate::status::PAGE.as_bytes().to_vec(),
+            ),
+            "/status.json" => respond(200, "application/json", crate::status::status_json()),
             "/healthz" => respond(200, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
                 let cfg = self.config.snapshot();

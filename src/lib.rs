@@ -24,7 +24,8 @@
 //! | [`ledger`] | the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage` |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
-//! | [`admin`] | `/healthz`, `/readyz`, `/metrics` |
+//! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`] |
+//! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
 //! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
 //!
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
@@ -53,3 +54,4 @@ pub mod secret;
 pub mod server;
 pub mod shutdown;
 pub mod sse;
+pub mod status;

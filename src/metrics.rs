@@ -24,6 +24,16 @@ pub struct Metrics {
     pub request_duration_seconds: HistogramVec,
     /// `sluice_ttft_seconds{model,provider}`: request received → first content event written.
     pub ttft_seconds: HistogramVec,
+    /// `sluice_inter_token_seconds{model,provider}`: gaps between the arrivals of content
+    /// events of one stream, seconds (one observation per upstream read that carried new
+    /// content after the first; events that arrive in one read are one arrival).
+    pub inter_token_seconds: HistogramVec,
+    /// `sluice_gateway_overhead_seconds{model,provider}`: the time Sluice itself adds before
+    /// the first byte of an answer, seconds: request received → first byte written, minus
+    /// the upstream's own time (first attempt started → first data event, or the whole
+    /// non-stream body, received; failed attempts and fallbacks count as upstream time).
+    /// See [`crate::proxy::ctx::Outcome::overhead_at`].
+    pub gateway_overhead_seconds: HistogramVec,
     /// `sluice_upstream_attempts_total{provider,outcome}`: attempts by outcome
     /// (`ok`, or an attempt failure label).
     pub upstream_attempts_total: IntCounterVec,
@@ -90,6 +100,60 @@ pub struct Metrics {
     pub ledger_flush_seconds: Histogram,
 }
 
+/// Buckets of `sluice_inter_token_seconds`: 1 ms (tokens batched by the provider) to 10 s
+/// (a reasoning model thinking between visible tokens), seconds.
+const INTER_TOKEN_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Buckets of `sluice_gateway_overhead_seconds`: 50 µs to 1 s, seconds (a healthy gateway
+/// stays in the sub-millisecond buckets; admission queueing lands in the upper ones).
+const OVERHEAD_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Observes `sluice_inter_token_seconds` for one stream: the histogram child is resolved
+/// once per stream, so the per-chunk path is one comparison and, on new content, one
+/// atomic observation (no label lookup, no allocation).
+#[derive(Debug)]
+pub struct InterTokenClock {
+    histogram: Histogram,
+    content_events: u64,
+    last: Option<tokio::time::Instant>,
+}
+
+impl InterTokenClock {
+    /// A clock for a stream of standard model `model` served by `provider`, which has seen
+    /// `content_events` content events so far, the last of them (if any) arriving at `last`.
+    pub fn new(
+        model: &str,
+        provider: &str,
+        content_events: u64,
+        last: Option<tokio::time::Instant>,
+    ) -> Self {
+        Self {
+            histogram: metrics()
+                .inter_token_seconds
+                .with_label_values(&[model, provider]),
+            content_events,
+            last: last.filter(|_| content_events > 0),
+        }
+    }
+
+    /// After an upstream read at `now`: when the stream's content-event count grew past
+    /// the last one seen, observes the gap since the previous content arrival.
+    pub fn arrived(&mut self, content_events: u64, now: tokio::time::Instant) {
+        if content_events <= self.content_events {
+            return;
+        }
+        self.content_events = content_events;
+        if let Some(prev) = self.last.replace(now) {
+            self.histogram
+                .observe(now.saturating_duration_since(prev).as_secs_f64());
+        }
+    }
+}
+
 fn build() -> Result<Metrics, prometheus::Error> {
     let latency = exponential_buckets(0.005, 2.0, 14)?; // 5 ms .. ~41 s
     Ok(Metrics {
@@ -114,6 +178,18 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Time to first token: request received to first content event written, seconds.",
             &["model", "provider"],
             latency
+        )?,
+        inter_token_seconds: register_histogram_vec!(
+            "sluice_inter_token_seconds",
+            "Gaps between content events of a stream as they arrive from the upstream, seconds.",
+            &["model", "provider"],
+            INTER_TOKEN_BUCKETS.to_vec()
+        )?,
+        gateway_overhead_seconds: register_histogram_vec!(
+            "sluice_gateway_overhead_seconds",
+            "Time Sluice itself adds before the first content event (TTFT minus the upstream's time to first content), seconds.",
+            &["model", "provider"],
+            OVERHEAD_BUCKETS.to_vec()
         )?,
         upstream_attempts_total: register_int_counter_vec!(
             "sluice_upstream_attempts_total",

@@ -181,7 +181,9 @@ pub struct ServerSection {
     /// Bearer <token>`. Absent: the admin listener serves no usage data (403).
     #[serde(default)]
     pub admin_token_env: Option<String>,
-    /// Add `x-sluice-provider` and `x-sluice-fallback-depth` to responses (default true).
+    /// Add `x-sluice-provider`, `x-sluice-fallback-depth` and `x-sluice-overhead-ms` (the
+    /// time Sluice itself added before the first byte, milliseconds with 3 decimals; see
+    /// `sluice_gateway_overhead_seconds`) to responses (default true).
     #[serde(default = "default_true")]
     pub emit_route_headers: bool,
     /// Reload when the config file or one of its includes changes on disk (default true).

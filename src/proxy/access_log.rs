@@ -51,6 +51,11 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
                 .with_label_values(&[model, provider])
                 .observe(t.as_secs_f64());
         }
+        if let Some(overhead) = o.overhead {
+            m.gateway_overhead_seconds
+                .with_label_values(&[model, provider])
+                .observe(overhead.as_secs_f64());
+        }
         m.tokens_total
             .with_label_values(&[model, "input"])
             .inc_by(o.input_tokens);

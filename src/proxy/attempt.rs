@@ -248,6 +248,9 @@ async fn attempt(
     }
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
+    ctx.outcome
+        .upstream_started
+        .get_or_insert_with(tokio::time::Instant::now);
     let mut fresh_tries = 0;
     let mut up = loop {
         let connect = tokio::select! {

@@ -40,6 +40,30 @@ pub struct Outcome {
     /// The request only counted tokens (`/v1/messages/count_tokens`): nothing was generated,
     /// so it stays out of the generation metrics (durations, TTFT, `sluice_tokens_total`).
     pub count_only: bool,
+    /// When the first upstream attempt started (before its connect).
+    pub upstream_started: Option<Instant>,
+    /// When Sluice first held upstream output it could send: the read that brought the
+    /// first data event (streams), or the end of the answer body (non-stream answers).
+    pub upstream_first_event: Option<Instant>,
+    /// The time Sluice itself added before the first byte of the answer
+    /// (`sluice_gateway_overhead_seconds`, `x-sluice-overhead-ms`), set when the response
+    /// head is written; see [`Outcome::overhead_at`].
+    pub overhead: Option<Duration>,
+}
+
+impl Outcome {
+    /// Sluice's own share of `elapsed` (request received → now, the first byte being
+    /// written): `elapsed` minus the upstream's time (first upstream attempt started → first
+    /// data event, or the whole non-stream body, received). That leaves admission, request
+    /// parsing and translation before the first attempt, plus the time from holding the
+    /// upstream's first event to writing it; failed attempts and fallbacks count as
+    /// upstream time. `None` before the upstream sent anything.
+    pub fn overhead_at(&self, elapsed: Duration) -> Option<Duration> {
+        let upstream = self
+            .upstream_first_event?
+            .saturating_duration_since(self.upstream_started?);
+        Some(elapsed.saturating_sub(upstream))
+    }
 }
 
 impl Outcome {

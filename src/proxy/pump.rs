@@ -121,6 +121,9 @@ pub(super) async fn stream(
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 match pipe.feed(chunk.as_deref()) {
+                    Ok(()) if pipe.data_events > 0 => {
+                        ctx.outcome.upstream_first_event = Some(Instant::now());
+                    }
                     Ok(()) => {}
                     Err(PipeError::Upstream {
                         error_type,
@@ -196,6 +199,7 @@ pub(super) async fn stream(
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
     ctx.outcome.label = "ok";
     ctx.outcome.status = 200;
+    ctx.outcome.overhead = ctx.outcome.overhead_at(ctx.received.elapsed());
     let mut head = match respond::proxied_head(ctx, 200, true, None, &route.provider.id) {
         Ok(h) => h,
         Err(e) => {
@@ -247,6 +251,12 @@ pub(super) async fn stream(
     }
 
     // Phase 2: committed. Pump until the end; failures become an SSE error event.
+    let mut gaps = crate::metrics::InterTokenClock::new(
+        &standard,
+        &route.provider.id,
+        pipe.content_events,
+        ctx.outcome.upstream_first_event,
+    );
     let max_end = ctx
         .config
         .server
@@ -395,6 +405,7 @@ pub(super) async fn stream(
                     ctx.outcome.ttft = Some(ctx.received.elapsed());
                 }
                 last_upstream = Instant::now();
+                gaps.arrived(pipe.content_events, last_upstream);
                 if !out.is_empty() {
                     last_write = last_upstream;
                 }

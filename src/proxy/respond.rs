@@ -101,6 +101,12 @@ pub fn proxied_head(
     if ctx.config.server.emit_route_headers {
         h.insert_header("x-sluice-provider", provider)?;
         h.insert_header("x-sluice-fallback-depth", ctx.fallback_depth().to_string())?;
+        if let Some(o) = ctx.outcome.overhead {
+            h.insert_header(
+                "x-sluice-overhead-ms",
+                format!("{:.3}", o.as_secs_f64() * 1e3),
+            )?;
+        }
     }
     Ok(h)
 }

@@ -72,6 +72,7 @@ pub(super) async fn unary(
                     Err(e) => break Some(UnaryBreak::Encoding(e)),
                 }
                 if end {
+                    ctx.outcome.upstream_first_event = Some(tokio::time::Instant::now());
                     break None;
                 }
             }
@@ -182,6 +183,7 @@ pub(super) async fn unary(
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
     ctx.outcome.ttft = Some(ctx.received.elapsed());
     ctx.outcome.label = "ok";
+    ctx.outcome.overhead = ctx.outcome.overhead_at(ctx.received.elapsed());
     let head = match respond::proxied_head(ctx, 200, false, Some(out.len()), &route.provider.id) {
         Ok(h) => h,
         Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
