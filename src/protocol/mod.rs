@@ -11,7 +11,10 @@
 //! * the dialect-agnostic entry points the proxy calls ([`decode_request`],
 //!   [`encode_request`], [`decode_response`], [`encode_response`],
 //!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`],
-//!   [`StreamTranslator`]): the proxy never names a dialect's module.
+//!   [`StreamTranslator`]): the proxy never names a dialect's module;
+//! * the local input-token estimate of a canonical request ([`tokens`]); the
+//!   token-count request, which only Anthropic's API has, is
+//!   [`messages::count`] (the one dialect module the proxy names).
 //!
 //! A translation is *decode source dialect → canonical → encode target
 //! dialect*; a stream translation does that event by event (a text delta goes
@@ -47,6 +50,7 @@ pub mod chat;
 mod json;
 pub mod messages;
 pub mod responses;
+pub mod tokens;
 mod translate;
 
 #[cfg(test)]

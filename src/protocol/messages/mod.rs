@@ -15,6 +15,7 @@
 //! "cache_creation_input_tokens"}}`. Anthropic's `input_tokens` excludes cache reads and
 //! writes; the canonical [`Usage::input_tokens`] includes them.
 
+pub mod count;
 pub mod stream;
 
 use serde::Deserialize;
@@ -41,7 +42,9 @@ const MIN_THINKING_BUDGET: u64 = 1024;
 struct RequestIn {
     #[serde(default)]
     model: String,
-    max_tokens: u64,
+    /// Required by [`decode_request`]; not part of a token-count request ([`count`]).
+    #[serde(default)]
+    max_tokens: Option<u64>,
     messages: Vec<MessageIn>,
     #[serde(default)]
     system: Option<SystemIn>,
@@ -193,6 +196,15 @@ enum ThinkingIn {
 /// `mcp_servers` and `container`.
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let r: RequestIn = decode_client(body)?;
+    if r.max_tokens.is_none() {
+        return Err(invalid("max_tokens", "missing field `max_tokens`"));
+    }
+    decode_fields(r)
+}
+
+/// The canonical request of decoded wire fields (`max_tokens` optional here: a
+/// token-count request has none).
+fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
     if r.mcp_servers.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(unsupported(
             "mcp_servers",
@@ -205,7 +217,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let mut req = Request {
         model: r.model,
         source: Some(Dialect::Messages),
-        max_output_tokens: Some(r.max_tokens),
+        max_output_tokens: r.max_tokens,
         temperature: r.temperature,
         top_p: r.top_p,
         stop: r.stop_sequences.unwrap_or_default(),
