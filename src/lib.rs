@@ -21,6 +21,7 @@
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | virtual keys |
 //! | [`error`] | client-facing errors and attempt records |
+//! | [`metering`] | per-request token usage by class, estimates, prices (cost and charge) |
 //! | [`metrics`], [`access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` |
 //! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
@@ -28,7 +29,7 @@
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
 //! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
-//! [`access_log`].
+//! [`metering`], [`access_log`].
 
 pub mod access_log;
 pub mod admin;
@@ -38,6 +39,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod logging;
+pub mod metering;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod protocol;

@@ -215,7 +215,10 @@ fn upstream_body(
 ) -> Result<Vec<u8>, GatewayError> {
     let upstream = route.provider.kind.dialect();
     if req.dialect == upstream {
-        return openai::request_body(&req.body, &route.upstream_model)
+        // Metering: a Chat stream always asks for the final usage chunk (stripped from the
+        // client's stream when it did not ask; see `StreamPipe`).
+        let ask_usage = req.stream && !req.include_usage && upstream == Dialect::ChatCompletions;
+        return openai::request_body(&req.body, &route.upstream_model, ask_usage)
             .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
     let refused = |e: &protocol::ProtocolError| {
@@ -744,6 +747,10 @@ async fn unary(
     }
     let standard = ctx.standard_model.clone().unwrap_or_default();
     let upstream = route.provider.kind.dialect();
+    // Metering: the provider's usage object, read from the upstream body with all classes
+    // (the translated path's decoded usage is the same figures).
+    let mut usage = protocol::Usage::default();
+    let mut usage_seen = sse::merge_usage(upstream, &body, &mut usage);
     let out: Vec<u8> = match (ctx.dialect, upstream) {
         (client, up) if client == up => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
@@ -753,8 +760,10 @@ async fn unary(
         (client, up) => match protocol::decode_response(up, &body, unix_now()) {
             Ok(mut resp) => {
                 resp.model.clone_from(&standard);
-                ctx.outcome.input_tokens = resp.usage.input_tokens;
-                ctx.outcome.output_tokens = resp.usage.output_tokens;
+                if resp.usage != protocol::Usage::default() {
+                    usage = resp.usage;
+                    usage_seen = true;
+                }
                 protocol::encode_response(client, &resp)
             }
             Err(e) => {
@@ -774,9 +783,13 @@ async fn unary(
             }
         },
     };
-    if let Some(u) = sse::extract_usage(&out) {
-        ctx.outcome.input_tokens = u.input_tokens;
-        ctx.outcome.output_tokens = u.output_tokens;
+    if usage_seen {
+        set_usage(ctx, &usage, false);
+    } else {
+        // No usage in the body: estimated from its text.
+        let mut est = crate::metering::OutputEstimator::default();
+        crate::metering::stream_text(&body, |t| est.push(t));
+        estimate_usage(ctx, None, est.tokens());
     }
     ctx.outcome.provider = Some(route.provider.id.clone());
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
@@ -1011,7 +1024,7 @@ async fn stream(
     }
     if complete {
         Box::pin(release_or_close(connector, up, peer)).await;
-        finish_stream(ctx, &pipe);
+        finish_stream(ctx, &mut pipe);
         return Attempt::Done;
     }
 
@@ -1108,7 +1121,7 @@ async fn stream(
         match ev {
             Ev::Gone => {
                 up.shutdown().await;
-                finish_stream(ctx, &pipe);
+                finish_stream(ctx, &mut pipe);
                 return Attempt::Gone(ClientGone("streaming"));
             }
             Ev::Idle => {
@@ -1173,7 +1186,7 @@ async fn stream(
                     let body = (!out.is_empty()).then_some(out);
                     if session.write_response_body(body, complete).await.is_err() {
                         up.shutdown().await;
-                        finish_stream(ctx, &pipe);
+                        finish_stream(ctx, &mut pipe);
                         return Attempt::Gone(ClientGone("streaming"));
                     }
                 }
@@ -1218,7 +1231,7 @@ async fn stream(
                     .await
                     .is_err()
                 {
-                    finish_stream(ctx, &pipe);
+                    finish_stream(ctx, &mut pipe);
                     return Attempt::Gone(ClientGone("streaming"));
                 }
             }
@@ -1231,12 +1244,12 @@ async fn stream(
                 ctx.outcome.upstream_broke = true;
             }
             if session.write_response_body(Some(ev), true).await.is_err() {
-                finish_stream(ctx, &pipe);
+                finish_stream(ctx, &mut pipe);
                 return Attempt::Gone(ClientGone("streaming"));
             }
         }
     }
-    finish_stream(ctx, &pipe);
+    finish_stream(ctx, &mut pipe);
     Attempt::Done
 }
 
@@ -1389,20 +1402,40 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
     }
 }
 
-/// Records usage for a finished stream: the upstream's `usage` when it sent one, else the
-/// number of content events as the output count.
-fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
-    let (input, output) = pipe
-        .usage
-        .map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
-    if input > 0 {
-        ctx.outcome.input_tokens = input;
+/// Records usage for a finished stream (metering): the provider's final `usage` when the
+/// stream completed with one, else an estimate (see [`estimate_usage`]).
+fn finish_stream(ctx: &mut RequestCtx, pipe: &mut StreamPipe<'_>) {
+    match pipe.final_usage() {
+        Some(u) => set_usage(ctx, &u, false),
+        None => {
+            let streamed = pipe.estimator.tokens();
+            estimate_usage(ctx, pipe.usage, streamed);
+        }
     }
-    ctx.outcome.output_tokens = if output > 0 {
-        output
-    } else {
-        pipe.content_events
-    };
+}
+
+/// Records `u` (all classes) as the request's usage.
+fn set_usage(ctx: &mut RequestCtx, u: &protocol::Usage, estimated: bool) {
+    let o = &mut ctx.outcome;
+    o.input_tokens = u.input_tokens;
+    o.output_tokens = u.output_tokens;
+    o.cached_input_tokens = u.cache_read_tokens;
+    o.cache_write_tokens = u.cache_write_tokens;
+    o.reasoning_tokens = u.reasoning_tokens;
+    o.usage_estimated = estimated;
+}
+
+/// Records an estimated usage for an answer without the provider's final usage: what the
+/// provider reported so far (`partial`, e.g. Anthropic's `message_start`), the admission
+/// estimate for the input when it reported none, and the larger of its output figure and
+/// `streamed_tokens` (the tokenizer count of the text streamed).
+fn estimate_usage(ctx: &mut RequestCtx, partial: Option<protocol::Usage>, streamed_tokens: u64) {
+    let mut u = partial.unwrap_or_default();
+    if u.input_tokens == 0 {
+        u.input_tokens = ctx.estimated_input_tokens;
+    }
+    u.output_tokens = u.output_tokens.max(streamed_tokens);
+    set_usage(ctx, &u, true);
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::config::Route;
+use crate::metering::{self, OutputEstimator};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
 use crate::providers::encoding::{ContentCoding, Decoder};
@@ -75,8 +76,16 @@ pub(super) struct StreamPipe<'r> {
     pub content_events: u64,
     /// Some event carried generated content (TTFT).
     pub first_content: bool,
-    /// Usage as last reported.
-    pub usage: Option<sse::Usage>,
+    /// Usage as last reported (canonical, all classes; cumulative: the last value is the
+    /// stream's), `None` until the upstream sent some.
+    pub usage: Option<protocol::Usage>,
+    /// The upstream's dialect (how its usage objects read).
+    upstream: Dialect,
+    /// Same-dialect Chat stream whose client did not ask for usage: Sluice asked for it
+    /// (`stream_options.include_usage`), and the usage-only chunk is not forwarded.
+    strip_usage: bool,
+    /// Output-token estimate of the text streamed, for a stream that ends without usage.
+    pub estimator: OutputEstimator,
     /// A finish reason was seen (OpenAI path; the translator tracks its own).
     finish_seen: bool,
     /// The OpenAI terminal `data: [DONE]` event went into `out`.
@@ -113,6 +122,8 @@ impl<'r> StreamPipe<'r> {
                 include_usage,
             },
         );
+        let strip_usage =
+            protocol.is_none() && client == Dialect::ChatCompletions && !include_usage;
         let rewriter = (client == Dialect::Messages && protocol.is_none())
             .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
         let decoder = match coding {
@@ -137,6 +148,9 @@ impl<'r> StreamPipe<'r> {
             content_events: 0,
             first_content: false,
             usage: None,
+            upstream,
+            strip_usage,
+            estimator: OutputEstimator::default(),
             finish_seen: false,
             done: false,
         })
@@ -240,13 +254,11 @@ impl<'r> StreamPipe<'r> {
                 if content > 0 {
                     self.content_events += content;
                     self.first_content = true;
+                    metering::stream_text(&data, |s| self.estimator.push(s));
                 }
                 let u = t.usage();
-                if u.input_tokens > 0 || u.output_tokens > 0 {
-                    self.usage = Some(sse::Usage {
-                        input_tokens: u.input_tokens,
-                        output_tokens: u.output_tokens,
-                    });
+                if u != protocol::Usage::default() {
+                    self.usage = Some(u);
                 }
                 continue;
             }
@@ -280,10 +292,20 @@ impl<'r> StreamPipe<'r> {
                     message,
                 });
             }
+            // Usage (all classes) from the upstream's own object; only a chunk with a usage
+            // object is looked at twice (`"usage":null` chunks are skipped by one scan).
+            let mut u = self.usage.unwrap_or_default();
+            if sse::merge_usage(self.upstream, &data, &mut u) {
+                self.usage = Some(u);
+                if self.strip_usage && sse::is_usage_only_chunk(&data) {
+                    continue; // Sluice asked for it, the client did not
+                }
+            }
             self.data_events += 1;
             if sse::has_content(&data) {
                 self.content_events += 1;
                 self.first_content = true;
+                metering::stream_text(&data, |s| self.estimator.push(s));
             }
             if !self.finish_seen
                 && if messages {
@@ -293,13 +315,6 @@ impl<'r> StreamPipe<'r> {
                 }
             {
                 self.finish_seen = true;
-            }
-            if let Some(mut u) = sse::extract_usage(&data) {
-                // Anthropic sends input tokens in `message_start`, output in `message_delta`.
-                if u.input_tokens == 0 {
-                    u.input_tokens = self.usage.map_or(0, |p| p.input_tokens);
-                }
-                self.usage = Some(u);
             }
             self.rewriter
                 .as_ref()
@@ -377,6 +392,12 @@ impl<'r> StreamPipe<'r> {
                 .protocol
                 .as_ref()
                 .is_some_and(protocol::StreamTranslator::is_finished)
+    }
+
+    /// The provider's final usage: the last reported, if the stream completed (a stream
+    /// that broke off or was abandoned has not reported its final figures).
+    pub fn final_usage(&self) -> Option<protocol::Usage> {
+        self.usage.filter(|_| self.finished())
     }
 
     /// The output gathered so far, for one downstream write.

@@ -305,7 +305,7 @@ pub fn parse_chat(
 
     let needs = RouteNeeds {
         capabilities: capabilities(&map),
-        estimated_input_tokens: (body.len() as u64) / 4,
+        estimated_input_tokens: estimate_chat_input(body),
         max_output_tokens: map
             .get("max_completion_tokens")
             .or_else(|| map.get("max_tokens"))
@@ -382,7 +382,7 @@ pub fn parse_dialect(
     }
     let needs = RouteNeeds {
         capabilities: caps,
-        estimated_input_tokens: (body.len() as u64) / 4,
+        estimated_input_tokens: protocol::tokens::estimate_input_tokens(&canonical),
         max_output_tokens: canonical
             .max_output_tokens
             .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
@@ -398,6 +398,18 @@ pub fn parse_dialect(
         needs,
         preference,
     })
+}
+
+/// The input-token estimate of a Chat Completions body (token rate limits, and the input
+/// figure of an answer without usage): its canonical request counted with
+/// [`protocol::tokens::estimate_input_tokens`]; a body the protocol layer refuses (it may
+/// still go as is to an OpenAI-compatible route) is counted as its whole JSON text, an
+/// overestimate by the JSON syntax.
+fn estimate_chat_input(body: &[u8]) -> u64 {
+    match protocol::decode_request(Dialect::ChatCompletions, body) {
+        Ok(c) => protocol::tokens::estimate_input_tokens(&c),
+        Err(_) => protocol::tokens::text_tokens(&String::from_utf8_lossy(body)),
+    }
 }
 
 /// Capabilities the request uses.

@@ -39,7 +39,9 @@ mod tests;
 
 pub use normalize::{SseError, SseEvent, SseNormalizer};
 pub use rewrite::{EchoMemo, ModelPath, ModelRewriter};
-pub use usage::{extract_usage, has_content, has_finish_reason, Usage};
+pub use usage::{
+    extract_usage, has_content, has_finish_reason, is_usage_only_chunk, merge_usage, Usage,
+};
 
 use bytes::Bytes;
 

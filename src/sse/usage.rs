@@ -79,6 +79,54 @@ pub fn extract_usage(data: &[u8]) -> Option<Usage> {
     None
 }
 
+/// Merges the usage of one chunk's JSON data (an SSE data payload or a whole non-streaming
+/// body) in the upstream's `dialect` into `into`, with all token classes (cache reads and
+/// writes, reasoning; see [`protocol::merge_usage`](crate::protocol::merge_usage)).
+/// Returns whether a usage object was found and merged. As cheap as [`extract_usage`]: one
+/// `memmem` scan, only the usage object's bytes are deserialized.
+pub fn merge_usage(
+    dialect: crate::protocol::Dialect,
+    data: &[u8],
+    into: &mut crate::protocol::Usage,
+) -> bool {
+    static USAGE: OnceLock<Finder<'static>> = OnceLock::new();
+    let usage = finder(&USAGE, b"\"usage\"");
+    for pos in usage.find_iter(data) {
+        let Some(rest) = data.get(pos + usage.needle().len()..) else {
+            break;
+        };
+        let Some(value) = member_value(rest) else {
+            continue;
+        };
+        if value.first() != Some(&b'{') {
+            continue; // null or malformed
+        }
+        let Some(end) = object_end(value) else {
+            continue;
+        };
+        if crate::protocol::merge_usage(dialect, value.get(..end).unwrap_or_default(), into) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a Chat Completions chunk's JSON is the usage-only chunk that
+/// `stream_options.include_usage` adds at the end: a `"choices"` member whose value is an
+/// empty array (every other chunk has one choice). A byte check; call it only for a chunk
+/// that carries a usage object.
+pub fn is_usage_only_chunk(data: &[u8]) -> bool {
+    static CHOICES: OnceLock<Finder<'static>> = OnceLock::new();
+    let key = finder(&CHOICES, b"\"choices\"");
+    key.find_iter(data).any(|pos| {
+        let rest = data.get(pos + key.needle().len()..).unwrap_or_default();
+        match member_value(rest) {
+            Some([b'[', after @ ..]) => trim_ws_start(after).first() == Some(&b']'),
+            _ => false,
+        }
+    })
+}
+
 /// Whether a chunk's JSON carries generated output — used to stamp
 /// time-to-first-token and to count output events.
 ///
