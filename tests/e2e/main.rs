@@ -18,6 +18,7 @@ mod harness_client;
 mod health;
 mod heartbeat;
 mod hostile;
+mod metering;
 mod readme;
 mod redis_limits;
 mod reload;
