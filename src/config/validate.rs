@@ -1035,6 +1035,66 @@ mod tests {
     }
 
     #[test]
+    fn prices_load_with_their_defaults_and_bad_ones_are_located() {
+        let priced = MINIMAL.replace(
+            "  acme/chat-small:\n    routes:\n",
+            "  acme/chat-small:\n    input_usd_per_mtok: 0.30\n    output_usd_per_mtok: 1.20\n    cached_input_usd_per_mtok: 0.075\n    routes:\n",
+        );
+        let priced = priced.replace(
+            "        priority: 10\n",
+            "        priority: 10\n        input_usd_per_mtok: 0.15\n        output_usd_per_mtok: 0.60\n        cache_write_usd_per_mtok: 0.1875\n",
+        );
+        let c = load_str(&priced).unwrap();
+        let m = &c.models["acme/chat-small"];
+        assert_eq!(m.cached_input_usd_per_mtok, Some(0.075));
+        assert_eq!(m.cache_write_usd_per_mtok, None);
+        assert_eq!(m.routes[0].cache_write_usd_per_mtok, Some(0.1875));
+        assert_eq!(m.routes[0].cached_input_usd_per_mtok, None);
+        assert!(c.warnings().is_empty());
+
+        for (bad, key, line) in [
+            (
+                "cached_input_usd_per_mtok: -0.1",
+                "models.acme/chat-small.cached_input_usd_per_mtok",
+                18,
+            ),
+            (
+                "cached_input_usd_per_mtok: .nan",
+                "models.acme/chat-small.cached_input_usd_per_mtok",
+                18,
+            ),
+            (
+                "cached_input_usd_per_mtok: .inf",
+                "models.acme/chat-small.cached_input_usd_per_mtok",
+                18,
+            ),
+        ] {
+            let y = priced.replace("cached_input_usd_per_mtok: 0.075", bad);
+            let e = load_str(&y).unwrap_err();
+            assert_eq!(e.key_path, key, "{bad}: {e}");
+            assert_eq!(e.line, Some(line), "{bad}: {e}");
+        }
+        let y = priced.replace(
+            "cache_write_usd_per_mtok: 0.1875",
+            "cache_write_usd_per_mtok: -1",
+        );
+        let e = load_str(&y).unwrap_err();
+        assert_eq!(
+            e.key_path, "models.acme/chat-small.routes[0].cache_write_usd_per_mtok",
+            "{e}"
+        );
+        assert!(e.message.contains("must not be negative"), "{e}");
+
+        // Priced in part: a located warning (output would be free).
+        let half = priced.replace("    output_usd_per_mtok: 1.20\n", "");
+        let w = load_str(&half).unwrap().warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].key_path, "models.acme/chat-small.output_usd_per_mtok");
+        // Not priced at all: free by intent, no warning.
+        assert!(load_str(MINIMAL).unwrap().warnings().is_empty());
+    }
+
+    #[test]
     fn unknown_key_is_an_error_with_line() {
         let bad = MINIMAL.replace("  admin_listen", "  admn_listen");
         let e = load_str(&bad).unwrap_err();
