@@ -264,3 +264,56 @@ fn object_end(s: &[u8]) -> Option<usize> {
     }
     None
 }
+
+#[cfg(test)]
+mod metering_tests {
+    use super::*;
+    use crate::protocol::{Dialect, Usage};
+
+    #[test]
+    fn chat_usage_is_read_with_every_class_and_replaces() {
+        let mut u = Usage::default();
+        assert!(!merge_usage(
+            Dialect::ChatCompletions,
+            br#"{"choices":[{"delta":{"content":"x"}}],"usage":null}"#,
+            &mut u
+        ));
+        let last = br#"{"id":"c","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":9,"total_tokens":49,"prompt_tokens_details":{"cached_tokens":15},"completion_tokens_details":{"reasoning_tokens":3}}}"#;
+        assert!(merge_usage(Dialect::ChatCompletions, last, &mut u));
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 40,
+                output_tokens: 9,
+                cache_read_tokens: 15,
+                cache_write_tokens: 0,
+                reasoning_tokens: 3,
+            }
+        );
+        assert!(is_usage_only_chunk(last));
+        assert!(!is_usage_only_chunk(
+            br#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1}}"#
+        ));
+        assert!(is_usage_only_chunk(br#"{"choices": [ ],"usage":{}}"#));
+    }
+
+    #[test]
+    fn anthropic_usage_merges_message_start_and_the_cumulative_message_delta() {
+        let mut u = Usage::default();
+        let start = br#"{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":25,"cache_creation_input_tokens":5,"cache_read_input_tokens":15,"output_tokens":1}}}"#;
+        assert!(merge_usage(Dialect::Messages, start, &mut u));
+        let delta = br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#;
+        assert!(merge_usage(Dialect::Messages, delta, &mut u));
+        // Canonical input includes the cache reads and writes.
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 45,
+                output_tokens: 9,
+                cache_read_tokens: 15,
+                cache_write_tokens: 5,
+                reasoning_tokens: 0,
+            }
+        );
+    }
+}
