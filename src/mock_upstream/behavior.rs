@@ -229,6 +229,11 @@ pub struct Behavior {
     /// does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// Prompt tokens written to the provider's prompt cache (part of the prompt tokens, at
+    /// most those not read from it): Anthropic `cache_creation_input_tokens`, with
+    /// `input_tokens` counting only the rest; OpenAI-compatible answers have no such field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -332,6 +337,7 @@ impl Behavior {
             reasoning,
             signature,
             cached_tokens,
+            cache_write_tokens,
         )
     }
 

@@ -29,6 +29,10 @@ const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
 /// The Messages stream terminator (added when an Anthropic stream stopped without it).
 const MESSAGE_STOP_EVENT: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
+/// The end of a Chat chunk event when `stream_options.include_usage` is on and the chunk
+/// carries no usage (OpenAI writes the member last).
+const NULL_USAGE_END: &[u8] = b",\"usage\":null}\n\n";
+
 /// Why a stream cannot go on.
 #[derive(Debug)]
 pub(super) enum PipeError {
@@ -82,7 +86,8 @@ pub(super) struct StreamPipe<'r> {
     /// The upstream's dialect (how its usage objects read).
     upstream: Dialect,
     /// Same-dialect Chat stream whose client did not ask for usage: Sluice asked for it
-    /// (`stream_options.include_usage`), and the usage-only chunk is not forwarded.
+    /// (`stream_options.include_usage`); the usage-only chunk is not forwarded and the
+    /// `"usage":null` member that ends every other chunk is removed.
     strip_usage: bool,
     /// Output-token estimate of the text streamed, for a stream that ends without usage.
     pub estimator: OutputEstimator,
@@ -320,6 +325,13 @@ impl<'r> StreamPipe<'r> {
                 .as_ref()
                 .unwrap_or(&self.route.rewriter)
                 .rewrite_event(&ev, &mut self.echo, &mut self.out);
+            if self.strip_usage && self.out.ends_with(NULL_USAGE_END) {
+                // With `include_usage` every chunk ends `"usage":null` (OpenAI's format):
+                // removed, so the client gets the chunks it would have got without it.
+                let keep = self.out.len() - NULL_USAGE_END.len();
+                self.out.truncate(keep);
+                self.out.extend_from_slice(b"}\n\n");
+            }
         }
         Ok(())
     }

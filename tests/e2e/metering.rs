@@ -14,23 +14,26 @@ use serde_json::{json, Value};
 use crate::harness::client::{post_json, sse_events, StreamReader};
 use crate::harness::{eventually, Mock, Sluice, KEY};
 
-/// Prompt tokens the mock reports, of which `CACHED` were read from its prompt cache.
+/// Prompt tokens the mock reports, of which `CACHED` were read from its prompt cache and
+/// (Anthropic only) `WRITTEN` written to it.
 const PROMPT: u64 = 40;
 const CACHED: u64 = 15;
+const WRITTEN: u64 = 5;
 /// Text tokens and reasoning words the mock answers with (one output token each).
 const TOKENS: u64 = 6;
 const REASONING: &str = "let me think";
 
 /// Sell (model) and cost (route) prices, USD per million tokens:
-/// (input, output, cached input).
-const GPT_SELL: (f64, f64, f64) = (2.0, 8.0, 0.5);
-const GPT_COST: (f64, f64, f64) = (1.0, 4.0, 0.25);
-const CLAUDE_SELL: (f64, f64, f64) = (3.0, 15.0, 0.3);
-const CLAUDE_COST: (f64, f64, f64) = (1.5, 7.5, 0.15);
+/// (input, output, cached input, cache write).
+type P = (f64, f64, f64, f64);
+const GPT_SELL: P = (2.0, 8.0, 0.5, 2.0);
+const GPT_COST: P = (1.0, 4.0, 0.25, 1.0);
+const CLAUDE_SELL: P = (3.0, 15.0, 0.3, 3.75);
+const CLAUDE_COST: P = (1.5, 7.5, 0.15, 1.875);
 
 fn config(base_url: &str) -> String {
     format!(
-        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n  log_format: json\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-provider-secret-oa\n    health_check: {{enabled: false}}\n  claude:\n    kind: anthropic\n    base_url: {base_url}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\nmodels:\n  acme/gpt:\n    input_usd_per_mtok: {}\n    output_usd_per_mtok: {}\n    cached_input_usd_per_mtok: {}\n    routes:\n      - provider: oa\n        upstream_model: gpt-mock-1\n        input_usd_per_mtok: {}\n        output_usd_per_mtok: {}\n        cached_input_usd_per_mtok: {}\n  acme/claude:\n    input_usd_per_mtok: {}\n    output_usd_per_mtok: {}\n    cached_input_usd_per_mtok: {}\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n        input_usd_per_mtok: {}\n        output_usd_per_mtok: {}\n        cached_input_usd_per_mtok: {}\n",
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n  log_format: json\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-provider-secret-oa\n    health_check: {{enabled: false}}\n  claude:\n    kind: anthropic\n    base_url: {base_url}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\nmodels:\n  acme/gpt:\n    input_usd_per_mtok: {}\n    output_usd_per_mtok: {}\n    cached_input_usd_per_mtok: {}\n    routes:\n      - provider: oa\n        upstream_model: gpt-mock-1\n        input_usd_per_mtok: {}\n        output_usd_per_mtok: {}\n        cached_input_usd_per_mtok: {}\n  acme/claude:\n    input_usd_per_mtok: {}\n    output_usd_per_mtok: {}\n    cached_input_usd_per_mtok: {}\n    cache_write_usd_per_mtok: {}\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n        input_usd_per_mtok: {}\n        output_usd_per_mtok: {}\n        cached_input_usd_per_mtok: {}\n        cache_write_usd_per_mtok: {}\n",
         GPT_SELL.0,
         GPT_SELL.1,
         GPT_SELL.2,
@@ -40,9 +43,11 @@ fn config(base_url: &str) -> String {
         CLAUDE_SELL.0,
         CLAUDE_SELL.1,
         CLAUDE_SELL.2,
+        CLAUDE_SELL.3,
         CLAUDE_COST.0,
         CLAUDE_COST.1,
         CLAUDE_COST.2,
+        CLAUDE_COST.3,
     )
 }
 
@@ -137,10 +142,10 @@ fn usd(rec: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} in {rec}"))
 }
 
-/// Independent price arithmetic: (uncached input, cached input, output) at (input, output,
-/// cached) USD per million tokens.
-fn price(uncached: u64, cached: u64, output: u64, p: (f64, f64, f64)) -> f64 {
-    (uncached as f64 * p.0 + cached as f64 * p.2 + output as f64 * p.1) / 1e6
+/// Independent price arithmetic: (uncached input, cache reads, cache writes, output) at
+/// (input, output, cached, cache write) USD per million tokens.
+fn price(uncached: u64, cached: u64, written: u64, output: u64, p: P) -> f64 {
+    (uncached as f64 * p.0 + cached as f64 * p.2 + written as f64 * p.3 + output as f64 * p.1) / 1e6
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -152,13 +157,13 @@ fn every_ingress_and_provider_records_the_providers_usage_exactly_streamed_or_no
     let mock = Mock::start("{}");
     mock.set_behavior(
         &json!({"tokens": TOKENS, "prompt_tokens": PROMPT, "cached_tokens": CACHED,
-                "reasoning": REASONING})
+                "cache_write_tokens": WRITTEN, "reasoning": REASONING})
         .to_string(),
     );
     let sluice = Sluice::start(&config(&mock.base_url()));
     let reasoning = REASONING.split_whitespace().count() as u64;
     let output = TOKENS + reasoning;
-    let mut totals = [(0u64, 0u64, 0u64, 0u64, 0.0f64, 0.0f64); 2];
+    let mut totals = [(0u64, 0u64, 0u64, 0u64, 0u64, 0.0f64, 0.0f64); 2];
     let mut n = 0;
     for (mi, model) in ["acme/gpt", "acme/claude"].into_iter().enumerate() {
         let anthropic = model == "acme/claude";
@@ -175,7 +180,9 @@ fn every_ingress_and_provider_records_the_providers_usage_exactly_streamed_or_no
                 assert_eq!(rec["outcome"], "ok", "{cell}: {rec}");
                 assert_eq!(num(&rec, "input_tokens"), PROMPT, "{cell}: {rec}");
                 assert_eq!(num(&rec, "cached_input_tokens"), CACHED, "{cell}: {rec}");
-                assert_eq!(num(&rec, "cache_write_tokens"), 0, "{cell}: {rec}");
+                // Cache writes are Anthropic's (OpenAI's usage has no such field).
+                let written = if anthropic { WRITTEN } else { 0 };
+                assert_eq!(num(&rec, "cache_write_tokens"), written, "{cell}: {rec}");
                 assert_eq!(num(&rec, "output_tokens"), output, "{cell}: {rec}");
                 // OpenAI-compatible providers report reasoning tokens; Anthropic does not.
                 let want_reasoning = if anthropic { 0 } else { reasoning };
@@ -192,12 +199,13 @@ fn every_ingress_and_provider_records_the_providers_usage_exactly_streamed_or_no
                 };
                 let charge = usd(&rec, "charge_usd");
                 let cost_usd = usd(&rec, "cost_usd");
+                let uncached = PROMPT - CACHED - written;
                 assert!(
-                    close(charge, price(PROMPT - CACHED, CACHED, output, sell)),
+                    close(charge, price(uncached, CACHED, written, output, sell)),
                     "{cell}: charge {charge}: {rec}"
                 );
                 assert!(
-                    close(cost_usd, price(PROMPT - CACHED, CACHED, output, cost)),
+                    close(cost_usd, price(uncached, CACHED, written, output, cost)),
                     "{cell}: cost {cost_usd}: {rec}"
                 );
                 per_stream.push((charge, cost_usd));
@@ -206,8 +214,9 @@ fn every_ingress_and_provider_records_the_providers_usage_exactly_streamed_or_no
                 t.1 += output;
                 t.2 += CACHED;
                 t.3 += want_reasoning;
-                t.4 += cost_usd;
-                t.5 += charge;
+                t.4 += written;
+                t.5 += cost_usd;
+                t.6 += charge;
             }
             // The same provider usage costs the same streamed or not (prompt caching on).
             assert_eq!(per_stream[0], per_stream[1], "{client:?} → {model}");
@@ -228,7 +237,7 @@ fn every_ingress_and_provider_records_the_providers_usage_exactly_streamed_or_no
         assert_eq!(series("output"), t.1 as f64, "{model}");
         assert_eq!(series("cached_input"), t.2 as f64, "{model}");
         assert_eq!(series("reasoning"), t.3 as f64, "{model}");
-        assert_eq!(series("cache_write"), 0.0, "{model}");
+        assert_eq!(series("cache_write"), t.4 as f64, "{model}");
         let cost = crate::harness::parse_metric(
             &m,
             &format!(r#"sluice_cost_usd_total{{model="{model}",tenant="t"}}"#),
@@ -239,8 +248,8 @@ fn every_ingress_and_provider_records_the_providers_usage_exactly_streamed_or_no
             &format!(r#"sluice_charge_usd_total{{model="{model}",tenant="t"}}"#),
         )
         .expect("charge series");
-        assert!((cost - t.4).abs() < 1e-8, "{model}: {cost} vs {}", t.4);
-        assert!((charge - t.5).abs() < 1e-8, "{model}: {charge} vs {}", t.5);
+        assert!((cost - t.5).abs() < 1e-8, "{model}: {cost} vs {}", t.5);
+        assert!((charge - t.6).abs() < 1e-8, "{model}: {charge} vs {}", t.6);
         assert!(charge > cost, "{model}: sell above cost");
     }
 }
@@ -277,8 +286,10 @@ fn include_usage_is_asked_for_upstream_and_its_chunk_reaches_only_clients_that_a
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
     for d in data.iter().filter(|d| *d != "[DONE]") {
         let v: Value = serde_json::from_str(d).expect("chunk JSON");
+        // Neither the usage chunk nor the `"usage":null` of the other chunks (which the
+        // upstream adds once asked): the client gets what it would have got unasked.
         assert!(
-            v["usage"].is_null(),
+            v.get("usage").is_none(),
             "usage reached a client that did not ask: {d}"
         );
         assert_eq!(v["choices"].as_array().map(Vec::len), Some(1), "{d}");
