@@ -220,7 +220,9 @@ impl OutputEstimator {
             .filter(|&i| i > 0)
             .unwrap_or(self.pending.len());
         let cut = if cut * 2 < self.pending.len() {
-            self.pending.len() // whitespace only near the start: do not keep a big tail
+            // Whitespace only near the start: do not keep a big tail (a huge delta is
+            // tokenized in bounded pieces by `text_tokens`).
+            self.pending.len()
         } else {
             cut
         };
