@@ -8,8 +8,7 @@
 //! * [`OutputEstimator`]: the output-token estimate of a stream that ended without the
 //!   provider's usage, counted incrementally with the `o200k_base` tokenizer
 //!   ([`crate::protocol::tokens`]) from the text actually streamed, in bounded memory
-//!   (about 1 KiB per stream) and bounded CPU (short answers are tokenized only when the
-//!   estimate is needed, long ones one piece in [`ESTIMATE_SAMPLE_EVERY`]);
+//!   (a 1 KiB sample per stream) and no tokenizer work while the stream runs;
 //! * [`stream_text`]: the generated text of one upstream event or body, found with a byte
 //!   scan (no JSON parse).
 //!
@@ -50,7 +49,7 @@ use memchr::memmem::Finder;
 use std::sync::OnceLock;
 
 use crate::config::{Config, Model, Route};
-use crate::protocol::{tokens, Usage};
+use crate::protocol::{tokens, Dialect, Usage};
 use crate::proxy::ctx::Outcome;
 
 /// One million: prices are per million tokens.
@@ -187,124 +186,148 @@ pub fn meter(config: &Config, standard_model: Option<&str>, o: &Outcome) -> Opti
     ))
 }
 
-/// Text is tokenized in pieces of about this many bytes (cut before whitespace, so that a
-/// token is rarely split): the most one stream's estimator holds.
-pub const ESTIMATE_CHUNK_BYTES: usize = 1024;
+/// The generated text kept per stream as the tokenizer's sample, bytes: the most one
+/// stream's estimator holds.
+pub const ESTIMATE_SAMPLE_BYTES: usize = 1024;
 
-/// One full piece in this many is tokenized; the others are counted at the tokens per byte
-/// of the tokenized ones (the tokenizer costs about 1 µs a byte, far more than relaying
-/// the byte, and the estimate is only needed for a stream that ends without usage).
-pub const ESTIMATE_SAMPLE_EVERY: u64 = 8;
-
-/// Counts the output tokens of a stream from its generated text, incrementally: text is
-/// buffered up to [`ESTIMATE_CHUNK_BYTES`], a piece at a time, never kept. Pieces are cut
-/// before whitespace, where `o200k_base` splits words anyway. A stream shorter than one
-/// piece is tokenized exactly, and only if its count is asked for (it ended without
-/// usage); of longer ones, the first piece and every [`ESTIMATE_SAMPLE_EVERY`]th are
-/// tokenized and the rest scaled by their tokens per byte.
+/// Counts the output tokens of a stream from its generated text, incrementally and in
+/// bounded memory and CPU: the first [`ESTIMATE_SAMPLE_BYTES`] of text are kept (cut
+/// before whitespace, where `o200k_base` splits anyway), later text only counted in bytes.
+/// Nothing is tokenized while the stream runs (the tokenizer costs about 1 µs a byte, far
+/// more than relaying the byte, and the estimate is needed only for a stream that ends
+/// without usage): [`tokens`](Self::tokens) tokenizes the sample, exact for an answer that
+/// fits in it, and scales the rest by the sample's tokens per byte.
 #[derive(Debug, Default)]
 pub struct OutputEstimator {
-    /// Text not counted yet (at most about [`ESTIMATE_CHUNK_BYTES`] + one delta).
-    pending: String,
-    /// Full pieces seen.
-    pieces: u64,
-    /// Bytes and tokens of the tokenized pieces.
-    sampled_bytes: u64,
-    sampled_tokens: u64,
-    /// Bytes of the pieces counted by ratio.
-    scaled_bytes: u64,
+    /// The sample: the first text, at most about [`ESTIMATE_SAMPLE_BYTES`].
+    sample: String,
+    /// The sample is complete; later text is only counted.
+    full: bool,
+    /// Bytes of text after the sample.
+    rest_bytes: u64,
 }
 
 impl OutputEstimator {
-    /// Adds generated text.
-    pub fn push(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        self.pending.push_str(text);
-        if self.pending.len() < ESTIMATE_CHUNK_BYTES {
-            return;
-        }
-        // Cut before the last whitespace (ASCII: a char boundary): `o200k_base` attaches a
-        // space to the word after it. None: count it all.
-        let cut = self
-            .pending
-            .rfind(|c: char| c.is_ascii_whitespace())
-            .filter(|&i| i > 0)
-            .unwrap_or(self.pending.len());
-        let cut = if cut * 2 < self.pending.len() {
-            // Whitespace only near the start: do not keep a big tail (a huge delta is
-            // tokenized in bounded pieces by `text_tokens`).
-            self.pending.len()
-        } else {
-            cut
-        };
-        if self.pieces.is_multiple_of(ESTIMATE_SAMPLE_EVERY) {
-            self.sampled_tokens += tokens::text_tokens(&self.pending[..cut]);
-            self.sampled_bytes += cut as u64;
-        } else {
-            self.scaled_bytes += cut as u64;
-        }
-        self.pieces += 1;
-        self.pending.drain(..cut);
-        if self.pending.capacity() > 2 * ESTIMATE_CHUNK_BYTES {
-            self.pending.shrink_to(ESTIMATE_CHUNK_BYTES);
+    /// Adds one generated JSON string value: once the sample is full only its length is
+    /// counted (no UTF-8 check, no unescaping).
+    pub fn push_json(&mut self, value: JsonText<'_>) {
+        if self.full {
+            self.rest_bytes += value.raw_len() as u64;
+        } else if let Some(t) = value.text() {
+            self.push(&t);
         }
     }
 
-    /// The tokens of everything pushed (tokenizes the pending rest; call at the end).
-    pub fn tokens(&mut self) -> u64 {
-        if !self.pending.is_empty() {
-            self.sampled_tokens += tokens::text_tokens(&self.pending);
-            self.sampled_bytes += self.pending.len() as u64;
-            self.pending.clear();
+    /// Adds generated text.
+    pub fn push(&mut self, text: &str) {
+        if self.full {
+            self.rest_bytes += text.len() as u64;
+            return;
         }
-        let scaled = if self.sampled_bytes == 0 {
-            0
-        } else {
-            (self.scaled_bytes as f64 * self.sampled_tokens as f64 / self.sampled_bytes as f64)
-                .round() as u64
-        };
-        self.sampled_tokens + scaled
+        let room = ESTIMATE_SAMPLE_BYTES.saturating_sub(self.sample.len());
+        if text.len() <= room {
+            self.sample.push_str(text);
+            return;
+        }
+        // Fill the sample up to the last whitespace that fits (a char boundary), else to
+        // the last char boundary; the rest is counted.
+        let mut cut = room;
+        while cut > 0 && !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if let Some(ws) = text[..cut].rfind(|c: char| c.is_ascii_whitespace()) {
+            cut = ws;
+        }
+        self.sample.push_str(&text[..cut]);
+        self.rest_bytes += (text.len() - cut) as u64;
+        self.full = true;
+    }
+
+    /// The estimated tokens of everything pushed (tokenizes the sample; call at the end).
+    pub fn tokens(&self) -> u64 {
+        let sampled = tokens::text_tokens(&self.sample);
+        if self.rest_bytes == 0 || self.sample.is_empty() {
+            // Text without a sample (a first delta over the sample size with no
+            // whitespace): 4 bytes a token, the usual English ratio.
+            return sampled + self.rest_bytes.div_ceil(4);
+        }
+        let per_byte = sampled as f64 / self.sample.len() as f64;
+        sampled + (self.rest_bytes as f64 * per_byte).round() as u64
     }
 }
 
-/// Keys whose string value is generated text, in Chat Completions chunks and bodies
-/// (`content`, `reasoning_content`, `reasoning`, `refusal`, tool-call `arguments`) and
-/// Anthropic Messages events and bodies (`text`, `thinking`, `partial_json`).
-const TEXT_KEYS: [&[u8]; 8] = [
+/// Keys whose string value is generated text: Chat Completions chunks and bodies
+/// (`content`, `reasoning_content`, `reasoning`, `refusal`, tool-call `arguments`), most
+/// frequent first.
+const CHAT_TEXT_KEYS: [&[u8]; 5] = [
     b"\"content\"",
     b"\"reasoning_content\"",
+    b"\"arguments\"",
     b"\"reasoning\"",
     b"\"refusal\"",
-    b"\"arguments\"",
-    b"\"text\"",
-    b"\"thinking\"",
-    b"\"partial_json\"",
 ];
 
-/// Feeds the generated text of one upstream event's (or non-stream body's) JSON to `f`,
-/// one string value at a time, unescaped. A byte scan for [`TEXT_KEYS`] followed by `:`
-/// and a string (a quoted key inside string content has escaped quotes and never matches);
-/// only values with escapes are decoded (with `serde_json`), others are passed as they
-/// are. Anthropic's `tool_use` `input` object of a non-stream body is not text and is not
-/// counted.
-pub fn stream_text(data: &[u8], mut f: impl FnMut(&str)) {
-    static FINDERS: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
-    let finders = FINDERS.get_or_init(|| TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect());
+/// The same for Anthropic Messages events and bodies (`text`, `thinking`, `partial_json`).
+const MESSAGES_TEXT_KEYS: [&[u8]; 3] = [b"\"text\"", b"\"thinking\"", b"\"partial_json\""];
+
+/// One JSON string value as it is in the JSON text (quotes and escapes included).
+#[derive(Debug, Clone, Copy)]
+pub struct JsonText<'a>(&'a [u8]);
+
+impl JsonText<'_> {
+    /// Bytes of the value as written (escapes counted as written, quotes not).
+    pub fn raw_len(&self) -> usize {
+        self.0.len().saturating_sub(2)
+    }
+
+    /// The unescaped text: borrowed when it has no escapes, decoded with `serde_json`
+    /// otherwise; `None` if it is not valid.
+    pub fn text(&self) -> Option<std::borrow::Cow<'_, str>> {
+        let inner = self.0.get(1..self.0.len().saturating_sub(1))?;
+        if memchr::memchr(b'\\', inner).is_none() {
+            return std::str::from_utf8(inner)
+                .ok()
+                .map(std::borrow::Cow::Borrowed);
+        }
+        serde_json::from_slice::<String>(self.0)
+            .ok()
+            .map(std::borrow::Cow::Owned)
+    }
+}
+
+/// Feeds the generated text of one upstream JSON text of `dialect` (an SSE event's data,
+/// or with `all` a whole non-stream body) to `f`, one string value at a time, as written
+/// ([`JsonText`]). A byte scan for the dialect's text keys followed by `:` and a string (a
+/// quoted key inside string content has escaped quotes and never matches; a value's end is
+/// found with `memchr2`). Without `all` (a stream
+/// event, which carries one delta) the scan stops at the first non-empty text member, so
+/// a typical event costs one `memmem` search up to its delta. Anthropic's `tool_use`
+/// `input` object of a non-stream body is not text and is not counted; Responses is not
+/// an upstream dialect and has none.
+pub fn stream_text(dialect: Dialect, data: &[u8], all: bool, mut f: impl FnMut(JsonText<'_>)) {
+    static CHAT: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
+    static MESSAGES: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
+    let finders = match dialect {
+        Dialect::ChatCompletions => {
+            CHAT.get_or_init(|| CHAT_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
+        }
+        Dialect::Messages => {
+            MESSAGES.get_or_init(|| MESSAGES_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
+        }
+        Dialect::Responses => return,
+    };
     for finder in finders {
         for pos in finder.find_iter(data) {
             let rest = data.get(pos + finder.needle().len()..).unwrap_or_default();
             let Some(value) = member_string(rest) else {
                 continue;
             };
-            if value.contains(&b'\\') {
-                // `value` is the quoted string, escapes and all.
-                if let Ok(s) = serde_json::from_slice::<String>(value) {
-                    f(&s);
-                }
-            } else if let Ok(s) = std::str::from_utf8(&value[1..value.len() - 1]) {
-                f(s);
+            if value.len() <= 2 {
+                continue; // ""
+            }
+            f(JsonText(value));
+            if !all {
+                return;
             }
         }
     }
@@ -320,15 +343,14 @@ fn member_string(after_key: &[u8]) -> Option<&[u8]> {
     if s.first() != Some(&b'"') {
         return None;
     }
-    let mut escaped = false;
-    for (i, &b) in s.iter().enumerate().skip(1) {
-        if escaped {
-            escaped = false;
-        } else if b == b'\\' {
-            escaped = true;
-        } else if b == b'"' {
-            return Some(&s[..=i]);
+    // Jump from quote or backslash to the next with `memchr2`: an escape skips one byte.
+    let mut i = 1;
+    while let Some(off) = memchr::memchr2(b'"', b'\\', s.get(i..)?) {
+        let at = i + off;
+        if s[at] == b'"' {
+            return Some(&s[..=at]);
         }
+        i = at + 2;
     }
     None
 }
@@ -410,35 +432,42 @@ mod tests {
     }
 
     #[test]
-    fn the_estimator_counts_like_the_whole_text_in_bounded_memory() {
-        let text = "The quick brown fox jumps over the lazy dog. ".repeat(200);
-        let whole = tokens::text_tokens(&text);
-        let mut e = OutputEstimator::default();
-        // Deltas of a few characters, as a stream sends them.
-        let mut max_pending = 0;
-        for piece in text.as_bytes().chunks(7) {
-            e.push(std::str::from_utf8(piece).unwrap());
-            max_pending = max_pending.max(e.pending.capacity());
-        }
-        assert!(max_pending <= 4 * ESTIMATE_CHUNK_BYTES, "{max_pending}");
-        let n = e.tokens();
-        assert!(n.abs_diff(whole) * 100 <= whole, "{n} vs {whole}");
-        // Short text (one piece) is counted exactly.
+    fn the_estimator_counts_from_a_bounded_sample() {
+        // Short text (within the sample) is counted exactly.
         let mut e = OutputEstimator::default();
         for w in ["Hello", " there,", " how", " are", " you?"] {
             e.push(w);
         }
         assert_eq!(e.tokens(), tokens::text_tokens("Hello there, how are you?"));
-        // Varied text is estimated within a few per cent.
+        // Long text, in deltas of a few characters: bounded memory, close to the whole.
+        let text = "The quick brown fox jumps over the lazy dog. ".repeat(200);
+        let whole = tokens::text_tokens(&text);
+        let mut e = OutputEstimator::default();
+        for piece in text.as_bytes().chunks(7) {
+            e.push(std::str::from_utf8(piece).unwrap());
+        }
+        assert!(
+            e.sample.capacity() <= 2 * ESTIMATE_SAMPLE_BYTES,
+            "{}",
+            e.sample.capacity()
+        );
+        let n = e.tokens();
+        assert!(n.abs_diff(whole) * 100 <= whole * 2, "{n} vs {whole}");
+        // Varied multi-byte text within a few per cent.
         let varied: String = (0..3000)
             .map(|i| {
-                format!(
-                    "{} ",
-                    [
-                        "alpha", "beta", "gamma", "delta", "epsilon", "of", "the", "Zürich",
-                        "naïve", "42"
-                    ][i * 7 % 10]
-                )
+                let w = [
+                    "alpha",
+                    "beta",
+                    "gamma",
+                    "of",
+                    "the",
+                    "Zürich",
+                    "naïve",
+                    "42",
+                    "δέλτα",
+                ];
+                format!("{} ", w[i * 7 % w.len()])
             })
             .collect();
         let whole = tokens::text_tokens(&varied);
@@ -448,37 +477,52 @@ mod tests {
         }
         let n = e.tokens();
         assert!(n.abs_diff(whole) * 100 <= whole * 5, "{n} vs {whole}");
-        // Text without whitespace is still counted (cut where it must be).
+        // One huge delta without whitespace is still counted.
         let mut e = OutputEstimator::default();
-        for _ in 0..500 {
-            e.push("abcdefgh");
-        }
-        let n = e.tokens();
-        let whole = tokens::text_tokens(&"abcdefgh".repeat(500));
-        assert!(n.abs_diff(whole) <= 8, "{n} vs {whole}");
+        e.push(&"x".repeat(10_000));
+        assert!(e.tokens() > 100);
     }
 
     #[test]
     fn stream_text_finds_generated_text_of_both_dialects_and_unescapes_it() {
         let mut got = Vec::new();
         let chat = br#"{"id":"x","choices":[{"index":0,"delta":{"content":"Hel\"lo \u00e9"},"finish_reason":null}]}"#;
-        stream_text(chat, |s| got.push(s.to_string()));
+        stream_text(Dialect::ChatCompletions, chat, false, |s| {
+            got.push(s.text().unwrap().into_owned())
+        });
         assert_eq!(got, ["Hel\"lo é"]);
         got.clear();
         let args = br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}"#;
-        stream_text(args, |s| got.push(s.to_string()));
+        stream_text(Dialect::ChatCompletions, args, false, |s| {
+            got.push(s.text().unwrap().into_owned())
+        });
         assert_eq!(got, ["{\"city\":"]);
         got.clear();
         let anthropic = br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi there"}}"#;
-        stream_text(anthropic, |s| got.push(s.to_string()));
+        stream_text(Dialect::Messages, anthropic, false, |s| {
+            got.push(s.text().unwrap().into_owned())
+        });
         assert_eq!(got, ["hi there"]);
         got.clear();
         // Values that are not strings, and the key inside a string, count nothing.
         let none =
             br#"{"type":"message_start","message":{"content":[],"usage":{"input_tokens":3}}}"#;
-        stream_text(none, |s| got.push(s.to_string()));
+        stream_text(Dialect::Messages, none, true, |s| {
+            got.push(s.text().unwrap().into_owned())
+        });
+        stream_text(Dialect::ChatCompletions, none, true, |s| {
+            got.push(s.text().unwrap().into_owned())
+        });
         let quoted = br#"{"choices":[{"delta":{"role":"assistant"},"x":"say \"content\": no"}]}"#;
-        stream_text(quoted, |s| got.push(s.to_string()));
+        stream_text(Dialect::ChatCompletions, quoted, true, |s| {
+            got.push(s.text().unwrap().into_owned())
+        });
         assert!(got.is_empty(), "{got:?}");
+        // A whole body: every text member.
+        let body = br#"{"content":[{"type":"text","text":"one"},{"type":"thinking","thinking":"two"},{"type":"text","text":"three"}]}"#;
+        stream_text(Dialect::Messages, body, true, |s| {
+            got.push(s.text().unwrap().into_owned())
+        });
+        assert_eq!(got, ["one", "three", "two"]);
     }
 }

@@ -788,7 +788,7 @@ async fn unary(
     } else {
         // No usage in the body: estimated from its text.
         let mut est = crate::metering::OutputEstimator::default();
-        crate::metering::stream_text(&body, |t| est.push(t));
+        crate::metering::stream_text(upstream, &body, true, |t| est.push_json(t));
         estimate_usage(ctx, None, est.tokens());
     }
     ctx.outcome.provider = Some(route.provider.id.clone());

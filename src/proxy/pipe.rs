@@ -259,7 +259,9 @@ impl<'r> StreamPipe<'r> {
                 if content > 0 {
                     self.content_events += content;
                     self.first_content = true;
-                    metering::stream_text(&data, |s| self.estimator.push(s));
+                    metering::stream_text(self.upstream, &data, false, |s| {
+                        self.estimator.push_json(s);
+                    });
                 }
                 let u = t.usage();
                 if u != protocol::Usage::default() {
@@ -310,7 +312,9 @@ impl<'r> StreamPipe<'r> {
             if sse::has_content(&data) {
                 self.content_events += 1;
                 self.first_content = true;
-                metering::stream_text(&data, |s| self.estimator.push(s));
+                metering::stream_text(self.upstream, &data, false, |s| {
+                    self.estimator.push_json(s);
+                });
             }
             if !self.finish_seen
                 && if messages {
