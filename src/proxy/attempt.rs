@@ -1024,7 +1024,7 @@ async fn stream(
     }
     if complete {
         Box::pin(release_or_close(connector, up, peer)).await;
-        finish_stream(ctx, &mut pipe);
+        finish_stream(ctx, &pipe);
         return Attempt::Done;
     }
 
@@ -1121,7 +1121,7 @@ async fn stream(
         match ev {
             Ev::Gone => {
                 up.shutdown().await;
-                finish_stream(ctx, &mut pipe);
+                finish_stream(ctx, &pipe);
                 return Attempt::Gone(ClientGone("streaming"));
             }
             Ev::Idle => {
@@ -1186,7 +1186,7 @@ async fn stream(
                     let body = (!out.is_empty()).then_some(out);
                     if session.write_response_body(body, complete).await.is_err() {
                         up.shutdown().await;
-                        finish_stream(ctx, &mut pipe);
+                        finish_stream(ctx, &pipe);
                         return Attempt::Gone(ClientGone("streaming"));
                     }
                 }
@@ -1231,7 +1231,7 @@ async fn stream(
                     .await
                     .is_err()
                 {
-                    finish_stream(ctx, &mut pipe);
+                    finish_stream(ctx, &pipe);
                     return Attempt::Gone(ClientGone("streaming"));
                 }
             }
@@ -1244,12 +1244,12 @@ async fn stream(
                 ctx.outcome.upstream_broke = true;
             }
             if session.write_response_body(Some(ev), true).await.is_err() {
-                finish_stream(ctx, &mut pipe);
+                finish_stream(ctx, &pipe);
                 return Attempt::Gone(ClientGone("streaming"));
             }
         }
     }
-    finish_stream(ctx, &mut pipe);
+    finish_stream(ctx, &pipe);
     Attempt::Done
 }
 
@@ -1404,7 +1404,7 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
 
 /// Records usage for a finished stream (metering): the provider's final `usage` when the
 /// stream completed with one, else an estimate (see [`estimate_usage`]).
-fn finish_stream(ctx: &mut RequestCtx, pipe: &mut StreamPipe<'_>) {
+fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
     match pipe.final_usage() {
         Some(u) => set_usage(ctx, &u, false),
         None => {
