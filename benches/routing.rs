@@ -53,6 +53,8 @@ fn model(n: usize, strategy: Strategy) -> Model {
                 weight: 1 + u32::try_from(i % 3).unwrap_or(0),
                 input_usd_per_mtok: 0.1 + (i % 5) as f64,
                 output_usd_per_mtok: 0.4 + (i % 7) as f64,
+                cached_input_usd_per_mtok: None,
+                cache_write_usd_per_mtok: None,
                 capabilities: (i % 3 == 2).then(|| vec![Capability::Vision]),
             }
         })
@@ -65,6 +67,8 @@ fn model(n: usize, strategy: Strategy) -> Model {
         default_max_tokens: 4096,
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
+        cached_input_usd_per_mtok: None,
+        cache_write_usd_per_mtok: None,
         routes,
     }
 }

@@ -23,6 +23,7 @@
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
 //! | [`ledger`] | the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage` |
 //! | [`error`] | client-facing errors and attempt records |
+//! | [`metering`] | per-request token usage by class, estimates, prices (cost and charge) |
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`] |
 //! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
@@ -31,7 +32,7 @@
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
 //! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
-//! [`proxy::access_log`] → [`ledger`]. Module dependencies point down this path: none of these
+//! [`metering`], [`proxy::access_log`] → [`ledger`]. Module dependencies point down this path: none of these
 //! modules uses one that calls it (config and the protocol layer are at the bottom, next to
 //! metrics and sse).
 
@@ -43,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod ledger;
 pub mod logging;
+pub mod metering;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod protocol;

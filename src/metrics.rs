@@ -7,9 +7,10 @@
 //! `status` an HTTP status, `reason`/`phase` fixed small sets.
 
 use prometheus::{
-    exponential_buckets, register_histogram, register_histogram_vec, register_int_counter,
-    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, Encoder, Histogram,
-    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, TextEncoder,
+    exponential_buckets, register_counter_vec, register_histogram, register_histogram_vec,
+    register_int_counter, register_int_counter_vec, register_int_gauge, register_int_gauge_vec,
+    CounterVec, Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    TextEncoder,
 };
 use std::sync::LazyLock;
 
@@ -53,8 +54,15 @@ pub struct Metrics {
     pub client_aborts_total: IntCounterVec,
     /// `sluice_provider_health{provider,route}`: 0 healthy, 1 degraded, 2 unhealthy.
     pub provider_health: IntGaugeVec,
-    /// `sluice_tokens_total{model,direction}`: tokens by direction (`input`, `output`).
+    /// `sluice_tokens_total{tenant,model,kind}`: metered tokens by class ([`TOKEN_KINDS`]:
+    /// `input` (cached included), `output` (reasoning included), `cached_input`,
+    /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]).
     pub tokens_total: IntCounterVec,
+    /// `sluice_cost_usd_total{tenant,model}`: what providers bill, at the routes' prices, USD.
+    pub cost_usd_total: CounterVec,
+    /// `sluice_charge_usd_total{tenant,model}`: what tenants are charged, at the standard
+    /// models' sell prices, USD.
+    pub charge_usd_total: CounterVec,
     /// `sluice_heartbeats_total`: `: keepalive` comments written.
     pub heartbeats_total: IntCounterVec,
     /// `sluice_stream_errors_total{reason}`: committed streams that ended with an error event.
@@ -228,8 +236,18 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         tokens_total: register_int_counter_vec!(
             "sluice_tokens_total",
-            "Tokens by standard model and direction (input, output).",
-            &["model", "direction"]
+            "Metered tokens by tenant, standard model and kind (input incl. cached, output incl. reasoning, cached_input, cache_write, reasoning).",
+            &["tenant", "model", "kind"]
+        )?,
+        cost_usd_total: register_counter_vec!(
+            "sluice_cost_usd_total",
+            "Provider cost of metered usage at the routes' prices, USD.",
+            &["tenant", "model"]
+        )?,
+        charge_usd_total: register_counter_vec!(
+            "sluice_charge_usd_total",
+            "Charge of metered usage at the standard models' sell prices, USD.",
+            &["tenant", "model"]
         )?,
         heartbeats_total: register_int_counter_vec!(
             "sluice_heartbeats_total",
@@ -381,6 +399,37 @@ const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
 /// The `reason`s of same-route retries (only connect failures and 502/503 are retried).
 const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
 
+/// The `kind` label values of `sluice_tokens_total`.
+pub const TOKEN_KINDS: [&str; 5] = [
+    "input",
+    "output",
+    "cached_input",
+    "cache_write",
+    "reasoning",
+];
+
+/// Records one request's metering: tokens by kind, cost and charge.
+pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
+    let mx = metrics();
+    for (kind, n) in TOKEN_KINDS.into_iter().zip([
+        m.input_tokens,
+        m.output_tokens,
+        m.cached_input_tokens,
+        m.cache_write_tokens,
+        m.reasoning_tokens,
+    ]) {
+        mx.tokens_total
+            .with_label_values(&[tenant, model, kind])
+            .inc_by(n);
+    }
+    mx.cost_usd_total
+        .with_label_values(&[tenant, model])
+        .inc_by(m.cost_usd);
+    mx.charge_usd_total
+        .with_label_values(&[tenant, model])
+        .inc_by(m.charge_usd);
+}
+
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
@@ -413,9 +462,14 @@ pub fn init_config_series(cfg: &crate::config::Config) {
         }
     }
     for (model_id, model) in &cfg.models {
-        for direction in ["input", "output"] {
-            m.tokens_total
-                .with_label_values(&[model_id.as_str(), direction]);
+        // Metering series per tenant × model: bounded by the config.
+        for tenant_id in cfg.tenants.keys() {
+            let (t, mid) = (tenant_id.as_str(), model_id.as_str());
+            for kind in TOKEN_KINDS {
+                m.tokens_total.with_label_values(&[t, mid, kind]);
+            }
+            m.cost_usd_total.with_label_values(&[t, mid]);
+            m.charge_usd_total.with_label_values(&[t, mid]);
         }
         for method in ["provider", "estimate"] {
             m.token_counts_total

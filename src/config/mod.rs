@@ -259,6 +259,12 @@ pub struct Model {
     pub input_usd_per_mtok: Option<f64>,
     /// Sell price, USD per million output tokens.
     pub output_usd_per_mtok: Option<f64>,
+    /// Sell price, USD per million input tokens read from the prompt cache (`None`: the
+    /// input price).
+    pub cached_input_usd_per_mtok: Option<f64>,
+    /// Sell price, USD per million input tokens written to the prompt cache (`None`: the
+    /// input price).
+    pub cache_write_usd_per_mtok: Option<f64>,
     /// Routes in file order.
     pub routes: Vec<Route>,
 }
@@ -278,6 +284,12 @@ pub struct Route {
     pub input_usd_per_mtok: f64,
     /// Cost, USD per million output tokens.
     pub output_usd_per_mtok: f64,
+    /// Cost, USD per million input tokens read from the prompt cache (`None`: the input
+    /// cost).
+    pub cached_input_usd_per_mtok: Option<f64>,
+    /// Cost, USD per million input tokens written to the prompt cache (`None`: the input
+    /// cost).
+    pub cache_write_usd_per_mtok: Option<f64>,
     /// Capabilities; `None` means all.
     pub capabilities: Option<Vec<Capability>>,
     /// The model echo: puts the standard id in responses, whatever model id the provider answered.

@@ -471,9 +471,17 @@ pub struct ModelSection {
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,
-    /// Sell price for output tokens, USD per million tokens.
+    /// Sell price for output tokens (reasoning included), USD per million tokens.
     #[serde(default)]
     pub output_usd_per_mtok: Option<f64>,
+    /// Sell price for input tokens read from the provider's prompt cache, USD per million
+    /// tokens (default: `input_usd_per_mtok`).
+    #[serde(default)]
+    pub cached_input_usd_per_mtok: Option<f64>,
+    /// Sell price for input tokens written to the provider's prompt cache (Anthropic cache
+    /// creation), USD per million tokens (default: `input_usd_per_mtok`).
+    #[serde(default)]
+    pub cache_write_usd_per_mtok: Option<f64>,
     /// Ordered upstream targets.
     #[serde(default)]
     pub routes: Vec<RouteSection>,
@@ -499,6 +507,14 @@ pub struct RouteSection {
     /// Cost of output tokens, USD per million tokens (default 0).
     #[serde(default)]
     pub output_usd_per_mtok: f64,
+    /// Cost of input tokens read from the provider's prompt cache, USD per million tokens
+    /// (default: `input_usd_per_mtok`).
+    #[serde(default)]
+    pub cached_input_usd_per_mtok: Option<f64>,
+    /// Cost of input tokens written to the provider's prompt cache, USD per million tokens
+    /// (default: `input_usd_per_mtok`).
+    #[serde(default)]
+    pub cache_write_usd_per_mtok: Option<f64>,
     /// Capabilities; absent means all.
     #[serde(default)]
     pub capabilities: Option<Vec<Capability>>,

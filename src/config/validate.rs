@@ -179,9 +179,38 @@ pub(crate) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>,
 
 /// Valid but risky settings of `cfg`, located like errors (`file:line:col: key: message`).
 /// Today: an `admin_listen` that is not a loopback address (the admin listener has no
-/// authentication).
+/// authentication), and a standard model priced in part: some sell price set but
+/// `input_usd_per_mtok` or `output_usd_per_mtok` absent (those tokens are charged 0; a model
+/// with no sell price at all is free by intent, e.g. the demo, and not warned about).
 pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
     let mut out = Vec::new();
+    for (id, m) in &cfg.models {
+        let missing: Vec<&str> = [
+            ("input_usd_per_mtok", m.input_usd_per_mtok),
+            ("output_usd_per_mtok", m.output_usd_per_mtok),
+        ]
+        .into_iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k)
+        .collect();
+        let priced = m.input_usd_per_mtok.is_some()
+            || m.output_usd_per_mtok.is_some()
+            || m.cached_input_usd_per_mtok.is_some()
+            || m.cache_write_usd_per_mtok.is_some();
+        if let Some(first) = missing.first().filter(|_| priced) {
+            let text = std::fs::read_to_string(&cfg.source_path).ok();
+            out.push(ConfigError::at(
+                &cfg.source_path,
+                text.as_deref(),
+                &format!("models.{id}.{first}"),
+                format!(
+                    "no sell price ({} absent): tenants are charged 0 for these tokens \
+                     (cost and usage are still recorded)",
+                    missing.join(", ")
+                ),
+            ));
+        }
+    }
     let admin = &cfg.server.admin_listen;
     if admin
         .parse::<std::net::SocketAddr>()
@@ -297,8 +326,27 @@ fn merge(
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
+        entry.cached_input_usd_per_mtok = entry
+            .cached_input_usd_per_mtok
+            .or(m.cached_input_usd_per_mtok);
+        entry.cache_write_usd_per_mtok = entry
+            .cache_write_usd_per_mtok
+            .or(m.cache_write_usd_per_mtok);
     }
     Ok(())
+}
+
+/// A price (USD per million tokens) must be a finite number ≥ 0.
+fn check_price(v: Option<f64>) -> Result<(), String> {
+    match v {
+        Some(p) if !p.is_finite() => Err(format!(
+            "must be a finite number (USD per million tokens), got {p}"
+        )),
+        Some(p) if p < 0.0 => Err(format!(
+            "must not be negative (USD per million tokens), got {p}"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn ms(v: u64) -> Duration {
@@ -693,6 +741,14 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 "a model needs at least one route".into(),
             ));
         }
+        for (name, v) in [
+            ("input_usd_per_mtok", m.input_usd_per_mtok),
+            ("output_usd_per_mtok", m.output_usd_per_mtok),
+            ("cached_input_usd_per_mtok", m.cached_input_usd_per_mtok),
+            ("cache_write_usd_per_mtok", m.cache_write_usd_per_mtok),
+        ] {
+            check_price(v).map_err(|e| main_err(&format!("models.{id}.{name}"), e))?;
+        }
         let files = sources.route_files.get(&id).cloned().unwrap_or_default();
         let mut routes = Vec::with_capacity(m.routes.len());
         for (i, r) in m.routes.into_iter().enumerate() {
@@ -719,8 +775,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             if r.weight == 0 {
                 return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
             }
-            if r.input_usd_per_mtok < 0.0 || r.output_usd_per_mtok < 0.0 {
-                return Err(sources.err(fidx, &key, "prices must not be negative"));
+            for (name, v) in [
+                ("input_usd_per_mtok", Some(r.input_usd_per_mtok)),
+                ("output_usd_per_mtok", Some(r.output_usd_per_mtok)),
+                ("cached_input_usd_per_mtok", r.cached_input_usd_per_mtok),
+                ("cache_write_usd_per_mtok", r.cache_write_usd_per_mtok),
+            ] {
+                check_price(v).map_err(|m| sources.err(fidx, &format!("{key}.{name}"), m))?;
             }
             routes.push(Route {
                 health_key: format!("{}/{}", provider.id, r.upstream_model),
@@ -731,6 +792,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 weight: r.weight,
                 input_usd_per_mtok: r.input_usd_per_mtok,
                 output_usd_per_mtok: r.output_usd_per_mtok,
+                cached_input_usd_per_mtok: r.cached_input_usd_per_mtok,
+                cache_write_usd_per_mtok: r.cache_write_usd_per_mtok,
                 capabilities: r.capabilities,
             });
         }
@@ -744,6 +807,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
+                cached_input_usd_per_mtok: m.cached_input_usd_per_mtok,
+                cache_write_usd_per_mtok: m.cache_write_usd_per_mtok,
                 routes,
             }),
         );
@@ -1184,6 +1249,66 @@ mod tests {
             "admin_listen: 127.0.0.2:8080",
         );
         assert!(load_str(&other_ip).is_ok());
+    }
+
+    #[test]
+    fn prices_load_with_their_defaults_and_bad_ones_are_located() {
+        let priced = MINIMAL.replace(
+            "  acme/chat-small:\n    routes:\n",
+            "  acme/chat-small:\n    input_usd_per_mtok: 0.30\n    output_usd_per_mtok: 1.20\n    cached_input_usd_per_mtok: 0.075\n    routes:\n",
+        );
+        let priced = priced.replace(
+            "        priority: 10\n",
+            "        priority: 10\n        input_usd_per_mtok: 0.15\n        output_usd_per_mtok: 0.60\n        cache_write_usd_per_mtok: 0.1875\n",
+        );
+        let c = load_str(&priced).unwrap();
+        let m = &c.models["acme/chat-small"];
+        assert_eq!(m.cached_input_usd_per_mtok, Some(0.075));
+        assert_eq!(m.cache_write_usd_per_mtok, None);
+        assert_eq!(m.routes[0].cache_write_usd_per_mtok, Some(0.1875));
+        assert_eq!(m.routes[0].cached_input_usd_per_mtok, None);
+        assert!(c.warnings().is_empty());
+
+        for (bad, key, line) in [
+            (
+                "cached_input_usd_per_mtok: -0.1",
+                "models.acme/chat-small.cached_input_usd_per_mtok",
+                18,
+            ),
+            (
+                "cached_input_usd_per_mtok: .nan",
+                "models.acme/chat-small.cached_input_usd_per_mtok",
+                18,
+            ),
+            (
+                "cached_input_usd_per_mtok: .inf",
+                "models.acme/chat-small.cached_input_usd_per_mtok",
+                18,
+            ),
+        ] {
+            let y = priced.replace("cached_input_usd_per_mtok: 0.075", bad);
+            let e = load_str(&y).unwrap_err();
+            assert_eq!(e.key_path, key, "{bad}: {e}");
+            assert_eq!(e.line, Some(line), "{bad}: {e}");
+        }
+        let y = priced.replace(
+            "cache_write_usd_per_mtok: 0.1875",
+            "cache_write_usd_per_mtok: -1",
+        );
+        let e = load_str(&y).unwrap_err();
+        assert_eq!(
+            e.key_path, "models.acme/chat-small.routes[0].cache_write_usd_per_mtok",
+            "{e}"
+        );
+        assert!(e.message.contains("must not be negative"), "{e}");
+
+        // Priced in part: a located warning (output would be free).
+        let half = priced.replace("    output_usd_per_mtok: 1.20\n", "");
+        let w = load_str(&half).unwrap().warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].key_path, "models.acme/chat-small.output_usd_per_mtok");
+        // Not priced at all: free by intent, no warning.
+        assert!(load_str(MINIMAL).unwrap().warnings().is_empty());
     }
 
     #[test]

@@ -125,7 +125,8 @@ pub struct Behavior {
     /// Write `data:` / `event:` without the space after the colon.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_space: Option<bool>,
-    /// Force the final OpenAI usage chunk even without `stream_options.include_usage`.
+    /// `true`: the final OpenAI usage chunk even without `stream_options.include_usage`;
+    /// `false`: none even when asked (a provider that never reports usage in streams).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<bool>,
     /// Slow-reader mode: stream ~1 KiB content chunks as fast as the peer reads until this
@@ -230,6 +231,11 @@ pub struct Behavior {
     /// does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// Prompt tokens written to the provider's prompt cache (part of the prompt tokens, at
+    /// most those not read from it): Anthropic `cache_creation_input_tokens`, with
+    /// `input_tokens` counting only the rest; OpenAI-compatible answers have no such field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -333,6 +339,7 @@ impl Behavior {
             reasoning,
             signature,
             cached_tokens,
+            cache_write_tokens,
         )
     }
 

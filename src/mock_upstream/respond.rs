@@ -308,9 +308,13 @@ pub(crate) fn prepare(
         model,
         prompt_tokens,
         cached_tokens: behavior.cached_tokens.map(|n| n.min(prompt_tokens)),
+        cache_write_tokens: behavior.cache_write_tokens.map_or(0, |n| {
+            n.min(prompt_tokens - behavior.cached_tokens.unwrap_or(0).min(prompt_tokens))
+        }),
         finish_reason,
         include_usage,
-        usage_chunk: include_usage || Behavior::flag(behavior.usage),
+        // `usage: false` omits it even when asked (providers that never send usage).
+        usage_chunk: behavior.usage.unwrap_or(include_usage),
         extras,
     };
 

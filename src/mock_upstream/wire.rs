@@ -33,6 +33,8 @@ pub(crate) struct ReplyMeta {
     pub prompt_tokens: u64,
     /// Prompt tokens read from the cache (part of `prompt_tokens`), if the answer says.
     pub cached_tokens: Option<u64>,
+    /// Prompt tokens written to the cache (part of `prompt_tokens`; Anthropic only).
+    pub cache_write_tokens: u64,
     /// OpenAI `finish_reason` / Anthropic `stop_reason`.
     pub finish_reason: String,
     /// `stream_options.include_usage` was requested (adds `"usage":null` to chunks).
@@ -477,16 +479,19 @@ pub(crate) fn anthropic_message_start(m: &ReplyMeta) -> String {
     )
 }
 
-/// The input fields of an Anthropic `usage` object: `input_tokens`, and with cached tokens
-/// `cache_creation_input_tokens` and `cache_read_input_tokens` (`input_tokens` then counts
-/// only the uncached rest).
+/// The input fields of an Anthropic `usage` object: `input_tokens`, and with cache reads or
+/// writes `cache_creation_input_tokens` and `cache_read_input_tokens` (`input_tokens` then
+/// counts only the uncached rest).
 fn anthropic_input_usage(m: &ReplyMeta) -> String {
-    match m.cached_tokens {
-        None => format!("\"input_tokens\":{}", m.prompt_tokens),
-        Some(n) => format!(
-            "\"input_tokens\":{},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{n}",
-            m.prompt_tokens - n
-        ),
+    match (m.cached_tokens, m.cache_write_tokens) {
+        (None, 0) => format!("\"input_tokens\":{}", m.prompt_tokens),
+        (read, write) => {
+            let read = read.unwrap_or(0);
+            format!(
+                "\"input_tokens\":{},\"cache_creation_input_tokens\":{write},\"cache_read_input_tokens\":{read}",
+                m.prompt_tokens - read - write
+            )
+        }
     }
 }
 

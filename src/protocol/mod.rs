@@ -10,7 +10,7 @@
 //!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only);
 //! * the dialect-agnostic entry points the proxy calls ([`decode_request`],
 //!   [`encode_request`], [`decode_response`], [`encode_response`],
-//!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`],
+//!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`], [`merge_usage`],
 //!   [`StreamTranslator`]): the proxy never names a dialect's module;
 //! * the local input-token estimate of a canonical request ([`tokens`]); the
 //!   token-count request, which only Anthropic's API has, is
@@ -712,6 +712,32 @@ pub fn decode_response(
         Dialect::Responses => Err(ProtocolError::InvalidUpstream(
             "the Responses API is not an upstream dialect".into(),
         )),
+    }
+}
+
+/// Merges one upstream `usage` object of `dialect` (its JSON bytes) into `into`, with all
+/// token classes in the canonical convention (input includes cache reads and writes).
+/// Chat Completions usage is final and replaces `into`; Anthropic Messages usage is
+/// partial and cumulative (`message_start`, then `message_delta`) and replaces only the
+/// fields it carries. Returns false (and leaves `into`) when the bytes are not a usage
+/// object of that dialect.
+pub fn merge_usage(dialect: Dialect, usage_json: &[u8], into: &mut Usage) -> bool {
+    match dialect {
+        Dialect::ChatCompletions => match serde_json::from_slice::<chat::UsageIn>(usage_json) {
+            Ok(u) => {
+                *into = u.canonical();
+                true
+            }
+            Err(_) => false,
+        },
+        Dialect::Messages => match serde_json::from_slice::<messages::UsageIn>(usage_json) {
+            Ok(u) => {
+                u.merge_into(into);
+                true
+            }
+            Err(_) => false,
+        },
+        Dialect::Responses => false,
     }
 }
 

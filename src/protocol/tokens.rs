@@ -44,12 +44,56 @@ fn bpe() -> &'static CoreBPE {
     tiktoken_rs::o200k_base_singleton()
 }
 
-/// Tokens in `text` (`o200k_base`, special-token text counted as ordinary text).
+/// Text is tokenized in pieces of at most this many bytes, cut before whitespace where
+/// there is some (where `o200k_base` splits anyway, so the count is the whole text's):
+/// BPE merging is quadratic in the length of one run without whitespace, so a client's
+/// megabyte of letters would otherwise cost CPU seconds.
+pub const PIECE_BYTES: usize = 1024;
+
+/// Text up to this many bytes is counted exactly; longer text is estimated from its first
+/// and last `EXACT_BYTES / 2` bytes, scaled by length (bounded CPU per call, about 50 ms
+/// of a debug build at most).
+pub const EXACT_BYTES: usize = 64 * 1024;
+
+/// Tokens in `text` (`o200k_base`, special-token text counted as ordinary text): exact up
+/// to [`EXACT_BYTES`], beyond it an estimate from a sample (see there).
 pub fn text_tokens(text: &str) -> u64 {
     if text.is_empty() {
         return 0;
     }
-    bpe().encode_ordinary(text).len() as u64
+    if text.len() <= EXACT_BYTES {
+        return piece_tokens(text);
+    }
+    let half = EXACT_BYTES / 2;
+    let head = &text[..floor_boundary(text, half)];
+    let tail = &text[floor_boundary(text, text.len() - half)..];
+    let sampled = piece_tokens(head) + piece_tokens(tail);
+    let scale = text.len() as f64 / (head.len() + tail.len()) as f64;
+    (sampled as f64 * scale).round() as u64
+}
+
+/// Tokens of `text`, tokenized [`PIECE_BYTES`] at a time.
+fn piece_tokens(mut text: &str) -> u64 {
+    let bpe = bpe();
+    let mut n = 0u64;
+    while text.len() > PIECE_BYTES {
+        let hard = floor_boundary(text, PIECE_BYTES);
+        let cut = text[..hard]
+            .rfind(char::is_whitespace)
+            .filter(|&i| i > 0)
+            .unwrap_or(hard);
+        n += bpe.encode_ordinary(&text[..cut]).len() as u64;
+        text = &text[cut..];
+    }
+    n + bpe.encode_ordinary(text).len() as u64
+}
+
+/// The largest char boundary of `s` at or below `i`.
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }
 
 /// The estimated input tokens of `req` (see the module doc for what is counted). CPU time
@@ -112,6 +156,35 @@ mod tests {
         assert_eq!(text_tokens("hello world"), 2);
         assert_eq!(text_tokens(""), 0);
         assert!(text_tokens("héllo wörld, ünïcode ✓") > 4);
+    }
+
+    #[test]
+    fn long_text_is_counted_in_pieces_and_huge_text_from_a_sample_in_bounded_time() {
+        // Natural text: pieces cut before whitespace count as the whole.
+        let prose = "The quick brown fox jumps over the lazy dog. ".repeat(1000);
+        assert!(prose.len() < EXACT_BYTES);
+        let whole = bpe().encode_ordinary(&prose).len() as u64;
+        assert_eq!(text_tokens(&prose), whole);
+        // A megabyte without whitespace (quadratic for BPE in one piece): bounded time,
+        // and a figure of the right size (o200k packs runs of one letter several a token).
+        let t0 = std::time::Instant::now();
+        let n = text_tokens(&"a".repeat(1024 * 1024));
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert!(
+            (1024 * 1024 / 64..=1024 * 1024).contains(&(n as usize)),
+            "{n}"
+        );
+        // Huge prose is estimated within a few per cent.
+        let huge = "The quick brown fox jumps over the lazy dog. ".repeat(20_000);
+        let exact = bpe().encode_ordinary(&huge).len() as u64;
+        let est = text_tokens(&huge);
+        assert!(est.abs_diff(exact) * 100 <= exact * 2, "{est} vs {exact}");
+        // Multi-byte text is cut on char boundaries.
+        assert!(text_tokens(&"é".repeat(100_000)) > 0);
     }
 
     #[test]

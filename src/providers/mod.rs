@@ -204,27 +204,42 @@ pub const GATEWAY_FIELDS: &[&str] = &["provider"];
 
 /// Serializes the client's request for a provider that speaks the client's dialect (the fast
 /// path, any dialect: each names the model in top-level `model`): `model` replaced by the
-/// upstream model, gateway-only fields removed, everything else as sent.
+/// upstream model, gateway-only fields removed, everything else as sent. With `ask_usage` (a
+/// Chat Completions stream whose client did not ask for usage) `stream_options.include_usage`
+/// is set to `true`, other `stream_options` members kept: metering needs the provider's final
+/// usage chunk, which the stream pipe then removes from the client's stream.
 ///
 /// # Errors
 /// Only if serialization fails (it cannot for a parsed `Value`).
 pub fn passthrough_body(
     request: &serde_json::Map<String, serde_json::Value>,
     upstream_model: &str,
+    ask_usage: bool,
 ) -> serde_json::Result<Vec<u8>> {
+    use serde_json::Value;
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::new(&mut out);
     use serde::ser::{SerializeMap, Serializer};
     let mut map = ser.serialize_map(None)?;
+    let with_usage = |opts: Option<&Value>| {
+        let mut o = opts.and_then(Value::as_object).cloned().unwrap_or_default();
+        o.insert("include_usage".into(), Value::Bool(true));
+        Value::Object(o)
+    };
     for (k, v) in request {
         if GATEWAY_FIELDS.contains(&k.as_str()) {
             continue;
         }
         if k == "model" {
             map.serialize_entry(k, upstream_model)?;
+        } else if ask_usage && k == "stream_options" {
+            map.serialize_entry(k, &with_usage(Some(v)))?;
         } else {
             map.serialize_entry(k, v)?;
         }
+    }
+    if ask_usage && !request.contains_key("stream_options") {
+        map.serialize_entry("stream_options", &with_usage(None))?;
     }
     map.end()?;
     Ok(out)
@@ -308,10 +323,35 @@ mod tests {
             r#"{"model":"acme/x","provider":{"only":["a"]},"stream":true,"messages":[]}"#,
         )
         .unwrap();
-        let out = passthrough_body(v.as_object().unwrap(), "m-1").unwrap();
+        let out = passthrough_body(v.as_object().unwrap(), "m-1", false).unwrap();
         let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(back["model"], "m-1");
         assert!(back.get("provider").is_none());
         assert_eq!(back["stream"], true);
+    }
+
+    #[test]
+    fn asking_for_usage_sets_include_usage_and_keeps_other_stream_options() {
+        use serde_json::Value;
+        let v: Value =
+            serde_json::from_str(r#"{"model":"x","stream":true,"messages":[]}"#).unwrap();
+        let back: Value =
+            serde_json::from_slice(&passthrough_body(v.as_object().unwrap(), "m", true).unwrap())
+                .unwrap();
+        assert_eq!(
+            back["stream_options"],
+            serde_json::json!({"include_usage": true})
+        );
+        let v: Value = serde_json::from_str(
+            r#"{"model":"x","stream":true,"stream_options":{"include_usage":false,"include_obfuscation":false}}"#,
+        )
+        .unwrap();
+        let back: Value =
+            serde_json::from_slice(&passthrough_body(v.as_object().unwrap(), "m", true).unwrap())
+                .unwrap();
+        assert_eq!(
+            back["stream_options"],
+            serde_json::json!({"include_usage": true, "include_obfuscation": false})
+        );
     }
 }

@@ -1,9 +1,11 @@
 //! Owns the one access-log line per request (written in Pingora's `logging` phase) and the
 //! per-request metrics recorded with it. Fields, in a fixed order:
 //! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
-//! ttft_ms duration_ms bytes_out input_tokens output_tokens`. Bodies and keys are never
-//! logged (the key appears only as its `key_id`). The request's usage record for the ledger
-//! ([`crate::ledger::submit`]) is queued here too, from the same facts.
+//! ttft_ms duration_ms bytes_out input_tokens output_tokens cached_input_tokens
+//! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd` (the metering fields
+//! are the request's [`Metered`](crate::metering::Metered); USD with 9 decimals). Bodies and
+//! keys are never logged (the key appears only as its `key_id`). The request's usage record
+//! for the ledger ([`crate::ledger::submit`]) is queued here too, from the same facts.
 
 use pingora::proxy::Session;
 
@@ -56,15 +58,13 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
                 .with_label_values(&[model, provider])
                 .observe(overhead.as_secs_f64());
         }
-        m.tokens_total
-            .with_label_values(&[model, "input"])
-            .inc_by(o.input_tokens);
-        m.tokens_total
-            .with_label_values(&[model, "output"])
-            .inc_by(o.output_tokens);
     }
     let caller = ctx.caller.as_ref();
-    let fields: [(&str, String); 14] = [
+    if let (Some(metered), Some(c)) = (&ctx.metered, caller) {
+        crate::metrics::record_metered(&c.tenant, model, metered);
+    }
+    let metered = ctx.metered.unwrap_or_default();
+    let fields: [(&str, String); 20] = [
         ("request_id", ctx.request_id.clone()),
         ("tenant", caller.map_or("-".into(), |c| c.tenant.clone())),
         ("key_id", caller.map_or("-".into(), |c| c.key_id.clone())),
@@ -86,8 +86,17 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         ),
         ("duration_ms", duration.as_millis().to_string()),
         ("bytes_out", o.bytes_out.to_string()),
-        ("input_tokens", o.input_tokens.to_string()),
-        ("output_tokens", o.output_tokens.to_string()),
+        ("input_tokens", metered.input_tokens.to_string()),
+        ("output_tokens", metered.output_tokens.to_string()),
+        (
+            "cached_input_tokens",
+            metered.cached_input_tokens.to_string(),
+        ),
+        ("cache_write_tokens", metered.cache_write_tokens.to_string()),
+        ("reasoning_tokens", metered.reasoning_tokens.to_string()),
+        ("estimated", metered.estimated.to_string()),
+        ("cost_usd", format!("{:.9}", metered.cost_usd)),
+        ("charge_usd", format!("{:.9}", metered.charge_usd)),
     ];
     let line = if ctx.config.server.log_format == crate::config::LogFormat::Json {
         let mut obj = serde_json::Map::new();
@@ -130,6 +139,9 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         return;
     };
     let o = &ctx.outcome;
+    // Metered in `logging` just before; a request that was never metered (no provider
+    // answered) records zeros.
+    let m = ctx.metered.unwrap_or_default();
     let duration = ctx.received.elapsed();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -143,14 +155,14 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         model: model.clone(),
         provider: o.provider.clone(),
         upstream_model: o.upstream_model.clone(),
-        input_tokens: o.input_tokens,
-        output_tokens: o.output_tokens,
-        cached_input_tokens: 0,
-        cache_write_tokens: 0,
-        reasoning_tokens: 0,
-        estimated: o.usage_estimated,
-        cost_usd: 0.0,
-        charge_usd: 0.0,
+        input_tokens: m.input_tokens,
+        output_tokens: m.output_tokens,
+        cached_input_tokens: m.cached_input_tokens,
+        cache_write_tokens: m.cache_write_tokens,
+        reasoning_tokens: m.reasoning_tokens,
+        estimated: m.estimated,
+        cost_usd: m.cost_usd,
+        charge_usd: m.charge_usd,
         status,
         outcome: crate::ledger::outcome_class(label, status).to_string(),
         ttft_ms: o.ttft.map(to_ms),

@@ -180,7 +180,10 @@ fn upstream_body(
 ) -> Result<Vec<u8>, GatewayError> {
     let upstream = route.provider.kind.dialect();
     if req.dialect == upstream {
-        return providers::passthrough_body(&req.body, &route.upstream_model)
+        // Metering: a Chat stream always asks for the final usage chunk (stripped from the
+        // client's stream when it did not ask; see `StreamPipe`).
+        let ask_usage = req.stream && !req.include_usage && upstream == Dialect::ChatCompletions;
+        return providers::passthrough_body(&req.body, &route.upstream_model, ask_usage)
             .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
     let refused = |e: &protocol::ProtocolError| {

@@ -118,7 +118,7 @@ fn parse(
         ));
     }
     let preference = request::preference(map.remove("provider"), preference_header, config)?;
-    let needs = request::canonical_needs(&canonical, body.len());
+    let needs = request::canonical_needs(&canonical);
     Ok(CountRequest {
         canonical,
         body: map,

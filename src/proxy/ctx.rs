@@ -27,12 +27,20 @@ pub struct Outcome {
     pub ttft: Option<Duration>,
     /// Body bytes written downstream.
     pub bytes_out: u64,
-    /// Input tokens (from `usage`, else estimated).
+    /// Input tokens, cached ones included (the provider's final `usage`, else the
+    /// admission estimate; see [`crate::metering`]).
     pub input_tokens: u64,
-    /// Output tokens (from `usage`, else counted events).
+    /// Output tokens, reasoning included (the provider's final `usage`, else the tokenizer
+    /// count of the text streamed).
     pub output_tokens: u64,
-    /// Whether `output_tokens` is Sluice's count of content events because the stream
-    /// carried no `usage` (the ledger record's `estimated`).
+    /// Input tokens read from the provider's prompt cache (part of `input_tokens`).
+    pub cached_input_tokens: u64,
+    /// Input tokens written to the provider's prompt cache (part of `input_tokens`).
+    pub cache_write_tokens: u64,
+    /// Reasoning tokens (part of `output_tokens`), when the provider says.
+    pub reasoning_tokens: u64,
+    /// The token figures are Sluice's estimate: the answer ended without the provider's
+    /// final usage.
     pub usage_estimated: bool,
     /// The upstream answered, then broke off (mid-stream error, broken body): the route
     /// is charged a failure although a response was written.
@@ -133,6 +141,12 @@ pub struct RequestCtx {
     pub rate_limit: Option<crate::backpressure::RateLimitStatus>,
     /// The result.
     pub outcome: Outcome,
+    /// Input tokens estimated at admission (canonical request → `o200k_base`): the input
+    /// figure of an answer that ends without the provider's usage.
+    pub estimated_input_tokens: u64,
+    /// What the request used and costs, filled at its end (`logging`); `None` when no
+    /// provider answered.
+    pub metered: Option<crate::metering::Metered>,
     /// Counts this request as in flight (graceful shutdown waits for the count to reach 0).
     pub in_flight: crate::shutdown::InFlight,
 }
@@ -156,6 +170,8 @@ impl RequestCtx {
             permits: Vec::new(),
             rate_limit: None,
             outcome: Outcome::default(),
+            estimated_input_tokens: 0,
+            metered: None,
             in_flight: crate::shutdown::InFlight::new(),
         }
     }

@@ -239,6 +239,7 @@ async fn infer(
     drop(bytes);
     ctx.standard_model = Some(req.model.clone());
     ctx.stream = req.stream;
+    ctx.estimated_input_tokens = req.needs.estimated_input_tokens;
     let model = config
         .models
         .get(&req.model)

@@ -167,6 +167,9 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        // Metering: the request's usage priced, for the access log, metrics and ledger.
+        ctx.metered =
+            crate::metering::meter(&ctx.config, ctx.standard_model.as_deref(), &ctx.outcome);
         access_log::record(session, e, ctx);
     }
 }

@@ -21,6 +21,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::config::Route;
+use crate::metering::{self, OutputEstimator};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
 use crate::providers;
@@ -31,6 +32,10 @@ use crate::sse::{self, ModelPath, ModelRewriter, SseError, SseNormalizer};
 const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
 /// The Messages stream terminator (added when an Anthropic stream stopped without it).
 const MESSAGE_STOP_EVENT: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+/// The end of a Chat chunk event when `stream_options.include_usage` is on and the chunk
+/// carries no usage (OpenAI writes the member last).
+const NULL_USAGE_END: &[u8] = b",\"usage\":null}\n\n";
 
 /// Why a stream cannot go on.
 #[derive(Debug)]
@@ -79,8 +84,17 @@ pub(super) struct StreamPipe<'r> {
     pub content_events: u64,
     /// Some event carried generated content (TTFT).
     pub first_content: bool,
-    /// Usage as last reported.
-    pub usage: Option<sse::Usage>,
+    /// Usage as last reported (canonical, all classes; cumulative: the last value is the
+    /// stream's), `None` until the upstream sent some.
+    pub usage: Option<protocol::Usage>,
+    /// The upstream's dialect (how its usage objects read).
+    upstream: Dialect,
+    /// Same-dialect Chat stream whose client did not ask for usage: Sluice asked for it
+    /// (`stream_options.include_usage`); the usage-only chunk is not forwarded and the
+    /// `"usage":null` member that ends every other chunk is removed.
+    strip_usage: bool,
+    /// Output-token estimate of the text streamed, for a stream that ends without usage.
+    pub estimator: OutputEstimator,
     /// A finish reason was seen (OpenAI path; the translator tracks its own).
     finish_seen: bool,
     /// The OpenAI terminal `data: [DONE]` event went into `out`.
@@ -117,6 +131,8 @@ impl<'r> StreamPipe<'r> {
                 include_usage,
             },
         );
+        let strip_usage =
+            protocol.is_none() && client == Dialect::ChatCompletions && !include_usage;
         let rewriter = (client == Dialect::Messages && protocol.is_none())
             .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
         let decoder = match coding {
@@ -141,6 +157,9 @@ impl<'r> StreamPipe<'r> {
             content_events: 0,
             first_content: false,
             usage: None,
+            upstream,
+            strip_usage,
+            estimator: OutputEstimator::default(),
             finish_seen: false,
             done: false,
         })
@@ -244,13 +263,13 @@ impl<'r> StreamPipe<'r> {
                 if content > 0 {
                     self.content_events += content;
                     self.first_content = true;
+                    metering::stream_text(self.upstream, &data, false, |s| {
+                        self.estimator.push_json(s);
+                    });
                 }
                 let u = t.usage();
-                if u.input_tokens > 0 || u.output_tokens > 0 {
-                    self.usage = Some(sse::Usage {
-                        input_tokens: u.input_tokens,
-                        output_tokens: u.output_tokens,
-                    });
+                if u != protocol::Usage::default() {
+                    self.usage = Some(u);
                 }
                 continue;
             }
@@ -295,6 +314,15 @@ impl<'r> StreamPipe<'r> {
                     message,
                 });
             }
+            // Usage (all classes) from the upstream's own object; only a chunk with a usage
+            // object is looked at twice (`"usage":null` chunks are skipped by one scan).
+            let mut u = self.usage.unwrap_or_default();
+            if sse::merge_usage(self.upstream, &data, &mut u) {
+                self.usage = Some(u);
+                if self.strip_usage && sse::is_usage_only_chunk(&data) {
+                    continue; // Sluice asked for it, the client did not
+                }
+            }
             self.data_events += 1;
             let content = if messages {
                 sse::has_content_anthropic_first(&data)
@@ -304,6 +332,9 @@ impl<'r> StreamPipe<'r> {
             if content {
                 self.content_events += 1;
                 self.first_content = true;
+                metering::stream_text(self.upstream, &data, false, |s| {
+                    self.estimator.push_json(s);
+                });
             }
             if !self.finish_seen
                 && if messages {
@@ -314,17 +345,17 @@ impl<'r> StreamPipe<'r> {
             {
                 self.finish_seen = true;
             }
-            if let Some(mut u) = sse::extract_usage(&data) {
-                // Anthropic sends input tokens in `message_start`, output in `message_delta`.
-                if u.input_tokens == 0 {
-                    u.input_tokens = self.usage.map_or(0, |p| p.input_tokens);
-                }
-                self.usage = Some(u);
-            }
             self.rewriter
                 .as_ref()
                 .unwrap_or(&self.route.rewriter)
                 .rewrite_event(&ev, &mut self.echo, &mut self.out);
+            if self.strip_usage && self.out.ends_with(NULL_USAGE_END) {
+                // With `include_usage` every chunk ends `"usage":null` (OpenAI's format):
+                // removed, so the client gets the chunks it would have got without it.
+                let keep = self.out.len() - NULL_USAGE_END.len();
+                self.out.truncate(keep);
+                self.out.extend_from_slice(b"}\n\n");
+            }
         }
         Ok(())
     }
@@ -397,6 +428,12 @@ impl<'r> StreamPipe<'r> {
                 .protocol
                 .as_ref()
                 .is_some_and(protocol::StreamTranslator::is_finished)
+    }
+
+    /// The provider's final usage: the last reported, if the stream completed (a stream
+    /// that broke off or was abandoned has not reported its final figures).
+    pub fn final_usage(&self) -> Option<protocol::Usage> {
+        self.usage.filter(|_| self.finished())
     }
 
     /// The output gathered so far, for one downstream write.

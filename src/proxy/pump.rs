@@ -19,7 +19,9 @@ use super::ctx::RequestCtx;
 use super::pipe::{PipeError, StreamPipe};
 use super::request::InferenceRequest;
 use super::respond;
-use super::upstream::{client_gone, failed, release_or_close, unix_now, Attempt, ClientGone};
+use super::upstream::{
+    client_gone, estimate_usage, failed, release_or_close, set_usage, unix_now, Attempt, ClientGone,
+};
 use crate::config::{HopTimeouts, Model, Route};
 use crate::error::{AttemptFailure, GatewayError};
 use crate::metrics::metrics;
@@ -614,19 +616,14 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
     }
 }
 
-/// Records usage for a finished stream: the upstream's `usage` when it sent one, else the
-/// number of content events as the output count.
+/// Records usage for a finished stream (metering): the provider's final `usage` when the
+/// stream completed with one, else an estimate (see [`estimate_usage`]).
 fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
-    let (input, output) = pipe
-        .usage
-        .map_or((0, 0), |u| (u.input_tokens, u.output_tokens));
-    if input > 0 {
-        ctx.outcome.input_tokens = input;
+    match pipe.final_usage() {
+        Some(u) => set_usage(ctx, &u, false),
+        None => {
+            let streamed = pipe.estimator.tokens();
+            estimate_usage(ctx, pipe.usage, streamed);
+        }
     }
-    ctx.outcome.usage_estimated = output == 0 && pipe.content_events > 0;
-    ctx.outcome.output_tokens = if output > 0 {
-        output
-    } else {
-        pipe.content_events
-    };
 }

@@ -305,7 +305,7 @@ pub fn parse_chat(
 
     let needs = RouteNeeds {
         capabilities: capabilities(&map),
-        estimated_input_tokens: (body.len() as u64) / 4,
+        estimated_input_tokens: estimate_chat_input(body, &map),
         max_output_tokens: map
             .get("max_completion_tokens")
             .or_else(|| map.get("max_tokens"))
@@ -362,7 +362,7 @@ pub fn parse_dialect(
         Dialect::ChatCompletions | Dialect::Responses => Map::new(),
     };
     let preference = preference(map.remove("provider"), preference_header, config)?;
-    let needs = canonical_needs(&canonical, body.len());
+    let needs = canonical_needs(&canonical);
     Ok(InferenceRequest {
         dialect,
         body: map,
@@ -377,8 +377,9 @@ pub fn parse_dialect(
 }
 
 /// What a canonical request needs from a route: the capabilities it uses (tools, vision,
-/// JSON schema), its input estimate (a quarter of the body's bytes) and its output bound.
-pub(crate) fn canonical_needs(canonical: &protocol::Request, body_len: usize) -> RouteNeeds {
+/// JSON schema), its input estimate ([`protocol::tokens::estimate_input_tokens`]) and its
+/// output bound.
+pub(crate) fn canonical_needs(canonical: &protocol::Request) -> RouteNeeds {
     let mut caps = Vec::new();
     if !canonical.tools.is_empty() || canonical.tool_choice.is_some() {
         caps.push(Capability::Tools);
@@ -399,11 +400,91 @@ pub(crate) fn canonical_needs(canonical: &protocol::Request, body_len: usize) ->
     }
     RouteNeeds {
         capabilities: caps,
-        estimated_input_tokens: (body_len as u64) / 4,
+        estimated_input_tokens: protocol::tokens::estimate_input_tokens(canonical),
         max_output_tokens: canonical
             .max_output_tokens
             .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
     }
+}
+
+/// Chat bodies up to this size are estimated through their canonical request; larger ones
+/// from the parsed JSON in place (decoding would copy every string of the body).
+const CANONICAL_ESTIMATE_BYTES: usize = 256 * 1024;
+
+/// Text tokenized at most per request estimate; the rest of a larger body is scaled from
+/// the tokens per byte seen (bounded CPU on the request path).
+const ESTIMATE_TEXT_BUDGET_BYTES: usize = 256 * 1024;
+
+/// The input-token estimate of a Chat Completions body (token rate limits, and the input
+/// figure of an answer without usage): its canonical request counted with
+/// [`protocol::tokens::estimate_input_tokens`]. A body over [`CANONICAL_ESTIMATE_BYTES`],
+/// or one the protocol layer refuses (it may still go as is to an OpenAI-compatible
+/// route), is estimated from `map` in place with [`estimate_json_tokens`].
+fn estimate_chat_input(body: &[u8], map: &Map<String, Value>) -> u64 {
+    if body.len() <= CANONICAL_ESTIMATE_BYTES {
+        if let Ok(c) = protocol::decode_request(Dialect::ChatCompletions, body) {
+            return protocol::tokens::estimate_input_tokens(&c);
+        }
+    }
+    estimate_json_tokens(map)
+}
+
+/// Tokens of every string value of a Chat request's `messages` and `tools` (keys and
+/// syntax not counted): a `data:` URL counts as an image
+/// ([`IMAGE_TOKENS`](protocol::tokens::IMAGE_TOKENS)) or a PDF
+/// ([`PDF_TOKENS`](protocol::tokens::PDF_TOKENS)), plus the framing tokens per message.
+/// At most [`ESTIMATE_TEXT_BUDGET_BYTES`] of text are tokenized; later text is counted at
+/// the tokens per byte seen so far.
+fn estimate_json_tokens(map: &Map<String, Value>) -> u64 {
+    use protocol::tokens;
+    struct Walk {
+        tokens: u64,
+        tokenized_bytes: usize,
+        tokenized_tokens: u64,
+    }
+    impl Walk {
+        fn value(&mut self, v: &Value) {
+            match v {
+                Value::String(s) if s.starts_with("data:application/pdf") => {
+                    self.tokens += tokens::PDF_TOKENS;
+                }
+                Value::String(s) if s.starts_with("data:") => self.tokens += tokens::IMAGE_TOKENS,
+                Value::String(s) if self.tokenized_bytes < ESTIMATE_TEXT_BUDGET_BYTES => {
+                    let n = tokens::text_tokens(s);
+                    self.tokens += n;
+                    self.tokenized_bytes += s.len();
+                    self.tokenized_tokens += n;
+                }
+                Value::String(s) => {
+                    let per_byte = self.tokenized_tokens as f64 / self.tokenized_bytes as f64;
+                    self.tokens += (s.len() as f64 * per_byte).ceil() as u64;
+                }
+                Value::Array(a) => a.iter().for_each(|x| self.value(x)),
+                Value::Object(o) => o.values().for_each(|x| self.value(x)),
+                Value::Null | Value::Bool(_) | Value::Number(_) => {}
+            }
+        }
+    }
+    let mut w = Walk {
+        tokens: tokens::REPLY_PRIMING_TOKENS,
+        tokenized_bytes: 0,
+        tokenized_tokens: 0,
+    };
+    if let Some(Value::Array(msgs)) = map.get("messages") {
+        for m in msgs {
+            w.tokens += tokens::MESSAGE_OVERHEAD_TOKENS;
+            if let Some(c) = m.get("content") {
+                w.value(c);
+            }
+            if let Some(c) = m.get("tool_calls") {
+                w.value(c);
+            }
+        }
+    }
+    if let Some(t) = map.get("tools") {
+        w.value(t);
+    }
+    w.tokens
 }
 
 /// Capabilities the request uses.
@@ -505,6 +586,42 @@ mod tests {
                 Capability::JsonSchema
             ]
         );
+    }
+
+    #[test]
+    fn input_is_estimated_with_the_tokenizer_for_small_and_large_bodies() {
+        let c = cfg();
+        // Small: the canonical request's estimate (3 priming + 3 framing + 2 tokens).
+        let r = parse_chat(
+            br#"{"model":"m","messages":[{"role":"user","content":"hello world"}]}"#,
+            None,
+            &c,
+        )
+        .unwrap();
+        assert_eq!(r.needs.estimated_input_tokens, 8);
+        // The in-place estimate agrees with the canonical one on plain text.
+        let text = "The quick brown fox jumps over the lazy dog. ".repeat(50);
+        let body = serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": text}]});
+        let small = parse_chat(body.to_string().as_bytes(), None, &c).unwrap();
+        let map = body.as_object().unwrap();
+        assert_eq!(
+            estimate_json_tokens(map),
+            small.needs.estimated_input_tokens
+        );
+        // Large (over the canonical limit) with an inline image: the image counts as one,
+        // not as its base64 text; the text is counted, the rest scaled past the budget.
+        let image = format!("data:image/png;base64,{}", "A".repeat(600_000));
+        let big_text = "The quick brown fox jumps over the lazy dog. ".repeat(20_000);
+        let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": big_text},
+            {"type": "image_url", "image_url": {"url": image}}]}]});
+        let big = parse_chat(body.to_string().as_bytes(), None, &c).unwrap();
+        let exact_text = protocol::tokens::text_tokens(&big_text);
+        let n = big.needs.estimated_input_tokens;
+        let want = exact_text + protocol::tokens::IMAGE_TOKENS + 6;
+        assert!(n.abs_diff(want) * 100 <= want * 3, "{n} vs {want}");
     }
 
     #[test]

@@ -10,7 +10,9 @@ use pingora::proxy::Session;
 
 use super::ctx::RequestCtx;
 use super::respond;
-use super::upstream::{client_gone, unix_now, Attempt, ClientGone, POOL_IDLE};
+use super::upstream::{
+    client_gone, estimate_usage, set_usage, unix_now, Attempt, ClientGone, POOL_IDLE,
+};
 use crate::config::{HopTimeouts, Route};
 use crate::error::GatewayError;
 use crate::metrics::metrics;
@@ -144,6 +146,10 @@ pub(super) async fn unary(
         body = BytesMut::from(&repaired[..]);
     }
     let upstream = route.provider.kind.dialect();
+    // Metering: the provider's usage object, read from the upstream body with all classes
+    // (the translated path's decoded usage is the same figures).
+    let mut usage = protocol::Usage::default();
+    let mut usage_seen = sse::merge_usage(upstream, &body, &mut usage);
     // Written as is: no copy of the answer between the rewrite and the socket.
     let out: Bytes = match (ctx.dialect, upstream) {
         (client, up) if client == up => {
@@ -154,8 +160,10 @@ pub(super) async fn unary(
         (client, up) => match protocol::decode_response(up, &body, unix_now()) {
             Ok(mut resp) => {
                 resp.model = ctx.standard_model.clone().unwrap_or_default();
-                ctx.outcome.input_tokens = resp.usage.input_tokens;
-                ctx.outcome.output_tokens = resp.usage.output_tokens;
+                if resp.usage != protocol::Usage::default() {
+                    usage = resp.usage;
+                    usage_seen = true;
+                }
                 Bytes::from(protocol::encode_response(client, &resp))
             }
             Err(e) => {
@@ -175,9 +183,13 @@ pub(super) async fn unary(
             }
         },
     };
-    if let Some(u) = sse::extract_usage(&out) {
-        ctx.outcome.input_tokens = u.input_tokens;
-        ctx.outcome.output_tokens = u.output_tokens;
+    if usage_seen {
+        set_usage(ctx, &usage, false);
+    } else {
+        // No usage in the body: estimated from its text.
+        let mut est = crate::metering::OutputEstimator::default();
+        crate::metering::stream_text(upstream, &body, true, |t| est.push_json(t));
+        estimate_usage(ctx, None, est.tokens());
     }
     ctx.outcome.provider = Some(route.provider.id.clone());
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());

@@ -11,6 +11,9 @@ use pingora::proxy::Session;
 
 use crate::config::Route;
 use crate::error::{AttemptError, AttemptFailure, GatewayError};
+use crate::protocol;
+
+use super::ctx::RequestCtx;
 
 /// Largest upstream error body read for pass-through (bytes); also the most body bytes
 /// drained after `[DONE]` to pool a connection.
@@ -100,4 +103,32 @@ pub(super) async fn release_or_close(
     } else {
         up.shutdown().await;
     }
+}
+
+/// Records `u` (all classes) as the request's usage.
+pub(super) fn set_usage(ctx: &mut RequestCtx, u: &protocol::Usage, estimated: bool) {
+    let o = &mut ctx.outcome;
+    o.input_tokens = u.input_tokens;
+    o.output_tokens = u.output_tokens;
+    o.cached_input_tokens = u.cache_read_tokens;
+    o.cache_write_tokens = u.cache_write_tokens;
+    o.reasoning_tokens = u.reasoning_tokens;
+    o.usage_estimated = estimated;
+}
+
+/// Records an estimated usage for an answer without the provider's final usage: what the
+/// provider reported so far (`partial`, e.g. Anthropic's `message_start`), the admission
+/// estimate for the input when it reported none, and the larger of its output figure and
+/// `streamed_tokens` (the tokenizer count of the text streamed).
+pub(super) fn estimate_usage(
+    ctx: &mut RequestCtx,
+    partial: Option<protocol::Usage>,
+    streamed_tokens: u64,
+) {
+    let mut u = partial.unwrap_or_default();
+    if u.input_tokens == 0 {
+        u.input_tokens = ctx.estimated_input_tokens;
+    }
+    u.output_tokens = u.output_tokens.max(streamed_tokens);
+    set_usage(ctx, &u, true);
 }

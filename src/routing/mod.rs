@@ -270,6 +270,8 @@ mod tests {
             weight: 1,
             input_usd_per_mtok: cost,
             output_usd_per_mtok: cost,
+            cached_input_usd_per_mtok: None,
+            cache_write_usd_per_mtok: None,
             capabilities: caps,
             rewriter: ModelRewriter::new(model),
             health_key: format!("{model}|{p}/{p}-m"),
@@ -285,6 +287,8 @@ mod tests {
             default_max_tokens: 4096,
             input_usd_per_mtok: None,
             output_usd_per_mtok: None,
+            cached_input_usd_per_mtok: None,
+            cache_write_usd_per_mtok: None,
             routes,
         }
     }

@@ -40,7 +40,8 @@ mod tests;
 pub use normalize::{SseError, SseEvent, SseNormalizer};
 pub use rewrite::{EchoMemo, ModelPath, ModelRewriter};
 pub use usage::{
-    extract_usage, has_content, has_content_anthropic_first, has_finish_reason, Usage,
+    extract_usage, has_content, has_content_anthropic_first, has_finish_reason,
+    is_usage_only_chunk, merge_usage, Usage,
 };
 
 use bytes::Bytes;

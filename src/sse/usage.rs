@@ -79,6 +79,54 @@ pub fn extract_usage(data: &[u8]) -> Option<Usage> {
     None
 }
 
+/// Merges the usage of one chunk's JSON data (an SSE data payload or a whole non-streaming
+/// body) in the upstream's `dialect` into `into`, with all token classes (cache reads and
+/// writes, reasoning; see [`protocol::merge_usage`](crate::protocol::merge_usage)).
+/// Returns whether a usage object was found and merged. As cheap as [`extract_usage`]: one
+/// `memmem` scan, only the usage object's bytes are deserialized.
+pub fn merge_usage(
+    dialect: crate::protocol::Dialect,
+    data: &[u8],
+    into: &mut crate::protocol::Usage,
+) -> bool {
+    static USAGE: OnceLock<Finder<'static>> = OnceLock::new();
+    let usage = finder(&USAGE, b"\"usage\"");
+    for pos in usage.find_iter(data) {
+        let Some(rest) = data.get(pos + usage.needle().len()..) else {
+            break;
+        };
+        let Some(value) = member_value(rest) else {
+            continue;
+        };
+        if value.first() != Some(&b'{') {
+            continue; // null or malformed
+        }
+        let Some(end) = object_end(value) else {
+            continue;
+        };
+        if crate::protocol::merge_usage(dialect, value.get(..end).unwrap_or_default(), into) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a Chat Completions chunk's JSON is the usage-only chunk that
+/// `stream_options.include_usage` adds at the end: a `"choices"` member whose value is an
+/// empty array (every other chunk has one choice). A byte check; call it only for a chunk
+/// that carries a usage object.
+pub fn is_usage_only_chunk(data: &[u8]) -> bool {
+    static CHOICES: OnceLock<Finder<'static>> = OnceLock::new();
+    let key = finder(&CHOICES, b"\"choices\"");
+    key.find_iter(data).any(|pos| {
+        let rest = data.get(pos + key.needle().len()..).unwrap_or_default();
+        match member_value(rest) {
+            Some([b'[', after @ ..]) => trim_ws_start(after).first() == Some(&b']'),
+            _ => false,
+        }
+    })
+}
+
 /// Whether a chunk's JSON carries generated output — used to stamp
 /// time-to-first-token and to count output events.
 ///
@@ -227,4 +275,57 @@ fn object_end(s: &[u8]) -> Option<usize> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod metering_tests {
+    use super::*;
+    use crate::protocol::{Dialect, Usage};
+
+    #[test]
+    fn chat_usage_is_read_with_every_class_and_replaces() {
+        let mut u = Usage::default();
+        assert!(!merge_usage(
+            Dialect::ChatCompletions,
+            br#"{"choices":[{"delta":{"content":"x"}}],"usage":null}"#,
+            &mut u
+        ));
+        let last = br#"{"id":"c","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":9,"total_tokens":49,"prompt_tokens_details":{"cached_tokens":15},"completion_tokens_details":{"reasoning_tokens":3}}}"#;
+        assert!(merge_usage(Dialect::ChatCompletions, last, &mut u));
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 40,
+                output_tokens: 9,
+                cache_read_tokens: 15,
+                cache_write_tokens: 0,
+                reasoning_tokens: 3,
+            }
+        );
+        assert!(is_usage_only_chunk(last));
+        assert!(!is_usage_only_chunk(
+            br#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1}}"#
+        ));
+        assert!(is_usage_only_chunk(br#"{"choices": [ ],"usage":{}}"#));
+    }
+
+    #[test]
+    fn anthropic_usage_merges_message_start_and_the_cumulative_message_delta() {
+        let mut u = Usage::default();
+        let start = br#"{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":25,"cache_creation_input_tokens":5,"cache_read_input_tokens":15,"output_tokens":1}}}"#;
+        assert!(merge_usage(Dialect::Messages, start, &mut u));
+        let delta = br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#;
+        assert!(merge_usage(Dialect::Messages, delta, &mut u));
+        // Canonical input includes the cache reads and writes.
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 45,
+                output_tokens: 9,
+                cache_read_tokens: 15,
+                cache_write_tokens: 5,
+                reasoning_tokens: 0,
+            }
+        );
+    }
 }

@@ -252,7 +252,13 @@ fn a_one_mib_request_body_passes() {
         assert_eq!(r.status, 200, "stream={stream}: {}", r.text());
         let log = mock.log();
         assert_eq!(log.len(), 1);
-        let expected = (body.len() - "acme/chat".len() + "mock-small-v1".len()) as u64;
+        // Only `model` changed, and a stream asks for usage (metering).
+        let usage = if stream {
+            r#","stream_options":{"include_usage":true}"#.len()
+        } else {
+            0
+        };
+        let expected = (body.len() - "acme/chat".len() + "mock-small-v1".len() + usage) as u64;
         assert_eq!(log[0]["body_bytes"].as_u64(), Some(expected));
         assert_eq!(
             log[0]["headers"]["content-length"],

@@ -647,8 +647,11 @@ fn a_one_mib_request_body_falls_back_whole() {
     let l1 = chat_log(&p1);
     let l2 = chat_log(&p2);
     assert_eq!((l1.len(), l2.len()), (1, 1));
-    // What the client sent, with only `model` changed (both upstream names are 8 bytes).
-    let expected = req.len() - MODEL.len() + "p2-model".len();
+    // What the client sent, with only `model` changed (both upstream names are 8 bytes) and
+    // the usage asked for (metering: `stream_options.include_usage`).
+    let expected = req.len() - MODEL.len()
+        + "p2-model".len()
+        + r#","stream_options":{"include_usage":true}"#.len();
     assert_eq!(l1[0]["body_bytes"], expected as u64);
     assert_eq!(
         l2[0]["body_bytes"], expected as u64,

@@ -21,6 +21,7 @@ mod health;
 mod heartbeat;
 mod hostile;
 mod ledger;
+mod metering;
 mod ping_commit;
 mod readme;
 mod redis_limits;

@@ -77,14 +77,20 @@ fn a_stalled_reader_blocks_the_upstream_and_bounds_memory() {
         body.extend_from_slice(&p);
     }
     // Exactly the events the upstream sent, each intact: no loss, no duplicate. The same
-    // request straight to the mock (which is deterministic) gives the expected count.
+    // request straight to the mock (which is deterministic) gives the expected count; as
+    // Sluice sends it, asking for usage (metering), which makes each event a little longer.
     let got = content_events(&body);
+    let mut direct_body: serde_json::Value = serde_json::from_str(
+        &chat_body(true, &format!(r#"{{"total_bytes":{TOTAL}}}"#))
+            .replace("acme/chat", "mock-small-v1"),
+    )
+    .expect("chat body JSON");
+    direct_body["stream_options"] = serde_json::json!({"include_usage": true});
     let direct = StreamReader::open(
         mock.addr,
         "/v1/chat/completions",
         &[],
-        &chat_body(true, &format!(r#"{{"total_bytes":{TOTAL}}}"#))
-            .replace("acme/chat", "mock-small-v1"),
+        &direct_body.to_string(),
     )
     .read_to_end(Duration::from_secs(30));
     let want = content_events(&direct);

@@ -122,7 +122,14 @@ fn openai_answers_naming_another_model_reach_the_client_with_the_standard_id() {
     let mock =
         Mock::start(r#"{"answer_model":"mock-small-v1-2024-07-18","tokens":3,"usage":true}"#);
     let sluice = openai(&mock, "");
-    let body = stream_body(&sluice, "acme/chat");
+    // The client asks for usage: the usage chunk names the model too (a client that does not
+    // ask gets no usage chunk, see tests/e2e/metering.rs).
+    let mut s = sluice.chat_stream(
+        r#"{"model":"acme/chat","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(s.status, 200);
+    let body = s.read_to_end(READ);
+    assert!(s.is_done(), "{}", String::from_utf8_lossy(&body));
     let text = String::from_utf8_lossy(&body);
     assert_eq!(
         summary(&body),

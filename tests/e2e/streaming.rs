@@ -120,6 +120,11 @@ fn expected_stream(shape: Shape) -> String {
     for data in expected_payloads(shape.include_usage) {
         if shape.comments {
             out.push_str(": OPENROUTER PROCESSING\n\n");
+            if data == "[DONE]" && !shape.include_usage {
+                // Sluice asks for usage (metering) and drops the usage chunk of a client that
+                // did not; the comment the mock sent before that chunk passes through.
+                out.push_str(": OPENROUTER PROCESSING\n\n");
+            }
         }
         if shape.event_names {
             out.push_str(if shape.no_space_event {
