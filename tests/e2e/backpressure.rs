@@ -324,14 +324,29 @@ fn tokens_per_window_count_the_real_usage() {
     // One user message "hi": estimated with the o200k_base tokenizer at 7 input tokens
     // (3 reply priming + 3 message framing + 1 for "hi").
     let body = small_body("acme/chat");
+    // The real usage is settled just after the answer is written, before its access line
+    // (`charge_usd=` is only in access lines): wait for that line before the next request.
+    let settled = |n: usize| {
+        assert!(
+            eventually(Duration::from_secs(3), || s
+                .log()
+                .matches(" charge_usd=")
+                .count()
+                >= n),
+            "{}",
+            s.log()
+        );
+    };
     let r = chat_as(s.addr, KEY, &body);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-ratelimit-limit-tokens"), Some("100"));
     assert_eq!(r.header("x-ratelimit-remaining-tokens"), Some("93"));
+    settled(1);
     // Charged now: 61 real tokens. The next estimate (7) still fits: 68.
     let r = chat_as(s.addr, KEY, &body);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-ratelimit-remaining-tokens"), Some("32"));
+    settled(2);
     // 122 now: over.
     let r = chat_as(s.addr, KEY, &body);
     let v = assert_error(&r, 429, "tenant_tpm");
