@@ -49,6 +49,7 @@ use super::attempt::ClientGone;
 use super::ctx::RequestCtx;
 use super::endpoints::{self, ChatError};
 use super::request::{self, PREFERENCE_HEADER};
+use super::upstream::client_gone;
 use super::{respond, Gateway};
 use crate::config::{Model, ProviderKind, Route};
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
@@ -277,12 +278,6 @@ async fn answer(
     respond::write_json(session, ctx, 200, count::encode_response(n), extra)
         .await
         .map_err(|_| ChatError::Gone(ClientGone("writing")))
-}
-
-/// Resolves when the downstream closes (bytes after the body are a pipelined request and
-/// leave it pending, as in the attempt loop).
-async fn client_gone(session: &mut Session) {
-    let _ = session.downstream_session.read_body_or_idle(true).await;
 }
 
 fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
