@@ -96,6 +96,7 @@ fn give_ttft_samples(m: &Model) {
         capabilities: Vec::new(),
         estimated_input_tokens: 1200,
         max_output_tokens: 512,
+        requested_max_output_tokens: Some(512),
     };
     // The plan's order follows the routes' TTFT averages, all present and distinct (the
     // registry is shared by the models of every size, so the averages mix their samples).
@@ -127,6 +128,7 @@ fn bench_plan(c: &mut Criterion) {
         capabilities: Vec::new(),
         estimated_input_tokens: 1200,
         max_output_tokens: 512,
+        requested_max_output_tokens: Some(512),
     };
     let tools = RouteNeeds {
         capabilities: vec![Capability::Tools],

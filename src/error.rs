@@ -44,6 +44,13 @@ pub enum GatewayError {
     /// 408: the request body did not arrive within `server.body_read_timeout_ms`.
     #[error("{0}")]
     RequestTimeout(String),
+    /// 402: the tenant's budget has no room for the request's reservation
+    /// ([`crate::budget`]).
+    #[error("{message}")]
+    BudgetExceeded {
+        /// Which window, its budget, what is left and what the request needs.
+        message: String,
+    },
     /// 429: a tenant limit.
     #[error("{message}")]
     RateLimited {
@@ -116,6 +123,7 @@ impl GatewayError {
         match self {
             Self::InvalidRequest { .. } => 400,
             Self::InvalidVirtualKey(_) => 401,
+            Self::BudgetExceeded { .. } => 402,
             Self::PermissionDenied(_) => 403,
             Self::NotFound { .. } => 404,
             Self::MethodNotAllowed(_) => 405,
@@ -140,6 +148,9 @@ impl GatewayError {
             | Self::RequestTimeout(_) => "invalid_request_error",
             Self::InvalidVirtualKey(_) => "authentication_error",
             Self::PermissionDenied(_) => "permission_error",
+            // OpenAI's type for an exhausted quota (429 there; 402 here, as a budget is not a
+            // rate: retrying soon does not help).
+            Self::BudgetExceeded { .. } => "insufficient_quota",
             Self::RateLimited { .. } => "rate_limit_error",
             Self::Overloaded { .. } | Self::NoRoute { .. } => "overloaded_error",
             Self::UpstreamUnavailable { .. } | Self::UpstreamTimeout(_) | Self::Internal(_) => {
@@ -155,6 +166,7 @@ impl GatewayError {
             Self::InvalidRequest { .. } => Some("invalid_request"),
             Self::InvalidVirtualKey(_) => Some("invalid_api_key"),
             Self::PermissionDenied(_) => Some("model_not_allowed"),
+            Self::BudgetExceeded { .. } => Some("budget_exceeded"),
             Self::NotFound { code, .. } => Some(code),
             Self::MethodNotAllowed(_) => Some("method_not_allowed"),
             Self::PayloadTooLarge { .. } => Some("request_too_large"),
@@ -195,6 +207,7 @@ impl GatewayError {
             Self::InvalidRequest { .. } => "invalid_request",
             Self::InvalidVirtualKey(_) => "unauthorized",
             Self::PermissionDenied(_) => "forbidden",
+            Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::NotFound { .. } => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",

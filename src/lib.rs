@@ -21,6 +21,7 @@
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
+//! | [`budget`] | tenant budgets: reserve at admission, settle with the metered charge, shared through Redis |
 //! | [`ledger`] | the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage` |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metering`] | per-request token usage by class, estimates, prices (cost and charge) |
@@ -39,6 +40,7 @@
 pub mod admin;
 pub mod auth;
 pub mod backpressure;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod error;

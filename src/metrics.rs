@@ -7,10 +7,10 @@
 //! `status` an HTTP status, `reason`/`phase` fixed small sets.
 
 use prometheus::{
-    exponential_buckets, register_counter_vec, register_histogram, register_histogram_vec,
-    register_int_counter, register_int_counter_vec, register_int_gauge, register_int_gauge_vec,
-    CounterVec, Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    TextEncoder,
+    exponential_buckets, register_counter_vec, register_gauge_vec, register_histogram,
+    register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
+    register_int_gauge_vec, CounterVec, Encoder, GaugeVec, Histogram, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, TextEncoder,
 };
 use std::sync::LazyLock;
 
@@ -63,6 +63,11 @@ pub struct Metrics {
     /// `sluice_charge_usd_total{tenant,model}`: what tenants are charged, at the standard
     /// models' sell prices, USD.
     pub charge_usd_total: CounterVec,
+    /// `sluice_budget_remaining_usd{tenant,window}`: what is left of a tenant's budget in a
+    /// window (`total`, `monthly`, `daily`), budget minus charged minus reserved by requests in
+    /// flight, USD, as this process knows it (see [`crate::budget`]); only for configured
+    /// windows.
+    pub budget_remaining_usd: GaugeVec,
     /// `sluice_heartbeats_total`: `: keepalive` comments written.
     pub heartbeats_total: IntCounterVec,
     /// `sluice_stream_errors_total{reason}`: committed streams that ended with an error event.
@@ -248,6 +253,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_charge_usd_total",
             "Charge of metered usage at the standard models' sell prices, USD.",
             &["tenant", "model"]
+        )?,
+        budget_remaining_usd: register_gauge_vec!(
+            "sluice_budget_remaining_usd",
+            "What is left of a tenant's budget in a window (budget minus charged minus reserved), USD.",
+            &["tenant", "window"]
         )?,
         heartbeats_total: register_int_counter_vec!(
             "sluice_heartbeats_total",

@@ -202,6 +202,7 @@ pub struct Admission {
     local: LocalLimiter,
     redis: Arc<RedisLimiter>,
     buffers: RequestBuffers,
+    budgets: Arc<crate::budget::Budgets>,
 }
 
 /// Decrements the queue depth on drop (also when the waiting future is cancelled).
@@ -218,14 +219,23 @@ impl Admission {
     /// Admission sized by `config.server`, with `config.redis` as the shared backend.
     pub fn new(config: &Config) -> Self {
         let cap = config.server.max_concurrent_upstream_requests;
+        let redis = Arc::new(RedisLimiter::new(config.redis.as_ref()));
+        let budgets = Arc::new(crate::budget::Budgets::new(redis.clone()));
+        budgets.warm_later(config);
         Self {
             slots: Arc::new(Semaphore::new(cap)),
             capacity: AtomicUsize::new(cap),
             waiting: AtomicUsize::new(0),
             local: LocalLimiter::new(config.server.rate_limit_window),
-            redis: Arc::new(RedisLimiter::new(config.redis.as_ref())),
+            redis,
             buffers: RequestBuffers::new(),
+            budgets,
         }
+    }
+
+    /// The tenants' budgets (sharing this admission's Redis backend).
+    pub fn budgets(&self) -> &crate::budget::Budgets {
+        &self.budgets
     }
 
     /// The process-wide request body budget (step 0).
@@ -283,6 +293,8 @@ impl Admission {
     /// smaller cap takes effect as they finish), the rate window (a new length starts empty
     /// windows) and the `redis:` section. Tenant limits are read per request from its snapshot.
     pub fn reconfigure(&self, config: &Config) {
+        self.budgets.warm_later(config);
+        self.budgets.warm();
         self.local.set_window(config.server.rate_limit_window);
         self.redis.reconfigure(config.redis.as_ref());
         let new = config.server.max_concurrent_upstream_requests;
@@ -675,6 +687,8 @@ pub struct LimitsService(Arc<Admission>);
 #[async_trait]
 impl BackgroundService for LimitsService {
     async fn start(&self, shutdown: ShutdownWatch) {
+        // The budgets' figures from the ledger, now that a runtime runs.
+        self.0.budgets.warm();
         let ticks = async {
             loop {
                 let w = self.0.local.windows();

@@ -249,6 +249,11 @@ impl RedisLimiter {
         self.settings.store(settings.cloned().map(Arc::new));
     }
 
+    /// The configured `redis:` section, if any.
+    pub fn settings(&self) -> Option<Arc<RedisSection>> {
+        self.settings.load_full()
+    }
+
     /// Whether checks go to Redis (configured and not marked down).
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
@@ -262,7 +267,7 @@ impl RedisLimiter {
 
     /// The connection manager for `url`, created (lazily connecting) when missing or when
     /// the URL changed. Must run inside a Tokio runtime.
-    fn connection(&self, url: &str) -> Result<ConnectionManager, BackendError> {
+    pub(crate) fn connection(&self, url: &str) -> Result<ConnectionManager, BackendError> {
         if let Some(c) = self.conn.load().as_ref().filter(|c| c.url == url) {
             return Ok(c.manager.clone());
         }

@@ -277,6 +277,26 @@ pub struct TenantSection {
     /// Further limits per standard model id (tenant × model), applied on top of the tenant's.
     #[serde(default)]
     pub model_limits: BTreeMap<String, LimitsSection>,
+    /// Spending limits in USD (a contract key; see [`BudgetSection`]).
+    #[serde(default)]
+    pub budget: Option<BudgetSection>,
+}
+
+/// `tenants.<id>.budget`: what the tenant may be charged, USD at the standard models' sell
+/// prices, per UTC calendar window (any subset; absent: unlimited). A contract:
+/// `{total_usd, monthly_usd, daily_usd}`. See [`crate::budget`].
+#[derive(Debug, Deserialize, Clone, Copy, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSection {
+    /// Over the tenant's whole history (every record in the ledger), USD.
+    #[serde(default)]
+    pub total_usd: Option<f64>,
+    /// Per UTC calendar month, USD.
+    #[serde(default)]
+    pub monthly_usd: Option<f64>,
+    /// Per UTC calendar day, USD.
+    #[serde(default)]
+    pub daily_usd: Option<f64>,
 }
 
 /// `tenants.<id>.model_limits.<standard model>`: limits of one tenant on one standard model

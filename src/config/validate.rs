@@ -854,6 +854,20 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 format!("unknown model `{m}`"),
             ));
         }
+        if let Some(b) = &t.budget {
+            for (name, v) in [
+                ("total_usd", b.total_usd),
+                ("monthly_usd", b.monthly_usd),
+                ("daily_usd", b.daily_usd),
+            ] {
+                if let Some(v) = v.filter(|v| !v.is_finite() || *v < 0.0) {
+                    return Err(main_err(
+                        &format!("tenants.{id}.budget.{name}"),
+                        format!("a budget is a finite amount of USD, 0 or more (got {v})"),
+                    ));
+                }
+            }
+        }
         tenant_map.insert(id.clone(), Arc::new(Tenant { id, limits: t }));
     }
 
@@ -1359,6 +1373,31 @@ mod tests {
             text.contains("`SLUICE_TEST_SURELY_UNSET_B` (providers.zz-second.api_key_env)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_budget_is_a_finite_amount_at_or_above_zero_and_unknown_windows_are_errors() {
+        let ok = MINIMAL.replace(
+            "  team-a: {}\n",
+            "  team-a:\n    budget: {total_usd: 500, daily_usd: 0}\n",
+        );
+        let c = load_str(&ok).unwrap();
+        let b = c.tenants["team-a"].limits.budget.unwrap();
+        assert_eq!(
+            (b.total_usd, b.monthly_usd, b.daily_usd),
+            (Some(500.0), None, Some(0.0))
+        );
+        let bad = MINIMAL.replace(
+            "  team-a: {}\n",
+            "  team-a:\n    budget: {monthly_usd: -1}\n",
+        );
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, "tenants.team-a.budget.monthly_usd", "{e}");
+        assert!(e.message.contains("0 or more"), "{e}");
+        let bad = MINIMAL.replace("  team-a: {}\n", "  team-a:\n    budget: {weekly_usd: 5}\n");
+        let e = load_str(&bad).unwrap_err();
+        assert!(e.key_path.starts_with("tenants.team-a.budget"), "{e}");
+        assert!(e.message.contains("weekly_usd"), "{e}");
     }
 
     #[test]

@@ -452,7 +452,12 @@ pub(crate) fn error_body(
         Dialect::Messages => to_vec(&AnthropicErrorBody {
             ty: "error",
             error: AnthropicErrorInner {
-                ty: anthropic_type(kind),
+                // Anthropic answers 402 with `billing_error`.
+                ty: if status == 402 {
+                    "billing_error"
+                } else {
+                    anthropic_type(kind)
+                },
                 message,
             },
         }),

@@ -147,6 +147,9 @@ pub struct RequestCtx {
     /// What the request used and costs, filled at its end (`logging`); `None` when no
     /// provider answered.
     pub metered: Option<crate::metering::Metered>,
+    /// The money reserved against the tenant's budget, settled in `logging` with the
+    /// metered charge (dropped unsettled, it releases the money).
+    pub budget: Option<crate::budget::Reservation>,
     /// Counts this request as in flight (graceful shutdown waits for the count to reach 0).
     pub in_flight: crate::shutdown::InFlight,
 }
@@ -172,6 +175,7 @@ impl RequestCtx {
             outcome: Outcome::default(),
             estimated_input_tokens: 0,
             metered: None,
+            budget: None,
             in_flight: crate::shutdown::InFlight::new(),
         }
     }

@@ -246,6 +246,18 @@ async fn infer(
         .filter(|_| caller.may_use_model(&req.model))
         .ok_or_else(|| model_not_found(&req.model))?;
 
+    // The budget first: a tenant without money left takes no rate-limit or queue place.
+    let reserve = crate::budget::reservation_usd(
+        model,
+        req.needs.estimated_input_tokens,
+        req.needs.requested_max_output_tokens,
+    );
+    ctx.budget = gw
+        .admission
+        .budgets()
+        .reserve(&config, &caller.tenant, reserve)
+        .await
+        .map_err(|e| e.error(&caller.tenant))?;
     let demand = crate::backpressure::Demand {
         tenant: Some(&caller.tenant),
         model: Some(&req.model),

@@ -170,6 +170,10 @@ impl ProxyHttp for Gateway {
         // Metering: the request's usage priced, for the access log, metrics and ledger.
         ctx.metered =
             crate::metering::meter(&ctx.config, ctx.standard_model.as_deref(), &ctx.outcome);
+        // The budget learns the real charge (an aborted stream: what was streamed).
+        if let Some(r) = ctx.budget.take() {
+            r.settle(ctx.metered.map_or(0.0, |m| m.charge_usd));
+        }
         access_log::record(session, e, ctx);
     }
 }

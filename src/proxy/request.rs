@@ -303,14 +303,15 @@ pub fn parse_chat(
 
     let preference = preference(map.remove("provider"), preference_header, config)?;
 
+    let requested_max = map
+        .get("max_completion_tokens")
+        .or_else(|| map.get("max_tokens"))
+        .and_then(Value::as_u64);
     let needs = RouteNeeds {
         capabilities: capabilities(&map),
         estimated_input_tokens: estimate_chat_input(body, &map),
-        max_output_tokens: map
-            .get("max_completion_tokens")
-            .or_else(|| map.get("max_tokens"))
-            .and_then(Value::as_u64)
-            .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
+        max_output_tokens: requested_max.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
+        requested_max_output_tokens: requested_max,
     };
     Ok(InferenceRequest {
         dialect: Dialect::ChatCompletions,
@@ -404,6 +405,7 @@ pub(crate) fn canonical_needs(canonical: &protocol::Request) -> RouteNeeds {
         max_output_tokens: canonical
             .max_output_tokens
             .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
+        requested_max_output_tokens: canonical.max_output_tokens,
     }
 }
 

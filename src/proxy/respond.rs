@@ -60,10 +60,12 @@ pub async fn write_error(
         let get = session.req_header().uri.path().contains("/models");
         extra.push(("allow", if get { "GET" } else { "POST" }.to_string()));
     }
-    // Chat Completions clients keep the full OpenAI body (with `code`); the others get
-    // their own dialect's error shape.
+    // Chat Completions clients keep the full OpenAI body (with `code`), and so do Responses
+    // clients for a budget refusal (its `insufficient_quota` / `budget_exceeded` is what
+    // OpenAI's SDKs and tooling branch on); the others get their own dialect's error shape.
     let body = match ctx.dialect {
         Dialect::ChatCompletions => err.to_json(),
+        Dialect::Responses if matches!(err, GatewayError::BudgetExceeded { .. }) => err.to_json(),
         d => protocol::error_body(d, err.status(), &err.to_string(), err.param()),
     };
     write_json(session, ctx, err.status(), body, &extra).await

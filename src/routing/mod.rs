@@ -60,6 +60,9 @@ pub struct RouteNeeds {
     pub estimated_input_tokens: u64,
     /// Output token bound (`max_tokens` or a default).
     pub max_output_tokens: u64,
+    /// The client's own output bound (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`), if it set one.
+    pub requested_max_output_tokens: Option<u64>,
 }
 
 /// One candidate: a route and its health handle.

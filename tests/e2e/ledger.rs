@@ -18,7 +18,7 @@ use crate::timeouts::config;
 const TOKEN: &str = "test-admin-token-0123456789";
 
 /// Runs `sluice usage -c CONFIG ARGS` in `cwd`; stdout, or a panic with stderr.
-fn usage(cwd: &Path, config: &Path, args: &[&str]) -> String {
+pub(crate) fn usage(cwd: &Path, config: &Path, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .current_dir(cwd)
         .arg("usage")
@@ -36,7 +36,7 @@ fn usage(cwd: &Path, config: &Path, args: &[&str]) -> String {
 }
 
 /// `sluice usage --format json` (plus `args`) as records.
-fn records(cwd: &Path, config: &Path, args: &[&str]) -> Vec<Value> {
+pub(crate) fn records(cwd: &Path, config: &Path, args: &[&str]) -> Vec<Value> {
     let mut a = vec!["--format", "json"];
     a.extend_from_slice(args);
     let text = usage(cwd, config, &a);
@@ -48,7 +48,7 @@ fn records(cwd: &Path, config: &Path, args: &[&str]) -> Vec<Value> {
 }
 
 /// Polls the ledger until it holds `n` records (bounded); returns them.
-fn wait_records(cwd: &Path, config: &Path, n: usize) -> Vec<Value> {
+pub(crate) fn wait_records(cwd: &Path, config: &Path, n: usize) -> Vec<Value> {
     let end = Instant::now() + Duration::from_secs(5);
     loop {
         let r = records(cwd, config, &[]);

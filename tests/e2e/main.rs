@@ -5,6 +5,7 @@
 mod anthropic;
 mod api;
 mod backpressure;
+mod budget;
 mod cancellation;
 mod cli_key;
 mod client_compat;

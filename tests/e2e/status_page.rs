@@ -76,7 +76,7 @@ fn health_of(dom: &str, provider: &str) -> Option<String> {
 fn config(base_url: &str) -> String {
     let dead = free_port();
     format!(
-        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  dead:\n    kind: openai\n    base_url: http://127.0.0.1:{dead}/v1\n    api_key: sk-dead\n    health_check: {{enabled: false}}\n    health: {{degraded_after_failures: 1, unhealthy_after_failures: 1, cooldown_ms: 600000}}\n  p1:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-p1\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: dead\n        upstream_model: dead-model\n      - provider: p1\n        upstream_model: mock-small-v1\n"
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\n  b: {{budget: {{daily_usd: 12.5}}}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  dead:\n    kind: openai\n    base_url: http://127.0.0.1:{dead}/v1\n    api_key: sk-dead\n    health_check: {{enabled: false}}\n    health: {{degraded_after_failures: 1, unhealthy_after_failures: 1, cooldown_ms: 600000}}\n  p1:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-p1\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: dead\n        upstream_model: dead-model\n      - provider: p1\n        upstream_model: mock-small-v1\n"
     )
 }
 
@@ -201,11 +201,10 @@ fn status_page_in_chromium_shows_the_traffic_sent() {
     let p50_ms: f64 = p50.trim_end_matches(" ms").parse().expect("p50 number");
     assert!(p50_ms > 0.0 && p50_ms < 5_000.0, "{p50_ms}");
     assert!(dom.contains("<polyline"), "no TTFT chart drawn:\n{dom}");
-    // No prices or budgets in this config: the page says so instead of showing zeros.
-    assert_eq!(
-        text_of(&dom, "no-budgets").as_deref(),
-        Some("no budgets configured"),
-        "{dom}"
+    // Tenant `b` has a daily budget it has not touched: its row shows all of it.
+    assert!(
+        dom.contains(r#"<td>b</td><td>daily</td><td class="num">$12.50</td>"#),
+        "no budget row for b:\n{dom}"
     );
     assert!(
         text_of(&dom, "updated").is_some_and(|t| t.ends_with("UTC")),
