@@ -34,6 +34,7 @@ fn provider(id: &str) -> Arc<Provider> {
             cooldown: t,
             ..PassiveHealth::default()
         },
+        stream_usage: true,
     })
 }
 

@@ -239,6 +239,9 @@ pub struct Provider {
     pub health_check: Option<ActiveHealthCheck>,
     /// Passive thresholds.
     pub passive_health: PassiveHealth,
+    /// `providers.<id>.stream_usage`: ask for the final usage of a Chat Completions stream
+    /// (`stream_options.include_usage`).
+    pub stream_usage: bool,
 }
 
 /// A standard model: what clients ask for and see.

@@ -401,6 +401,13 @@ pub struct ProviderSection {
     /// Passive health thresholds.
     #[serde(default)]
     pub health: Option<PassiveHealthSection>,
+    /// Ask this provider for the final usage of a Chat Completions stream with
+    /// `stream_options.include_usage: true` (OpenAI's API; default true). Set `false` for an
+    /// OpenAI-compatible server that rejects `stream_options`: its streams are then metered
+    /// from the text streamed (records marked `estimated`) unless the client asked for usage
+    /// itself. Ignored by other provider kinds, whose streams always carry usage.
+    #[serde(default = "default_true")]
+    pub stream_usage: bool,
 }
 
 /// `providers.<id>.health_check`: the active probe.

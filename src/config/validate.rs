@@ -420,6 +420,7 @@ fn build_provider(
         heartbeat_interval_ms,
         health_check,
         health,
+        stream_usage,
     } = p;
     let endpoint = match (kind, base_url) {
         (ProviderKind::Demo, None) => None,
@@ -536,6 +537,7 @@ fn build_provider(
         timeouts,
         health_check,
         passive_health,
+        stream_usage,
     })
 }
 

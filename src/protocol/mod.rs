@@ -659,6 +659,9 @@ pub struct UpstreamOptions<'a> {
     /// Output limit sent when the client gave none and the dialect requires
     /// one (Messages `max_tokens`); configurable per model.
     pub default_max_tokens: u64,
+    /// Ask a Chat Completions provider for the final usage of a stream
+    /// (`stream_options.include_usage: true`); `providers.<id>.stream_usage`.
+    pub stream_usage: bool,
 }
 
 /// Decodes a client request body of `dialect` into the canonical request.

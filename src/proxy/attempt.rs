@@ -182,7 +182,12 @@ fn upstream_body(
     if req.dialect == upstream {
         // Metering: a Chat stream always asks for the final usage chunk (stripped from the
         // client's stream when it did not ask; see `StreamPipe`).
-        let ask_usage = req.stream && !req.include_usage && upstream == Dialect::ChatCompletions;
+        // A provider that rejects `stream_options` (`stream_usage: false`) is metered by
+        // estimate instead.
+        let ask_usage = req.stream
+            && !req.include_usage
+            && upstream == Dialect::ChatCompletions
+            && route.provider.stream_usage;
         return providers::passthrough_body(&req.body, &route.upstream_model, ask_usage)
             .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
@@ -197,6 +202,7 @@ fn upstream_body(
     let opts = protocol::UpstreamOptions {
         model: &route.upstream_model,
         default_max_tokens: model.default_max_tokens,
+        stream_usage: route.provider.stream_usage,
     };
     protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }

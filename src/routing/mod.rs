@@ -262,6 +262,7 @@ mod tests {
                 cooldown: t,
                 ..PassiveHealth::default()
             },
+            stream_usage: true,
         })
     }
 

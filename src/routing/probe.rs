@@ -277,6 +277,7 @@ mod tests {
                 cooldown: t,
                 ..PassiveHealth::default()
             },
+            stream_usage: true,
         }
     }
 

@@ -325,6 +325,40 @@ fn include_usage_is_asked_for_upstream_and_its_chunk_reaches_only_clients_that_a
     assert_eq!(num(&rec, "output_tokens"), TOKENS, "{rec}");
 }
 
+#[test]
+fn a_provider_with_stream_usage_off_is_never_sent_stream_options_and_is_estimated() {
+    let mock = Mock::start("{}");
+    let text = long_text();
+    let words = text.split_whitespace().count() as u64;
+    mock.set_behavior(&json!({"text": text, "prompt_tokens": PROMPT}).to_string());
+    let yaml = config(&mock.base_url()).replace(
+        "    api_key: sk-provider-secret-oa\n",
+        "    api_key: sk-provider-secret-oa\n    stream_usage: false\n",
+    );
+    let sluice = Sluice::start(&yaml);
+    // The same dialect (passthrough) and a translated one (Messages → Chat).
+    for (client, id) in [(Client::Chat, "off-chat"), (Client::Messages, "off-msg")] {
+        mock.reset();
+        let body = client.body("acme/gpt", true, "hello there", false);
+        let (status, bytes) = send(&sluice, client, &body, true, id);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+        let log = mock.log();
+        let sent: Value =
+            serde_json::from_str(log[0]["body"].as_str().expect("body")).expect("json");
+        assert!(sent.get("stream_options").is_none(), "{client:?}: {sent}");
+        assert_eq!(sent["stream"], true, "{sent}");
+        let rec = access(&sluice, id);
+        assert_eq!(rec["estimated"], "true", "{client:?}: {rec}");
+        // Common words, one token each for o200k_base too.
+        let out = num(&rec, "output_tokens");
+        assert!(
+            out.abs_diff(words) <= 2,
+            "{client:?}: {out} vs {words}: {rec}"
+        );
+        assert!(usd(&rec, "charge_usd") > 0.0, "{rec}");
+    }
+}
+
 /// 120 distinct common words, one mock token each.
 fn long_text() -> String {
     let words = [

@@ -673,7 +673,9 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
     }
     if req.stream {
         out.insert("stream".into(), true.into());
-        out.insert("stream_options".into(), json!({"include_usage": true}));
+        if opts.stream_usage {
+            out.insert("stream_options".into(), json!({"include_usage": true}));
+        }
     }
     Ok(to_vec(&Value::Object(out)))
 }

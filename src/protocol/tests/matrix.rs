@@ -375,6 +375,7 @@ fn request_matrix() {
                 let opts = UpstreamOptions {
                     model: "up",
                     default_max_tokens: 4096,
+                    stream_usage: true,
                 };
                 let out = encode_request(up, &req, &opts).unwrap();
                 let got: Value = serde_json::from_slice(&out).unwrap();

@@ -9,6 +9,7 @@ use crate::protocol::{
 const OPTS: UpstreamOptions<'static> = UpstreamOptions {
     model: "claude-up",
     default_max_tokens: 4096,
+    stream_usage: true,
 };
 
 fn translate(from: Dialect, to: Dialect, body: Value) -> Result<Value, ProtocolError> {
