@@ -357,3 +357,100 @@ fn racers_on_two_replicas_never_overspend_a_shared_budget() {
         redis.command(&["GET", total])
     );
 }
+
+/// `/metrics` parsed by a Prometheus text-format parser (`prometheus-parse`): every family
+/// parses with its declared type and help text, histogram buckets are cumulative, and the
+/// billing series agree with the ledger.
+#[test]
+fn metrics_parse_as_prometheus_text_and_agree_with_the_ledger() {
+    use prometheus_parse::{Scrape, Value as P};
+    let mock = Mock::start(r#"{"tokens": 5}"#);
+    let dir = crate::harness::TempDir::new("budget");
+    let yaml = config(
+        &mock.base_url(),
+        "{monthly_usd: 1, daily_usd: 0.5}",
+        &dir.path().join("usage.db"),
+        "",
+    );
+    let sluice = Sluice::start(&yaml);
+    for i in 0..3 {
+        assert_eq!(chat(sluice.addr, KEY, i == 1).status, 200);
+        wait_settled(&sluice, i + 1);
+    }
+    let text = sluice.metrics();
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parses");
+    assert!(
+        scrape.samples.len() > 50,
+        "{} samples",
+        scrape.samples.len()
+    );
+    let sample = |name: &str, labels: &[(&str, &str)]| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("no {name} {labels:?}"))
+    };
+    // Types as declared; help text for every family named here.
+    for name in [
+        "sluice_charge_usd_total",
+        "sluice_tokens_total",
+        "sluice_budget_remaining_usd",
+        "sluice_ttft_seconds",
+    ] {
+        assert!(scrape.docs.contains_key(name), "no HELP for {name}");
+    }
+    let charge = match sample(
+        "sluice_charge_usd_total",
+        &[("tenant", "t"), ("model", "acme/chat")],
+    )
+    .value
+    {
+        P::Counter(v) => v,
+        ref v => panic!("charge is not a counter: {v:?}"),
+    };
+    let output = match sample(
+        "sluice_tokens_total",
+        &[("tenant", "t"), ("model", "acme/chat"), ("kind", "output")],
+    )
+    .value
+    {
+        P::Counter(v) => v,
+        ref v => panic!("tokens is not a counter: {v:?}"),
+    };
+    assert_eq!(output, 15.0);
+    for (window, budget) in [("daily", 0.5), ("monthly", 1.0)] {
+        match sample(
+            "sluice_budget_remaining_usd",
+            &[("tenant", "t"), ("window", window)],
+        )
+        .value
+        {
+            P::Gauge(v) => assert!(
+                close(v, budget - charge),
+                "{window}: {v} vs {budget} - {charge}"
+            ),
+            ref v => panic!("budget is not a gauge: {v:?}"),
+        }
+    }
+    match &sample("sluice_ttft_seconds", &[]).value {
+        P::Histogram(buckets) => {
+            assert!(buckets.len() > 5, "{buckets:?}");
+            assert!(
+                buckets
+                    .windows(2)
+                    .all(|w| w[0].less_than < w[1].less_than && w[0].count <= w[1].count),
+                "not cumulative: {buckets:?}"
+            );
+        }
+        v => panic!("ttft is not a histogram: {v:?}"),
+    }
+    // The ledger says the same.
+    let recs = wait_records(sluice.dir.path(), &sluice.config_path, 3);
+    let spent: f64 = recs
+        .iter()
+        .map(|r| r["charge_usd"].as_f64().unwrap_or(0.0))
+        .sum();
+    assert!(close(spent, charge), "ledger {spent} vs metrics {charge}");
+    assert!(close(charge, 3.0 * CHARGE));
+}
