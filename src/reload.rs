@@ -36,6 +36,9 @@ use crate::metrics::metrics;
 /// Quiet period after a file event before reloading (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(250);
 
+/// Longest wait from the first file event to the reload check, however busy the folder.
+const DEBOUNCE_MAX: Duration = Duration::from_millis(1000);
+
 /// The config's inputs on disk: a fingerprint of what the config is made of and the folders
 /// whose changes may alter it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -382,10 +385,14 @@ impl BackgroundService for Reloader {
                     let _ = self.reload_if_changed(Trigger::Signal);
                 }
                 Some(()) = rx.recv() => {
-                    // Debounce: wait until events stop for a moment.
+                    // Debounce: wait until events stop for a moment, but not longer than
+                    // `DEBOUNCE_MAX`: a file beside the config that changes all the time (a
+                    // log written many times a second) must not hold a reload back for ever.
+                    let deadline = tokio::time::Instant::now() + DEBOUNCE_MAX;
                     loop {
                         tokio::select! {
                             () = tokio::time::sleep(DEBOUNCE) => break,
+                            () = tokio::time::sleep_until(deadline) => break,
                             Some(()) = rx.recv() => {}
                         }
                     }

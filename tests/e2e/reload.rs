@@ -271,3 +271,117 @@ fn a_sighup_right_after_start_neither_kills_sluice_nor_is_lost() {
     );
     assert_eq!(chat_status(&sluice, "acme/edited"), 200);
 }
+
+/// Under load: streams held open across many reloads, valid and broken alternately, all end
+/// complete; a client polling throughout is always served; every broken file is rejected
+/// with its file, line and key while the last good config keeps serving; a reload that
+/// changes a listener says that it needs an upgrade (and keeps serving on the old one).
+#[test]
+fn streams_survive_many_reloads_valid_and_broken_alternately() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let mock = Mock::start("{}");
+    let good = |i: usize| {
+        // Valid variations: the queue size changes, the model stays.
+        config(
+            &mock.base_url(),
+            "acme/chat",
+            &format!("  queue_size: {}\n", 100 + i),
+        )
+    };
+    let broken = good(0).replace("      - provider: p1\n", "      - provider: nope\n");
+    let sluice = Sluice::start(&good(0));
+    // 8 streams of 60 tokens, 100 ms apart (about 6 s each).
+    let mut streams: Vec<_> = (0..8)
+        .map(|_| {
+            let s = sluice.chat_stream(&crate::cancellation::chat_body(
+                true,
+                r#"{"tokens":60,"token_delay_ms":100}"#,
+            ));
+            assert_eq!(s.status, 200);
+            s
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (stop, addr) = (stop.clone(), sluice.addr);
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                let r = crate::harness::post_json(
+                    addr,
+                    "/v1/chat/completions",
+                    &[("authorization", &format!("Bearer {KEY}"))],
+                    &crate::cancellation::chat_body(false, "{}"),
+                );
+                if r.status == 200 {
+                    ok += 1;
+                } else {
+                    failed.push(format!("{}: {}", r.status, r.text()));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (ok, failed)
+        })
+    };
+    // 10 reloads through the watcher, alternately broken and valid.
+    for i in 0..10 {
+        let (yaml, result) = if i % 2 == 0 {
+            (broken.clone(), "error")
+        } else {
+            (good(i), "ok")
+        };
+        let before = reloads(&sluice, result).max(0.0);
+        sluice.rewrite_config(&yaml);
+        assert!(
+            eventually(Duration::from_secs(5), || reloads(&sluice, result) > before),
+            "reload {i} ({result}) not seen:\n{}",
+            sluice.log()
+        );
+    }
+    assert_eq!(reloads(&sluice, "error"), 5.0);
+    assert_eq!(reloads(&sluice, "ok"), 5.0);
+    let log = sluice.log();
+    let path = sluice.config_path.display().to_string();
+    let rejections: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("config reload rejected, keeping the previous config"))
+        .collect();
+    assert_eq!(rejections.len(), 5, "{log}");
+    for l in &rejections {
+        assert!(
+            l.contains(&format!(
+                "{path}:20:9: models.acme/chat.routes[0].provider:"
+            )),
+            "{l}"
+        );
+    }
+    // Every stream ends complete: 60 tokens and the terminator.
+    let want: String = (0..60).map(|i| format!("tok{i} ")).collect();
+    for s in &mut streams {
+        let body = s.read_to_end(Duration::from_secs(10));
+        assert!(s.is_done(), "a stream was cut across the reloads");
+        assert_eq!(crate::harness::client::sse_text(&body), want);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (ok, failed) = poller.join().expect("poller");
+    assert!(failed.is_empty(), "refused during reloads: {failed:?}");
+    assert!(ok >= 10, "only {ok} polls");
+
+    // A listener change is not applied by a reload: the log says an upgrade is needed.
+    let moved = good(99).replace("{listen}", "127.0.0.1:1");
+    std::fs::write(
+        &sluice.config_path,
+        moved.replace("{admin}", &sluice.admin.to_string()),
+    )
+    .expect("rewrite");
+    assert!(
+        eventually(Duration::from_secs(5), || sluice.log().contains(
+            "server.listen only take effect after a restart or graceful upgrade"
+        )),
+        "{}",
+        sluice.log()
+    );
+    assert_eq!(chat_status(&sluice, "acme/chat"), 200);
+}
