@@ -1,5 +1,6 @@
 //! Process management: the graceful upgrade (`sluice -u` takes the listening sockets over
-//! from the running process, which then gets SIGQUIT) and daemon mode (`-d` with a pid file
+//! from the running process, which then gets SIGQUIT; tested with six streams in flight and a
+//! client polling with requests and streams throughout: none cut, none refused) and daemon mode (`-d` with a pid file
 //! and an error log).
 //!
 //! Pingora 0.9.1's mechanics (pingora-core `server/mod.rs`, `server/transfer_fd`): the new
@@ -45,9 +46,14 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
     let mut old = Sluice::start(&basic_config(&mock.base_url(), &extra));
     let addr = old.addr;
 
-    // An in-flight stream on the old process (~3 s), read to its end at the finish.
-    let mut stream = old.chat_stream(&chat_body(true, r#"{"tokens":30,"token_delay_ms":100}"#));
-    assert_eq!(stream.status, 200);
+    // Streams in flight on the old process (~3 s each), read to their end at the finish.
+    let mut streams: Vec<_> = (0..6)
+        .map(|_| {
+            let s = old.chat_stream(&chat_body(true, r#"{"tokens":30,"token_delay_ms":100}"#));
+            assert_eq!(s.status, 200);
+            s
+        })
+        .collect();
 
     // Clients keep connecting through the whole hand-over; every request must be served.
     let stop = Arc::new(AtomicBool::new(false));
@@ -61,16 +67,38 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
                     Err(e) => failures.push(format!("connect: {e}")),
                     Ok(s) => {
                         drop(s);
-                        let r = crate::harness::post_json(
-                            addr,
-                            "/v1/chat/completions",
-                            &[("authorization", &format!("Bearer {}", crate::harness::KEY))],
-                            &chat_body(false, "{}"),
-                        );
-                        if r.status == 200 {
-                            served.fetch_add(1, Ordering::SeqCst);
+                        // Alternately a plain request and a short stream read to its end.
+                        let n = served.load(Ordering::SeqCst);
+                        let auth = format!("Bearer {}", crate::harness::KEY);
+                        if n % 2 == 0 {
+                            let r = crate::harness::post_json(
+                                addr,
+                                "/v1/chat/completions",
+                                &[("authorization", &auth)],
+                                &chat_body(false, "{}"),
+                            );
+                            if r.status == 200 {
+                                served.fetch_add(1, Ordering::SeqCst);
+                            } else {
+                                failures.push(format!("{}: {}", r.status, r.text()));
+                            }
                         } else {
-                            failures.push(format!("{}: {}", r.status, r.text()));
+                            let mut st = crate::harness::client::StreamReader::open(
+                                addr,
+                                "/v1/chat/completions",
+                                &[("authorization", &auth)],
+                                &chat_body(true, r#"{"tokens":5,"token_delay_ms":20}"#),
+                            );
+                            let body = st.read_to_end(Duration::from_secs(10));
+                            if st.status == 200 && body.ends_with(b"data: [DONE]\n\n") {
+                                served.fetch_add(1, Ordering::SeqCst);
+                            } else {
+                                failures.push(format!(
+                                    "stream {}: {}",
+                                    st.status,
+                                    String::from_utf8_lossy(&body)
+                                ));
+                            }
                         }
                     }
                 }
@@ -116,15 +144,17 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
         "sluice -u exited"
     );
 
-    // The in-flight stream on the old process completes.
-    let body = stream.read_to_end(Duration::from_secs(10));
-    assert!(
-        stream.is_done(),
-        "the old process's stream ends with its terminator"
-    );
+    // The streams in flight on the old process complete.
     let want: String = (0..30).map(|i| format!("tok{i} ")).collect();
-    assert_eq!(sse_text(&body), want);
-    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    for stream in &mut streams {
+        let body = stream.read_to_end(Duration::from_secs(10));
+        assert!(
+            stream.is_done(),
+            "the old process's stream ends with its terminator"
+        );
+        assert_eq!(sse_text(&body), want);
+        assert!(body.ends_with(b"data: [DONE]\n\n"));
+    }
 
     // The old process exits: 5 s of shared accepting, then its grace period (2 s).
     let status = old.wait_exit(Duration::from_secs(15));
