@@ -66,6 +66,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
         first_event_timeout: None,
         early_commit_after: None,
         default_max_tokens: 4096,
+        retry: sluice::routing::retry::RetryPolicy::default(),
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
         cached_input_usd_per_mtok: None,

@@ -246,8 +246,12 @@ pub enum AttemptFailure {
     FirstEventTimeout,
     /// A retryable status (408/409/429/5xx).
     Status(u16),
-    /// The upstream closed or broke the protocol before its first event.
+    /// The upstream answered against the protocol before its first event (a stream to a
+    /// non-stream request, an unknown content coding, bad framing, an in-band error).
     Protocol,
+    /// The connection failed, was reset or closed cleanly before the answer's first event
+    /// (the same `protocol` label; retried under `retry.on: connection_reset`).
+    Reset,
 }
 
 impl AttemptFailure {
@@ -260,7 +264,7 @@ impl AttemptFailure {
             Self::Status(429) => "status_429",
             Self::Status(s) if s >= 500 => "status_5xx",
             Self::Status(_) => "status_4xx",
-            Self::Protocol => "protocol",
+            Self::Protocol | Self::Reset => "protocol",
         }
     }
 }

@@ -557,6 +557,7 @@ mod tests {
             AttemptFailure::Status(503),
             AttemptFailure::Status(404),
             AttemptFailure::Protocol,
+            AttemptFailure::Reset,
         ] {
             assert!(
                 super::ATTEMPT_FAILURE_LABELS.contains(&f.label()),

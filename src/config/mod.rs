@@ -107,6 +107,8 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// Deadline for a whole request body (`server.body_read_timeout_ms`).
     pub body_read_timeout: Duration,
+    /// `server.retry`.
+    pub retry: crate::routing::retry::RetryPolicy,
 }
 
 /// Per-hop timeouts of one provider.
@@ -258,6 +260,8 @@ pub struct Model {
     /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
+    /// Same-route retries (`server.retry` with `models.<id>.retry` over it).
+    pub retry: crate::routing::retry::RetryPolicy,
     /// Sell price, USD per million input tokens.
     pub input_usd_per_mtok: Option<f64>,
     /// Sell price, USD per million output tokens.

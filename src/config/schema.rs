@@ -217,6 +217,9 @@ pub struct ServerSection {
     /// 60000); past it the request gets 408 `request_timeout` and the connection is closed.
     #[serde(default = "default_body_read_timeout_ms")]
     pub body_read_timeout_ms: u64,
+    /// Same-route retries before falling back (a contract; see [`RetrySection`]).
+    #[serde(default)]
+    pub retry: RetrySection,
 }
 
 impl Default for ServerSection {
@@ -251,7 +254,77 @@ impl Default for ServerSection {
             max_buffered_request_bytes: default_max_buffered_request_bytes(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
+            retry: RetrySection::default(),
         }
+    }
+}
+
+/// `server.retry` and `models.<id>.retry`: same-route retries before falling back (a
+/// contract). Every key is optional; under `server` an absent key takes the default named on
+/// it, under a model it keeps the `server.retry` value. See [`crate::routing::retry`].
+#[derive(Debug, Deserialize, Clone, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySection {
+    /// Attempts on one route before falling back; 1 = no retry (default 2).
+    #[serde(default)]
+    pub max_attempts_per_route: Option<u32>,
+    /// What is retried: upstream statuses and `connect_error`, `connection_reset` (default
+    /// `[429, 500, 502, 503, 504, connect_error, connection_reset]`). Timeouts never are.
+    #[serde(default)]
+    pub on: Option<Vec<RetryCondition>>,
+    /// First backoff, ms, jittered ±50% and doubled for each further retry (default 100).
+    #[serde(default)]
+    pub backoff_ms: Option<u64>,
+    /// A `Retry-After` up to this is waited out on the same route; a longer one rests the
+    /// route and the request falls back at once, ms (default 2000).
+    #[serde(default)]
+    pub max_retry_after_wait_ms: Option<u64>,
+    /// Retries of a route are at most this share of its requests over a minute, rounded up
+    /// (default 0.2): no retry storms.
+    #[serde(default)]
+    pub budget_ratio: Option<f64>,
+}
+
+/// One entry of `retry.on`: an HTTP status (e.g. `503`) or `connect_error` /
+/// `connection_reset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryCondition {
+    /// This upstream status.
+    Status(u16),
+    /// The connection could not be made (refused, unreachable, TLS, connect timeout).
+    ConnectError,
+    /// The connection closed or was reset before the answer's first event.
+    ConnectionReset,
+}
+
+impl<'de> Deserialize<'de> for RetryCondition {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RetryCondition;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an HTTP status (400-599), `connect_error` or `connection_reset`")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RetryCondition, E> {
+                match u16::try_from(v) {
+                    Ok(s) if (400..=599).contains(&s) => Ok(RetryCondition::Status(s)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Unsigned(v), &self)),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RetryCondition, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RetryCondition, E> {
+                match v {
+                    "connect_error" => Ok(RetryCondition::ConnectError),
+                    "connection_reset" => Ok(RetryCondition::ConnectionReset),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -495,6 +568,9 @@ pub struct ModelSection {
     /// requires one (Anthropic Messages `max_tokens`), tokens; default 4096.
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+    /// Same-route retries of this model's requests, over `server.retry`.
+    #[serde(default)]
+    pub retry: Option<RetrySection>,
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,

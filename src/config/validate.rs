@@ -324,6 +324,7 @@ fn merge(
         entry.first_event_timeout_ms = entry.first_event_timeout_ms.or(m.first_event_timeout_ms);
         entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
+        entry.retry = entry.retry.take().or(m.retry);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -541,6 +542,27 @@ fn build_provider(
     })
 }
 
+/// Checks one `retry` section (`key` names it in errors).
+fn check_retry(
+    r: &crate::config::schema::RetrySection,
+    key: &str,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    if r.max_attempts_per_route == Some(0) {
+        return Err(err(
+            &format!("{key}.max_attempts_per_route"),
+            "must be at least 1 (1 = no retry)".into(),
+        ));
+    }
+    if let Some(b) = r.budget_ratio.filter(|b| !(0.0..=1.0).contains(b)) {
+        return Err(err(
+            &format!("{key}.budget_ratio"),
+            format!("a share of requests between 0 and 1 (got {b})"),
+        ));
+    }
+    Ok(())
+}
+
 fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
     let FileConfig {
         include: _,
@@ -697,7 +719,9 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         max_buffered_request_bytes: server.max_buffered_request_bytes,
         header_read_timeout: ms(server.header_read_timeout_ms),
         body_read_timeout: ms(server.body_read_timeout_ms),
+        retry: crate::routing::retry::RetryPolicy::from_section(&server.retry),
     };
+    let server_retry = server.retry.clone();
 
     // Every unset `api_key_env` at once (a new user setting the keys one `sluice -t` at a
     // time would otherwise meet them one by one); one alone is `build_provider`'s error.
@@ -733,7 +757,11 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
     let known_providers = || provider_map.keys().cloned().collect::<Vec<_>>().join(", ");
 
     let mut model_map = BTreeMap::new();
+    check_retry(&server_retry, "server.retry", &main_err)?;
     for (id, m) in models {
+        if let Some(r) = &m.retry {
+            check_retry(r, &format!("models.{id}.retry"), &main_err)?;
+        }
         if id.trim().is_empty() {
             return Err(main_err("models", "a standard model id is empty".into()));
         }
@@ -807,6 +835,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 first_event_timeout: m.first_event_timeout_ms.map(ms),
                 early_commit_after: m.early_commit_after_ms.map(ms),
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+                retry: {
+                    let mut p = crate::routing::retry::RetryPolicy::from_section(&server_retry);
+                    if let Some(r) = &m.retry {
+                        p.apply(r);
+                    }
+                    p
+                },
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
                 cached_input_usd_per_mtok: m.cached_input_usd_per_mtok,
@@ -1400,6 +1435,45 @@ mod tests {
         let e = load_str(&bad).unwrap_err();
         assert!(e.key_path.starts_with("tenants.team-a.budget"), "{e}");
         assert!(e.message.contains("weekly_usd"), "{e}");
+    }
+
+    #[test]
+    fn retry_sections_are_checked_and_a_models_override_merges_over_the_servers() {
+        let ok = MINIMAL
+            .replace(
+                "  admin_listen: 127.0.0.1:9090\n",
+                "  admin_listen: 127.0.0.1:9090\n  retry: {max_attempts_per_route: 3, on: [503, connect_error]}\n",
+            )
+            .replace("    routes:\n", "    retry: {backoff_ms: 7}\n    routes:\n");
+        let c = load_str(&ok).unwrap();
+        let p = &c.models["acme/chat-small"].retry;
+        assert_eq!(p.max_attempts_per_route, 3);
+        assert_eq!(p.statuses, [503]);
+        assert!(p.connect_error && !p.connection_reset);
+        assert_eq!(p.backoff, Duration::from_millis(7));
+        assert_eq!(c.server.retry.backoff, Duration::from_millis(100));
+        for (bad, key, msg) in [
+            ("on: [700]", "server.retry.on", "HTTP status"),
+            ("on: [timeout]", "server.retry.on", "connect_error"),
+            (
+                "max_attempts_per_route: 0",
+                "server.retry.max_attempts_per_route",
+                "at least 1",
+            ),
+            (
+                "budget_ratio: 2",
+                "server.retry.budget_ratio",
+                "between 0 and 1",
+            ),
+        ] {
+            let y = MINIMAL.replace(
+                "  admin_listen: 127.0.0.1:9090\n",
+                &format!("  admin_listen: 127.0.0.1:9090\n  retry: {{{bad}}}\n"),
+            );
+            let e = load_str(&y).unwrap_err();
+            assert!(e.key_path.starts_with(key), "{bad}: {e}");
+            assert!(e.message.contains(msg), "{bad}: {e}");
+        }
     }
 
     #[test]

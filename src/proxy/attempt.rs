@@ -53,7 +53,7 @@ pub async fn run(
 ) -> Result<(), ClientGone> {
     let mut last_error: Option<GatewayError> = None;
     let mut previous: Option<(String, &'static str)> = None;
-    for (i, cand) in candidates.iter().enumerate() {
+    for cand in candidates {
         if !cand.health.admit() {
             continue;
         }
@@ -69,8 +69,11 @@ pub async fn run(
                 ])
                 .inc();
         }
-        let mut same_route_retry_used = false;
+        let policy = &model.retry;
+        cand.health.retry_budget().record_request();
+        let mut tries_here = 0u32;
         loop {
+            tries_here += 1;
             ctx.attempt_count += 1;
             let outcome = attempt(connector, session, ctx, req, model, route).await;
             match outcome {
@@ -126,31 +129,36 @@ pub async fn run(
                         .upstream_attempts_total
                         .with_label_values(&[route.provider.id.as_str(), reason])
                         .inc();
-                    cand.health
-                        .record_failure(&route.provider.passive_health, ae.retry_after);
-                    let transient = matches!(
-                        ae.failure,
-                        AttemptFailure::Connect | AttemptFailure::Status(502 | 503)
-                    ) && ae.retry_after.is_none();
+                    // Same-route retry (`retry` policy): a listed failure, attempts left on
+                    // this route, a `Retry-After` short enough to wait out (a longer one rests
+                    // the route and the request falls back), and room in the route's budget.
+                    let wait = match ae.retry_after {
+                        Some(ra) if ra > policy.max_retry_after_wait => None,
+                        Some(ra) => Some(ra),
+                        None => Some(policy.backoff(tries_here)),
+                    };
+                    let wait = wait.filter(|_| {
+                        policy.retries(ae.failure)
+                            && tries_here < policy.max_attempts_per_route
+                            && cand.health.retry_budget().try_retry(policy.budget_ratio)
+                    });
+                    // A wait this request takes on the route is not the route's cool-down.
+                    cand.health.record_failure(
+                        &route.provider.passive_health,
+                        if wait.is_some() { None } else { ae.retry_after },
+                    );
                     ctx.attempts.push(ae);
                     last_error = Some(err);
-                    // The same-route retry is for the last resort only: with another
-                    // candidate available, falling back at once is as good for the client
-                    // and costs only the failed provider's own response time (no backoff,
-                    // no second request to a struggling provider). A route that just started
-                    // resting (turned unhealthy, or its half-open trial failed) gets no
-                    // second request either: the trial is a single request.
+                    // A route that just started resting (turned unhealthy, or its half-open
+                    // trial failed) gets no second request: the trial is a single request.
                     let resting = cand.health.cooldown_remaining().is_some();
-                    let alternative = candidates[i + 1..].iter().any(|c| c.health.is_available());
-                    if transient && !same_route_retry_used && !resting && !alternative {
-                        same_route_retry_used = true;
+                    if let Some(wait) = wait.filter(|_| !resting) {
                         metrics()
                             .upstream_retries_total
                             .with_label_values(&[route.provider.id.as_str(), reason])
                             .inc();
-                        let backoff = Duration::from_millis(20 + fastrand::u64(..40));
                         tokio::select! {
-                            () = tokio::time::sleep(backoff) => {}
+                            () = tokio::time::sleep(wait) => {}
                             () = client_gone(session) => return Err(ClientGone("retry_backoff")),
                         }
                         continue;
@@ -321,7 +329,7 @@ async fn attempt(
                     message: format!("provider `{}` failed before answering", provider.id),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Protocol, e.to_string(), err);
+                return failed(route, AttemptFailure::Reset, e.to_string(), err);
             }
             Err(_) => {
                 up.shutdown().await;

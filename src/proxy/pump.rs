@@ -175,7 +175,7 @@ pub(super) async fn stream(
                         };
                         return failed(
                             route,
-                            AttemptFailure::Protocol,
+                            AttemptFailure::Reset,
                             "closed before first event".into(),
                             err,
                         );
@@ -191,7 +191,7 @@ pub(super) async fn stream(
                     ),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Protocol, e.to_string(), err);
+                return failed(route, AttemptFailure::Reset, e.to_string(), err);
             }
         }
     }

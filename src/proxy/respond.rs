@@ -55,6 +55,10 @@ pub async fn write_error(
     if let Some(ra) = err.retry_after() {
         extra.push(("retry-after", retry_after_header(ra)));
     }
+    if ctx.attempt_count > 0 && ctx.config.server.emit_route_headers {
+        // How many upstream attempts the failure took (retries and fallbacks included).
+        extra.push(("x-sluice-attempts", ctx.attempt_count.to_string()));
+    }
     if err.status() == 405 {
         // The model list is read with GET; everything else Sluice serves takes POST.
         let get = session.req_header().uri.path().contains("/models");
@@ -103,6 +107,7 @@ pub fn proxied_head(
     if ctx.config.server.emit_route_headers {
         h.insert_header("x-sluice-provider", provider)?;
         h.insert_header("x-sluice-fallback-depth", ctx.fallback_depth().to_string())?;
+        h.insert_header("x-sluice-attempts", ctx.attempt_count.to_string())?;
         if let Some(o) = ctx.outcome.overhead {
             h.insert_header(
                 "x-sluice-overhead-ms",

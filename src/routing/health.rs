@@ -76,6 +76,8 @@ pub struct RouteHealth {
     ewma_ttft_us: AtomicU64,
     /// Outcomes for the error-rate trigger (only touched when it is configured).
     window: Mutex<OutcomeWindow>,
+    /// Requests and same-route retries over the last minute (`retry.budget_ratio`).
+    retry_budget: super::retry::RetryBudget,
 }
 
 /// Outcome counts in a sliding window, estimated from the current and the previous fixed
@@ -137,9 +139,15 @@ impl RouteHealth {
             trial_in_flight: AtomicBool::new(false),
             ewma_ttft_us: AtomicU64::new(0),
             window: Mutex::new(OutcomeWindow::default()),
+            retry_budget: super::retry::RetryBudget::default(),
         };
         h.export();
         h
+    }
+
+    /// The route's retry budget.
+    pub fn retry_budget(&self) -> &super::retry::RetryBudget {
+        &self.retry_budget
     }
 
     /// Current state.

@@ -8,6 +8,7 @@
 
 pub mod health;
 pub mod probe;
+pub mod retry;
 
 use std::sync::Arc;
 
@@ -289,6 +290,7 @@ mod tests {
             first_event_timeout: None,
             early_commit_after: None,
             default_max_tokens: 4096,
+            retry: crate::routing::retry::RetryPolicy::default(),
             input_usd_per_mtok: None,
             output_usd_per_mtok: None,
             cached_input_usd_per_mtok: None,

@@ -343,7 +343,11 @@ fn anthropic_needs_max_tokens_the_per_model_default_fills_it_and_beta_is_forward
 #[test]
 fn errors_come_in_the_clients_own_shape() {
     let mock = Mock::start(r#"{"status":429,"error_message":"slow down please"}"#);
-    let sluice = Sluice::start(&config(&mock.base_url(), ""));
+    // One attempt per request (no same-route retry): this test is about the error's shape.
+    let sluice = Sluice::start(&config(
+        &mock.base_url(),
+        "  retry: {max_attempts_per_route: 1}\n",
+    ));
     for client in [Client::Chat, Client::Messages, Client::Responses] {
         for model in ["acme/gpt", "acme/claude"] {
             let cell = format!("{client:?} client, {model}");

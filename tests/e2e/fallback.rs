@@ -40,8 +40,15 @@ pub(crate) fn config(server: &str, providers: &[P<'_>], model: &str) -> String {
     config_with_routes(server, providers, &format!("{model}    routes:\n{routes}"))
 }
 
-/// As [`config`], with the lines under `models.acme/chat` given whole.
+/// As [`config`], with the lines under `models.acme/chat` given whole. Same-route retries are
+/// off (`retry: {max_attempts_per_route: 1}`) unless `server` sets `retry:` itself: these
+/// tests are about fallback and health; `tests/e2e/retry.rs` covers the retry policy.
 pub(crate) fn config_with_routes(server: &str, providers: &[P<'_>], model_body: &str) -> String {
+    let server = if server.contains("retry:") {
+        server.to_string()
+    } else {
+        format!("{server}  retry: {{max_attempts_per_route: 1}}\n")
+    };
     let mut y = format!(
         "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n{server}tenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n"
     );
@@ -290,55 +297,6 @@ fn every_retryable_status_falls_back() {
     assert_eq!(
         Metrics::scrape(&sluice).get("sluice_upstream_retries_total", &[]),
         0.0
-    );
-}
-
-#[test]
-fn the_last_route_gets_one_same_route_retry_for_connect_502_503_only() {
-    let p1 = Mock::start("{}");
-    let many = "    health: {degraded_after_failures: 1000, unhealthy_after_failures: 1000}\n";
-    let sluice = Sluice::start(&config("", &[P("p1", &p1.base_url(), many)], ""));
-    for (status, hits) in [(503, 2), (502, 2), (500, 1), (504, 1), (429, 1), (408, 1)] {
-        p1.reset();
-        p1.set_behavior(&format!(r#"{{"status":{status}}}"#));
-        let r = sluice.chat(&body(true, ""));
-        assert_eq!(r.status, status, "{}", r.text());
-        assert_eq!(chat_hits(&p1), hits, "HTTP {status}");
-    }
-    let m = Metrics::scrape(&sluice);
-    assert_eq!(
-        m.get(
-            "sluice_upstream_retries_total",
-            &[("provider", "p1"), ("reason", "status_5xx")]
-        ),
-        2.0
-    );
-    assert_eq!(m.get("sluice_fallback_total", &[]), 0.0);
-
-    // A transient 503 saved by the retry: served by p1 at depth 0.
-    p1.reset();
-    p1.set_behavior(r#"{"fail_first":1,"status":503,"fail_key":"k","tokens":2}"#);
-    assert_served_stream(&sluice, &body(true, ""), "p1", 0, &tokens(2));
-    assert_eq!(chat_hits(&p1), 2);
-
-    // Connect errors too: a refused connection is tried twice, then 502.
-    let sluice = Sluice::start(&config("", &[P("p1", &dead_url(), many)], ""));
-    let r = sluice.chat(&body(true, ""));
-    assert_eq!(r.status, 502, "{}", r.text());
-    let m = Metrics::scrape(&sluice);
-    assert_eq!(
-        m.get(
-            "sluice_upstream_attempts_total",
-            &[("provider", "p1"), ("outcome", "connect")]
-        ),
-        2.0
-    );
-    assert_eq!(
-        m.get(
-            "sluice_upstream_retries_total",
-            &[("provider", "p1"), ("reason", "connect")]
-        ),
-        1.0
     );
 }
 

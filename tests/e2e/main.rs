@@ -27,6 +27,7 @@ mod ping_commit;
 mod readme;
 mod redis_limits;
 mod reload;
+mod retry;
 mod routing;
 mod sdk;
 mod sdk_dialects;

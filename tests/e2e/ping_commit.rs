@@ -12,7 +12,7 @@ use crate::harness::{Mock, Sluice, KEY};
 /// Two Anthropic providers for `acme/claude`: `p1` first, `p2` second.
 fn config(p1: &str, p2: &str) -> String {
     format!(
-        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p1:\n    kind: anthropic\n    base_url: {p1}\n    api_key: sk-ant-provider-secret-1\n    health_check: {{enabled: false}}\n  p2:\n    kind: anthropic\n    base_url: {p2}\n    api_key: sk-ant-provider-secret-2\n    health_check: {{enabled: false}}\nmodels:\n  acme/claude:\n    routes:\n      - provider: p1\n        upstream_model: claude-mock-1\n        priority: 1\n      - provider: p2\n        upstream_model: claude-mock-2\n        priority: 2\n"
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n  retry: {{max_attempts_per_route: 1}}\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p1:\n    kind: anthropic\n    base_url: {p1}\n    api_key: sk-ant-provider-secret-1\n    health_check: {{enabled: false}}\n  p2:\n    kind: anthropic\n    base_url: {p2}\n    api_key: sk-ant-provider-secret-2\n    health_check: {{enabled: false}}\nmodels:\n  acme/claude:\n    routes:\n      - provider: p1\n        upstream_model: claude-mock-1\n        priority: 1\n      - provider: p2\n        upstream_model: claude-mock-2\n        priority: 2\n"
     )
 }
 
