@@ -111,6 +111,13 @@ pub struct ServerSection {
     /// Downstream HTTP listener, `host:port` (default `127.0.0.1:8080`).
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Optional downstream TLS listener, `host:port` (ALPN `h2` and `http/1.1`); needs
+    /// `tls.certificates`.
+    #[serde(default)]
+    pub tls_listen: Option<String>,
+    /// Certificates of `tls_listen`, chosen by SNI (see [`super::tls`]).
+    #[serde(default)]
+    pub tls: Option<super::tls::TlsSection>,
     /// Admin listener serving `/metrics`, `/healthz`, `/readyz` (default `127.0.0.1:9090`).
     #[serde(default = "default_admin_listen")]
     pub admin_listen: String,
@@ -223,6 +230,8 @@ impl Default for ServerSection {
     fn default() -> Self {
         Self {
             listen: default_listen(),
+            tls_listen: None,
+            tls: None,
             admin_listen: default_admin_listen(),
             threads: None,
             log_format: LogFormat::Text,

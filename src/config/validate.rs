@@ -605,6 +605,19 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let tls = super::tls::tls_settings(
+        server.tls_listen.as_deref(),
+        server.tls.as_ref(),
+        &[
+            ("server.listen", &server.listen),
+            ("server.admin_listen", &server.admin_listen),
+        ],
+        sources.files[0]
+            .0
+            .parent()
+            .unwrap_or_else(|| Path::new(".")),
+        &main_err,
+    )?;
     if server.max_request_body_bytes == 0 {
         return Err(main_err(
             "server.max_request_body_bytes",
@@ -671,6 +684,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
     };
     let settings = ServerSettings {
         listen: server.listen,
+        tls_listen: server.tls_listen,
+        tls,
         admin_listen: server.admin_listen,
         threads,
         log_format: server.log_format,
