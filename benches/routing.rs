@@ -27,6 +27,7 @@ fn provider(id: &str) -> Arc<Provider> {
         kind: ProviderKind::Openai,
         endpoint: None,
         api_key: None,
+        ca: None,
         timeouts: HopTimeouts::uniform(t),
         health_check: None,
         passive_health: PassiveHealth {

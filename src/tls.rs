@@ -8,6 +8,9 @@
 //! Certificate choice: an exact server name first (case-insensitive), then a wildcard entry
 //! `*.example.com` (one label, as RFC 6125 §6.4.3 allows), else the first certificate of the
 //! list (also for clients that send no SNI, such as a bare `openssl s_client -connect`).
+//!
+//! Upstream, it loads a provider's `ca_file` ([`UpstreamCa`]): the roots that provider's
+//! certificate is verified against instead of the system store (a private provider).
 
 use std::collections::HashMap;
 use std::io::BufReader;
@@ -138,6 +141,53 @@ pub fn load_certified_key(cert_path: &Path, key_path: &Path) -> Result<Certified
             },
         })?;
     Ok(certified)
+}
+
+/// The trust anchors of one provider's `ca_file`, in the form Pingora's rustls connector
+/// takes per peer (`PeerOptions::ca`).
+#[derive(Clone)]
+pub struct UpstreamCa(pub Arc<pingora::protocols::tls::CaType>);
+
+impl std::fmt::Debug for UpstreamCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UpstreamCa({} certificates)", self.0.len())
+    }
+}
+
+/// Loads the PEM certificates of a `ca_file`: each must be usable as a rustls trust anchor
+/// (what the connector makes of it on every handshake).
+///
+/// # Errors
+/// A [`CertError`] (about [`CertFile::Cert`]) for an unreadable file, no certificate, or one
+/// that is no valid X.509 certificate.
+pub fn load_ca_file(path: &Path) -> Result<UpstreamCa, CertError> {
+    use pingora::utils::tls::WrappedX509;
+    use x509_parser::prelude::FromDer;
+    let pem_err = |reason: String| CertError::Pem {
+        file: CertFile::Cert,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let pem = read_pem(CertFile::Cert, path)?;
+    let ders = rustls_pemfile::certs(&mut BufReader::new(pem.as_slice()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_err(format!("bad PEM: {e}")))?;
+    if ders.is_empty() {
+        return Err(pem_err("no PEM `CERTIFICATE` block".into()));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let mut out = Vec::with_capacity(ders.len());
+    for (i, der) in ders.into_iter().enumerate() {
+        roots
+            .add(der.clone())
+            .map_err(|e| pem_err(format!("certificate {} is no trust anchor: {e}", i + 1)))?;
+        let wrapped = WrappedX509::try_new(der.to_vec(), |raw| {
+            x509_parser::certificate::X509Certificate::from_der(raw).map(|(_, c)| c)
+        })
+        .map_err(|e| pem_err(format!("certificate {} does not parse: {e}", i + 1)))?;
+        out.push(wrapped);
+    }
+    Ok(UpstreamCa(Arc::from(out)))
 }
 
 /// One certificate as configured: the loaded key pair and the names it serves.

@@ -238,6 +238,8 @@ pub struct Provider {
     pub endpoint: Option<Endpoint>,
     /// The provider key, if any.
     pub api_key: Option<Secret>,
+    /// Trust anchors of its TLS certificate (`ca_file`); `None`: the system store.
+    pub ca: Option<crate::tls::UpstreamCa>,
     /// Hop timeouts.
     pub timeouts: HopTimeouts,
     /// Active probe, if enabled.

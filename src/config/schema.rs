@@ -390,6 +390,11 @@ pub struct ProviderSection {
     /// Passive health thresholds.
     #[serde(default)]
     pub health: Option<PassiveHealthSection>,
+    /// PEM file of the CA certificates this provider's TLS certificate is verified against,
+    /// instead of the system store (a private provider); relative to this file's folder.
+    /// Only for an `https` `base_url`.
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 /// `providers.<id>.health_check`: the active probe.

@@ -420,6 +420,7 @@ fn build_provider(
         heartbeat_interval_ms,
         health_check,
         health,
+        ca_file,
     } = p;
     let endpoint = match (kind, base_url) {
         (ProviderKind::Demo, None) => None,
@@ -431,6 +432,26 @@ fn build_provider(
         }
         (_, Some(u)) => {
             Some(parse_base_url(&u).map_err(|m| sources.err(fidx, &key("base_url"), m))?)
+        }
+    };
+    let ca = match (ca_file, &endpoint) {
+        (None, _) => None,
+        (Some(_), e) if !e.as_ref().is_some_and(|e| e.tls) => {
+            return Err(sources.err(
+                fidx,
+                &key("ca_file"),
+                "ca_file is for an https base_url (this provider is not reached over TLS)",
+            ))
+        }
+        (Some(f), _) => {
+            let base = sources.files[fidx]
+                .0
+                .parent()
+                .unwrap_or_else(|| Path::new("."));
+            Some(
+                crate::tls::load_ca_file(&base.join(f))
+                    .map_err(|e| sources.err(fidx, &key("ca_file"), e.to_string()))?,
+            )
         }
     };
     let api_key = match (api_key, api_key_env) {
@@ -533,6 +554,7 @@ fn build_provider(
         kind,
         endpoint,
         api_key,
+        ca,
         timeouts,
         health_check,
         passive_health,

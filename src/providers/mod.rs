@@ -105,6 +105,9 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
         (None, _) => return Err(format!("provider {} has no endpoint", provider.id)),
     };
     let mut peer = HttpPeer::new(addr, tls, sni);
+    // Verified by default (Pingora's `verify_cert`/`verify_hostname`), against the system
+    // store or the provider's `ca_file`.
+    peer.options.ca = provider.ca.as_ref().map(|c| c.0.clone());
     if provider.endpoint.is_none() && provider.kind == ProviderKind::Demo {
         peer.options.custom_l4 = Some(demo::connector());
     }

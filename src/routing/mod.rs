@@ -252,6 +252,7 @@ mod tests {
             kind: ProviderKind::Openai,
             endpoint: None,
             api_key: None,
+            ca: None,
             timeouts: HopTimeouts::uniform(t),
             health_check: None,
             passive_health: PassiveHealth {

@@ -270,6 +270,7 @@ mod tests {
                 ip: Some("127.0.0.1".parse().unwrap()),
             }),
             api_key: path_key.map(|k| crate::secret::Secret::new(k.to_string())),
+            ca: None,
             timeouts: HopTimeouts::uniform(t),
             health_check: None,
             passive_health: PassiveHealth {

@@ -5,7 +5,8 @@
 //! stream cancels the upstream at once; a renewed certificate is served to new connections
 //! after a reload while open ones are untouched, and a broken one is refused; h2c with prior
 //! knowledge works on the plain listener; a reload that moves the TLS listener says an
-//! upgrade is needed; `sluice -t` checks that certificate and key load and match.
+//! upgrade is needed; `sluice -t` checks that certificate and key load and match. Upstream,
+//! a provider's TLS certificate is verified (system store, or its `ca_file`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream as StdTcpStream;
@@ -486,9 +487,83 @@ fn config_test_checks_that_certificates_and_keys_load_and_match() {
         out.contains("server.tls: certificates are configured"),
         "{out}"
     );
+    // A provider ca_file that is missing, and one on a plain-HTTP provider.
+    let with_ca = |base: &str, ca: &str| {
+        basic_config(base, "")
+            .replace("{listen}", "127.0.0.1:18080")
+            .replace("{admin}", "127.0.0.1:19090")
+            .replace(
+                "api_key: sk-provider-secret-p1",
+                &format!("api_key: sk-provider-secret-p1\n    ca_file: {ca}"),
+            )
+    };
+    write(&with_ca("https://127.0.0.1:9/v1", &missing));
+    let (ok, out) = check(&file);
+    assert!(!ok);
+    assert!(
+        out.contains("providers.p1.ca_file") && out.contains(&missing),
+        "{out}"
+    );
+    std::fs::write(pki.path("ca", "pem"), &pki.ca_pem).expect("ca file");
+    let ca = pki.path("ca", "pem").display().to_string();
+    write(&with_ca("https://127.0.0.1:9/v1", &ca));
+    let (ok, out) = check(&file);
+    assert!(ok, "{out}");
+    write(&with_ca("http://127.0.0.1:9/v1", &ca));
+    let (ok, out) = check(&file);
+    assert!(!ok);
+    assert!(out.contains("ca_file is for an https base_url"), "{out}");
     // The same port as the plain listener.
     write(&good.replace("tls_listen: 127.0.0.1:18443", "tls_listen: 0.0.0.0:18080"));
     let (ok, out) = check(&file);
     assert!(!ok);
     assert!(out.contains("overlaps `server.listen`"), "{out}");
+}
+
+#[test]
+fn upstream_tls_is_verified_against_the_system_store_or_the_providers_ca_file() {
+    let mock = Mock::start("{}");
+    let pki = Pki::new();
+    pki.issue("back", &["127.0.0.1"]);
+    std::fs::write(pki.path("ca", "pem"), &pki.ca_pem).expect("ca file");
+    // The provider: a Sluice whose TLS listener has a certificate of the test CA (for the
+    // IP 127.0.0.1), relaying to the mock.
+    let back = Sluice::start(&basic_config(
+        &mock.base_url(),
+        &format!(
+            "  tls_listen: {{tls_listen}}\n  tls:\n    certificates:\n      - {{cert_path: {}, key_path: {}}}\n",
+            pki.path("back", "pem").display(),
+            pki.path("back", "key").display()
+        ),
+    ));
+    let front_config = |ca_file: Option<&std::path::Path>| {
+        let extra = ca_file.map_or(String::new(), |f| format!("\n    ca_file: {}", f.display()));
+        basic_config(&format!("https://{}/v1", back.tls_addr), "")
+            .replace(
+                "api_key: sk-provider-secret-p1",
+                &format!("api_key: {KEY}{extra}"),
+            )
+            .replace("upstream_model: mock-small-v1", "upstream_model: acme/chat")
+    };
+    let body = chat_body(true, r#"{"tokens":2}"#);
+
+    // With the provider's CA: verified, served.
+    let trusting = Sluice::start(&front_config(Some(&pki.path("ca", "pem"))));
+    let r = trusting.chat(&body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(sse_text(&r.body), "tok0 tok1 ");
+
+    // Without it the system store does not know the test CA: the handshake fails, nothing
+    // is sent, the client gets a 5xx in its dialect.
+    let hits = mock.hits();
+    let strict = Sluice::start(&front_config(None));
+    let r = strict.chat(&body);
+    assert!(
+        r.status >= 500,
+        "an unverified provider was used: {} {}",
+        r.status,
+        r.text()
+    );
+    assert!(r.json()["error"]["message"].is_string(), "{}", r.text());
+    assert_eq!(mock.hits(), hits, "nothing reached the provider");
 }

@@ -23,6 +23,8 @@ pub struct Pki {
     pub dir: TempDir,
     issuer: Issuer<'static, KeyPair>,
     pub ca: CertificateDer<'static>,
+    /// The CA certificate, PEM.
+    pub ca_pem: String,
 }
 
 impl Pki {
@@ -34,11 +36,12 @@ impl Pki {
         params
             .distinguished_name
             .push(DnType::CommonName, "Sluice e2e test CA");
-        let ca = params.self_signed(&key).expect("CA cert").der().clone();
+        let cert = params.self_signed(&key).expect("CA cert");
         Pki {
             dir: TempDir::new("pki"),
             issuer: Issuer::new(params, key),
-            ca,
+            ca: cert.der().clone(),
+            ca_pem: cert.pem(),
         }
     }
 
