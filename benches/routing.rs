@@ -28,6 +28,7 @@ fn provider(id: &str) -> Arc<Provider> {
         endpoint: None,
         api_key: None,
         ca: None,
+        h2_stream_window: 65536,
         timeouts: HopTimeouts::uniform(t),
         health_check: None,
         passive_health: PassiveHealth {

@@ -146,11 +146,18 @@ pub fn load_certified_key(cert_path: &Path, key_path: &Path) -> Result<Certified
 /// The trust anchors of one provider's `ca_file`, in the form Pingora's rustls connector
 /// takes per peer (`PeerOptions::ca`).
 #[derive(Clone)]
-pub struct UpstreamCa(pub Arc<pingora::protocols::tls::CaType>);
+pub struct UpstreamCa {
+    /// The certificates.
+    pub roots: Arc<pingora::protocols::tls::CaType>,
+    /// A hash of their DER bytes: Pingora's connection pool key ignores `PeerOptions::ca`, so
+    /// this goes into the peer's `group_key` (a connection verified against other roots is
+    /// never reused for this provider).
+    pub fingerprint: u64,
+}
 
 impl std::fmt::Debug for UpstreamCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "UpstreamCa({} certificates)", self.0.len())
+        write!(f, "UpstreamCa({} certificates)", self.roots.len())
     }
 }
 
@@ -177,7 +184,9 @@ pub fn load_ca_file(path: &Path) -> Result<UpstreamCa, CertError> {
     }
     let mut roots = rustls::RootCertStore::empty();
     let mut out = Vec::with_capacity(ders.len());
+    let mut hasher = std::hash::DefaultHasher::new();
     for (i, der) in ders.into_iter().enumerate() {
+        std::hash::Hash::hash(der.as_ref(), &mut hasher);
         roots
             .add(der.clone())
             .map_err(|e| pem_err(format!("certificate {} is no trust anchor: {e}", i + 1)))?;
@@ -187,7 +196,10 @@ pub fn load_ca_file(path: &Path) -> Result<UpstreamCa, CertError> {
         .map_err(|e| pem_err(format!("certificate {} does not parse: {e}", i + 1)))?;
         out.push(wrapped);
     }
-    Ok(UpstreamCa(Arc::from(out)))
+    Ok(UpstreamCa {
+        roots: Arc::from(out),
+        fingerprint: std::hash::Hasher::finish(&hasher),
+    })
 }
 
 /// One certificate as configured: the loaded key pair and the names it serves.

@@ -240,6 +240,8 @@ pub struct Provider {
     pub api_key: Option<Secret>,
     /// Trust anchors of its TLS certificate (`ca_file`); `None`: the system store.
     pub ca: Option<crate::tls::UpstreamCa>,
+    /// Receive window of one HTTP/2 stream to it, bytes (`server.max_buffered_bytes_per_stream`).
+    pub h2_stream_window: usize,
     /// Hop timeouts.
     pub timeouts: HopTimeouts,
     /// Active probe, if enabled.

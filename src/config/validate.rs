@@ -404,6 +404,7 @@ fn build_provider(
     id: &str,
     p: ProviderSection,
     defaults: HopTimeouts,
+    h2_stream_window: usize,
     sources: &Sources,
 ) -> Result<Provider, ConfigError> {
     let fidx = sources.provider_file.get(id).copied().unwrap_or(0);
@@ -555,6 +556,7 @@ fn build_provider(
         endpoint,
         api_key,
         ca,
+        h2_stream_window,
         timeouts,
         health_check,
         passive_health,
@@ -762,7 +764,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
 
     let mut provider_map = BTreeMap::new();
     for (id, p) in providers {
-        let built = build_provider(&id, p, defaults, sources)?;
+        let built = build_provider(
+            &id,
+            p,
+            defaults,
+            settings.max_buffered_bytes_per_stream,
+            sources,
+        )?;
         provider_map.insert(id, Arc::new(built));
     }
     let known_providers = || provider_map.keys().cloned().collect::<Vec<_>>().join(", ");

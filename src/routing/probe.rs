@@ -271,6 +271,7 @@ mod tests {
             }),
             api_key: path_key.map(|k| crate::secret::Secret::new(k.to_string())),
             ca: None,
+            h2_stream_window: 65536,
             timeouts: HopTimeouts::uniform(t),
             health_check: None,
             passive_health: PassiveHealth {

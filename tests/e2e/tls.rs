@@ -6,7 +6,9 @@
 //! after a reload while open ones are untouched, and a broken one is refused; h2c with prior
 //! knowledge works on the plain listener; a reload that moves the TLS listener says an
 //! upgrade is needed; `sluice -t` checks that certificate and key load and match. Upstream,
-//! a provider's TLS certificate is verified (system store, or its `ca_file`).
+//! a provider's TLS certificate is verified (system store, or its `ca_file`), and a provider
+//! that offers h2 gets HTTP/2: streams share a connection, a client that leaves resets its
+//! stream upstream.
 
 use std::io::{Read, Write};
 use std::net::TcpStream as StdTcpStream;
@@ -553,6 +555,48 @@ fn upstream_tls_is_verified_against_the_system_store_or_the_providers_ca_file() 
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(sse_text(&r.body), "tok0 tok1 ");
 
+    // HTTP/2 to the provider (it offers h2): two streams at once share one connection.
+    let slow = chat_body(true, r#"{"tokens":1000,"token_delay_ms":50}"#);
+    let mut s1 = trusting.chat_stream(&slow);
+    let mut s2 = trusting.chat_stream(&slow);
+    for s in [&mut s1, &mut s2] {
+        assert_eq!(s.status, 200);
+        let mut got = Vec::new();
+        while sse_text(&got).is_empty() {
+            got.extend(s.next_piece(Duration::from_secs(5)).expect("stream"));
+        }
+    }
+    assert_eq!(
+        established_to(trusting.pid(), back.tls_addr.port()),
+        1,
+        "two streams to an h2 provider should share one connection"
+    );
+    // A client that leaves cancels its stream upstream (RST_STREAM to the provider, which
+    // closes the mock's connection), the other stream is untouched.
+    let clock = MockClock::read(&mock);
+    let closed = Instant::now();
+    s1.close();
+    let chats = crate::cancellation::wait_chats(&mock, 3, Duration::from_secs(3));
+    let gone = mock.wait_log(Duration::from_secs(3), |l| {
+        crate::cancellation::chat_records(l)
+            .iter()
+            .filter(|r| r["peer_closed_at_ms"].is_u64())
+            .count()
+            >= 1
+    });
+    let gone: Vec<_> = crate::cancellation::chat_records(&gone)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, r)| r["peer_closed_at_ms"].is_u64())
+        .collect();
+    assert_eq!(gone.len(), 1, "exactly the left stream ends: {chats:#?}");
+    assert_upstream_closed_promptly(&mock, gone[0].0, &clock, closed, "mid_stream");
+    let more = s2
+        .next_piece(Duration::from_secs(5))
+        .expect("the other stream goes on");
+    assert!(!more.is_empty());
+    s2.close();
+
     // Without it the system store does not know the test CA: the handshake fails, nothing
     // is sent, the client gets a 5xx in its dialect.
     let hits = mock.hits();
@@ -566,4 +610,32 @@ fn upstream_tls_is_verified_against_the_system_store_or_the_providers_ca_file() 
     );
     assert!(r.json()["error"]["message"].is_string(), "{}", r.text());
     assert_eq!(mock.hits(), hits, "nothing reached the provider");
+}
+
+/// ESTABLISHED TCP connections of process `pid` to loopback port `port` (its socket inodes
+/// matched against `/proc/net/tcp`).
+fn established_to(pid: u32, port: u16) -> usize {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let port_hex = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() > 9
+                && f[2].ends_with(&port_hex)
+                && f[3] == "01"
+                && inodes.iter().any(|i| i == f[9])
+        })
+        .count()
 }
