@@ -164,8 +164,8 @@ impl ServerApp for DownstreamApp {
             clock: clock.clone(),
             replay: Vec::new(),
         };
-        // The first head's deadline counts from the accept (the TLS handshake is Pingora's,
-        // bounded by its own 60 s), and covers the h2 preface.
+        // The first head's deadline counts from now: the accept, or the end of the TLS
+        // handshake (which Pingora bounds by its own 60 s). It covers the h2 preface.
         clock.arm(true);
         let h2_alpn = matches!(alpn, Some(ALPN::H2));
         if h2_alpn || !tls {
