@@ -294,6 +294,32 @@ fn h2c_with_prior_knowledge_works_on_the_plain_listener_beside_http1() {
         );
         assert_eq!(sse_text(&concat(&fx)), "tok0 tok1 tok2 ");
         assert_eq!(sse_text(&concat(&fy)), "tok0 tok1 tok2 ");
+
+        // A non-streaming answer, and an error in the client's dialect, over h2 too.
+        let mut u = h
+            .request(
+                "POST",
+                "/v1/chat/completions",
+                &chat_body(false, r#"{"tokens":2}"#),
+            )
+            .await;
+        assert_eq!(u.status, 200);
+        let v: serde_json::Value =
+            serde_json::from_slice(&concat(&u.frames(Duration::from_secs(5)).await))
+                .expect("json answer");
+        assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 ");
+        let mut e = h
+            .request(
+                "POST",
+                "/v1/chat/completions",
+                r#"{"model":"nope/none","messages":[{"role":"user","content":"hi"}]}"#,
+            )
+            .await;
+        assert_eq!(e.status, 404);
+        let v: serde_json::Value =
+            serde_json::from_slice(&concat(&e.frames(Duration::from_secs(5)).await))
+                .expect("json error");
+        assert!(v["error"]["message"].is_string(), "{v}");
     });
     // HTTP/1.1 on the same listener, and a request shorter than the h2 preface (24 bytes)
     // answered at once (the preface check stops at the first differing byte).
