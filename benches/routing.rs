@@ -27,6 +27,8 @@ fn provider(id: &str) -> Arc<Provider> {
         kind: ProviderKind::Openai,
         endpoint: None,
         api_key: None,
+        ca: None,
+        h2_stream_window: 65536,
         timeouts: HopTimeouts::uniform(t),
         health_check: None,
         passive_health: PassiveHealth {

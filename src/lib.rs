@@ -14,6 +14,7 @@
 //! | [`config`] | YAML schema, validation with file:line:key errors, the virtual key table of a snapshot |
 //! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
+//! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
 //! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
@@ -59,3 +60,4 @@ pub mod server;
 pub mod shutdown;
 pub mod sse;
 pub mod status;
+pub mod tls;

@@ -2,7 +2,10 @@
 //! the config file or one of its includes changes (debounced). Reload = load → validate →
 //! swap; a bad file keeps the old snapshot and logs `file:line:col: key.path: message`.
 //! In-flight requests keep the snapshot they pinned. Listener, thread and daemon settings need
-//! a restart (or Pingora's graceful upgrade); a reload that changes them says so.
+//! a restart (or Pingora's graceful upgrade); a reload that changes them says so (a warning)
+//! and keeps serving on the old listeners. The TLS certificates and keys are re-read by every
+//! reload (they are inputs of the config, hashed and watched like its includes) and handed
+//! to the TLS listener's resolver: new handshakes get them, open connections keep theirs.
 //!
 //! What is watched: the folders that hold the config file and each included file, plus each
 //! included folder, not recursively (notify/inotify). A change event there only triggers a
@@ -32,6 +35,7 @@ use pingora::services::background::BackgroundService;
 use crate::backpressure::Admission;
 use crate::config::{expand_include, Config, ConfigError, ConfigHandle};
 use crate::metrics::metrics;
+use crate::tls::CertResolver;
 
 /// Quiet period after a file event before reloading (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(250);
@@ -96,14 +100,23 @@ pub fn inputs(path: &Path) -> Inputs {
             dirs,
         };
     };
-    let includes: Vec<String> = serde_yaml::from_slice::<serde_yaml::Value>(&main)
-        .ok()
+    let doc = serde_yaml::from_slice::<serde_yaml::Value>(&main).ok();
+    let includes: Vec<String> = doc
+        .as_ref()
         .and_then(|v| v.get("include").and_then(|i| i.as_sequence()).cloned())
         .unwrap_or_default()
         .iter()
         .filter_map(|p| p.as_str().map(str::to_string))
         .collect();
     let base = folder_of(path);
+    // The TLS certificates and keys are inputs too: a renewed certificate (same config)
+    // reloads, on SIGHUP or when its folder changes.
+    for file in doc.as_ref().map(tls_files).unwrap_or_default() {
+        let file = base.join(file);
+        add_folders(&mut dirs, &file);
+        h.update(b"tls\0");
+        let _ = hash_file(&mut h, &file);
+    }
     for pattern in includes {
         let full = if Path::new(&pattern).is_absolute() {
             PathBuf::from(&pattern)
@@ -142,6 +155,23 @@ pub fn inputs(path: &Path) -> Inputs {
     }
 }
 
+/// The `cert_path` and `key_path` of every `server.tls.certificates` entry of a parsed main
+/// file, in order (what [`crate::config`] loads; anything malformed is its error to report).
+fn tls_files(doc: &serde_yaml::Value) -> Vec<String> {
+    let Some(list) = doc
+        .get("server")
+        .and_then(|s| s.get("tls"))
+        .and_then(|t| t.get("certificates"))
+        .and_then(|c| c.as_sequence())
+    else {
+        return Vec::new();
+    };
+    list.iter()
+        .flat_map(|c| [c.get("cert_path"), c.get("key_path")])
+        .filter_map(|p| p.and_then(|p| p.as_str()).map(str::to_string))
+        .collect()
+}
+
 /// Set by a `SIGHUP` that arrives before the reload service runs (see [`catch_early_sighup`]).
 static EARLY_SIGHUP: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
 
@@ -171,6 +201,8 @@ pub struct Reloader {
     path: PathBuf,
     handle: Arc<ConfigHandle>,
     admission: Arc<Admission>,
+    /// The TLS listener's certificate resolver, when there is a TLS listener.
+    certificates: Option<Arc<CertResolver>>,
     /// Fingerprint of the inputs of the last load or reload attempt (ok or not).
     last: Mutex<[u8; 32]>,
 }
@@ -183,8 +215,17 @@ impl Reloader {
             path,
             handle,
             admission,
+            certificates: None,
             last,
         }
+    }
+
+    /// Also hands each reloaded config's certificates to the TLS listener's `resolver`
+    /// (new handshakes use them; established connections keep theirs).
+    #[must_use]
+    pub fn with_certificates(mut self, resolver: Option<Arc<CertResolver>>) -> Self {
+        self.certificates = resolver;
+        self
     }
 
     /// Reloads when the config's inputs changed since the last attempt; `None` when they
@@ -228,6 +269,10 @@ impl Reloader {
                 let restart: Vec<&str> = [
                     ("server.listen", old.server.listen != new.server.listen),
                     (
+                        "server.tls_listen",
+                        old.server.tls_listen != new.server.tls_listen,
+                    ),
+                    (
                         "server.admin_listen",
                         old.server.admin_listen != new.server.admin_listen,
                     ),
@@ -256,6 +301,17 @@ impl Reloader {
                     new.providers.len(),
                     new.keys.len()
                 );
+                if let (Some(resolver), Some(set)) = (&self.certificates, &new.server.tls) {
+                    resolver.store(set.clone());
+                    log::info!(
+                        "TLS certificates reloaded: {} (new handshakes use them)",
+                        set.entries()
+                            .iter()
+                            .map(|e| e.cert_path.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
                 self.handle.store(new);
                 metrics()
                     .config_reloads_total

@@ -1,5 +1,6 @@
 //! Owns process assembly: the Pingora `Server` with its `ServerConf` derived from our YAML,
-//! the proxy service (the [`Gateway`]), the admin service, and background services (hot
+//! the proxy service (the [`Gateway`]) on its plain listener (HTTP/1, h2c) and optional TLS
+//! listener (ALPN h2 and http/1.1, certificates by SNI from [`crate::tls`]), the admin service, and background services (hot
 //! reload, rate-limit sync, active health probes, graceful stream shutdown, the usage
 //! ledger's writer). The built-in
 //! demo provider needs no service: it is reached in process (see [`crate::providers::demo`]).
@@ -8,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pingora::apps::HttpServerOptions;
+use pingora::listeners::tls::TlsSettings;
 use pingora::listeners::{L4BufferSettings, ListenerConfig, TcpSocketOptions};
 use pingora::protocols::TcpKeepalive;
 use pingora::server::configuration::ServerConf;
@@ -24,6 +27,7 @@ use crate::proxy::Gateway;
 use crate::reload::Reloader;
 use crate::routing::probe::HealthProber;
 use crate::shutdown::StreamShutdown;
+use crate::tls::CertResolver;
 
 /// L4 read buffer of a downstream connection, bytes (0 = reads go straight to the socket).
 const DOWNSTREAM_L4_READ_BUFFER: usize = 0;
@@ -58,13 +62,17 @@ fn server_conf(cfg: &Config, args: &Args) -> ServerConf {
     conf
 }
 
-/// The downstream listener. Its L4 read buffer is off: Pingora's default 64 KiB buffer lives
+/// A downstream listener (plain, or TLS with `tls`). Its L4 read buffer is off: Pingora's default 64 KiB buffer lives
 /// as long as the connection (~8 KiB of RSS per held stream in `benches/streams_memory.rs`),
 /// and request heads and bodies are read through Pingora's own buffers anyway. TCP keepalive
 /// plus `TCP_USER_TIMEOUT` (the startup `downstream_write_timeout_ms`) find a client that
 /// vanished without a FIN or RST: its unacknowledged heartbeats end the connection, which
 /// cancels the upstream.
-fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
+fn downstream_listener(
+    addr: &str,
+    write_timeout: Duration,
+    tls: Option<TlsSettings>,
+) -> ListenerConfig {
     let mut sock = TcpSocketOptions::default();
     sock.tcp_keepalive = Some(TcpKeepalive {
         idle: Duration::from_secs(60),
@@ -74,9 +82,22 @@ fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
         user_timeout: write_timeout,
     });
     let _ = write_timeout;
-    ListenerConfig::tcp(addr.to_string())
+    let listener = ListenerConfig::tcp(addr.to_string())
         .tcp_socket_options(sock)
-        .l4_buffer(L4BufferSettings::default().read(DOWNSTREAM_L4_READ_BUFFER))
+        .l4_buffer(L4BufferSettings::default().read(DOWNSTREAM_L4_READ_BUFFER));
+    match tls {
+        Some(settings) => listener.tls(settings),
+        None => listener,
+    }
+}
+
+/// The proxy's HTTP server options: h2c with prior knowledge on the plain listener (the TLS
+/// one negotiates by ALPN), idle HTTP/2 connections closed like idle HTTP/1 ones.
+fn http_server_options() -> HttpServerOptions {
+    let mut o = HttpServerOptions::default();
+    o.h2c = true;
+    o.h2_idle_timeout = Some(Duration::from_secs(crate::proxy::DOWNSTREAM_KEEPALIVE_S));
+    o
 }
 
 /// Builds the server; `run_forever` it next.
@@ -92,6 +113,12 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     server.bootstrap();
 
     let listen = cfg.server.listen.clone();
+    let tls_listen = cfg.server.tls_listen.clone();
+    let certificates = cfg
+        .server
+        .tls
+        .clone()
+        .map(|set| Arc::new(CertResolver::new(set)));
     let admin_listen = cfg.server.admin_listen.clone();
     // Absolute, so that reloads (and the watcher) still find it after `-d` changed the
     // working directory.
@@ -113,15 +140,19 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let handle = Arc::new(ConfigHandle::new(cfg));
 
     // Pingora's proxy behind Sluice's own connection loop (head deadline, pipelining).
-    let app = DownstreamApp::new(
-        pingora::proxy::http_proxy(
-            &server.configuration,
-            Gateway::new(handle.clone(), admission.clone()),
-        ),
-        handle.clone(),
+    let mut http = pingora::proxy::http_proxy(
+        &server.configuration,
+        Gateway::new(handle.clone(), admission.clone()),
     );
+    http.server_options = Some(http_server_options());
+    let app = DownstreamApp::new(http, handle.clone());
     let mut proxy = Service::new("sluice proxy".to_string(), app);
-    proxy.add_listener(downstream_listener(&listen, cfg_write_timeout));
+    proxy.add_listener(downstream_listener(&listen, cfg_write_timeout, None));
+    if let (Some(addr), Some(resolver)) = (&tls_listen, &certificates) {
+        let settings = crate::tls::listener_settings(resolver.clone())
+            .map_err(|e| StartError::Pingora(e.to_string()))?;
+        proxy.add_listener(downstream_listener(addr, cfg_write_timeout, Some(settings)));
+    }
 
     let mut admin = Service::new("sluice admin".to_string(), AdminApp::new(handle.clone()));
     admin.add_tcp(&admin_listen);
@@ -134,7 +165,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     ));
     server.add_service(background_service(
         "sluice config reload",
-        Reloader::new(path, handle.clone(), admission),
+        Reloader::new(path, handle.clone(), admission).with_certificates(certificates),
     ));
     server.add_service(background_service(
         "sluice health probes",
@@ -146,6 +177,11 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     ));
     server.add_service(proxy);
     server.add_service(admin);
-    log::info!("sluice listening on {listen} (admin {admin_listen})");
+    match &tls_listen {
+        Some(tls) => {
+            log::info!("sluice listening on {listen} and {tls} (TLS) (admin {admin_listen})");
+        }
+        None => log::info!("sluice listening on {listen} (admin {admin_listen})"),
+    }
     Ok(server)
 }

@@ -160,8 +160,11 @@ pub fn locate_key(source: &str, key_path: &str) -> Option<(usize, usize)> {
                 if start >= end {
                     break;
                 }
+                // A block item (`- key: v`) may hold the next key on its own line; a flow
+                // item (`- {key: v}`) holds everything below it on that line.
+                let item = lines[line].trim_start().strip_prefix("- ");
                 if lines[line].trim_end().ends_with(':')
-                    || lines[line].trim_start().starts_with("- ")
+                    || item.is_some_and(|r| !r.trim_start().starts_with(['{', '[']))
                 {
                     continue;
                 }
@@ -195,6 +198,19 @@ mod tests {
         assert_eq!(
             locate_key(SRC, "models.acme/chat.routes[0].upstream_model"),
             Some((7, 9))
+        );
+    }
+
+    #[test]
+    fn a_key_inside_a_flow_item_is_located_at_its_item() {
+        let src = "tls:\n  certificates:\n    - {cert_path: a.pem, key_path: a.key}\n    - cert_path: b.pem\n      key_path: b.key\n";
+        assert_eq!(
+            locate_key(src, "tls.certificates[0].cert_path"),
+            Some((3, 7))
+        );
+        assert_eq!(
+            locate_key(src, "tls.certificates[1].key_path"),
+            Some((5, 7))
         );
     }
 

@@ -8,6 +8,7 @@ pub mod error;
 pub mod keys;
 pub mod ledger;
 pub mod schema;
+pub mod tls;
 mod validate;
 
 use arc_swap::ArcSwap;
@@ -55,8 +56,12 @@ pub struct Config {
 /// `server:` after validation: durations converted once.
 #[derive(Debug, Clone)]
 pub struct ServerSettings {
-    /// Downstream listener address (`host:port`).
+    /// Downstream listener address (`host:port`): HTTP/1 and h2c with prior knowledge.
     pub listen: String,
+    /// Downstream TLS listener address (`host:port`), if any.
+    pub tls_listen: Option<String>,
+    /// Its certificates, loaded and checked (present iff `tls_listen` is).
+    pub tls: Option<Arc<crate::tls::CertSet>>,
     /// Admin listener address (`host:port`).
     pub admin_listen: String,
     /// Pingora worker threads.
@@ -235,6 +240,10 @@ pub struct Provider {
     pub endpoint: Option<Endpoint>,
     /// The provider key, if any.
     pub api_key: Option<Secret>,
+    /// Trust anchors of its TLS certificate (`ca_file`); `None`: the system store.
+    pub ca: Option<crate::tls::UpstreamCa>,
+    /// Receive window of one HTTP/2 stream to it, bytes (`server.max_buffered_bytes_per_stream`).
+    pub h2_stream_window: usize,
     /// Hop timeouts.
     pub timeouts: HopTimeouts,
     /// Active probe, if enabled.

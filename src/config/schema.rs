@@ -111,6 +111,13 @@ pub struct ServerSection {
     /// Downstream HTTP listener, `host:port` (default `127.0.0.1:8080`).
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Optional downstream TLS listener, `host:port` (ALPN `h2` and `http/1.1`); needs
+    /// `tls.certificates`.
+    #[serde(default)]
+    pub tls_listen: Option<String>,
+    /// Certificates of `tls_listen`, chosen by SNI (see [`super::tls`]).
+    #[serde(default)]
+    pub tls: Option<super::tls::TlsSection>,
     /// Admin listener serving `/metrics`, `/healthz`, `/readyz` (default `127.0.0.1:9090`).
     #[serde(default = "default_admin_listen")]
     pub admin_listen: String,
@@ -226,6 +233,8 @@ impl Default for ServerSection {
     fn default() -> Self {
         Self {
             listen: default_listen(),
+            tls_listen: None,
+            tls: None,
             admin_listen: default_admin_listen(),
             threads: None,
             log_format: LogFormat::Text,
@@ -481,6 +490,11 @@ pub struct ProviderSection {
     /// itself. Ignored by other provider kinds, whose streams always carry usage.
     #[serde(default = "default_true")]
     pub stream_usage: bool,
+    /// PEM file of the CA certificates this provider's TLS certificate is verified against,
+    /// instead of the system store (a private provider); relative to this file's folder.
+    /// Only for an `https` `base_url`.
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 /// `providers.<id>.health_check`: the active probe.

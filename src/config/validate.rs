@@ -405,6 +405,7 @@ fn build_provider(
     id: &str,
     p: ProviderSection,
     defaults: HopTimeouts,
+    h2_stream_window: usize,
     sources: &Sources,
 ) -> Result<Provider, ConfigError> {
     let fidx = sources.provider_file.get(id).copied().unwrap_or(0);
@@ -422,6 +423,7 @@ fn build_provider(
         health_check,
         health,
         stream_usage,
+        ca_file,
     } = p;
     let endpoint = match (kind, base_url) {
         (ProviderKind::Demo, None) => None,
@@ -433,6 +435,26 @@ fn build_provider(
         }
         (_, Some(u)) => {
             Some(parse_base_url(&u).map_err(|m| sources.err(fidx, &key("base_url"), m))?)
+        }
+    };
+    let ca = match (ca_file, &endpoint) {
+        (None, _) => None,
+        (Some(_), e) if !e.as_ref().is_some_and(|e| e.tls) => {
+            return Err(sources.err(
+                fidx,
+                &key("ca_file"),
+                "ca_file is for an https base_url (this provider is not reached over TLS)",
+            ))
+        }
+        (Some(f), _) => {
+            let base = sources.files[fidx]
+                .0
+                .parent()
+                .unwrap_or_else(|| Path::new("."));
+            Some(
+                crate::tls::load_ca_file(&base.join(f))
+                    .map_err(|e| sources.err(fidx, &key("ca_file"), e.to_string()))?,
+            )
         }
     };
     let api_key = match (api_key, api_key_env) {
@@ -535,6 +557,8 @@ fn build_provider(
         kind,
         endpoint,
         api_key,
+        ca,
+        h2_stream_window,
         timeouts,
         health_check,
         passive_health,
@@ -629,6 +653,19 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let tls = super::tls::tls_settings(
+        server.tls_listen.as_deref(),
+        server.tls.as_ref(),
+        &[
+            ("server.listen", &server.listen),
+            ("server.admin_listen", &server.admin_listen),
+        ],
+        sources.files[0]
+            .0
+            .parent()
+            .unwrap_or_else(|| Path::new(".")),
+        &main_err,
+    )?;
     if server.max_request_body_bytes == 0 {
         return Err(main_err(
             "server.max_request_body_bytes",
@@ -695,6 +732,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
     };
     let settings = ServerSettings {
         listen: server.listen,
+        tls_listen: server.tls_listen,
+        tls,
         admin_listen: server.admin_listen,
         threads,
         log_format: server.log_format,
@@ -751,7 +790,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
 
     let mut provider_map = BTreeMap::new();
     for (id, p) in providers {
-        let built = build_provider(&id, p, defaults, sources)?;
+        let built = build_provider(
+            &id,
+            p,
+            defaults,
+            settings.max_buffered_bytes_per_stream,
+            sources,
+        )?;
         provider_map.insert(id, Arc::new(built));
     }
     let known_providers = || provider_map.keys().cloned().collect::<Vec<_>>().join(", ");

@@ -63,6 +63,11 @@ async fn resolve(host: &str, port: u16, deadline: Duration) -> Result<SocketAddr
     Ok(first)
 }
 
+/// Most concurrent streams Sluice opens on one HTTP/2 connection to a provider (fewer when
+/// the provider's `SETTINGS_MAX_CONCURRENT_STREAMS` says so); more streams open more
+/// connections.
+pub const H2_STREAMS_PER_CONNECTION: usize = 100;
+
 /// Where an attempt connects: the peer plus what the request head needs.
 #[derive(Debug)]
 pub struct Target {
@@ -105,6 +110,12 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
         (None, _) => return Err(format!("provider {} has no endpoint", provider.id)),
     };
     let mut peer = HttpPeer::new(addr, tls, sni);
+    // Verified by default (Pingora's `verify_cert`/`verify_hostname`), against the system
+    // store or the provider's `ca_file`.
+    if let Some(ca) = &provider.ca {
+        peer.options.ca = Some(ca.roots.clone());
+        peer.group_key = ca.fingerprint;
+    }
     if provider.endpoint.is_none() && provider.kind == ProviderKind::Demo {
         peer.options.custom_l4 = Some(demo::connector());
     }
@@ -122,9 +133,25 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
         #[cfg(target_os = "linux")]
         user_timeout: Duration::from_secs(0),
     });
-    // HTTP/1.1 to every provider: the attempt loop writes H1 request heads, and each stream
-    // then has its own connection, so a slow stream never shares a flow-control window.
-    peer.options.alpn = ALPN::H1;
+    if tls {
+        // HTTP/2 where the provider offers it (ALPN h2, else http/1.1): its streams share a
+        // connection. Each stream's receive window is the per-stream buffer bound
+        // (`server.max_buffered_bytes_per_stream`), so a stream whose client reads slowly
+        // holds no more unread bytes than over HTTP/1.1, and the connection window has room
+        // for every stream's window at once, so stalled streams never starve the others.
+        let window = u32::try_from(provider.h2_stream_window).unwrap_or(u32::MAX >> 1);
+        peer.options.alpn = ALPN::H2H1;
+        peer.options.max_h2_streams = H2_STREAMS_PER_CONNECTION;
+        peer.options.h2_stream_window_size = Some(window);
+        peer.options.h2_connection_window_size = Some(
+            window
+                .saturating_mul(H2_STREAMS_PER_CONNECTION as u32)
+                .min(u32::MAX >> 1),
+        );
+    } else {
+        // Plain HTTP: HTTP/1.1 (no h2c upstream), one connection per stream.
+        peer.options.alpn = ALPN::H1;
+    }
     Ok(Target {
         peer,
         host_header,

@@ -1,6 +1,6 @@
-//! Owns the downstream HTTP/1 connection around Pingora's proxy ([`DownstreamApp`]): the
-//! keep-alive loop, the deadline on the whole request head (`server.header_read_timeout_ms`)
-//! and HTTP/1.1 pipelining.
+//! Owns the downstream connection around Pingora's proxy ([`DownstreamApp`]): the choice of
+//! HTTP/1 or HTTP/2 (ALPN, or the h2c preface), the HTTP/1 keep-alive loop, the deadline on
+//! the whole request head (`server.header_read_timeout_ms`) and HTTP/1.1 pipelining.
 //!
 //! ## The head deadline: why a connection app and a stream wrapper
 //!
@@ -47,7 +47,29 @@
 //! pipelining client that leaves mid-answer is noticed by the next failed write (a stream's
 //! heartbeat at the latest) rather than at once.
 //!
-//! Only cleartext HTTP/1 is served (Sluice configures no TLS or h2c listener).
+//! ## HTTP/2: ALPN `h2` on the TLS listener, h2c with prior knowledge on the plain one
+//!
+//! A connection is HTTP/2 when its TLS handshake chose ALPN `h2`, or, on the plain listener,
+//! when its first 24 bytes are the HTTP/2 connection preface (RFC 9113 §3.4: h2c "with prior
+//! knowledge"; the `Upgrade: h2c` dance of RFC 7540 §3.2 is not offered, as in Pingora).
+//! The preface is read here, byte by byte as it arrives, within the first head's deadline
+//! (so a client that connects and stays silent, or trickles a preface, is cut like one that
+//! trickles a head), and stops at the first byte that differs: an HTTP/1 request line never
+//! waits for 24 bytes (Pingora's own h2c peek does `read_exact`, which would stall a short
+//! HTTP/1.0 request). The bytes read are replayed to whichever protocol follows.
+//!
+//! An HTTP/2 connection is then handed to Pingora's own HTTP/2 accept loop (the blanket
+//! `ServerApp` of an `HttpServerApp`, with `h2c` on in the proxy's server options): one task
+//! per stream, streams answered in parallel, bounded by Pingora's defaults (100 concurrent
+//! streams, 64 KiB of decoded headers), idle connections closed after
+//! [`super::DOWNSTREAM_KEEPALIVE_S`]. Each stream runs the same [`Gateway`] phases as an
+//! HTTP/1 request; the HTTP/2 session strips the HTTP/1 framing headers (`Transfer-Encoding`,
+//! `Connection`, `Keep-Alive`) Sluice's answer heads carry, sends each body write as its own
+//! DATA frame (waiting for flow-control credit: the backpressure point, as a socket write is
+//! for HTTP/1), and reports a client's `RST_STREAM` through `read_body_or_idle`, which the
+//! attempt loop and the pump already race against the upstream: a reset stream cancels the
+//! upstream request at once. The head deadline has no HTTP/2 counterpart per stream (a
+//! stream's headers arrive whole, in frames the h2 codec bounds).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -134,11 +156,47 @@ impl ServerApp for DownstreamApp {
             .get_socket_digest()
             .and_then(|d| d.peer_addr().map(ToString::to_string))
             .unwrap_or_default();
+        let alpn = stream.selected_alpn_proto();
+        let tls = stream.get_ssl_digest().is_some();
         let clock = Arc::new(HeadClock::new());
-        let stream: Stream = Box::new(HeadClockStream {
+        let mut stream = HeadClockStream {
             inner: stream,
             clock: clock.clone(),
-        });
+            replay: Vec::new(),
+        };
+        // The first head's deadline counts from now: the accept, or the end of the TLS
+        // handshake (which Pingora bounds by its own 60 s). It covers the h2 preface.
+        clock.arm(true);
+        let h2_alpn = matches!(alpn, Some(ALPN::H2));
+        if h2_alpn || !tls {
+            let timeout = self.config.snapshot().server.header_read_timeout;
+            let sniffed = tokio::select! {
+                r = stream.sniff_h2_preface() => r,
+                cut = clock.cut(timeout) => {
+                    record_cut(cut, timeout, &peer);
+                    return None;
+                }
+            };
+            match sniffed {
+                Ok(true) => {
+                    clock.complete();
+                    // Pingora's HTTP/2 accept loop (see the module doc).
+                    return ServerApp::process_new(&self.proxy, Box::new(stream), shutdown).await;
+                }
+                // ALPN said h2 but the client speaks something else: a protocol error.
+                Ok(false) if h2_alpn => {
+                    log::debug!(
+                        target: "sluice::proxy::connection",
+                        "ALPN h2 without the HTTP/2 preface, connection closed: peer={peer}"
+                    );
+                    return None;
+                }
+                Ok(false) => {}
+                // Gone before a request: an ordinary end of a connection.
+                Err(_) => return None,
+            }
+        }
+        let stream: Stream = Box::new(stream);
         let mut session = ServerSession::new_http1(stream);
         if *shutdown.borrow() {
             session.set_keepalive(None);
@@ -154,7 +212,9 @@ impl ServerApp for DownstreamApp {
         let mut first = true;
         loop {
             let timeout = self.config.snapshot().server.header_read_timeout;
-            clock.arm(first);
+            if !first {
+                clock.arm(false);
+            }
             let served = HEAD_CLOCK.scope(
                 clock.clone(),
                 self.proxy.process_new_http(session, shutdown),
@@ -332,12 +392,46 @@ impl HeadClock {
     }
 }
 
-/// An accepted downstream stream that reports head progress to its [`HeadClock`]; every
-/// other call goes straight to the inner stream.
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// An accepted downstream stream that reports head progress to its [`HeadClock`] and first
+/// replays the bytes [`Self::sniff_h2_preface`] read; every other call goes straight to the
+/// inner stream.
 #[derive(Debug)]
 pub struct HeadClockStream {
     inner: Stream,
     clock: Arc<HeadClock>,
+    /// Bytes read by the preface sniff, not yet handed to a reader (at most 24).
+    replay: Vec<u8>,
+}
+
+impl HeadClockStream {
+    /// Reads the start of the connection until it is the HTTP/2 preface (`true`) or differs
+    /// from it (`false`), keeping what it read for the next reads (and peeks). Reads only as
+    /// far as the first differing byte.
+    ///
+    /// # Errors
+    /// The read error, or `UnexpectedEof` when the client closed first.
+    pub async fn sniff_h2_preface(&mut self) -> std::io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; H2_PREFACE.len()];
+        let mut n = 0;
+        while n < buf.len() {
+            let got = self.inner.read(&mut buf[n..]).await?;
+            if got == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let prefix_ok = buf[n..n + got] == H2_PREFACE[n..n + got];
+            n += got;
+            if !prefix_ok {
+                self.replay.extend_from_slice(&buf[..n]);
+                return Ok(false);
+            }
+        }
+        self.replay.extend_from_slice(&buf);
+        Ok(true)
+    }
 }
 
 impl AsyncRead for HeadClockStream {
@@ -350,6 +444,13 @@ impl AsyncRead for HeadClockStream {
         if this.clock.state.load(Ordering::Acquire) == CLOSED {
             // The race in `DownstreamApp` is ending the connection.
             return Poll::Pending;
+        }
+        if !this.replay.is_empty() && buf.remaining() > 0 {
+            let n = this.replay.len().min(buf.remaining());
+            buf.put_slice(&this.replay[..n]);
+            this.replay.drain(..n);
+            this.clock.on_bytes();
+            return Poll::Ready(Ok(()));
         }
         if buf.remaining() == 0 {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
@@ -466,7 +567,16 @@ impl GetSocketDigest for HeadClockStream {
 #[async_trait]
 impl Peek for HeadClockStream {
     async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
-        self.inner.try_peek(buf).await
+        // Pingora's h2c branch peeks at the preface the sniff already read.
+        if self.replay.len() >= buf.len() {
+            buf.copy_from_slice(&self.replay[..buf.len()]);
+            return Ok(true);
+        }
+        if self.replay.is_empty() {
+            return self.inner.try_peek(buf).await;
+        }
+        // Not peekable without reading past the replay: tell the caller so.
+        Ok(false)
     }
 }
 

@@ -256,6 +256,8 @@ mod tests {
             kind: ProviderKind::Openai,
             endpoint: None,
             api_key: None,
+            ca: None,
+            h2_stream_window: 65536,
             timeouts: HopTimeouts::uniform(t),
             health_check: None,
             passive_health: PassiveHealth {

@@ -270,6 +270,8 @@ mod tests {
                 ip: Some("127.0.0.1".parse().unwrap()),
             }),
             api_key: path_key.map(|k| crate::secret::Secret::new(k.to_string())),
+            ca: None,
+            h2_stream_window: 65536,
             timeouts: HopTimeouts::uniform(t),
             health_check: None,
             passive_health: PassiveHealth {

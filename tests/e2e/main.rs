@@ -38,4 +38,5 @@ mod status_page;
 mod stream_integrity;
 mod streaming;
 mod timeouts;
+mod tls;
 mod upgrade;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -175,6 +176,8 @@ pub struct Sluice {
     child: Child,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// The port `{tls_listen}` in the config was filled with (bound only when it is used).
+    pub tls_addr: SocketAddr,
     pub dir: TempDir,
     pub config_path: PathBuf,
     pub log_path: PathBuf,
@@ -184,7 +187,8 @@ pub struct Sluice {
 pub const KEY: &str = "sk-sluice-test-0001";
 
 impl Sluice {
-    /// Writes `yaml` (with `{listen}` and `{admin}` placeholders filled) and starts Sluice.
+    /// Writes `yaml` (with `{listen}`, `{admin}` and `{tls_listen}` placeholders filled) and
+    /// starts Sluice.
     /// Retries with new ports if one was taken meanwhile.
     pub fn start(yaml: &str) -> Sluice {
         Self::start_with_env(yaml, &[])
@@ -193,11 +197,12 @@ impl Sluice {
     /// As [`Sluice::start`], with extra environment variables.
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Sluice {
         for _ in 0..5 {
-            let [port, admin_port] = free_ports();
+            let [port, admin_port, tls_port] = free_ports();
             let dir = TempDir::new("sluice");
             let cfg = yaml
                 .replace("{listen}", &format!("127.0.0.1:{port}"))
-                .replace("{admin}", &format!("127.0.0.1:{admin_port}"));
+                .replace("{admin}", &format!("127.0.0.1:{admin_port}"))
+                .replace("{tls_listen}", &format!("127.0.0.1:{tls_port}"));
             let config_path = dir.path().join("sluice.yaml");
             std::fs::write(&config_path, cfg).expect("write config");
             let log_path = dir.path().join("sluice.log");
@@ -220,11 +225,12 @@ impl Sluice {
                 child,
                 addr: format!("127.0.0.1:{port}").parse().expect("addr"),
                 admin: format!("127.0.0.1:{admin_port}").parse().expect("addr"),
+                tls_addr: format!("127.0.0.1:{tls_port}").parse().expect("addr"),
                 dir,
                 config_path,
                 log_path,
             };
-            if s.wait_ready(Duration::from_secs(20)) {
+            if s.wait_ready(Duration::from_secs(20), yaml.contains("{tls_listen}")) {
                 return s;
             }
             eprintln!("sluice did not become ready; log:\n{}", s.log());
@@ -233,7 +239,7 @@ impl Sluice {
         panic!("sluice failed to start 5 times");
     }
 
-    fn wait_ready(&mut self, timeout: Duration) -> bool {
+    fn wait_ready(&mut self, timeout: Duration, tls: bool) -> bool {
         let end = Instant::now() + timeout;
         while Instant::now() < end {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -249,8 +255,10 @@ impl Sluice {
                 // Another process may answer on these ports (a parallel test's Sluice that
                 // bound them between our port probe and our bind; ours then failed to bind):
                 // ready means *this* child holds both listeners.
+                let tls_ok = !tls || listens_on(self.child.id(), self.tls_addr.port());
                 return listens_on(self.child.id(), self.addr.port())
-                    && listens_on(self.child.id(), self.admin.port());
+                    && listens_on(self.child.id(), self.admin.port())
+                    && tls_ok;
             }
             std::thread::sleep(Duration::from_millis(25));
         }
@@ -310,7 +318,8 @@ impl Sluice {
     pub fn rewrite_config(&self, yaml: &str) {
         let cfg = yaml
             .replace("{listen}", &self.addr.to_string())
-            .replace("{admin}", &self.admin.to_string());
+            .replace("{admin}", &self.admin.to_string())
+            .replace("{tls_listen}", &self.tls_addr.to_string());
         std::fs::write(&self.config_path, cfg).expect("rewrite config");
     }
 
