@@ -1,6 +1,6 @@
 //! Owns process assembly: the Pingora `Server` with its `ServerConf` derived from our YAML,
 //! the proxy service (the [`Gateway`]), the admin service, and background services (hot
-//! reload, rate-limit sync, active health probes, graceful stream shutdown, the usage
+//! reload, rate-limit sync, active health probes, passthrough health checks, graceful stream shutdown, the usage
 //! ledger's writer). The built-in
 //! demo provider needs no service: it is reached in process (see [`crate::providers::demo`]).
 
@@ -113,11 +113,10 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let handle = Arc::new(ConfigHandle::new(cfg));
 
     // Pingora's proxy behind Sluice's own connection loop (head deadline, pipelining).
+    let gateway = Gateway::new(handle.clone(), admission.clone());
+    let passthrough = gateway.passthrough.clone();
     let app = DownstreamApp::new(
-        pingora::proxy::http_proxy(
-            &server.configuration,
-            Gateway::new(handle.clone(), admission.clone()),
-        ),
+        pingora::proxy::http_proxy(&server.configuration, gateway),
         handle.clone(),
     );
     let mut proxy = Service::new("sluice proxy".to_string(), app);
@@ -134,7 +133,11 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     ));
     server.add_service(background_service(
         "sluice config reload",
-        Reloader::new(path, handle.clone(), admission),
+        Reloader::new(path, handle.clone(), admission).with_passthrough(passthrough.clone()),
+    ));
+    server.add_service(background_service(
+        "sluice passthrough health checks",
+        crate::passthrough::health::HealthChecks::new(passthrough),
     ));
     server.add_service(background_service(
         "sluice health probes",
