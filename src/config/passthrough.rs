@@ -94,8 +94,11 @@ pub enum PassthroughStrategy {
     ConsistentHash,
 }
 
-/// `passthrough[].health_check`: an HTTP `GET` to each upstream every `interval_ms`; an
-/// upstream that fails leaves the rotation until it passes again.
+/// `passthrough[].health_check`: an HTTP `GET` to each upstream every `interval_ms` (with
+/// the route's `host` as `Host`, else `localhost`; over TLS with the route's `sni` when it
+/// uses `tls`); an upstream that fails leaves the rotation until it passes again. Every
+/// upstream starts in the rotation (before its first check, and after a reload that
+/// changed the route).
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PassthroughHealthSection {

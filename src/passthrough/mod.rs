@@ -175,7 +175,8 @@ impl Router {
     /// What the table says about `req` (its host and path).
     pub fn find(&self, req: &RequestHeader) -> Option<Match> {
         let table = self.table.load();
-        if table.routes.is_empty() {
+        // The LLM API's requests leave at once (no host parsed, nothing allocated).
+        if table.routes.is_empty() || is_api_path(req.uri.path()) {
             return None;
         }
         let host = request_host(req);

@@ -282,11 +282,19 @@ pub fn upstream_request(
 }
 
 /// `request_body_filter`: counts the body against the route's size limit and the server's
-/// body deadline (`server.body_read_timeout_ms`, from the end of the head).
+/// body deadline (`server.body_read_timeout_ms`, from the end of the head). The bytes of an
+/// upgraded connection (a WebSocket, `upgraded`) are not a body and count against neither.
 ///
 /// # Errors
 /// 413 past the size limit, 408 past the deadline.
-pub fn request_body(ctx: &mut RequestCtx, body: Option<&Bytes>) -> pingora::Result<()> {
+pub fn request_body(
+    ctx: &mut RequestCtx,
+    body: Option<&Bytes>,
+    upgraded: bool,
+) -> pingora::Result<()> {
+    if upgraded {
+        return Ok(());
+    }
     let deadline = ctx.config.server.body_read_timeout;
     let late = ctx.received.elapsed() > deadline;
     let Some(p) = ctx.passthrough.as_mut() else {

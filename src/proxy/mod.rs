@@ -190,12 +190,12 @@ impl ProxyHttp for Gateway {
 
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         body: &mut Option<Bytes>,
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        crate::passthrough::serve::request_body(ctx, body.as_ref())
+        crate::passthrough::serve::request_body(ctx, body.as_ref(), session.was_upgraded())
     }
 
     async fn fail_to_proxy(
