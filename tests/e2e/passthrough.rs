@@ -169,6 +169,17 @@ fn connection(name: &str, conn: TcpStream, state: &State) {
         if r.read_exact(&mut body).is_err() {
             return;
         }
+        let upgrade = headers
+            .iter()
+            .any(|(k, v)| k == "upgrade" && v.eq_ignore_ascii_case("websocket"));
+        if upgrade {
+            state.seen.lock().expect("seen").push(Seen {
+                path: path.clone(),
+                headers,
+            });
+            echo(name, r, w);
+            return;
+        }
         let ok = if path == "/healthz" {
             let (status, text) = if state.failing.load(Ordering::SeqCst) {
                 ("503 Service Unavailable", "failing")
@@ -200,6 +211,30 @@ fn connection(name: &str, conn: TcpStream, state: &State) {
         };
         if !ok {
             return;
+        }
+    }
+}
+
+/// A WebSocket upgrade: `101`, then every byte that arrives is sent back (no framing: the
+/// proxy only relays bytes).
+fn echo(name: &str, mut r: BufReader<TcpStream>, mut w: TcpStream) {
+    if write!(
+        w,
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nx-upstream: {name}\r\n\r\n"
+    )
+    .is_err()
+    {
+        return;
+    }
+    let mut buf = [0u8; 4096];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if w.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
         }
     }
 }
@@ -562,4 +597,45 @@ fn no_route_takes_the_llm_api() {
     // Another host: nothing matches, 404.
     let (status, _) = get_host(sluice.addr, "other.test", "/index.html");
     assert_eq!(status, 404);
+}
+
+#[test]
+fn a_websocket_upgrade_is_relayed_past_the_body_limit() {
+    let a = Upstream::start("a");
+    let sluice = Sluice::start(&config(&route(
+        "ui",
+        "/ui/",
+        &[&a],
+        "    max_request_body_bytes: 64\n",
+    )));
+    let mut s = TcpStream::connect_timeout(&sluice.addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        s,
+        "GET /ui/ws HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+    )
+    .expect("write");
+    let mut r = BufReader::new(s.try_clone().expect("clone"));
+    let mut status = String::new();
+    r.read_line(&mut status).expect("status line");
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).expect("header");
+        if h.trim_end().is_empty() {
+            break;
+        }
+    }
+    let seen = a.seen().pop().expect("the upstream saw the upgrade");
+    assert_eq!(seen.header("upgrade"), Some("websocket"));
+    assert_eq!(
+        seen.header("sec-websocket-key"),
+        Some("dGhlIHNhbXBsZSBub25jZQ==")
+    );
+    // More than the route's body limit, both ways: the upgraded bytes are no request body.
+    let payload: Vec<u8> = (0..1000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    s.write_all(&payload).expect("write payload");
+    let mut back = vec![0u8; payload.len()];
+    r.read_exact(&mut back).expect("echo");
+    assert_eq!(back, payload);
 }
