@@ -231,7 +231,8 @@ impl ProxyHttp for Gateway {
     fn suppress_error_log(&self, _session: &Session, ctx: &RequestCtx, _error: &Error) -> bool {
         // A client that leaves is normal traffic: counted and access-logged, not an ERROR;
         // so is a passthrough request refused for its body (413, 408).
-        matches!(ctx.outcome.label, "client_abort" | "rejected")
+        ctx.outcome.label == "client_abort"
+            || (ctx.passthrough.is_some() && ctx.outcome.label == "rejected")
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
