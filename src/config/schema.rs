@@ -41,7 +41,7 @@ pub struct FileConfig {
     pub ledger: Option<LedgerSection>,
     /// Routes to plain upstreams on Pingora's native proxy path (a contract; see
     /// [`super::passthrough::PassthroughSection`] for every key); absent: none, and every
-    /// path but the LLM API's is a 404.
+    /// path but the LLM API's is a 404. Main file only (not in `include:`d files).
     #[serde(default)]
     pub passthrough: Vec<super::passthrough::PassthroughSection>,
 }
