@@ -16,6 +16,7 @@
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
 //! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
 //! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe |
+//! | [`passthrough`] | routes to plain upstreams on Pingora's native path: the table hot reload swaps, load balancing and health checks, forwarding headers |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
 //! | [`providers`] | peers, upstream request heads, content decoding, the demo provider |
@@ -50,6 +51,7 @@ pub mod logging;
 pub mod metering;
 pub mod metrics;
 pub mod mock_upstream;
+pub mod passthrough;
 pub mod protocol;
 pub mod providers;
 pub mod proxy;

@@ -17,8 +17,9 @@
 //! `server.watch_config: false` leaves reloads to `SIGHUP`.
 //!
 //! It sits above [`crate::config`] (which only loads and validates): a reload also resizes
-//! admission ([`crate::backpressure`]) and re-exports the config's metric series, so config
-//! itself depends on neither.
+//! admission ([`crate::backpressure`]), swaps the passthrough table ([`crate::passthrough`],
+//! whose unchanged routes keep their upstreams' health) and re-exports the config's metric
+//! series, so config itself depends on none of them.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -205,6 +206,8 @@ pub struct Reloader {
     certificates: Option<Arc<CertResolver>>,
     /// Fingerprint of the inputs of the last load or reload attempt (ok or not).
     last: Mutex<[u8; 32]>,
+    /// The passthrough table a good reload swaps, if the process serves one.
+    passthrough: Option<Arc<crate::passthrough::Router>>,
 }
 
 impl Reloader {
@@ -217,6 +220,7 @@ impl Reloader {
             admission,
             certificates: None,
             last,
+            passthrough: None,
         }
     }
 
@@ -225,6 +229,13 @@ impl Reloader {
     #[must_use]
     pub fn with_certificates(mut self, resolver: Option<Arc<CertResolver>>) -> Self {
         self.certificates = resolver;
+        self
+    }
+
+    /// Also swaps `router`'s passthrough table on every good reload.
+    #[must_use]
+    pub fn with_passthrough(mut self, router: Arc<crate::passthrough::Router>) -> Self {
+        self.passthrough = Some(router);
         self
     }
 
@@ -294,12 +305,16 @@ impl Reloader {
                 }
                 crate::metrics::init_config_series(&new);
                 self.admission.reconfigure(&new);
+                if let Some(p) = &self.passthrough {
+                    p.apply(&new);
+                }
                 log::info!(
-                    "config reloaded file={} models={} providers={} virtual_keys={}",
+                    "config reloaded file={} models={} providers={} virtual_keys={} passthrough_routes={}",
                     self.path.display(),
                     new.models.len(),
                     new.providers.len(),
-                    new.keys.len()
+                    new.keys.len(),
+                    new.passthrough.len()
                 );
                 if let (Some(resolver), Some(set)) = (&self.certificates, &new.server.tls) {
                     resolver.store(set.clone());

@@ -1,7 +1,7 @@
 //! Owns process assembly: the Pingora `Server` with its `ServerConf` derived from our YAML,
 //! the proxy service (the [`Gateway`]) on its plain listener (HTTP/1, h2c) and optional TLS
 //! listener (ALPN h2 and http/1.1, certificates by SNI from [`crate::tls`]), the admin service, and background services (hot
-//! reload, rate-limit sync, active health probes, graceful stream shutdown, the usage
+//! reload, rate-limit sync, active health probes, passthrough health checks, graceful stream shutdown, the usage
 //! ledger's writer). The built-in
 //! demo provider needs no service: it is reached in process (see [`crate::providers::demo`]).
 
@@ -140,10 +140,9 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let handle = Arc::new(ConfigHandle::new(cfg));
 
     // Pingora's proxy behind Sluice's own connection loop (head deadline, pipelining).
-    let mut http = pingora::proxy::http_proxy(
-        &server.configuration,
-        Gateway::new(handle.clone(), admission.clone()),
-    );
+    let gateway = Gateway::new(handle.clone(), admission.clone());
+    let passthrough = gateway.passthrough.clone();
+    let mut http = pingora::proxy::http_proxy(&server.configuration, gateway);
     http.server_options = Some(http_server_options());
     let app = DownstreamApp::new(http, handle.clone());
     let mut proxy = Service::new("sluice proxy".to_string(), app);
@@ -165,7 +164,13 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     ));
     server.add_service(background_service(
         "sluice config reload",
-        Reloader::new(path, handle.clone(), admission).with_certificates(certificates),
+        Reloader::new(path, handle.clone(), admission)
+            .with_certificates(certificates)
+            .with_passthrough(passthrough.clone()),
+    ));
+    server.add_service(background_service(
+        "sluice passthrough health checks",
+        crate::passthrough::health::HealthChecks::new(passthrough),
     ));
     server.add_service(background_service(
         "sluice health probes",

@@ -7,6 +7,7 @@
 pub mod error;
 pub mod keys;
 pub mod ledger;
+pub mod passthrough;
 pub mod schema;
 pub mod tls;
 mod validate;
@@ -51,6 +52,8 @@ pub struct Config {
     pub redis: Option<schema::RedisSection>,
     /// The usage ledger (`ledger:`; restart to change).
     pub ledger: ledger::LedgerSettings,
+    /// Passthrough routes in file order (`passthrough:`; [`crate::passthrough`] serves them).
+    pub passthrough: Vec<passthrough::PassthroughRoute>,
 }
 
 /// `server:` after validation: durations converted once.

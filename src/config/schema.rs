@@ -39,6 +39,11 @@ pub struct FileConfig {
     /// directory.
     #[serde(default)]
     pub ledger: Option<LedgerSection>,
+    /// Routes to plain upstreams on Pingora's native proxy path (a contract; see
+    /// [`super::passthrough::PassthroughSection`] for every key); absent: none, and every
+    /// path but the LLM API's is a 404. Main file only (not in `include:`d files).
+    #[serde(default)]
+    pub passthrough: Vec<super::passthrough::PassthroughSection>,
 }
 
 /// What `sluice usage` reads of a config file: the `ledger:` section alone (other sections

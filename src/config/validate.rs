@@ -597,6 +597,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         models,
         redis,
         ledger,
+        passthrough,
     } = f;
     let main_err = |key: &str, msg: String| sources.err(0, key, msg);
     let ledger = ledger_settings(ledger, &main_err)?;
@@ -1047,6 +1048,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         ));
     }
 
+    let passthrough = super::passthrough::build(
+        passthrough,
+        settings.default_timeouts.connect,
+        settings.max_request_body_bytes,
+        &main_err,
+    )?;
+
     Ok(Config {
         source_path: sources.files[0].0.clone(),
         server: settings,
@@ -1056,6 +1064,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         models: model_map,
         redis,
         ledger,
+        passthrough,
     })
 }
 

@@ -98,9 +98,19 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         ("cost_usd", format!("{:.9}", metered.cost_usd)),
         ("charge_usd", format!("{:.9}", metered.charge_usd)),
     ];
-    let line = if ctx.config.server.log_format == crate::config::LogFormat::Json {
+    let line = format_line(&fields, ctx.config.server.log_format);
+    log::info!(target: TARGET, "{line}");
+    ledger_record(ctx, status, outcome);
+}
+
+/// One access line of `fields` in `format`: `key=value` pairs (a value that is empty or not
+/// plain printable ASCII quoted and escaped, so a client cannot forge or break lines), or a
+/// JSON object of strings. The passthrough routes' lines ([`crate::passthrough::log`]) use it
+/// too.
+pub fn format_line(fields: &[(&str, String)], format: crate::config::LogFormat) -> String {
+    if format == crate::config::LogFormat::Json {
         let mut obj = serde_json::Map::new();
-        for (k, v) in &fields {
+        for (k, v) in fields {
             obj.insert((*k).to_string(), serde_json::Value::String(v.clone()));
         }
         serde_json::Value::Object(obj).to_string()
@@ -123,9 +133,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
             }
         }
         s
-    };
-    log::info!(target: TARGET, "{line}");
-    ledger_record(ctx, status, outcome);
+    }
 }
 
 /// Builds the ledger record of a finished request and queues it ([`crate::ledger::submit`]):

@@ -152,6 +152,8 @@ pub struct RequestCtx {
     pub budget: Option<crate::budget::Reservation>,
     /// Counts this request as in flight (graceful shutdown waits for the count to reach 0).
     pub in_flight: crate::shutdown::InFlight,
+    /// Set when the request matched a passthrough route (Pingora's native proxy path).
+    pub passthrough: Option<crate::passthrough::PassCtx>,
 }
 
 impl RequestCtx {
@@ -177,6 +179,7 @@ impl RequestCtx {
             metered: None,
             budget: None,
             in_flight: crate::shutdown::InFlight::new(),
+            passthrough: None,
         }
     }
 

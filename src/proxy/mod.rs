@@ -8,10 +8,10 @@
 //! |---|---|---|
 //! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`connection`], [`ctx`] |
 //! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
-//! | `request_filter` | route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`endpoints`], [`attempt`], [`count_tokens`] |
-//! | `upstream_peer` | no native-path routes are configured: refuse | — |
-//! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped | [`respond`] |
-//! | `logging` | access log line, request metrics | [`access_log`] |
+//! | `request_filter` | a passthrough route's request goes on to the native path; else route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`crate::passthrough`], [`endpoints`], [`attempt`], [`count_tokens`] |
+//! | `upstream_peer`, `fail_to_connect`, `error_while_proxy`, `upstream_request_filter`, `request_body_filter` | passthrough requests only (Pingora's native path): upstream selection, forwarding headers, body limits | [`crate::passthrough::serve`] |
+//! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped (plain text for passthrough) | [`respond`], [`crate::passthrough::serve`] |
+//! | `logging` | access log line, request metrics | [`access_log`], [`crate::passthrough::log`] |
 //!
 //! Inside the attempt loop the arrows point down the request path: [`attempt`] (candidates,
 //! fallback, the upstream request) → `unary` (a non-streaming answer) or `pump` (a stream,
@@ -33,7 +33,9 @@ mod upstream;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use pingora::connectors::http::Connector;
+use pingora::http::RequestHeader;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
@@ -54,6 +56,8 @@ pub struct Gateway {
     pub connector: Connector,
     /// Admission control: global concurrency, queue, tenant limits.
     pub admission: Arc<Admission>,
+    /// The passthrough routes (swapped by hot reload).
+    pub passthrough: Arc<crate::passthrough::Router>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -65,10 +69,12 @@ impl std::fmt::Debug for Gateway {
 impl Gateway {
     /// A gateway over `config`.
     pub fn new(config: Arc<ConfigHandle>, admission: Arc<Admission>) -> Self {
+        let passthrough = Arc::new(crate::passthrough::Router::new(&config.snapshot()));
         Self {
             config,
             connector: Connector::new(None),
             admission,
+            passthrough,
         }
     }
 }
@@ -109,6 +115,9 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        if let Some(m) = self.passthrough.find(session.req_header()) {
+            return crate::passthrough::serve::admit(session, ctx, m).await;
+        }
         match endpoints::handle(self, session, ctx).await {
             Ok(()) => Ok(true),
             Err(attempt::ClientGone(phase)) => {
@@ -125,13 +134,68 @@ impl ProxyHttp for Gateway {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
-        // Every route is answered in `request_filter`; reaching here is a bug.
-        Err(Error::explain(
-            ErrorType::HTTPStatus(404),
-            "no native proxy route",
-        ))
+        match ctx.passthrough.as_mut() {
+            Some(p) => crate::passthrough::serve::peer(p),
+            // Every other request is answered in `request_filter`; reaching here is a bug.
+            None => Err(Error::explain(
+                ErrorType::HTTPStatus(404),
+                "no native proxy route",
+            )),
+        }
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        e: Box<Error>,
+    ) -> Box<Error> {
+        match ctx.passthrough.as_ref() {
+            Some(p) => crate::passthrough::serve::connect_failed(p, e),
+            None => e,
+        }
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        crate::passthrough::serve::proxy_failed(
+            session,
+            ctx.passthrough.as_mut(),
+            peer,
+            e,
+            client_reused,
+        )
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        match ctx.passthrough.as_ref() {
+            Some(p) => crate::passthrough::serve::upstream_request(session, p, upstream_request),
+            None => Ok(()),
+        }
+    }
+
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        crate::passthrough::serve::request_body(ctx, body.as_ref(), session.was_upgraded())
     }
 
     async fn fail_to_proxy(
@@ -140,6 +204,9 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        if ctx.passthrough.is_some() {
+            return crate::passthrough::serve::fail(session, ctx, e).await;
+        }
         if matches!(e.esource(), pingora::ErrorSource::Downstream) || ctx.downstream_committed {
             return FailToProxy {
                 error_code: 0,
@@ -162,11 +229,17 @@ impl ProxyHttp for Gateway {
     }
 
     fn suppress_error_log(&self, _session: &Session, ctx: &RequestCtx, _error: &Error) -> bool {
-        // A client that leaves is normal traffic: counted and access-logged, not an ERROR.
+        // A client that leaves is normal traffic: counted and access-logged, not an ERROR;
+        // so is a passthrough request refused for its body (413, 408).
         ctx.outcome.label == "client_abort"
+            || (ctx.passthrough.is_some() && ctx.outcome.label == "rejected")
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        if ctx.passthrough.is_some() {
+            crate::passthrough::log::record(session, e, ctx);
+            return;
+        }
         // Metering: the request's usage priced, for the access log, metrics and ledger.
         ctx.metered =
             crate::metering::meter(&ctx.config, ctx.standard_model.as_deref(), &ctx.outcome);

@@ -23,6 +23,7 @@ mod heartbeat;
 mod hostile;
 mod ledger;
 mod metering;
+mod passthrough;
 mod ping_commit;
 mod readme;
 mod redis_limits;
