@@ -536,7 +536,7 @@ fn model_state(states: &TenantStates, tenant: &str, model: &str) -> Arc<ScopeSta
 /// The previous and current fixed-window counts of one key, and how far into the current
 /// window we are (plain numbers taken from pingora's `RateComponents`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Counts {
+pub(crate) struct Counts {
     prev: f64,
     curr: f64,
     /// Elapsed fraction of the current window, 0..1.
@@ -548,7 +548,7 @@ struct Counts {
     sliding: f64,
 }
 
-fn components(rate: &Rate, key: &u64) -> Counts {
+pub(crate) fn components(rate: &Rate, key: &u64) -> Counts {
     rate.rate_with(key, |c: RateComponents| Counts {
         prev: c.prev_samples as f64,
         curr: c.curr_samples as f64,
@@ -559,7 +559,7 @@ fn components(rate: &Rate, key: &u64) -> Counts {
 }
 
 /// The sliding-window count (never negative).
-fn estimate(c: &Counts) -> f64 {
+pub(crate) fn estimate(c: &Counts) -> f64 {
     c.sliding.max(0.0)
 }
 
@@ -570,7 +570,7 @@ fn exceeds(count: f64, limit: u64) -> bool {
 }
 
 /// How long until `need` more fits under `limit`, assuming no other traffic meanwhile.
-fn retry_after(c: &Counts, limit: u64, need: u64) -> Duration {
+pub(crate) fn retry_after(c: &Counts, limit: u64, need: u64) -> Duration {
     let w = c.window;
     let (prev, curr) = (c.prev.max(0.0), c.curr.max(0.0));
     let (limit, need, f) = (limit as f64, need as f64, c.fraction);

@@ -4,6 +4,7 @@
 //!
 //! Errors come back as [`ConfigError`] naming file, line, column and key path.
 
+pub mod edge;
 pub mod error;
 pub mod keys;
 pub mod ledger;
@@ -107,6 +108,8 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// Deadline for a whole request body (`server.body_read_timeout_ms`).
     pub body_read_timeout: Duration,
+    /// Head limits, per-IP limits, trusted proxies.
+    pub edge: edge::EdgeSettings,
 }
 
 /// Per-hop timeouts of one provider.

@@ -47,6 +47,12 @@
 //! pipelining client that leaves mid-answer is noticed by the next failed write (a stream's
 //! heartbeat at the latest) rather than at once.
 //!
+//! ## Per-IP connection cap
+//!
+//! With `server.per_ip`, a socket peer holding `max_connections` open connections has its
+//! next one closed at once, before a byte is read ([`ConnectionCap`], counted in
+//! `sluice_rejected_total{reason="per_ip_connections"}`); trusted proxies are not capped.
+//!
 //! Only cleartext HTTP/1 is served (Sluice configures no TLS or h2c listener).
 
 use std::pin::Pin;
@@ -69,6 +75,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::edge::ConnectionCap;
 use super::Gateway;
 use crate::config::ConfigHandle;
 use crate::metrics::metrics;
@@ -93,6 +100,8 @@ pub fn head_complete() {
 pub struct DownstreamApp {
     proxy: Arc<HttpProxy<Gateway>>,
     config: Arc<ConfigHandle>,
+    /// Open connections per client IP (`server.per_ip.max_connections`).
+    cap: ConnectionCap,
 }
 
 impl std::fmt::Debug for DownstreamApp {
@@ -107,6 +116,7 @@ impl DownstreamApp {
         Self {
             proxy: Arc::new(proxy),
             config,
+            cap: ConnectionCap::new(),
         }
     }
 }
@@ -130,10 +140,24 @@ impl ServerApp for DownstreamApp {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let peer = stream
+        let peer_addr = stream
             .get_socket_digest()
-            .and_then(|d| d.peer_addr().map(ToString::to_string))
-            .unwrap_or_default();
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).copied());
+        let peer = peer_addr.map(|a| a.to_string()).unwrap_or_default();
+        // The per-IP connection cap, before a byte is read; held until the connection ends.
+        let _slot = match peer_addr {
+            Some(a) => match self.cap.admit(a.ip(), &self.config.snapshot().server.edge) {
+                Some(slot) => Some(slot),
+                None => {
+                    log::debug!(
+                        target: "sluice::proxy::connection",
+                        "connection refused: over server.per_ip.max_connections peer={peer}"
+                    );
+                    return None;
+                }
+            },
+            None => None,
+        };
         let clock = Arc::new(HeadClock::new());
         let stream: Stream = Box::new(HeadClockStream {
             inner: stream,

@@ -152,6 +152,8 @@ pub struct RequestCtx {
     pub budget: Option<crate::budget::Reservation>,
     /// Counts this request as in flight (graceful shutdown waits for the count to reach 0).
     pub in_flight: crate::shutdown::InFlight,
+    /// The client's address ([`super::client_ip::client_ip`]), once the head is screened.
+    pub client_ip: Option<std::net::IpAddr>,
 }
 
 impl RequestCtx {
@@ -177,6 +179,7 @@ impl RequestCtx {
             metered: None,
             budget: None,
             in_flight: crate::shutdown::InFlight::new(),
+            client_ip: None,
         }
     }
 

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`connection`], [`ctx`] |
 //! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
-//! | `request_filter` | route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`endpoints`], [`attempt`], [`count_tokens`] |
+//! | `request_filter` | head limits and per-IP rate; route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`edge`], [`endpoints`], [`attempt`], [`count_tokens`] |
 //! | `upstream_peer` | no native-path routes are configured: refuse | — |
 //! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped | [`respond`] |
 //! | `logging` | access log line, request metrics | [`access_log`] |
@@ -19,10 +19,13 @@
 
 pub mod access_log;
 pub mod attempt;
+pub mod client_ip;
 pub mod connection;
 pub mod count_tokens;
 pub mod ctx;
+pub mod edge;
 pub mod endpoints;
+pub mod hop_by_hop;
 mod pipe;
 mod pump;
 pub mod request;
@@ -109,6 +112,10 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        // Hostile input first, before authentication: head limits, per-IP rate.
+        if edge::refuse(session, ctx).await {
+            return Ok(true);
+        }
         match endpoints::handle(self, session, ctx).await {
             Ok(()) => Ok(true),
             Err(attempt::ClientGone(phase)) => {
