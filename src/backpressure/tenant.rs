@@ -536,7 +536,7 @@ fn model_state(states: &TenantStates, tenant: &str, model: &str) -> Arc<ScopeSta
 /// The previous and current fixed-window counts of one key, and how far into the current
 /// window we are (plain numbers taken from pingora's `RateComponents`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Counts {
+struct Counts {
     prev: f64,
     curr: f64,
     /// Elapsed fraction of the current window, 0..1.
@@ -548,7 +548,7 @@ pub(crate) struct Counts {
     sliding: f64,
 }
 
-pub(crate) fn components(rate: &Rate, key: &u64) -> Counts {
+fn components(rate: &Rate, key: &u64) -> Counts {
     rate.rate_with(key, |c: RateComponents| Counts {
         prev: c.prev_samples as f64,
         curr: c.curr_samples as f64,
@@ -559,7 +559,7 @@ pub(crate) fn components(rate: &Rate, key: &u64) -> Counts {
 }
 
 /// The sliding-window count (never negative).
-pub(crate) fn estimate(c: &Counts) -> f64 {
+fn estimate(c: &Counts) -> f64 {
     c.sliding.max(0.0)
 }
 
@@ -570,7 +570,7 @@ fn exceeds(count: f64, limit: u64) -> bool {
 }
 
 /// How long until `need` more fits under `limit`, assuming no other traffic meanwhile.
-pub(crate) fn retry_after(c: &Counts, limit: u64, need: u64) -> Duration {
+fn retry_after(c: &Counts, limit: u64, need: u64) -> Duration {
     let w = c.window;
     let (prev, curr) = (c.prev.max(0.0), c.curr.max(0.0));
     let (limit, need, f) = (limit as f64, need as f64, c.fraction);

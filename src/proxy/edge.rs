@@ -25,13 +25,12 @@ use std::time::Duration;
 
 use pingora::http::RequestHeader;
 use pingora_limits::inflight::{Guard, Inflight};
-use pingora_limits::rate::Rate;
+use pingora_limits::rate::{Rate, RateComponents, PROPORTIONAL_RATE_ESTIMATE_CALC_FN};
 
 use pingora::proxy::Session;
 
 use super::client_ip::client_ip;
 use super::ctx::RequestCtx;
-use crate::backpressure::tenant::{components, estimate, retry_after};
 use crate::config::edge::{EdgeSettings, PerIpSettings};
 use crate::error::GatewayError;
 use crate::metrics::metrics;
@@ -170,12 +169,15 @@ pub fn check_rate(ip: IpAddr, edge: &EdgeSettings) -> Result<(), GatewayError> {
     let key = ip_key(ip);
     // Observe first and refund when over: concurrent requests can only over-reject.
     w.rate.observe(&key, 1);
-    let c = components(&w.rate, &key);
-    if estimate(&c) <= f64::from(p.burst) + 1e-6 {
+    let (count, wait) = w.rate.rate_with(&key, |c: RateComponents| {
+        let count = PROPORTIONAL_RATE_ESTIMATE_CALC_FN(c) * c.interval.as_secs_f64();
+        (count, sure_wait(c))
+    });
+    // (Float noise of the estimate's x/÷ window on a whole count does not count.)
+    if count <= f64::from(p.burst) + 1e-6 {
         return Ok(());
     }
     w.rate.observe(&key, -1);
-    let c = components(&w.rate, &key);
     metrics()
         .rejected_total
         .with_label_values(&["per_ip_rate"])
@@ -186,8 +188,19 @@ pub fn check_rate(ip: IpAddr, edge: &EdgeSettings) -> Result<(), GatewayError> {
             p.requests_per_second, p.burst
         ),
         reason: "per_ip_rate",
-        retry_after: retry_after(&c, u64::from(p.burst), 1),
+        retry_after: wait,
     })
+}
+
+/// How long until a refused client is sure to be admitted, whatever other clients do
+/// meanwhile: until both of `Rate`'s windows holding its requests have passed. `Rate` starts
+/// its next window lazily, at the first request (from any client) after the current one
+/// ends, and that window begins with the previous one's count undecayed; only once two
+/// windows have passed since the current one started are both counts cleared. So: the rest
+/// of the current window plus one more.
+fn sure_wait(c: RateComponents) -> Duration {
+    let w = c.interval.as_secs_f64();
+    Duration::from_secs_f64(((2.0 - c.current_interval_fraction) * w).max(0.001))
 }
 
 /// The per-IP connection cap (`server.per_ip.max_connections`): one per process.

@@ -21,6 +21,7 @@ mod harness_client;
 mod health;
 mod heartbeat;
 mod hostile;
+mod hostile_edge;
 mod ledger;
 mod metering;
 mod ping_commit;
