@@ -37,5 +37,6 @@ mod smoke;
 mod status_page;
 mod stream_integrity;
 mod streaming;
+mod systemd;
 mod timeouts;
 mod upgrade;
