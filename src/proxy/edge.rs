@@ -13,11 +13,11 @@
 //! is refused too), never too low. IPv6 clients count per /64 (one subscriber's usual
 //! allocation), IPv4 per address.
 //!
-//! Head limits: Pingora parses the head before any hook runs, with its own ceilings (256
-//! fields, 1 MiB, answered with a bare 400 and the connection closed); the configured limits
-//! are validated to stay below them and are checked here on the parsed head, so a head
-//! between the configured limit and Pingora's ceiling gets the 431/414 in the client's
-//! dialect, and the connection is closed after it.
+//! Head limits are checked twice: as the head arrives, by [`super::head_guard`] (raw bytes
+//! and lines, before Pingora buffers or parses more: Pingora's own ceilings, 256 fields and
+//! 1 MiB answered with a bare 400, are never reached), and exactly here, on the parsed head
+//! (the target as sent, the field count, the head's wire size), with the 431/414 in the
+//! client's dialect and the connection closed after it.
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};

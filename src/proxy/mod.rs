@@ -25,6 +25,7 @@ pub mod count_tokens;
 pub mod ctx;
 pub mod edge;
 pub mod endpoints;
+pub mod head_guard;
 pub mod hop_by_hop;
 mod pipe;
 mod pump;

@@ -2,7 +2,8 @@
 //!
 //! - head limits: `server.max_uri_bytes` (414), `server.max_request_headers` and
 //!   `server.max_request_header_bytes` (431), in the client's dialect, the connection closed
-//!   after the answer; the defaults (Nginx's 8 KiB request line, 32 KiB head);
+//!   after the answer; the defaults (Nginx's 8 KiB request line, 32 KiB head); heads past
+//!   Pingora's own ceilings (256 fields, 1 MiB) and on keep-alive connections;
 //! - `server.per_ip`: the request rate (429 + `Retry-After`, before authentication) and the
 //!   connection cap (closed before a byte is read), both in `sluice_rejected_total{reason}`;
 //! - `server.trusted_proxies`: `X-Forwarded-For` decides the client (`client=` in the access
@@ -146,6 +147,58 @@ fn default_head_limits_follow_nginx_8k_request_line_and_32k_head() {
     );
     let (r, sock) = send(s.addr, &get_raw("/v1/models", &pad_headers(99, "1")));
     refused(&r, sock, 431);
+}
+
+#[test]
+fn heads_past_pingoras_own_ceilings_get_431_too_and_are_not_buffered_whole() {
+    let mock = Mock::start("{}");
+    let s = Sluice::start(&basic_config(&mock.base_url(), ""));
+    // 300 fields: Pingora alone answers more than 256 with a bare 400.
+    let (r, sock) = send(s.addr, &post_raw("/v1/messages", &pad_headers(300, "1")));
+    let v = refused(&r, sock, 431);
+    assert_eq!(v["type"], "error", "Anthropic's shape: {v}");
+    // A 2 MiB head (past Pingora's 1 MiB): refused once 32 KiB have arrived. The client's
+    // writes may fail once Sluice stops reading; the answer is there either way.
+    let mut sock = connect(s.addr);
+    let head = get_raw("/v1/models", &pad_headers(2048, &"v".repeat(1024)));
+    let writer = {
+        let mut w = sock.try_clone().unwrap();
+        std::thread::spawn(move || w.write_all(head.as_bytes()).is_ok())
+    };
+    let mut r = BufReader::new(sock.try_clone().unwrap());
+    let resp = read_response(&mut r);
+    assert_eq!(resp.status, 431, "{}", resp.text());
+    assert_eq!(resp.json()["error"]["code"], "header_too_large");
+    drop(r);
+    let _ = read_until_closed(&mut sock, Duration::from_secs(10));
+    let _ = writer.join();
+    // On a keep-alive connection, the second head is scanned too.
+    let mut sock = connect(s.addr);
+    sock.write_all(get_raw("/v1/models", "").as_bytes())
+        .unwrap();
+    let mut r = BufReader::new(sock.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).status, 200);
+    let long = format!("/v1/models?q={}", "a".repeat(40_000));
+    sock.write_all(get_raw(&long, "").as_bytes()).unwrap();
+    let resp = read_response(&mut r);
+    assert_eq!(resp.status, 414, "{}", resp.text());
+    assert_eq!(
+        s.metric(r#"sluice_rejected_total{reason="too_many_headers"}"#),
+        1.0
+    );
+    assert_eq!(
+        s.metric(r#"sluice_rejected_total{reason="header_too_large"}"#),
+        1.0
+    );
+    assert_eq!(
+        s.metric(r#"sluice_rejected_total{reason="uri_too_long"}"#),
+        1.0
+    );
+    let log = s.log();
+    assert!(
+        !log.lines().any(|l| l.contains(" ERROR ")),
+        "refusals are not errors: {log}"
+    );
 }
 
 /// An unauthenticated `GET /v1/models` (401 when admitted) with `extra` header lines.
