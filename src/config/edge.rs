@@ -282,6 +282,65 @@ mod tests {
         s.parse().unwrap()
     }
 
+    const MINIMAL: &str = "server:\n  listen: 127.0.0.1:8080\n  admin_listen: 127.0.0.1:9090\n%EDGE%tenants:\n  t: {}\nvirtual_keys:\n  - key: sk-sluice-edge-0001\n    tenant: t\nproviders:\n  p:\n    kind: openai\n    base_url: http://127.0.0.1:18000/v1\n    api_key: k\nmodels:\n  m:\n    routes:\n      - provider: p\n        upstream_model: u\n";
+
+    fn parse(edge: &str) -> Result<super::super::Config, ConfigError> {
+        super::super::Config::parse(
+            std::path::Path::new("sluice.yaml"),
+            &MINIMAL.replace("%EDGE%", edge),
+        )
+    }
+
+    #[test]
+    fn edge_keys_default_like_nginx_and_are_checked_with_their_key_paths() {
+        let c = parse("").unwrap();
+        let e = &c.server.edge;
+        assert_eq!(
+            (
+                e.max_request_header_bytes,
+                e.max_request_headers,
+                e.max_uri_bytes
+            ),
+            (32768, 100, 8192)
+        );
+        assert!(e.per_ip.is_none() && e.trusted_proxies.is_empty());
+        let c = parse("  per_ip: {}\n  trusted_proxies: [10.0.0.0/8, '::1']\n").unwrap();
+        assert_eq!(
+            c.server.edge.per_ip,
+            Some(PerIpSettings {
+                max_connections: 256,
+                requests_per_second: 100,
+                burst: 200
+            })
+        );
+        assert!(c.server.edge.trusted_proxies.contains(ip("::1")));
+        for (yaml, key) in [
+            (
+                "  trusted_proxies: [10.0.0.0/8, 10.0.0.0/40]\n",
+                "server.trusted_proxies[1]",
+            ),
+            (
+                "  per_ip: {requests_per_second: 10, burst: 5}\n",
+                "server.per_ip.burst",
+            ),
+            (
+                "  per_ip: {max_connections: 0}\n",
+                "server.per_ip.max_connections",
+            ),
+            ("  max_request_headers: 300\n", "server.max_request_headers"),
+            (
+                "  max_request_header_bytes: 2000000\n",
+                "server.max_request_header_bytes",
+            ),
+            ("  max_uri_bytes: 40000\n", "server.max_uri_bytes"),
+        ] {
+            let e = parse(yaml).unwrap_err();
+            assert_eq!(e.key_path, key, "{yaml}: {e}");
+        }
+        let e = parse("  per_ip: {max_conns: 3}\n").unwrap_err();
+        assert!(e.to_string().contains("max_conns"), "{e}");
+    }
+
     #[test]
     fn cidrs_match_their_networks_only() {
         let c = Cidr::parse("10.0.0.0/8").unwrap();
