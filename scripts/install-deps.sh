@@ -4,6 +4,7 @@
 #   redis-server (distributed rate-limit tests), postgresql (the usage-ledger tests start their
 #   own throwaway server with its initdb/postgres binaries), nginx (load-script comparison, optional),
 #   chromium (the status-page test loads the admin page in headless Chromium),
+#   systemd (only its systemd-analyze: the e2e test runs `systemd-analyze verify` on the units),
 #   and a Python venv at .venv with the official SDKs (tests/sdk/requirements.txt).
 # Usage: bash scripts/install-deps.sh [--run]   (--run: only what building and running needs)
 set -euo pipefail
@@ -21,6 +22,7 @@ if [ "$mode" != "--run" ]; then
   # The throwaway PostgreSQL runs as `nobody` through setpriv (util-linux) when tests run as root.
   command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

@@ -41,6 +41,21 @@ pub enum GatewayError {
         /// The configured limit, bytes.
         limit_bytes: usize,
     },
+    /// 414: the request target is longer than `server.max_uri_bytes`.
+    #[error("the request URI exceeds the limit of {limit_bytes} bytes")]
+    UriTooLong {
+        /// The configured limit, bytes.
+        limit_bytes: usize,
+    },
+    /// 431: the request head is over `server.max_request_header_bytes` or has more fields
+    /// than `server.max_request_headers`.
+    #[error("{message}")]
+    HeaderTooLarge {
+        /// Which limit, the request's figure and the limit.
+        message: String,
+        /// Metric label and error code (`header_too_large`, `too_many_headers`).
+        reason: &'static str,
+    },
     /// 408: the request body did not arrive within `server.body_read_timeout_ms`.
     #[error("{0}")]
     RequestTimeout(String),
@@ -128,6 +143,8 @@ impl GatewayError {
             Self::NotFound { .. } => 404,
             Self::MethodNotAllowed(_) => 405,
             Self::PayloadTooLarge { .. } => 413,
+            Self::UriTooLong { .. } => 414,
+            Self::HeaderTooLarge { .. } => 431,
             Self::RequestTimeout(_) => 408,
             Self::RateLimited { .. } => 429,
             Self::Overloaded { .. } | Self::NoRoute { .. } => 503,
@@ -145,6 +162,8 @@ impl GatewayError {
             | Self::NotFound { .. }
             | Self::MethodNotAllowed(_)
             | Self::PayloadTooLarge { .. }
+            | Self::UriTooLong { .. }
+            | Self::HeaderTooLarge { .. }
             | Self::RequestTimeout(_) => "invalid_request_error",
             Self::InvalidVirtualKey(_) => "authentication_error",
             Self::PermissionDenied(_) => "permission_error",
@@ -170,6 +189,8 @@ impl GatewayError {
             Self::NotFound { code, .. } => Some(code),
             Self::MethodNotAllowed(_) => Some("method_not_allowed"),
             Self::PayloadTooLarge { .. } => Some("request_too_large"),
+            Self::UriTooLong { .. } => Some("uri_too_long"),
+            Self::HeaderTooLarge { reason, .. } => Some(reason),
             Self::RequestTimeout(_) => Some("request_timeout"),
             Self::RateLimited { reason, .. } | Self::Overloaded { reason, .. } => Some(reason),
             Self::NoRoute { .. } => Some("no_route_available"),
@@ -211,6 +232,8 @@ impl GatewayError {
             Self::NotFound { .. } => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::UriTooLong { .. } => "uri_too_long",
+            Self::HeaderTooLarge { reason, .. } => reason,
             Self::RequestTimeout(_) => "request_timeout",
             Self::RateLimited { reason, .. } | Self::Overloaded { reason, .. } => reason,
             Self::NoRoute { .. } => "no_route",

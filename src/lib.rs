@@ -15,7 +15,7 @@
 //! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
 //! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
-//! | [`proxy`] | the downstream connection loop, the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe |
+//! | [`proxy`] | the downstream connection loop, the edge screening (head limits, per-IP limits, client IP), the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe |
 //! | [`passthrough`] | routes to plain upstreams on Pingora's native path: the table hot reload swaps, load balancing and health checks, forwarding headers |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
@@ -32,7 +32,7 @@
 //! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
 //! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
 //!
-//! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::endpoints`] →
+//! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::edge`], [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
 //! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
 //! [`metering`], [`proxy::access_log`] → [`ledger`]. Module dependencies point down this path: none of these

@@ -84,7 +84,8 @@ pub struct Metrics {
     pub config_reloads_total: IntCounterVec,
     /// `sluice_rejected_total{reason}`: admission rejections
     /// (`queue_full`, `queue_timeout`, `tenant_rpm`, `tenant_tpm`, `tenant_concurrency`,
-    /// `request_buffers_full`).
+    /// `request_buffers_full`) and edge refusals before authentication (`header_too_large`,
+    /// `too_many_headers`, `uri_too_long`, `per_ip_rate`, `per_ip_connections`).
     pub rejected_total: IntCounterVec,
     /// `sluice_admission_queue_depth`: requests waiting for a slot.
     pub admission_queue_depth: IntGauge,
@@ -344,6 +345,11 @@ fn init_known_series(m: &Metrics) {
         "tenant_tpm",
         "tenant_concurrency",
         "request_buffers_full",
+        "header_too_large",
+        "too_many_headers",
+        "uri_too_long",
+        "per_ip_rate",
+        "per_ip_connections",
     ] {
         m.rejected_total.with_label_values(&[reason]);
     }

@@ -4,6 +4,7 @@
 //!
 //! Errors come back as [`ConfigError`] naming file, line, column and key path.
 
+pub mod edge;
 pub mod error;
 pub mod keys;
 pub mod ledger;
@@ -117,6 +118,8 @@ pub struct ServerSettings {
     pub body_read_timeout: Duration,
     /// `server.retry`.
     pub retry: crate::routing::retry::RetryPolicy,
+    /// Head limits, per-IP limits, trusted proxies.
+    pub edge: edge::EdgeSettings,
 }
 
 /// Per-hop timeouts of one provider.

@@ -232,6 +232,25 @@ pub struct ServerSection {
     /// Same-route retries before falling back (a contract; see [`RetrySection`]).
     #[serde(default)]
     pub retry: RetrySection,
+    // The edge: request head limits, per-client-IP limits, trusted proxies (`super::edge`).
+    /// Largest request head, request line and header fields, bytes (default 32768, Nginx's
+    /// `large_client_header_buffers 4 8k`; 1024 to 1048575): past it 431.
+    #[serde(default = "default_max_request_header_bytes")]
+    pub max_request_header_bytes: usize,
+    /// Most header fields in a request (default 100; 1 to 256): past it 431.
+    #[serde(default = "default_max_request_headers")]
+    pub max_request_headers: usize,
+    /// Longest request target (path and query as sent), bytes (default 8192, one Nginx
+    /// header buffer): past it 414.
+    #[serde(default = "default_max_uri_bytes")]
+    pub max_uri_bytes: usize,
+    /// Per-client-IP limits before authentication (absent: none).
+    #[serde(default)]
+    pub per_ip: Option<super::edge::PerIpSection>,
+    /// Networks (`10.0.0.0/8`, `127.0.0.1/32`, `::1`) whose `X-Forwarded-For` is believed
+    /// (default: none).
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for ServerSection {
@@ -269,6 +288,11 @@ impl Default for ServerSection {
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
             retry: RetrySection::default(),
+            max_request_header_bytes: default_max_request_header_bytes(),
+            max_request_headers: default_max_request_headers(),
+            max_uri_bytes: default_max_uri_bytes(),
+            per_ip: None,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -670,6 +694,15 @@ fn default_max_response_body_bytes() -> usize {
 }
 fn default_max_buffered_request_bytes() -> usize {
     256 * 1024 * 1024
+}
+fn default_max_request_header_bytes() -> usize {
+    super::edge::DEFAULT_MAX_REQUEST_HEADER_BYTES
+}
+fn default_max_request_headers() -> usize {
+    super::edge::DEFAULT_MAX_REQUEST_HEADERS
+}
+fn default_max_uri_bytes() -> usize {
+    super::edge::DEFAULT_MAX_URI_BYTES
 }
 fn default_header_read_timeout_ms() -> u64 {
     30_000

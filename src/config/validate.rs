@@ -718,6 +718,16 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             return Err(main_err(k, "must be greater than 0".into()));
         }
     }
+    let edge = super::edge::edge_settings(
+        &super::edge::EdgeSection {
+            max_request_header_bytes: server.max_request_header_bytes,
+            max_request_headers: server.max_request_headers,
+            max_uri_bytes: server.max_uri_bytes,
+            per_ip: server.per_ip.as_ref(),
+            trusted_proxies: &server.trusted_proxies,
+        },
+        &main_err,
+    )?;
     let threads = server.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
@@ -760,6 +770,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         header_read_timeout: ms(server.header_read_timeout_ms),
         body_read_timeout: ms(server.body_read_timeout_ms),
         retry: crate::routing::retry::RetryPolicy::from_section(&server.retry),
+        edge,
     };
     let server_retry = server.retry.clone();
 

@@ -2,9 +2,10 @@
 //! per-request metrics recorded with it. Fields, in a fixed order:
 //! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
 //! ttft_ms duration_ms bytes_out input_tokens output_tokens cached_input_tokens
-//! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd` (the metering fields
+//! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd client` (the metering fields
 //! are the request's [`Metered`](crate::metering::Metered); USD with 9 decimals). Bodies and
-//! keys are never logged (the key appears only as its `key_id`). The request's usage record
+//! keys are never logged (the key appears only as its `key_id`). `client` is the client's
+//! address ([`super::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies). The request's usage record
 //! for the ledger ([`crate::ledger::submit`]) is queued here too, from the same facts.
 
 use pingora::proxy::Session;
@@ -64,7 +65,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         crate::metrics::record_metered(&c.tenant, model, metered);
     }
     let metered = ctx.metered.unwrap_or_default();
-    let fields: [(&str, String); 20] = [
+    let fields: [(&str, String); 21] = [
         ("request_id", ctx.request_id.clone()),
         ("tenant", caller.map_or("-".into(), |c| c.tenant.clone())),
         ("key_id", caller.map_or("-".into(), |c| c.key_id.clone())),
@@ -97,6 +98,10 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         ("estimated", metered.estimated.to_string()),
         ("cost_usd", format!("{:.9}", metered.cost_usd)),
         ("charge_usd", format!("{:.9}", metered.charge_usd)),
+        (
+            "client",
+            ctx.client_ip.map_or("-".into(), |ip| ip.to_string()),
+        ),
     ];
     let line = format_line(&fields, ctx.config.server.log_format);
     log::info!(target: TARGET, "{line}");

@@ -70,10 +70,24 @@
 //! attempt loop and the pump already race against the upstream: a reset stream cancels the
 //! upstream request at once. The head deadline has no HTTP/2 counterpart per stream (a
 //! stream's headers arrive whole, in frames the h2 codec bounds).
+//!
+//! ## Head size
+//!
+//! The wrapper also feeds each head's bytes to a [`HeadScan`] (limits set by
+//! [`HeadClock::arm`] from `server.max_request_header_bytes`, `max_request_headers`,
+//! `max_uri_bytes`). When a head passes one, the wrapper stops passing bytes to Pingora,
+//! parks the inner stream in the clock and ends the race with [`Cut::Refused`]; the loop then
+//! writes the 414/431 on the raw stream ([`head_guard::write_refusal`]) and closes it.
+//!
+//! ## Per-IP connection cap
+//!
+//! With `server.per_ip`, a socket peer holding `max_connections` open connections has its
+//! next one closed at once, before a byte is read ([`ConnectionCap`], counted in
+//! `sluice_rejected_total{reason="per_ip_connections"}`); trusted proxies are not capped.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -91,9 +105,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::edge::ConnectionCap;
+use super::head_guard::{self, HeadLimits, HeadScan};
 use super::Gateway;
 use crate::config::ConfigHandle;
+use crate::error::GatewayError;
 use crate::metrics::metrics;
+use crate::protocol::Dialect;
 
 /// Pingora's keep-alive for the first request of a connection, seconds (as in its own
 /// HTTP/1 loop): also the per-read limit while that request's head arrives.
@@ -115,6 +133,8 @@ pub fn head_complete() {
 pub struct DownstreamApp {
     proxy: Arc<HttpProxy<Gateway>>,
     config: Arc<ConfigHandle>,
+    /// Open connections per client IP (`server.per_ip.max_connections`).
+    cap: ConnectionCap,
 }
 
 impl std::fmt::Debug for DownstreamApp {
@@ -129,6 +149,7 @@ impl DownstreamApp {
         Self {
             proxy: Arc::new(proxy),
             config,
+            cap: ConnectionCap::new(),
         }
     }
 }
@@ -143,6 +164,9 @@ pub enum Cut {
         /// Bytes of the head had been read.
         mid_head: bool,
     },
+    /// The head passed a size limit ([`head_guard`]): the stream is parked in the clock
+    /// for the refusal ([`HeadClock::take_refused`]).
+    Refused,
 }
 
 #[async_trait]
@@ -152,21 +176,37 @@ impl ServerApp for DownstreamApp {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let peer = stream
+        let peer_addr = stream
             .get_socket_digest()
-            .and_then(|d| d.peer_addr().map(ToString::to_string))
-            .unwrap_or_default();
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).copied());
+        let peer = peer_addr.map(|a| a.to_string()).unwrap_or_default();
+        // The per-IP connection cap, before a byte is read; held until the connection ends.
+        let _slot = match peer_addr {
+            Some(a) => match self.cap.admit(a.ip(), &self.config.snapshot().server.edge) {
+                Some(slot) => Some(slot),
+                None => {
+                    log::debug!(
+                        target: "sluice::proxy::connection",
+                        "connection refused: over server.per_ip.max_connections peer={peer}"
+                    );
+                    return None;
+                }
+            },
+            None => None,
+        };
         let alpn = stream.selected_alpn_proto();
         let tls = stream.get_ssl_digest().is_some();
         let clock = Arc::new(HeadClock::new());
         let mut stream = HeadClockStream {
-            inner: stream,
+            inner: Some(stream),
             clock: clock.clone(),
             replay: Vec::new(),
+            scan: HeadScan::new(true),
+            scan_generation: 0,
         };
         // The first head's deadline counts from now: the accept, or the end of the TLS
         // handshake (which Pingora bounds by its own 60 s). It covers the h2 preface.
-        clock.arm(true);
+        clock.arm(true, head_limits(&self.config.snapshot().server.edge));
         let h2_alpn = matches!(alpn, Some(ALPN::H2));
         if h2_alpn || !tls {
             let timeout = self.config.snapshot().server.header_read_timeout;
@@ -211,10 +251,12 @@ impl ServerApp for DownstreamApp {
         session.set_pipelining_enabled(true);
         let mut first = true;
         loop {
-            let timeout = self.config.snapshot().server.header_read_timeout;
+            let cfg = self.config.snapshot();
+            let timeout = cfg.server.header_read_timeout;
             if !first {
-                clock.arm(false);
+                clock.arm(false, head_limits(&cfg.server.edge));
             }
+            drop(cfg);
             let served = HEAD_CLOCK.scope(
                 clock.clone(),
                 self.proxy.process_new_http(session, shutdown),
@@ -222,7 +264,17 @@ impl ServerApp for DownstreamApp {
             let reused = tokio::select! {
                 r = served => r,
                 cut = clock.cut(timeout) => {
-                    record_cut(cut, timeout, &peer);
+                    if cut == Cut::Refused {
+                        if let Some((stream, err, dialect)) = clock.take_refused() {
+                            log::debug!(
+                                target: "sluice::proxy::connection",
+                                "request head refused: {err} peer={peer}"
+                            );
+                            head_guard::write_refusal(stream, &err, dialect).await;
+                        }
+                    } else {
+                        record_cut(cut, timeout, &peer);
+                    }
                     return None;
                 }
             };
@@ -242,12 +294,23 @@ impl ServerApp for DownstreamApp {
 }
 
 /// Counts and logs a cut head (`sluice_request_read_aborts_total{phase="head"}`).
+/// The head size limits of `server` (`max_request_header_bytes`, `max_request_headers`,
+/// `max_uri_bytes`).
+fn head_limits(edge: &crate::config::edge::EdgeSettings) -> HeadLimits {
+    HeadLimits {
+        max_bytes: edge.max_request_header_bytes,
+        max_fields: edge.max_request_headers,
+        max_uri: edge.max_uri_bytes,
+    }
+}
+
 fn record_cut(cut: Cut, timeout: Duration, peer: &str) {
     let reason = match cut {
         Cut::TimedOut => "timeout",
         Cut::Closed { mid_head: true } => "closed",
-        // Closed before a byte of a new request: an ordinary end of a connection.
-        Cut::Closed { mid_head: false } => return,
+        // Closed before a byte of a new request: an ordinary end of a connection. A refused
+        // head is counted as a refusal.
+        Cut::Closed { mid_head: false } | Cut::Refused => return,
     };
     metrics()
         .request_read_aborts_total
@@ -264,6 +327,10 @@ fn record_cut(cut: Cut, timeout: Duration, peer: &str) {
 const READING_HEAD: u8 = 0;
 const HEAD_DONE: u8 = 1;
 const CLOSED: u8 = 2;
+const REFUSED: u8 = 3;
+
+/// A refused head's stream, error and dialect, parked for the connection loop.
+type Parked = (Stream, GatewayError, Dialect);
 
 /// The head deadline of one connection, shared by its stream wrapper (which reports bytes and
 /// ends) and the race in [`DownstreamApp`] (which waits on it). Both run in the connection's
@@ -280,6 +347,14 @@ pub struct HeadClock {
     seen: AtomicBool,
     /// Wakes [`Self::cut`] when the deadline starts or the client leaves.
     notify: Notify,
+    /// Counts [`Self::arm`] calls: the stream wrapper starts a new [`HeadScan`] on a change.
+    generation: AtomicU64,
+    /// Whether the current head is a connection's first (scanned from its first byte).
+    first: AtomicBool,
+    /// The current head's limits: bytes, fields, URI bytes.
+    limits: [AtomicUsize; 3],
+    /// A refused head's stream, waiting for the refusal to be written.
+    refused: Mutex<Option<Parked>>,
 }
 
 impl Default for HeadClock {
@@ -297,6 +372,14 @@ impl HeadClock {
             state: AtomicU8::new(HEAD_DONE),
             seen: AtomicBool::new(false),
             notify: Notify::new(),
+            generation: AtomicU64::new(0),
+            first: AtomicBool::new(true),
+            limits: [
+                AtomicUsize::new(usize::MAX),
+                AtomicUsize::new(usize::MAX),
+                AtomicUsize::new(usize::MAX),
+            ],
+            refused: Mutex::new(None),
         }
     }
 
@@ -307,8 +390,13 @@ impl HeadClock {
     }
 
     /// Starts the next head: its deadline counts from now (`from_now`, a connection's first
-    /// request) or from its first byte.
-    pub fn arm(&self, from_now: bool) {
+    /// request) or from its first byte; `limits` bound its size.
+    pub fn arm(&self, from_now: bool, limits: HeadLimits) {
+        self.limits[0].store(limits.max_bytes, Ordering::Release);
+        self.limits[1].store(limits.max_fields, Ordering::Release);
+        self.limits[2].store(limits.max_uri, Ordering::Release);
+        self.first.store(from_now, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.seen.store(false, Ordering::Release);
         let mark = if from_now { self.now_mark() } else { 0 };
         self.started.store(mark, Ordering::Release);
@@ -354,6 +442,38 @@ impl HeadClock {
         ended || self.state.load(Ordering::Acquire) == CLOSED
     }
 
+    /// The current head's limits.
+    fn head_limits(&self) -> HeadLimits {
+        HeadLimits {
+            max_bytes: self.limits[0].load(Ordering::Acquire),
+            max_fields: self.limits[1].load(Ordering::Acquire),
+            max_uri: self.limits[2].load(Ordering::Acquire),
+        }
+    }
+
+    /// The head passed a limit: parks its stream for the refusal and wakes [`Self::cut`].
+    fn refuse(&self, parked: Parked) {
+        if self
+            .state
+            .compare_exchange(READING_HEAD, REFUSED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            *self
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(parked);
+            self.notify.notify_one();
+        }
+    }
+
+    /// The parked stream, error and dialect of a refused head (once).
+    pub fn take_refused(&self) -> Option<(Stream, GatewayError, Dialect)> {
+        self.refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
     fn started_at(&self) -> Option<Instant> {
         match self.started.load(Ordering::Acquire) {
             0 => None,
@@ -372,6 +492,7 @@ impl HeadClock {
                         mid_head: self.seen.load(Ordering::Acquire),
                     }
                 }
+                REFUSED => return Cut::Refused,
                 HEAD_DONE => return std::future::pending().await,
                 _ => {}
             }
@@ -395,15 +516,29 @@ impl HeadClock {
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// An accepted downstream stream that reports head progress to its [`HeadClock`] and first
-/// replays the bytes [`Self::sniff_h2_preface`] read; every other call goes straight to the
-/// inner stream.
+/// An accepted downstream stream that reports head progress to its [`HeadClock`], first
+/// replays the bytes [`Self::sniff_h2_preface`] read, and scans each head against its size
+/// limits ([`HeadScan`]); every other call goes straight to the inner stream. When a head
+/// passes a limit, the inner stream moves to the clock for the refusal, and the wrapper is
+/// left empty: reads pend, writes fail, digests are absent.
 #[derive(Debug)]
 pub struct HeadClockStream {
-    inner: Stream,
+    inner: Option<Stream>,
     clock: Arc<HeadClock>,
     /// Bytes read by the preface sniff, not yet handed to a reader (at most 24).
     replay: Vec<u8>,
+    /// The scan of the current head.
+    scan: HeadScan,
+    /// The clock generation `scan` belongs to.
+    scan_generation: u64,
+}
+
+/// The error of any call on a wrapper whose stream was taken for a refusal.
+fn taken() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the stream was taken to refuse an oversized request head",
+    )
 }
 
 impl HeadClockStream {
@@ -418,7 +553,10 @@ impl HeadClockStream {
         let mut buf = [0u8; H2_PREFACE.len()];
         let mut n = 0;
         while n < buf.len() {
-            let got = self.inner.read(&mut buf[n..]).await?;
+            let Some(inner) = self.inner.as_mut() else {
+                return Err(taken());
+            };
+            let got = inner.read(&mut buf[n..]).await?;
             if got == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
@@ -432,6 +570,25 @@ impl HeadClockStream {
         self.replay.extend_from_slice(&buf);
         Ok(true)
     }
+
+    /// Scans `data`, just read during a head; true when the head passed a limit (the stream
+    /// is then parked in the clock).
+    fn scan_refuses(&mut self, data: &[u8]) -> bool {
+        let generation = self.clock.generation.load(Ordering::Acquire);
+        if generation != self.scan_generation {
+            self.scan_generation = generation;
+            self.scan = HeadScan::new(self.clock.first.load(Ordering::Acquire));
+        }
+        let limits = self.clock.head_limits();
+        let Some(overflow) = self.scan.feed(data, limits) else {
+            return false;
+        };
+        if let Some(inner) = self.inner.take() {
+            let err = head_guard::overflow_error(overflow, limits);
+            self.clock.refuse((inner, err, self.scan.dialect()));
+        }
+        true
+    }
 }
 
 impl AsyncRead for HeadClockStream {
@@ -441,24 +598,38 @@ impl AsyncRead for HeadClockStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
-        if this.clock.state.load(Ordering::Acquire) == CLOSED {
+        if matches!(this.clock.state.load(Ordering::Acquire), CLOSED | REFUSED) {
             // The race in `DownstreamApp` is ending the connection.
             return Poll::Pending;
         }
         if !this.replay.is_empty() && buf.remaining() > 0 {
             let n = this.replay.len().min(buf.remaining());
+            let before = buf.filled().len();
             buf.put_slice(&this.replay[..n]);
             this.replay.drain(..n);
             this.clock.on_bytes();
+            if this.clock.state.load(Ordering::Acquire) == READING_HEAD
+                && this.scan_refuses(&buf.filled()[before..])
+            {
+                return Poll::Pending;
+            }
             return Poll::Ready(Ok(()));
         }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Pending;
+        };
         if buf.remaining() == 0 {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
+            return Pin::new(inner).poll_read(cx, buf);
         }
         let before = buf.filled().len();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+        match Pin::new(inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) if buf.filled().len() > before => {
                 this.clock.on_bytes();
+                if this.clock.state.load(Ordering::Acquire) == READING_HEAD
+                    && this.scan_refuses(&buf.filled()[before..])
+                {
+                    return Poll::Pending;
+                }
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(r) => {
@@ -479,15 +650,24 @@ impl AsyncWrite for HeadClockStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_write(cx, buf),
+            None => Poll::Ready(Err(taken())),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_flush(cx),
+            None => Poll::Ready(Err(taken())),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_shutdown(cx),
+            None => Poll::Ready(Ok(())),
+        }
     }
 
     fn poll_write_vectored(
@@ -495,72 +675,88 @@ impl AsyncWrite for HeadClockStream {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            None => Poll::Ready(Err(taken())),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner.as_ref().is_some_and(|s| s.is_write_vectored())
     }
 }
 
 #[async_trait]
 impl Shutdown for HeadClockStream {
     async fn shutdown(&mut self) {
-        self.inner.shutdown().await;
+        if let Some(s) = self.inner.as_mut() {
+            s.shutdown().await;
+        }
     }
 }
 
 impl UniqueID for HeadClockStream {
     fn id(&self) -> UniqueIDType {
-        self.inner.id()
+        self.inner.as_ref().map_or(-1, |s| s.id())
     }
 }
 
 impl Ssl for HeadClockStream {
     fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
-        self.inner.get_ssl()
+        self.inner.as_ref()?.get_ssl()
     }
 
     fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
-        self.inner.get_ssl_digest()
+        self.inner.as_ref()?.get_ssl_digest()
     }
 
     fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
+        self.inner.as_ref()?.selected_alpn_proto()
     }
 }
 
 impl GetTimingDigest for HeadClockStream {
     fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
+        self.inner
+            .as_ref()
+            .map(|s| s.get_timing_digest())
+            .unwrap_or_default()
     }
 
     fn get_read_pending_time(&self) -> Duration {
-        self.inner.get_read_pending_time()
+        self.inner
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.get_read_pending_time())
     }
 
     fn get_write_pending_time(&self) -> Duration {
-        self.inner.get_write_pending_time()
+        self.inner
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.get_write_pending_time())
     }
 }
 
 impl GetProxyDigest for HeadClockStream {
     fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        self.inner.get_proxy_digest()
+        self.inner.as_ref()?.get_proxy_digest()
     }
 
     fn set_proxy_digest(&mut self, digest: ProxyDigest) {
-        self.inner.set_proxy_digest(digest);
+        if let Some(s) = self.inner.as_mut() {
+            s.set_proxy_digest(digest);
+        }
     }
 }
 
 impl GetSocketDigest for HeadClockStream {
     fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
+        self.inner.as_ref()?.get_socket_digest()
     }
 
     fn set_socket_digest(&mut self, digest: SocketDigest) {
-        self.inner.set_socket_digest(digest);
+        if let Some(s) = self.inner.as_mut() {
+            s.set_socket_digest(digest);
+        }
     }
 }
 
@@ -572,11 +768,14 @@ impl Peek for HeadClockStream {
             buf.copy_from_slice(&self.replay[..buf.len()]);
             return Ok(true);
         }
-        if self.replay.is_empty() {
-            return self.inner.try_peek(buf).await;
+        if !self.replay.is_empty() {
+            // Not peekable without reading past the replay: tell the caller so.
+            return Ok(false);
         }
-        // Not peekable without reading past the replay: tell the caller so.
-        Ok(false)
+        match self.inner.as_mut() {
+            Some(s) => s.try_peek(buf).await,
+            None => Ok(false),
+        }
     }
 }
 
@@ -584,14 +783,20 @@ impl Peek for HeadClockStream {
 mod tests {
     use super::*;
 
+    const NO_LIMITS: HeadLimits = HeadLimits {
+        max_bytes: usize::MAX,
+        max_fields: usize::MAX,
+        max_uri: usize::MAX,
+    };
+
     #[tokio::test(start_paused = true)]
     async fn first_head_deadline_counts_from_arm_and_stops_when_complete() {
         let c = HeadClock::new();
-        c.arm(true);
+        c.arm(true, NO_LIMITS);
         let t0 = Instant::now();
         assert_eq!(c.cut(Duration::from_secs(30)).await, Cut::TimedOut);
         assert_eq!(t0.elapsed(), Duration::from_secs(30));
-        c.arm(true);
+        c.arm(true, NO_LIMITS);
         c.complete();
         let r =
             tokio::time::timeout(Duration::from_secs(3600), c.cut(Duration::from_secs(1))).await;
@@ -601,7 +806,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn reused_head_deadline_starts_at_its_first_byte() {
         let c = Arc::new(HeadClock::new());
-        c.arm(false);
+        c.arm(false, NO_LIMITS);
         let waiter = {
             let c = c.clone();
             tokio::spawn(async move {
@@ -622,13 +827,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_end_mid_head_is_hidden_and_reported_once() {
         let c = HeadClock::new();
-        c.arm(false);
+        c.arm(false, NO_LIMITS);
         assert!(c.on_end(), "swallowed");
         assert_eq!(
             c.cut(Duration::from_secs(5)).await,
             Cut::Closed { mid_head: false }
         );
-        c.arm(false);
+        c.arm(false, NO_LIMITS);
         c.on_bytes();
         assert!(c.on_end());
         assert_eq!(
@@ -636,7 +841,7 @@ mod tests {
             Cut::Closed { mid_head: true }
         );
         // After the head, an end is Pingora's to handle.
-        c.arm(false);
+        c.arm(false, NO_LIMITS);
         c.complete();
         assert!(!c.on_end());
     }

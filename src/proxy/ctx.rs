@@ -154,6 +154,8 @@ pub struct RequestCtx {
     pub in_flight: crate::shutdown::InFlight,
     /// Set when the request matched a passthrough route (Pingora's native proxy path).
     pub passthrough: Option<crate::passthrough::PassCtx>,
+    /// The client's address ([`super::client_ip::client_ip`]), once the head is screened.
+    pub client_ip: Option<std::net::IpAddr>,
 }
 
 impl RequestCtx {
@@ -180,6 +182,7 @@ impl RequestCtx {
             budget: None,
             in_flight: crate::shutdown::InFlight::new(),
             passthrough: None,
+            client_ip: None,
         }
     }
 

@@ -83,7 +83,7 @@ pub async fn handle(
 }
 
 /// The client dialect of an inference path (after the `/v1` prefix).
-fn dialect_of(path: &str) -> Dialect {
+pub(super) fn dialect_of(path: &str) -> Dialect {
     match path {
         "/messages" | "/messages/count_tokens" => Dialect::Messages,
         "/responses" => Dialect::Responses,

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`connection`], [`ctx`] |
 //! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
-//! | `request_filter` | a passthrough route's request goes on to the native path; else route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`crate::passthrough`], [`endpoints`], [`attempt`], [`count_tokens`] |
+//! | `request_filter` | head limits and per-IP rate; a passthrough route's request goes on to the native path; else route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`edge`], [`crate::passthrough`], [`endpoints`], [`attempt`], [`count_tokens`] |
 //! | `upstream_peer`, `fail_to_connect`, `error_while_proxy`, `upstream_request_filter`, `request_body_filter` | passthrough requests only (Pingora's native path): upstream selection, forwarding headers, body limits | [`crate::passthrough::serve`] |
 //! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped (plain text for passthrough) | [`respond`], [`crate::passthrough::serve`] |
 //! | `logging` | access log line, request metrics | [`access_log`], [`crate::passthrough::log`] |
@@ -19,10 +19,14 @@
 
 pub mod access_log;
 pub mod attempt;
+pub mod client_ip;
 pub mod connection;
 pub mod count_tokens;
 pub mod ctx;
+pub mod edge;
 pub mod endpoints;
+pub mod head_guard;
+pub mod hop_by_hop;
 mod pipe;
 mod pump;
 pub mod request;
@@ -115,6 +119,10 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        // Hostile input first, before authentication: head limits, per-IP rate.
+        if edge::refuse(session, ctx).await {
+            return Ok(true);
+        }
         if let Some(m) = self.passthrough.find(session.req_header()) {
             return crate::passthrough::serve::admit(session, ctx, m).await;
         }

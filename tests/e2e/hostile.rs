@@ -8,6 +8,9 @@
 //!   the accept, keep-alive requests from their first byte), a trickled body gets 408 at
 //!   `server.body_read_timeout_ms`, clients leaving mid-head are counted, not logged as ERROR;
 //! - HTTP/1.1: keep-alive and pipelined requests are all answered, in order.
+//!
+//! The edge limits of issue 11 (head size and count, URI length, per-IP rate and connections,
+//! trusted proxies, hop-by-hop headers) are in `hostile_edge.rs`, on these helpers.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -19,7 +22,7 @@ use crate::harness::{basic_config, eventually, Mock, Response, Sluice, KEY};
 
 const MIB: usize = 1024 * 1024;
 
-fn connect(addr: SocketAddr) -> TcpStream {
+pub(crate) fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20))).ok();
     s.set_nodelay(true).ok();
@@ -57,7 +60,7 @@ fn models_request(id: &str) -> String {
 
 /// Reads exactly one response (skipping `100 Continue`), framed by `Content-Length` or
 /// chunked; a chunked body must end with its terminator.
-fn read_response(r: &mut BufReader<TcpStream>) -> Response {
+pub(crate) fn read_response(r: &mut BufReader<TcpStream>) -> Response {
     loop {
         let (status, headers) = read_head(r);
         if status == 100 {
@@ -122,7 +125,7 @@ fn read_head(r: &mut BufReader<TcpStream>) -> (u16, Vec<(String, String)>) {
 }
 
 /// Waits until the server closes `sock` (EOF or reset); returns what it sent before.
-fn read_until_closed(sock: &mut TcpStream, limit: Duration) -> Vec<u8> {
+pub(crate) fn read_until_closed(sock: &mut TcpStream, limit: Duration) -> Vec<u8> {
     sock.set_read_timeout(Some(limit)).ok();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
