@@ -239,7 +239,6 @@ async fn infer(
     drop(bytes);
     ctx.standard_model = Some(req.model.clone());
     ctx.stream = req.stream;
-    ctx.estimated_input_tokens = req.needs.estimated_input_tokens;
     let model = config
         .models
         .get(&req.model)
@@ -249,7 +248,16 @@ async fn infer(
     let demand = crate::backpressure::Demand {
         tenant: Some(&caller.tenant),
         model: Some(&req.model),
-        estimated_input_tokens: req.needs.estimated_input_tokens,
+        // The tokenizer runs only for a token limit (see `estimated_input_tokens`).
+        estimated_input_tokens: if crate::backpressure::counts_tokens(
+            &config,
+            &caller.tenant,
+            Some(&req.model),
+        ) {
+            req.estimated_input_tokens()
+        } else {
+            0
+        },
     };
     let permit = match gw
         .admission
@@ -262,6 +270,9 @@ async fn infer(
             return Err(ChatError::Gone(ClientGone("queued")))
         }
     };
+    if routing::uses_input_estimate(model, &caller) {
+        req.needs.estimated_input_tokens = req.estimated_input_tokens();
+    }
     let candidates = match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
         Ok(c) => c,
         Err(e) => {
@@ -272,6 +283,9 @@ async fn infer(
     };
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
     let result = attempt::run(&gw.connector, session, ctx, &req, model, &candidates).await;
+    // An answer without the provider's input figure is metered at the estimate.
+    ctx.outcome
+        .fill_input_estimate(|| req.estimated_input_tokens());
     // Token limits learn the real usage (`ctx.outcome` is final here).
     permit.settle(ctx.outcome.used());
     result.map_err(ChatError::Gone)
