@@ -1,6 +1,6 @@
 //! Closed-loop load benchmark: the same load at three targets (the mock upstream directly,
 //! Sluice in front of it, nginx in front of it), printed as one table with "added" = target
-//! minus direct. See `benches/README.md` for what is measured, the knobs and how to read it.
+//! minus direct; then Sluice with billing (prices, ledger, budget) on vs off. See `benches/README.md` for what is measured, the knobs and how to read it.
 //!
 //! Run: `cargo bench --bench load` (Cargo builds the `sluice` and `sluice-mock-upstream`
 //! binaries first, with the bench profile = release + debug info, into `target/release/`).
@@ -91,7 +91,7 @@ impl Opts {
             gen_threads: env_u64("LOAD_GEN_THREADS", cpus as u64).max(1) as usize,
             sluice_threads: env_u64("LOAD_SLUICE_THREADS", cpus as u64).max(1) as usize,
             nginx_workers: std::env::var("LOAD_NGINX_WORKERS").unwrap_or_else(|_| "auto".into()),
-            targets: list("LOAD_TARGETS", "direct,sluice,nginx,redis"),
+            targets: list("LOAD_TARGETS", "direct,sluice,nginx,redis,billing"),
             scenarios: list("LOAD_SCENARIOS", "unary,stream,ttfb"),
             keep_tmp: env_u64("LOAD_KEEP_TMP", 0) != 0,
         }
@@ -1014,6 +1014,43 @@ async fn phase(
 // Mock control: behaviour and the connection counter
 // ---------------------------------------------------------------------------------------
 
+/// One phase of `clients` clients at `t` with the chat `body`, with the upstream
+/// connections the mock saw opened and the Redis commands it caused.
+async fn measure(
+    t: &Target,
+    mock: SocketAddr,
+    mock_pid: u32,
+    body: &str,
+    clients: usize,
+    o: &Opts,
+) -> PhaseResult {
+    let before = conn_counter(mock).await;
+    let redis_before = t.redis.and_then(redis_commands);
+    let mut r = phase(
+        t.addr,
+        chat_request("", body),
+        clients,
+        &t.pids,
+        &t.helper_pids,
+        mock_pid,
+        o,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = conn_counter(mock).await;
+    // Between the two probes: the first one's log read, then the second one's reset, each
+    // on its own connection.
+    r.upstream_conns = match (before, after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b + 3)),
+        _ => None,
+    };
+    if let (Some(a), Some(b)) = (t.redis.and_then(redis_commands), redis_before) {
+        // Minus our own first INFO command.
+        r.redis_cmds = Some(a.saturating_sub(b + 1));
+    }
+    r
+}
+
 /// One request on a fresh connection; returns (status, body).
 async fn oneshot(addr: SocketAddr, req: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(addr).await?;
@@ -1196,11 +1233,25 @@ fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
     // Targets.
     let s = cell(results, "sluice");
     let n = cell(results, "nginx");
+    if let (Some(sv), Some(nv)) = (s.unary, n.unary) {
+        println!(
+            "non-stream req/s sluice / nginx = {:.2} (target >= 1.00): {}",
+            sv / nv,
+            if sv >= nv { "MET" } else { "MISSED" }
+        );
+    }
     if let (Some(sv), Some(nv)) = (s.stream, n.stream) {
         println!(
             "streaming req/s sluice / nginx = {:.2} (target >= 1.00): {}",
             sv / nv,
             if sv >= nv { "MET" } else { "MISSED" }
+        );
+    }
+    if let (Some(sv), Some(nv), Some(b)) = (s.p50, n.p50, base.p50) {
+        println!(
+            "added TTFB p50 sluice vs nginx: {:+.3} vs {:+.3} ms",
+            sv - b,
+            nv - b
         );
     }
     if let (Some(a), Some(b)) = (s.p50, base.p50) {
@@ -1263,16 +1314,40 @@ fn print_cpu(results: &Results, targets: &[&'static str]) {
     }
 }
 
-fn print_details(results: &Results) {
+/// Sluice's CPU per request over nginx's (the most stable figure on a shared machine).
+fn print_cpu_ratios(results: &Results) {
+    for (s, what) in [
+        (Scenario::Unary, "non-stream"),
+        (Scenario::Stream, "stream"),
+    ] {
+        let sl = cpu_per_request(results, s, "sluice")[0];
+        let ng = cpu_per_request(results, s, "nginx")[0];
+        if let (Some(a), Some(b)) = (sl, ng) {
+            println!(
+                "CPU per {what} request, sluice / nginx = {a:.0} / {b:.0} µs = {:.2} (target <= 1.00): {}",
+                a / b,
+                if a <= b { "MET" } else { "MISSED" }
+            );
+        }
+    }
+}
+
+/// One line per phase; `per_round` phases of a target run in each round (the billing pair
+/// runs twice per round).
+fn print_details(results: &Results, per_round: usize) {
     println!();
     println!("per phase (all rounds): completed, errors, client connects, upstream conns opened at the mock, avg body bytes, TTFB samples");
     for ((s, t), rs) in results {
         for (i, r) in rs.iter().enumerate() {
+            let at = if per_round > 1 {
+                format!("round {} phase {}", i / per_round + 1, i % per_round + 1)
+            } else {
+                format!("round {}", i + 1)
+            };
             println!(
-                "  {:<6} {:<13} round {}: {:>7} ok {:>5} err {:>4} conns {:>6} upstream {:>7.0} B {:>6} ttfb{}{}{}",
+                "  {:<6} {:<13} {at}: {:>7} ok {:>5} err {:>4} conns {:>6} upstream {:>7.0} B {:>6} ttfb{}{}{}",
                 format!("{s:?}").to_lowercase(),
                 t,
-                i + 1,
                 r.done,
                 r.errors,
                 r.connects,
@@ -1294,6 +1369,209 @@ fn print_details(results: &Results) {
                 },
             );
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Billing on vs off
+// ---------------------------------------------------------------------------------------
+
+/// Sell prices of the billing-on model, USD per million tokens (the billing issue's example).
+const SELL_PRICES: &str =
+    "    input_usd_per_mtok: 0.30\n    output_usd_per_mtok: 1.20\n    cached_input_usd_per_mtok: 0.075\n";
+/// Cost prices of its route, USD per million tokens.
+const COST_PRICES: &str = "        input_usd_per_mtok: 0.15\n        output_usd_per_mtok: 0.60\n";
+/// The billing-on tenant: a budget no bench run can spend (nothing is refused).
+const BUDGET_TENANT: &str = "{budget: {total_usd: 1000000, daily_usd: 100000}}";
+/// The two Sluices of the comparison, as target names.
+const BILLING: [&str; 2] = ["billing-off", "billing-on"];
+/// The order the pair runs in within a scenario (indices into [`BILLING`]): off, on, on,
+/// off, so that a drift of the background load over the four phases hits both alike, and
+/// the two phases of one config show the noise (an A/A difference).
+const BILLING_ORDER: [usize; 4] = [0, 1, 1, 0];
+
+/// `yaml` (from [`sluice_yaml`]) with sell prices on the model and cost prices on its route.
+fn with_prices(yaml: &str) -> String {
+    yaml.replacen(
+        &format!("  {MODEL}:\n"),
+        &format!("  {MODEL}:\n{SELL_PRICES}"),
+        1,
+    )
+    .replacen(
+        "        upstream_model: mock-small-v1\n",
+        &format!("        upstream_model: mock-small-v1\n{COST_PRICES}"),
+        1,
+    )
+}
+
+/// Starts the billing pair: `billing-off` without prices and with `ledger.enabled: false`,
+/// `billing-on` with sell and cost prices, the ledger on (SQLite in the temp folder) and,
+/// when this build accepts `tenants.<id>.budget`, a budget that refuses nothing (a note says
+/// when it does not). Metering itself always runs; "off" is what can be turned off.
+fn start_billing(
+    dir: &Path,
+    threads: usize,
+    mock: SocketAddr,
+    notes: &mut Vec<String>,
+) -> Result<(Vec<Proc>, Vec<Target>), String> {
+    let (off, off_addr) = start_sluice(dir, "billing-off", &|l, a| {
+        sluice_yaml(l, a, threads, mock, "{}", "ledger:\n  enabled: false\n")
+    })?;
+    let priced = |tenant: &'static str| {
+        move |l, a| with_prices(&sluice_yaml(l, a, threads, mock, tenant, ""))
+    };
+    let (on, on_addr) = match start_sluice(dir, "billing-on", &priced(BUDGET_TENANT)) {
+        Ok(x) => x,
+        Err(e) => {
+            notes.push(format!(
+                "billing: this build refused a tenant budget, so billing-on runs with prices and the ledger but no budget: {}",
+                e.lines().next().unwrap_or_default()
+            ));
+            start_sluice(dir, "billing-on", &priced("{}"))?
+        }
+    };
+    let targets = vec![
+        Target {
+            name: BILLING[0],
+            addr: off_addr,
+            redis: None,
+            pids: vec![off.child.id()],
+            helper_pids: Vec::new(),
+        },
+        Target {
+            name: BILLING[1],
+            addr: on_addr,
+            redis: None,
+            pids: vec![on.child.id()],
+            helper_pids: Vec::new(),
+        },
+    ];
+    Ok((vec![off, on], targets))
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    #[expect(clippy::cast_precision_loss, reason = "a handful of phases")]
+    let n = v.len() as f64;
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / n)
+}
+
+/// Per phase of `target` in `scenario`: `f` of each phase that completed requests.
+fn per_phase(
+    b: &Results,
+    scenario: Scenario,
+    target: &str,
+    f: &dyn Fn(&PhaseResult) -> Option<f64>,
+) -> Vec<f64> {
+    b.iter()
+        .filter(|((s, t), _)| *s == scenario && *t == target)
+        .flat_map(|(_, rs)| rs.iter().filter(|r| r.done > 0).filter_map(f))
+        .collect()
+}
+
+/// Proxy CPU µs per completed request of one phase.
+fn cpu_us(r: &PhaseResult) -> Option<f64> {
+    #[expect(clippy::cast_precision_loss, reason = "counts well below 2^52")]
+    let done = r.done as f64;
+    Some(r.cpu.0 * 1e6 / done)
+}
+
+/// The billing table and its verdicts: throughput and CPU per request on vs off (means
+/// over the phases), TTFB p50/p99 on minus off, with the A/A spread as the noise floor.
+fn print_billing(b: &Results, o: &Opts) {
+    if b.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "Billing on vs off (off: no prices, ledger.enabled: false; on: sell + cost prices, ledger on, budget when accepted; {} phases each per round, order off/on/on/off):",
+        BILLING_ORDER.len() / 2
+    );
+    println!();
+    println!("| scenario | off | on | on / off | proxy CPU µs/req off | on | on / off |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
+        _ => "-".into(),
+    };
+    // The A/A spread of a config: (max - min) / mean of its phases.
+    let spread = |v: &[f64]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        mean(v).filter(|_| v.len() >= 2).map(|m| (hi - lo) / m)
+    };
+    let mut stream_ratio = None;
+    let mut stream_noise = 0.0_f64;
+    for (s, label) in [
+        (Scenario::Unary, "non-stream req/s".to_string()),
+        (
+            Scenario::Stream,
+            format!("{}-token streams/s", o.stream_tokens),
+        ),
+    ] {
+        let rps = |t| mean(&per_phase(b, s, t, &|r| Some(r.rps)));
+        let cpu = |t| mean(&per_phase(b, s, t, &cpu_us));
+        let (off, on) = (rps(BILLING[0]), rps(BILLING[1]));
+        let (coff, con) = (cpu(BILLING[0]), cpu(BILLING[1]));
+        if s == Scenario::Stream {
+            stream_ratio = on.zip(off).map(|(a, b)| a / b);
+            for t in BILLING {
+                let v = per_phase(b, s, t, &|r| Some(r.rps));
+                stream_noise = stream_noise.max(spread(&v).unwrap_or(0.0));
+            }
+        }
+        println!(
+            "| {label} | {} | {} | {} | {} | {} | {} |",
+            fmt_opt(off, 0),
+            fmt_opt(on, 0),
+            ratio(on, off),
+            fmt_opt(coff, 0),
+            fmt_opt(con, 0),
+            ratio(con, coff),
+        );
+    }
+    let mut ttfb = Vec::new();
+    for (q, name) in [(0.50, "p50"), (0.99, "p99")] {
+        let off = per_phase(b, Scenario::Ttfb, BILLING[0], &|r| r.pct_ms(q));
+        let on = per_phase(b, Scenario::Ttfb, BILLING[1], &|r| r.pct_ms(q));
+        // The A/A spread: the same config measured twice in the same run.
+        let spread = |v: &[f64]| {
+            (v.len() >= 2).then(|| {
+                v.iter().copied().fold(f64::MIN, f64::max)
+                    - v.iter().copied().fold(f64::MAX, f64::min)
+            })
+        };
+        let noise = spread(&off)
+            .into_iter()
+            .chain(spread(&on))
+            .fold(0.0, f64::max);
+        let (mo, mn) = (mean(&off), mean(&on));
+        println!(
+            "| TTFB {name} ms, {} streams | {} | {} | {} | | | |",
+            o.ttfb_clients,
+            fmt_opt(mo, 3),
+            fmt_opt(mn, 3),
+            fmt_added(mn, mo, 3),
+        );
+        ttfb.push((name, mn.zip(mo).map(|(a, b)| a - b), noise));
+    }
+    println!();
+    if let Some(r) = stream_ratio {
+        let cost = (1.0 - r) * 100.0;
+        println!(
+            "billing costs {cost:.1} % of streaming throughput (A/A spread of one config in this run {:.1} %; target < 5 %): {}",
+            stream_noise * 100.0,
+            if cost < 5.0 { "MET" } else { "MISSED" }
+        );
+    }
+    if let Some((_, Some(d), noise)) = ttfb.first() {
+        // "Nothing measurable": within what the same config varies by in this run (at
+        // least 10 µs, the resolution worth reading here).
+        let floor = noise.max(0.010);
+        println!(
+            "billing adds {d:+.3} ms to TTFB p50 (A/A noise in this run {noise:.3} ms; target: nothing measurable, <= {floor:.3}): {}",
+            if *d <= floor { "MET" } else { "MISSED" }
+        );
     }
 }
 
@@ -1324,8 +1602,9 @@ fn machine_note() -> String {
 
 fn main() {
     // `cargo test --benches` runs bench targets without `--bench`: then a sanity pass
-    // (direct and Sluice, non-stream and stream, 4 clients, 0.2 + 0.5 s per phase; about
-    // 3 s) that fails on any error or an empty phase, and reports no figure.
+    // (direct, Sluice and the billing pair, non-stream and stream, 4 clients, 0.2 + 0.5 s
+    // per phase; about 10 s) that fails on any error or an empty phase, and reports no
+    // figure.
     let sanity = !std::env::args().any(|a| a == "--bench");
     let mut o = Opts::from_env();
     if sanity {
@@ -1334,7 +1613,7 @@ fn main() {
         o.clients = 4;
         o.rounds = 1;
         o.max_requests = 100_000;
-        o.targets = vec!["direct".into(), "sluice".into()];
+        o.targets = vec!["direct".into(), "sluice".into(), "billing".into()];
         o.scenarios = vec!["unary".into(), "stream".into()];
     }
     let tmp = TempDir::new(o.keep_tmp);
@@ -1452,12 +1731,24 @@ fn main() {
         }
     }
 
+    let mut billing_targets: Vec<Target> = Vec::new();
+    if o.wants("billing") {
+        match start_billing(&tmp.path, o.sluice_threads, mock, &mut notes) {
+            Ok((ps, ts)) => {
+                procs.extend(ps);
+                billing_targets = ts;
+            }
+            Err(e) => notes.push(format!("billing: {e}; comparison skipped")),
+        }
+    }
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(o.gen_threads)
         .enable_all()
         .build()
         .expect("tokio runtime");
     let mut results: Results = BTreeMap::new();
+    let mut billing: Results = BTreeMap::new();
     let scenarios = [
         (
             Scenario::Unary,
@@ -1496,31 +1787,22 @@ fn main() {
                         scenario.label(&o),
                         t.name
                     );
-                    let before = conn_counter(mock).await;
-                    let redis_before = t.redis.and_then(redis_commands);
-                    let mut r = phase(
-                        t.addr,
-                        chat_request("", body),
-                        *clients,
-                        &t.pids,
-                        &t.helper_pids,
-                        mock_pid,
-                        &o,
-                    )
-                    .await;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    let after = conn_counter(mock).await;
-                    // Between the two probes: the first one's log read, then the second
-                    // one's reset, each on its own connection.
-                    r.upstream_conns = match (before, after) {
-                        (Some(b), Some(a)) => Some(a.saturating_sub(b + 3)),
-                        _ => None,
-                    };
-                    if let (Some(a), Some(b)) = (t.redis.and_then(redis_commands), redis_before) {
-                        // Minus our own first INFO command.
-                        r.redis_cmds = Some(a.saturating_sub(b + 1));
-                    }
+                    let r = measure(t, mock, mock_pid, body, *clients, &o).await;
                     results.entry((*scenario, t.name)).or_default().push(r);
+                }
+                if billing_targets.is_empty() {
+                    continue;
+                }
+                for i in BILLING_ORDER {
+                    let t = &billing_targets[i];
+                    eprintln!(
+                        "load: round {} {} -> {}",
+                        round + 1,
+                        scenario.label(&o),
+                        t.name
+                    );
+                    let r = measure(t, mock, mock_pid, body, *clients, &o).await;
+                    billing.entry((*scenario, t.name)).or_default().push(r);
                 }
             }
         }
@@ -1551,7 +1833,11 @@ fn main() {
     );
     print_table(&results, &names, &o);
     print_cpu(&results, &names);
-    print_details(&results);
+    println!();
+    print_cpu_ratios(&results);
+    print_billing(&billing, &o);
+    print_details(&results, 1);
+    print_details(&billing, BILLING_ORDER.len() / 2);
     for n in &notes {
         println!("note: {n}");
     }
@@ -1570,7 +1856,18 @@ fn main() {
                 }
             }
         }
+        for ((scenario, target), rs) in &billing {
+            for r in rs {
+                if r.errors > 0 || r.done == 0 {
+                    bad.push(format!(
+                        "{scenario:?} via {target}: {} done, {} errors (first: {:?})",
+                        r.done, r.errors, r.first_error
+                    ));
+                }
+            }
+        }
         assert_eq!(results.len(), 4, "phases run: {:?}", results.keys());
+        assert_eq!(billing.len(), 4, "billing phases run: {:?}", billing.keys());
         assert!(
             bad.is_empty(),
             "load sanity pass failed:\n{}",

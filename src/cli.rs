@@ -8,7 +8,8 @@
 //!   line `key_sha256: <64 hex>` to put in the config; needs no config file.
 //! - `sluice usage -c FILE [--since DATE] [--until DATE] [--tenant T] [--model M]
 //!   [--format table|json|csv] [--summary] [--limit N]`: print the usage ledger that `FILE`'s
-//!   `ledger:` section names (only that section is read). See [`crate::ledger::query`].
+//!   `ledger:` section names (only that section is read). See [`crate::ledger::query`]. With
+//!   `ledger.enabled: false` it fails (exit 1) saying that the ledger is disabled.
 
 use clap::{Parser, Subcommand};
 
@@ -111,6 +112,12 @@ impl UsageArgs {
         let settings = crate::config::Config::load_ledger(std::path::Path::new(&self.conf))
             .map_err(|e| format!("config error: {e}"))?
             .absolute();
+        if !settings.enabled {
+            return Err(format!(
+                "the usage ledger is disabled in {} (ledger.enabled: false): Sluice records no usage, so there is none to show",
+                self.conf
+            ));
+        }
         let filter = self.filter();
         let out = if self.summary {
             query::summary(&settings, &filter).map(|r| query::format_summary(&r, self.format))

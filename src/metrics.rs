@@ -434,16 +434,24 @@ pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
         m.cache_write_tokens,
         m.reasoning_tokens,
     ]) {
-        mx.tokens_total
-            .with_label_values(&[tenant, model, kind])
-            .inc_by(n);
+        // Adding 0 changes nothing: skip its label lookup (a hash and a lock). The series of
+        // configured models exist from the start ([`init_config_series`]).
+        if n > 0 {
+            mx.tokens_total
+                .with_label_values(&[tenant, model, kind])
+                .inc_by(n);
+        }
     }
-    mx.cost_usd_total
-        .with_label_values(&[tenant, model])
-        .inc_by(m.cost_usd);
-    mx.charge_usd_total
-        .with_label_values(&[tenant, model])
-        .inc_by(m.charge_usd);
+    if m.cost_usd > 0.0 {
+        mx.cost_usd_total
+            .with_label_values(&[tenant, model])
+            .inc_by(m.cost_usd);
+    }
+    if m.charge_usd > 0.0 {
+        mx.charge_usd_total
+            .with_label_values(&[tenant, model])
+            .inc_by(m.charge_usd);
+    }
 }
 
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and

@@ -125,7 +125,12 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let path = std::path::absolute(&args.conf).unwrap_or_else(|_| PathBuf::from(&args.conf));
     // Relative ledger paths resolve against the working directory of this start (not the
     // one `-d` moves to); the ledger opens now so that a bad one stops the start.
-    let ledger = crate::ledger::install(&cfg.ledger.clone().absolute())?;
+    let ledger = if cfg.ledger.enabled {
+        Some(crate::ledger::install(&cfg.ledger.clone().absolute())?)
+    } else {
+        log::info!("usage ledger: disabled (ledger.enabled: false); no usage records are kept");
+        None
+    };
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
     crate::metrics::init_config_series(&cfg);
@@ -157,7 +162,9 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     admin.add_tcp(&admin_listen);
     admin.threads = Some(1);
 
-    server.add_service(background_service("sluice usage ledger", ledger));
+    if let Some(ledger) = ledger {
+        server.add_service(background_service("sluice usage ledger", ledger));
+    }
     server.add_service(background_service(
         "sluice rate limits",
         admission.limits_service(),

@@ -44,6 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use buffers::{BufferReservation, BuffersFull, RequestBuffers};
 pub use status::{LimitState, RateLimitStatus};
+pub use tenant::counts_tokens;
 use tenant::{Inflight, InflightGuard, LimitKind, LocalLimiter, Plan, Refusal, Windows};
 
 use crate::config::Config;
@@ -60,7 +61,8 @@ pub struct Demand<'a> {
     pub tenant: Option<&'a str>,
     /// The standard model asked for (tenant × model limits).
     pub model: Option<&'a str>,
-    /// Estimated input tokens, charged to the token windows until [`AdmissionPermit::settle`].
+    /// Estimated input tokens, charged to the token windows until [`AdmissionPermit::settle`]
+    /// (read only when a token limit applies, see [`counts_tokens`]: 0 will do otherwise).
     pub estimated_input_tokens: u64,
 }
 

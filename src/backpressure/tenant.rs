@@ -29,6 +29,18 @@ use tokio::time::Instant;
 use super::status::{LimitState, RateLimitStatus};
 use crate::config::Config;
 
+/// Whether a `tokens_per_minute` limit applies to `tenant` (its own, or its
+/// `model_limits` entry for `model`) under `config`: only then does admission charge a
+/// request's input estimate (the proxy computes the estimate only for such tenants).
+pub fn counts_tokens(config: &Config, tenant: &str, model: Option<&str>) -> bool {
+    config.tenants.get(tenant).is_some_and(|t| {
+        t.limits.tokens_per_minute.is_some()
+            || model
+                .and_then(|m| t.limits.model_limits.get(m))
+                .is_some_and(|ml| ml.tokens_per_minute.is_some())
+    })
+}
+
 /// The limits of one scope, as configured (`None`: no such limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {

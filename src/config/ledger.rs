@@ -35,7 +35,9 @@ pub enum Backend {
 /// `ledger:` after validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerSettings {
-    /// The backend.
+    /// Whether usage records are written at all (`ledger.enabled`, default `true`).
+    pub enabled: bool,
+    /// The backend (kept when disabled, so the setting says where the ledger would be).
     pub backend: Backend,
     /// How often the writer drains the queue (`ledger.flush_interval_ms`).
     pub flush_interval: Duration,
@@ -44,9 +46,10 @@ pub struct LedgerSettings {
 }
 
 impl Default for LedgerSettings {
-    /// SQLite at [`DEFAULT_PATH`], 200 ms flush interval, 10 000 queued records.
+    /// Enabled, SQLite at [`DEFAULT_PATH`], 200 ms flush interval, 10 000 queued records.
     fn default() -> Self {
         Self {
+            enabled: true,
             backend: Backend::Sqlite {
                 path: PathBuf::from(DEFAULT_PATH),
             },

@@ -59,6 +59,11 @@ pub struct LedgerOnly {
 #[derive(Debug, Deserialize, Clone, Default)]
 #[serde(deny_unknown_fields)]
 pub struct LedgerSection {
+    /// `false` turns the ledger off: no database is opened or written, no usage record is
+    /// kept (the access log and the metrics still carry every request's usage), and
+    /// `sluice usage` / `GET /admin/usage` say that the ledger is disabled. Default `true`.
+    #[serde(default)]
+    pub enabled: Option<bool>,
     /// SQLite file (created with its schema if missing; relative paths resolve against the
     /// working directory at startup). Default, when neither `path` nor `url` is set:
     /// `sluice-usage.db`.

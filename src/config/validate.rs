@@ -1091,6 +1091,7 @@ fn ledger_settings(
     use super::ledger::{Backend, LedgerSettings};
     let defaults = LedgerSettings::default();
     let Some(super::schema::LedgerSection {
+        enabled,
         path,
         url,
         flush_interval_ms,
@@ -1134,6 +1135,7 @@ fn ledger_settings(
         None => defaults.queue_capacity,
     };
     Ok(LedgerSettings {
+        enabled: enabled.unwrap_or(true),
         backend,
         flush_interval,
         queue_capacity,
@@ -1219,6 +1221,19 @@ mod tests {
         let c = load_str(&pg).unwrap();
         assert!(matches!(c.ledger.backend, Backend::Postgres { .. }));
         assert!(!format!("{:?} {}", c.ledger, c.ledger.backend).contains("pw@"));
+        // `enabled` defaults to true; `false` keeps the rest (checked, unused).
+        assert!(c.ledger.enabled);
+        let off = load_str(&format!(
+            "{MINIMAL}ledger: {{enabled: false, path: /var/lib/sluice/usage.db}}\n"
+        ))
+        .unwrap();
+        assert!(!off.ledger.enabled);
+        assert_eq!(
+            off.ledger.backend,
+            Backend::Sqlite {
+                path: "/var/lib/sluice/usage.db".into()
+            }
+        );
 
         // file:line:col: key: message, like every other key.
         for (yaml, key, line, msg) in [

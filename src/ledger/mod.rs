@@ -15,6 +15,9 @@
 //! drains the queue every `ledger.flush_interval_ms` (default 200 ms) and writes everything
 //! queued in one transaction. `sluice_ledger_queue_depth` is the number of queued records.
 //!
+//! **Off.** With `ledger.enabled: false` the server never calls [`install`]: no backend is
+//! opened, [`running`] stays `None`, and the proxy builds no record.
+//!
 //! **Durability.** SIGTERM (graceful shutdown) writes everything queued before the process
 //! exits (see [`flush`] and [`crate::shutdown`]). After `kill -9` (or a crash, or SIGINT, which
 //! is Pingora's fast shutdown) the records queued since the last flush are lost: at most one

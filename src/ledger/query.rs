@@ -503,7 +503,11 @@ pub fn admin_usage(
         Err(m) => return admin_error(400, "invalid_parameter", &m),
     };
     let Some(settings) = running else {
-        return admin_error(503, "ledger_unavailable", "the usage ledger is not running");
+        return admin_error(
+            503,
+            "ledger_unavailable",
+            "the usage ledger is not running (disabled by ledger.enabled: false, or it could not be opened: see the log)",
+        );
     };
     let body = if want_summary {
         summary(settings, &filter).map(|rows| format_summary(&rows, format))

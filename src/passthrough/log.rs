@@ -19,7 +19,7 @@ use prometheus::{
     HistogramVec, IntCounterVec, IntGaugeVec,
 };
 
-use crate::proxy::access_log;
+use crate::proxy::access_log::{self, Field};
 use crate::proxy::ctx::RequestCtx;
 
 /// The passthrough metrics (registered in the default registry `/metrics` renders).
@@ -89,20 +89,20 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         .with_label_values(&[route])
         .observe(duration.as_secs_f64());
     let req = session.req_header();
-    let fields: [(&str, String); 10] = [
-        ("request_id", ctx.request_id.clone()),
-        ("route", route.to_string()),
-        (
-            "upstream",
-            p.upstream.map_or_else(|| "-".into(), |a| a.to_string()),
-        ),
-        ("method", req.method.as_str().to_string()),
-        ("path", req.uri.path().chars().take(1024).collect()),
-        ("status", status.to_string()),
-        ("outcome", outcome.to_string()),
-        ("attempts", p.tried.len().to_string()),
-        ("duration_ms", duration.as_millis().to_string()),
-        ("bytes_out", session.body_bytes_sent().to_string()),
+    let upstream = p.upstream.map(|a| a.to_string());
+    let path: String = req.uri.path().chars().take(1024).collect();
+    let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    let fields: [(&str, Field<'_>); 10] = [
+        ("request_id", Field::Text(&ctx.request_id)),
+        ("route", Field::Text(route)),
+        ("upstream", Field::Text(upstream.as_deref().unwrap_or("-"))),
+        ("method", Field::Text(req.method.as_str())),
+        ("path", Field::Text(&path)),
+        ("status", Field::Count(u64::from(status))),
+        ("outcome", Field::Text(outcome)),
+        ("attempts", Field::Count(p.tried.len() as u64)),
+        ("duration_ms", Field::Count(ms)),
+        ("bytes_out", Field::Count(session.body_bytes_sent() as u64)),
     ];
     let line = access_log::format_line(&fields, ctx.config.server.log_format);
     log::info!(target: access_log::TARGET, "{line}");

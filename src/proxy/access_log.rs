@@ -8,6 +8,8 @@
 //! address ([`super::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies). The request's usage record
 //! for the ledger ([`crate::ledger::submit`]) is queued here too, from the same facts.
 
+use std::fmt::Write as _;
+
 use pingora::proxy::Session;
 
 use super::ctx::RequestCtx;
@@ -15,6 +17,26 @@ use crate::metrics::metrics;
 
 /// Log target of access lines (`RUST_LOG=sluice::access=info`).
 pub const TARGET: &str = "sluice::access";
+
+/// One access-log value, formatted where the line is written (no string per field).
+pub enum Field<'a> {
+    /// Text as is (quoted and escaped in text lines unless plain ASCII).
+    Text(&'a str),
+    /// A count.
+    Count(u64),
+    /// USD with 9 decimals.
+    Usd(f64),
+}
+
+impl std::fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Text(s) => f.write_str(s),
+            Self::Count(n) => f.write_str(itoa::Buffer::new().format(*n)),
+            Self::Usd(v) => write!(f, "{v:.9}"),
+        }
+    }
+}
 
 /// Writes the access line and records request metrics.
 pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCtx) {
@@ -43,7 +65,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     };
     let m = metrics();
     m.requests_total
-        .with_label_values(&[model, &status.to_string()])
+        .with_label_values(&[model, itoa::Buffer::new().format(status)])
         .inc();
     if o.provider.is_some() && !o.count_only {
         m.request_duration_seconds
@@ -65,43 +87,54 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         crate::metrics::record_metered(&c.tenant, model, metered);
     }
     let metered = ctx.metered.unwrap_or_default();
-    let fields: [(&str, String); 21] = [
-        ("request_id", ctx.request_id.clone()),
-        ("tenant", caller.map_or("-".into(), |c| c.tenant.clone())),
-        ("key_id", caller.map_or("-".into(), |c| c.key_id.clone())),
+    let client = ctx.client_ip.map(|ip| ip.to_string());
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let fields: [(&str, Field<'_>); 21] = [
+        ("request_id", Field::Text(&ctx.request_id)),
+        (
+            "tenant",
+            Field::Text(caller.map_or("-", |c| c.tenant.as_str())),
+        ),
+        (
+            "key_id",
+            Field::Text(caller.map_or("-", |c| c.key_id.as_str())),
+        ),
         (
             "standard_model",
-            ctx.standard_model.clone().unwrap_or_else(|| "-".into()),
+            Field::Text(ctx.standard_model.as_deref().unwrap_or("-")),
         ),
         (
             "upstream_model",
-            o.upstream_model.clone().unwrap_or_else(|| "-".into()),
+            Field::Text(o.upstream_model.as_deref().unwrap_or("-")),
         ),
-        ("provider", provider.to_string()),
-        ("attempts", ctx.attempt_count.to_string()),
-        ("status", status.to_string()),
-        ("outcome", outcome.to_string()),
+        ("provider", Field::Text(provider)),
+        ("attempts", Field::Count(ctx.attempt_count as u64)),
+        ("status", Field::Count(u64::from(status))),
+        ("outcome", Field::Text(outcome)),
         (
             "ttft_ms",
-            o.ttft.map_or("-".into(), |t| t.as_millis().to_string()),
+            o.ttft.map_or(Field::Text("-"), |t| Field::Count(ms(t))),
         ),
-        ("duration_ms", duration.as_millis().to_string()),
-        ("bytes_out", o.bytes_out.to_string()),
-        ("input_tokens", metered.input_tokens.to_string()),
-        ("output_tokens", metered.output_tokens.to_string()),
+        ("duration_ms", Field::Count(ms(duration))),
+        ("bytes_out", Field::Count(o.bytes_out)),
+        ("input_tokens", Field::Count(metered.input_tokens)),
+        ("output_tokens", Field::Count(metered.output_tokens)),
         (
             "cached_input_tokens",
-            metered.cached_input_tokens.to_string(),
+            Field::Count(metered.cached_input_tokens),
         ),
-        ("cache_write_tokens", metered.cache_write_tokens.to_string()),
-        ("reasoning_tokens", metered.reasoning_tokens.to_string()),
-        ("estimated", metered.estimated.to_string()),
-        ("cost_usd", format!("{:.9}", metered.cost_usd)),
-        ("charge_usd", format!("{:.9}", metered.charge_usd)),
         (
-            "client",
-            ctx.client_ip.map_or("-".into(), |ip| ip.to_string()),
+            "cache_write_tokens",
+            Field::Count(metered.cache_write_tokens),
         ),
+        ("reasoning_tokens", Field::Count(metered.reasoning_tokens)),
+        (
+            "estimated",
+            Field::Text(if metered.estimated { "true" } else { "false" }),
+        ),
+        ("cost_usd", Field::Usd(metered.cost_usd)),
+        ("charge_usd", Field::Usd(metered.charge_usd)),
+        ("client", Field::Text(client.as_deref().unwrap_or("-"))),
     ];
     let line = format_line(&fields, ctx.config.server.log_format);
     log::info!(target: TARGET, "{line}");
@@ -112,29 +145,32 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
 /// plain printable ASCII quoted and escaped, so a client cannot forge or break lines), or a
 /// JSON object of strings. The passthrough routes' lines ([`crate::passthrough::log`]) use it
 /// too.
-pub fn format_line(fields: &[(&str, String)], format: crate::config::LogFormat) -> String {
+pub fn format_line(fields: &[(&str, Field<'_>)], format: crate::config::LogFormat) -> String {
     if format == crate::config::LogFormat::Json {
         let mut obj = serde_json::Map::new();
         for (k, v) in fields {
-            obj.insert((*k).to_string(), serde_json::Value::String(v.clone()));
+            obj.insert((*k).to_string(), serde_json::Value::String(v.to_string()));
         }
         serde_json::Value::Object(obj).to_string()
     } else {
-        let mut s = String::with_capacity(256);
+        let mut s = String::with_capacity(384);
         for (i, (k, v)) in fields.iter().enumerate() {
             if i > 0 {
                 s.push(' ');
             }
             s.push_str(k);
             s.push('=');
-            // Values can carry client text (a model name): anything but plain ASCII is quoted
-            // and escaped, so a client cannot forge or break log lines.
-            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_graphic()) {
-                s.push('"');
-                s.extend(v.chars().flat_map(char::escape_default));
-                s.push('"');
-            } else {
-                s.push_str(v);
+            match v {
+                // Values can carry client text (a model name): anything but plain ASCII is
+                // quoted and escaped, so a client cannot forge or break log lines.
+                Field::Text(v) if v.is_empty() || !v.bytes().all(|b| b.is_ascii_graphic()) => {
+                    s.push('"');
+                    s.extend(v.chars().flat_map(char::escape_default));
+                    s.push('"');
+                }
+                v => {
+                    let _ = write!(s, "{v}");
+                }
             }
         }
         s

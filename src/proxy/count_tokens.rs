@@ -164,7 +164,7 @@ pub(super) async fn handle(
         bytes,
         reservation: _reservation,
     } = held;
-    let req = parse(&bytes, pref_header.as_deref(), &config)?;
+    let mut req = parse(&bytes, pref_header.as_deref(), &config)?;
     // The parsed copies stay accounted by the reservation (to the end of this function).
     drop(bytes);
     ctx.standard_model = Some(req.canonical.model.clone());
@@ -173,6 +173,9 @@ pub(super) async fn handle(
         .get(&req.canonical.model)
         .filter(|_| caller.may_use_model(&req.canonical.model))
         .ok_or_else(|| endpoints::model_not_found(&req.canonical.model))?;
+    if routing::uses_input_estimate(model, &caller) {
+        req.needs.estimated_input_tokens = protocol::tokens::estimate_input_tokens(&req.canonical);
+    }
     let candidates = routing::plan(model, &caller, &req.needs, req.preference.as_ref())?;
     let beta = session
         .req_header()

@@ -42,6 +42,10 @@ pub struct Outcome {
     /// The token figures are Sluice's estimate: the answer ended without the provider's
     /// final usage.
     pub usage_estimated: bool,
+    /// The answer ended without any input figure from the provider: `input_tokens` is to be
+    /// the request's input estimate, filled in by [`Outcome::fill_input_estimate`] where the
+    /// parsed request is at hand (the tokenizer runs only for such answers).
+    pub input_unknown: bool,
     /// The upstream answered, then broke off (mid-stream error, broken body): the route
     /// is charged a failure although a response was written.
     pub upstream_broke: bool,
@@ -75,6 +79,15 @@ impl Outcome {
 }
 
 impl Outcome {
+    /// Sets `input_tokens` to `estimate()` (the parsed request's input estimate) when the
+    /// answer ended without the provider's input figure ([`Outcome::input_unknown`]); else
+    /// leaves it and never calls `estimate`.
+    pub fn fill_input_estimate(&mut self, estimate: impl FnOnce() -> u64) {
+        if std::mem::take(&mut self.input_unknown) {
+            self.input_tokens = estimate();
+        }
+    }
+
     /// The token use admission settles the request's charge with.
     pub fn used(&self) -> crate::backpressure::Used {
         crate::backpressure::Used {
@@ -141,9 +154,6 @@ pub struct RequestCtx {
     pub rate_limit: Option<crate::backpressure::RateLimitStatus>,
     /// The result.
     pub outcome: Outcome,
-    /// Input tokens estimated at admission (canonical request → `o200k_base`): the input
-    /// figure of an answer that ends without the provider's usage.
-    pub estimated_input_tokens: u64,
     /// What the request used and costs, filled at its end (`logging`); `None` when no
     /// provider answered.
     pub metered: Option<crate::metering::Metered>,
@@ -177,7 +187,6 @@ impl RequestCtx {
             permits: Vec::new(),
             rate_limit: None,
             outcome: Outcome::default(),
-            estimated_input_tokens: 0,
             metered: None,
             budget: None,
             in_flight: crate::shutdown::InFlight::new(),

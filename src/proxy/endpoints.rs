@@ -239,7 +239,6 @@ async fn infer(
     drop(bytes);
     ctx.standard_model = Some(req.model.clone());
     ctx.stream = req.stream;
-    ctx.estimated_input_tokens = req.needs.estimated_input_tokens;
     let model = config
         .models
         .get(&req.model)
@@ -247,21 +246,33 @@ async fn infer(
         .ok_or_else(|| model_not_found(&req.model))?;
 
     // The budget first: a tenant without money left takes no rate-limit or queue place.
-    let reserve = crate::budget::reservation_usd(
-        model,
-        req.needs.estimated_input_tokens,
-        req.needs.requested_max_output_tokens,
-    );
-    ctx.budget = gw
-        .admission
-        .budgets()
-        .reserve(&config, &caller.tenant, reserve)
-        .await
-        .map_err(|e| e.error(&caller.tenant))?;
+    // The tokenizer runs only for a tenant with a budget (the estimate is cached).
+    if crate::budget::Budgets::budget_of(&config, &caller.tenant).is_some() {
+        let reserve = crate::budget::reservation_usd(
+            model,
+            req.estimated_input_tokens(),
+            req.needs.requested_max_output_tokens,
+        );
+        ctx.budget = gw
+            .admission
+            .budgets()
+            .reserve(&config, &caller.tenant, reserve)
+            .await
+            .map_err(|e| e.error(&caller.tenant))?;
+    }
     let demand = crate::backpressure::Demand {
         tenant: Some(&caller.tenant),
         model: Some(&req.model),
-        estimated_input_tokens: req.needs.estimated_input_tokens,
+        // The tokenizer runs only for a token limit (see `estimated_input_tokens`).
+        estimated_input_tokens: if crate::backpressure::counts_tokens(
+            &config,
+            &caller.tenant,
+            Some(&req.model),
+        ) {
+            req.estimated_input_tokens()
+        } else {
+            0
+        },
     };
     let permit = match gw
         .admission
@@ -274,6 +285,9 @@ async fn infer(
             return Err(ChatError::Gone(ClientGone("queued")))
         }
     };
+    if routing::uses_input_estimate(model, &caller) {
+        req.needs.estimated_input_tokens = req.estimated_input_tokens();
+    }
     let candidates = match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
         Ok(c) => c,
         Err(e) => {
@@ -284,6 +298,9 @@ async fn infer(
     };
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
     let result = attempt::run(&gw.connector, session, ctx, &req, model, &candidates).await;
+    // An answer without the provider's input figure is metered at the estimate.
+    ctx.outcome
+        .fill_input_estimate(|| req.estimated_input_tokens());
     // Token limits learn the real usage (`ctx.outcome` is final here).
     permit.settle(ctx.outcome.used());
     result.map_err(ChatError::Gone)

@@ -219,9 +219,37 @@ pub struct InferenceRequest {
     pub needs: RouteNeeds,
     /// The client's provider preference.
     pub preference: Option<Preference>,
+    /// Size of the body as received, bytes (chooses how the input estimate is computed).
+    pub body_bytes: usize,
+    /// The input-token estimate, computed on first use: read it with
+    /// [`estimated_input_tokens`](Self::estimated_input_tokens).
+    input_estimate: OnceLock<u64>,
 }
 
 impl InferenceRequest {
+    /// The request's input tokens as estimated with the `o200k_base` tokenizer (see
+    /// [`protocol::tokens::estimate_input_tokens`]), computed on the first call and cached:
+    /// at most once per request, and only for what needs it (token rate limits, budgets,
+    /// `lowest_cost` routing, the input figure of an answer without the provider's usage).
+    /// Tokenizing is far dearer than relaying a short request, so nothing computes it
+    /// unasked.
+    ///
+    /// A Chat Completions body is estimated through its canonical request (the one already
+    /// decoded for a translated attempt, else a temporary one, so that an
+    /// OpenAI-compatible route does not keep a second copy of the request); one over
+    /// [`CANONICAL_ESTIMATE_BYTES`], or one the protocol layer refuses (it may still go as
+    /// is to an OpenAI-compatible route), from the parsed JSON in place
+    /// ([`estimate_json_tokens`]).
+    pub fn estimated_input_tokens(&self) -> u64 {
+        *self
+            .input_estimate
+            .get_or_init(|| match self.canonical.get() {
+                Some(Ok(c)) => protocol::tokens::estimate_input_tokens(c),
+                Some(Err(_)) => estimate_json_tokens(&self.body),
+                None => estimate_chat_input(self.body_bytes, &self.body),
+            })
+    }
+
     /// The canonical request, decoded from `body` on first use.
     ///
     /// # Errors
@@ -309,7 +337,8 @@ pub fn parse_chat(
         .and_then(Value::as_u64);
     let needs = RouteNeeds {
         capabilities: capabilities(&map),
-        estimated_input_tokens: estimate_chat_input(body, &map),
+        // Filled by the caller when its routing strategy needs it.
+        estimated_input_tokens: 0,
         max_output_tokens: requested_max.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
         requested_max_output_tokens: requested_max,
     };
@@ -323,6 +352,8 @@ pub fn parse_chat(
         include_usage,
         needs,
         preference,
+        body_bytes: body.len(),
+        input_estimate: OnceLock::new(),
     })
 }
 
@@ -374,12 +405,14 @@ pub fn parse_dialect(
         anthropic_beta: None,
         needs,
         preference,
+        body_bytes: body.len(),
+        input_estimate: OnceLock::new(),
     })
 }
 
 /// What a canonical request needs from a route: the capabilities it uses (tools, vision,
-/// JSON schema), its input estimate ([`protocol::tokens::estimate_input_tokens`]) and its
-/// output bound.
+/// JSON schema) and its output bound. The input estimate is left 0: a caller whose
+/// routing strategy needs it fills it in ([`crate::routing::uses_input_estimate`]).
 pub(crate) fn canonical_needs(canonical: &protocol::Request) -> RouteNeeds {
     let mut caps = Vec::new();
     if !canonical.tools.is_empty() || canonical.tool_choice.is_some() {
@@ -401,7 +434,7 @@ pub(crate) fn canonical_needs(canonical: &protocol::Request) -> RouteNeeds {
     }
     RouteNeeds {
         capabilities: caps,
-        estimated_input_tokens: protocol::tokens::estimate_input_tokens(canonical),
+        estimated_input_tokens: 0,
         max_output_tokens: canonical
             .max_output_tokens
             .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
@@ -417,14 +450,18 @@ const CANONICAL_ESTIMATE_BYTES: usize = 256 * 1024;
 /// the tokens per byte seen (bounded CPU on the request path).
 const ESTIMATE_TEXT_BUDGET_BYTES: usize = 256 * 1024;
 
-/// The input-token estimate of a Chat Completions body (token rate limits, and the input
-/// figure of an answer without usage): its canonical request counted with
+/// The input-token estimate of a Chat Completions request whose body had `body_bytes`
+/// bytes and whose canonical request was not decoded yet: a temporary canonical request
+/// (decoded from `map` re-serialized, then dropped) counted with
 /// [`protocol::tokens::estimate_input_tokens`]. A body over [`CANONICAL_ESTIMATE_BYTES`],
-/// or one the protocol layer refuses (it may still go as is to an OpenAI-compatible
-/// route), is estimated from `map` in place with [`estimate_json_tokens`].
-fn estimate_chat_input(body: &[u8], map: &Map<String, Value>) -> u64 {
-    if body.len() <= CANONICAL_ESTIMATE_BYTES {
-        if let Ok(c) = protocol::decode_request(Dialect::ChatCompletions, body) {
+/// or one the protocol layer refuses, is estimated from `map` in place with
+/// [`estimate_json_tokens`].
+fn estimate_chat_input(body_bytes: usize, map: &Map<String, Value>) -> u64 {
+    if body_bytes <= CANONICAL_ESTIMATE_BYTES {
+        let decoded = serde_json::to_vec(map)
+            .ok()
+            .and_then(|b| protocol::decode_request(Dialect::ChatCompletions, &b).ok());
+        if let Some(c) = decoded {
             return protocol::tokens::estimate_input_tokens(&c);
         }
     }
@@ -600,7 +637,34 @@ mod tests {
             &c,
         )
         .unwrap();
-        assert_eq!(r.needs.estimated_input_tokens, 8);
+        assert!(
+            r.input_estimate.get().is_none(),
+            "nothing is tokenized at parse time"
+        );
+        assert_eq!(r.estimated_input_tokens(), 8);
+        assert_eq!(r.input_estimate.get(), Some(&8));
+        assert!(
+            r.canonical.get().is_none(),
+            "the estimate keeps no canonical copy of an OpenAI-compatible request"
+        );
+        // A request already decoded for a translated attempt is estimated from that copy.
+        let translated = parse_chat(
+            br#"{"model":"m","messages":[{"role":"user","content":"hello world"}]}"#,
+            None,
+            &c,
+        )
+        .unwrap();
+        translated.canonical().unwrap();
+        assert_eq!(translated.estimated_input_tokens(), 8);
+        // Messages: estimated from the canonical request parsed with it.
+        let messages = parse_dialect(
+            Dialect::Messages,
+            br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hello world"}]}"#,
+            None,
+            &c,
+        )
+        .unwrap();
+        assert_eq!(messages.estimated_input_tokens(), 8);
         // The in-place estimate agrees with the canonical one on plain text.
         let text = "The quick brown fox jumps over the lazy dog. ".repeat(50);
         let body = serde_json::json!({"model": "m", "messages": [
@@ -608,10 +672,7 @@ mod tests {
             {"role": "user", "content": text}]});
         let small = parse_chat(body.to_string().as_bytes(), None, &c).unwrap();
         let map = body.as_object().unwrap();
-        assert_eq!(
-            estimate_json_tokens(map),
-            small.needs.estimated_input_tokens
-        );
+        assert_eq!(estimate_json_tokens(map), small.estimated_input_tokens());
         // Large (over the canonical limit) with an inline image: the image counts as one,
         // not as its base64 text; the text is counted, the rest scaled past the budget.
         let image = format!("data:image/png;base64,{}", "A".repeat(600_000));
@@ -621,7 +682,7 @@ mod tests {
             {"type": "image_url", "image_url": {"url": image}}]}]});
         let big = parse_chat(body.to_string().as_bytes(), None, &c).unwrap();
         let exact_text = protocol::tokens::text_tokens(&big_text);
-        let n = big.needs.estimated_input_tokens;
+        let n = big.estimated_input_tokens();
         let want = exact_text + protocol::tokens::IMAGE_TOKENS + 6;
         assert!(n.abs_diff(want) * 100 <= want * 3, "{n} vs {want}");
     }

@@ -114,21 +114,22 @@ pub(super) fn set_usage(ctx: &mut RequestCtx, u: &protocol::Usage, estimated: bo
     o.cache_write_tokens = u.cache_write_tokens;
     o.reasoning_tokens = u.reasoning_tokens;
     o.usage_estimated = estimated;
+    o.input_unknown = false;
 }
 
 /// Records an estimated usage for an answer without the provider's final usage: what the
-/// provider reported so far (`partial`, e.g. Anthropic's `message_start`), the admission
-/// estimate for the input when it reported none, and the larger of its output figure and
-/// `streamed_tokens` (the tokenizer count of the text streamed).
+/// provider reported so far (`partial`, e.g. Anthropic's `message_start`), and the larger
+/// of its output figure and `streamed_tokens` (the tokenizer count of the text streamed).
+/// When it reported no input, the input is marked unknown: the attempt loop's caller, which
+/// holds the parsed request, fills in the estimate ([`super::ctx::Outcome::fill_input_estimate`]),
+/// so the tokenizer runs over the prompt only for such answers.
 pub(super) fn estimate_usage(
     ctx: &mut RequestCtx,
     partial: Option<protocol::Usage>,
     streamed_tokens: u64,
 ) {
     let mut u = partial.unwrap_or_default();
-    if u.input_tokens == 0 {
-        u.input_tokens = ctx.estimated_input_tokens;
-    }
     u.output_tokens = u.output_tokens.max(streamed_tokens);
     set_usage(ctx, &u, true);
+    ctx.outcome.input_unknown = u.input_tokens == 0;
 }

@@ -57,13 +57,27 @@ impl Preference {
 pub struct RouteNeeds {
     /// Capabilities the request uses.
     pub capabilities: Vec<Capability>,
-    /// Estimated input tokens.
+    /// Estimated input tokens: read only by `lowest_cost` ([`estimated_cost_usd`]); the
+    /// proxy fills it only when [`uses_input_estimate`] says so (0 otherwise), as the
+    /// estimate runs the tokenizer over the whole prompt.
     pub estimated_input_tokens: u64,
     /// Output token bound (`max_tokens` or a default).
     pub max_output_tokens: u64,
     /// The client's own output bound (`max_tokens`, `max_completion_tokens`,
     /// `max_output_tokens`), if it set one.
     pub requested_max_output_tokens: Option<u64>,
+}
+
+/// The routing strategy that orders `model`'s routes for `caller` (the key's override, else
+/// the model's).
+pub fn strategy(model: &Model, caller: &Caller) -> Strategy {
+    caller.strategy.unwrap_or(model.strategy)
+}
+
+/// Whether [`plan`] reads [`RouteNeeds::estimated_input_tokens`] for `model` and `caller`
+/// (only `lowest_cost` ranks routes by an estimated cost).
+pub fn uses_input_estimate(model: &Model, caller: &Caller) -> bool {
+    strategy(model, caller) == Strategy::LowestCost
 }
 
 /// One candidate: a route and its health handle.
@@ -131,7 +145,7 @@ pub fn plan<'m>(
         }
     }
 
-    let strategy = caller.strategy.unwrap_or(model.strategy);
+    let strategy = strategy(model, caller);
     let reg = health::registry();
     let mut cands: Vec<Candidate<'m>> = routes
         .into_iter()

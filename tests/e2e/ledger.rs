@@ -335,6 +335,69 @@ fn a_request_over_a_tenant_limit_is_recorded_as_rejected() {
 }
 
 #[test]
+fn a_disabled_ledger_creates_no_file_and_sluice_usage_says_so() {
+    let mock = Mock::start("{}");
+    let yaml = ledger_config(&mock, "  enabled: false\n").replace(
+        "server:\n",
+        "server:\n  admin_token_env: SLUICE_TEST_ADMIN_TOKEN\n",
+    );
+    let sluice = Sluice::start_with_env(&yaml, &[("SLUICE_TEST_ADMIN_TOKEN", TOKEN)]);
+    let dir = sluice.dir.path().to_path_buf();
+    let stream = chat_body(true, r#"{"tokens":3,"usage":true,"prompt_tokens":7}"#);
+    assert_eq!(chat_with_id(&sluice, "off-stream", &stream), 200);
+    let plain = chat_body(false, r#"{"tokens":4,"prompt_tokens":9}"#);
+    assert_eq!(chat_with_id(&sluice, "off-plain", &plain), 200);
+    // The usage is still metered: the access log carries it.
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            sluice
+                .log()
+                .lines()
+                .any(|l| l.contains("request_id=off-plain") && l.contains("input_tokens=9"))
+        }),
+        "{}",
+        sluice.log()
+    );
+    assert!(
+        sluice.log().contains("usage ledger: disabled"),
+        "{}",
+        sluice.log()
+    );
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("read the Sluice's folder")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert!(
+        !files.iter().any(|f| f.contains("usage")),
+        "no ledger file may exist: {files:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(&dir)
+        .args(["usage", "-c"])
+        .arg(&sluice.config_path)
+        .output()
+        .expect("run sluice usage");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the usage ledger is disabled") && stderr.contains("ledger.enabled: false"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+    let r = get(
+        sluice.admin,
+        "/admin/usage",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("ledger.enabled: false"), "{}", r.text());
+    assert!(
+        !dir.join("sluice-usage.db").exists(),
+        "neither reading it creates the ledger"
+    );
+}
+
+#[test]
 fn sigterm_writes_every_queued_record() {
     let mock = Mock::start("{}");
     // The interval is far away: only the shutdown flush can write these.
