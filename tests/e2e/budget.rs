@@ -177,6 +177,20 @@ fn a_spent_budget_answers_402_in_each_dialect_and_survives_a_restart() {
     assert_eq!(chat(sluice.addr, KEY, false).status, 402);
 }
 
+/// A mock answering `behavior` and one Sluice whose tenant `t` has `budget`, with its own
+/// ledger (the directory lives as long as the returned guard).
+fn one_sluice(behavior: &str, budget: &str) -> (Mock, crate::harness::TempDir, Sluice) {
+    let mock = Mock::start(behavior);
+    let dir = crate::harness::TempDir::new("budget");
+    let sluice = Sluice::start(&config(
+        &mock.base_url(),
+        budget,
+        &dir.path().join("usage.db"),
+        "",
+    ));
+    (mock, dir, sluice)
+}
+
 /// Starts `n` streams at once from threads; each returns its status.
 fn race(addr: std::net::SocketAddr, n: usize) -> Vec<u16> {
     let threads: Vec<_> = (0..n)
@@ -204,15 +218,8 @@ fn race(addr: std::net::SocketAddr, n: usize) -> Vec<u16> {
 fn concurrent_racers_for_the_last_dollar_never_overspend() {
     // Each stream takes about 150 ms, so the racers overlap: at most 8 reservations of 0.06
     // fit 0.5 at once.
-    let mock = Mock::start(r#"{"tokens": 5, "token_delay_ms": 30}"#);
-    let dir = crate::harness::TempDir::new("budget");
-    let yaml = config(
-        &mock.base_url(),
-        "{daily_usd: 0.5}",
-        &dir.path().join("usage.db"),
-        "",
-    );
-    let sluice = Sluice::start(&yaml);
+    let (_mock, _dir, sluice) =
+        one_sluice(r#"{"tokens": 5, "token_delay_ms": 30}"#, "{daily_usd: 0.5}");
     let statuses = race(sluice.addr, 24);
     let ok = statuses.iter().filter(|s| **s == 200).count();
     assert!(
@@ -232,15 +239,8 @@ fn concurrent_racers_for_the_last_dollar_never_overspend() {
 
 #[test]
 fn an_aborted_stream_settles_what_was_streamed() {
-    let mock = Mock::start(r#"{"tokens": 50, "token_delay_ms": 100}"#);
-    let dir = crate::harness::TempDir::new("budget");
-    let yaml = config(
-        &mock.base_url(),
-        "{daily_usd: 1}",
-        &dir.path().join("usage.db"),
-        "",
-    );
-    let sluice = Sluice::start(&yaml);
+    let (_mock, _dir, sluice) =
+        one_sluice(r#"{"tokens": 50, "token_delay_ms": 100}"#, "{daily_usd: 1}");
     let mut s = StreamReader::open(
         sluice.addr,
         "/v1/chat/completions",
@@ -364,15 +364,7 @@ fn racers_on_two_replicas_never_overspend_a_shared_budget() {
 #[test]
 fn metrics_parse_as_prometheus_text_and_agree_with_the_ledger() {
     use prometheus_parse::{Scrape, Value as P};
-    let mock = Mock::start(r#"{"tokens": 5}"#);
-    let dir = crate::harness::TempDir::new("budget");
-    let yaml = config(
-        &mock.base_url(),
-        "{monthly_usd: 1, daily_usd: 0.5}",
-        &dir.path().join("usage.db"),
-        "",
-    );
-    let sluice = Sluice::start(&yaml);
+    let (_mock, _dir, sluice) = one_sluice(r#"{"tokens": 5}"#, "{monthly_usd: 1, daily_usd: 0.5}");
     for i in 0..3 {
         assert_eq!(chat(sluice.addr, KEY, i == 1).status, 200);
         wait_settled(&sluice, i + 1);

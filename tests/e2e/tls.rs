@@ -641,16 +641,7 @@ fn upstream_tls_is_verified_against_the_system_store_or_the_providers_ca_file() 
 /// ESTABLISHED TCP connections of process `pid` to loopback port `port` (its socket inodes
 /// matched against `/proc/net/tcp`).
 fn established_to(pid: u32, port: u16) -> usize {
-    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|dir| {
-            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .filter_map(|l| {
-                    let l = l.to_string_lossy().into_owned();
-                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let inodes = crate::harness::socket_inodes(pid);
     let port_hex = format!(":{port:04X}");
     std::fs::read_to_string("/proc/net/tcp")
         .unwrap_or_default()

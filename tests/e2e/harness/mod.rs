@@ -31,10 +31,10 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     std::array::from_fn(|i| held[i].local_addr().expect("port").port())
 }
 
-/// Whether process `pid` holds a listening TCP socket on loopback `port` (Linux: the socket
-/// inodes among `/proc/PID/fd` matched against `/proc/net/tcp{,6}`).
-pub fn listens_on(pid: u32, port: u16) -> bool {
-    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+/// The inodes of the sockets process `pid` holds (Linux: its `/proc/PID/fd` links
+/// `socket:[N]`), to match against `/proc/net/tcp{,6}`.
+pub fn socket_inodes(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|dir| {
             dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
                 .filter_map(|l| {
@@ -43,7 +43,13 @@ pub fn listens_on(pid: u32, port: u16) -> bool {
                 })
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Whether process `pid` holds a listening TCP socket on loopback `port` (Linux: the socket
+/// inodes among `/proc/PID/fd` matched against `/proc/net/tcp{,6}`).
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let inodes = socket_inodes(pid);
     let port_hex = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
         std::fs::read_to_string(table)
