@@ -171,6 +171,9 @@ struct TenantBudget {
     /// Filled once from the ledger.
     seeded: tokio::sync::OnceCell<()>,
     windows: Mutex<[WindowState; 3]>,
+    /// `sluice_budget_remaining_usd{tenant,window}` children, looked up once per window
+    /// (a label lookup hashes and locks the vector; reserve and settle run per request).
+    gauges: [std::sync::OnceLock<prometheus::Gauge>; 3],
 }
 
 /// Why a reservation was refused: which window, its budget, and what is used.
@@ -321,11 +324,16 @@ impl Budgets {
             .tenants
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Known tenants (every request after the first) cost no key allocation.
+        if let Some(state) = g.get(tenant) {
+            return state.clone();
+        }
         g.entry(tenant.into())
             .or_insert_with(|| {
                 Arc::new(TenantBudget {
                     seeded: tokio::sync::OnceCell::new(),
                     windows: Mutex::new([WindowState::default(); 3]),
+                    gauges: Default::default(),
                 })
             })
             .clone()
@@ -484,9 +492,12 @@ fn remaining_usd(w: Window, budget: &BudgetSection, s: &WindowState) -> f64 {
 fn set_gauges(tenant: &str, budget: &BudgetSection, state: &TenantBudget) {
     let ws = lock(state);
     for w in configured(budget) {
-        metrics()
-            .budget_remaining_usd
-            .with_label_values(&[tenant, w.label()])
+        state.gauges[w.index()]
+            .get_or_init(|| {
+                metrics()
+                    .budget_remaining_usd
+                    .with_label_values(&[tenant, w.label()])
+            })
             .set(remaining_usd(w, budget, &ws[w.index()]));
     }
 }
