@@ -37,6 +37,7 @@ fn provider(id: &str) -> Arc<Provider> {
             ..PassiveHealth::default()
         },
         stream_usage: true,
+        max_concurrent_requests: None,
     })
 }
 

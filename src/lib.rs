@@ -46,6 +46,7 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod fd_limit;
 pub mod ledger;
 pub mod logging;
 pub mod metering;

@@ -38,6 +38,8 @@ fn main() -> ExitCode {
             }
         };
     }
+    // Before the config is read: the default global cap is derived from the raised limit.
+    let nofile = sluice::fd_limit::raise_nofile_limit();
     let cfg = match Config::load(std::path::Path::new(&args.conf)) {
         Ok(c) => c,
         Err(e) => {
@@ -62,6 +64,11 @@ fn main() -> ExitCode {
     for w in cfg.warnings() {
         log::warn!("{w}");
     }
+    log::info!(
+        "open-file limit {}; at most {} concurrent upstream requests",
+        nofile.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+        cfg.server.max_concurrent_upstream_requests
+    );
     match sluice::server::build(cfg, &args) {
         Ok(server) => server.run_forever(),
         Err(e) => {

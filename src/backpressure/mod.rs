@@ -28,6 +28,7 @@
 //! bounded (queue timeout, `redis.timeout_ms`).
 
 pub mod buffers;
+pub mod provider;
 pub mod redis;
 pub mod status;
 pub mod tenant;

@@ -259,6 +259,9 @@ pub struct Provider {
     /// `providers.<id>.stream_usage`: ask for the final usage of a Chat Completions stream
     /// (`stream_options.include_usage`).
     pub stream_usage: bool,
+    /// `providers.<id>.max_concurrent_requests`: most requests in flight to it at once
+    /// (`None`: no cap of its own); see [`crate::backpressure::provider`].
+    pub max_concurrent_requests: Option<usize>,
 }
 
 /// A standard model: what clients ask for and see.

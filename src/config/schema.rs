@@ -180,7 +180,12 @@ pub struct ServerSection {
     /// Optional cap on one stream's total duration, ms (default: none).
     #[serde(default)]
     pub max_stream_duration_ms: Option<u64>,
-    /// Global cap on concurrent upstream requests (default 1024).
+    /// Global cap on concurrent upstream requests. Default: derived from the process's
+    /// open-file limit, `(RLIMIT_NOFILE soft - 256) / 2` and at least 64 (each stream holds
+    /// a downstream and an upstream socket; 256 descriptors are kept for listeners, logs,
+    /// the ledger, Redis and pooled connections). Sluice raises its soft limit to the hard
+    /// limit at start, so under the shipped systemd unit (`LimitNOFILE=1048576`) the cap
+    /// is about 524,000 and memory, not descriptors, is the bound. See [`crate::fd_limit`].
     #[serde(default = "default_max_concurrent_upstream_requests")]
     pub max_concurrent_upstream_requests: usize,
     /// Requests that may wait for a slot once the cap is reached (default 256).
@@ -524,6 +529,12 @@ pub struct ProviderSection {
     /// itself. Ignored by other provider kinds, whose streams always carry usage.
     #[serde(default = "default_true")]
     pub stream_usage: bool,
+    /// Most requests in flight to this provider at once, over all its routes and across
+    /// reloads (default: no cap of its own). A route whose provider is full is skipped as
+    /// if it failed before the first byte (`provider_capacity`); when every candidate is
+    /// full the client gets 503 with `Retry-After`.
+    #[serde(default)]
+    pub max_concurrent_requests: Option<usize>,
     /// PEM file of the CA certificates this provider's TLS certificate is verified against,
     /// instead of the system store (a private provider); relative to this file's folder.
     /// Only for an `https` `base_url`.
@@ -743,7 +754,7 @@ fn default_shutdown_grace_ms() -> u64 {
     30_000
 }
 fn default_max_concurrent_upstream_requests() -> usize {
-    1024
+    crate::fd_limit::derived_upstream_cap()
 }
 fn default_queue_size() -> usize {
     256

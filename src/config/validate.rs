@@ -211,6 +211,25 @@ pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
             ));
         }
     }
+    let cap = cfg.server.max_concurrent_upstream_requests;
+    if let Some(soft) = crate::fd_limit::nofile_soft_limit() {
+        let derived = crate::fd_limit::cap_for(soft);
+        if cap > derived {
+            let text = std::fs::read_to_string(&cfg.source_path).ok();
+            out.push(ConfigError::at(
+                &cfg.source_path,
+                text.as_deref(),
+                "server.max_concurrent_upstream_requests",
+                format!(
+                    "{cap} streams need about {} file descriptors and the open-file limit is \
+                     {soft}: past {derived} streams, accept and connect fail with EMFILE \
+                     instead of a 503 (raise LimitNOFILE / ulimit -n, or leave the key out \
+                     to derive the cap from the limit)",
+                    cap as u64 * crate::fd_limit::FDS_PER_STREAM + crate::fd_limit::RESERVED_FDS
+                ),
+            ));
+        }
+    }
     let admin = &cfg.server.admin_listen;
     if admin
         .parse::<std::net::SocketAddr>()
@@ -423,8 +442,16 @@ fn build_provider(
         health_check,
         health,
         stream_usage,
+        max_concurrent_requests,
         ca_file,
     } = p;
+    if max_concurrent_requests == Some(0) {
+        return Err(sources.err(
+            fidx,
+            &key("max_concurrent_requests"),
+            "must be at least 1 (leave it out for no cap)",
+        ));
+    }
     let endpoint = match (kind, base_url) {
         (ProviderKind::Demo, None) => None,
         (ProviderKind::Demo, Some(_)) => {
@@ -563,6 +590,7 @@ fn build_provider(
         health_check,
         passive_health,
         stream_usage,
+        max_concurrent_requests,
     })
 }
 

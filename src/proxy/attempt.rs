@@ -31,6 +31,7 @@ use super::respond;
 pub use super::upstream::ClientGone;
 use super::upstream::{client_gone, failed, Attempt, MAX_ERROR_BODY_BYTES};
 use super::{pump, unary};
+use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Provider, Route};
 use crate::error::{parse_retry_after, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
@@ -54,10 +55,23 @@ pub async fn run(
     let mut last_error: Option<GatewayError> = None;
     let mut previous: Option<(String, &'static str)> = None;
     for cand in candidates {
+        let route = cand.route;
+        // A provider at its own cap (`max_concurrent_requests`) is skipped, its health
+        // untouched: full is not failing.
+        let _provider_slot = match provider_cap::try_take(&route.provider) {
+            provider_cap::ProviderAdmission::Full => {
+                if last_error.is_none() {
+                    last_error = Some(provider_full(route));
+                }
+                previous = Some((route.provider.id.clone(), "provider_capacity"));
+                continue;
+            }
+            provider_cap::ProviderAdmission::Slot(slot) => Some(slot),
+            provider_cap::ProviderAdmission::Uncapped => None,
+        };
         if !cand.health.admit() {
             continue;
         }
-        let route = cand.route;
         if let Some((from, reason)) = previous.take() {
             metrics()
                 .fallback_total
@@ -170,12 +184,35 @@ pub async fn run(
             }
         }
     }
+    if let Some(GatewayError::Overloaded {
+        reason: "provider_capacity",
+        ..
+    }) = &last_error
+    {
+        metrics()
+            .rejected_total
+            .with_label_values(&["provider_capacity"])
+            .inc();
+    }
     let err = last_error.unwrap_or_else(|| GatewayError::NoRoute {
         message: format!("no healthy provider for model `{}` right now", model.id),
         retry_after: None,
     });
     let _ = respond::write_error(session, ctx, &err).await;
     Ok(())
+}
+
+/// The 503 of a request whose candidates' providers are all at their
+/// `max_concurrent_requests` (the client may retry at once: places free up as streams end).
+fn provider_full(route: &Route) -> GatewayError {
+    GatewayError::Overloaded {
+        message: format!(
+            "provider `{}` is at its limit of concurrent requests; retry shortly",
+            route.provider.id
+        ),
+        reason: "provider_capacity",
+        retry_after: Duration::from_secs(1),
+    }
 }
 
 /// Serializes the request for the route's provider: as is (only `model` replaced) when

@@ -280,6 +280,7 @@ mod tests {
                 ..PassiveHealth::default()
             },
             stream_usage: true,
+            max_concurrent_requests: None,
         })
     }
 

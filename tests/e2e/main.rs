@@ -7,6 +7,7 @@ mod api;
 mod backpressure;
 mod budget;
 mod cancellation;
+mod capacity;
 mod cli_key;
 mod client_compat;
 mod config_check;
