@@ -9,9 +9,13 @@
 //!
 //! Each N gets a fresh `sluice` and `sluice-mock-upstream` (built with the bench profile,
 //! i.e. release optimizations). The bench raises its own and its children's
-//! `RLIMIT_NOFILE` soft limit to the hard limit (by re-executing itself under
-//! `sh -c 'ulimit -n …'`). Sluice needs two sockets per stream (downstream + upstream), so
-//! N is capped at `(hard limit − 128) / 2`; the cap is reported when it applies. Every
+//! `RLIMIT_NOFILE`: the hard limit to 65,536 where it is lower and the bench may (root or
+//! `CAP_SYS_RESOURCE`), then the soft limit to the hard one, by re-executing itself under
+//! `sh -c 'ulimit -H -n 65536; ulimit -n …'`. Sluice runs on its **default** config: no
+//! `max_concurrent_upstream_requests`, so its cap is the one it derives from that limit,
+//! `(limit − 256) / 2` (32,640 at 65,536). Sluice needs two sockets per stream (downstream +
+//! upstream), so N is capped at `(hard limit − 256) / 2`; the cap is reported when it
+//! applies. Every
 //! phase has a deadline; everything runs on 127.0.0.1.
 //!
 //! RSS per stream = (Sluice RSS with N streams held − RSS after a warm-up) / N, sampled for
@@ -46,7 +50,7 @@ const RAMP_CONCURRENCY: usize = 200;
 /// Deadline for opening all streams of one N.
 const RAMP_DEADLINE: Duration = Duration::from_secs(240);
 /// Fds Sluice needs besides its stream sockets (listeners, epoll, eventfds, log, ...).
-const FD_RESERVE: u64 = 128;
+const FD_RESERVE: u64 = 256;
 
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs this binary without it:
@@ -104,12 +108,17 @@ fn main() {
     }
 }
 
-/// Re-runs this binary under `sh` with the soft fd limit raised to the hard limit.
+/// Re-runs this binary under `sh` with the hard fd limit raised to 65,536 where it is lower
+/// and the process may (root, or `CAP_SYS_RESOURCE`), then the soft limit to the hard one.
 fn reexec_with_raised_nofile() {
     let exe = std::env::current_exe().expect("current exe");
     let status = Command::new("sh")
         .arg("-c")
-        .arg("ulimit -n \"$(ulimit -H -n)\" 2>/dev/null; exec \"$0\" \"$@\"")
+        .arg(
+            "h=$(ulimit -H -n); \
+             if [ \"$h\" != unlimited ] && [ \"$h\" -lt 65536 ]; then ulimit -H -n 65536 2>/dev/null; fi; \
+             ulimit -n \"$(ulimit -H -n)\" 2>/dev/null; exec \"$0\" \"$@\"",
+        )
         .arg(exe)
         .args(std::env::args_os().skip(1))
         .env("SLUICE_BENCH_CHILD", "1")
@@ -209,7 +218,7 @@ fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
-fn start(n: usize) -> Result<(Procs, std::net::SocketAddr), String> {
+fn start() -> Result<(Procs, std::net::SocketAddr), String> {
     let mut mock = Command::new(env!("CARGO_BIN_EXE_sluice-mock-upstream"))
         .args(["--listen", "127.0.0.1:0", "--behavior", "{}"])
         .env("RUST_LOG", "error")
@@ -235,12 +244,10 @@ fn start(n: usize) -> Result<(Procs, std::net::SocketAddr), String> {
     let port = free_port();
     let admin = free_port();
     let cfg = format!(
-        "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 2\n  \
-         max_concurrent_upstream_requests: {cap}\n\
+        "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 2\n\
          tenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\n\
          providers:\n  p1:\n    kind: openai\n    base_url: http://{mock_addr}/v1\n    api_key: sk-p1\n    health_check: {{enabled: false}}\n\
          models:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
-        cap = n + 16
     );
     let path = dir.0.join("sluice.yaml");
     std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
@@ -334,7 +341,7 @@ async fn hold_stream(
 }
 
 fn run_one(n: usize) -> Result<Row, String> {
-    let (mut procs, addr) = start(n)?;
+    let (mut procs, addr) = start()?;
     let pid = procs.sluice.id();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
