@@ -262,6 +262,9 @@ pub struct Provider {
     /// `providers.<id>.max_concurrent_requests`: most requests in flight to it at once
     /// (`None`: no cap of its own); see [`crate::backpressure::provider`].
     pub max_concurrent_requests: Option<usize>,
+    /// `providers.<id>.api_version`: Azure OpenAI's `api-version` query parameter (set for
+    /// `azure_openai`, `None` for every other kind).
+    pub api_version: Option<String>,
 }
 
 /// A standard model: what clients ask for and see.

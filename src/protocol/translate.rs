@@ -3,7 +3,7 @@
 
 use bytes::BytesMut;
 
-use super::{chat, messages, responses, Dialect, ErrorKind, ProtocolError, Usage};
+use super::{chat, gemini, messages, responses, Dialect, ErrorKind, ProtocolError, Usage};
 
 /// What a client stream encoder needs besides the events.
 #[derive(Debug, Clone)]
@@ -21,6 +21,7 @@ pub struct StreamOptions {
 enum Decoder {
     Chat(chat::StreamDecoder),
     Messages(messages::StreamDecoder),
+    Gemini(gemini::StreamDecoder),
 }
 
 #[derive(Debug)]
@@ -61,10 +62,14 @@ impl StreamTranslator {
         let decoder = match upstream {
             Dialect::ChatCompletions => Decoder::Chat(chat::StreamDecoder::new()),
             Dialect::Messages => Decoder::Messages(messages::StreamDecoder::new()),
+            Dialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::new()),
             Dialect::Responses => return None,
         };
         let encoder = match client {
-            Dialect::ChatCompletions => Encoder::Chat(chat::StreamEncoder::new(opts)),
+            // Gemini is no client dialect; a Chat stream is the nearest.
+            Dialect::ChatCompletions | Dialect::Gemini => {
+                Encoder::Chat(chat::StreamEncoder::new(opts))
+            }
             Dialect::Messages => Encoder::Messages(messages::StreamEncoder::new(opts)),
             Dialect::Responses => Encoder::Responses(responses::StreamEncoder::new(opts)),
         };
@@ -118,6 +123,7 @@ impl StreamTranslator {
         match &mut self.decoder {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),
             Decoder::Messages(d) => d.decode(event, data, &mut emit),
+            Decoder::Gemini(d) => d.decode(event, data, &mut emit),
         }
     }
 

@@ -277,11 +277,11 @@ async fn attempt(
             return failed(route, AttemptFailure::Connect, m, err);
         }
     };
-    let path = providers::chat_path(provider.kind);
+    let path = providers::request_path(provider, &route.upstream_model, req.stream);
     let head = match providers::request_head(
         provider,
         &target,
-        path,
+        &path,
         body.len(),
         req.stream,
         &ctx.request_id,
@@ -541,6 +541,7 @@ async fn upstream_error(
         }
     }
     up.shutdown().await;
+    let status = providers::error_status(provider, status, &body);
     let err = normalize_upstream_error(provider, status, &body, retry_after, client);
     if retryable_status(status) {
         failed(
