@@ -236,6 +236,14 @@ pub struct Behavior {
     /// `input_tokens` counting only the rest; OpenAI-compatible answers have no such field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_write_tokens: Option<u64>,
+    /// The provider key the cloud APIs accept (Azure `api-key`, Gemini `x-goog-api-key`):
+    /// another key gets the provider's rejection (Azure 401, Gemini 400 `API_KEY_INVALID`).
+    /// Unset: any non-empty key is accepted (a missing one is still rejected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// Azure OpenAI: answer the `content_filter` 400 (the prompt was filtered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_filter: Option<bool>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -340,6 +348,8 @@ impl Behavior {
             signature,
             cached_tokens,
             cache_write_tokens,
+            api_key,
+            content_filter,
         )
     }
 

@@ -10,6 +10,7 @@ mod cancellation;
 mod capacity;
 mod cli_key;
 mod client_compat;
+mod cloud_providers;
 mod config_check;
 mod count_tokens;
 mod demo;
