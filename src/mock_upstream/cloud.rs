@@ -219,7 +219,143 @@ impl serde_json::ser::Formatter for GoogleLine {
     }
 }
 
-fn line(v: &Value) -> String {
+/// A `GenerateContentResponse` in Google's member order (serde keeps struct order; a
+/// `serde_json::Map` would sort the names).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    candidates: [CandidateOut<'a>; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_metadata: Option<UsageOut>,
+    model_version: &'a str,
+    response_id: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CandidateOut<'a> {
+    content: ContentOut<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finish_reason: Option<&'a str>,
+    index: u32,
+}
+
+#[derive(Serialize)]
+struct ContentOut<'a> {
+    parts: Vec<PartOut<'a>>,
+    role: &'static str,
+}
+
+#[derive(Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PartOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thought: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    function_call: Option<CallOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct CallOut<'a> {
+    name: &'a str,
+    args: Value,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageOut {
+    prompt_token_count: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidates_token_count: Option<u64>,
+    total_token_count: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_content_token_count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<[ModalityOut; 1]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thoughts_token_count: Option<u64>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ModalityOut {
+    modality: &'static str,
+    token_count: u64,
+}
+
+/// `usageMetadata` after `output` content tokens (thoughts counted apart).
+fn gemini_usage(m: &ReplyMeta, output: u64) -> UsageOut {
+    let thoughts = m.extras.reasoning.len() as u64;
+    UsageOut {
+        prompt_token_count: m.prompt_tokens,
+        candidates_token_count: Some(output.saturating_sub(thoughts)),
+        total_token_count: m.prompt_tokens + output,
+        cached_content_token_count: m.cached_tokens,
+        prompt_tokens_details: Some([ModalityOut {
+            modality: "TEXT",
+            token_count: m.prompt_tokens,
+        }]),
+        thoughts_token_count: (thoughts > 0).then_some(thoughts),
+    }
+}
+
+/// The running usage of a chunk before the end: the prompt only, as Gemini reports it.
+fn prompt_usage(m: &ReplyMeta) -> UsageOut {
+    UsageOut {
+        prompt_token_count: m.prompt_tokens,
+        candidates_token_count: None,
+        total_token_count: m.prompt_tokens,
+        cached_content_token_count: None,
+        prompt_tokens_details: None,
+        thoughts_token_count: None,
+    }
+}
+
+/// One `GenerateContentResponse` with `parts`, optionally a finish reason and usage.
+fn gemini_chunk<'a>(
+    m: &'a ReplyMeta,
+    parts: Vec<PartOut<'a>>,
+    finish: bool,
+    usage: UsageOut,
+) -> ResponseOut<'a> {
+    ResponseOut {
+        candidates: [CandidateOut {
+            content: ContentOut {
+                parts,
+                role: "model",
+            },
+            finish_reason: finish.then_some(m.finish_reason.as_str()),
+            index: 0,
+        }],
+        usage_metadata: m.usage_chunk.then_some(usage),
+        model_version: &m.model,
+        response_id: &m.id,
+    }
+}
+
+fn call_part(call: &ToolCallOut) -> PartOut<'_> {
+    let args: Value =
+        serde_json::from_str(&call.arguments).unwrap_or_else(|_| Value::Object(Default::default()));
+    PartOut {
+        function_call: Some(CallOut {
+            name: &call.name,
+            args,
+        }),
+        ..PartOut::default()
+    }
+}
+
+fn text_part(text: &str, thought: bool) -> PartOut<'_> {
+    PartOut {
+        text: Some(text),
+        thought: thought.then_some(true),
+        ..PartOut::default()
+    }
+}
+
+fn line<T: Serialize>(v: &T) -> String {
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::with_formatter(&mut out, GoogleLine);
     if v.serialize(&mut ser).is_err() {
@@ -228,68 +364,17 @@ fn line(v: &Value) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-fn pretty(v: &Value) -> String {
+fn pretty<T: Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
-}
-
-/// `usageMetadata` after `output` content tokens (thoughts counted apart).
-fn gemini_usage(m: &ReplyMeta, output: u64) -> Value {
-    let thoughts = m.extras.reasoning.len() as u64;
-    let candidates = output.saturating_sub(thoughts);
-    let mut u = json!({
-        "promptTokenCount": m.prompt_tokens,
-        "candidatesTokenCount": candidates,
-        "totalTokenCount": m.prompt_tokens + output,
-    });
-    if let Some(c) = m.cached_tokens {
-        u["cachedContentTokenCount"] = c.into();
-    }
-    if thoughts > 0 {
-        u["thoughtsTokenCount"] = thoughts.into();
-    }
-    u["promptTokensDetails"] = json!([{"modality": "TEXT", "tokenCount": m.prompt_tokens}]);
-    u
-}
-
-/// One `GenerateContentResponse` with `parts`, optionally a finish reason and usage.
-fn gemini_chunk(m: &ReplyMeta, parts: Value, finish: bool, usage: Option<Value>) -> Value {
-    let mut candidate = json!({"content": {"parts": parts, "role": "model"}});
-    if finish {
-        candidate["finishReason"] = m.finish_reason.as_str().into();
-    }
-    candidate["index"] = 0.into();
-    let mut v = json!({"candidates": [candidate]});
-    if let Some(u) = usage.filter(|_| m.usage_chunk) {
-        v["usageMetadata"] = u;
-    }
-    v["modelVersion"] = m.model.as_str().into();
-    v["responseId"] = m.id.as_str().into();
-    v
-}
-
-fn call_part(call: &ToolCallOut) -> Value {
-    let args: Value =
-        serde_json::from_str(&call.arguments).unwrap_or_else(|_| Value::Object(Default::default()));
-    json!({"functionCall": {"name": call.name, "args": args}})
-}
-
-/// The running usage of a chunk before the end: the prompt only, as Gemini reports it.
-fn prompt_usage(m: &ReplyMeta) -> Value {
-    json!({"promptTokenCount": m.prompt_tokens, "totalTokenCount": m.prompt_tokens})
 }
 
 /// A stream chunk with one text part (`thought`: a reasoning part).
 pub(crate) fn gemini_text_chunk(m: &ReplyMeta, text: &str, thought: bool) -> String {
-    let part = if thought {
-        json!({"text": text, "thought": true})
-    } else {
-        json!({"text": text})
-    };
     line(&gemini_chunk(
         m,
-        json!([part]),
+        vec![text_part(text, thought)],
         false,
-        Some(prompt_usage(m)),
+        prompt_usage(m),
     ))
 }
 
@@ -297,9 +382,9 @@ pub(crate) fn gemini_text_chunk(m: &ReplyMeta, text: &str, thought: bool) -> Str
 pub(crate) fn gemini_call_chunk(m: &ReplyMeta, call: &ToolCallOut) -> String {
     line(&gemini_chunk(
         m,
-        json!([call_part(call)]),
+        vec![call_part(call)],
         false,
-        Some(prompt_usage(m)),
+        prompt_usage(m),
     ))
 }
 
@@ -308,34 +393,61 @@ pub(crate) fn gemini_call_chunk(m: &ReplyMeta, call: &ToolCallOut) -> String {
 pub(crate) fn gemini_finish_chunk(m: &ReplyMeta, sent: u64) -> String {
     line(&gemini_chunk(
         m,
-        json!([{"text": ""}]),
+        vec![text_part("", false)],
         true,
-        Some(gemini_usage(m, sent)),
+        gemini_usage(m, sent),
     ))
 }
 
 /// A whole non-stream `GenerateContentResponse`: reasoning (a `thought` part), text, one
 /// part per function call.
 pub(crate) fn gemini_response(m: &ReplyMeta, text: &str, output_tokens: u64) -> String {
+    let reasoning = m.extras.reasoning.concat();
     let mut parts = Vec::new();
-    if !m.extras.reasoning.is_empty() {
-        parts.push(json!({"text": m.extras.reasoning.concat(), "thought": true}));
+    if !reasoning.is_empty() {
+        parts.push(text_part(&reasoning, true));
     }
     if !text.is_empty() || m.extras.tool_calls.is_empty() {
-        parts.push(json!({"text": text}));
+        parts.push(text_part(text, false));
     }
     parts.extend(m.extras.tool_calls.iter().map(call_part));
     pretty(&gemini_chunk(
         m,
-        Value::Array(parts),
+        parts,
         true,
-        Some(gemini_usage(m, output_tokens)),
+        gemini_usage(m, output_tokens),
     ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_keep_googles_member_order() {
+        let m = ReplyMeta {
+            provider: super::super::wire::Provider::Gemini,
+            id: "r1".into(),
+            created: 0,
+            model: "gemini-x".into(),
+            prompt_tokens: 2,
+            cached_tokens: None,
+            cache_write_tokens: 0,
+            finish_reason: "STOP".into(),
+            include_usage: false,
+            usage_chunk: true,
+            extras: super::super::wire::Extras::default(),
+            azure: false,
+        };
+        assert_eq!(
+            gemini_finish_chunk(&m, 3),
+            concat!(
+                r#"{"candidates": [{"content": {"parts": [{"text": ""}],"role": "model"},"finishReason": "STOP","index": 0}],"#,
+                r#""usageMetadata": {"promptTokenCount": 2,"candidatesTokenCount": 3,"totalTokenCount": 5,"promptTokensDetails": [{"modality": "TEXT","tokenCount": 2}]},"#,
+                r#""modelVersion": "gemini-x","responseId": "r1"}"#
+            )
+        );
+    }
 
     #[test]
     fn google_json_lines_have_a_space_after_names() {

@@ -1110,3 +1110,5 @@ async fn anthropic_token_count_is_deterministic_recorded_and_refuses_generation_
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["message"], "messages: Field required");
 }
+
+mod cloud;

@@ -61,7 +61,7 @@ pub(crate) fn push_segment(out: &mut String, s: &str) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -81,5 +81,50 @@ mod tests {
         assert!(valid_api_version("2024-10-21"));
         assert!(!valid_api_version(""));
         assert!(!valid_api_version("2024&x=1"));
+    }
+
+    /// A config with one provider of `section` (indented under `providers.p`).
+    pub(crate) fn config(
+        section: &str,
+    ) -> Result<crate::config::Config, crate::config::ConfigError> {
+        let yaml = format!(
+            "server:\n  listen: 127.0.0.1:8080\n  admin_listen: 127.0.0.1:9090\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: sk-sluice-cloud-0001\n    tenant: t\nproviders:\n  p:\n{section}models:\n  m:\n    routes:\n      - provider: p\n        upstream_model: u\n"
+        );
+        crate::config::Config::parse(std::path::Path::new("sluice.yaml"), &yaml)
+    }
+
+    #[test]
+    fn the_config_contract_needs_api_version_and_probes_the_model_list() {
+        let c = config(
+            "    kind: azure_openai\n    base_url: https://my-resource.openai.azure.com\n    api_version: \"2024-10-21\"\n    api_key: k\n",
+        )
+        .expect("valid");
+        let p = &c.providers["p"];
+        assert_eq!(p.api_version.as_deref(), Some("2024-10-21"));
+        assert_eq!(
+            p.health_check.as_ref().map(|h| h.path.as_str()),
+            Some("/openai/models?api-version=2024-10-21")
+        );
+        assert_eq!(
+            super::super::request_path(p, "gpt4o-prod", true),
+            "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
+        );
+        for (section, key) in [
+            (
+                "    kind: azure_openai\n    base_url: https://r.openai.azure.com\n    api_key: k\n",
+                "providers.p",
+            ),
+            (
+                "    kind: azure_openai\n    base_url: https://r.openai.azure.com\n    api_version: \"x&y\"\n",
+                "providers.p.api_version",
+            ),
+            (
+                "    kind: openai\n    base_url: https://api.openai.com/v1\n    api_version: \"2024-10-21\"\n",
+                "providers.p.api_version",
+            ),
+        ] {
+            let e = config(section).expect_err(section);
+            assert_eq!(e.key_path, key, "{section}: {e}");
+        }
     }
 }

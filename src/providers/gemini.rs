@@ -60,4 +60,24 @@ mod tests {
         ));
         assert!(!key_rejected(br#"{"error":{"code":400}}"#));
     }
+
+    #[test]
+    fn base_url_defaults_to_the_gemini_api() {
+        let c = super::super::azure::tests::config("    kind: gemini\n    api_key: k\n")
+            .expect("valid");
+        let p = &c.providers["p"];
+        let ep = p.endpoint.as_ref().expect("endpoint");
+        assert_eq!(
+            (ep.host.as_str(), ep.port, ep.tls, ep.base_path.as_str()),
+            ("generativelanguage.googleapis.com", 443, true, "/v1beta")
+        );
+        assert_eq!(
+            p.health_check.as_ref().map(|h| h.path.as_str()),
+            Some("/models")
+        );
+        assert_eq!(
+            super::super::request_path(p, "gemini-2.5-pro", false),
+            "/models/gemini-2.5-pro:generateContent"
+        );
+    }
 }

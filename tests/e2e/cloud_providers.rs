@@ -635,3 +635,65 @@ fn gemini_reasoning_and_usage_classes_are_metered() {
         assert_eq!(a["provider"], "gm", "{a}");
     }
 }
+
+#[test]
+fn health_probes_ask_each_kind_for_its_model_list() {
+    let mock = Mock::start(&json!({"api_key": CLOUD_KEY}).to_string());
+    let url = format!("http://{}", mock.addr);
+    let sluice = Sluice::start(&format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  az:\n    kind: azure_openai\n    base_url: {url}\n    api_version: \"2024-10-21\"\n    api_key: {CLOUD_KEY}\n    health_check: {{interval_ms: 200}}\n  gm:\n    kind: gemini\n    base_url: {url}/v1beta\n    api_key: {CLOUD_KEY}\n    health_check: {{interval_ms: 200}}\nmodels:\n  acme/az:\n    routes:\n      - {{provider: az, upstream_model: gpt4o-prod}}\n  acme/gem:\n    routes:\n      - {{provider: gm, upstream_model: gemini-2.5-flash}}\n"
+    ));
+    let probed = |log: &[Value], path: &str, header: &str| {
+        log.iter().any(|r| {
+            r["method"] == "GET"
+                && r["path"] == path
+                && r["status"] == 200
+                && r["all_headers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|h| h[0] == header && h[1] == CLOUD_KEY)
+        })
+    };
+    let log = mock.wait_log(Duration::from_secs(10), |log| {
+        probed(log, "/openai/models?api-version=2024-10-21", "api-key")
+            && probed(log, "/v1beta/models", "x-goog-api-key")
+    });
+    assert!(
+        probed(&log, "/openai/models?api-version=2024-10-21", "api-key"),
+        "{log:?}"
+    );
+    assert!(probed(&log, "/v1beta/models", "x-goog-api-key"), "{log:?}");
+    // Both stay healthy: traffic flows.
+    let r = sluice.chat(r#"{"model":"acme/gem","messages":[{"role":"user","content":"hi"}]}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn images_go_inline_to_gemini_and_url_images_are_refused_in_the_clients_dialect() {
+    let (good, _bad, sluice) = start(&json!({"api_key": CLOUD_KEY}), &json!({}));
+    let body = json!({"model": "acme/gem", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});
+    let (status, _, bytes) = send(&sluice, Client::Chat, &body, "img");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let log = good.log();
+    let sent: Value = serde_json::from_str(log[0]["body"].as_str().expect("body")).expect("JSON");
+    assert_eq!(
+        sent["contents"][0]["parts"][1],
+        json!({"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}}),
+        "{sent}"
+    );
+    let body = json!({"model": "acme/gem", "max_tokens": 50, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}]});
+    let (status, _, bytes) = send(&sluice, Client::Messages, &body, "img-url");
+    let v: Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(
+        good.log().len(),
+        1,
+        "a refused request never reaches the provider"
+    );
+}

@@ -34,6 +34,7 @@ mod reload;
 mod retry;
 mod routing;
 mod sdk;
+mod sdk_cloud;
 mod sdk_dialects;
 mod shutdown;
 mod slow_reader;
