@@ -31,9 +31,11 @@ pub(crate) const AZURE_FILTER_RESULTS: &str = concat!(
     r#""violence":{"filtered":false,"severity":"safe"}}"#
 );
 
-/// Whether a request addresses Azure OpenAI (`/openai/deployments/...`, `/openai/models`).
+/// Whether a request addresses Azure OpenAI (`/openai/deployments/...`, `/openai/models`;
+/// an OpenAI-compatible prefix such as `/openai/v1/...` is not Azure).
 pub(crate) fn is_azure(req: &Request) -> bool {
-    req.path().starts_with("/openai/")
+    let path = req.path();
+    path.starts_with("/openai/deployments/") || path.trim_end_matches('/') == "/openai/models"
 }
 
 /// The first chunk of an Azure stream: the prompt's filter results, no choices.

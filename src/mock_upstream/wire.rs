@@ -46,7 +46,7 @@ pub(crate) struct ReplyMeta {
     pub usage_chunk: bool,
     /// Reasoning and tool calls of the answer (`reasoning`, `tool_calls` knobs).
     pub extras: Extras,
-    /// An Azure OpenAI request (`/openai/...`): OpenAI's format with Azure's content-filter
+    /// An Azure OpenAI request (`/openai/deployments/...`): OpenAI's format with Azure's content-filter
     /// annotations.
     pub azure: bool,
 }
