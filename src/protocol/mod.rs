@@ -44,6 +44,8 @@
 //! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget (low 1024, medium 8192, high 24576, capped below `max_tokens`); temperature above 1 is clamped to 1; unsigned reasoning in history | `response_format`/`text.format` other than `text` (no equivalent) |
 //! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
 //! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
+//! | canonical → Gemini (upstream) | reasoning history and signatures (Gemini's `thoughtSignature` has no canonical carrier), `parallel_tool_calls`, `user`, a tool's `strict`, document `title`; `reasoning` becomes `thinkingConfig.thinkingBudget` (disabled: 0) | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
+//! | Gemini upstream → client | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — |
 //! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
 #![warn(missing_docs)]
 

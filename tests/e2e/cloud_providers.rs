@@ -697,3 +697,31 @@ fn images_go_inline_to_gemini_and_url_images_are_refused_in_the_clients_dialect(
         "a refused request never reaches the provider"
     );
 }
+
+#[test]
+fn a_client_that_goes_away_mid_stream_closes_the_cloud_stream() {
+    let (good, _bad, sluice) = start(
+        &json!({"tokens": 500, "token_delay_ms": 20, "api_key": CLOUD_KEY}),
+        &json!({}),
+    );
+    for (i, model) in ["acme/gem", "acme/az"].into_iter().enumerate() {
+        let owned = Client::Chat.headers("abort");
+        let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut r = StreamReader::open(
+            sluice.addr,
+            Client::Chat.path(),
+            &headers,
+            &Client::Chat.body(model, true).to_string(),
+        );
+        assert_eq!(r.status, 200, "{model}");
+        let first = r.read_until(b"tok2 ", Duration::from_secs(5));
+        assert!(String::from_utf8_lossy(&first).contains("tok2 "), "{model}");
+        r.close();
+        let log = good.wait_log(Duration::from_secs(5), |log| {
+            log.get(i).is_some_and(|r| r["peer_closed_at_ms"].is_u64())
+        });
+        let rec = &log[i];
+        assert!(rec["peer_closed_at_ms"].is_u64(), "{model}: {rec}");
+        assert_eq!(rec["completed"], false, "{model}: {rec}");
+    }
+}
