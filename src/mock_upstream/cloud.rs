@@ -257,6 +257,8 @@ struct PartOut<'a> {
     thought: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     function_call: Option<CallOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thought_signature: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -337,7 +339,9 @@ fn gemini_chunk<'a>(
     }
 }
 
-fn call_part(call: &ToolCallOut) -> PartOut<'_> {
+/// A function-call part with its `thoughtSignature` (thinking models sign every call
+/// part): standard base64, as Google's, derived from the response id and the call.
+fn call_part<'a>(m: &ReplyMeta, i: usize, call: &'a ToolCallOut) -> PartOut<'a> {
     let args: Value =
         serde_json::from_str(&call.arguments).unwrap_or_else(|_| Value::Object(Default::default()));
     PartOut {
@@ -345,8 +349,15 @@ fn call_part(call: &ToolCallOut) -> PartOut<'_> {
             name: &call.name,
             args,
         }),
+        thought_signature: Some(thought_signature(m, i)),
         ..PartOut::default()
     }
+}
+
+/// The mock's `thoughtSignature` of call `i`: base64 alphabet with `+`, `/` and padding.
+pub(crate) fn thought_signature(m: &ReplyMeta, i: usize) -> String {
+    let hex: String = m.id.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("CiQB{hex}+/{i}w==")
 }
 
 fn text_part(text: &str, thought: bool) -> PartOut<'_> {
@@ -381,10 +392,10 @@ pub(crate) fn gemini_text_chunk(m: &ReplyMeta, text: &str, thought: bool) -> Str
 }
 
 /// A stream chunk with one whole function call (Gemini sends calls whole).
-pub(crate) fn gemini_call_chunk(m: &ReplyMeta, call: &ToolCallOut) -> String {
+pub(crate) fn gemini_call_chunk(m: &ReplyMeta, i: usize, call: &ToolCallOut) -> String {
     line(&gemini_chunk(
         m,
-        vec![call_part(call)],
+        vec![call_part(m, i, call)],
         false,
         prompt_usage(m),
     ))
@@ -412,7 +423,13 @@ pub(crate) fn gemini_response(m: &ReplyMeta, text: &str, output_tokens: u64) -> 
     if !text.is_empty() || m.extras.tool_calls.is_empty() {
         parts.push(text_part(text, false));
     }
-    parts.extend(m.extras.tool_calls.iter().map(call_part));
+    parts.extend(
+        m.extras
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| call_part(m, i, c)),
+    );
     pretty(&gemini_chunk(
         m,
         parts,

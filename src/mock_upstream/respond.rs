@@ -707,8 +707,8 @@ fn structured_events(
         for t in text {
             queue.push_back(Ev::token(None, cloud::gemini_text_chunk(m, t, false)));
         }
-        for call in &x.tool_calls {
-            queue.push_back(Ev::token(None, cloud::gemini_call_chunk(m, call)));
+        for (i, call) in x.tool_calls.iter().enumerate() {
+            queue.push_back(Ev::token(None, cloud::gemini_call_chunk(m, i, call)));
         }
         return 0;
     }

@@ -431,6 +431,30 @@ fn tool_calls_go_both_ways_for_both_kinds() {
         "{sent}"
     );
 
+    // A thinking model's call comes back with its `thoughtSignature` (carried in the id).
+    let body = json!({"model": "acme/gem", "tools": tools,
+        "messages": [{"role": "user", "content": "weather in Paris?"}]});
+    let (_, _, bytes) = send(&sluice, Client::Chat, &body, "sig-1");
+    let v: Value = serde_json::from_slice(&bytes).expect("JSON");
+    let call = v["choices"][0]["message"]["tool_calls"][0].clone();
+    let id = call["id"].as_str().expect("call id").to_string();
+    good.reset();
+    let body = json!({"model": "acme/gem", "tools": tools, "messages": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": id, "content": "sunny"}]});
+    let (status, _, bytes) = send(&sluice, Client::Chat, &body, "sig-2");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let log = good.log();
+    let sent: Value = serde_json::from_str(log[0]["body"].as_str().expect("body")).expect("JSON");
+    let sig = sent["contents"][1]["parts"][0]["thoughtSignature"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        sig.starts_with("CiQB") && sig.ends_with("+/0w=="),
+        "{id} → {sent}"
+    );
+
     // A Messages client gets `tool_use` blocks from Gemini.
     let body = json!({"model": "acme/gem", "max_tokens": 100, "stream": true, "tools": [{"name": "get_weather",
         "input_schema": {"type": "object"}}], "messages": [{"role": "user", "content": "weather?"}]});

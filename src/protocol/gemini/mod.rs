@@ -24,9 +24,12 @@
 //!   "status": "RESOURCE_EXHAUSTED", "details": [...]}}`.
 //!
 //! Mapping notes: Gemini function calls carry no id (newer models may send one, which is
-//! kept); Sluice names them `call_<random>_<n>` and finds a tool result's function name
+//! kept); Sluice names them `call_<16 hex>_<n>` and finds a tool result's function name
 //! from the call with that id earlier in the conversation (`functionResponse` is matched
-//! by name). A tool result becomes `response: {"output": …}` (`{"error": …}` when the
+//! by name). A call's `thoughtSignature` (thinking models; Gemini 3 rejects a function-call
+//! turn sent back without it, <https://ai.google.dev/gemini-api/docs/thought-signatures>)
+//! travels inside the id, `call_<16 hex>_<n>_<signature in base64url>`, so every client
+//! dialect carries it back verbatim and the call gets it again. A tool result becomes `response: {"output": …}` (`{"error": …}` when the
 //! tool failed; a JSON object result is sent as is), as the `FunctionResponse` reference
 //! describes. Images and PDFs go inline (`inlineData`); a URL source is refused (the Gemini
 //! API fetches no http URLs). Reasoning history and thinking signatures are dropped.
@@ -195,7 +198,11 @@ fn part_json(
                 .ok()
                 .filter(Value::is_object)
                 .unwrap_or_else(|| Value::Object(Map::new()));
-            parts.push(json!({"functionCall": {"name": c.name, "args": args}}));
+            let mut part = json!({"functionCall": {"name": c.name, "args": args}});
+            if let Some(sig) = signature_of(&c.id) {
+                part["thoughtSignature"] = sig.into();
+            }
+            parts.push(part);
         }
         Part::ToolResult {
             call_id,
@@ -331,6 +338,8 @@ pub(crate) struct PartIn<'a> {
     pub(crate) thought: bool,
     #[serde(borrow, default)]
     pub(crate) function_call: Option<FunctionCallIn<'a>>,
+    #[serde(borrow, default)]
+    pub(crate) thought_signature: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -353,9 +362,59 @@ impl FunctionCallIn<'_> {
     }
 }
 
-/// A fresh tool-call id for call `n` of a response (Gemini sends none).
-pub(crate) fn new_call_id(n: u32) -> String {
-    format!("call_{:016x}_{n}", fastrand::u64(..))
+/// The tool-call id Sluice gives call `n` of a response: Gemini's own id when it sent one
+/// and no signature, else `call_<16 hex>_<n>`, with the call's `thoughtSignature` appended
+/// in base64url (`_<sig>`) when it has one (see the module docs).
+pub(crate) fn call_id(n: u32, own: Option<&str>, signature: Option<&str>) -> String {
+    let signature = signature.filter(|s| !s.is_empty());
+    if let (Some(id), None) = (own, signature) {
+        return id.to_string();
+    }
+    let mut id = format!("call_{:016x}_{n}", fastrand::u64(..));
+    if let Some(sig) = signature {
+        id.reserve(sig.len() + 1);
+        id.push('_');
+        for c in sig.chars() {
+            match c {
+                '+' => id.push('-'),
+                '/' => id.push('_'),
+                '=' => {}
+                c => id.push(c),
+            }
+        }
+    }
+    id
+}
+
+/// The `thoughtSignature` carried in a tool-call id made by [`call_id`] (standard base64,
+/// padding restored), `None` for any other id.
+pub(crate) fn signature_of(call_id: &str) -> Option<String> {
+    let rest = call_id.strip_prefix("call_")?;
+    let (hex, rest) = rest.split_once('_')?;
+    let (n, sig) = rest.split_once('_')?;
+    let ok = hex.len() == 16
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        && !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
+        && !sig.is_empty()
+        && sig
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !ok {
+        return None;
+    }
+    let mut out: String = sig
+        .chars()
+        .map(|c| match c {
+            '-' => '+',
+            '_' => '/',
+            c => c,
+        })
+        .collect();
+    while !out.len().is_multiple_of(4) {
+        out.push('=');
+    }
+    Some(out)
 }
 
 /// Gemini `finishReason` → canonical (`STOP` with function calls is a tool use:
@@ -395,10 +454,7 @@ pub fn decode_response(body: &[u8], now_unix_s: u64) -> Result<Response, Protoco
         for p in c.content.iter().flat_map(|c| c.parts.iter()) {
             if let Some(f) = &p.function_call {
                 output.push(OutputItem::ToolCall(ToolCall {
-                    id: f
-                        .id
-                        .as_deref()
-                        .map_or_else(|| new_call_id(calls), str::to_string),
+                    id: call_id(calls, f.id.as_deref(), p.thought_signature.as_deref()),
                     name: f.name.to_string(),
                     arguments: f.arguments(),
                 }));

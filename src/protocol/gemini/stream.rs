@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 use super::super::{ProtocolError, StopReason, StreamEvent};
-use super::{new_call_id, stop_from_wire, ResponseIn};
+use super::{call_id, stop_from_wire, ResponseIn};
 
 /// Upstream Gemini stream → canonical events.
 ///
@@ -70,9 +70,9 @@ impl StreamDecoder {
                 if let Some(f) = &p.function_call {
                     let index = self.calls;
                     self.calls += 1;
-                    let id = match f.id.as_deref() {
-                        Some(id) => Cow::Borrowed(id),
-                        None => Cow::Owned(new_call_id(index)),
+                    let id = match (f.id.as_deref(), p.thought_signature.as_deref()) {
+                        (Some(id), None) => Cow::Borrowed(id),
+                        (own, sig) => Cow::Owned(call_id(index, own, sig)),
                     };
                     emit(&StreamEvent::ToolCallStart {
                         index,

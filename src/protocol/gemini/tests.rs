@@ -276,3 +276,57 @@ fn stream_chunks_become_canonical_events() {
     assert_eq!(err.kind(), super::super::ErrorKind::Overloaded);
     assert_eq!(err.message(), "The model is overloaded.");
 }
+
+#[test]
+fn thought_signatures_travel_in_the_call_id_and_come_back() {
+    let sig = "CiQBjz1rX+/a9w==";
+    let id = call_id(2, None, Some(sig));
+    assert!(id.starts_with("call_") && !id.contains('+') && !id.contains('/') && !id.contains('='));
+    assert!(
+        id.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        "{id}"
+    );
+    assert_eq!(signature_of(&id).as_deref(), Some(sig));
+    assert_eq!(call_id(0, Some("fc-1"), None), "fc-1");
+    assert!(signature_of(&call_id(0, None, None)).is_none());
+    for other in [
+        "call_abc",
+        "toolu_01",
+        "call_0123456789abcdef_x_sig",
+        "call_0123456789abcdef_1_a+b",
+    ] {
+        assert!(signature_of(other).is_none(), "{other}");
+    }
+    let body = br#"{"candidates": [{"content": {"parts": [{"functionCall": {"name": "f","args": {}},"thoughtSignature": "CiQBjz1rX+/a9w=="}],"role": "model"},"finishReason": "STOP"}]}"#;
+    let r = decode_response(body, 0).expect("decodes");
+    let OutputItem::ToolCall(c) = &r.output[0] else {
+        panic!("{:?}", r.output)
+    };
+    let req = Request {
+        messages: vec![
+            Message {
+                role: Role::Assistant,
+                parts: vec![Part::ToolCall(c.clone())],
+            },
+            Message {
+                role: Role::User,
+                parts: vec![Part::ToolResult {
+                    call_id: c.id.clone(),
+                    content: vec![Part::Text("{\"ok\":true}".into())],
+                    is_error: false,
+                }],
+            },
+        ],
+        ..Request::default()
+    };
+    let v = encode(&req);
+    assert_eq!(
+        v["contents"][0]["parts"][0],
+        json!({"functionCall": {"name": "f", "args": {}}, "thoughtSignature": sig})
+    );
+    assert_eq!(
+        v["contents"][1]["parts"][0]["functionResponse"],
+        json!({"name": "f", "response": {"ok": true}})
+    );
+}
