@@ -327,6 +327,14 @@ pub struct Route {
 }
 
 impl Route {
+    /// The wire API this route's requests are sent in. Per route, not per provider kind, so
+    /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
+    /// in the Gemini dialect; Bedrock) can choose by the upstream model; today it is the
+    /// kind's one dialect ([`ProviderKind::dialect`]).
+    pub fn dialect(&self) -> crate::protocol::Dialect {
+        self.provider.kind.dialect()
+    }
+
     /// Whether the route supports `cap`.
     pub fn supports(&self, cap: Capability) -> bool {
         self.capabilities.as_ref().is_none_or(|c| c.contains(&cap))

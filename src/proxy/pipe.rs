@@ -121,7 +121,7 @@ impl<'r> StreamPipe<'r> {
         max_buffered_bytes: usize,
         created_unix_s: u64,
     ) -> Result<Self, PipeError> {
-        let upstream = route.provider.kind.dialect();
+        let upstream = route.dialect();
         let protocol = protocol::StreamTranslator::new(
             upstream,
             client,
