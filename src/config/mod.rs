@@ -265,6 +265,9 @@ pub struct Provider {
     /// `providers.<id>.api_version`: Azure OpenAI's `api-version` query parameter (set for
     /// `azure_openai`, `None` for every other kind).
     pub api_version: Option<String>,
+    /// `bedrock`: the SigV4 signer (region and credentials, read at load); `None` for every
+    /// other kind.
+    pub aws: Option<crate::providers::bedrock::sigv4::Signer>,
 }
 
 /// A standard model: what clients ask for and see.
@@ -330,7 +333,8 @@ impl Route {
     /// The wire API this route's requests are sent in. Per route, not per provider kind, so
     /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
     /// in the Gemini dialect; Bedrock) can choose by the upstream model; today it is the
-    /// kind's one dialect ([`ProviderKind::dialect`]).
+    /// kind's one dialect ([`ProviderKind::dialect`]): Bedrock routes are Claude models
+    /// (Messages), the others are refused at load.
     pub fn dialect(&self) -> crate::protocol::Dialect {
         self.provider.kind.dialect()
     }

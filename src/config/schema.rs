@@ -478,17 +478,23 @@ pub enum ProviderKind {
     /// The Gemini API (Google AI Studio): `generateContent` / `streamGenerateContent` with
     /// the `x-goog-api-key` header.
     Gemini,
+    /// AWS Bedrock: Claude models through `InvokeModel` / `InvokeModelWithResponseStream`,
+    /// every request SigV4-signed (needs `region`; credentials from the AWS chain or
+    /// `aws_profile`).
+    Bedrock,
 }
 
 impl ProviderKind {
     /// The wire API the provider speaks: OpenAI-compatible, Azure OpenAI and demo providers
-    /// speak Chat Completions, Anthropic speaks Messages, Gemini its own `contents`/`parts`.
+    /// speak Chat Completions, Anthropic speaks Messages, Gemini its own `contents`/`parts`;
+    /// Bedrock's Claude models speak Messages (a route's [`crate::config::Route::dialect`]
+    /// is the one that counts).
     pub fn dialect(self) -> crate::protocol::Dialect {
         match self {
             ProviderKind::Openai | ProviderKind::Demo | ProviderKind::AzureOpenai => {
                 crate::protocol::Dialect::ChatCompletions
             }
-            ProviderKind::Anthropic => crate::protocol::Dialect::Messages,
+            ProviderKind::Anthropic | ProviderKind::Bedrock => crate::protocol::Dialect::Messages,
             ProviderKind::Gemini => crate::protocol::Dialect::Gemini,
         }
     }
@@ -555,6 +561,15 @@ pub struct ProviderSection {
     /// query parameter, e.g. `"2024-10-21"`.
     #[serde(default)]
     pub api_version: Option<String>,
+    /// `bedrock` only (required there): the AWS region, e.g. `us-east-2`; it names the
+    /// default endpoint `https://bedrock-runtime.{region}.amazonaws.com` and the SigV4 scope.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// `bedrock` only: the profile of the shared credentials file
+    /// (`AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`) to sign with; without it
+    /// the environment's `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`.
+    #[serde(default)]
+    pub aws_profile: Option<String>,
 }
 
 /// `providers.<id>.health_check`: the active probe.

@@ -445,7 +445,23 @@ fn build_provider(
         max_concurrent_requests,
         ca_file,
         api_version,
+        region,
+        aws_profile,
     } = p;
+    let aws = bedrock_signer(kind, region.as_deref(), aws_profile.as_deref(), &key)
+        .map_err(|(k, m)| sources.err(fidx, &k, m))?;
+    if kind == ProviderKind::Bedrock && (api_key.is_some() || api_key_env.is_some()) {
+        let k = if api_key.is_some() {
+            "api_key"
+        } else {
+            "api_key_env"
+        };
+        return Err(sources.err(
+            fidx,
+            &key(k),
+            "kind bedrock signs with AWS credentials (the AWS_* environment or aws_profile), not an API key",
+        ));
+    }
     let api_version = match (kind, api_version) {
         (ProviderKind::AzureOpenai, Some(v)) if crate::providers::azure::valid_api_version(&v) => {
             Some(v)
@@ -488,6 +504,12 @@ fn build_provider(
         (ProviderKind::Gemini, None) => Some(
             parse_base_url(crate::providers::gemini::DEFAULT_BASE_URL)
                 .map_err(|m| sources.err(fidx, &key("base_url"), m))?,
+        ),
+        (ProviderKind::Bedrock, None) => Some(
+            parse_base_url(&crate::providers::bedrock::default_base_url(
+                aws.as_ref().map_or("", |s| s.region()),
+            ))
+            .map_err(|m| sources.err(fidx, &key("base_url"), m))?,
         ),
         (_, None) => {
             return Err(sources.err(fidx, &format!("providers.{id}"), "base_url is required"))
@@ -559,6 +581,9 @@ fn build_provider(
     let default_path = || crate::providers::health_path(kind, api_version.as_deref());
     let health_check = match (kind, health_check) {
         (ProviderKind::Demo, _) => None,
+        // The runtime API has no cheap read to probe (no model list): passive health only,
+        // unless a probe path is configured (sent signed like any request).
+        (ProviderKind::Bedrock, None) => None,
         (_, Some(h)) if !h.enabled => None,
         (_, Some(h)) => Some(ActiveHealthCheck {
             path: if h.path == super::schema::default_health_path() {
@@ -630,7 +655,64 @@ fn build_provider(
         stream_usage,
         max_concurrent_requests,
         api_version,
+        aws,
     })
+}
+
+/// The SigV4 signer of a `bedrock` provider: `region` required and well-formed, the
+/// credentials of `aws_profile` or of the environment chain. Other kinds may set neither.
+///
+/// # Errors
+/// `(key path, message)` of the offending key.
+fn bedrock_signer(
+    kind: ProviderKind,
+    region: Option<&str>,
+    aws_profile: Option<&str>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<crate::providers::bedrock::sigv4::Signer>, (String, String)> {
+    use crate::providers::bedrock::{credentials, sigv4::Signer, valid_region};
+    if kind != ProviderKind::Bedrock {
+        return match (region, aws_profile) {
+            (Some(_), _) => Err((key("region"), "region is only for kind bedrock".into())),
+            (_, Some(_)) => Err((
+                key("aws_profile"),
+                "aws_profile is only for kind bedrock".into(),
+            )),
+            _ => Ok(None),
+        };
+    }
+    let region =
+        match region {
+            Some(r) if valid_region(r) => r,
+            Some(r) => return Err((
+                key("region"),
+                format!(
+                    "`{r}` is no AWS region (lower-case letters, digits and `-`, e.g. us-east-2)"
+                ),
+            )),
+            None => {
+                return Err((
+                    key("").trim_end_matches('.').to_string(),
+                    "region is required for kind bedrock (e.g. us-east-2)".into(),
+                ))
+            }
+        };
+    let env = |name: &str| std::env::var(name).ok();
+    let creds = match aws_profile {
+        Some(profile) => {
+            let file = credentials::shared_file(&env).ok_or_else(|| {
+                (
+                    key("aws_profile"),
+                    "no shared credentials file: set AWS_SHARED_CREDENTIALS_FILE or HOME"
+                        .to_string(),
+                )
+            })?;
+            credentials::from_profile(&file, profile).map_err(|e| (key("aws_profile"), e.0))?
+        }
+        None => credentials::from_env(&env)
+            .map_err(|e| (key("").trim_end_matches('.').to_string(), e.0))?,
+    };
+    Ok(Some(Signer::new(region, &creds)))
 }
 
 /// Checks one `retry` section (`key` names it in errors).
@@ -924,6 +1006,18 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                     fidx,
                     &format!("{key}.upstream_model"),
                     "must not be empty",
+                ));
+            }
+            if provider.kind == ProviderKind::Bedrock
+                && !crate::providers::bedrock::is_anthropic(&r.upstream_model)
+            {
+                return Err(sources.err(
+                    fidx,
+                    &format!("{key}.upstream_model"),
+                    format!(
+                        "`{}` is no Anthropic model; kind bedrock serves Claude models (ids with `anthropic.`, e.g. us.anthropic.claude-sonnet-4-6-v1:0) through InvokeModel, the Converse API is not supported",
+                        r.upstream_model
+                    ),
                 ));
             }
             if r.weight == 0 {

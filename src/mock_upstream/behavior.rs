@@ -29,6 +29,10 @@ pub enum Split {
     /// The events written between two pauses (token delays, stalls, the end) go out in one
     /// write and one HTTP chunk: a provider that delivers many events per read.
     Burst,
+    /// Each write is cut at arbitrary byte positions (pieces of 1 to 29 bytes, lengths
+    /// varying deterministically), blind to the framing: Bedrock's binary event-stream
+    /// messages arrive split inside their prelude, headers, payload and CRCs.
+    Arbitrary,
 }
 
 /// Behaviour knobs of the mock upstream. Every field is optional; `None` means

@@ -457,6 +457,7 @@ mod tests {
             usage_chunk: true,
             extras: super::super::wire::Extras::default(),
             azure: false,
+            bedrock: false,
         };
         assert_eq!(
             gemini_finish_chunk(&m, 3),

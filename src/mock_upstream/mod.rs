@@ -22,7 +22,12 @@
 //! - `POST {prefix}/models/{model}:generateContent` and
 //!   `:streamGenerateContent?alt=sse` — the Gemini API
 //!   (<https://ai.google.dev/api/generate-content>); without `x-goog-api-key` Google's 403,
-//!   with another key than the `api_key` knob its 400 `API_KEY_INVALID`.
+//!   with another key than the `api_key` knob its 400 `API_KEY_INVALID`;
+//! - `POST /model/{modelId}/invoke` and `/model/{modelId}/invoke-with-response-stream` —
+//!   AWS Bedrock's runtime API for Claude ([`bedrock`]): Anthropic's answer, streamed in
+//!   AWS's binary event-stream framing; every request's SigV4 signature verified by the
+//!   mock's own implementation ([`sigv4`]; the identities it knows are its `MOCK_AWS_*`
+//!   constants), a wrong or stale one refused with Bedrock's 403s.
 //!
 //! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
 //! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI
@@ -52,11 +57,13 @@
 //! `x-mock-behavior` header are ignored), and it is reached in process through
 //! [`serve_stream`], never through a listening socket.
 
+mod bedrock;
 mod behavior;
 mod cloud;
 mod h1;
 mod record;
 mod respond;
+pub mod sigv4;
 mod wire;
 
 #[cfg(test)]

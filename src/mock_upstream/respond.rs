@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::bedrock;
 use super::behavior::{Behavior, Split};
 use super::cloud;
 use super::h1::{Framing, Out, Request, Wr};
@@ -54,6 +55,8 @@ pub(crate) struct Plan {
     pub tokens: Tokens,
     /// Error response to send instead: (status, body).
     pub error: Option<(u16, String)>,
+    /// Bedrock: the `x-amzn-ErrorType` of the error response.
+    pub aws_error_type: Option<String>,
 }
 
 /// What the connection does after a response.
@@ -80,6 +83,8 @@ fn classify(req: &Request) -> Kind {
     let path = req.path().trim_end_matches('/');
     if req.method == "POST" && cloud::gemini_method(req).is_some() {
         Kind::Chat(Provider::Gemini)
+    } else if req.method == "POST" && bedrock::invoke_method(req).is_some() {
+        Kind::Chat(Provider::Anthropic)
     } else if req.method == "POST" && path.ends_with("/messages/count_tokens") {
         Kind::CountTokens
     } else if req.method == "POST" && path.ends_with("/chat/completions") {
@@ -155,6 +160,11 @@ pub(crate) fn prepare(
         Kind::Chat(Provider::Gemini) => cloud::gemini_method(req),
         _ => None,
     };
+    // Bedrock names the model and the stream choice in the path: (model, stream).
+    let aws = match kind {
+        Kind::Chat(Provider::Anthropic) => bedrock::invoke_method(req),
+        _ => None,
+    };
     let parsed: Result<Option<Value>, String> = if req.body.is_empty() {
         Ok(None)
     } else {
@@ -170,6 +180,12 @@ pub(crate) fn prepare(
         make_record(req, &body)
     };
     if let Some((model, stream, _)) = &gemini {
+        if !state.demo {
+            record.model = Some(model.clone());
+            record.stream = Some(*stream);
+        }
+    }
+    if let Some((model, stream)) = &aws {
         if !state.demo {
             record.model = Some(model.clone());
             record.stream = Some(*stream);
@@ -231,13 +247,23 @@ pub(crate) fn prepare(
     }
 
     // The cloud APIs' gates come first: their front ends answer before reading the body.
+    let mut aws_error_type = None;
     let gate = if azure {
         cloud::azure_gate(req, behavior.api_key.as_deref())
     } else if gemini.is_some() {
         cloud::gemini_gate(req, behavior.api_key.as_deref())
+    } else if aws.is_some() {
+        bedrock::gate(req, body.as_ref(), std::time::SystemTime::now()).map(|(s, t, b)| {
+            aws_error_type = Some(t);
+            (s, b)
+        })
     } else {
         None
     };
+    if aws.is_some() && parsed.is_err() {
+        // Bedrock checks the body itself (the gate): invalid JSON is its ValidationException.
+        bad_request = None;
+    }
     if let (Some((_, true, false)), None) = (&gemini, &bad_request) {
         bad_request =
             Some("mock upstream: streamGenerateContent is simulated with alt=sse only".into());
@@ -259,9 +285,23 @@ pub(crate) fn prepare(
         Some((400, cloud::azure_content_filter_error()))
     } else {
         error_status.map(|s| {
+            if aws.is_some() {
+                aws_error_type = Some(
+                    behavior
+                        .error_type
+                        .clone()
+                        .unwrap_or_else(|| bedrock::error_type_for(s).to_string()),
+                );
+            }
             let body = match &behavior.error_body {
                 Some(Value::String(raw)) => raw.clone(),
                 Some(v) => v.to_string(),
+                None if aws.is_some() => bedrock::error_body(
+                    &behavior
+                        .error_message
+                        .clone()
+                        .unwrap_or_else(|| bedrock::default_message(s)),
+                ),
                 None => {
                     let msg = behavior
                         .error_message
@@ -278,6 +318,13 @@ pub(crate) fn prepare(
         if let Some((m, _, _)) = &gemini {
             return m.clone();
         }
+        if let Some((m, _)) = &aws {
+            // Bedrock's Claude answers name the Anthropic model, not the Bedrock id.
+            return m
+                .rsplit_once("anthropic.")
+                .map_or(m.as_str(), |(_, rest)| rest)
+                .to_string();
+        }
         if azure {
             // Azure echoes the deployment's model, not the deployment name.
             return AZURE_MODEL.to_string();
@@ -288,9 +335,9 @@ pub(crate) fn prepare(
             .unwrap_or("mock-model")
             .to_string()
     });
-    let stream = match &gemini {
-        Some((_, stream, _)) => *stream,
-        None => body
+    let stream = match (&gemini, &aws) {
+        (Some((_, stream, _)), _) | (None, Some((_, stream))) => *stream,
+        (None, None) => body
             .as_ref()
             .and_then(|b| b.get("stream"))
             .and_then(Value::as_bool)
@@ -367,6 +414,7 @@ pub(crate) fn prepare(
             .unwrap_or(include_usage || provider == Provider::Gemini),
         extras,
         azure,
+        bedrock: aws.is_some(),
     };
 
     let tokens = if let Some(total) = behavior.total_bytes {
@@ -431,6 +479,7 @@ pub(crate) fn prepare(
             meta,
             tokens,
             error,
+            aws_error_type,
         },
     )
 }
@@ -439,6 +488,8 @@ fn base_headers(plan: &Plan, content_type: &str) -> Vec<(String, String)> {
     let content_type = match (plan.meta.provider, content_type) {
         // Google's JSON answers name their charset.
         (Provider::Gemini, "application/json") => "application/json; charset=UTF-8",
+        // Bedrock's streams are AWS event streams, not SSE.
+        (_, "text/event-stream") if plan.meta.bedrock => "application/vnd.amazon.eventstream",
         (_, c) => c,
     };
     let mut h = vec![
@@ -450,6 +501,12 @@ fn base_headers(plan: &Plan, content_type: &str) -> Vec<(String, String)> {
             h.push(("apim-request-id".into(), format!("req_{}", plan.meta.id)));
         }
         Provider::OpenAi => h.push(("x-request-id".into(), format!("req_{}", plan.meta.id))),
+        Provider::Anthropic if plan.meta.bedrock => {
+            h.push(("x-amzn-RequestId".into(), format!("req_{}", plan.meta.id)));
+            if let Some(t) = &plan.aws_error_type {
+                h.push(("x-amzn-ErrorType".into(), t.clone()));
+            }
+        }
         Provider::Anthropic => h.push(("request-id".into(), format!("req_{}", plan.meta.id))),
         Provider::Gemini => h.push(("Vary".into(), "Origin, X-Origin, Referer".into())),
     }
@@ -965,7 +1022,18 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
         h.push(("Content-Encoding".into(), header));
     }
     // A keepalive with no content: Anthropic's `ping` event, an SSE comment for OpenAI.
-    let ping = if openai || gemini {
+    let aws = m.bedrock;
+    // One event on the wire: SSE, or a Bedrock event-stream `chunk` message.
+    let encode = |name: Option<&str>, data: &str| -> Vec<u8> {
+        if aws {
+            bedrock_chunk(m, name, data)
+        } else {
+            wire::encode_event(name, data, style)
+        }
+    };
+    let ping = if aws {
+        bedrock::chunk_message(wire::ANTHROPIC_PING)
+    } else if openai || gemini {
         format!(": ping{}{}", style.eol, style.eol).into_bytes()
     } else {
         wire::encode_event(Some("ping"), wire::ANTHROPIC_PING, style)
@@ -978,7 +1046,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     if Behavior::flag(b.close_before_first_event) {
         return Ok(abort);
     }
-    if Behavior::flag(b.bom) {
+    if Behavior::flag(b.bom) && !aws {
         wire.write(out, "\u{FEFF}".as_bytes()).await?;
     }
 
@@ -1085,6 +1153,21 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                     .error_message
                     .clone()
                     .unwrap_or_else(|| wire::default_error_message(m.provider, status));
+                if aws {
+                    // An in-stream exception message ends a Bedrock stream.
+                    let name = b
+                        .error_type
+                        .clone()
+                        .unwrap_or_else(|| bedrock::exception_type_for(status).to_string());
+                    let msg = b
+                        .error_message
+                        .clone()
+                        .unwrap_or_else(|| bedrock::default_message(status));
+                    wire.write(out, &bedrock::exception_message(&name, &msg))
+                        .await?;
+                    wire.finish(out).await?;
+                    return Ok(After::Keep);
+                }
                 let data = if gemini {
                     cloud::gemini_error_chunk(status, &msg, b.error_type.as_deref())
                 } else {
@@ -1106,7 +1189,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                 return Ok(After::Keep);
             }
             if b.truncate_after_tokens == Some(sent) {
-                let bytes = wire::encode_event(ev.name, &ev.data, style);
+                let bytes = encode(ev.name, &ev.data);
                 wire.write(out, &bytes[..bytes.len() / 2]).await?;
                 wire.finish(out).await?;
                 return Ok(After::Keep);
@@ -1119,15 +1202,29 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
             }
             wire.pause(out, d, b.ping_interval_ms, &ping).await?;
         }
-        if Behavior::flag(b.comments) {
+        if Behavior::flag(b.comments) && !aws {
             wire.write(out, &wire::encode_comment(style)).await?;
         }
-        wire.write(out, &wire::encode_event(ev.name, &ev.data, style))
-            .await?;
+        wire.write(out, &encode(ev.name, &ev.data)).await?;
         if ev.token {
             sent += 1;
         }
     }
     wire.finish(out).await?;
     Ok(After::Keep)
+}
+
+/// A Bedrock `chunk` message for one Anthropic event; `message_stop` carries Bedrock's
+/// `amazon-bedrock-invocationMetrics` (token counts and latencies, ms) as the real service's
+/// does.
+fn bedrock_chunk(m: &ReplyMeta, name: Option<&str>, data: &str) -> Vec<u8> {
+    if name == Some("message_stop") {
+        let with_metrics = format!(
+            r#"{{"type":"message_stop","amazon-bedrock-invocationMetrics":{{"inputTokenCount":{},"outputTokenCount":{},"invocationLatency":120,"firstByteLatency":35}}}}"#,
+            m.prompt_tokens,
+            m.extras.tokens()
+        );
+        return bedrock::chunk_message(&with_metrics);
+    }
+    bedrock::chunk_message(data)
 }

@@ -49,6 +49,9 @@ pub(crate) struct ReplyMeta {
     /// An Azure OpenAI request (`/openai/deployments/...`): OpenAI's format with Azure's content-filter
     /// annotations.
     pub azure: bool,
+    /// A Bedrock invoke request (`/model/{id}/invoke...`): Anthropic's events in AWS's
+    /// binary event-stream framing ([`super::bedrock`]).
+    pub bedrock: bool,
 }
 
 /// Most characters in one streamed tool-argument fragment (OpenAI `arguments`, Anthropic
@@ -834,6 +837,23 @@ pub(crate) fn split_pieces(bytes: &[u8], mode: Split) -> Vec<&[u8]> {
     let cuts: Vec<usize> = match mode {
         Split::None | Split::Burst => Vec::new(),
         Split::Bytewise => (1..bytes.len()).collect(),
+        Split::Arbitrary => {
+            // Piece lengths 1..=29 from a small linear congruential sequence seeded by the
+            // length: arbitrary, yet the same for the same bytes (reproducible tests).
+            let mut cuts = Vec::new();
+            let mut x = bytes.len() as u64 | 1;
+            let mut at = 0usize;
+            loop {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                at += 1 + usize::try_from((x >> 33) % 29).unwrap_or(0);
+                if at >= bytes.len() {
+                    break cuts;
+                }
+                cuts.push(at);
+            }
+        }
         Split::MidLine => mid_line_cuts(bytes),
         Split::MidUtf8 => {
             let c: Vec<usize> = bytes

@@ -1,9 +1,10 @@
 //! Owns how Sluice talks to a provider: the `HttpPeer` for an attempt (address, TLS, SNI,
 //! ALPN, connect timeout) and the upstream request head (path, `Host`, provider auth). Each
 //! kind is a dialect ([`ProviderKind::dialect`]) plus an address ([`request_path`],
-//! [`health_path`]) plus a signer ([`apply_auth`]); the kind-specific pieces live in
-//! [`anthropic`], [`openai`], [`azure`] and [`gemini`], and the attempt loop only calls the
-//! functions here. The
+//! [`health_path`]) plus a signer ([`apply_auth`], which sees the final body bytes) plus,
+//! where the provider's stream is not SSE, an unframer ([`framing`]); the kind-specific
+//! pieces live in [`anthropic`], [`openai`], [`azure`], [`gemini`] and [`bedrock`], and the
+//! attempt loop only calls the functions here. The
 //! request body is the protocol layer's ([`crate::protocol`]): as is with the upstream model
 //! when the provider speaks the client's dialect, else translated.
 //!
@@ -12,8 +13,10 @@
 
 pub mod anthropic;
 pub mod azure;
+pub mod bedrock;
 pub mod demo;
 pub mod encoding;
+pub mod framing;
 pub mod gemini;
 pub mod openai;
 
@@ -167,7 +170,8 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
 
 /// The path (and query) of the inference endpoint for one request to `provider`,
 /// appended to the base path: fixed for OpenAI-compatible and Anthropic providers, the
-/// deployment's URL for Azure OpenAI, the model's method (stream or not) for Gemini.
+/// deployment's URL for Azure OpenAI, the model's method (stream or not) for Gemini and
+/// Bedrock.
 pub fn request_path(
     provider: &Provider,
     upstream_model: &str,
@@ -182,6 +186,7 @@ pub fn request_path(
         )
         .into(),
         ProviderKind::Gemini => gemini::method_path(upstream_model, stream).into(),
+        ProviderKind::Bedrock => bedrock::invoke_path(upstream_model, stream).into(),
     }
 }
 
@@ -196,38 +201,43 @@ pub fn health_path(kind: ProviderKind, api_version: Option<&str>) -> String {
 
 /// The status an upstream error answer counts as, from its status and body: a Gemini key
 /// rejected with 400 (`API_KEY_INVALID`) is a 401 (the gateway's credential: fall back,
-/// tell the client 502), every other answer keeps its status.
+/// tell the client 502), a Bedrock `ModelErrorException` (424) is a 502 (the model failed:
+/// fall back), every other answer keeps its status.
 pub fn error_status(provider: &Provider, status: u16, body: &[u8]) -> u16 {
     match provider.kind {
         ProviderKind::Gemini if status == 400 && gemini::key_rejected(body) => 401,
+        ProviderKind::Bedrock => bedrock::error_status(status),
         _ => status,
     }
 }
 
-/// Builds the upstream request head: `POST {base}{path}`, `Host`, provider auth, framing,
-/// and `Accept-Encoding` ([`encoding::ACCEPT_ENCODING`]).
+/// Builds the upstream request head for `body` (the final bytes that will be sent):
+/// `POST {base}{path}`, `Host`, framing, `Accept` (the provider's stream media type for a
+/// stream), `Accept-Encoding` ([`encoding::ACCEPT_ENCODING`]) and the provider's
+/// credential or signature ([`apply_auth`], last: a signature covers the headers before it).
 ///
 /// # Errors
-/// Only if a header value is invalid (a provider key with a newline, say).
+/// Only if a header value is invalid (a provider key with a newline, say) or the request
+/// cannot be signed.
 pub fn request_head(
     provider: &Provider,
     target: &Target,
     path: &str,
-    body_len: usize,
+    body: &[u8],
     stream: bool,
     request_id: &str,
 ) -> pingora::Result<RequestHeader> {
     let uri = format!("{}{}", target.base_path, path);
-    let mut req = RequestHeader::build("POST", uri.as_bytes(), Some(8))?;
+    let mut req = RequestHeader::build("POST", uri.as_bytes(), Some(12))?;
     req.insert_header("host", &target.host_header)?;
     req.insert_header("content-type", "application/json")?;
-    req.insert_header("content-length", body_len.to_string())?;
+    req.insert_header("content-length", body.len().to_string())?;
     req.insert_header(
         "accept",
-        if stream {
-            "text/event-stream"
-        } else {
-            "application/json"
+        match (stream, provider.kind) {
+            (true, ProviderKind::Bedrock) => bedrock::EVENT_STREAM_CONTENT_TYPE,
+            (true, _) => "text/event-stream",
+            (false, _) => "application/json",
         },
     )?;
     // Honest: exactly the codings `encoding::Decoder` decodes (without this header a
@@ -235,7 +245,7 @@ pub fn request_head(
     req.insert_header("accept-encoding", encoding::ACCEPT_ENCODING)?;
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
     req.insert_header("x-request-id", request_id)?;
-    apply_auth(provider, &mut req)?;
+    apply_auth(provider, &mut req, body)?;
     Ok(req)
 }
 
@@ -266,12 +276,68 @@ pub async fn exchange(
 /// Request fields that are Sluice's own and never go upstream.
 pub const GATEWAY_FIELDS: &[&str] = &["provider"];
 
+/// How a provider wants the top level of a request body it shares a dialect with: which
+/// members go (the model and the stream choice when the path carries them) and which
+/// constant members come in (a version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyShape {
+    /// Top-level members left out, besides [`GATEWAY_FIELDS`]; `model` among them means no
+    /// model in the body.
+    pub dropped: &'static [&'static str],
+    /// `(member, string value)` pairs added (replacing a member of that name).
+    pub added: &'static [(&'static str, &'static str)],
+}
+
+impl BodyShape {
+    /// The dialect's own body: `model` set to the upstream model, nothing else changed.
+    pub const AS_IS: BodyShape = BodyShape {
+        dropped: &[],
+        added: &[],
+    };
+
+    /// Whether the body is the dialect's own.
+    pub fn is_as_is(&self) -> bool {
+        self.dropped.is_empty() && self.added.is_empty()
+    }
+}
+
+/// The body shape of `provider`'s requests: Bedrock's Claude models take the Messages body
+/// without `model` and `stream` (the path names both) and with `anthropic_version`
+/// ([`bedrock::ANTHROPIC_VERSION`]); every other kind takes its dialect's body as is.
+pub fn body_shape(provider: &Provider) -> BodyShape {
+    match provider.kind {
+        ProviderKind::Bedrock => BodyShape {
+            dropped: bedrock::DROPPED_MEMBERS,
+            added: &[("anthropic_version", bedrock::ANTHROPIC_VERSION)],
+        },
+        _ => BodyShape::AS_IS,
+    }
+}
+
+/// Re-shapes a body the protocol layer encoded (the translated path) for `shape`; the
+/// body as is when the shape is [`BodyShape::AS_IS`].
+///
+/// # Errors
+/// If the body is no JSON object (the encoders always write one).
+pub fn reshape_body(
+    body: Vec<u8>,
+    upstream_model: &str,
+    shape: &BodyShape,
+) -> serde_json::Result<Vec<u8>> {
+    if shape.is_as_is() {
+        return Ok(body);
+    }
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&body)?;
+    passthrough_body(&map, upstream_model, false, shape)
+}
+
 /// Serializes the client's request for a provider that speaks the client's dialect (the fast
 /// path, any dialect: each names the model in top-level `model`): `model` replaced by the
 /// upstream model, gateway-only fields removed, everything else as sent. With `ask_usage` (a
 /// Chat Completions stream whose client did not ask for usage) `stream_options.include_usage`
 /// is set to `true`, other `stream_options` members kept: metering needs the provider's final
-/// usage chunk, which the stream pipe then removes from the client's stream.
+/// usage chunk, which the stream pipe then removes from the client's stream. `shape` drops
+/// and adds the provider's own top-level members ([`body_shape`]).
 ///
 /// # Errors
 /// Only if serialization fails (it cannot for a parsed `Value`).
@@ -279,6 +345,7 @@ pub fn passthrough_body(
     request: &serde_json::Map<String, serde_json::Value>,
     upstream_model: &str,
     ask_usage: bool,
+    shape: &BodyShape,
 ) -> serde_json::Result<Vec<u8>> {
     use serde_json::Value;
     let mut out = Vec::with_capacity(256);
@@ -291,7 +358,10 @@ pub fn passthrough_body(
         Value::Object(o)
     };
     for (k, v) in request {
-        if GATEWAY_FIELDS.contains(&k.as_str()) {
+        if GATEWAY_FIELDS.contains(&k.as_str())
+            || shape.dropped.contains(&k.as_str())
+            || shape.added.iter().any(|(a, _)| a == k)
+        {
             continue;
         }
         if k == "model" {
@@ -304,6 +374,9 @@ pub fn passthrough_body(
     }
     if ask_usage && !request.contains_key("stream_options") {
         map.serialize_entry("stream_options", &with_usage(None))?;
+    }
+    for (k, v) in shape.added {
+        map.serialize_entry(k, v)?;
     }
     map.end()?;
     Ok(out)
@@ -326,6 +399,27 @@ pub fn forward_client_headers(
     }
 }
 
+/// An upstream error answer's `(type, code, message)` in OpenAI's terms for `provider`:
+/// Bedrock's `{"message": ...}` bodies typed by their status, every other kind by its
+/// dialect ([`error_parts`]).
+pub fn provider_error_parts(
+    provider: &Provider,
+    upstream: Dialect,
+    status: u16,
+    body: &[u8],
+) -> (String, Option<String>, String) {
+    match (provider.kind, bedrock::error_message(body)) {
+        (ProviderKind::Bedrock, Some(message)) => (
+            crate::protocol::ErrorKind::from_status(status)
+                .openai_type()
+                .to_string(),
+            None,
+            message,
+        ),
+        _ => error_parts(upstream, status, body),
+    }
+}
+
 /// An upstream error body's `(type, code, message)` in OpenAI's terms, whatever dialect the
 /// provider speaks: OpenAI-compatible bodies keep their own type and code
 /// ([`openai::error_parts`]), the others are decoded by the protocol layer and typed by
@@ -344,15 +438,26 @@ pub fn error_parts(
     }
 }
 
-/// Adds the provider's credential: `Authorization: Bearer` (OpenAI-compatible),
-/// `x-api-key` + `anthropic-version` (Anthropic), `api-key` (Azure OpenAI) or
-/// `x-goog-api-key` (Gemini). The signer seam: a kind whose credential is computed per
-/// request (a token or a signature) adds its arm here.
+/// Adds the provider's credential to a request whose body is `body` (the exact bytes
+/// sent; empty for a `GET`): `Authorization: Bearer` (OpenAI-compatible), `x-api-key` +
+/// `anthropic-version` (Anthropic), `api-key` (Azure OpenAI), `x-goog-api-key` (Gemini),
+/// or a SigV4 signature over the method, path, `host`, `content-type` and body (Bedrock,
+/// [`bedrock::sigv4`]). The signer seam: a kind whose credential is computed per request
+/// adds its arm here; it runs after every other header is set.
 ///
 /// # Errors
-/// If the key is not a valid header value.
-pub fn apply_auth(provider: &Provider, req: &mut RequestHeader) -> pingora::Result<()> {
+/// If the key is not a valid header value, or the request cannot be signed.
+pub fn apply_auth(
+    provider: &Provider,
+    req: &mut RequestHeader,
+    body: &[u8],
+) -> pingora::Result<()> {
     match provider.kind {
+        ProviderKind::Bedrock => {
+            if let Some(signer) = &provider.aws {
+                sign_aws(signer, req, body)?;
+            }
+        }
         ProviderKind::Anthropic => {
             if let Some(k) = &provider.api_key {
                 req.insert_header("x-api-key", k.expose())?;
@@ -378,6 +483,45 @@ pub fn apply_auth(provider: &Provider, req: &mut RequestHeader) -> pingora::Resu
     Ok(())
 }
 
+/// Signs `req` with SigV4 and adds the signature's headers.
+fn sign_aws(
+    signer: &bedrock::sigv4::Signer,
+    req: &mut RequestHeader,
+    body: &[u8],
+) -> pingora::Result<()> {
+    let path = req
+        .uri
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+    let mut signed: [(&str, &str); 2] = [("host", ""), ("content-type", "")];
+    let mut n = 0;
+    for name in ["host", "content-type"] {
+        if let Some(v) = header(name) {
+            signed[n] = (name, v);
+            n += 1;
+        }
+    }
+    let headers = signer
+        .sign(
+            req.method.as_str(),
+            path,
+            &signed[..n],
+            body,
+            std::time::SystemTime::now(),
+        )
+        .map_err(|e| {
+            pingora::Error::explain(
+                pingora::ErrorType::InternalError,
+                format!("cannot sign the Bedrock request: {e}"),
+            )
+        })?;
+    for (name, value) in headers {
+        req.insert_header(name, value)?;
+    }
+    Ok(())
+}
+
 /// Removes every occurrence of the provider's key from `text` (upstream error messages may
 /// echo it).
 pub fn scrub_key(provider: &Provider, text: &str) -> String {
@@ -399,7 +543,8 @@ mod tests {
             r#"{"model":"acme/x","provider":{"only":["a"]},"stream":true,"messages":[]}"#,
         )
         .unwrap();
-        let out = passthrough_body(v.as_object().unwrap(), "m-1", false).unwrap();
+        let out =
+            passthrough_body(v.as_object().unwrap(), "m-1", false, &BodyShape::AS_IS).unwrap();
         let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(back["model"], "m-1");
         assert!(back.get("provider").is_none());
@@ -411,9 +556,10 @@ mod tests {
         use serde_json::Value;
         let v: Value =
             serde_json::from_str(r#"{"model":"x","stream":true,"messages":[]}"#).unwrap();
-        let back: Value =
-            serde_json::from_slice(&passthrough_body(v.as_object().unwrap(), "m", true).unwrap())
-                .unwrap();
+        let back: Value = serde_json::from_slice(
+            &passthrough_body(v.as_object().unwrap(), "m", true, &BodyShape::AS_IS).unwrap(),
+        )
+        .unwrap();
         assert_eq!(
             back["stream_options"],
             serde_json::json!({"include_usage": true})
@@ -422,9 +568,10 @@ mod tests {
             r#"{"model":"x","stream":true,"stream_options":{"include_usage":false,"include_obfuscation":false}}"#,
         )
         .unwrap();
-        let back: Value =
-            serde_json::from_slice(&passthrough_body(v.as_object().unwrap(), "m", true).unwrap())
-                .unwrap();
+        let back: Value = serde_json::from_slice(
+            &passthrough_body(v.as_object().unwrap(), "m", true, &BodyShape::AS_IS).unwrap(),
+        )
+        .unwrap();
         assert_eq!(
             back["stream_options"],
             serde_json::json!({"include_usage": true, "include_obfuscation": false})

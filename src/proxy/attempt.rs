@@ -233,8 +233,13 @@ fn upstream_body(
             && !req.include_usage
             && upstream == Dialect::ChatCompletions
             && route.provider.stream_usage;
-        return providers::passthrough_body(&req.body, &route.upstream_model, ask_usage)
-            .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
+        return providers::passthrough_body(
+            &req.body,
+            &route.upstream_model,
+            ask_usage,
+            &providers::body_shape(&route.provider),
+        )
+        .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
     let refused = |e: &protocol::ProtocolError| {
         if e.is_client_error() {
@@ -249,7 +254,13 @@ fn upstream_body(
         default_max_tokens: model.default_max_tokens,
         stream_usage: route.provider.stream_usage,
     };
-    protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
+    let body = protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))?;
+    providers::reshape_body(
+        body,
+        &route.upstream_model,
+        &providers::body_shape(&route.provider),
+    )
+    .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")))
 }
 
 /// One attempt against one route.
@@ -278,19 +289,14 @@ async fn attempt(
         }
     };
     let path = providers::request_path(provider, &route.upstream_model, req.stream);
-    let head = match providers::request_head(
-        provider,
-        &target,
-        &path,
-        body.len(),
-        req.stream,
-        &ctx.request_id,
-    ) {
-        Ok(h) => h,
-        Err(e) => {
-            return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}")))
-        }
-    };
+    let head =
+        match providers::request_head(provider, &target, &path, &body, req.stream, &ctx.request_id)
+        {
+            Ok(h) => h,
+            Err(e) => {
+                return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}")))
+            }
+        };
     let mut head = head;
     if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
         .is_err()
@@ -566,7 +572,8 @@ fn normalize_upstream_error(
     client: Dialect,
 ) -> GatewayError {
     let provider = &route.provider;
-    let (error_type, code, message) = providers::error_parts(route.dialect(), status, body);
+    let (error_type, code, message) =
+        providers::provider_error_parts(provider, route.dialect(), status, body);
     let message = providers::scrub_key(provider, &message);
     // Every field the client sees is scrubbed, not only the message.
     let error_type = providers::scrub_key(provider, &error_type);

@@ -315,7 +315,7 @@ async fn provider_count(
         provider,
         &target,
         anthropic::COUNT_TOKENS_PATH,
-        body.len(),
+        &body,
         false,
         &ctx.request_id,
     ) {

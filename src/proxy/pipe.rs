@@ -26,6 +26,7 @@ use crate::metrics::metrics;
 use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::providers::framing::Unframer;
 use crate::sse::{self, ModelPath, ModelRewriter, SseError, SseNormalizer};
 
 /// The client-facing stream terminator.
@@ -65,6 +66,8 @@ pub(super) struct StreamPipe<'r> {
     decoder: Option<Decoder>,
     /// Most bytes one compressed chunk may decode to.
     max_decoded: usize,
+    /// The provider's stream framing into SSE when it is not SSE (Bedrock's event stream).
+    unframer: Option<Unframer>,
     normalizer: SseNormalizer,
     route: &'r Route,
     /// The client's dialect.
@@ -145,6 +148,7 @@ impl<'r> StreamPipe<'r> {
         Ok(Self {
             decoder,
             max_decoded: max_event_bytes.saturating_add(max_buffered_bytes),
+            unframer: Unframer::for_route(route, max_event_bytes),
             normalizer: SseNormalizer::new(max_event_bytes),
             route,
             client,
@@ -215,10 +219,25 @@ impl<'r> StreamPipe<'r> {
                     })?,
             ),
         };
+        let unframed = |e: providers::framing::FramingError| PipeError::Framing {
+            reason: e.reason,
+            message: format!("provider `{provider}` sent a broken stream: {}", e.detail),
+        };
         if let Some(bytes) = decoded {
-            self.normalizer.push(bytes).map_err(framing)?;
+            match self.unframer.as_mut() {
+                Some(u) => {
+                    let r = u.push(bytes);
+                    // The events before a bad message still go to the normalizer.
+                    self.normalizer.push(u.output()).map_err(framing)?;
+                    r.map_err(unframed)?;
+                }
+                None => self.normalizer.push(bytes).map_err(framing)?,
+            }
         }
         if chunk.is_none() {
+            if let Some(u) = &self.unframer {
+                u.finish().map_err(unframed)?;
+            }
             self.normalizer.finish().map_err(framing)?;
         }
         Ok(())

@@ -147,7 +147,7 @@ fn probe_head(
     req.insert_header("host", &target.host_header)?;
     req.insert_header("accept", "application/json")?;
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
-    providers::apply_auth(provider, &mut req)?;
+    providers::apply_auth(provider, &mut req, &[])?;
     Ok(req)
 }
 
@@ -282,6 +282,7 @@ mod tests {
             stream_usage: true,
             max_concurrent_requests: None,
             api_version: None,
+            aws: None,
         }
     }
 

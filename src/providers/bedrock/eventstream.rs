@@ -1,0 +1,306 @@
+//! Owns the decoding of Bedrock's binary stream framing: the
+//! `application/vnd.amazon.eventstream` body of `InvokeModelWithResponseStream`, turned into
+//! the SSE events of the dialect the route speaks, so the rest of the stream path (the SSE
+//! normalizer, the model echo, the dialect translators, metering) is the one every provider
+//! uses.
+//!
+//! The framing (AWS's event-stream encoding): each message is a 12-byte prelude (total
+//! length u32 BE, headers length u32 BE, prelude CRC32), the headers (name length u8, name,
+//! value type u8, value), the payload and a message CRC32, all big-endian. The crate
+//! `aws-smithy-eventstream` ([`read_message_from`]) checks both CRCs and parses the
+//! headers; this module only finds message boundaries (chunks may split a message
+//! anywhere, or carry several) and bounds a message's size.
+//!
+//! What a message means, by its `:message-type` header:
+//! - `event` with `:event-type: chunk`: the payload is `{"bytes":"<base64>"}` (Bedrock may
+//!   add a padding member `"p"`), the base64 holding one Anthropic Messages stream event's
+//!   data JSON; it becomes `event: {type}\ndata: {json}\n\n`.
+//! - `exception` with `:exception-type` (`modelStreamErrorException`,
+//!   `throttlingException`, `internalServerException`, `serviceUnavailableException`,
+//!   `validationException`, `modelTimeoutException`) and a `{"message": ...}` payload: it
+//!   becomes an Anthropic `error` event typed by [`exception_error_type`], which the stream
+//!   path turns into the client's in-stream error (or a fallback before the first event).
+//! - `error` (`:error-code`, `:error-message` headers): the same, typed `api_error`.
+//!
+//! References: <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html>
+//! (the `chunk` event and the exceptions of the response stream),
+//! <https://docs.aws.amazon.com/transcribe/latest/dg/streaming-setting-up.html#streaming-event-stream>
+//! (the event-stream message format), the `aws-smithy-eventstream` crate (its reference
+//! implementation in the Rust SDK).
+
+use aws_smithy_eventstream::frame::read_message_from;
+use aws_smithy_types::event_stream::{HeaderValue, Message};
+use base64::Engine as _;
+use bytes::{Buf, BytesMut};
+
+/// Bytes of a message's prelude (total length, headers length, prelude CRC).
+const PRELUDE_BYTES: usize = 12;
+/// Smallest valid message: prelude plus the message CRC.
+const MIN_MESSAGE_BYTES: usize = 16;
+/// Headroom over `max_event_bytes` for a message's framing, headers and base64 growth.
+const FRAMING_SLACK_BYTES: usize = 4096;
+
+/// Why an event-stream body cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventStreamError {
+    /// A message announced more bytes than the limit (`server.max_event_bytes`, in decoded
+    /// event bytes, with framing slack).
+    #[error("an event-stream message of {announced} bytes is over the limit of {limit} bytes")]
+    TooLarge {
+        /// Length from the prelude, bytes.
+        announced: usize,
+        /// The limit, bytes.
+        limit: usize,
+    },
+    /// A message is malformed: a CRC mismatch, bad header types, a length under the
+    /// minimum, a payload that is not the documented JSON, invalid base64.
+    #[error("malformed event-stream message: {0}")]
+    Malformed(String),
+    /// The body ended inside a message.
+    #[error("the event stream ended in the middle of a message")]
+    Truncated,
+}
+
+/// Incremental decoder of one event-stream body into SSE bytes (see the module docs).
+/// Reused buffers: after warm-up it allocates only what the crate's message parser does
+/// (the headers and the payload of each message).
+#[derive(Debug)]
+pub struct EventStreamDecoder {
+    /// Bytes of an incomplete message carried over from earlier chunks.
+    pending: BytesMut,
+    /// Most bytes one message may announce.
+    max_message_bytes: usize,
+    /// The base64-decoded event JSON of the message being converted.
+    json: Vec<u8>,
+}
+
+impl EventStreamDecoder {
+    /// A decoder whose events may decode to at most `max_event_bytes` of JSON each.
+    pub fn new(max_event_bytes: usize) -> Self {
+        Self {
+            pending: BytesMut::new(),
+            // Base64 is 4/3 of the JSON; headers and the `{"bytes":...}` wrapper add a little.
+            max_message_bytes: max_event_bytes
+                .saturating_mul(4)
+                .div_ceil(3)
+                .saturating_add(FRAMING_SLACK_BYTES),
+            json: Vec::new(),
+        }
+    }
+
+    /// Decodes the complete messages in `chunk` (with what earlier chunks left), appending
+    /// one SSE event per message to `out`; an incomplete tail is kept for the next call.
+    ///
+    /// # Errors
+    /// [`EventStreamError::TooLarge`] or [`EventStreamError::Malformed`]; `out` then holds
+    /// the events of the messages before the bad one.
+    pub fn push(&mut self, chunk: &[u8], out: &mut BytesMut) -> Result<(), EventStreamError> {
+        if self.pending.is_empty() {
+            // Fast path: whole messages straight from the chunk, no copy into `pending`.
+            let mut rest = chunk;
+            while let Some(len) = self.complete_len(rest)? {
+                let (msg, tail) = rest.split_at(len);
+                self.convert(msg, out)?;
+                rest = tail;
+            }
+            self.pending.extend_from_slice(rest);
+            return Ok(());
+        }
+        self.pending.extend_from_slice(chunk);
+        while let Some(len) = self.complete_len(&self.pending)? {
+            let msg = self.pending.split_to(len);
+            self.convert(&msg, out)?;
+        }
+        Ok(())
+    }
+
+    /// The verdict at the end of the body.
+    ///
+    /// # Errors
+    /// [`EventStreamError::Truncated`] when a partial message is left.
+    pub fn finish(&self) -> Result<(), EventStreamError> {
+        if self.pending.is_empty() {
+            Ok(())
+        } else {
+            Err(EventStreamError::Truncated)
+        }
+    }
+
+    /// The length of the message at the start of `buf` if all of it is there.
+    fn complete_len(&self, buf: &[u8]) -> Result<Option<usize>, EventStreamError> {
+        let Some(prefix) = buf.get(..4) else {
+            return Ok(None);
+        };
+        let mut len_bytes = [0u8; 4];
+        len_bytes.copy_from_slice(prefix);
+        let total = u32::from_be_bytes(len_bytes) as usize;
+        if total < MIN_MESSAGE_BYTES {
+            return Err(EventStreamError::Malformed(format!(
+                "message length {total} is under the minimum of {MIN_MESSAGE_BYTES}"
+            )));
+        }
+        if total > self.max_message_bytes {
+            return Err(EventStreamError::TooLarge {
+                announced: total,
+                limit: self.max_message_bytes,
+            });
+        }
+        Ok((buf.len() >= total.max(PRELUDE_BYTES)).then_some(total))
+    }
+
+    /// Parses one complete message (CRCs checked by the crate) and appends its SSE event.
+    fn convert(&mut self, bytes: &[u8], out: &mut BytesMut) -> Result<(), EventStreamError> {
+        let mut buf = bytes;
+        let msg =
+            read_message_from(&mut buf).map_err(|e| EventStreamError::Malformed(e.to_string()))?;
+        if buf.has_remaining() {
+            return Err(EventStreamError::Malformed(
+                "bytes after the message CRC".into(),
+            ));
+        }
+        match string_header(&msg, ":message-type").unwrap_or("event") {
+            "event" => match string_header(&msg, ":event-type") {
+                Some("chunk") => self.chunk_event(msg.payload(), out),
+                // Events Bedrock may add later: nothing for the client.
+                _ => Ok(()),
+            },
+            "exception" => {
+                let name = string_header(&msg, ":exception-type").unwrap_or("exception");
+                let message = payload_message(msg.payload())
+                    .unwrap_or_else(|| format!("Bedrock stream exception {name}"));
+                write_error_event(exception_error_type(name), name, &message, out);
+                Ok(())
+            }
+            "error" => {
+                let code = string_header(&msg, ":error-code").unwrap_or("error");
+                let message = string_header(&msg, ":error-message").unwrap_or(code);
+                write_error_event("api_error", code, message, out);
+                Ok(())
+            }
+            other => Err(EventStreamError::Malformed(format!(
+                "unknown :message-type `{other}`"
+            ))),
+        }
+    }
+
+    /// A `chunk` event: base64-decodes the event JSON and writes it as an SSE event named
+    /// by its `type`.
+    fn chunk_event(&mut self, payload: &[u8], out: &mut BytesMut) -> Result<(), EventStreamError> {
+        let b64 = chunk_bytes(payload)
+            .ok_or_else(|| EventStreamError::Malformed("chunk payload has no `bytes`".into()))?;
+        self.json.clear();
+        base64::engine::general_purpose::STANDARD
+            .decode_vec(b64, &mut self.json)
+            .map_err(|e| EventStreamError::Malformed(format!("chunk `bytes`: {e}")))?;
+        let name = event_type(&self.json)
+            .ok_or_else(|| EventStreamError::Malformed("chunk event JSON has no `type`".into()))?;
+        out.reserve(self.json.len() + name.len() + 16);
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        push_one_line(&self.json, out);
+        out.extend_from_slice(b"\n\n");
+        Ok(())
+    }
+}
+
+/// The value of a string header.
+fn string_header<'m>(msg: &'m Message, name: &str) -> Option<&'m str> {
+    msg.headers()
+        .iter()
+        .find(|h| h.name().as_str() == name)
+        .and_then(|h| match h.value() {
+            HeaderValue::String(s) => Some(s.as_str()),
+            _ => None,
+        })
+}
+
+/// The base64 text of a `{"bytes":"..."}` payload: the common shape read without a JSON
+/// parse (base64 holds no quote or escape), any other spelling through serde.
+fn chunk_bytes(payload: &[u8]) -> Option<&[u8]> {
+    const PREFIX: &[u8] = br#"{"bytes":""#;
+    if let Some(rest) = payload.strip_prefix(PREFIX) {
+        let end = memchr::memchr(b'"', rest)?;
+        return Some(&rest[..end]);
+    }
+    #[derive(serde::Deserialize)]
+    struct Chunk<'a> {
+        #[serde(borrow)]
+        bytes: &'a str,
+    }
+    serde_json::from_slice::<Chunk<'_>>(payload)
+        .ok()
+        .map(|c| c.bytes.as_bytes())
+}
+
+/// The `type` of an Anthropic event JSON (`{"type":"content_block_delta",...}` read
+/// without a parse; other member orders through serde).
+fn event_type(json: &[u8]) -> Option<String> {
+    const PREFIX: &[u8] = br#"{"type":""#;
+    if let Some(rest) = json.strip_prefix(PREFIX) {
+        let end = memchr::memchr(b'"', rest)?;
+        return std::str::from_utf8(&rest[..end]).ok().map(str::to_string);
+    }
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        r#type: String,
+    }
+    serde_json::from_slice::<Typed>(json).ok().map(|t| t.r#type)
+}
+
+/// The `message` (or `Message`) member of an exception payload.
+fn payload_message(payload: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(alias = "Message")]
+        message: Option<String>,
+    }
+    serde_json::from_slice::<Body>(payload)
+        .ok()
+        .and_then(|b| b.message)
+}
+
+/// The Anthropic error type of a Bedrock stream exception (`:exception-type`, camel case
+/// as Bedrock sends it, or the HTTP error names' Pascal case): throttling is
+/// `rate_limit_error`, an unavailable service `overloaded_error`, a model timeout
+/// `timeout_error`, a validation failure `invalid_request_error`, everything else
+/// (`modelStreamErrorException`, `internalServerException`, ...) `api_error`.
+pub fn exception_error_type(name: &str) -> &'static str {
+    let lower = name.to_ascii_lowercase();
+    match lower.trim_end_matches("exception") {
+        "throttling" | "modelnotready" => "rate_limit_error",
+        "serviceunavailable" => "overloaded_error",
+        "modeltimeout" => "timeout_error",
+        "validation" => "invalid_request_error",
+        "accessdenied" => "permission_error",
+        _ => "api_error",
+    }
+}
+
+/// Appends an Anthropic `error` event: `{"type":"error","error":{"type":..,"message":..}}`,
+/// the message prefixed with the exception's name.
+fn write_error_event(error_type: &str, name: &str, message: &str, out: &mut BytesMut) {
+    let data = serde_json::json!({
+        "type": "error",
+        "error": {"type": error_type, "message": format!("{name}: {message}")},
+    });
+    out.extend_from_slice(b"event: error\ndata: ");
+    out.extend_from_slice(data.to_string().as_bytes());
+    out.extend_from_slice(b"\n\n");
+}
+
+/// Appends `json` as one SSE data line: raw CR/LF (JSON whitespace between tokens, never
+/// inside strings) become spaces.
+fn push_one_line(json: &[u8], out: &mut BytesMut) {
+    if memchr::memchr2(b'\n', b'\r', json).is_none() {
+        out.extend_from_slice(json);
+        return;
+    }
+    out.extend(
+        json.iter()
+            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+    );
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,154 @@
+//! Owns how Sluice addresses AWS Bedrock (`kind: bedrock`): the runtime endpoint of the
+//! region, the `InvokeModel` / `InvokeModelWithResponseStream` paths with the model id in
+//! the path, the Anthropic Messages body as Bedrock takes it (no `model`, no `stream`,
+//! `anthropic_version: "bedrock-2023-05-31"`), the SigV4 signer ([`sigv4`]) with the
+//! credentials of the AWS chain ([`credentials`]), the binary stream framing
+//! ([`eventstream`]) and Bedrock's error answers.
+//!
+//! Which models: Anthropic Claude models (an upstream model id with `anthropic.` in it:
+//! `anthropic.claude-…`, the cross-region profiles `us.anthropic.claude-…`,
+//! `global.anthropic.claude-…`, or their inference-profile ARNs) speak the Messages dialect
+//! through `InvokeModel`. Other models (Converse API) are refused at config load.
+//!
+//! Errors (HTTP, `x-amzn-ErrorType` header, `{"message": ...}` body), as every provider's:
+//! `ThrottlingException` and `ModelNotReadyException` (429), `ServiceUnavailableException`
+//! (503), `InternalServerException` (500), `ModelTimeoutException` (408) fall back to the
+//! next route; `ModelErrorException` (424, the model failed on this request) counts as a 502
+//! and falls back too; `ValidationException` (400) and `ResourceNotFoundException` (404)
+//! reach the client; `AccessDeniedException`, `UnrecognizedClientException` and signature
+//! errors (403) are the gateway's credentials: fall back, the client gets 502.
+//!
+//! References: <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModel.html>,
+//! <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html>,
+//! <https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages.html>
+//! (the body), <https://docs.aws.amazon.com/general/latest/gr/bedrock.html> (endpoints).
+
+pub mod credentials;
+pub mod eventstream;
+pub mod sigv4;
+
+use super::azure::push_segment;
+
+/// The `anthropic_version` member Bedrock's Claude models require in the body.
+pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
+
+/// The `Accept` of a streamed request: AWS's event-stream framing.
+pub const EVENT_STREAM_CONTENT_TYPE: &str = "application/vnd.amazon.eventstream";
+
+/// Members of a Messages body Bedrock's Claude models do not take (a `ValidationException`
+/// "extraneous key" otherwise): the model (it is in the path), the stream choice (the path
+/// too), and `metadata` / `service_tier`, which only Anthropic's own API has (tracing and
+/// capacity hints, harmless to drop).
+pub const DROPPED_MEMBERS: &[&str] = &["model", "stream", "metadata", "service_tier"];
+
+/// The runtime endpoint of `region`: `https://bedrock-runtime.{region}.amazonaws.com`.
+pub fn default_base_url(region: &str) -> String {
+    format!("https://bedrock-runtime.{region}.amazonaws.com")
+}
+
+/// Whether `region` looks like an AWS region (`us-east-2`, `eu-central-1`,
+/// `us-gov-west-1`): lower-case letters, digits and `-`, starting with a letter. It goes
+/// into the host name and the signature's scope as is.
+pub fn valid_region(region: &str) -> bool {
+    region.len() <= 32
+        && region.starts_with(|c: char| c.is_ascii_lowercase())
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Whether an upstream model id names an Anthropic model (served by `InvokeModel` in
+/// the Messages dialect).
+pub fn is_anthropic(model: &str) -> bool {
+    model.starts_with("anthropic.")
+        || model.contains(".anthropic.")
+        || model.contains("/anthropic.")
+}
+
+/// The path of the invoke method for `model`: `/model/{id}/invoke-with-response-stream`
+/// for a stream, `/model/{id}/invoke` otherwise, the id percent-encoded as one segment
+/// (`:` as `%3A`, `/` of an ARN as `%2F`).
+pub fn invoke_path(model: &str, stream: bool) -> String {
+    let mut p = String::with_capacity(40 + model.len());
+    p.push_str("/model/");
+    push_segment(&mut p, model);
+    p.push_str(if stream {
+        "/invoke-with-response-stream"
+    } else {
+        "/invoke"
+    });
+    p
+}
+
+/// The status an error answer counts as: a `ModelErrorException` (424: the model failed
+/// while processing this request) is a 502, a provider failure that falls back; every
+/// other keeps its status.
+pub fn error_status(status: u16) -> u16 {
+    if status == 424 {
+        502
+    } else {
+        status
+    }
+}
+
+/// The message of a Bedrock error body (`{"message": ...}`, some services spell it
+/// `Message`); `None` when the body is not that JSON.
+pub fn error_message(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(alias = "Message")]
+        message: Option<String>,
+    }
+    serde_json::from_slice::<Body>(body)
+        .ok()
+        .and_then(|b| b.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_encode_the_model_id_as_one_segment() {
+        assert_eq!(
+            invoke_path("us.anthropic.claude-sonnet-4-6-v1:0", false),
+            "/model/us.anthropic.claude-sonnet-4-6-v1%3A0/invoke"
+        );
+        assert_eq!(
+            invoke_path("anthropic.claude-3-haiku-20240307-v1:0", true),
+            "/model/anthropic.claude-3-haiku-20240307-v1%3A0/invoke-with-response-stream"
+        );
+        assert_eq!(
+            invoke_path("arn:aws:bedrock:us-east-1:1:inference-profile/us.anthropic.c", false),
+            "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Ainference-profile%2Fus.anthropic.c/invoke"
+        );
+    }
+
+    #[test]
+    fn models_regions_and_errors() {
+        assert!(is_anthropic("us.anthropic.claude-sonnet-4-6-v1:0"));
+        assert!(is_anthropic("anthropic.claude-3-haiku-20240307-v1:0"));
+        assert!(is_anthropic(
+            "arn:aws:bedrock:us-east-1:1:inference-profile/global.anthropic.x"
+        ));
+        assert!(!is_anthropic("amazon.nova-pro-v1:0"));
+        assert!(!is_anthropic("meta.llama3-70b-instruct-v1:0"));
+        assert!(valid_region("us-east-2"));
+        assert!(valid_region("us-gov-west-1"));
+        assert!(!valid_region("US-EAST-1"));
+        assert!(!valid_region("us-east-1.evil.com"));
+        assert!(!valid_region(""));
+        assert_eq!(
+            default_base_url("eu-west-1"),
+            "https://bedrock-runtime.eu-west-1.amazonaws.com"
+        );
+        assert_eq!(error_status(424), 502);
+        assert_eq!(error_status(429), 429);
+        assert_eq!(
+            error_message(br#"{"message":"Too many requests, please wait before trying again."}"#)
+                .as_deref(),
+            Some("Too many requests, please wait before trying again.")
+        );
+        assert_eq!(error_message(b"<html>"), None);
+    }
+}
