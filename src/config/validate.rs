@@ -448,8 +448,6 @@ fn build_provider(
         region,
         aws_profile,
     } = p;
-    let aws = bedrock_signer(kind, region.as_deref(), aws_profile.as_deref(), &key)
-        .map_err(|(k, m)| sources.err(fidx, &k, m))?;
     if kind == ProviderKind::Bedrock && (api_key.is_some() || api_key_env.is_some()) {
         let k = if api_key.is_some() {
             "api_key"
@@ -462,6 +460,8 @@ fn build_provider(
             "kind bedrock signs with AWS credentials (the AWS_* environment or aws_profile), not an API key",
         ));
     }
+    let aws = bedrock_signer(kind, region.as_deref(), aws_profile.as_deref(), &key)
+        .map_err(|(k, m)| sources.err(fidx, &k, m))?;
     let api_version = match (kind, api_version) {
         (ProviderKind::AzureOpenai, Some(v)) if crate::providers::azure::valid_api_version(&v) => {
             Some(v)
@@ -681,22 +681,23 @@ fn bedrock_signer(
             _ => Ok(None),
         };
     }
-    let region =
-        match region {
-            Some(r) if valid_region(r) => r,
-            Some(r) => return Err((
+    let region = match region {
+        Some(r) if valid_region(r) => r,
+        Some(r) => {
+            return Err((
                 key("region"),
                 format!(
                     "`{r}` is no AWS region (lower-case letters, digits and `-`, e.g. us-east-2)"
                 ),
-            )),
-            None => {
-                return Err((
-                    key("").trim_end_matches('.').to_string(),
-                    "region is required for kind bedrock (e.g. us-east-2)".into(),
-                ))
-            }
-        };
+            ))
+        }
+        None => {
+            return Err((
+                key("").trim_end_matches('.').to_string(),
+                "region is required for kind bedrock (e.g. us-east-2)".into(),
+            ))
+        }
+    };
     let env = |name: &str| std::env::var(name).ok();
     let creds = match aws_profile {
         Some(profile) => {

@@ -106,6 +106,8 @@ pub struct Behavior {
     pub reset: Option<bool>,
     /// After N content tokens, emit a provider-shaped error event and end the stream
     /// (OpenAI: `data: {"error":…}`; Anthropic: `event: error`), without `[DONE]`.
+    /// Bedrock: an event-stream exception message named by `error_type` (default by
+    /// `status`); with 0 it is the stream's first message, before `message_start`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_after_tokens: Option<u64>,
     /// Use `\r\n` line endings in the SSE stream.

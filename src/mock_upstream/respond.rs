@@ -1046,6 +1046,23 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     if Behavior::flag(b.close_before_first_event) {
         return Ok(abort);
     }
+    if aws && b.error_after_tokens == Some(0) {
+        // Bedrock reports a failure before the model starts (throttling, say) as the
+        // stream's first message: no `message_start` before it.
+        let status = b.status.filter(|s| *s >= 400).unwrap_or(500);
+        let name = b
+            .error_type
+            .clone()
+            .unwrap_or_else(|| bedrock::exception_type_for(status).to_string());
+        let msg = b
+            .error_message
+            .clone()
+            .unwrap_or_else(|| bedrock::default_message(status));
+        wire.write(out, &bedrock::exception_message(&name, &msg))
+            .await?;
+        wire.finish(out).await?;
+        return Ok(After::Keep);
+    }
     if Behavior::flag(b.bom) && !aws {
         wire.write(out, "\u{FEFF}".as_bytes()).await?;
     }

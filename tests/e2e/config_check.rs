@@ -20,6 +20,14 @@ fn check(file: &Path) -> Output {
         .arg("-c")
         .arg(file)
         .env(FIXTURE_KEY_ENV, "sk-fixture-provider-key")
+        // `kind: bedrock` fixtures: the AWS environment chain and a shared credentials file.
+        .env("AWS_ACCESS_KEY_ID", "AKIAFIXTURE000000002")
+        .env("AWS_SECRET_ACCESS_KEY", "fixture-secret-not-a-real-key")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env(
+            "AWS_SHARED_CREDENTIALS_FILE",
+            root().join("tests/fixtures/config/aws-credentials"),
+        )
         .env_remove(UNSET_ENV)
         .env_remove("RUST_LOG")
         .output()

@@ -5,6 +5,7 @@
 mod anthropic;
 mod api;
 mod backpressure;
+mod bedrock;
 mod budget;
 mod cancellation;
 mod capacity;

@@ -124,3 +124,97 @@ fn official_anthropic_and_openai_sdks_work_on_azure_and_gemini() {
         .count();
     assert_eq!((azure, gemini), (11, 11), "{log:?}");
 }
+
+/// The same script against a model served by `kind: bedrock` (SigV4-signed requests the
+/// mock verifies, event-stream answers cut at arbitrary byte boundaries): every dialect's
+/// official SDK, text, tools and reasoning, streamed and not.
+#[test]
+fn official_anthropic_and_openai_sdks_work_on_bedrock() {
+    let text = "Hello from Bedrock: héllo 世界 🚀, twenty tokens or so of text.";
+    let text_behavior = serde_json::json!({"text": text, "split": "arbitrary"}).to_string();
+    let tools = serde_json::json!([
+        {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "c"}},
+        {"name": "get_time", "arguments": {"tz": "Europe/Zurich"}},
+    ]);
+    let tool_text = "Let me check both.";
+    let tools_behavior = serde_json::json!({
+        "text": tool_text,
+        "tool_calls": tools,
+        "split": "arbitrary",
+    })
+    .to_string();
+    let thought = "Höw tö greet: wärmly, 🤝 first.";
+    let reasoning_behavior = serde_json::json!({
+        "text": text,
+        "reasoning": thought,
+        "split": "bytewise",
+    })
+    .to_string();
+    let mock = Mock::start(&text_behavior);
+    let dir = crate::harness::TempDir::new("sdk-bedrock");
+    let file = crate::bedrock::credentials_file(&dir);
+    let yaml = format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  br:\n    kind: bedrock\n    region: us-east-2\n    base_url: http://{}\n    aws_profile: temp\nmodels:\n  acme/bedrock:\n    routes:\n      - provider: br\n        upstream_model: \"{}\"\n",
+        mock.addr,
+        crate::bedrock::BEDROCK_MODEL
+    );
+    let env = crate::bedrock::env(&file);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sluice = Sluice::start_with_env(&yaml, &env);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/dialects_client.py");
+    let base_url = format!("http://{}", sluice.addr);
+    let mock_url = format!("http://{}", mock.addr);
+    let tools = tools.to_string();
+    let (ok, out) = run_python(
+        &[
+            script.to_str().expect("utf-8 path"),
+            "--base-url",
+            &base_url,
+            "--key",
+            KEY,
+            "--model",
+            "acme/bedrock",
+            "--mock-url",
+            &mock_url,
+            "--text-behavior",
+            &text_behavior,
+            "--expect-text",
+            text,
+            "--tools-behavior",
+            &tools_behavior,
+            "--expect-tool-text",
+            tool_text,
+            "--expect-tools",
+            &tools,
+            "--reasoning-behavior",
+            &reasoning_behavior,
+            "--expect-reasoning",
+            thought,
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(ok, "the SDK script failed:\n{out}");
+    assert!(out.contains("sdk ok"), "{out}");
+    assert!(
+        !out.contains("claude-sonnet-4-6"),
+        "the upstream model leaked:\n{out}"
+    );
+    // Eleven calls reach Bedrock, each signed with the temporary credentials (the mock
+    // refuses a bad signature with 403, which the script would have seen as a 502).
+    let log = mock.log();
+    assert_eq!(log.len(), 11, "{out}");
+    assert!(
+        log.iter().all(|r| r["status"] == 200
+            && r["path"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("/model/us.anthropic.claude-sonnet-4-6-v1%3A0/invoke")
+            && r["all_headers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|h| h[0] == "x-amz-security-token"
+                    && h[1] == sluice::mock_upstream::sigv4::MOCK_AWS_SESSION_TOKEN)),
+        "{log:?}"
+    );
+}

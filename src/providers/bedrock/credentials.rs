@@ -71,7 +71,12 @@ pub fn from_profile(path: &Path, profile: &str) -> Result<AwsCredentials, Creden
             path.display()
         ))
     })?;
-    parse_profile(&text, profile).map_err(|m| CredentialsError(format!("{}: {m}", path.display())))
+    parse_profile(&text, profile).map_err(|m| {
+        CredentialsError(format!(
+            "{m} in the shared credentials file {}",
+            path.display()
+        ))
+    })
 }
 
 /// Profile `profile` of a shared credentials file's text.

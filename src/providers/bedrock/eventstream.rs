@@ -14,7 +14,9 @@
 //! What a message means, by its `:message-type` header:
 //! - `event` with `:event-type: chunk`: the payload is `{"bytes":"<base64>"}` (Bedrock may
 //!   add a padding member `"p"`), the base64 holding one Anthropic Messages stream event's
-//!   data JSON; it becomes `event: {type}\ndata: {json}\n\n`.
+//!   data JSON; it becomes `event: {type}\ndata: {json}\n\n` (`message_stop` without the
+//!   `amazon-bedrock-invocationMetrics` member Bedrock adds: the client cannot tell
+//!   Bedrock answered).
 //! - `exception` with `:exception-type` (`modelStreamErrorException`,
 //!   `throttlingException`, `internalServerException`, `serviceUnavailableException`,
 //!   `validationException`, `modelTimeoutException`) and a `{"message": ...}` payload: it
@@ -194,6 +196,13 @@ impl EventStreamDecoder {
             .map_err(|e| EventStreamError::Malformed(format!("chunk `bytes`: {e}")))?;
         let name = event_type(&self.json)
             .ok_or_else(|| EventStreamError::Malformed("chunk event JSON has no `type`".into()))?;
+        if name == "message_stop" {
+            // Bedrock adds `amazon-bedrock-invocationMetrics` (its own token counts and
+            // latencies) to the stop event; Anthropic's has nothing but the type, and the
+            // client must not tell which provider answered.
+            out.extend_from_slice(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+            return Ok(());
+        }
         out.reserve(self.json.len() + name.len() + 16);
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(name.as_bytes());

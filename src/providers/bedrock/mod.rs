@@ -151,4 +151,27 @@ mod tests {
         );
         assert_eq!(error_message(b"<html>"), None);
     }
+
+    #[test]
+    fn the_config_contract_keeps_region_and_aws_profile_to_bedrock() {
+        for (section, key) in [
+            (
+                "    kind: openai\n    base_url: https://api.openai.com/v1\n    region: us-east-2\n",
+                "providers.p.region",
+            ),
+            (
+                "    kind: anthropic\n    base_url: https://api.anthropic.com/v1\n    aws_profile: dev\n",
+                "providers.p.aws_profile",
+            ),
+            ("    kind: bedrock\n", "providers.p"),
+            ("    kind: bedrock\n    region: us_east_2\n", "providers.p.region"),
+            (
+                "    kind: bedrock\n    region: us-east-2\n    api_key: k\n",
+                "providers.p.api_key",
+            ),
+        ] {
+            let e = super::super::azure::tests::config(section).expect_err(section);
+            assert_eq!(e.key_path, key, "{section}: {e}");
+        }
+    }
 }

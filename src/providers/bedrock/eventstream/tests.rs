@@ -51,9 +51,10 @@ fn transcript() -> Vec<u8> {
     all
 }
 
+/// The SSE of [`transcript`]: `message_stop` without Bedrock's invocation metrics.
 fn expected() -> String {
     format!(
-        "event: message_start\ndata: {START}\n\nevent: content_block_delta\ndata: {DELTA}\n\nevent: message_stop\ndata: {STOP}\n\n"
+        "event: message_start\ndata: {START}\n\nevent: content_block_delta\ndata: {DELTA}\n\nevent: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
     )
 }
 
