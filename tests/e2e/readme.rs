@@ -40,7 +40,11 @@ fn check(file: &Path, env: &[(&str, &str)]) -> std::process::Output {
     cmd.env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("AZURE_OPENAI_API_KEY")
-        .env_remove("GEMINI_API_KEY");
+        .env_remove("GEMINI_API_KEY")
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_SHARED_CREDENTIALS_FILE");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -68,6 +72,8 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
         ("ANTHROPIC_API_KEY", "sk-ant-test"),
         ("AZURE_OPENAI_API_KEY", "azure-test-key"),
         ("GEMINI_API_KEY", "gemini-test-key"),
+        ("AWS_ACCESS_KEY_ID", "AKIAREADMEEXAMPLE001"),
+        ("AWS_SECRET_ACCESS_KEY", "readme-test-secret"),
     ];
     for (i, yaml) in configs.iter().enumerate() {
         let file = dir.path().join(format!("example-{i}.yaml"));
