@@ -344,6 +344,7 @@ fn merge(
         entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.retry = entry.retry.take().or(m.retry);
+        entry.continue_on_break = entry.continue_on_break.or(m.continue_on_break);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -910,6 +911,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 cached_input_usd_per_mtok: r.cached_input_usd_per_mtok,
                 cache_write_usd_per_mtok: r.cache_write_usd_per_mtok,
                 capabilities: r.capabilities,
+                supports_prefill: r.supports_prefill,
             });
         }
         model_map.insert(
@@ -919,6 +921,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 strategy: m.strategy.unwrap_or_default(),
                 first_event_timeout: m.first_event_timeout_ms.map(ms),
                 early_commit_after: m.early_commit_after_ms.map(ms),
+                continue_on_break: m.continue_on_break.unwrap_or(false),
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 retry: {
                     let mut p = crate::routing::retry::RetryPolicy::from_section(&server_retry);

@@ -47,6 +47,7 @@
 #![warn(missing_docs)]
 
 pub mod chat;
+pub mod continuation;
 mod json;
 pub mod messages;
 pub mod responses;

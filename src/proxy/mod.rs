@@ -21,6 +21,7 @@ pub mod access_log;
 pub mod attempt;
 pub mod client_ip;
 pub mod connection;
+mod continuation;
 pub mod count_tokens;
 pub mod ctx;
 pub mod edge;
