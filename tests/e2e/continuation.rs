@@ -190,8 +190,12 @@ fn a_cut_chat_stream_is_continued_on_the_next_route_with_the_text_exactly_once()
         .find(|c| c["usage"].is_object())
         .unwrap()["usage"]
         .clone();
-    assert!(usage["prompt_tokens"].as_u64().unwrap() > 50, "{usage}");
-    assert!(usage["completion_tokens"].as_u64().unwrap() > 6, "{usage}");
+    let (prompt, completion) = (
+        usage["prompt_tokens"].as_u64().unwrap(),
+        usage["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(prompt > 50, "{usage}");
+    assert!(completion > 6, "{usage}");
 
     assert_eq!((chat_hits(&p1), chat_hits(&p2)), (1, 1));
     // The continuation carried the text so far: an assistant turn, then the instruction.
@@ -215,6 +219,9 @@ fn a_cut_chat_stream_is_continued_on_the_next_route_with_the_text_exactly_once()
         crate::harness::eventually(Duration::from_secs(5), || {
             let log = sluice.log();
             log.contains("provider=p2 attempts=2 status=200 outcome=ok")
+                && log.contains(&format!(
+                    "input_tokens={prompt} output_tokens={completion} "
+                ))
                 && log.contains("estimated=true")
         }),
         "{}",
@@ -414,4 +421,71 @@ fn a_route_that_rejects_the_continuation_ends_the_stream_honestly() {
     assert!(req.to_string().contains("The quick "), "{req}");
     assert_eq!(continuations(&sluice, "rejected"), 1.0);
     assert_eq!(continuations(&sluice, "continued"), 0.0);
+}
+
+#[test]
+fn an_in_stream_error_after_content_is_continued_for_a_responses_client() {
+    let p1 = Mock::start(r#"{"text":"Alpha beta gamma delta ","error_after_tokens":2}"#);
+    let p2 = Mock::start(r#"{"text":"gamma delta.","prompt_tokens":20}"#);
+    let sluice = Sluice::start(&config(
+        "",
+        &[P("p1", "openai", &p1, ""), P("p2", "openai", &p2, "")],
+        ON,
+    ));
+    let body = format!(r#"{{"model":"{MODEL}","input":"Greek letters","stream":true}}"#);
+    let mut s = StreamReader::open(
+        sluice.addr,
+        "/v1/responses",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        &body,
+    );
+    assert_eq!(s.status, 200);
+    let out = s.read_to_end(READ);
+    assert!(s.is_done());
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(
+        markers(&out),
+        vec![": sluice-continued provider=p2 reason=upstream_error".to_string()]
+    );
+    let events = datas(&out);
+    let of = |t: &str| events.iter().filter(|e| e["type"] == t).count();
+    assert_eq!(of("response.created"), 1, "{text}");
+    assert_eq!(of("response.completed"), 1, "{text}");
+    assert_eq!(of("error"), 0, "{text}");
+    // One output text item; its deltas are the whole text once.
+    assert_eq!(of("response.output_item.added"), 1, "{text}");
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, "Alpha beta gamma delta.", "{text}");
+    // Sequence numbers run on across the seam, without gaps.
+    let seq: Vec<u64> = events
+        .iter()
+        .filter_map(|e| e["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(seq, (seq[0]..seq[0] + seq.len() as u64).collect::<Vec<_>>());
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.completed")
+        .expect("response.completed");
+    let created = events
+        .iter()
+        .find(|e| e["type"] == "response.created")
+        .expect("response.created");
+    assert_eq!(done["response"]["id"], created["response"]["id"]);
+    assert!(
+        done["response"]["usage"]["input_tokens"].as_u64().unwrap() > 20,
+        "{done}"
+    );
+
+    assert_eq!((chat_hits(&p1), chat_hits(&p2)), (1, 1));
+    let req = only_request(&p2, "/chat/completions");
+    let msgs = req["messages"].as_array().unwrap();
+    assert_eq!(
+        content_text(&msgs[msgs.len() - 2]["content"]),
+        "Alpha beta "
+    );
+    assert_eq!(continuations(&sluice, "continued"), 1.0);
 }
