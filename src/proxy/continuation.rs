@@ -59,7 +59,8 @@ pub const TRANSCRIPT_CAP_BYTES: usize = 256 * 1024;
 /// too), `client_abort` (the client left during the continuation), and the refusals:
 /// `tool_call`, `no_text`, `too_long`, `complete` (the answer had stopped already),
 /// `unsupported` (the request cannot be re-encoded), `no_route` (no candidate left),
-/// `rejected` (every remaining route failed or refused before answering).
+/// `rejected` (every remaining route failed or refused before answering, or shutdown began
+/// meanwhile).
 pub const OUTCOMES: [&str; 10] = [
     "continued",
     "failed",
@@ -238,6 +239,10 @@ pub(super) async fn resume<'r>(
                 cand.health.release_trial();
                 return Ok(Attempt::Gone(g));
             }
+            Opened::Shutdown => {
+                cand.health.release_trial();
+                return Err(refuse(ctx, "rejected", "the gateway is shutting down", err));
+            }
         }
     }
     let Some((cand, mut up, target, coding, timeouts, _slot)) = opened else {
@@ -353,6 +358,8 @@ enum Opened {
     Failed(AttemptFailure, String),
     /// The client left meanwhile.
     Gone(ClientGone),
+    /// Shutdown's grace period ended meanwhile (no further route is tried).
+    Shutdown,
 }
 
 /// Connects to `route`, sends the continuation request `body` and reads the answer's head
@@ -389,6 +396,7 @@ async fn open(
         let connect = tokio::select! {
             r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
             () = client_gone(session) => return Opened::Gone(ClientGone("streaming")),
+            () = crate::shutdown::streams_cancelled() => return Opened::Shutdown,
         };
         let (mut up, reused) = match connect {
             Ok(Ok(pair)) => pair,
@@ -400,6 +408,10 @@ async fn open(
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Opened::Gone(ClientGone("streaming"));
+            }
+            () = crate::shutdown::streams_cancelled() => {
+                up.shutdown().await;
+                return Opened::Shutdown;
             }
         };
         match exchanged {
