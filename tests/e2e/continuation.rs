@@ -489,3 +489,32 @@ fn an_in_stream_error_after_content_is_continued_for_a_responses_client() {
     );
     assert_eq!(continuations(&sluice, "continued"), 1.0);
 }
+
+#[test]
+fn with_continuation_on_an_unbroken_stream_is_served_once_and_unchanged() {
+    let p1 = Mock::start(r#"{"text":"All of it arrives.","prompt_tokens":12}"#);
+    let p2 = Mock::start(r#"{"text":"never sent"}"#);
+    let sluice = Sluice::start(&config(
+        "",
+        &[P("p1", "openai", &p1, ""), P("p2", "openai", &p2, "")],
+        ON,
+    ));
+    let body = chat_stream(&sluice);
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(sse_text(&body), "All of it arrives.", "{text}");
+    assert!(markers(&body).is_empty(), "{text}");
+    assert_eq!(count(&body, "data: [DONE]"), 1, "{text}");
+    assert_eq!(count(&body, r#""role":"assistant""#), 1, "{text}");
+    let chunks = datas(&body);
+    let usage = &chunks
+        .iter()
+        .rev()
+        .find(|c| c["usage"].is_object())
+        .expect("a usage chunk")["usage"];
+    // The provider's own figures (12 prompt tokens, 4 words), nothing added.
+    assert_eq!(usage["prompt_tokens"], 12, "{usage}");
+    assert_eq!(usage["completion_tokens"], 4, "{usage}");
+    assert_eq!((chat_hits(&p1), chat_hits(&p2)), (1, 0));
+    let m = Metrics::scrape(&sluice);
+    assert_eq!(m.get("sluice_stream_continuations_total", &[]), 0.0);
+}
