@@ -60,6 +60,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
                 cached_input_usd_per_mtok: None,
                 cache_write_usd_per_mtok: None,
                 capabilities: (i % 3 == 2).then(|| vec![Capability::Vision]),
+                supports_prefill: false,
             }
         })
         .collect();
@@ -68,6 +69,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
         strategy,
         first_event_timeout: None,
         early_commit_after: None,
+        continue_on_break: false,
         default_max_tokens: 4096,
         retry: sluice::routing::retry::RetryPolicy::default(),
         input_usd_per_mtok: None,

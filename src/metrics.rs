@@ -75,6 +75,10 @@ pub struct Metrics {
     /// `upstream_incomplete`, `upstream_encoding`, `event_too_large`, `idle_timeout`,
     /// `first_event_timeout`, `max_stream_duration`, `shutdown`.
     pub stream_errors_total: IntCounterVec,
+    /// `sluice_stream_continuations_total{model,outcome}`: committed streams that broke with
+    /// `models.<id>.continue_on_break` on, by what became of them (`continued` and the
+    /// refusals, see `crate::proxy::continuation::OUTCOMES`).
+    pub stream_continuations_total: IntCounterVec,
     /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream
     /// answers, each replaced with U+FFFD before it reached the client: in SSE events
     /// (WHATWG SSE decoding) and in non-stream answer bodies (before the model rewrite or
@@ -269,6 +273,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_stream_errors_total",
             "Committed streams that ended with an SSE error event, by reason.",
             &["reason"]
+        )?,
+        stream_continuations_total: register_int_counter_vec!(
+            "sluice_stream_continuations_total",
+            "Committed streams that broke with continue_on_break on, by model and outcome (continued, or why not).",
+            &["model", "outcome"]
         )?,
         sse_invalid_utf8_total: register_int_counter_vec!(
             "sluice_sse_invalid_utf8_total",

@@ -275,6 +275,9 @@ pub struct Model {
     pub first_event_timeout: Option<Duration>,
     /// Early-commit opt-in.
     pub early_commit_after: Option<Duration>,
+    /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
+    /// is continued on the next candidate route (see `crate::proxy::continuation`).
+    pub continue_on_break: bool,
     /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
@@ -317,6 +320,8 @@ pub struct Route {
     pub cache_write_usd_per_mtok: Option<f64>,
     /// Capabilities; `None` means all.
     pub capabilities: Option<Vec<Capability>>,
+    /// `routes[].supports_prefill`: a continuation on this route rides assistant prefill.
+    pub supports_prefill: bool,
     /// The model echo: puts the standard id in responses, whatever model id the provider answered.
     pub rewriter: ModelRewriter,
     /// Stable health key, `provider/upstream_model`.

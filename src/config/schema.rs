@@ -630,6 +630,11 @@ pub struct ModelSection {
     /// Same-route retries of this model's requests, over `server.retry`.
     #[serde(default)]
     pub retry: Option<RetrySection>,
+    /// Opt in to mid-stream continuation: a stream that breaks after text reached the client
+    /// is continued on the next candidate route and spliced into the same client stream
+    /// (default false; see `crate::proxy::continuation`).
+    #[serde(default)]
+    pub continue_on_break: Option<bool>,
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,
@@ -680,6 +685,11 @@ pub struct RouteSection {
     /// Capabilities; absent means all.
     #[serde(default)]
     pub capabilities: Option<Vec<Capability>>,
+    /// The route accepts a trailing assistant message as a prefix to continue (assistant
+    /// prefill); a mid-stream continuation on it rides the prefill instead of a trailing user
+    /// message (default false: current Claude models reject prefill).
+    #[serde(default)]
+    pub supports_prefill: bool,
 }
 
 /// `redis:`: distributed rate limits.

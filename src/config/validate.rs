@@ -181,10 +181,21 @@ pub(crate) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>,
 /// Today: an `admin_listen` that is not a loopback address (the admin listener has no
 /// authentication), and a standard model priced in part: some sell price set but
 /// `input_usd_per_mtok` or `output_usd_per_mtok` absent (those tokens are charged 0; a model
-/// with no sell price at all is free by intent, e.g. the demo, and not warned about).
+/// with no sell price at all is free by intent, e.g. the demo, and not warned about); and
+/// `continue_on_break: true` on a model with a single route (a broken stream continues on
+/// the *next* route, so it would never be continued).
 pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
     let mut out = Vec::new();
     for (id, m) in &cfg.models {
+        if m.continue_on_break && m.routes.len() < 2 {
+            let text = std::fs::read_to_string(&cfg.source_path).ok();
+            out.push(ConfigError::at(
+                &cfg.source_path,
+                text.as_deref(),
+                &format!("models.{id}.continue_on_break"),
+                "a broken stream continues on the next route, and this model has only one:                  its streams are never continued",
+            ));
+        }
         let missing: Vec<&str> = [
             ("input_usd_per_mtok", m.input_usd_per_mtok),
             ("output_usd_per_mtok", m.output_usd_per_mtok),
@@ -344,6 +355,7 @@ fn merge(
         entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.retry = entry.retry.take().or(m.retry);
+        entry.continue_on_break = entry.continue_on_break.or(m.continue_on_break);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -910,6 +922,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 cached_input_usd_per_mtok: r.cached_input_usd_per_mtok,
                 cache_write_usd_per_mtok: r.cache_write_usd_per_mtok,
                 capabilities: r.capabilities,
+                supports_prefill: r.supports_prefill,
             });
         }
         model_map.insert(
@@ -919,6 +932,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 strategy: m.strategy.unwrap_or_default(),
                 first_event_timeout: m.first_event_timeout_ms.map(ms),
                 early_commit_after: m.early_commit_after_ms.map(ms),
+                continue_on_break: m.continue_on_break.unwrap_or(false),
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 retry: {
                     let mut p = crate::routing::retry::RetryPolicy::from_section(&server_retry);
@@ -1468,6 +1482,30 @@ mod tests {
         assert_eq!(w[0].key_path, "models.acme/chat-small.output_usd_per_mtok");
         // Not priced at all: free by intent, no warning.
         assert!(load_str(MINIMAL).unwrap().warnings().is_empty());
+    }
+
+    #[test]
+    fn continuation_keys_load_and_a_single_route_continuation_is_warned_about() {
+        let c = load_str(MINIMAL).unwrap();
+        let m = &c.models["acme/chat-small"];
+        assert!(!m.continue_on_break);
+        assert!(!m.routes[0].supports_prefill);
+        let one = MINIMAL.replace(
+            "  acme/chat-small:\n",
+            "  acme/chat-small:\n    continue_on_break: true\n",
+        );
+        let c = load_str(&one).unwrap();
+        assert!(c.models["acme/chat-small"].continue_on_break);
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].key_path, "models.acme/chat-small.continue_on_break");
+        let two = one.replace(
+            "        priority: 10\n",
+            "        priority: 10\n      - provider: local-mock\n        upstream_model: mock-large-v1\n        supports_prefill: true\n",
+        );
+        let c = load_str(&two).unwrap();
+        assert!(c.warnings().is_empty());
+        assert!(c.models["acme/chat-small"].routes[1].supports_prefill);
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //!   [`encode_request`], [`decode_response`], [`encode_response`],
 //!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`], [`merge_usage`],
 //!   [`StreamTranslator`]): the proxy never names a dialect's module;
+//! * the canonical side of mid-stream continuation ([`continuation`]: the transcript of a
+//!   client stream, the request that continues it, the splice of the continuation's events);
 //! * the local input-token estimate of a canonical request ([`tokens`]); the
 //!   token-count request, which only Anthropic's API has, is
 //!   [`messages::count`] (the one dialect module the proxy names).
@@ -47,6 +49,7 @@
 #![warn(missing_docs)]
 
 pub mod chat;
+pub mod continuation;
 mod json;
 pub mod messages;
 pub mod responses;

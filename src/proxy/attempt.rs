@@ -54,7 +54,9 @@ pub async fn run(
 ) -> Result<(), ClientGone> {
     let mut last_error: Option<GatewayError> = None;
     let mut previous: Option<(String, &'static str)> = None;
-    for cand in candidates {
+    for (i, cand) in candidates.iter().enumerate() {
+        // The routes after this one: where a broken stream may continue (`continuation`).
+        let rest = &candidates[i + 1..];
         let route = cand.route;
         // A provider at its own cap (`max_concurrent_requests`) is skipped, its health
         // untouched: full is not failing.
@@ -89,7 +91,7 @@ pub async fn run(
         loop {
             tries_here += 1;
             ctx.attempt_count += 1;
-            let outcome = attempt(connector, session, ctx, req, model, route).await;
+            let outcome = attempt(connector, session, ctx, req, model, route, rest).await;
             match outcome {
                 Attempt::Done => {
                     metrics()
@@ -252,7 +254,8 @@ fn upstream_body(
     protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }
 
-/// One attempt against one route.
+/// One attempt against one route; `rest` are the candidates after it (a stream that breaks
+/// may continue on them, see [`super::continuation`]).
 async fn attempt(
     connector: &Connector,
     session: &mut Session,
@@ -260,6 +263,7 @@ async fn attempt(
     req: &InferenceRequest,
     model: &Model,
     route: &Route,
+    rest: &[Candidate<'_>],
 ) -> Attempt {
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
@@ -456,6 +460,7 @@ async fn attempt(
             req,
             model,
             route,
+            rest,
             &target.peer,
             up,
             timeouts,

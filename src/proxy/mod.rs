@@ -16,11 +16,14 @@
 //! Inside the attempt loop the arrows point down the request path: [`attempt`] (candidates,
 //! fallback, the upstream request) → `unary` (a non-streaming answer) or `pump` (a stream,
 //! through `pipe`'s per-stream transform) → `upstream` (how an attempt ends, shared by all).
+//! A committed stream that breaks may be handed to `continuation` (opt-in per model), which
+//! splices the rest of the answer from the next candidate through the same pipe.
 
 pub mod access_log;
 pub mod attempt;
 pub mod client_ip;
 pub mod connection;
+mod continuation;
 pub mod count_tokens;
 pub mod ctx;
 pub mod edge;

@@ -295,6 +295,7 @@ mod tests {
             cached_input_usd_per_mtok: None,
             cache_write_usd_per_mtok: None,
             capabilities: caps,
+            supports_prefill: false,
             rewriter: ModelRewriter::new(model),
             health_key: format!("{model}|{p}/{p}-m"),
         }
@@ -306,6 +307,7 @@ mod tests {
             strategy,
             first_event_timeout: None,
             early_commit_after: None,
+            continue_on_break: false,
             default_max_tokens: 4096,
             retry: crate::routing::retry::RetryPolicy::default(),
             input_usd_per_mtok: None,

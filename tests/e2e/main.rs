@@ -11,6 +11,7 @@ mod capacity;
 mod cli_key;
 mod client_compat;
 mod config_check;
+mod continuation;
 mod count_tokens;
 mod demo;
 mod dialect_matrix;
