@@ -69,6 +69,8 @@ fn model(n: usize, strategy: Strategy) -> Model {
         early_commit_after: None,
         default_max_tokens: 4096,
         retry: sluice::routing::retry::RetryPolicy::default(),
+        hedge_after: None,
+        affinity: sluice::config::opt_in::Affinity::Off,
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
         cached_input_usd_per_mtok: None,

@@ -619,6 +619,12 @@ pub struct ModelSection {
     /// Same-route retries of this model's requests, over `server.retry`.
     #[serde(default)]
     pub retry: Option<RetrySection>,
+    /// Opt-in hedged requests: a number of ms, or `auto` (see [`super::opt_in`]).
+    #[serde(default)]
+    pub hedge_after_ms: Option<super::opt_in::HedgeAfterSection>,
+    /// Opt-in prompt-cache affinity (`conversation`; default off).
+    #[serde(default)]
+    pub affinity: Option<super::opt_in::Affinity>,
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,

@@ -325,6 +325,8 @@ fn merge(
         entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.retry = entry.retry.take().or(m.retry);
+        entry.hedge_after_ms = entry.hedge_after_ms.or(m.hedge_after_ms);
+        entry.affinity = entry.affinity.or(m.affinity);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -819,6 +821,11 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         if let Some(r) = &m.retry {
             check_retry(r, &format!("models.{id}.retry"), &main_err)?;
         }
+        let hedge_after = m
+            .hedge_after_ms
+            .map(crate::config::opt_in::HedgeAfter::from_section)
+            .transpose()
+            .map_err(|e| main_err(&format!("models.{id}.hedge_after_ms"), e))?;
         if id.trim().is_empty() {
             return Err(main_err("models", "a standard model id is empty".into()));
         }
@@ -899,6 +906,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                     }
                     p
                 },
+                hedge_after,
+                affinity: m.affinity.unwrap_or_default(),
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
                 cached_input_usd_per_mtok: m.cached_input_usd_per_mtok,
