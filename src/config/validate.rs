@@ -1566,6 +1566,41 @@ mod tests {
     }
 
     #[test]
+    fn hedge_after_ms_and_affinity_are_opt_in_and_checked() {
+        use crate::config::opt_in::{Affinity, HedgeAfter};
+        let c = load_str(MINIMAL).unwrap();
+        let m = &c.models["acme/chat-small"];
+        assert_eq!(
+            (m.hedge_after, m.affinity),
+            (None, Affinity::Off),
+            "off by default"
+        );
+        for (v, want) in [
+            ("150", HedgeAfter::Fixed(Duration::from_millis(150))),
+            ("auto", HedgeAfter::Auto),
+        ] {
+            let y = MINIMAL.replace(
+                "    routes:\n",
+                &format!("    hedge_after_ms: {v}\n    affinity: conversation\n    routes:\n"),
+            );
+            let c = load_str(&y).unwrap();
+            let m = &c.models["acme/chat-small"];
+            assert_eq!(
+                (m.hedge_after, m.affinity),
+                (Some(want), Affinity::Conversation)
+            );
+        }
+        let y = MINIMAL.replace("    routes:\n", "    hedge_after_ms: 0\n    routes:\n");
+        let e = load_str(&y).unwrap_err();
+        assert_eq!(e.key_path, "models.acme/chat-small.hedge_after_ms", "{e}");
+        assert!(e.message.contains("at least 1"), "{e}");
+        for bad in ["hedge_after_ms: soon", "affinity: sticky"] {
+            let y = MINIMAL.replace("    routes:\n", &format!("    {bad}\n    routes:\n"));
+            assert!(load_str(&y).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn repeated_mapping_key_is_an_error_at_its_second_line() {
         let bad = MINIMAL.replace("  team-a: {}\n", "  team-a: {}\n  team-a: {}\n");
         let e = load_str(&bad).unwrap_err();
