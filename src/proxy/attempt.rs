@@ -13,6 +13,12 @@
 //! failure ends the stream with an SSE error event; a non-streaming answer whose body broke
 //! gets 502. A request is never sent again after any byte of its response was received.
 //!
+//! One attempt is two phases: [`prepare`] (connect, send, read the head and, for a stream,
+//! hold its first data event) touches no downstream state and is a future the caller races
+//! against the client's disconnect and shutdown, and, hedged, against another route's
+//! ([`super::hedge`], which runs every attempt of the loop); [`commit`] then writes the
+//! answer. Dropping a `prepare` drops its upstream connection.
+//!
 //! The unary exchange is [`super::unary`], the stream pump [`super::pump`]; what they share
 //! about an attempt's end is [`super::upstream`]. None of them names a provider kind: the
 //! provider's converters ([`crate::protocol`]) and its request head and signer
