@@ -186,3 +186,34 @@ fn auto_hedges_after_the_routes_observed_p95_once_warmed_up() {
     assert_eq!(peer_closed_phase(&p1, 21), "after_head");
     assert_eq!(hedges(&sluice, "hedge_won"), 1.0);
 }
+
+#[test]
+fn a_client_that_leaves_during_the_race_cancels_both_attempts() {
+    // Both providers hold their first event 5 s; the hedge starts after 100 ms.
+    let p1 = Mock::start(r#"{"first_event_delay_ms":5000,"tokens":2}"#);
+    let p2 = Mock::start(r#"{"first_event_delay_ms":5000,"tokens":2}"#);
+    let sluice = Sluice::start(&config(
+        "",
+        &[P("p1", &p1.base_url(), ""), P("p2", &p2.base_url(), "")],
+        "    hedge_after_ms: 100\n    retry: {max_attempts_per_route: 1, budget_ratio: 1.0}\n",
+    ));
+    let client = crate::cancellation::RawClient::send(sluice.addr, &body(true, ""));
+    // Both attempts are under way once p2 has its request.
+    let started = p2.wait_log(Duration::from_secs(5), |l| !l.is_empty());
+    assert_eq!(started.len(), 1, "the hedge never started");
+    std::thread::sleep(Duration::from_millis(100));
+    client.close();
+    assert_eq!(peer_closed_phase(&p1, 0), "after_head");
+    assert_eq!(peer_closed_phase(&p2, 0), "after_head");
+    assert_eq!((chat_hits(&p1), chat_hits(&p2)), (1, 1));
+    assert!(
+        eventually(Duration::from_secs(2), || hedges(&sluice, "none") == 1.0),
+        "{}",
+        sluice.metrics()
+    );
+    let aborts = Metrics::scrape(&sluice).get(
+        "sluice_client_aborts_total",
+        &[("phase", "waiting_first_event")],
+    );
+    assert_eq!(aborts, 1.0);
+}
