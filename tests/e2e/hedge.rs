@@ -162,19 +162,24 @@ fn auto_hedges_after_the_routes_observed_p95_once_warmed_up() {
     );
     assert_eq!((chat_hits(&p1), chat_hits(&p2)), (1, 0));
 
-    // Warm-up: 20 fast answers (~20 ms) push the one slow sample past the p95.
+    // Warm-up: 20 fast answers (~20 ms) push the one slow sample past the p95. A p95 is
+    // exceeded now and then by definition: p2 is slow meanwhile, so such a hedge loses.
     p1.set_behavior(r#"{"first_event_delay_ms":20,"tokens":2}"#);
+    p2.set_behavior(r#"{"first_event_delay_ms":3000,"tokens":2}"#);
     for _ in 0..20 {
         assert_served_stream(&sluice, &body(true, ""), "p1", 0, &tokens(2));
     }
+    let warm_hedges = chat_hits(&p2);
+    assert!(warm_hedges <= 5, "{warm_hedges} of 20 fast answers hedged");
     assert_eq!(
-        (chat_hits(&p1), chat_hits(&p2)),
-        (21, 0),
-        "fast: never hedged"
+        hedges(&sluice, "primary_won"),
+        f64::from(u32::try_from(warm_hedges).expect("small"))
     );
+    assert_eq!(chat_hits(&p1), 21);
 
     // Now a slow first token is hedged after about the p95, far below its 3 s.
     p1.set_behavior(r#"{"first_event_delay_ms":3000,"tokens":2}"#);
+    p2.set_behavior(r#"{"tokens":2}"#);
     let t = Instant::now();
     assert_served_stream(&sluice, &body(true, ""), "p2", 0, &tokens(2));
     assert!(
@@ -182,7 +187,7 @@ fn auto_hedges_after_the_routes_observed_p95_once_warmed_up() {
         "{:?}",
         t.elapsed()
     );
-    assert_eq!((chat_hits(&p1), chat_hits(&p2)), (22, 1));
+    assert_eq!((chat_hits(&p1), chat_hits(&p2)), (22, warm_hedges + 1));
     assert_eq!(peer_closed_phase(&p1, 21), "after_head");
     assert_eq!(hedges(&sluice, "hedge_won"), 1.0);
 }
