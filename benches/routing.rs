@@ -72,6 +72,8 @@ fn model(n: usize, strategy: Strategy) -> Model {
         continue_on_break: false,
         default_max_tokens: 4096,
         retry: sluice::routing::retry::RetryPolicy::default(),
+        hedge_after: None,
+        affinity: sluice::config::opt_in::Affinity::Off,
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
         cached_input_usd_per_mtok: None,

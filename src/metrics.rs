@@ -49,6 +49,12 @@ pub struct Metrics {
     pub fallback_depth: Histogram,
     /// `sluice_upstream_retries_total{provider,reason}`: same-route retries.
     pub upstream_retries_total: IntCounterVec,
+    /// `sluice_hedges_total{model,outcome}`: hedge timers that fired
+    /// (`models.<id>.hedge_after_ms`), by outcome: [`HEDGE_OUTCOMES`].
+    pub hedges_total: IntCounterVec,
+    /// `sluice_affinity_total{model,outcome}`: requests of models with
+    /// `affinity: conversation`, by outcome: [`AFFINITY_OUTCOMES`].
+    pub affinity_total: IntCounterVec,
     /// `sluice_client_aborts_total{phase}`: downstream disconnects by phase
     /// (`queued`, `connecting`, `waiting_head`, `waiting_first_event`, `streaming`).
     pub client_aborts_total: IntCounterVec,
@@ -228,6 +234,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_upstream_retries_total",
             "Short same-route retries by provider and reason.",
             &["provider", "reason"]
+        )?,
+        hedges_total: register_int_counter_vec!(
+            "sluice_hedges_total",
+            "Hedge timers that fired, by model and outcome (hedge_won, primary_won, none, no_budget, no_partner).",
+            &["model", "outcome"]
+        )?,
+        affinity_total: register_int_counter_vec!(
+            "sluice_affinity_total",
+            "Requests of models with conversation affinity, by model and outcome (hit, miss, unavailable).",
+            &["model", "outcome"]
         )?,
         client_aborts_total: register_int_counter_vec!(
             "sluice_client_aborts_total",
@@ -463,6 +479,23 @@ pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
     }
 }
 
+/// `sluice_hedges_total` outcomes: the hedge served (`hedge_won`), the first attempt
+/// served and the hedge was cancelled (`primary_won`), neither served (`none`: both
+/// failed, a final error, the client left), or no hedge was started: the retry budget had
+/// no room (`no_budget`) or no further healthy candidate was free (`no_partner`).
+pub const HEDGE_OUTCOMES: [&str; 5] = [
+    "hedge_won",
+    "primary_won",
+    "none",
+    "no_budget",
+    "no_partner",
+];
+
+/// `sluice_affinity_total` outcomes: the conversation's route was known and put first
+/// (`hit`), no route was known for it (`miss`), or its route was known but unhealthy,
+/// degraded, resting or not a candidate of this request (`unavailable`: normal order).
+pub const AFFINITY_OUTCOMES: [&str; 3] = ["hit", "miss", "unavailable"];
+
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
@@ -495,6 +528,18 @@ pub fn init_config_series(cfg: &crate::config::Config) {
         }
     }
     for (model_id, model) in &cfg.models {
+        if model.hedge_after.is_some() {
+            for outcome in HEDGE_OUTCOMES {
+                m.hedges_total
+                    .with_label_values(&[model_id.as_str(), outcome]);
+            }
+        }
+        if model.affinity != crate::config::opt_in::Affinity::Off {
+            for outcome in AFFINITY_OUTCOMES {
+                m.affinity_total
+                    .with_label_values(&[model_id.as_str(), outcome]);
+            }
+        }
         // Metering series per tenant × model: bounded by the config.
         for tenant_id in cfg.tenants.keys() {
             let (t, mid) = (tenant_id.as_str(), model_id.as_str());

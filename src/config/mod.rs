@@ -8,6 +8,7 @@ pub mod edge;
 pub mod error;
 pub mod keys;
 pub mod ledger;
+pub mod opt_in;
 pub mod passthrough;
 pub mod schema;
 pub mod tls;
@@ -283,6 +284,10 @@ pub struct Model {
     pub default_max_tokens: u64,
     /// Same-route retries (`server.retry` with `models.<id>.retry` over it).
     pub retry: crate::routing::retry::RetryPolicy,
+    /// `models.<id>.hedge_after_ms`: when a hedge starts (`None`: never).
+    pub hedge_after: Option<opt_in::HedgeAfter>,
+    /// `models.<id>.affinity`.
+    pub affinity: opt_in::Affinity,
     /// Sell price, USD per million input tokens.
     pub input_usd_per_mtok: Option<f64>,
     /// Sell price, USD per million output tokens.

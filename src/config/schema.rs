@@ -635,6 +635,12 @@ pub struct ModelSection {
     /// (default false; see `crate::proxy::continuation`).
     #[serde(default)]
     pub continue_on_break: Option<bool>,
+    /// Opt-in hedged requests: a number of ms, or `auto` (see [`super::opt_in`]).
+    #[serde(default)]
+    pub hedge_after_ms: Option<super::opt_in::HedgeAfterSection>,
+    /// Opt-in prompt-cache affinity (`conversation`; default off).
+    #[serde(default)]
+    pub affinity: Option<super::opt_in::Affinity>,
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,

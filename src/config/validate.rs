@@ -356,6 +356,8 @@ fn merge(
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.retry = entry.retry.take().or(m.retry);
         entry.continue_on_break = entry.continue_on_break.or(m.continue_on_break);
+        entry.hedge_after_ms = entry.hedge_after_ms.or(m.hedge_after_ms);
+        entry.affinity = entry.affinity.or(m.affinity);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -859,6 +861,11 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         if let Some(r) = &m.retry {
             check_retry(r, &format!("models.{id}.retry"), &main_err)?;
         }
+        let hedge_after = m
+            .hedge_after_ms
+            .map(crate::config::opt_in::HedgeAfter::from_section)
+            .transpose()
+            .map_err(|e| main_err(&format!("models.{id}.hedge_after_ms"), e))?;
         if id.trim().is_empty() {
             return Err(main_err("models", "a standard model id is empty".into()));
         }
@@ -941,6 +948,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                     }
                     p
                 },
+                hedge_after,
+                affinity: m.affinity.unwrap_or_default(),
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
                 cached_input_usd_per_mtok: m.cached_input_usd_per_mtok,
@@ -1619,6 +1628,41 @@ mod tests {
             let e = load_str(&y).unwrap_err();
             assert!(e.key_path.starts_with(key), "{bad}: {e}");
             assert!(e.message.contains(msg), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn hedge_after_ms_and_affinity_are_opt_in_and_checked() {
+        use crate::config::opt_in::{Affinity, HedgeAfter};
+        let c = load_str(MINIMAL).unwrap();
+        let m = &c.models["acme/chat-small"];
+        assert_eq!(
+            (m.hedge_after, m.affinity),
+            (None, Affinity::Off),
+            "off by default"
+        );
+        for (v, want) in [
+            ("150", HedgeAfter::Fixed(Duration::from_millis(150))),
+            ("auto", HedgeAfter::Auto),
+        ] {
+            let y = MINIMAL.replace(
+                "    routes:\n",
+                &format!("    hedge_after_ms: {v}\n    affinity: conversation\n    routes:\n"),
+            );
+            let c = load_str(&y).unwrap();
+            let m = &c.models["acme/chat-small"];
+            assert_eq!(
+                (m.hedge_after, m.affinity),
+                (Some(want), Affinity::Conversation)
+            );
+        }
+        let y = MINIMAL.replace("    routes:\n", "    hedge_after_ms: 0\n    routes:\n");
+        let e = load_str(&y).unwrap_err();
+        assert_eq!(e.key_path, "models.acme/chat-small.hedge_after_ms", "{e}");
+        assert!(e.message.contains("at least 1"), "{e}");
+        for bad in ["hedge_after_ms: soon", "affinity: sticky"] {
+            let y = MINIMAL.replace("    routes:\n", &format!("    {bad}\n    routes:\n"));
+            assert!(load_str(&y).is_err(), "{bad}");
         }
     }
 

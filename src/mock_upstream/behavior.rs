@@ -236,6 +236,13 @@ pub struct Behavior {
     /// `input_tokens` counting only the rest; OpenAI-compatible answers have no such field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_write_tokens: Option<u64>,
+    /// Act like a provider's prompt cache: a request whose system prompt and first message
+    /// this mock process has answered before reports its prompt tokens but those of its last
+    /// message as read from the cache (`cached_tokens`, when that knob is unset). The process
+    /// remembers at most [`super::PROMPT_CACHE_ENTRIES`] prefixes (then starts afresh);
+    /// `POST /_mock/reset` forgets them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<bool>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -340,6 +347,7 @@ impl Behavior {
             signature,
             cached_tokens,
             cache_write_tokens,
+            prompt_cache,
         )
     }
 

@@ -301,15 +301,25 @@ pub(crate) fn prepare(
     let prompt_tokens = behavior
         .prompt_tokens
         .unwrap_or_else(|| body.as_ref().map(wire::estimate_prompt_tokens).unwrap_or(1));
+    // `prompt_cache`: a prefix seen before is read from the "cache".
+    let cached_tokens = behavior.cached_tokens.or_else(|| {
+        let body = body
+            .as_ref()
+            .filter(|_| Behavior::flag(behavior.prompt_cache))?;
+        let (prefix, last_words) = wire::prompt_prefix(body)?;
+        state
+            .prompt_cache_hit(prefix)
+            .then(|| prompt_tokens.saturating_sub(last_words))
+    });
     let meta = ReplyMeta {
         provider,
         id,
         created: behavior.created.unwrap_or_else(now_unix),
         model,
         prompt_tokens,
-        cached_tokens: behavior.cached_tokens.map(|n| n.min(prompt_tokens)),
+        cached_tokens: cached_tokens.map(|n| n.min(prompt_tokens)),
         cache_write_tokens: behavior.cache_write_tokens.map_or(0, |n| {
-            n.min(prompt_tokens - behavior.cached_tokens.unwrap_or(0).min(prompt_tokens))
+            n.min(prompt_tokens - cached_tokens.unwrap_or(0).min(prompt_tokens))
         }),
         finish_reason,
         include_usage,

@@ -13,6 +13,12 @@
 //! failure ends the stream with an SSE error event; a non-streaming answer whose body broke
 //! gets 502. A request is never sent again after any byte of its response was received.
 //!
+//! One attempt is two phases: [`prepare`] (connect, send, read the head and, for a stream,
+//! hold its first data event) touches no downstream state and is a future the caller races
+//! against the client's disconnect and shutdown, and, hedged, against another route's
+//! ([`super::hedge`], which runs every attempt of the loop); [`commit`] then writes the
+//! answer. Dropping a `prepare` drops its upstream connection.
+//!
 //! The unary exchange is [`super::unary`], the stream pump [`super::pump`]; what they share
 //! about an attempt's end is [`super::upstream`]. None of them names a provider kind: the
 //! provider's converters ([`crate::protocol`]) and its request head and signer
@@ -30,7 +36,7 @@ use super::request::InferenceRequest;
 use super::respond;
 pub use super::upstream::ClientGone;
 use super::upstream::{client_gone, failed, Attempt, MAX_ERROR_BODY_BYTES};
-use super::{pump, unary};
+use super::{hedge, pump, unary};
 use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Provider, Route};
 use crate::error::{parse_retry_after, AttemptFailure, GatewayError};
@@ -54,9 +60,12 @@ pub async fn run(
 ) -> Result<(), ClientGone> {
     let mut last_error: Option<GatewayError> = None;
     let mut previous: Option<(String, &'static str)> = None;
-    for (i, cand) in candidates.iter().enumerate() {
-        // The routes after this one: where a broken stream may continue (`continuation`).
-        let rest = &candidates[i + 1..];
+    // The candidate a hedge went to (at most one per request): not tried again.
+    let mut hedged: Option<usize> = None;
+    for (idx, cand) in candidates.iter().enumerate() {
+        if hedged == Some(idx) {
+            continue;
+        }
         let route = cand.route;
         // A provider at its own cap (`max_concurrent_requests`) is skipped, its health
         // untouched: full is not failing.
@@ -91,8 +100,21 @@ pub async fn run(
         loop {
             tries_here += 1;
             ctx.attempt_count += 1;
-            let outcome = attempt(connector, session, ctx, req, model, route, rest).await;
-            match outcome {
+            let tried = hedge::attempt(
+                connector,
+                session,
+                ctx,
+                req,
+                model,
+                candidates,
+                idx,
+                hedged.is_none(),
+            )
+            .await;
+            // A hedged pair may have ended on the hedge's candidate: the rest is about it.
+            hedged = hedged.or(tried.hedge);
+            let (cand, route) = (&candidates[tried.served], candidates[tried.served].route);
+            match tried.outcome {
                 Attempt::Done => {
                     metrics()
                         .upstream_attempts_total
@@ -154,7 +176,8 @@ pub async fn run(
                         None => Some(policy.backoff(tries_here)),
                     };
                     let wait = wait.filter(|_| {
-                        policy.retries(ae.failure)
+                        tried.hedge.is_none()
+                            && policy.retries(ae.failure)
                             && tries_here < policy.max_attempts_per_route
                             && cand.health.retry_budget().try_retry(policy.budget_ratio)
                     });
@@ -254,22 +277,114 @@ fn upstream_body(
     protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }
 
-/// One attempt against one route; `rest` are the candidates after it (a stream that breaks
-/// may continue on them, see [`super::continuation`]).
-async fn attempt(
+/// An attempt that is ready to commit: the upstream answered 2xx and, for a stream, its
+/// first data event is held ([`pump::Held`]). Nothing was written to the client yet.
+pub(super) struct Ready<'r> {
+    /// The upstream exchange, its response head read.
+    up: UpstreamSession,
+    /// Where it goes back to the pool.
+    peer: pingora::upstreams::peer::HttpPeer,
+    /// The hop's timeouts.
+    timeouts: HopTimeouts,
+    /// What is held.
+    body: ReadyBody<'r>,
+}
+
+/// What a [`Ready`] attempt holds beside its head.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once from the pre-commit to the commit; a box would be an allocation per stream"
+)]
+enum ReadyBody<'r> {
+    /// A stream up to its first data event.
+    Stream(pump::Held<'r>),
+    /// A non-streaming answer: its body is read whole at the commit, in this coding.
+    Unary(ContentCoding),
+}
+
+impl Ready<'_> {
+    /// Whether this is a stream committed early (`early_commit_after_ms`), before any event.
+    pub(super) fn early_committed(&self) -> bool {
+        matches!(&self.body, ReadyBody::Stream(h) if h.first_event_at.is_none())
+    }
+}
+
+/// Where a [`prepare`] is, for the `sluice_client_aborts_total` phase of a client that
+/// leaves meanwhile (shared with the racing caller; atomic as the future must be `Send`).
+#[derive(Debug, Default)]
+pub(super) struct Phase(std::sync::atomic::AtomicU8);
+
+impl Phase {
+    fn set(&self, p: u8) {
+        self.0.store(p, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The phase label: `connecting`, `waiting_head` or `waiting_first_event`.
+    pub(super) fn label(&self) -> &'static str {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => "connecting",
+            1 => "waiting_head",
+            _ => "waiting_first_event",
+        }
+    }
+}
+
+/// Commits a [`Ready`] attempt: a stream is committed and pumped, a non-streaming answer is
+/// read whole and written. `candidates[served]` is the route that answered; the candidates
+/// after it are where a broken stream may continue ([`super::continuation`]).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+)]
+pub(super) async fn commit(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &InferenceRequest,
     model: &Model,
-    route: &Route,
-    rest: &[Candidate<'_>],
+    candidates: &[Candidate<'_>],
+    served: usize,
+    ready: Ready<'_>,
 ) -> Attempt {
+    let route = candidates[served].route;
+    let rest = &candidates[served + 1..];
+    let Ready {
+        up,
+        peer,
+        timeouts,
+        body,
+    } = ready;
+    match body {
+        ReadyBody::Stream(held) => {
+            pump::stream(
+                connector, session, ctx, req, model, route, rest, &peer, up, timeouts, held,
+            )
+            .await
+        }
+        ReadyBody::Unary(coding) => {
+            unary::unary(connector, session, ctx, route, &peer, up, timeouts, coding).await
+        }
+    }
+}
+
+/// The pre-commit phase of one attempt against one route: connect (a stale pooled
+/// connection gets one fresh retry), send, read the head, and for a stream its first data
+/// event. It touches no downstream state and nothing of `ctx` but reads, so a caller may
+/// race it against the client's disconnect and against another route's (a hedge); dropping
+/// it drops its upstream connection. `phase` follows where it is.
+pub(super) async fn prepare<'r>(
+    connector: &Connector,
+    ctx: &RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &'r Route,
+    phase: &Phase,
+) -> Result<Ready<'r>, Attempt> {
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
     let body = match upstream_body(req, model, route) {
         Ok(b) => Bytes::from(b),
-        Err(e) => return Attempt::Final(e),
+        Err(e) => return Err(Attempt::Final(e)),
     };
     let target = match providers::target(provider).await {
         Ok(t) => t,
@@ -278,7 +393,7 @@ async fn attempt(
                 message: format!("provider `{}` is unreachable", provider.id),
                 retry_after: None,
             };
-            return failed(route, AttemptFailure::Connect, m, err);
+            return Err(failed(route, AttemptFailure::Connect, m, err));
         }
     };
     let path = providers::chat_path(provider.kind);
@@ -292,32 +407,32 @@ async fn attempt(
     ) {
         Ok(h) => h,
         Err(e) => {
-            return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}")))
+            return Err(Attempt::Final(GatewayError::Internal(format!(
+                "bad upstream request: {e}"
+            ))))
         }
     };
     let mut head = head;
     if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
         .is_err()
     {
-        return Attempt::Final(GatewayError::invalid(
+        return Err(Attempt::Final(GatewayError::invalid(
             "the `anthropic-beta` header is not a valid header value",
             None,
-        ));
+        )));
     }
 
     // Connect (a stale pooled connection gets one fresh retry), send, read the head.
-    ctx.outcome
-        .upstream_started
-        .get_or_insert_with(tokio::time::Instant::now);
     let mut fresh_tries = 0;
     let mut up = loop {
-        let connect = tokio::select! {
-            // Boxed: Pingora's connect future is ~9 KiB and would otherwise stay inlined in
-            // every held stream's future long after the connect (memory per open stream).
-            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
-            () = client_gone(session) => return Attempt::Gone(ClientGone("connecting")),
-            () = crate::shutdown::streams_cancelled() => return Attempt::Shutdown,
-        };
+        phase.set(0);
+        // Boxed: Pingora's connect future is ~9 KiB and would otherwise stay inlined in
+        // every held stream's future long after the connect (memory per open stream).
+        let connect = tokio::time::timeout(
+            timeouts.connect,
+            Box::pin(connector.get_http_session(&target.peer)),
+        )
+        .await;
         let (mut up, reused) = match connect {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => {
@@ -331,32 +446,27 @@ async fn attempt(
                     message,
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Connect, e.to_string(), err);
+                return Err(failed(route, AttemptFailure::Connect, e.to_string(), err));
             }
             Err(_) => {
                 let err = GatewayError::UpstreamUnavailable {
                     message: format!("connecting to provider `{}` timed out", provider.id),
                     retry_after: None,
                 };
-                return failed(
+                return Err(failed(
                     route,
                     AttemptFailure::Connect,
                     "connect timeout".into(),
                     err,
-                );
+                ));
             }
         };
-        let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
-            () = client_gone(session) => {
-                up.shutdown().await;
-                return Attempt::Gone(ClientGone("waiting_head"));
-            }
-            () = crate::shutdown::streams_cancelled() => {
-                up.shutdown().await;
-                return Attempt::Shutdown;
-            }
-        };
+        phase.set(1);
+        let exchanged = tokio::time::timeout(
+            timeouts.first_byte,
+            providers::exchange(&mut up, head.clone(), Some(body.clone())),
+        )
+        .await;
         match exchanged {
             Ok(Ok(())) => break up,
             Ok(Err(e)) if reused && fresh_tries == 0 => {
@@ -370,7 +480,7 @@ async fn attempt(
                     message: format!("provider `{}` failed before answering", provider.id),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Reset, e.to_string(), err);
+                return Err(failed(route, AttemptFailure::Reset, e.to_string(), err));
             }
             Err(_) => {
                 up.shutdown().await;
@@ -379,12 +489,12 @@ async fn attempt(
                     provider.id,
                     timeouts.first_byte.as_millis()
                 ));
-                return failed(
+                return Err(failed(
                     route,
                     AttemptFailure::FirstByteTimeout,
                     "first byte timeout".into(),
                     err,
-                );
+                ));
             }
         }
     };
@@ -394,7 +504,9 @@ async fn attempt(
 
     let Some(resp) = up.response_header() else {
         up.shutdown().await;
-        return Attempt::Final(GatewayError::Internal("no upstream response head".into()));
+        return Err(Attempt::Final(GatewayError::Internal(
+            "no upstream response head".into(),
+        )));
     };
     let status = resp.status.as_u16();
     if !(200..300).contains(&status) {
@@ -402,16 +514,9 @@ async fn attempt(
             .headers
             .get("retry-after")
             .and_then(|v| parse_retry_after(v.as_bytes()));
-        return upstream_error(
-            session,
-            &mut up,
-            route,
-            status,
-            retry_after,
-            timeouts,
-            ctx.dialect,
-        )
-        .await;
+        return Err(
+            upstream_error(&mut up, route, status, retry_after, timeouts, ctx.dialect).await,
+        );
     }
     if !req.stream && is_event_stream(resp.headers.get("content-type").map(|v| v.as_bytes())) {
         // A provider that ignored `stream: false`: its events are no chat completion object,
@@ -424,12 +529,12 @@ async fn attempt(
             ),
             retry_after: None,
         };
-        return failed(
+        return Err(failed(
             route,
             AttemptFailure::Protocol,
             "text/event-stream answer to stream:false".into(),
             err,
-        );
+        ));
     }
     let coding = match ContentCoding::from_header(
         resp.headers.get("content-encoding").map(|v| v.as_bytes()),
@@ -444,42 +549,28 @@ async fn attempt(
                 ),
                 retry_after: None,
             };
-            return failed(
+            return Err(failed(
                 route,
                 AttemptFailure::Protocol,
                 format!("unsupported content-encoding {name:?}"),
                 err,
-            );
+            ));
         }
     };
-    if req.stream {
-        pump::stream(
-            connector,
-            session,
-            ctx,
-            req,
-            model,
-            route,
-            rest,
-            &target.peer,
-            up,
-            timeouts,
-            coding,
+    let body = if req.stream {
+        phase.set(2);
+        ReadyBody::Stream(
+            pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?,
         )
-        .await
     } else {
-        unary::unary(
-            connector,
-            session,
-            ctx,
-            route,
-            &target.peer,
-            up,
-            timeouts,
-            coding,
-        )
-        .await
-    }
+        ReadyBody::Unary(coding)
+    };
+    Ok(Ready {
+        up,
+        peer: target.peer,
+        timeouts,
+        body,
+    })
 }
 
 /// Whether a `Content-Type` value names `text/event-stream` (media type compared without
@@ -495,7 +586,6 @@ fn is_event_stream(content_type: Option<&[u8]>) -> bool {
 
 /// Reads a non-2xx answer's body (bounded) and turns it into a client error.
 async fn upstream_error(
-    session: &mut Session,
     up: &mut UpstreamSession,
     route: &Route,
     status: u16,
@@ -538,13 +628,7 @@ async fn upstream_error(
             }
         }
     };
-    tokio::select! {
-        _ = tokio::time::timeout(timeouts.first_byte, read_all) => {}
-        () = client_gone(session) => {
-            up.shutdown().await;
-            return Attempt::Gone(ClientGone("waiting_head"));
-        }
-    }
+    let _ = tokio::time::timeout(timeouts.first_byte, read_all).await;
     up.shutdown().await;
     let err = normalize_upstream_error(provider, status, &body, retry_after, client);
     if retryable_status(status) {

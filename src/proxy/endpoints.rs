@@ -288,7 +288,7 @@ async fn infer(
     if routing::uses_input_estimate(model, &caller) {
         req.needs.estimated_input_tokens = req.estimated_input_tokens();
     }
-    let candidates = match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
+    let mut candidates = match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
         Ok(c) => c,
         Err(e) => {
             // Nothing went upstream: no tokens were used.
@@ -296,8 +296,20 @@ async fn infer(
             return Err(e.into());
         }
     };
+    let affinity = routing::affinity::for_request(
+        model,
+        &caller.tenant,
+        &session.req_header().headers,
+        &req.body,
+        req.canonical.get().and_then(|c| c.as_ref().ok()),
+        req.preference.as_ref(),
+        &mut candidates,
+    );
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
     let result = attempt::run(&gw.connector, session, ctx, &req, model, &candidates).await;
+    if let Some(key) = affinity {
+        routing::affinity::served(key, &candidates, &ctx.outcome);
+    }
     // An answer without the provider's input figure is metered at the estimate.
     ctx.outcome
         .fill_input_estimate(|| req.estimated_input_tokens());

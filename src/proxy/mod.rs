@@ -29,6 +29,7 @@ pub mod ctx;
 pub mod edge;
 pub mod endpoints;
 pub mod head_guard;
+pub mod hedge;
 pub mod hop_by_hop;
 mod pipe;
 mod pump;

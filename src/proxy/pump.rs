@@ -37,35 +37,45 @@ use crate::routing::Candidate;
 /// write (see [`coalesce_ready`]).
 const COALESCE_BYTES: usize = 16 * 1024;
 
-/// A streaming answer: hold the head until the first data event, then commit and pump with
-/// heartbeats, idle and duration limits, and client-disconnect detection.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the loop's state is passed explicitly, not hidden in the ctx"
-)]
+/// A stream held before its commit: the upstream answered 2xx and its first data event (or
+/// the early-commit deadline) arrived; nothing was written to the client yet. What
+/// [`first_event`] hands to [`stream`].
+pub(super) struct Held<'r> {
+    /// The pipe, holding the complete events read so far.
+    pub(super) pipe: StreamPipe<'r>,
+    /// The upstream body already ended (the whole answer arrived before the commit).
+    pub(super) ended: bool,
+    /// When the first data event is due (`first_event_timeout_ms` after the head).
+    pub(super) first_event_deadline: Instant,
+    /// When the read that brought the first data event completed (`None`: early commit
+    /// before any event).
+    pub(super) first_event_at: Option<Instant>,
+}
+
+/// Phase 1 of a streaming answer, before the commit: reads the upstream until its first data
+/// event (or `models.<id>.early_commit_after_ms` after the request arrived), holding the
+/// head. Any failure here is the attempt's ([`Attempt::Failed`] / [`Attempt::Final`]): the
+/// next candidate may serve. It touches no downstream state, so the attempt loop races it
+/// against the client's disconnect and shutdown (and, hedged, against another attempt);
+/// dropping it drops the upstream connection.
 #[expect(
     clippy::too_many_lines,
     reason = "one linear state machine reads best in one place"
 )]
-pub(super) async fn stream(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
+pub(super) async fn first_event<'r>(
+    ctx: &RequestCtx,
     req: &InferenceRequest,
     model: &Model,
-    route: &Route,
-    rest: &[Candidate<'_>],
-    peer: &pingora::upstreams::peer::HttpPeer,
-    mut up: UpstreamSession,
+    route: &'r Route,
+    up: &mut UpstreamSession,
     timeouts: HopTimeouts,
     coding: ContentCoding,
-) -> Attempt {
-    let standard = ctx.standard_model.clone().unwrap_or_default();
+) -> Result<Held<'r>, Attempt> {
     let server = &ctx.config.server;
     let mut pipe = match StreamPipe::new(
         route,
         ctx.dialect,
-        &standard,
+        &model.id,
         req.include_usage,
         coding,
         server.max_event_bytes,
@@ -78,40 +88,28 @@ pub(super) async fn stream(
         Ok(p) => p,
         Err(e) => {
             up.shutdown().await;
-            return Attempt::Final(GatewayError::Internal(format!("{e:?}")));
+            return Err(Attempt::Final(GatewayError::Internal(format!("{e:?}"))));
         }
     };
     let head_at = Instant::now();
     let first_event_deadline = head_at + timeouts.first_event;
     let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
     let mut ended = false;
+    let mut first_event_at = None;
 
-    // Phase 1: before the commit. Any failure here falls back.
     while pipe.data_events == 0 {
         enum Ev {
             Chunk(pingora::Result<Option<Bytes>>),
             FirstEventTimeout,
             EarlyCommit,
-            Gone,
-            Shutdown,
         }
         let ev = tokio::select! {
             biased;
-            () = client_gone(session) => Ev::Gone,
             r = up.read_response_body() => Ev::Chunk(r),
             () = sleep_until(first_event_deadline) => Ev::FirstEventTimeout,
             () = sleep_until(early_commit_at.unwrap_or(first_event_deadline)), if early_commit_at.is_some() => Ev::EarlyCommit,
-            () = crate::shutdown::streams_cancelled() => Ev::Shutdown,
         };
         match ev {
-            Ev::Shutdown => {
-                up.shutdown().await;
-                return Attempt::Shutdown;
-            }
-            Ev::Gone => {
-                up.shutdown().await;
-                return Attempt::Gone(ClientGone("waiting_first_event"));
-            }
             Ev::FirstEventTimeout => {
                 up.shutdown().await;
                 let err = GatewayError::UpstreamTimeout(format!(
@@ -119,19 +117,19 @@ pub(super) async fn stream(
                     route.provider.id,
                     timeouts.first_event.as_millis()
                 ));
-                return failed(
+                return Err(failed(
                     route,
                     AttemptFailure::FirstEventTimeout,
                     "first event timeout".into(),
                     err,
-                );
+                ));
             }
             Ev::EarlyCommit => break,
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 match pipe.feed(chunk.as_deref()) {
                     Ok(()) if pipe.data_events > 0 => {
-                        ctx.outcome.upstream_first_event = Some(Instant::now());
+                        first_event_at = Some(Instant::now());
                     }
                     Ok(()) => {}
                     Err(PipeError::Upstream {
@@ -147,12 +145,12 @@ pub(super) async fn stream(
                             message: providers::scrub_key(&route.provider, &message),
                             retry_after: None,
                         };
-                        return failed(
+                        return Err(failed(
                             route,
                             AttemptFailure::Protocol,
                             "in-band error before first event".into(),
                             err,
-                        );
+                        ));
                     }
                     Err(PipeError::Framing { reason, message: m }) => {
                         up.shutdown().await;
@@ -162,12 +160,12 @@ pub(super) async fn stream(
                             message: providers::scrub_key(&route.provider, &m),
                             retry_after: None,
                         };
-                        return failed(
+                        return Err(failed(
                             route,
                             AttemptFailure::Protocol,
                             format!("{reason}: {m}"),
                             err,
-                        );
+                        ));
                     }
                 }
                 if end {
@@ -180,12 +178,12 @@ pub(super) async fn stream(
                             ),
                             retry_after: None,
                         };
-                        return failed(
+                        return Err(failed(
                             route,
                             AttemptFailure::Reset,
                             "closed before first event".into(),
                             err,
-                        );
+                        ));
                     }
                 }
             }
@@ -198,9 +196,46 @@ pub(super) async fn stream(
                     ),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Reset, e.to_string(), err);
+                return Err(failed(route, AttemptFailure::Reset, e.to_string(), err));
             }
         }
+    }
+    Ok(Held {
+        pipe,
+        ended,
+        first_event_deadline,
+        first_event_at,
+    })
+}
+
+/// Phase 2 of a streaming answer: commits the held stream ([`first_event`]) to the client
+/// and pumps it with heartbeats, idle and duration limits, and client-disconnect detection;
+/// a break after the commit may continue on `rest` ([`continuation`], opt-in).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's state is passed explicitly, not hidden in the ctx"
+)]
+pub(super) async fn stream(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &Route,
+    rest: &[Candidate<'_>],
+    peer: &pingora::upstreams::peer::HttpPeer,
+    mut up: UpstreamSession,
+    timeouts: HopTimeouts,
+    held: Held<'_>,
+) -> Attempt {
+    let Held {
+        mut pipe,
+        ended,
+        first_event_deadline,
+        first_event_at,
+    } = held;
+    if first_event_at.is_some() {
+        ctx.outcome.upstream_first_event = first_event_at;
     }
 
     // Commit: the response head goes out with whatever complete events we hold.

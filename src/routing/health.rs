@@ -78,6 +78,8 @@ pub struct RouteHealth {
     window: Mutex<OutcomeWindow>,
     /// Requests and same-route retries over the last minute (`retry.budget_ratio`).
     retry_budget: super::retry::RetryBudget,
+    /// Recent time-to-first-event samples (`hedge_after_ms: auto`).
+    first_event: super::ttft::TtftSamples,
 }
 
 /// Outcome counts in a sliding window, estimated from the current and the previous fixed
@@ -140,6 +142,7 @@ impl RouteHealth {
             ewma_ttft_us: AtomicU64::new(0),
             window: Mutex::new(OutcomeWindow::default()),
             retry_budget: super::retry::RetryBudget::default(),
+            first_event: super::ttft::TtftSamples::default(),
         };
         h.export();
         h
@@ -148,6 +151,12 @@ impl RouteHealth {
     /// The route's retry budget.
     pub fn retry_budget(&self) -> &super::retry::RetryBudget {
         &self.retry_budget
+    }
+
+    /// The route's recent time-to-first-event samples (their p95 paces
+    /// `hedge_after_ms: auto`).
+    pub fn first_event(&self) -> &super::ttft::TtftSamples {
+        &self.first_event
     }
 
     /// Current state.

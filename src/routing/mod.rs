@@ -6,9 +6,11 @@
 //! ties, `lowest_cost`, `lowest_latency`) → client `order` → health (unhealthy routes still
 //! resting dropped, degraded and half-open routes last) → `allow_fallbacks`.
 
+pub mod affinity;
 pub mod health;
 pub mod probe;
 pub mod retry;
+pub mod ttft;
 
 use std::sync::Arc;
 
@@ -310,6 +312,8 @@ mod tests {
             continue_on_break: false,
             default_max_tokens: 4096,
             retry: crate::routing::retry::RetryPolicy::default(),
+            hedge_after: None,
+            affinity: crate::config::opt_in::Affinity::Off,
             input_usd_per_mtok: None,
             output_usd_per_mtok: None,
             cached_input_usd_per_mtok: None,

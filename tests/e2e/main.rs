@@ -2,6 +2,7 @@
 //! real `sluice` and `sluice-mock-upstream` binaries on loopback ports and talks to them over
 //! real sockets. Each module covers one concern.
 
+mod affinity;
 mod anthropic;
 mod api;
 mod backpressure;
@@ -22,6 +23,7 @@ mod harness;
 mod harness_client;
 mod health;
 mod heartbeat;
+mod hedge;
 mod hostile;
 mod hostile_edge;
 mod ledger;
