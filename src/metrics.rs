@@ -54,6 +54,10 @@ pub struct Metrics {
     pub client_aborts_total: IntCounterVec,
     /// `sluice_provider_health{provider,route}`: 0 healthy, 1 degraded, 2 unhealthy.
     pub provider_health: IntGaugeVec,
+    /// `sluice_health_probes_total{provider,mode,result}`: active health probes sent, by
+    /// `mode` (`list`: one `GET` per provider; `request`: a one-output-token request per
+    /// route, never metered or charged to a tenant) and `result` (`up`, `down`).
+    pub health_probes_total: IntCounterVec,
     /// `sluice_tokens_total{tenant,model,kind}`: metered tokens by class ([`TOKEN_KINDS`]:
     /// `input` (cached included), `output` (reasoning included), `cached_input`,
     /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]).
@@ -234,6 +238,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_provider_health",
             "Route health: 0 healthy, 1 degraded, 2 unhealthy.",
             &["provider", "route"]
+        )?,
+        health_probes_total: register_int_counter_vec!(
+            "sluice_health_probes_total",
+            "Active health probes by provider, mode (list, request) and result (up, down).",
+            &["provider", "mode", "result"]
         )?,
         token_counts_total: register_int_counter_vec!(
             "sluice_token_counts_total",

@@ -54,7 +54,7 @@ pub async fn run(
     let mut last_error: Option<GatewayError> = None;
     let mut previous: Option<(String, &'static str)> = None;
     for cand in candidates {
-        if !cand.health.admit() {
+        if !cand.admit() {
             continue;
         }
         let route = cand.route;
@@ -105,7 +105,7 @@ pub async fn run(
                     return Ok(());
                 }
                 Attempt::Shutdown => {
-                    cand.health.release_trial();
+                    cand.release_trial();
                     let err = GatewayError::Overloaded {
                         message: "the gateway is shutting down; retry the request".into(),
                         reason: "shutting_down",
@@ -115,7 +115,7 @@ pub async fn run(
                     return Ok(());
                 }
                 Attempt::Gone(g) => {
-                    cand.health.release_trial();
+                    cand.release_trial();
                     return Err(g);
                 }
                 Attempt::Failed(ae, err) => {
@@ -137,14 +137,17 @@ pub async fn run(
                         Some(ra) => Some(ra),
                         None => Some(policy.backoff(tries_here)),
                     };
+                    // A half-open trial is a single request: it falls back at once.
                     let wait = wait.filter(|_| {
-                        policy.retries(ae.failure)
+                        !cand.is_trial()
+                            && policy.retries(ae.failure)
                             && tries_here < policy.max_attempts_per_route
                             && cand.health.retry_budget().try_retry(policy.budget_ratio)
                     });
                     // A wait this request takes on the route is not the route's cool-down.
-                    cand.health.record_failure(
+                    cand.health.record_attempt_failure(
                         &route.provider.passive_health,
+                        ae.failure,
                         if wait.is_some() { None } else { ae.retry_after },
                     );
                     ctx.attempts.push(ae);
