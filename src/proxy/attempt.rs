@@ -29,7 +29,9 @@ use super::ctx::RequestCtx;
 use super::request::InferenceRequest;
 use super::respond;
 pub use super::upstream::ClientGone;
-use super::upstream::{client_gone, failed, Attempt, MAX_ERROR_BODY_BYTES};
+use super::upstream::{
+    client_gone, count_stale_resend, failed, send, Attempt, MAX_ERROR_BODY_BYTES,
+};
 use super::{pump, unary};
 use crate::config::{HopTimeouts, Model, Provider, Route};
 use crate::error::{parse_retry_after, AttemptFailure, GatewayError};
@@ -267,7 +269,8 @@ async fn attempt(
         ));
     }
 
-    // Connect (a stale pooled connection gets one fresh retry), send, read the head.
+    // Connect, send, read the head. A pooled connection found stale before the request can
+    // have been processed gets one resend on a fresh connection, counted as an attempt.
     ctx.outcome
         .upstream_started
         .get_or_insert_with(tokio::time::Instant::now);
@@ -309,7 +312,7 @@ async fn attempt(
             }
         };
         let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
+            r = tokio::time::timeout(timeouts.first_byte, send(&mut up, head.clone(), body.clone())) => r,
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("waiting_head"));
@@ -321,9 +324,9 @@ async fn attempt(
         };
         match exchanged {
             Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && fresh_tries == 0 => {
+            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
                 // A pooled connection the provider had closed: not the provider's fault.
-                log::debug!("stale pooled upstream connection: {e}");
+                count_stale_resend(ctx, route, &e);
                 fresh_tries += 1;
             }
             Ok(Err(e)) => {
@@ -332,7 +335,7 @@ async fn attempt(
                     message: format!("provider `{}` failed before answering", provider.id),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Reset, e.to_string(), err);
+                return failed(route, AttemptFailure::Reset, e.error.to_string(), err);
             }
             Err(_) => {
                 up.shutdown().await;
