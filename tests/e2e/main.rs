@@ -18,6 +18,7 @@ mod fallback;
 mod grafana_dashboard;
 mod harness;
 mod harness_client;
+mod healing;
 mod health;
 mod heartbeat;
 mod hostile;
