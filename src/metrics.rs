@@ -467,7 +467,8 @@ pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
 /// `sluice_token_counts_total`,
-/// `sluice_sse_invalid_utf8_total` (per provider) and `sluice_requests_total` (every
+/// `sluice_sse_invalid_utf8_total` (per provider), `sluice_health_probes_total` (per provider
+/// with a probe, its mode × `up`/`down`) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
 /// providers or models removed by a reload stay, at their last value).
@@ -477,8 +478,14 @@ pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
 /// health, so any route may follow any other).
 pub fn init_config_series(cfg: &crate::config::Config) {
     let m = metrics();
-    for id in cfg.providers.keys() {
+    for (id, provider) in &cfg.providers {
         let p = id.as_str();
+        if let Some(check) = &provider.health_check {
+            for result in ["up", "down"] {
+                m.health_probes_total
+                    .with_label_values(&[p, check.mode.as_str(), result]);
+            }
+        }
         m.heartbeats_total.with_label_values(&[p]);
         m.sse_invalid_utf8_total.with_label_values(&[p]);
         m.upstream_attempts_total.with_label_values(&[p, "ok"]);
