@@ -174,6 +174,17 @@ pub(super) fn failed(
     )
 }
 
+/// A stream of `route` committed: while a half-open trial of the route is in flight, this
+/// answer proves the route serves, so the trial ends as a success now rather than when the
+/// (possibly minutes long) stream ends, and the route's other traffic returns at once. One
+/// registry lookup per committed stream; nothing else when no trial is in flight.
+pub(super) fn trial_answered(route: &Route) {
+    let health = crate::routing::health::registry().route(&route.provider.id, &route.health_key);
+    if health.trial_in_flight() {
+        health.record_success(&route.provider.passive_health, None);
+    }
+}
+
 /// Now as Unix seconds (the `created` of translated answers).
 pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now()

@@ -12,7 +12,8 @@
 //!   claims its single trial permit ([`RouteHealth::claim_trial`]) and puts it *first*, ahead
 //!   of healthy routes: one real request, never two at once. The trial still falls back
 //!   before the first byte when it fails, so the client risks only the time of one failed
-//!   attempt. A success makes the route healthy; a failure restarts its cool-down.
+//!   attempt. A success makes the route healthy (a streamed trial: at its first event, not
+//!   at its end); a failure restarts its cool-down.
 //! - **Decay.** With no failure for `decay_after_ms` (default 60 s) a route steps one state
 //!   back toward healthy: unhealthy → degraded after one period, → healthy after two, each
 //!   counted from its last failure (applied when a plan reads the route and by the probe

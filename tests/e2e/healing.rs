@@ -460,3 +460,47 @@ fn a_stale_pooled_connection_is_resent_once_on_a_fresh_one_and_counted() {
         sluice.log()
     );
 }
+
+#[test]
+fn a_trial_that_streams_heals_its_route_at_its_first_event_not_at_its_end() {
+    let p1 = Mock::start(r#"{"status":503}"#);
+    let p2 = Mock::start(r#"{"tokens":2}"#);
+    let sluice = Sluice::start(&config(
+        "",
+        &[
+            P("p1", &p1.base_url(), &thresholds()),
+            P("p2", &p2.base_url(), ""),
+        ],
+        "",
+    ));
+    // Two failures (the second a trial): unhealthy.
+    assert_eq!(served(&sluice), owned("p2", "1"));
+    std::thread::sleep(Duration::from_millis(COOLDOWN_MS + 50));
+    assert_eq!(served(&sluice), owned("p2", "1"));
+    assert_eq!(gauge(&sluice, "p1"), 2.0);
+    p1.set_behavior(r#"{"tokens":2}"#);
+    std::thread::sleep(Duration::from_millis(COOLDOWN_MS + 50));
+
+    // The trial is a slow stream (20 tokens, 100 ms apart); while it runs, the route is
+    // healthy again and serves the next request first.
+    let slow = body(true, r#","mock":{"tokens":20,"token_delay_ms":100}"#);
+    std::thread::scope(|s| {
+        let trial = s.spawn(|| sluice.chat(&slow));
+        let started = eventually(Duration::from_secs(3), || {
+            chat_log(&p1)
+                .iter()
+                .any(|r| !r["head_at_ms"].is_null() && r["stream"] == true)
+        });
+        assert!(started);
+        assert_eq!(wait_gauge(&sluice, "p1", 0.0), 0.0, "{}", sluice.log());
+        assert_eq!(served(&sluice), owned("p1", "0"));
+        assert!(
+            !trial.is_finished(),
+            "served while the trial still streams (2 s in all)"
+        );
+        let trial = trial.join().unwrap();
+        assert_eq!(trial.status, 200, "{}", trial.text());
+        assert_eq!(trial.header("x-sluice-provider"), Some("p1"));
+    });
+    assert_eq!((hits(&p1), hits(&p2)), (4, 2));
+}
