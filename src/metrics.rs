@@ -60,6 +60,10 @@ pub struct Metrics {
     pub client_aborts_total: IntCounterVec,
     /// `sluice_provider_health{provider,route}`: 0 healthy, 1 degraded, 2 unhealthy.
     pub provider_health: IntGaugeVec,
+    /// `sluice_health_probes_total{provider,mode,result}`: active health probes sent, by
+    /// `mode` (`list`: one `GET` per provider; `request`: a one-output-token request per
+    /// route, never metered or charged to a tenant) and `result` (`up`, `down`).
+    pub health_probes_total: IntCounterVec,
     /// `sluice_tokens_total{tenant,model,kind}`: metered tokens by class ([`TOKEN_KINDS`]:
     /// `input` (cached included), `output` (reasoning included), `cached_input`,
     /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]).
@@ -254,6 +258,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_provider_health",
             "Route health: 0 healthy, 1 degraded, 2 unhealthy.",
             &["provider", "route"]
+        )?,
+        health_probes_total: register_int_counter_vec!(
+            "sluice_health_probes_total",
+            "Active health probes by provider, mode (list, request) and result (up, down).",
+            &["provider", "mode", "result"]
         )?,
         token_counts_total: register_int_counter_vec!(
             "sluice_token_counts_total",
@@ -500,7 +509,8 @@ pub const AFFINITY_OUTCOMES: [&str; 3] = ["hit", "miss", "unavailable"];
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
 /// `sluice_token_counts_total`,
-/// `sluice_sse_invalid_utf8_total` (per provider) and `sluice_requests_total` (every
+/// `sluice_sse_invalid_utf8_total` (per provider), `sluice_health_probes_total` (per provider
+/// with a probe, its mode × `up`/`down`) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
 /// providers or models removed by a reload stay, at their last value).
@@ -510,8 +520,14 @@ pub const AFFINITY_OUTCOMES: [&str; 3] = ["hit", "miss", "unavailable"];
 /// health, so any route may follow any other).
 pub fn init_config_series(cfg: &crate::config::Config) {
     let m = metrics();
-    for id in cfg.providers.keys() {
+    for (id, provider) in &cfg.providers {
         let p = id.as_str();
+        if let Some(check) = &provider.health_check {
+            for result in ["up", "down"] {
+                m.health_probes_total
+                    .with_label_values(&[p, check.mode.as_str(), result]);
+            }
+        }
         m.heartbeats_total.with_label_values(&[p]);
         m.sse_invalid_utf8_total.with_label_values(&[p]);
         m.upstream_attempts_total.with_label_values(&[p, "ok"]);

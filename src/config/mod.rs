@@ -198,17 +198,22 @@ pub struct PassiveHealth {
     pub cooldown: Duration,
     /// Error-rate trigger for unhealthy, if enabled.
     pub error_rate: Option<ErrorRate>,
+    /// `decay_after_ms`: with no failure for this long a route is one state healthier
+    /// (unhealthy → degraded, degraded → healthy), counted from its last failure; `None`:
+    /// no decay (`decay_after_ms: 0`).
+    pub decay_after: Option<Duration>,
 }
 
 impl Default for PassiveHealth {
-    /// Degraded after 1 failure, unhealthy after 3, 10 s cool-down, no error-rate trigger
-    /// (the defaults of `providers.<id>.health`).
+    /// Degraded after 1 failure, unhealthy after 3, 10 s cool-down, no error-rate trigger,
+    /// decay after 60 s (the defaults of `providers.<id>.health`).
     fn default() -> Self {
         Self {
             degraded_after_failures: 1,
             unhealthy_after_failures: 3,
             cooldown: Duration::from_secs(10),
             error_rate: None,
+            decay_after: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -225,10 +230,36 @@ pub struct ErrorRate {
     pub min_requests: u32,
 }
 
+/// What an active probe sends (`providers.<id>.health_check.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeMode {
+    /// `GET {base_url}{path}` (a listing such as `/models`), once per provider: proves the
+    /// provider is reachable and takes its key, not that a route's model answers. Its
+    /// success lifts only provider-level failures (see [`crate::routing::health`]).
+    #[default]
+    List,
+    /// A minimal real request per route (one output token, in the provider's own dialect,
+    /// encoded by [`crate::protocol`]): proves the route works. Never metered or charged.
+    Request,
+}
+
+impl ProbeMode {
+    /// The `mode` label of `sluice_health_probes_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::List => "list",
+            Self::Request => "request",
+        }
+    }
+}
+
 /// Active probe settings.
 #[derive(Debug, Clone)]
 pub struct ActiveHealthCheck {
-    /// Path appended to the base path.
+    /// What the probe sends.
+    pub mode: ProbeMode,
+    /// Path appended to the base path (`mode: list` only).
     pub path: String,
     /// Probe interval.
     pub interval: Duration,

@@ -549,6 +549,10 @@ pub struct HealthCheckSection {
     /// Probe on or off (default on).
     #[serde(default = "default_true")]
     pub enabled: bool,
+    /// `list` (default): `GET {base_url}{path}` per provider; `request`: a one-output-token
+    /// request per route (`path` unused).
+    #[serde(default)]
+    pub mode: super::ProbeMode,
     /// Path appended to `base_url` (default `/models`).
     #[serde(default = "default_health_path")]
     pub path: String,
@@ -583,6 +587,10 @@ pub struct PassiveHealthSection {
     /// Fewest outcomes in the window before the error rate counts (default 20).
     #[serde(default = "default_error_rate_min_requests")]
     pub error_rate_min_requests: u32,
+    /// No failure for this long makes a route one state healthier, ms (default 60000 or
+    /// `cooldown_ms` if longer; 0 off; else at least `cooldown_ms`).
+    #[serde(default)]
+    pub decay_after_ms: Option<u64>,
 }
 
 /// Routing strategy for a standard model.

@@ -12,8 +12,8 @@ use super::error::ConfigError;
 use super::keys::{hash_key, Caller, KeyTable};
 use super::schema::{FileConfig, IncludedFile, ProviderKind, ProviderSection};
 use super::{
-    ActiveHealthCheck, Config, Endpoint, ErrorRate, HopTimeouts, Model, PassiveHealth, Provider,
-    Route, ServerSettings, Tenant,
+    ActiveHealthCheck, Config, Endpoint, ErrorRate, HopTimeouts, Model, PassiveHealth, ProbeMode,
+    Provider, Route, ServerSettings, Tenant,
 };
 use crate::secret::Secret;
 use crate::sse::ModelRewriter;
@@ -541,11 +541,13 @@ fn build_provider(
         (ProviderKind::Demo, _) => None,
         (_, Some(h)) if !h.enabled => None,
         (_, Some(h)) => Some(ActiveHealthCheck {
+            mode: h.mode,
             path: h.path,
             interval: ms(h.interval_ms.max(100)),
             timeout: ms(h.timeout_ms.max(1)),
         }),
         (_, None) => Some(ActiveHealthCheck {
+            mode: ProbeMode::List,
             path: "/models".into(),
             interval: ms(10_000),
             timeout: ms(2000),
@@ -584,11 +586,21 @@ fn build_provider(
                     min_requests: h.error_rate_min_requests,
                 }),
             };
+            let decay_after_ms = h.decay_after_ms.unwrap_or(h.cooldown_ms.max(60_000));
+            if decay_after_ms > 0 && decay_after_ms < h.cooldown_ms {
+                // A route would "decay" to healthy while still resting.
+                return Err(sources.err(
+                    fidx,
+                    &key("health.decay_after_ms"),
+                    "must be at least cooldown_ms (or 0: no decay)",
+                ));
+            }
             PassiveHealth {
                 degraded_after_failures: h.degraded_after_failures,
                 unhealthy_after_failures: h.unhealthy_after_failures,
                 cooldown: ms(h.cooldown_ms),
                 error_rate,
+                decay_after: (decay_after_ms > 0).then(|| ms(decay_after_ms)),
             }
         }
         None => PassiveHealth::default(),
@@ -1703,5 +1715,46 @@ mod tests {
         let bad = MINIMAL.replace("key: sk-sluice-team-a-0001", "key_sha256: abc");
         let e = load_str(&bad).unwrap_err();
         assert_eq!(e.key_path, "virtual_keys[0].key_sha256");
+    }
+
+    #[test]
+    fn health_decay_and_probe_mode_keys() {
+        use crate::config::ProbeMode;
+        let with = |lines: &str| {
+            MINIMAL.replace(
+                "    api_key: test-key\n",
+                &format!("    api_key: test-key\n{lines}"),
+            )
+        };
+        let c = load_str(MINIMAL).unwrap();
+        let p = &c.providers["local-mock"];
+        assert_eq!(p.passive_health.decay_after, Some(Duration::from_secs(60)));
+        assert_eq!(p.health_check.as_ref().unwrap().mode, ProbeMode::List);
+        let c = load_str(&with(
+            "    health: {cooldown_ms: 90000}\n    health_check: {mode: request, interval_ms: 30000}\n",
+        ))
+        .unwrap();
+        let p = &c.providers["local-mock"];
+        assert_eq!(
+            p.passive_health.decay_after,
+            Some(Duration::from_secs(90)),
+            "the default decay is never shorter than the cool-down"
+        );
+        assert_eq!(p.health_check.as_ref().unwrap().mode, ProbeMode::Request);
+        let c = load_str(&with("    health: {decay_after_ms: 0}\n")).unwrap();
+        assert_eq!(c.providers["local-mock"].passive_health.decay_after, None);
+        let e = load_str(&with(
+            "    health: {cooldown_ms: 5000, decay_after_ms: 1000}\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("providers.local-mock.health.decay_after_ms: must be at least cooldown_ms"),
+            "{e}"
+        );
+        let e = load_str(&with("    health_check: {mode: chat}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mode"), "{e}");
     }
 }

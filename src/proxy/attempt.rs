@@ -35,7 +35,7 @@ use super::ctx::RequestCtx;
 use super::request::InferenceRequest;
 use super::respond;
 pub use super::upstream::ClientGone;
-use super::upstream::{client_gone, failed, Attempt, MAX_ERROR_BODY_BYTES};
+use super::upstream::{client_gone, failed, send, Attempt, MAX_ERROR_BODY_BYTES};
 use super::{hedge, pump, unary};
 use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Provider, Route};
@@ -80,7 +80,7 @@ pub async fn run(
             provider_cap::ProviderAdmission::Slot(slot) => Some(slot),
             provider_cap::ProviderAdmission::Uncapped => None,
         };
-        if !cand.health.admit() {
+        if !cand.admit() {
             continue;
         }
         if let Some((from, reason)) = previous.take() {
@@ -143,7 +143,7 @@ pub async fn run(
                     return Ok(());
                 }
                 Attempt::Shutdown => {
-                    cand.health.release_trial();
+                    cand.release_trial();
                     let err = GatewayError::Overloaded {
                         message: "the gateway is shutting down; retry the request".into(),
                         reason: "shutting_down",
@@ -153,7 +153,7 @@ pub async fn run(
                     return Ok(());
                 }
                 Attempt::Gone(g) => {
-                    cand.health.release_trial();
+                    cand.release_trial();
                     return Err(g);
                 }
                 Attempt::Failed(ae, err) => {
@@ -175,15 +175,18 @@ pub async fn run(
                         Some(ra) => Some(ra),
                         None => Some(policy.backoff(tries_here)),
                     };
+                    // A half-open trial is a single request: it falls back at once.
                     let wait = wait.filter(|_| {
                         tried.hedge.is_none()
+                            && !cand.is_trial()
                             && policy.retries(ae.failure)
                             && tries_here < policy.max_attempts_per_route
                             && cand.health.retry_budget().try_retry(policy.budget_ratio)
                     });
                     // A wait this request takes on the route is not the route's cool-down.
-                    cand.health.record_failure(
+                    cand.health.record_attempt_failure(
                         &route.provider.passive_health,
+                        ae.failure,
                         if wait.is_some() { None } else { ae.retry_after },
                     );
                     ctx.attempts.push(ae);
@@ -310,21 +313,50 @@ impl Ready<'_> {
 }
 
 /// Where a [`prepare`] is, for the `sluice_client_aborts_total` phase of a client that
-/// leaves meanwhile (shared with the racing caller; atomic as the future must be `Send`).
+/// leaves meanwhile (shared with the racing caller; atomic as the future must be `Send`),
+/// and the hidden resend it made on a stale pooled connection, which the caller counts as
+/// an attempt ([`Phase::settle`]) since the future holds the ctx only to read.
 #[derive(Debug, Default)]
-pub(super) struct Phase(std::sync::atomic::AtomicU8);
+pub(super) struct Phase {
+    at: std::sync::atomic::AtomicU8,
+    stale_resend: std::sync::Mutex<Option<crate::error::AttemptError>>,
+}
 
 impl Phase {
     fn set(&self, p: u8) {
-        self.0.store(p, std::sync::atomic::Ordering::Relaxed);
+        self.at.store(p, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The phase label: `connecting`, `waiting_head` or `waiting_first_event`.
     pub(super) fn label(&self) -> &'static str {
-        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+        match self.at.load(std::sync::atomic::Ordering::Relaxed) {
             0 => "connecting",
             1 => "waiting_head",
             _ => "waiting_first_event",
+        }
+    }
+
+    /// Logs and counts (`sluice_upstream_attempts_total{outcome="stale_connection"}`) the
+    /// resend of a request whose reused connection was stale, and keeps it for [`Self::settle`].
+    fn note_stale_resend(&self, ctx: &RequestCtx, route: &Route, e: &super::upstream::SendError) {
+        let ae = super::upstream::stale_resend(ctx, route, e);
+        *self
+            .stale_resend
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(ae);
+    }
+
+    /// Adds the stale-connection resend this phase made (if any) to the request's attempts:
+    /// `x-sluice-attempts`, the access log and the ledger's `attempts`.
+    pub(super) fn settle(&self, ctx: &mut RequestCtx) {
+        let taken = self
+            .stale_resend
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(ae) = taken {
+            ctx.attempt_count += 1;
+            ctx.attempts.push(ae);
         }
     }
 }
@@ -422,7 +454,9 @@ pub(super) async fn prepare<'r>(
         )));
     }
 
-    // Connect (a stale pooled connection gets one fresh retry), send, read the head.
+    // Connect, send, read the head. A pooled connection found stale before the request can
+    // have been processed gets one resend on a fresh connection, counted as an attempt (by
+    // the caller, from `phase`: this future holds the ctx only to read).
     let mut fresh_tries = 0;
     let mut up = loop {
         phase.set(0);
@@ -464,14 +498,14 @@ pub(super) async fn prepare<'r>(
         phase.set(1);
         let exchanged = tokio::time::timeout(
             timeouts.first_byte,
-            providers::exchange(&mut up, head.clone(), Some(body.clone())),
+            send(&mut up, head.clone(), body.clone()),
         )
         .await;
         match exchanged {
             Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && fresh_tries == 0 => {
+            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
                 // A pooled connection the provider had closed: not the provider's fault.
-                log::debug!("stale pooled upstream connection: {e}");
+                phase.note_stale_resend(ctx, route, &e);
                 fresh_tries += 1;
             }
             Ok(Err(e)) => {
@@ -480,7 +514,12 @@ pub(super) async fn prepare<'r>(
                     message: format!("provider `{}` failed before answering", provider.id),
                     retry_after: None,
                 };
-                return Err(failed(route, AttemptFailure::Reset, e.to_string(), err));
+                return Err(failed(
+                    route,
+                    AttemptFailure::Reset,
+                    e.error.to_string(),
+                    err,
+                ));
             }
             Err(_) => {
                 up.shutdown().await;

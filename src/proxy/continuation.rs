@@ -184,7 +184,7 @@ pub(super) async fn resume<'r>(
             provider_cap::ProviderAdmission::Full => continue,
             other => other,
         };
-        if !cand.health.admit() {
+        if !cand.admit() {
             continue;
         }
         tried = true;
@@ -201,7 +201,7 @@ pub(super) async fn resume<'r>(
             stream_usage: route.provider.stream_usage,
         };
         let Ok(body) = protocol::encode_request(route.provider.kind.dialect(), &creq, &opts) else {
-            cand.health.release_trial();
+            cand.release_trial();
             continue;
         };
         ctx.attempt_count += 1;
@@ -236,11 +236,11 @@ pub(super) async fn resume<'r>(
                     .record_failure(&route.provider.passive_health, None);
             }
             Opened::Gone(g) => {
-                cand.health.release_trial();
+                cand.release_trial();
                 return Ok(Attempt::Gone(g));
             }
             Opened::Shutdown => {
-                cand.health.release_trial();
+                cand.release_trial();
                 return Err(refuse(ctx, "rejected", "the gateway is shutting down", err));
             }
         }
@@ -258,7 +258,7 @@ pub(super) async fn resume<'r>(
         .is_err()
     {
         up.shutdown().await;
-        cand.health.release_trial();
+        cand.release_trial();
         return Err(refuse(
             ctx,
             "unsupported",
@@ -283,7 +283,7 @@ pub(super) async fn resume<'r>(
         .is_err()
     {
         up.shutdown().await;
-        cand.health.release_trial();
+        cand.release_trial();
         count(model, "client_abort");
         return Ok(Attempt::Gone(ClientGone("streaming")));
     }
@@ -311,7 +311,7 @@ pub(super) async fn resume<'r>(
     Ok(match pumped {
         Pumped::Gone => {
             up.shutdown().await;
-            cand.health.release_trial();
+            cand.release_trial();
             count(model, "client_abort");
             pump::finish_stream(ctx, pipe);
             Attempt::Gone(ClientGone("streaming"))
@@ -364,7 +364,8 @@ enum Opened {
 
 /// Connects to `route`, sends the continuation request `body` and reads the answer's head
 /// (the connect and first-byte timeouts of the route apply, the client's disconnect is
-/// watched). A stale pooled connection gets one fresh retry, as in the attempt loop; a
+/// watched). A stale pooled connection gets one fresh retry under the attempt loop's rule
+/// (only when the request cannot have been processed, [`super::upstream::send`]); a
 /// non-2xx answer or an unknown content coding is a failure.
 async fn open(
     connector: &Connector,
@@ -404,7 +405,7 @@ async fn open(
             Err(_) => return Opened::Failed(AttemptFailure::Connect, "connect timeout".into()),
         };
         let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
+            r = tokio::time::timeout(timeouts.first_byte, super::upstream::send(&mut up, head.clone(), body.clone())) => r,
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Opened::Gone(ClientGone("streaming"));
@@ -416,13 +417,14 @@ async fn open(
         };
         match exchanged {
             Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && fresh_tries == 0 => {
-                log::debug!("stale pooled upstream connection: {e}");
+            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
+                // Counted in the metric; the client's head (`x-sluice-attempts`) is long gone.
+                let _ = super::upstream::stale_resend(ctx, route, &e);
                 fresh_tries += 1;
             }
             Ok(Err(e)) => {
                 up.shutdown().await;
-                return Opened::Failed(AttemptFailure::Reset, e.to_string());
+                return Opened::Failed(AttemptFailure::Reset, e.error.to_string());
             }
             Err(_) => {
                 up.shutdown().await;

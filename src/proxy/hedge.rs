@@ -73,6 +73,36 @@ pub(super) async fn attempt(
     idx: usize,
     may_hedge: bool,
 ) -> Tried {
+    let phases = [Phase::default(), Phase::default()];
+    let tried = attempt_phased(
+        connector, session, ctx, req, model, candidates, idx, may_hedge, &phases,
+    )
+    .await;
+    // Stale-connection resends of attempts that did not commit (failed or cancelled).
+    settle(ctx, &phases);
+    tried
+}
+
+/// [`attempt`] with the primary's and the hedge's [`Phase`].
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the hedge's phases read best in one place"
+)]
+async fn attempt_phased(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    candidates: &[Candidate<'_>],
+    idx: usize,
+    may_hedge: bool,
+    phases: &[Phase; 2],
+) -> Tried {
     let primary = &candidates[idx];
     ctx.outcome
         .upstream_started
@@ -88,11 +118,11 @@ pub(super) async fn attempt(
         hedge: None,
     };
     let started = Instant::now();
-    let phase = Phase::default();
+    let (phase, hedge_phase) = (&phases[0], &phases[1]);
     let Some(delay) = delay else {
         // No hedge possible: the plain attempt.
         let ready = {
-            let pre = prepare(connector, ctx, req, model, primary.route, &phase);
+            let pre = prepare(connector, ctx, req, model, primary.route, phase);
             tokio::select! {
                 biased;
                 () = client_gone(session) => return alone(Attempt::Gone(ClientGone(phase.label()))),
@@ -103,7 +133,10 @@ pub(super) async fn attempt(
         return alone(match ready {
             Ok(ready) => {
                 sample(primary, started, &ready);
-                commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                {
+                    settle(ctx, phases);
+                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                }
             }
             Err(a) => a,
         });
@@ -111,7 +144,7 @@ pub(super) async fn attempt(
 
     // Phase A: the first attempt alone until the hedge timer. Boxed, so that dropping it
     // (the race lost) drops its upstream connection there and then.
-    let mut p = Box::pin(prepare(connector, ctx, req, model, primary.route, &phase));
+    let mut p = Box::pin(prepare(connector, ctx, req, model, primary.route, phase));
     let first = tokio::select! {
         biased;
         () = client_gone(session) => Some(Err(Attempt::Gone(ClientGone(phase.label())))),
@@ -124,7 +157,10 @@ pub(super) async fn attempt(
         return alone(match r {
             Ok(ready) => {
                 sample(primary, started, &ready);
-                commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                {
+                    settle(ctx, phases);
+                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                }
             }
             Err(a) => a,
         });
@@ -167,7 +203,10 @@ pub(super) async fn attempt(
         return alone(match ready {
             Ok(ready) => {
                 sample(primary, started, &ready);
-                commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                {
+                    settle(ctx, phases);
+                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                }
             }
             Err(a) => a,
         });
@@ -185,7 +224,6 @@ pub(super) async fn attempt(
         delay.as_millis()
     );
     let hedge_started = Instant::now();
-    let hedge_phase = Phase::default();
     let raced = {
         let mut h = Box::pin(prepare(
             connector,
@@ -193,9 +231,9 @@ pub(super) async fn attempt(
             req,
             model,
             hedge.route,
-            &hedge_phase,
+            hedge_phase,
         ));
-        race(session, &mut p, &mut h, &phase).await
+        race(session, &mut p, &mut h, phase).await
     };
     drop(p);
     let tried = |outcome, served| Tried {
@@ -239,6 +277,7 @@ pub(super) async fn attempt(
                     "primary_won"
                 },
             );
+            settle(ctx, phases);
             let outcome = commit(
                 connector, session, ctx, req, model, candidates, served, ready,
             )
@@ -266,6 +305,14 @@ pub(super) async fn attempt(
             }
             tried(outcome, side(last))
         }
+    }
+}
+
+/// Counts the stale-connection resends the phases made as attempts (before a commit, so
+/// that `x-sluice-attempts` includes them).
+fn settle(ctx: &mut RequestCtx, phases: &[Phase; 2]) {
+    for p in phases {
+        p.settle(ctx);
     }
 }
 
@@ -386,7 +433,7 @@ fn sample(cand: &Candidate<'_>, started: Instant, ready: &Ready<'_>) {
 
 /// Records the loser of a race: cancelled before its first event.
 fn cancelled(ctx: &RequestCtx, loser: &Candidate<'_>) {
-    loser.health.release_trial();
+    loser.release_trial();
     metrics()
         .upstream_attempts_total
         .with_label_values(&[loser.route.provider.id.as_str(), "hedge_cancelled"])

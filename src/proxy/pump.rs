@@ -265,6 +265,7 @@ pub(super) async fn stream(
         up.shutdown().await;
         return Attempt::Gone(ClientGone("writing"));
     }
+    super::upstream::trial_answered(route);
     let first = pipe.take();
     if pipe.first_content {
         ctx.outcome.ttft = Some(ctx.received.elapsed());

@@ -21,6 +21,7 @@ mod fallback;
 mod grafana_dashboard;
 mod harness;
 mod harness_client;
+mod healing;
 mod health;
 mod heartbeat;
 mod hedge;
