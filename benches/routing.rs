@@ -59,6 +59,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
                 cached_input_usd_per_mtok: None,
                 cache_write_usd_per_mtok: None,
                 capabilities: (i % 3 == 2).then(|| vec![Capability::Vision]),
+                context_window_tokens: None,
             }
         })
         .collect();
@@ -69,6 +70,8 @@ fn model(n: usize, strategy: Strategy) -> Model {
         early_commit_after: None,
         default_max_tokens: 4096,
         retry: sluice::routing::retry::RetryPolicy::default(),
+        fallback_models: Vec::new(),
+        context_fallback_models: Vec::new(),
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
         cached_input_usd_per_mtok: None,

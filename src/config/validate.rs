@@ -325,6 +325,12 @@ fn merge(
         entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.retry = entry.retry.take().or(m.retry);
+        entry.fallback_models = entry.fallback_models.take().or(m.fallback_models);
+        entry.context_fallback_models = entry
+            .context_fallback_models
+            .take()
+            .or(m.context_fallback_models);
+        entry.context_window_tokens = entry.context_window_tokens.or(m.context_window_tokens);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -822,6 +828,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         if id.trim().is_empty() {
             return Err(main_err("models", "a standard model id is empty".into()));
         }
+        if m.context_window_tokens == Some(0) {
+            return Err(main_err(
+                &format!("models.{id}.context_window_tokens"),
+                "must be at least 1 (tokens)".into(),
+            ));
+        }
         if m.routes.is_empty() {
             return Err(main_err(
                 &format!("models.{id}.routes"),
@@ -862,6 +874,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             if r.weight == 0 {
                 return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
             }
+            if r.context_window_tokens == Some(0) {
+                return Err(sources.err(
+                    fidx,
+                    &format!("{key}.context_window_tokens"),
+                    "must be at least 1 (tokens)",
+                ));
+            }
             for (name, v) in [
                 ("input_usd_per_mtok", Some(r.input_usd_per_mtok)),
                 ("output_usd_per_mtok", Some(r.output_usd_per_mtok)),
@@ -882,6 +901,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 cached_input_usd_per_mtok: r.cached_input_usd_per_mtok,
                 cache_write_usd_per_mtok: r.cache_write_usd_per_mtok,
                 capabilities: r.capabilities,
+                context_window_tokens: r.context_window_tokens.or(m.context_window_tokens),
             });
         }
         model_map.insert(
@@ -899,6 +919,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                     }
                     p
                 },
+                fallback_models: m.fallback_models.unwrap_or_default(),
+                context_fallback_models: m.context_fallback_models.unwrap_or_default(),
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
                 cached_input_usd_per_mtok: m.cached_input_usd_per_mtok,
@@ -907,6 +929,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             }),
         );
     }
+
+    super::model_fallback::check(&model_map, &main_err)?;
 
     let check_lists = |fidx: usize,
                        key: &str,

@@ -244,6 +244,8 @@ async fn infer(
         .get(&req.model)
         .filter(|_| caller.may_use_model(&req.model))
         .ok_or_else(|| model_not_found(&req.model))?;
+    // The body's `models` are checked as `model` is (refused before any admission).
+    super::fallback::check_body_models(&config, &caller, &req.models)?;
 
     // The budget first: a tenant without money left takes no rate-limit or queue place.
     // The tokenizer runs only for a tenant with a budget (the estimate is cached).

@@ -55,12 +55,12 @@ pub(super) async fn stream(
     timeouts: HopTimeouts,
     coding: ContentCoding,
 ) -> Attempt {
-    let standard = ctx.standard_model.clone().unwrap_or_default();
     let server = &ctx.config.server;
+    // The model that answers names itself (a fallback model its own id, as its routes do).
     let mut pipe = match StreamPipe::new(
         route,
         ctx.dialect,
-        &standard,
+        &model.id,
         req.include_usage,
         coding,
         server.max_event_bytes,
@@ -254,7 +254,7 @@ pub(super) async fn stream(
 
     // Phase 2: committed. Pump until the end; failures become an SSE error event.
     let mut gaps = crate::metrics::InterTokenClock::new(
-        &standard,
+        &model.id,
         &route.provider.id,
         pipe.content_events,
         ctx.outcome.upstream_first_event,

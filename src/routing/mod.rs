@@ -296,6 +296,7 @@ mod tests {
             capabilities: caps,
             rewriter: ModelRewriter::new(model),
             health_key: format!("{model}|{p}/{p}-m"),
+            context_window_tokens: None,
         }
     }
 
@@ -307,6 +308,8 @@ mod tests {
             early_commit_after: None,
             default_max_tokens: 4096,
             retry: crate::routing::retry::RetryPolicy::default(),
+            fallback_models: Vec::new(),
+            context_fallback_models: Vec::new(),
             input_usd_per_mtok: None,
             output_usd_per_mtok: None,
             cached_input_usd_per_mtok: None,
