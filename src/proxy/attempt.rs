@@ -42,7 +42,8 @@ use crate::routing::{retryable_status, Candidate};
 
 /// Runs the attempt loop and writes the response: the candidates of `model`, then the
 /// stages the fallback chain ([`fallback::Chain`]) adds (other models, or larger routes after
-/// a context-length rejection).
+/// a context-length rejection). `unplanned` is why `candidates` is empty, when it is (the
+/// client's answer if no fallback model serves either).
 ///
 /// # Errors
 /// [`ClientGone`] when the client disconnected (nothing more can be written).
@@ -53,6 +54,7 @@ pub async fn run(
     req: &InferenceRequest,
     model: &Model,
     candidates: &[Candidate<'_>],
+    unplanned: Option<GatewayError>,
 ) -> Result<(), ClientGone> {
     // The chain borrows the pinned snapshot; the caller is copied only when the chain may
     // leave the model asked for (fallback lists or a body `models`).
@@ -68,7 +70,10 @@ pub async fn run(
         &req.models,
         req.preference.as_ref(),
     );
-    let mut st = LoopState::default();
+    let mut st = LoopState {
+        last_error: unplanned,
+        ..LoopState::default()
+    };
     let mut stage_model = model;
     let mut owned: Vec<Candidate<'_>>;
     let mut cands = candidates;

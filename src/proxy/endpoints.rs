@@ -290,16 +290,34 @@ async fn infer(
     if routing::uses_input_estimate(model, &caller) {
         req.needs.estimated_input_tokens = req.estimated_input_tokens();
     }
-    let candidates = match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
-        Ok(c) => c,
-        Err(e) => {
-            // Nothing went upstream: no tokens were used.
-            permit.settle(ctx.outcome.used());
-            return Err(e.into());
-        }
-    };
+    let (candidates, unplanned) =
+        match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
+            Ok(c) => (c, None),
+            // No route of the model can serve now (all resting, none with a capability):
+            // its fallback models may; the reason stays the answer if none does.
+            Err(e)
+                if e.status() == 503
+                    && super::fallback::has_model_fallbacks(model, &req.models) =>
+            {
+                (Vec::new(), Some(e))
+            }
+            Err(e) => {
+                // Nothing went upstream: no tokens were used.
+                permit.settle(ctx.outcome.used());
+                return Err(e.into());
+            }
+        };
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
-    let result = attempt::run(&gw.connector, session, ctx, &req, model, &candidates).await;
+    let result = attempt::run(
+        &gw.connector,
+        session,
+        ctx,
+        &req,
+        model,
+        &candidates,
+        unplanned,
+    )
+    .await;
     // An answer without the provider's input figure is metered at the estimate.
     ctx.outcome
         .fill_input_estimate(|| req.estimated_input_tokens());

@@ -89,6 +89,12 @@ pub fn check_body_models(
     }
 }
 
+/// Whether a request for `model` (with the body's `models`) has other models to go to
+/// when its own routes cannot serve: a body list or `fallback_models`.
+pub fn has_model_fallbacks(model: &Model, body_models: &[String]) -> bool {
+    !body_models.is_empty() || !model.fallback_models.is_empty()
+}
+
 /// Whether an upstream error is a rejection of the request as longer than the route's
 /// context window, from any provider the gateway reaches:
 ///

@@ -209,6 +209,56 @@ fn a_cross_model_fallback_answers_under_the_model_that_answered() {
 }
 
 #[test]
+fn a_model_whose_routes_all_rest_goes_straight_to_its_fallback_model() {
+    // p1's 429 with a long Retry-After rests acme/chat's only route.
+    let p1 = Mock::start(r#"{"status":429,"retry_after_s":30}"#);
+    let p2 = Mock::start(r#"{"tokens":2}"#);
+    let models = format!(
+        "{}{}",
+        model("acme/chat", &["p1"], "    fallback_models: [acme/backup]\n"),
+        model("acme/backup", &["p2"], "")
+    );
+    let sluice = Sluice::start(&cfg(
+        &[
+            Prov("p1", "openai", &p1.base_url()),
+            Prov("p2", "openai", &p2.base_url()),
+        ],
+        &models,
+        None,
+    ));
+    let r = chat(&sluice, "acme/chat", false, "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"], "acme/backup");
+    assert_eq!(r.header("x-sluice-fallback-depth"), Some("1"));
+    assert_eq!((hits(&p1), hits(&p2)), (1, 1));
+    // Resting: nothing is sent to p1; the fallback model answers at once (no route failed).
+    let r = chat(&sluice, "acme/chat", true, "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-sluice-provider"), Some("p2"));
+    assert_eq!(r.header("x-sluice-fallback-depth"), Some("0"));
+    assert!(
+        r.text().contains(r#""model":"acme/backup""#),
+        "{}",
+        r.text()
+    );
+    assert_eq!((hits(&p1), hits(&p2)), (1, 2));
+    // Without a fallback model the rest is the answer: 503 with the time left.
+    let r = chat(&sluice, "acme/backup", false, "");
+    assert_eq!(r.status, 200);
+    let sluice_no_fb = Sluice::start(&cfg(
+        &[Prov("p1", "openai", &p1.base_url())],
+        &model("acme/chat", &["p1"], ""),
+        None,
+    ));
+    let r = chat(&sluice_no_fb, "acme/chat", false, "");
+    assert_eq!(r.status, 429, "{}", r.text());
+    let r = chat(&sluice_no_fb, "acme/chat", false, "");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.header("retry-after").is_some());
+    assert_eq!((hits(&p1), hits(&p2)), (2, 3));
+}
+
+#[test]
 fn the_body_models_list_is_used_never_forwarded_and_checked_against_the_key() {
     let p1 = Mock::start(r#"{"status":503}"#);
     let p2 = Mock::start(r#"{"tokens":2}"#);
