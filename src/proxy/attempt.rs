@@ -124,8 +124,12 @@ pub async fn run(
         entry_reason = Some(next.reason);
     }
     if let Some(p) = st.rejected_by.take() {
-        // The last word was a provider's context-length rejection: that provider answered.
+        // The last word was a provider's context-length rejection: that provider (a route
+        // of the stage's model) answered.
         ctx.outcome.provider = Some(p);
+    } else {
+        // Nothing answered: the request is the model's it asked for (log, ledger).
+        ctx.answered_model = None;
     }
     let err = st.last_error.unwrap_or_else(|| GatewayError::NoRoute {
         message: format!("no healthy provider for model `{}` right now", model.id),
