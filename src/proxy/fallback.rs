@@ -321,6 +321,97 @@ mod tests {
         }
     }
 
+    fn chain_config() -> Config {
+        let route =
+            |m: &str| format!("    routes:\n      - {{provider: fbtest-p, upstream_model: {m}}}\n");
+        let yaml = format!(
+            "tenants:\n  t: {{}}\nvirtual_keys:\n  - key: sk-test-chain-0001\n    tenant: t\nproviders:\n  fbtest-p:\n    kind: openai\n    base_url: http://127.0.0.1:1/v1\n    health_check: {{enabled: false}}\nmodels:\n  a:\n    fallback_models: [b, c, d]\n    context_fallback_models: [e]\n    context_window_tokens: 8000\n    routes:\n      - {{provider: fbtest-p, upstream_model: a1, priority: 1}}\n      - {{provider: fbtest-p, upstream_model: a2, priority: 2, context_window_tokens: 4000}}\n      - {{provider: fbtest-p, upstream_model: a3, priority: 3, context_window_tokens: 64000}}\n  b:\n{}  c:\n    routes:\n      - {{provider: fbtest-p, upstream_model: c1, capabilities: []}}\n  d:\n{}  e:\n{}",
+            route("b1"),
+            route("d1"),
+            route("e1")
+        );
+        Config::parse(std::path::Path::new("c.yaml"), &yaml).unwrap()
+    }
+
+    fn caller(allowed: &[&str]) -> Caller {
+        Caller {
+            tenant: "t".into(),
+            key_id: "k".into(),
+            allowed_models: Some(allowed.iter().map(|m| (*m).to_string()).collect()),
+            allowed_providers: None,
+            strategy: None,
+        }
+    }
+
+    fn order(chain: &mut Chain<'_>, needs: &RouteNeeds) -> Vec<(String, &'static str)> {
+        std::iter::from_fn(|| chain.next_stage(needs, || 0, None))
+            .map(|s| (s.model.id.clone(), s.reason))
+            .collect()
+    }
+
+    #[test]
+    fn the_chain_follows_the_lists_skipping_what_the_request_or_key_cannot_use() {
+        let cfg = chain_config();
+        let a = &cfg.models["a"];
+        let key = caller(&["a", "b", "c", "e"]);
+        let plain = RouteNeeds::default();
+        let tools = RouteNeeds {
+            capabilities: vec![crate::config::Capability::Tools],
+            ..RouteNeeds::default()
+        };
+        // `d` is not the key's; `c` has no route with tools.
+        let mut chain = Chain::new(&cfg, Some(&key), a, &[], None);
+        assert_eq!(
+            order(&mut chain, &plain),
+            [
+                ("b".into(), "model_fallback"),
+                ("c".into(), "model_fallback")
+            ]
+        );
+        let mut chain = Chain::new(&cfg, Some(&key), a, &[], None);
+        assert_eq!(order(&mut chain, &tools), [("b".into(), "model_fallback")]);
+        // The body's list replaces the configured one; the model asked for is not repeated.
+        let body = vec!["c".to_string(), "a".to_string(), "b".to_string()];
+        let mut chain = Chain::new(&cfg, Some(&key), a, &body, None);
+        assert_eq!(
+            order(&mut chain, &plain),
+            [
+                ("c".into(), "model_fallback"),
+                ("b".into(), "model_fallback")
+            ]
+        );
+        // A context rejection: the context list only, never the regular ones.
+        let mut chain = Chain::new(&cfg, Some(&key), a, &[], None);
+        chain.context_rejected(a);
+        assert_eq!(order(&mut chain, &plain), [("e".into(), "context_length")]);
+        // `allow_fallbacks: false`: nowhere.
+        let one = Preference {
+            allow_fallbacks: false,
+            ..Preference::default()
+        };
+        let mut chain = Chain::new(&cfg, Some(&key), a, &[], Some(&one));
+        assert!(chain.next_stage(&plain, || 0, Some(&one)).is_none());
+    }
+
+    #[test]
+    fn a_context_rejection_moves_only_to_routes_with_a_larger_declared_window() {
+        let cfg = chain_config();
+        let a = &cfg.models["a"];
+        let key = caller(&["a"]);
+        let chain = Chain::new(&cfg, Some(&key), a, &[], None);
+        let cands = routing::plan(a, &key, &RouteNeeds::default(), None).unwrap();
+        let window = |c: &Candidate<'_>| c.route.context_window_tokens;
+        assert_eq!(
+            cands.iter().map(window).collect::<Vec<_>>(),
+            [Some(8000), Some(4000), Some(64000)]
+        );
+        let larger = chain.larger_routes(&cands[1..], Some(8000));
+        assert_eq!(larger.len(), 1);
+        assert_eq!(larger[0].route.upstream_model, "a3");
+        assert!(chain.larger_routes(&cands[1..], None).is_empty());
+        assert!(chain.larger_routes(&cands[2..], Some(64000)).is_empty());
+    }
+
     #[test]
     fn body_models_take_a_short_list_of_names() {
         assert!(body_models(None).unwrap().is_empty());

@@ -206,6 +206,21 @@ fn a_cross_model_fallback_answers_under_the_model_that_answered() {
     ] {
         assert!(line.contains(want), "{want} in {line}");
     }
+    // The ledger records the model that answered (the one whose prices were applied).
+    let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 2);
+    let rec = recs
+        .iter()
+        .find(|r| r["request_id"] == "xmodel-1")
+        .unwrap_or_else(|| panic!("no record: {recs:?}"));
+    assert_eq!(rec["model"], "acme/backup", "{rec}");
+    assert_eq!(rec["provider"], "p2", "{rec}");
+    assert_eq!(rec["upstream_model"], "p2-model", "{rec}");
+    assert_eq!(rec["fallback_depth"], 1, "{rec}");
+    assert_eq!(rec["attempts"], 2, "{rec}");
+    assert!(
+        rec["charge_usd"].as_f64().is_some_and(|c| c >= 3.0),
+        "{rec}"
+    );
 }
 
 #[test]
