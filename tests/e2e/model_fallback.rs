@@ -333,11 +333,30 @@ fn the_body_models_list_is_used_never_forwarded_and_checked_against_the_key() {
     assert_eq!(r.json()["error"]["param"], "models");
     assert_eq!((hits(&p1), hits(&p2), hits(&p3)), (2, 1, 0));
 
-    // The messages dialect takes the field too.
+    // The messages and responses dialects take the field too.
     let r = messages(&sluice, "acme/chat", false, r#","models":["acme/backup"]"#);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["model"], "acme/backup", "{}", r.text());
     assert_eq!((hits(&p1), hits(&p2), hits(&p3)), (3, 2, 0));
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        r#"{"model":"acme/chat","input":"hi","models":["acme/backup"]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"], "acme/backup", "{}", r.text());
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        r#"{"model":"acme/chat","input":"hi","models":["acme/secret"]}"#,
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!((hits(&p1), hits(&p2), hits(&p3)), (4, 3, 0));
+    for b in bodies(&p1).iter().chain(bodies(&p2).iter()) {
+        assert!(b.get("models").is_none(), "`models` went upstream: {b}");
+    }
 }
 
 #[test]
