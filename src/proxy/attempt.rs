@@ -1,6 +1,8 @@
 //! Owns the attempt loop of the LLM endpoints: try the candidate routes in order over
 //! Pingora's `Connector` (its pool, TLS, H1/H2 client), commit to the client only on a good
-//! upstream answer, then pump the stream.
+//! upstream answer, then pump the stream. The loop runs in stages: the model asked for, then
+//! what [`super::fallback`] adds (other standard models, larger routes after a context-length
+//! rejection); the stages share the retry policy's per-route logic and the fallback metrics.
 //!
 //! Why a loop inside `request_filter` and not Pingora's native retry: the native path replays
 //! at most 64 KiB of request body and has no timer hook (see `PINGORA-NOTES.md` 1.4-1.6).
