@@ -61,6 +61,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
                 cache_write_usd_per_mtok: None,
                 capabilities: (i % 3 == 2).then(|| vec![Capability::Vision]),
                 supports_prefill: false,
+                context_window_tokens: None,
             }
         })
         .collect();
@@ -74,6 +75,8 @@ fn model(n: usize, strategy: Strategy) -> Model {
         retry: sluice::routing::retry::RetryPolicy::default(),
         hedge_after: None,
         affinity: sluice::config::opt_in::Affinity::Off,
+        fallback_models: Vec::new(),
+        context_fallback_models: Vec::new(),
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
         cached_input_usd_per_mtok: None,

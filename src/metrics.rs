@@ -42,7 +42,9 @@ pub struct Metrics {
     /// requests by how they were counted (`provider`: the Anthropic provider's own count;
     /// `estimate`: the local `o200k_base` estimate).
     pub token_counts_total: IntCounterVec,
-    /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: cross-provider fallbacks.
+    /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: fallbacks from one
+    /// route to the next; `model` is the model asked for, `reason` the failure label, or
+    /// [`MODEL_FALLBACK_REASON`] for a step to another standard model.
     pub fallback_total: IntCounterVec,
     /// `sluice_fallback_depth`: candidate routes that failed before the one that answered
     /// (same-route retries not counted), per request that got an upstream answer.
@@ -94,6 +96,10 @@ pub struct Metrics {
     /// (WHATWG SSE decoding) and in non-stream answer bodies (before the model rewrite or
     /// the Anthropic translation).
     pub sse_invalid_utf8_total: IntCounterVec,
+    /// `sluice_sse_malformed_events_total{provider}`: upstream SSE data events whose data
+    /// is not JSON (nor `[DONE]`): passed through untouched when the client speaks the
+    /// provider's dialect, skipped when the stream is translated; never the end of a stream.
+    pub sse_malformed_events_total: IntCounterVec,
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
     /// `sluice_rejected_total{reason}`: admission rejections
@@ -309,6 +315,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Invalid UTF-8 sequences in upstream answers (SSE events and non-stream bodies), replaced with U+FFFD, by provider.",
             &["provider"]
         )?,
+        sse_malformed_events_total: register_int_counter_vec!(
+            "sluice_sse_malformed_events_total",
+            "Upstream SSE data events whose data is not JSON, passed through untouched (same dialect) or skipped (translated), by provider.",
+            &["provider"]
+        )?,
         config_reloads_total: register_int_counter_vec!(
             "sluice_config_reloads_total",
             "Config reloads by result (ok, error).",
@@ -436,7 +447,7 @@ const GATEWAY_STATUSES: [&str; 13] = [
 ];
 
 /// Every `reason` label of [`crate::error::AttemptFailure::label`] (fallbacks, attempts).
-const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
+const ATTEMPT_FAILURE_LABELS: [&str; 8] = [
     "connect",
     "first_byte_timeout",
     "first_event_timeout",
@@ -444,7 +455,15 @@ const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
     "status_5xx",
     "status_4xx",
     "protocol",
+    "context_length",
 ];
+
+/// The `reason` of a `sluice_fallback_total` step to another standard model after every
+/// route of the previous one failed (`models.<id>.fallback_models` or the body's `models`).
+/// A step to another model, or to a larger route of the same model, on a context-length
+/// rejection has the reason `context_length`. The `model` label stays the model the
+/// request asked for; `from_provider` / `to_provider` are the routes' providers.
+pub const MODEL_FALLBACK_REASON: &str = "model_fallback";
 
 /// The `reason`s of same-route retries (only connect failures and 502/503 are retried).
 const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
@@ -530,6 +549,7 @@ pub fn init_config_series(cfg: &crate::config::Config) {
         }
         m.heartbeats_total.with_label_values(&[p]);
         m.sse_invalid_utf8_total.with_label_values(&[p]);
+        m.sse_malformed_events_total.with_label_values(&[p]);
         m.upstream_attempts_total.with_label_values(&[p, "ok"]);
         for reason in ATTEMPT_FAILURE_LABELS {
             m.upstream_attempts_total.with_label_values(&[p, reason]);
@@ -589,6 +609,24 @@ pub fn init_config_series(cfg: &crate::config::Config) {
                 }
             }
         }
+        // Steps to the configured fallback models (the body's `models` appear on use).
+        for (list, reason) in [
+            (&model.fallback_models, MODEL_FALLBACK_REASON),
+            (&model.context_fallback_models, "context_length"),
+        ] {
+            for to_model in list.iter().filter_map(|id| cfg.models.get(id)) {
+                for from in &providers {
+                    for to in &to_model.routes {
+                        m.fallback_total.with_label_values(&[
+                            model_id.as_str(),
+                            from,
+                            to.provider.id.as_str(),
+                            reason,
+                        ]);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -642,6 +680,7 @@ mod tests {
             AttemptFailure::Status(404),
             AttemptFailure::Protocol,
             AttemptFailure::Reset,
+            AttemptFailure::ContextLength,
         ] {
             assert!(
                 super::ATTEMPT_FAILURE_LABELS.contains(&f.label()),

@@ -8,6 +8,7 @@ pub mod edge;
 pub mod error;
 pub mod keys;
 pub mod ledger;
+mod model_fallback;
 pub mod opt_in;
 pub mod passthrough;
 pub mod schema;
@@ -319,6 +320,12 @@ pub struct Model {
     pub hedge_after: Option<opt_in::HedgeAfter>,
     /// `models.<id>.affinity`.
     pub affinity: opt_in::Affinity,
+    /// `models.<id>.fallback_models`: standard model ids tried after every route of this
+    /// one failed before the first byte (checked: they exist, none is this model).
+    pub fallback_models: Vec<String>,
+    /// `models.<id>.context_fallback_models`: standard model ids tried on a context-length
+    /// rejection (checked as `fallback_models`, and free of cycles).
+    pub context_fallback_models: Vec<String>,
     /// Sell price, USD per million input tokens.
     pub input_usd_per_mtok: Option<f64>,
     /// Sell price, USD per million output tokens.
@@ -362,6 +369,9 @@ pub struct Route {
     pub rewriter: ModelRewriter,
     /// Stable health key, `provider/upstream_model`.
     pub health_key: String,
+    /// Context window, tokens (`routes[].context_window_tokens`, else the model's); `None`:
+    /// not declared.
+    pub context_window_tokens: Option<u64>,
 }
 
 impl Route {

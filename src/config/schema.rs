@@ -649,6 +649,21 @@ pub struct ModelSection {
     /// Opt-in prompt-cache affinity (`conversation`; default off).
     #[serde(default)]
     pub affinity: Option<super::opt_in::Affinity>,
+    /// Standard models tried, in order, after every route of this model failed before the
+    /// first byte (a contract key; see [`crate::proxy::fallback`]). Not followed further:
+    /// a fallback model's own `fallback_models` apply only to requests for it.
+    #[serde(default)]
+    pub fallback_models: Option<Vec<String>>,
+    /// Standard models tried, in order, when a route of this model rejects the request as
+    /// too long for its context window (a contract key); the model that rejected is never
+    /// asked again.
+    #[serde(default)]
+    pub context_fallback_models: Option<Vec<String>>,
+    /// The context window of this model's routes, tokens (a route may declare its own);
+    /// a context-length rejection goes on to a route of the same model whose window is
+    /// larger.
+    #[serde(default)]
+    pub context_window_tokens: Option<u64>,
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,
@@ -704,6 +719,9 @@ pub struct RouteSection {
     /// message (default false: current Claude models reject prefill).
     #[serde(default)]
     pub supports_prefill: bool,
+    /// This route's context window, tokens (default: the model's `context_window_tokens`).
+    #[serde(default)]
+    pub context_window_tokens: Option<u64>,
 }
 
 /// `redis:`: distributed rate limits.

@@ -358,6 +358,12 @@ fn merge(
         entry.continue_on_break = entry.continue_on_break.or(m.continue_on_break);
         entry.hedge_after_ms = entry.hedge_after_ms.or(m.hedge_after_ms);
         entry.affinity = entry.affinity.or(m.affinity);
+        entry.fallback_models = entry.fallback_models.take().or(m.fallback_models);
+        entry.context_fallback_models = entry
+            .context_fallback_models
+            .take()
+            .or(m.context_fallback_models);
+        entry.context_window_tokens = entry.context_window_tokens.or(m.context_window_tokens);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -881,6 +887,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         if id.trim().is_empty() {
             return Err(main_err("models", "a standard model id is empty".into()));
         }
+        if m.context_window_tokens == Some(0) {
+            return Err(main_err(
+                &format!("models.{id}.context_window_tokens"),
+                "must be at least 1 (tokens)".into(),
+            ));
+        }
         if m.routes.is_empty() {
             return Err(main_err(
                 &format!("models.{id}.routes"),
@@ -921,6 +933,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             if r.weight == 0 {
                 return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
             }
+            if r.context_window_tokens == Some(0) {
+                return Err(sources.err(
+                    fidx,
+                    &format!("{key}.context_window_tokens"),
+                    "must be at least 1 (tokens)",
+                ));
+            }
             for (name, v) in [
                 ("input_usd_per_mtok", Some(r.input_usd_per_mtok)),
                 ("output_usd_per_mtok", Some(r.output_usd_per_mtok)),
@@ -942,6 +961,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 cache_write_usd_per_mtok: r.cache_write_usd_per_mtok,
                 capabilities: r.capabilities,
                 supports_prefill: r.supports_prefill,
+                context_window_tokens: r.context_window_tokens.or(m.context_window_tokens),
             });
         }
         model_map.insert(
@@ -962,6 +982,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 },
                 hedge_after,
                 affinity: m.affinity.unwrap_or_default(),
+                fallback_models: m.fallback_models.unwrap_or_default(),
+                context_fallback_models: m.context_fallback_models.unwrap_or_default(),
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
                 cached_input_usd_per_mtok: m.cached_input_usd_per_mtok,
@@ -970,6 +992,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             }),
         );
     }
+
+    super::model_fallback::check(&model_map, &main_err)?;
 
     let check_lists = |fidx: usize,
                        key: &str,

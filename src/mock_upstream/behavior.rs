@@ -166,6 +166,11 @@ pub struct Behavior {
     /// end the body cleanly (chunked terminator): a truncated last event.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub truncate_after_tokens: Option<u64>,
+    /// Stream: after N content tokens, one extra event whose `data:` line is not JSON
+    /// (`{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}` cut short), then the
+    /// stream goes on as usual: a provider's malformed event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub malformed_event_after_tokens: Option<u64>,
     /// Content tokens carry invalid UTF-8: `tok{i}` followed by the raw bytes `C3 28 FF`
     /// (a lead byte without its continuation, then a byte never valid in UTF-8); a client
     /// decoding as WHATWG SSE does sees `tok{i}\u{FFFD}(\u{FFFD}`.
@@ -333,6 +338,7 @@ impl Behavior {
             close,
             answer_model,
             truncate_after_tokens,
+            malformed_event_after_tokens,
             invalid_utf8,
             no_finish,
             no_done,

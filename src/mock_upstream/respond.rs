@@ -15,6 +15,10 @@ use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED
 use super::wire::{self, BodyEncoder, Provider, ReplyMeta, SseStyle};
 use super::MockState;
 
+/// The data of the `malformed_event_after_tokens` event: JSON cut short (not one value).
+const MALFORMED_EVENT_DATA: &str =
+    r#"{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}"#;
+
 /// Size of one bulk content token in `total_bytes` mode, bytes.
 const BULK_TOKEN_BYTES: usize = 1024;
 /// Size of one write for large non-stream bodies, bytes.
@@ -944,6 +948,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     }
 
     let mut sent: u64 = 0;
+    let mut malformed_sent = false;
     let mut finish: Option<VecDeque<Ev>> = None;
     loop {
         // Next event.
@@ -1015,6 +1020,16 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                     .await?;
                 wire.finish(out).await?;
                 return Ok(After::Keep);
+            }
+            if b.malformed_event_after_tokens == Some(sent) && !malformed_sent {
+                malformed_sent = true;
+                let name = if openai {
+                    oa_name
+                } else {
+                    Some("content_block_delta")
+                };
+                wire.write(out, &wire::encode_event(name, MALFORMED_EVENT_DATA, style))
+                    .await?;
             }
             if b.truncate_after_tokens == Some(sent) {
                 let bytes = wire::encode_event(ev.name, &ev.data, style);

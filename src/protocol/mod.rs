@@ -638,6 +638,12 @@ impl ProtocolError {
     }
 }
 
+/// Whether `data` (an upstream event's data, say) is exactly one well-formed JSON value:
+/// a validating, allocation-free pass ([`scan`]), strict as serde_json.
+pub fn is_json(data: &[u8]) -> bool {
+    scan::Scan::is_one_value(data)
+}
+
 pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest {
         field: field.into(),

@@ -1,6 +1,8 @@
 //! Owns the attempt loop of the LLM endpoints: try the candidate routes in order over
 //! Pingora's `Connector` (its pool, TLS, H1/H2 client), commit to the client only on a good
-//! upstream answer, then pump the stream.
+//! upstream answer, then pump the stream. The loop runs in stages: the model asked for, then
+//! what [`super::fallback`] adds (other standard models, larger routes after a context-length
+//! rejection); the stages share the retry policy's per-route logic and the fallback metrics.
 //!
 //! Why a loop inside `request_filter` and not Pingora's native retry: the native path replays
 //! at most 64 KiB of request body and has no timer hook (see `PINGORA-NOTES.md` 1.4-1.6).
@@ -24,6 +26,7 @@
 //! provider's converters ([`crate::protocol`]) and its request head and signer
 //! ([`crate::providers`]) are chosen from the route.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,17 +39,20 @@ use super::request::InferenceRequest;
 use super::respond;
 pub use super::upstream::ClientGone;
 use super::upstream::{client_gone, failed, send, Attempt, MAX_ERROR_BODY_BYTES};
-use super::{hedge, pump, unary};
+use super::{fallback, hedge, pump, unary};
 use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Provider, Route};
-use crate::error::{parse_retry_after, AttemptFailure, GatewayError};
+use crate::error::{upstream_retry_after, AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::routing::{retryable_status, Candidate};
 
-/// Runs the attempt loop and writes the response.
+/// Runs the attempt loop and writes the response: the candidates of `model`, then the
+/// stages the fallback chain ([`fallback::Chain`]) adds (other models, or larger routes after
+/// a context-length rejection). `unplanned` is why `candidates` is empty, when it is (the
+/// client's answer if no fallback model serves either).
 ///
 /// # Errors
 /// [`ClientGone`] when the client disconnected (nothing more can be written).
@@ -57,9 +63,147 @@ pub async fn run(
     req: &InferenceRequest,
     model: &Model,
     candidates: &[Candidate<'_>],
+    unplanned: Option<GatewayError>,
 ) -> Result<(), ClientGone> {
-    let mut last_error: Option<GatewayError> = None;
-    let mut previous: Option<(String, &'static str)> = None;
+    // The chain borrows the pinned snapshot; the caller is copied only when the chain may
+    // leave the model asked for (fallback lists or a body `models`).
+    let config = Arc::clone(&ctx.config);
+    let chained = !req.models.is_empty()
+        || !model.fallback_models.is_empty()
+        || !model.context_fallback_models.is_empty();
+    let caller = if chained { ctx.caller.clone() } else { None };
+    let mut chain = fallback::Chain::new(
+        &config,
+        caller.as_ref(),
+        model,
+        &req.models,
+        req.preference.as_ref(),
+    );
+    let mut st = LoopState {
+        last_error: unplanned,
+        ..LoopState::default()
+    };
+    let mut stage_model = model;
+    let mut owned: Vec<Candidate<'_>>;
+    let mut cands = candidates;
+    let mut entry_reason = None;
+    loop {
+        if stage_model.id != model.id {
+            ctx.answered_model = Some(stage_model.id.clone());
+        } else {
+            ctx.answered_model = None;
+        }
+        let end = run_stage(
+            connector,
+            session,
+            ctx,
+            req,
+            stage_model,
+            cands,
+            entry_reason,
+            &mut st,
+        )
+        .await?;
+        match end {
+            StageEnd::Done => return Ok(()),
+            StageEnd::Exhausted => {}
+            StageEnd::Context { at, err } => {
+                let window = cands.get(at).and_then(|c| c.route.context_window_tokens);
+                let larger = chain.larger_routes(cands.get(at + 1..).unwrap_or_default(), window);
+                chain.context_rejected(stage_model);
+                st.last_error = Some(err);
+                if !larger.is_empty() {
+                    owned = larger;
+                    cands = &owned;
+                    entry_reason = Some("context_length");
+                    continue;
+                }
+            }
+        }
+        let Some(next) = chain.next_stage(
+            &req.needs,
+            || req.estimated_input_tokens(),
+            req.preference.as_ref(),
+        ) else {
+            break;
+        };
+        stage_model = next.model;
+        owned = next.candidates;
+        cands = &owned;
+        entry_reason = Some(next.reason);
+    }
+    if let Some(p) = st.rejected_by.take() {
+        // The last word was a provider's context-length rejection: that provider (a route
+        // of the stage's model) answered.
+        ctx.outcome.provider = Some(p);
+    } else {
+        // Nothing answered: the request is the model's it asked for (log, ledger).
+        ctx.answered_model = None;
+    }
+    if let Some(GatewayError::Overloaded {
+        reason: "provider_capacity",
+        ..
+    }) = &st.last_error
+    {
+        metrics()
+            .rejected_total
+            .with_label_values(&["provider_capacity"])
+            .inc();
+    }
+    let err = st.last_error.unwrap_or_else(|| GatewayError::NoRoute {
+        message: format!("no healthy provider for model `{}` right now", model.id),
+        retry_after: None,
+    });
+    let _ = respond::write_error(session, ctx, &err).await;
+    Ok(())
+}
+
+/// What the stages of one request share.
+#[derive(Default)]
+struct LoopState {
+    /// The error the client gets if nothing answers.
+    last_error: Option<GatewayError>,
+    /// The route that failed last: its provider and the failure's label, for
+    /// `sluice_fallback_total` when the next candidate starts.
+    previous: Option<(String, &'static str)>,
+    /// The provider whose context-length rejection is `last_error`.
+    rejected_by: Option<String>,
+}
+
+/// How one stage ended without an answer written.
+enum StageEnd {
+    /// A response was written (an answer, or a final error).
+    Done,
+    /// Every candidate failed or was resting.
+    Exhausted,
+    /// The candidate at `at` rejected the request as too long for its context window.
+    Context {
+        /// Its index in the stage's candidates.
+        at: usize,
+        /// The provider's error (the client's answer when nothing follows).
+        err: GatewayError,
+    },
+}
+
+/// Tries the candidates of one stage in order (same-route retries per `model.retry`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's state is passed explicitly"
+)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one attempt's outcomes read best side by side"
+)]
+async fn run_stage(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    candidates: &[Candidate<'_>],
+    mut entry_reason: Option<&'static str>,
+    st: &mut LoopState,
+) -> Result<StageEnd, ClientGone> {
     // The candidate a hedge went to (at most one per request): not tried again.
     let mut hedged: Option<usize> = None;
     for (idx, cand) in candidates.iter().enumerate() {
@@ -71,10 +215,10 @@ pub async fn run(
         // untouched: full is not failing.
         let _provider_slot = match provider_cap::try_take(&route.provider) {
             provider_cap::ProviderAdmission::Full => {
-                if last_error.is_none() {
-                    last_error = Some(provider_full(route));
+                if st.last_error.is_none() {
+                    st.last_error = Some(provider_full(route));
                 }
-                previous = Some((route.provider.id.clone(), "provider_capacity"));
+                st.previous = Some((route.provider.id.clone(), "provider_capacity"));
                 continue;
             }
             provider_cap::ProviderAdmission::Slot(slot) => Some(slot),
@@ -83,14 +227,17 @@ pub async fn run(
         if !cand.admit() {
             continue;
         }
-        if let Some((from, reason)) = previous.take() {
+        // The step into a new stage is labelled by why the chain moved on.
+        let step_reason = entry_reason.take();
+        if let Some((from, reason)) = st.previous.take() {
             metrics()
                 .fallback_total
                 .with_label_values(&[
-                    model.id.as_str(),
+                    // The model asked for (a fallback's step is told by its reason).
+                    ctx.standard_model.as_deref().unwrap_or(model.id.as_str()),
                     from.as_str(),
                     route.provider.id.as_str(),
-                    reason,
+                    step_reason.unwrap_or(reason),
                 ])
                 .inc();
         }
@@ -132,7 +279,36 @@ pub async fn run(
                     metrics()
                         .fallback_depth
                         .observe(ctx.fallback_depth() as f64);
-                    return Ok(());
+                    return Ok(StageEnd::Done);
+                }
+                Attempt::Final(err) if fallback::is_context_rejection(&err) => {
+                    // The provider answered (healthy); the prompt is too long for this route.
+                    cand.health
+                        .record_success(&route.provider.passive_health, None);
+                    let reason = AttemptFailure::ContextLength.label();
+                    log::info!(
+                        target: "sluice::proxy::attempt",
+                        "attempt rejected request_id={} provider={} upstream_model={} reason={reason}",
+                        ctx.request_id, route.provider.id, route.upstream_model
+                    );
+                    metrics()
+                        .upstream_attempts_total
+                        .with_label_values(&[route.provider.id.as_str(), reason])
+                        .inc();
+                    ctx.attempts.push(AttemptError {
+                        provider: route.provider.id.clone(),
+                        upstream_model: route.upstream_model.clone(),
+                        failure: AttemptFailure::ContextLength,
+                        detail: format!("HTTP {}", err.status()),
+                        retry_after: None,
+                    });
+                    ctx.failed_routes += 1;
+                    st.previous = Some((route.provider.id.clone(), reason));
+                    st.rejected_by = Some(route.provider.id.clone());
+                    return Ok(StageEnd::Context {
+                        at: tried.served,
+                        err,
+                    });
                 }
                 Attempt::Final(err) => {
                     // The provider answered (a 4xx about the request): it is healthy.
@@ -140,7 +316,7 @@ pub async fn run(
                         .record_success(&route.provider.passive_health, None);
                     ctx.outcome.provider = Some(route.provider.id.clone());
                     let _ = respond::write_error(session, ctx, &err).await;
-                    return Ok(());
+                    return Ok(StageEnd::Done);
                 }
                 Attempt::Shutdown => {
                     cand.release_trial();
@@ -150,7 +326,7 @@ pub async fn run(
                         retry_after: Duration::from_secs(1),
                     };
                     let _ = respond::write_error(session, ctx, &err).await;
-                    return Ok(());
+                    return Ok(StageEnd::Done);
                 }
                 Attempt::Gone(g) => {
                     cand.release_trial();
@@ -190,7 +366,8 @@ pub async fn run(
                         if wait.is_some() { None } else { ae.retry_after },
                     );
                     ctx.attempts.push(ae);
-                    last_error = Some(err);
+                    st.last_error = Some(err);
+                    st.rejected_by = None;
                     // A route that just started resting (turned unhealthy, or its half-open
                     // trial failed) gets no second request: the trial is a single request.
                     let resting = cand.health.cooldown_remaining().is_some();
@@ -205,29 +382,14 @@ pub async fn run(
                         }
                         continue;
                     }
-                    previous = Some((route.provider.id.clone(), reason));
+                    st.previous = Some((route.provider.id.clone(), reason));
                     ctx.failed_routes += 1;
                     break;
                 }
             }
         }
     }
-    if let Some(GatewayError::Overloaded {
-        reason: "provider_capacity",
-        ..
-    }) = &last_error
-    {
-        metrics()
-            .rejected_total
-            .with_label_values(&["provider_capacity"])
-            .inc();
-    }
-    let err = last_error.unwrap_or_else(|| GatewayError::NoRoute {
-        message: format!("no healthy provider for model `{}` right now", model.id),
-        retry_after: None,
-    });
-    let _ = respond::write_error(session, ctx, &err).await;
-    Ok(())
+    Ok(StageEnd::Exhausted)
 }
 
 /// The 503 of a request whose candidates' providers are all at their
@@ -549,10 +711,12 @@ pub(super) async fn prepare<'r>(
     };
     let status = resp.status.as_u16();
     if !(200..300).contains(&status) {
-        let retry_after = resp
-            .headers
-            .get("retry-after")
-            .and_then(|v| parse_retry_after(v.as_bytes()));
+        // `retry-after-ms` (OpenAI, Azure) is the more precise: it wins over `Retry-After`,
+        // for the route's cool-down and for what the client is told.
+        let retry_after = upstream_retry_after(
+            resp.headers.get("retry-after-ms").map(|v| v.as_bytes()),
+            resp.headers.get("retry-after").map(|v| v.as_bytes()),
+        );
         return Err(
             upstream_error(&mut up, route, status, retry_after, timeouts, ctx.dialect).await,
         );

@@ -28,6 +28,7 @@ pub mod count_tokens;
 pub mod ctx;
 pub mod edge;
 pub mod endpoints;
+pub mod fallback;
 pub mod head_guard;
 pub mod hedge;
 pub mod hop_by_hop;
@@ -253,8 +254,7 @@ impl ProxyHttp for Gateway {
             return;
         }
         // Metering: the request's usage priced, for the access log, metrics and ledger.
-        ctx.metered =
-            crate::metering::meter(&ctx.config, ctx.standard_model.as_deref(), &ctx.outcome);
+        ctx.metered = crate::metering::meter(&ctx.config, ctx.answering_model(), &ctx.outcome);
         // The budget learns the real charge (an aborted stream: what was streamed).
         if let Some(r) = ctx.budget.take() {
             r.settle(ctx.metered.map_or(0.0, |m| m.charge_usd));

@@ -16,7 +16,9 @@
 //!
 //! Only data events of the answer count toward the commit ([`StreamPipe::data_events`]):
 //! comments and Anthropic `ping`s do not, so an upstream that pings and then fails before
-//! its first event still falls back.
+//! its first event still falls back. A data event that is not JSON (a provider's bad line)
+//! neither commits nor ends the stream: it passes through untouched on the fast path, is
+//! skipped by the translator, and is counted (`sluice_sse_malformed_events_total`).
 //!
 //! The pump ([`super::pump`]) feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
@@ -296,6 +298,12 @@ impl<'r> StreamPipe<'r> {
                             message,
                         })
                     }
+                    // One event whose data is not JSON at all cannot be translated: it is
+                    // skipped and counted, and the stream goes on.
+                    Err(ProtocolError::InvalidUpstream(_)) if !protocol::is_json(&data) => {
+                        count_malformed(self.route);
+                        continue;
+                    }
                     Err(e) => {
                         return Err(PipeError::Framing {
                             reason: "upstream_error",
@@ -363,6 +371,13 @@ impl<'r> StreamPipe<'r> {
                     error_type,
                     message,
                 });
+            }
+            if !protocol::is_json(&data) {
+                // A malformed event passes through untouched and is counted; like a
+                // comment it does not commit the answer, and it never ends the stream.
+                count_malformed(self.route);
+                self.out.extend_from_slice(ev.raw());
+                continue;
             }
             // Usage (all classes) from the upstream's own object; only a chunk with a usage
             // object is looked at twice (`"usage":null` chunks are skipped by one scan).
@@ -501,4 +516,14 @@ fn content_decoder(route: &Route, coding: ContentCoding) -> Result<Option<Decode
             message: format!("provider `{}`: {e}", route.provider.id),
         }),
     }
+}
+
+/// Counts one data event of `route`'s provider that is not JSON
+/// (`sluice_sse_malformed_events_total`).
+#[cold]
+fn count_malformed(route: &Route) {
+    metrics()
+        .sse_malformed_events_total
+        .with_label_values(&[route.provider.id.as_str()])
+        .inc();
 }

@@ -72,6 +72,7 @@ pub(super) async fn first_event<'r>(
     coding: ContentCoding,
 ) -> Result<Held<'r>, Attempt> {
     let server = &ctx.config.server;
+    // The model that answers names itself (a fallback model its own id, as its routes do).
     let mut pipe = match StreamPipe::new(
         route,
         ctx.dialect,

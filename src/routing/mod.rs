@@ -350,6 +350,7 @@ mod tests {
             supports_prefill: false,
             rewriter: ModelRewriter::new(model),
             health_key: format!("{model}|{p}/{p}-m"),
+            context_window_tokens: None,
         }
     }
 
@@ -364,6 +365,8 @@ mod tests {
             retry: crate::routing::retry::RetryPolicy::default(),
             hedge_after: None,
             affinity: crate::config::opt_in::Affinity::Off,
+            fallback_models: Vec::new(),
+            context_fallback_models: Vec::new(),
             input_usd_per_mtok: None,
             output_usd_per_mtok: None,
             cached_input_usd_per_mtok: None,

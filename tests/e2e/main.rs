@@ -29,6 +29,7 @@ mod hostile;
 mod hostile_edge;
 mod ledger;
 mod metering;
+mod model_fallback;
 mod passthrough;
 mod ping_commit;
 mod readme;
