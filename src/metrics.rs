@@ -104,7 +104,7 @@ pub struct Metrics {
     pub request_read_aborts_total: IntCounterVec,
     /// `sluice_tls_handshake_failures_total{reason}`: downstream TLS handshakes that failed
     /// (`error`: not TLS, no shared version or cipher, a reset, ...) or did not finish within
-    /// Pingora's fixed 60 s (`timeout`); logged at DEBUG, see [`crate::logging`].
+    /// `server.header_read_timeout_ms` (`timeout`); logged at DEBUG, see [`crate::tls`].
     pub tls_handshake_failures_total: IntCounterVec,
     /// `sluice_ledger_queue_depth`: usage records queued for the ledger writer.
     pub ledger_queue_depth: IntGauge,
@@ -314,7 +314,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         tls_handshake_failures_total: register_int_counter_vec!(
             "sluice_tls_handshake_failures_total",
-            "Downstream TLS handshakes that failed (error) or did not finish in 60 s (timeout).",
+            "Downstream TLS handshakes that failed (error) or did not finish within server.header_read_timeout_ms (timeout).",
             &["reason"]
         )?,
         ledger_queue_depth: register_int_gauge!(

@@ -1,7 +1,8 @@
 //! TLS and HTTP versions downstream (issue 11): certificates from a test CA made here
 //! (rcgen) for two names; SNI picks each name's certificate (the first is the default);
 //! ALPN negotiates h2 (and http/1.1 when that is all a client offers); TLS 1.1 is refused,
-//! 1.2 and 1.3 served; failed handshakes are counted, not logged at ERROR; a streamed chat completion over h2 arrives event by event; a reset h2
+//! 1.2 and 1.3 served; failed handshakes are counted, not logged at ERROR, and a handshake
+//! must finish within the head deadline; a streamed chat completion over h2 arrives event by event; a reset h2
 //! stream cancels the upstream at once; a renewed certificate is served to new connections
 //! after a reload while open ones are untouched, and a broken one is refused; h2c with prior
 //! knowledge works on the plain listener; a reload that moves the TLS listener says an
@@ -212,6 +213,58 @@ fn failed_handshakes_are_counted_and_logged_below_error() {
         !log.lines().any(|l| l.contains(" ERROR ")),
         "an ERROR line: {log}"
     );
+}
+
+#[test]
+fn a_handshake_must_finish_within_the_head_deadline() {
+    let mock = Mock::start("{}");
+    let (pki, _, _) = two_names();
+    let sluice = Sluice::start(&basic_config(
+        &mock.base_url(),
+        &tls_server(&pki, "  header_read_timeout_ms: 1000\n"),
+    ));
+    // One client connects and stays silent; one sends the first bytes of a ClientHello
+    // and no more. Pingora alone would hold both for 60 s.
+    let started = Instant::now();
+    let open = || {
+        let s =
+            StdTcpStream::connect_timeout(&sluice.tls_addr, Duration::from_secs(5)).expect("tcp");
+        s.set_read_timeout(Some(Duration::from_secs(15))).ok();
+        s
+    };
+    let mut silent = open();
+    let mut partial = open();
+    partial
+        .write_all(&tls11_client_hello()[..10])
+        .expect("write");
+    for (what, sock) in [("silent", &mut silent), ("partial hello", &mut partial)] {
+        let mut buf = [0u8; 64];
+        // Closed (EOF or reset) by the server, not by our read timeout.
+        match sock.read(&mut buf) {
+            Ok(0) | Err(_) if started.elapsed() < Duration::from_secs(10) => {}
+            other => panic!("{what}: {other:?} after {:?}", started.elapsed()),
+        }
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed before the deadline: {took:?}"
+    );
+    let timeouts = r#"sluice_tls_handshake_failures_total{reason="timeout"}"#;
+    assert!(
+        eventually(Duration::from_secs(5), || sluice.metric(timeouts) >= 2.0),
+        "{}",
+        sluice.metrics()
+    );
+    // A client that does its handshake in time is served.
+    let rt = runtime();
+    rt.block_on(async {
+        let c = connect(sluice.tls_addr, "b.test", pki.client(&[b"h2"], &[&TLS12]))
+            .await
+            .expect("handshake");
+        let mut h = h2_handshake(c.stream, "b.test").await;
+        assert_eq!(h.request("GET", "/v1/models", "").await.status, 200);
+    });
 }
 
 #[test]
