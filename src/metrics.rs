@@ -122,6 +122,10 @@ pub struct Metrics {
     /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
     /// `body_read_timeout_ms` passed) or `closed` (the client hung up or reset mid-way).
     pub request_read_aborts_total: IntCounterVec,
+    /// `sluice_tls_handshake_failures_total{reason}`: downstream TLS handshakes that failed
+    /// (`error`: not TLS, no shared version or cipher, a reset, ...) or did not finish within
+    /// `server.header_read_timeout_ms` (`timeout`); logged at DEBUG, see [`crate::tls`].
+    pub tls_handshake_failures_total: IntCounterVec,
     /// `sluice_ledger_queue_depth`: usage records queued for the ledger writer.
     pub ledger_queue_depth: IntGauge,
     /// `sluice_ledger_dropped_total`: usage records dropped because the ledger queue was full.
@@ -353,6 +357,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Requests whose head or body never fully arrived, by phase (head, body) and reason (timeout, closed).",
             &["phase", "reason"]
         )?,
+        tls_handshake_failures_total: register_int_counter_vec!(
+            "sluice_tls_handshake_failures_total",
+            "Downstream TLS handshakes that failed (error) or did not finish within server.header_read_timeout_ms (timeout).",
+            &["reason"]
+        )?,
         ledger_queue_depth: register_int_gauge!(
             "sluice_ledger_queue_depth",
             "Usage records queued for the ledger writer."
@@ -397,6 +406,9 @@ fn init_known_series(m: &Metrics) {
         "per_ip_connections",
     ] {
         m.rejected_total.with_label_values(&[reason]);
+    }
+    for reason in ["error", "timeout"] {
+        m.tls_handshake_failures_total.with_label_values(&[reason]);
     }
     for phase in ["head", "body"] {
         for reason in ["timeout", "closed"] {
