@@ -38,6 +38,7 @@ fn provider(id: &str) -> Arc<Provider> {
         },
         stream_usage: true,
         max_concurrent_requests: None,
+        api_version: None,
     })
 }
 

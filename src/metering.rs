@@ -274,6 +274,9 @@ const CHAT_TEXT_KEYS: [&[u8]; 5] = [
 
 /// The same for Anthropic Messages events and bodies (`text`, `thinking`, `partial_json`).
 const MESSAGES_TEXT_KEYS: [&[u8]; 3] = [b"\"text\"", b"\"thinking\"", b"\"partial_json\""];
+/// Gemini parts carry text (answer and thoughts) in `text`; `functionCall.args` is an
+/// object, not counted.
+const GEMINI_TEXT_KEYS: [&[u8]; 1] = [b"\"text\""];
 
 /// One JSON string value as it is in the JSON text (quotes and escapes included).
 #[derive(Debug, Clone, Copy)]
@@ -312,7 +315,11 @@ impl JsonText<'_> {
 pub fn stream_text(dialect: Dialect, data: &[u8], all: bool, mut f: impl FnMut(JsonText<'_>)) {
     static CHAT: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     static MESSAGES: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
+    static GEMINI: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     let finders = match dialect {
+        Dialect::Gemini => {
+            GEMINI.get_or_init(|| GEMINI_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
+        }
         Dialect::ChatCompletions => {
             CHAT.get_or_init(|| CHAT_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
         }

@@ -295,6 +295,9 @@ pub struct Provider {
     /// `providers.<id>.max_concurrent_requests`: most requests in flight to it at once
     /// (`None`: no cap of its own); see [`crate::backpressure::provider`].
     pub max_concurrent_requests: Option<usize>,
+    /// `providers.<id>.api_version`: Azure OpenAI's `api-version` query parameter (set for
+    /// `azure_openai`, `None` for every other kind).
+    pub api_version: Option<String>,
 }
 
 /// A standard model: what clients ask for and see.
@@ -375,6 +378,14 @@ pub struct Route {
 }
 
 impl Route {
+    /// The wire API this route's requests are sent in. Per route, not per provider kind, so
+    /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
+    /// in the Gemini dialect; Bedrock) can choose by the upstream model; today it is the
+    /// kind's one dialect ([`ProviderKind::dialect`]).
+    pub fn dialect(&self) -> crate::protocol::Dialect {
+        self.provider.kind.dialect()
+    }
+
     /// Whether the route supports `cap`.
     pub fn supports(&self, cap: Capability) -> bool {
         self.capabilities.as_ref().is_none_or(|c| c.contains(&cap))

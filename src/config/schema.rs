@@ -472,15 +472,24 @@ pub enum ProviderKind {
     Anthropic,
     /// The built-in demo provider (no key, no network).
     Demo,
+    /// Azure OpenAI: Chat Completions at the deployments URL with the `api-key` header
+    /// (needs `api_version`).
+    AzureOpenai,
+    /// The Gemini API (Google AI Studio): `generateContent` / `streamGenerateContent` with
+    /// the `x-goog-api-key` header.
+    Gemini,
 }
 
 impl ProviderKind {
-    /// The wire API the provider speaks: OpenAI-compatible and demo providers speak Chat
-    /// Completions, Anthropic speaks Messages.
+    /// The wire API the provider speaks: OpenAI-compatible, Azure OpenAI and demo providers
+    /// speak Chat Completions, Anthropic speaks Messages, Gemini its own `contents`/`parts`.
     pub fn dialect(self) -> crate::protocol::Dialect {
         match self {
-            ProviderKind::Openai | ProviderKind::Demo => crate::protocol::Dialect::ChatCompletions,
+            ProviderKind::Openai | ProviderKind::Demo | ProviderKind::AzureOpenai => {
+                crate::protocol::Dialect::ChatCompletions
+            }
             ProviderKind::Anthropic => crate::protocol::Dialect::Messages,
+            ProviderKind::Gemini => crate::protocol::Dialect::Gemini,
         }
     }
 }
@@ -492,7 +501,9 @@ pub struct ProviderSection {
     /// Wire format.
     pub kind: ProviderKind,
     /// Base URL including the API version, SDK style (`https://api.openai.com/v1`);
-    /// not used for `demo`.
+    /// not used for `demo`. `azure_openai`: the resource endpoint without a path
+    /// (`https://my-resource.openai.azure.com`); `gemini`: default
+    /// `https://generativelanguage.googleapis.com/v1beta`.
     #[serde(default)]
     pub base_url: Option<String>,
     /// Environment variable holding the provider key.
@@ -540,6 +551,10 @@ pub struct ProviderSection {
     /// Only for an `https` `base_url`.
     #[serde(default)]
     pub ca_file: Option<String>,
+    /// `azure_openai` only (required there): the REST API version sent as the `api-version`
+    /// query parameter, e.g. `"2024-10-21"`.
+    #[serde(default)]
+    pub api_version: Option<String>,
 }
 
 /// `providers.<id>.health_check`: the active probe.
@@ -813,7 +828,8 @@ fn default_pid_file() -> String {
 fn default_upgrade_sock() -> String {
     "/tmp/sluice_upgrade.sock".into()
 }
-fn default_health_path() -> String {
+/// Default `providers.<id>.health_check.path`; a kind with another model-list path (Azure) uses its own instead.
+pub(super) fn default_health_path() -> String {
     "/models".into()
 }
 fn default_health_interval_ms() -> u64 {

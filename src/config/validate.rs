@@ -464,7 +464,35 @@ fn build_provider(
         stream_usage,
         max_concurrent_requests,
         ca_file,
+        api_version,
     } = p;
+    let api_version = match (kind, api_version) {
+        (ProviderKind::AzureOpenai, Some(v)) if crate::providers::azure::valid_api_version(&v) => {
+            Some(v)
+        }
+        (ProviderKind::AzureOpenai, Some(_)) => {
+            return Err(sources.err(
+                fidx,
+                &key("api_version"),
+                "must be an Azure OpenAI API version such as \"2024-10-21\" (letters, digits, `-`, `.`)",
+            ))
+        }
+        (ProviderKind::AzureOpenai, None) => {
+            return Err(sources.err(
+                fidx,
+                &format!("providers.{id}"),
+                "api_version is required for kind azure_openai (e.g. \"2024-10-21\")",
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(sources.err(
+                fidx,
+                &key("api_version"),
+                "api_version is only for kind azure_openai",
+            ))
+        }
+        (_, None) => None,
+    };
     if max_concurrent_requests == Some(0) {
         return Err(sources.err(
             fidx,
@@ -477,6 +505,10 @@ fn build_provider(
         (ProviderKind::Demo, Some(_)) => {
             return Err(sources.err(fidx, &key("base_url"), "the demo provider has no base_url"))
         }
+        (ProviderKind::Gemini, None) => Some(
+            parse_base_url(crate::providers::gemini::DEFAULT_BASE_URL)
+                .map_err(|m| sources.err(fidx, &key("base_url"), m))?,
+        ),
         (_, None) => {
             return Err(sources.err(fidx, &format!("providers.{id}"), "base_url is required"))
         }
@@ -543,18 +575,24 @@ fn build_provider(
             return Err(sources.err(fidx, &key(name), "must be greater than 0"));
         }
     }
+    // The probe's default path is the kind's model list (Azure's needs its `api-version`).
+    let default_path = || crate::providers::health_path(kind, api_version.as_deref());
     let health_check = match (kind, health_check) {
         (ProviderKind::Demo, _) => None,
         (_, Some(h)) if !h.enabled => None,
         (_, Some(h)) => Some(ActiveHealthCheck {
             mode: h.mode,
-            path: h.path,
+            path: if h.path == super::schema::default_health_path() {
+                default_path()
+            } else {
+                h.path
+            },
             interval: ms(h.interval_ms.max(100)),
             timeout: ms(h.timeout_ms.max(1)),
         }),
         (_, None) => Some(ActiveHealthCheck {
             mode: ProbeMode::List,
-            path: "/models".into(),
+            path: default_path(),
             interval: ms(10_000),
             timeout: ms(2000),
         }),
@@ -623,6 +661,7 @@ fn build_provider(
         passive_health,
         stream_usage,
         max_concurrent_requests,
+        api_version,
     })
 }
 

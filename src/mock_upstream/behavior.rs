@@ -248,6 +248,14 @@ pub struct Behavior {
     /// `POST /_mock/reset` forgets them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_cache: Option<bool>,
+    /// The provider key the cloud APIs accept (Azure `api-key`, Gemini `x-goog-api-key`):
+    /// another key gets the provider's rejection (Azure 401, Gemini 400 `API_KEY_INVALID`).
+    /// Unset: any non-empty key is accepted (a missing one is still rejected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// Azure OpenAI: answer the `content_filter` 400 (the prompt was filtered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_filter: Option<bool>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -354,6 +362,8 @@ impl Behavior {
             cached_tokens,
             cache_write_tokens,
             prompt_cache,
+            api_key,
+            content_filter,
         )
     }
 

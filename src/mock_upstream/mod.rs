@@ -14,7 +14,15 @@
 //!   N the `prompt_tokens` knob, else the words of `system` and every message (min 1); a
 //!   body with a member Anthropic does not take there (`max_tokens`, `stream`, …) gets its
 //!   400 `invalid_request_error`;
-//! - `GET {prefix}/models` — an OpenAI-style model list (health probes).
+//! - `GET {prefix}/models` — an OpenAI-style model list (health probes);
+//! - `POST /openai/deployments/{deployment}/chat/completions?api-version=...` — Azure
+//!   OpenAI: OpenAI's format with Azure's content-filter annotations; a request without
+//!   `api-version` gets Azure's 404, one without `api-key` (or with another key than the
+//!   `api_key` knob) its 401, and the `content_filter` knob its `content_filter` 400;
+//! - `POST {prefix}/models/{model}:generateContent` and
+//!   `:streamGenerateContent?alt=sse` — the Gemini API
+//!   (<https://ai.google.dev/api/generate-content>); without `x-goog-api-key` Google's 403,
+//!   with another key than the `api_key` knob its 400 `API_KEY_INVALID`.
 //!
 //! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
 //! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI
@@ -45,6 +53,7 @@
 //! [`serve_stream`], never through a listening socket.
 
 mod behavior;
+mod cloud;
 mod h1;
 mod record;
 mod respond;

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::behavior::{Behavior, Split};
+use super::cloud;
 use super::h1::{Framing, Out, Request, Wr};
 use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
 use super::wire::{self, BodyEncoder, Provider, ReplyMeta, SseStyle};
@@ -19,6 +20,8 @@ use super::MockState;
 const MALFORMED_EVENT_DATA: &str =
     r#"{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}"#;
 
+/// The model an Azure deployment answers with (its `model` member).
+const AZURE_MODEL: &str = "gpt-4o-2024-08-06";
 /// Size of one bulk content token in `total_bytes` mode, bytes.
 const BULK_TOKEN_BYTES: usize = 1024;
 /// Size of one write for large non-stream bodies, bytes.
@@ -79,7 +82,9 @@ fn now_unix() -> u64 {
 
 fn classify(req: &Request) -> Kind {
     let path = req.path().trim_end_matches('/');
-    if req.method == "POST" && path.ends_with("/messages/count_tokens") {
+    if req.method == "POST" && cloud::gemini_method(req).is_some() {
+        Kind::Chat(Provider::Gemini)
+    } else if req.method == "POST" && path.ends_with("/messages/count_tokens") {
         Kind::CountTokens
     } else if req.method == "POST" && path.ends_with("/chat/completions") {
         Kind::Chat(Provider::OpenAi)
@@ -148,6 +153,12 @@ pub(crate) fn prepare(
     conn_seq: u64,
 ) -> (RecordHandle, Plan) {
     let kind = classify(req);
+    let azure = cloud::is_azure(req);
+    // Gemini names the model and the stream choice in the path: (model, stream, alt=sse).
+    let gemini = match kind {
+        Kind::Chat(Provider::Gemini) => cloud::gemini_method(req),
+        _ => None,
+    };
     let parsed: Result<Option<Value>, String> = if req.body.is_empty() {
         Ok(None)
     } else {
@@ -162,6 +173,12 @@ pub(crate) fn prepare(
     } else {
         make_record(req, &body)
     };
+    if let Some((model, stream, _)) = &gemini {
+        if !state.demo {
+            record.model = Some(model.clone());
+            record.stream = Some(*stream);
+        }
+    }
     record.conn_id = conn_id;
     record.conn_seq = conn_seq;
     record.received_at_ms = state.now_ms();
@@ -217,7 +234,21 @@ pub(crate) fn prepare(
         }
     }
 
-    let error = if let Some(msg) = bad_request {
+    // The cloud APIs' gates come first: their front ends answer before reading the body.
+    let gate = if azure {
+        cloud::azure_gate(req, behavior.api_key.as_deref())
+    } else if gemini.is_some() {
+        cloud::gemini_gate(req, behavior.api_key.as_deref())
+    } else {
+        None
+    };
+    if let (Some((_, true, false)), None) = (&gemini, &bad_request) {
+        bad_request =
+            Some("mock upstream: streamGenerateContent is simulated with alt=sse only".into());
+    }
+    let error = if let Some(gate) = gate {
+        Some(gate)
+    } else if let Some(msg) = bad_request {
         Some((400, wire::error_body(provider, 400, &msg)))
     } else if kind == Kind::NotFound {
         Some((
@@ -228,6 +259,8 @@ pub(crate) fn prepare(
                 &format!("mock upstream: no route for {} {}", req.method, req.path()),
             ),
         ))
+    } else if azure && Behavior::flag(behavior.content_filter) {
+        Some((400, cloud::azure_content_filter_error()))
     } else {
         error_status.map(|s| {
             let body = match &behavior.error_body {
@@ -246,17 +279,27 @@ pub(crate) fn prepare(
     };
 
     let model = behavior.answer_model.clone().unwrap_or_else(|| {
+        if let Some((m, _, _)) = &gemini {
+            return m.clone();
+        }
+        if azure {
+            // Azure echoes the deployment's model, not the deployment name.
+            return AZURE_MODEL.to_string();
+        }
         body.as_ref()
             .and_then(|b| b.get("model"))
             .and_then(Value::as_str)
             .unwrap_or("mock-model")
             .to_string()
     });
-    let stream = body
-        .as_ref()
-        .and_then(|b| b.get("stream"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let stream = match &gemini {
+        Some((_, stream, _)) => *stream,
+        None => body
+            .as_ref()
+            .and_then(|b| b.get("stream"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    };
     let include_usage = body
         .as_ref()
         .and_then(|b| b.pointer("/stream_options/include_usage"))
@@ -266,6 +309,7 @@ pub(crate) fn prepare(
     let id = behavior.id.clone().unwrap_or_else(|| match provider {
         Provider::OpenAi => format!("chatcmpl-mock{serial:012}"),
         Provider::Anthropic => format!("msg_mock{serial:012}"),
+        Provider::Gemini => format!("gmock{serial:012}"),
     });
     let tool_calls: Vec<wire::ToolCallOut> = behavior
         .tool_calls
@@ -276,6 +320,8 @@ pub(crate) fn prepare(
             id: t.id.clone().unwrap_or_else(|| match provider {
                 Provider::OpenAi => format!("call_mock{serial}_{i}"),
                 Provider::Anthropic => format!("toolu_mock{serial}_{i}"),
+                // Gemini's function calls carry no id.
+                Provider::Gemini => String::new(),
             }),
             name: t.name.clone(),
             arguments: t.arguments_text(),
@@ -299,6 +345,7 @@ pub(crate) fn prepare(
             (Provider::OpenAi, false) => "tool_calls",
             (Provider::Anthropic, true) => "end_turn",
             (Provider::Anthropic, false) => "tool_use",
+            (Provider::Gemini, _) => "STOP",
         }
         .to_string()
     });
@@ -327,9 +374,13 @@ pub(crate) fn prepare(
         }),
         finish_reason,
         include_usage,
-        // `usage: false` omits it even when asked (providers that never send usage).
-        usage_chunk: behavior.usage.unwrap_or(include_usage),
+        // `usage: false` omits it even when asked (providers that never send usage);
+        // Gemini always sends `usageMetadata`.
+        usage_chunk: behavior
+            .usage
+            .unwrap_or(include_usage || provider == Provider::Gemini),
         extras,
+        azure,
     };
 
     let tokens = if let Some(total) = behavior.total_bytes {
@@ -399,13 +450,22 @@ pub(crate) fn prepare(
 }
 
 fn base_headers(plan: &Plan, content_type: &str) -> Vec<(String, String)> {
+    let content_type = match (plan.meta.provider, content_type) {
+        // Google's JSON answers name their charset.
+        (Provider::Gemini, "application/json") => "application/json; charset=UTF-8",
+        (_, c) => c,
+    };
     let mut h = vec![
         ("Content-Type".to_string(), content_type.to_string()),
         ("Server".to_string(), "sluice-mock-upstream".to_string()),
     ];
     match plan.meta.provider {
+        Provider::OpenAi if plan.meta.azure => {
+            h.push(("apim-request-id".into(), format!("req_{}", plan.meta.id)));
+        }
         Provider::OpenAi => h.push(("x-request-id".into(), format!("req_{}", plan.meta.id))),
         Provider::Anthropic => h.push(("request-id".into(), format!("req_{}", plan.meta.id))),
+        Provider::Gemini => h.push(("Vary".into(), "Origin, X-Origin, Referer".into())),
     }
     if content_type.starts_with("text/event-stream") {
         h.push(("Cache-Control".into(), "no-cache".into()));
@@ -549,6 +609,7 @@ async fn non_stream(
     let body = match plan.meta.provider {
         Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
         Provider::Anthropic => wire::anthropic_message(&plan.meta, &text, n),
+        Provider::Gemini => cloud::gemini_response(&plan.meta, &text, n),
     };
     write_answer(plan, out, close, abort, body.into_bytes()).await
 }
@@ -653,6 +714,18 @@ fn structured_events(
     queue: &mut VecDeque<Ev>,
 ) -> usize {
     let x = &m.extras;
+    if m.provider == Provider::Gemini {
+        for w in &x.reasoning {
+            queue.push_back(Ev::token(None, cloud::gemini_text_chunk(m, w, true)));
+        }
+        for t in text {
+            queue.push_back(Ev::token(None, cloud::gemini_text_chunk(m, t, false)));
+        }
+        for (i, call) in x.tool_calls.iter().enumerate() {
+            queue.push_back(Ev::token(None, cloud::gemini_call_chunk(m, i, call)));
+        }
+        return 0;
+    }
     if m.provider == Provider::OpenAi {
         for w in &x.reasoning {
             queue.push_back(Ev::token(oa_name, wire::openai_reasoning_chunk(m, w)));
@@ -748,6 +821,14 @@ fn finish_events(
     last_block: usize,
 ) -> VecDeque<Ev> {
     let mut evs = VecDeque::new();
+    if m.provider == Provider::Gemini {
+        // The last chunk carries the finish reason and the final usage; no terminator.
+        evs.push_back(Ev {
+            first_finish: true,
+            ..Ev::new(None, cloud::gemini_finish_chunk(m, sent))
+        });
+        return evs;
+    }
     if openai {
         evs.push_back(Ev::new(oa_name, wire::openai_finish_chunk(m)));
         if m.usage_chunk {
@@ -865,8 +946,10 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     let abort = After::Abort {
         reset: Behavior::flag(b.reset),
     };
+    let gemini = m.provider == Provider::Gemini;
     let style = SseStyle {
-        eol: if Behavior::flag(b.crlf) {
+        // Google ends its SSE lines with CRLF.
+        eol: if Behavior::flag(b.crlf) || (gemini && b.lone_cr.is_none() && b.crlf.is_none()) {
             "\r\n"
         } else if Behavior::flag(b.lone_cr) {
             "\r"
@@ -896,7 +979,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
         h.push(("Content-Encoding".into(), header));
     }
     // A keepalive with no content: Anthropic's `ping` event, an SSE comment for OpenAI.
-    let ping = if openai {
+    let ping = if openai || gemini {
         format!(": ping{}{}", style.eol, style.eol).into_bytes()
     } else {
         wire::encode_event(Some("ping"), wire::ANTHROPIC_PING, style)
@@ -922,7 +1005,12 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     // all content events); the text tokens of plain answers are generated lazily.
     let mut queue: VecDeque<Ev> = VecDeque::new();
     let tool_first = structured && m.extras.reasoning.is_empty() && text_tokens.is_empty();
-    if openai {
+    if m.azure {
+        queue.push_back(Ev::prelude(oa_name, cloud::azure_prompt_filter_chunk()));
+    }
+    if gemini {
+        // No prelude: the first chunk carries content.
+    } else if openai {
         // An answer that starts with a tool call names the role in the tool call's chunk.
         if !tool_first {
             queue.push_back(Ev::prelude(oa_name, wire::openai_role_chunk(m)));
@@ -966,7 +1054,9 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                     }
                 };
                 next_token.map(|tok| {
-                    if openai {
+                    if gemini {
+                        Ev::token(None, cloud::gemini_text_chunk(m, &tok, false))
+                    } else if openai {
                         Ev::token(oa_name, wire::openai_token_chunk(m, &tok))
                     } else {
                         Ev::token(
@@ -1010,9 +1100,18 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                     .error_message
                     .clone()
                     .unwrap_or_else(|| wire::default_error_message(m.provider, status));
-                let data =
-                    wire::error_body_typed(m.provider, status, &msg, b.error_type.as_deref());
-                let name = if openai { oa_name } else { Some("error") };
+                let data = if gemini {
+                    cloud::gemini_error_chunk(status, &msg, b.error_type.as_deref())
+                } else {
+                    wire::error_body_typed(m.provider, status, &msg, b.error_type.as_deref())
+                };
+                let name = if gemini {
+                    None
+                } else if openai {
+                    oa_name
+                } else {
+                    Some("error")
+                };
                 if Behavior::flag(b.comments) {
                     wire.write(out, &wire::encode_comment(style)).await?;
                 }

@@ -1147,3 +1147,4 @@ async fn prompt_cache_reports_a_repeated_prefix_as_cached_until_reset() {
         "reset forgets: {after}"
     );
 }
+mod cloud;

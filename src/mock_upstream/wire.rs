@@ -11,11 +11,14 @@ use serde_json::Value;
 
 use super::behavior::Split;
 
-/// Which provider API a request is addressed to.
+/// Which provider API a request is addressed to (Azure OpenAI is `OpenAi` with
+/// [`ReplyMeta::azure`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Provider {
     OpenAi,
     Anthropic,
+    /// The Gemini API ([`super::cloud`]).
+    Gemini,
 }
 
 /// JSON string literal (quoted, escaped).
@@ -43,6 +46,9 @@ pub(crate) struct ReplyMeta {
     pub usage_chunk: bool,
     /// Reasoning and tool calls of the answer (`reasoning`, `tool_calls` knobs).
     pub extras: Extras,
+    /// An Azure OpenAI request (`/openai/deployments/...`): OpenAI's format with Azure's content-filter
+    /// annotations.
+    pub azure: bool,
 }
 
 /// Most characters in one streamed tool-argument fragment (OpenAI `arguments`, Anthropic
@@ -141,6 +147,15 @@ fn openai_usage(m: &ReplyMeta, completion_tokens: u64) -> String {
 /// Full non-stream `chat.completion` object. With tool calls and no text, `content` is
 /// `null` (as OpenAI sends it); reasoning goes in `reasoning_content`.
 pub(crate) fn openai_completion(m: &ReplyMeta, text: &str, completion_tokens: u64) -> String {
+    let body = openai_completion_plain(m, text, completion_tokens);
+    if m.azure {
+        super::cloud::azure_completion(&body)
+    } else {
+        body
+    }
+}
+
+fn openai_completion_plain(m: &ReplyMeta, text: &str, completion_tokens: u64) -> String {
     let x = &m.extras;
     let content = if text.is_empty() && !x.tool_calls.is_empty() {
         "null".to_string()
@@ -188,6 +203,13 @@ pub(crate) fn openai_completion(m: &ReplyMeta, text: &str, completion_tokens: u6
 }
 
 fn openai_chunk(m: &ReplyMeta, choices: &str, usage: &str) -> String {
+    let azure;
+    let choices = if m.azure {
+        azure = super::cloud::azure_choices(choices);
+        azure.as_str()
+    } else {
+        choices
+    };
     format!(
         "{{\"id\":{},\"object\":\"chat.completion.chunk\",\"created\":{},\"model\":{},\"system_fingerprint\":\"fp_mock\",\"choices\":{}{}}}",
         js(&m.id),
@@ -536,6 +558,7 @@ pub(crate) fn error_body(provider: Provider, status: u16, message: &str) -> Stri
     match provider {
         Provider::OpenAi => openai_error(status, message),
         Provider::Anthropic => anthropic_error(status, message),
+        Provider::Gemini => super::cloud::gemini_error(status, message, None),
     }
 }
 
@@ -560,6 +583,7 @@ pub(crate) fn error_body_typed(
             js(ty),
             js(message)
         ),
+        Provider::Gemini => super::cloud::gemini_error(status, message, Some(ty)),
     }
 }
 
@@ -685,6 +709,7 @@ pub(crate) fn default_error_message(provider: Provider, status: u16) -> String {
     match (provider, status) {
         (Provider::Anthropic, 503 | 529) => "Overloaded".to_string(),
         (Provider::OpenAi, 429) => "Rate limit reached (mock upstream)".to_string(),
+        (Provider::Gemini, _) => super::cloud::gemini_default_message(status),
         _ => format!("mock upstream error (HTTP {status})"),
     }
 }
@@ -921,6 +946,17 @@ pub(crate) fn estimate_prompt_tokens(body: &Value) -> u64 {
     }
     if let Some(s) = body.get("system") {
         n += content_text(s).split_whitespace().count() as u64;
+    }
+    // Gemini: `contents[].parts` and `systemInstruction.parts`.
+    if let Some(contents) = body.get("contents").and_then(Value::as_array) {
+        for c in contents {
+            if let Some(p) = c.get("parts") {
+                n += content_text(p).split_whitespace().count() as u64;
+            }
+        }
+    }
+    if let Some(p) = body.pointer("/systemInstruction/parts") {
+        n += content_text(p).split_whitespace().count() as u64;
     }
     n.max(1)
 }

@@ -378,11 +378,12 @@ impl ErrorObj<'_> {
     }
 }
 
-pub(crate) fn decode_error_body(
-    _dialect: Dialect,
-    status: u16,
-    body: &[u8],
-) -> (ErrorKind, String) {
+pub(crate) fn decode_error_body(dialect: Dialect, status: u16, body: &[u8]) -> (ErrorKind, String) {
+    if dialect == Dialect::Gemini {
+        if let Some(e) = super::gemini::decode_error_body(status, body) {
+            return e;
+        }
+    }
     #[derive(Deserialize)]
     struct Envelope<'a> {
         #[serde(borrow, default)]
@@ -461,14 +462,16 @@ pub(crate) fn error_body(
                 message,
             },
         }),
-        Dialect::ChatCompletions | Dialect::Responses => to_vec(&OpenAiErrorBody {
-            error: OpenAiErrorInner {
-                message,
-                ty: openai_type(kind),
-                param,
-                code: None,
-            },
-        }),
+        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini => {
+            to_vec(&OpenAiErrorBody {
+                error: OpenAiErrorInner {
+                    message,
+                    ty: openai_type(kind),
+                    param,
+                    code: None,
+                },
+            })
+        }
     }
 }
 
@@ -502,7 +505,7 @@ pub(crate) fn error_event(
                 },
             },
         ),
-        Dialect::ChatCompletions => write_sse(
+        Dialect::ChatCompletions | Dialect::Gemini => write_sse(
             out,
             "error",
             &OpenAiErrorBody {

@@ -7,7 +7,8 @@
 //!   [`Usage`], [`StopReason`] and the conversion error [`ProtocolError`];
 //! * one module per wire API ([`Dialect`]), each owning its serde wire types
 //!   and its converters: [`chat`] (OpenAI Chat Completions), [`messages`]
-//!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only);
+//!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only),
+//!   [`gemini`] (the Gemini API's `generateContent`, upstream side only);
 //! * the dialect-agnostic entry points the proxy calls ([`decode_request`],
 //!   [`encode_request`], [`decode_response`], [`encode_response`],
 //!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`], [`merge_usage`],
@@ -45,11 +46,14 @@
 //! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget (low 1024, medium 8192, high 24576, capped below `max_tokens`); temperature above 1 is clamped to 1; unsigned reasoning in history | `response_format`/`text.format` other than `text` (no equivalent) |
 //! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
 //! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
+//! | canonical → Gemini (upstream) | reasoning history and signatures (Gemini's `thoughtSignature` has no canonical carrier), `parallel_tool_calls`, `user`, a tool's `strict`, document `title`; `reasoning` becomes `thinkingConfig.thinkingBudget` (disabled: 0) | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
+//! | Gemini upstream → client | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — |
 //! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
 #![warn(missing_docs)]
 
 pub mod chat;
 pub mod continuation;
+pub mod gemini;
 mod json;
 pub mod messages;
 pub mod responses;
@@ -75,15 +79,18 @@ pub enum Dialect {
     Messages,
     /// OpenAI Responses (`POST /v1/responses`), client side only.
     Responses,
+    /// The Gemini API (`models/{model}:generateContent`), upstream side only.
+    Gemini,
 }
 
 impl Dialect {
-    /// Short name for logs and metrics labels: `chat`, `messages`, `responses`.
+    /// Short name for logs and metrics labels: `chat`, `messages`, `responses`, `gemini`.
     pub fn as_str(self) -> &'static str {
         match self {
             Dialect::ChatCompletions => "chat",
             Dialect::Messages => "messages",
             Dialect::Responses => "responses",
+            Dialect::Gemini => "gemini",
         }
     }
 }
@@ -678,12 +685,17 @@ pub struct UpstreamOptions<'a> {
 /// forwarded as is).
 ///
 /// # Errors
-/// [`ProtocolError::InvalidRequest`]/[`ProtocolError::Unsupported`] naming the field.
+/// [`ProtocolError::InvalidRequest`]/[`ProtocolError::Unsupported`] naming the field;
+/// [`Dialect::Gemini`] is no client dialect.
 pub fn decode_request(dialect: Dialect, body: &[u8]) -> Result<Request, ProtocolError> {
     match dialect {
         Dialect::ChatCompletions => chat::decode_request(body),
         Dialect::Messages => messages::decode_request(body),
         Dialect::Responses => responses::decode_request(body),
+        Dialect::Gemini => Err(unsupported(
+            "model",
+            "the Gemini API is not a client dialect",
+        )),
     }
 }
 
@@ -700,6 +712,7 @@ pub fn encode_request(
     match dialect {
         Dialect::ChatCompletions => chat::encode_request(req, opts),
         Dialect::Messages => messages::encode_request(req, opts),
+        Dialect::Gemini => gemini::encode_request(req, opts),
         Dialect::Responses => Err(unsupported(
             "model",
             "the Responses API is not an upstream dialect",
@@ -721,6 +734,7 @@ pub fn decode_response(
     match dialect {
         Dialect::ChatCompletions => chat::decode_response(body, now_unix_s),
         Dialect::Messages => messages::decode_response(body, now_unix_s),
+        Dialect::Gemini => gemini::decode_response(body, now_unix_s),
         Dialect::Responses => Err(ProtocolError::InvalidUpstream(
             "the Responses API is not an upstream dialect".into(),
         )),
@@ -732,7 +746,8 @@ pub fn decode_response(
 /// Chat Completions usage is final and replaces `into`; Anthropic Messages usage is
 /// partial and cumulative (`message_start`, then `message_delta`) and replaces only the
 /// fields it carries. Returns false (and leaves `into`) when the bytes are not a usage
-/// object of that dialect.
+/// object of that dialect. Gemini's `usageMetadata` (cumulative, final in the last chunk)
+/// replaces `into`.
 pub fn merge_usage(dialect: Dialect, usage_json: &[u8], into: &mut Usage) -> bool {
     match dialect {
         Dialect::ChatCompletions => match serde_json::from_slice::<chat::UsageIn>(usage_json) {
@@ -749,15 +764,23 @@ pub fn merge_usage(dialect: Dialect, usage_json: &[u8], into: &mut Usage) -> boo
             }
             Err(_) => false,
         },
+        Dialect::Gemini => match serde_json::from_slice::<gemini::UsageIn>(usage_json) {
+            Ok(u) => {
+                *into = u.canonical();
+                true
+            }
+            Err(_) => false,
+        },
         Dialect::Responses => false,
     }
 }
 
 /// Encodes the canonical response as a client body of `dialect` (JSON).
-/// The caller sets `resp.model` to the standard model first.
+/// The caller sets `resp.model` to the standard model first. Gemini is no client dialect:
+/// it gets the Chat Completions body.
 pub fn encode_response(dialect: Dialect, resp: &Response) -> Vec<u8> {
     match dialect {
-        Dialect::ChatCompletions => chat::encode_response(resp),
+        Dialect::ChatCompletions | Dialect::Gemini => chat::encode_response(resp),
         Dialect::Messages => messages::encode_response(resp),
         Dialect::Responses => responses::encode_response(resp),
     }
@@ -790,6 +813,6 @@ pub fn error_event(dialect: Dialect, kind: ErrorKind, message: &str, out: &mut B
 pub fn heartbeat(dialect: Dialect) -> &'static [u8] {
     match dialect {
         Dialect::Messages => b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
-        Dialect::ChatCompletions | Dialect::Responses => b": keepalive\n\n",
+        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini => b": keepalive\n\n",
     }
 }

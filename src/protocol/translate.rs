@@ -4,7 +4,7 @@
 use bytes::BytesMut;
 
 use super::continuation::{Splice, Transcript};
-use super::{chat, messages, responses, Dialect, ErrorKind, ProtocolError, Usage};
+use super::{chat, gemini, messages, responses, Dialect, ErrorKind, ProtocolError, Usage};
 
 /// What a client stream encoder needs besides the events.
 #[derive(Debug, Clone)]
@@ -22,6 +22,7 @@ pub struct StreamOptions {
 enum Decoder {
     Chat(chat::StreamDecoder),
     Messages(messages::StreamDecoder),
+    Gemini(gemini::StreamDecoder),
 }
 
 #[derive(Debug)]
@@ -73,7 +74,10 @@ impl StreamTranslator {
     pub fn canonical(upstream: Dialect, client: Dialect, opts: &StreamOptions) -> Option<Self> {
         let decoder = Self::decoder(upstream)?;
         let encoder = match client {
-            Dialect::ChatCompletions => Encoder::Chat(chat::StreamEncoder::new(opts)),
+            // Gemini is no client dialect; a Chat stream is the nearest.
+            Dialect::ChatCompletions | Dialect::Gemini => {
+                Encoder::Chat(chat::StreamEncoder::new(opts))
+            }
             Dialect::Messages => Encoder::Messages(messages::StreamEncoder::new(opts)),
             Dialect::Responses => Encoder::Responses(responses::StreamEncoder::new(opts)),
         };
@@ -92,6 +96,7 @@ impl StreamTranslator {
         match upstream {
             Dialect::ChatCompletions => Some(Decoder::Chat(chat::StreamDecoder::new())),
             Dialect::Messages => Some(Decoder::Messages(messages::StreamDecoder::new())),
+            Dialect::Gemini => Some(Decoder::Gemini(gemini::StreamDecoder::new())),
             Dialect::Responses => None,
         }
     }
@@ -176,6 +181,7 @@ impl StreamTranslator {
         match &mut self.decoder {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),
             Decoder::Messages(d) => d.decode(event, data, &mut emit),
+            Decoder::Gemini(d) => d.decode(event, data, &mut emit),
         }
     }
 

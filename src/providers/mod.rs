@@ -1,5 +1,9 @@
 //! Owns how Sluice talks to a provider: the `HttpPeer` for an attempt (address, TLS, SNI,
-//! ALPN, connect timeout) and the upstream request head (path, `Host`, provider auth). The
+//! ALPN, connect timeout) and the upstream request head (path, `Host`, provider auth). Each
+//! kind is a dialect ([`ProviderKind::dialect`]) plus an address ([`request_path`],
+//! [`health_path`]) plus a signer ([`apply_auth`]); the kind-specific pieces live in
+//! [`anthropic`], [`openai`], [`azure`] and [`gemini`], and the attempt loop only calls the
+//! functions here. The
 //! request body is the protocol layer's ([`crate::protocol`]): as is with the upstream model
 //! when the provider speaks the client's dialect, else translated.
 //!
@@ -7,8 +11,10 @@
 //! `HttpPeer::new` would do a blocking lookup and panic on failure).
 
 pub mod anthropic;
+pub mod azure;
 pub mod demo;
 pub mod encoding;
+pub mod gemini;
 pub mod openai;
 
 use std::collections::HashMap;
@@ -159,11 +165,42 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
     })
 }
 
-/// The path of the chat endpoint for a provider kind (appended to the base path).
-pub fn chat_path(kind: ProviderKind) -> &'static str {
-    match kind {
-        ProviderKind::Anthropic => anthropic::MESSAGES_PATH,
-        ProviderKind::Openai | ProviderKind::Demo => openai::CHAT_COMPLETIONS_PATH,
+/// The path (and query) of the inference endpoint for one request to `provider`,
+/// appended to the base path: fixed for OpenAI-compatible and Anthropic providers, the
+/// deployment's URL for Azure OpenAI, the model's method (stream or not) for Gemini.
+pub fn request_path(
+    provider: &Provider,
+    upstream_model: &str,
+    stream: bool,
+) -> std::borrow::Cow<'static, str> {
+    match provider.kind {
+        ProviderKind::Anthropic => anthropic::MESSAGES_PATH.into(),
+        ProviderKind::Openai | ProviderKind::Demo => openai::CHAT_COMPLETIONS_PATH.into(),
+        ProviderKind::AzureOpenai => azure::chat_path(
+            upstream_model,
+            provider.api_version.as_deref().unwrap_or(""),
+        )
+        .into(),
+        ProviderKind::Gemini => gemini::method_path(upstream_model, stream).into(),
+    }
+}
+
+/// The active health probe's default path for a kind (appended to the base path): the
+/// model list (`/models`; Azure's `/openai/models?api-version=...`).
+pub fn health_path(kind: ProviderKind, api_version: Option<&str>) -> String {
+    match (kind, api_version) {
+        (ProviderKind::AzureOpenai, Some(v)) => azure::health_path(v),
+        _ => "/models".to_string(),
+    }
+}
+
+/// The status an upstream error answer counts as, from its status and body: a Gemini key
+/// rejected with 400 (`API_KEY_INVALID`) is a 401 (the gateway's credential: fall back,
+/// tell the client 502), every other answer keeps its status.
+pub fn error_status(provider: &Provider, status: u16, body: &[u8]) -> u16 {
+    match provider.kind {
+        ProviderKind::Gemini if status == 400 && gemini::key_rejected(body) => 401,
+        _ => status,
     }
 }
 
@@ -307,8 +344,10 @@ pub fn error_parts(
     }
 }
 
-/// Adds the provider's credential (`Authorization: Bearer` or `x-api-key` +
-/// `anthropic-version`).
+/// Adds the provider's credential: `Authorization: Bearer` (OpenAI-compatible),
+/// `x-api-key` + `anthropic-version` (Anthropic), `api-key` (Azure OpenAI) or
+/// `x-goog-api-key` (Gemini). The signer seam: a kind whose credential is computed per
+/// request (a token or a signature) adds its arm here.
 ///
 /// # Errors
 /// If the key is not a valid header value.
@@ -323,6 +362,16 @@ pub fn apply_auth(provider: &Provider, req: &mut RequestHeader) -> pingora::Resu
         ProviderKind::Openai | ProviderKind::Demo => {
             if let Some(k) = &provider.api_key {
                 req.insert_header("authorization", format!("Bearer {}", k.expose()))?;
+            }
+        }
+        ProviderKind::AzureOpenai => {
+            if let Some(k) = &provider.api_key {
+                req.insert_header(azure::API_KEY_HEADER, k.expose())?;
+            }
+        }
+        ProviderKind::Gemini => {
+            if let Some(k) = &provider.api_key {
+                req.insert_header(gemini::API_KEY_HEADER, k.expose())?;
             }
         }
     }

@@ -41,7 +41,7 @@ pub use super::upstream::ClientGone;
 use super::upstream::{client_gone, failed, send, Attempt, MAX_ERROR_BODY_BYTES};
 use super::{fallback, hedge, pump, unary};
 use crate::backpressure::provider as provider_cap;
-use crate::config::{HopTimeouts, Model, Provider, Route};
+use crate::config::{HopTimeouts, Model, Route};
 use crate::error::{upstream_retry_after, AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect};
@@ -413,7 +413,7 @@ fn upstream_body(
     model: &Model,
     route: &Route,
 ) -> Result<Vec<u8>, GatewayError> {
-    let upstream = route.provider.kind.dialect();
+    let upstream = route.dialect();
     if req.dialect == upstream {
         // Metering: a Chat stream always asks for the final usage chunk (stripped from the
         // client's stream when it did not ask; see `StreamPipe`).
@@ -590,11 +590,11 @@ pub(super) async fn prepare<'r>(
             return Err(failed(route, AttemptFailure::Connect, m, err));
         }
     };
-    let path = providers::chat_path(provider.kind);
+    let path = providers::request_path(provider, &route.upstream_model, req.stream);
     let head = match providers::request_head(
         provider,
         &target,
-        path,
+        &path,
         body.len(),
         req.stream,
         &ctx.request_id,
@@ -833,7 +833,8 @@ async fn upstream_error(
     };
     let _ = tokio::time::timeout(timeouts.first_byte, read_all).await;
     up.shutdown().await;
-    let err = normalize_upstream_error(provider, status, &body, retry_after, client);
+    let status = providers::error_status(provider, status, &body);
+    let err = normalize_upstream_error(route, status, &body, retry_after, client);
     if retryable_status(status) {
         failed(
             route,
@@ -850,13 +851,14 @@ async fn upstream_error(
 /// about the gateway's credentials, not the client's: the client gets 502. Anthropic's 529
 /// stays 529 for Messages clients (their API has it) and is a 503 for the others.
 fn normalize_upstream_error(
-    provider: &Provider,
+    route: &Route,
     status: u16,
     body: &[u8],
     retry_after: Option<Duration>,
     client: Dialect,
 ) -> GatewayError {
-    let (error_type, code, message) = providers::error_parts(provider.kind.dialect(), status, body);
+    let provider = &route.provider;
+    let (error_type, code, message) = providers::error_parts(route.dialect(), status, body);
     let message = providers::scrub_key(provider, &message);
     // Every field the client sees is scrubbed, not only the message.
     let error_type = providers::scrub_key(provider, &error_type);

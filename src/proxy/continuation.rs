@@ -200,7 +200,7 @@ pub(super) async fn resume<'r>(
             default_max_tokens: model.default_max_tokens,
             stream_usage: route.provider.stream_usage,
         };
-        let Ok(body) = protocol::encode_request(route.provider.kind.dialect(), &creq, &opts) else {
+        let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts) else {
             cand.release_trial();
             continue;
         };
@@ -381,12 +381,18 @@ async fn open(
         Ok(t) => t,
         Err(m) => return Opened::Failed(AttemptFailure::Connect, m),
     };
-    let path = providers::chat_path(provider.kind);
-    let mut head =
-        match providers::request_head(provider, &target, path, body.len(), true, &ctx.request_id) {
-            Ok(h) => h,
-            Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
-        };
+    let path = providers::request_path(provider, &route.upstream_model, true);
+    let mut head = match providers::request_head(
+        provider,
+        &target,
+        &path,
+        body.len(),
+        true,
+        &ctx.request_id,
+    ) {
+        Ok(h) => h,
+        Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
+    };
     if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
         .is_err()
     {

@@ -135,7 +135,7 @@ impl<'r> StreamPipe<'r> {
         created_unix_s: u64,
         continuable: Option<usize>,
     ) -> Result<Self, PipeError> {
-        let upstream = route.provider.kind.dialect();
+        let upstream = route.dialect();
         let opts = protocol::StreamOptions {
             model: standard_model.to_string(),
             created: created_unix_s,
@@ -198,7 +198,7 @@ impl<'r> StreamPipe<'r> {
         splice: protocol::continuation::Splice,
     ) -> Result<(), PipeError> {
         let decoder = content_decoder(route, coding)?;
-        let upstream = route.provider.kind.dialect();
+        let upstream = route.dialect();
         let resumed = self
             .protocol
             .as_mut()

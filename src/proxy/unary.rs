@@ -145,7 +145,7 @@ pub(super) async fn unary(
             .inc_by(invalid);
         body = BytesMut::from(&repaired[..]);
     }
-    let upstream = route.provider.kind.dialect();
+    let upstream = route.dialect();
     // Metering: the provider's usage object, read from the upstream body with all classes
     // (the translated path's decoded usage is the same figures).
     let mut usage = protocol::Usage::default();

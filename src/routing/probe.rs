@@ -383,6 +383,7 @@ mod tests {
             },
             stream_usage: true,
             max_concurrent_requests: None,
+            api_version: None,
         }
     }
 

@@ -65,7 +65,7 @@ pub async fn probe_route(
             Ok(b) => Bytes::from(b),
             Err(e) => return down(format!("cannot encode the probe request: {e}")),
         };
-        match probe_head(provider, &target, body.len()) {
+        match probe_head(provider, &target, upstream_model, body.len()) {
             Ok(head) => exchange(connector, &target, head, Some(body)).await,
             Err(e) => down(format!("bad probe request: {e}")),
         }
@@ -76,16 +76,18 @@ pub async fn probe_route(
     }
 }
 
-/// `POST {base_path}{chat path}`, the same head a client request gets (auth, framing).
+/// `POST {base_path}{inference path}` for `upstream_model` (non-streaming), the same head a
+/// client request gets (auth, framing).
 fn probe_head(
     provider: &Provider,
     target: &providers::Target,
+    upstream_model: &str,
     body_len: usize,
 ) -> pingora::Result<RequestHeader> {
     providers::request_head(
         provider,
         target,
-        providers::chat_path(provider.kind),
+        &providers::request_path(provider, upstream_model, false),
         body_len,
         false,
         PROBE_REQUEST_ID,
@@ -105,6 +107,7 @@ mod tests {
             endpoint: None,
             api_key: None,
             ca: None,
+            api_version: None,
             h2_stream_window: 65536,
             timeouts: HopTimeouts::uniform(Duration::from_secs(1)),
             health_check: None,

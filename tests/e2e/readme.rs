@@ -40,7 +40,9 @@ fn check(file: &Path, env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("-t").arg("-c").arg(file);
     cmd.env_remove("OPENAI_API_KEY")
-        .env_remove("ANTHROPIC_API_KEY");
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("AZURE_OPENAI_API_KEY")
+        .env_remove("GEMINI_API_KEY");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -66,6 +68,8 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
     let keys = [
         ("OPENAI_API_KEY", "sk-test-openai"),
         ("ANTHROPIC_API_KEY", "sk-ant-test"),
+        ("AZURE_OPENAI_API_KEY", "azure-test-key"),
+        ("GEMINI_API_KEY", "gemini-test-key"),
     ];
     for (i, yaml) in configs.iter().enumerate() {
         let file = dir.path().join(format!("example-{i}.yaml"));

@@ -1,0 +1,130 @@
+//! Owns how Sluice addresses Azure OpenAI (`kind: azure_openai`): the deployments URL, the
+//! `api-key` header and the model-list path of the health probe. The wire format is OpenAI
+//! Chat Completions ([`crate::protocol::chat`]); Azure's additions to it (the
+//! `prompt_filter_results` chunk, `content_filter_results` per choice, `finish_reason:
+//! "content_filter"`, the `content_filter` 400) are plain Chat Completions to the protocol
+//! layer: the extra members are ignored when translating, a `content_filter` finish is
+//! [`crate::protocol::StopReason::ContentFilter`], and the 400 is final like any 4xx.
+//!
+//! References (Azure OpenAI data-plane inference, GA `2024-10-21`):
+//! <https://learn.microsoft.com/azure/ai-services/openai/reference> (chat completions:
+//! `POST {endpoint}/openai/deployments/{deployment-id}/chat/completions?api-version=...`,
+//! header `api-key`; models: `GET {endpoint}/openai/models?api-version=...`),
+//! <https://learn.microsoft.com/azure/ai-services/openai/concepts/content-filter>
+//! (content-filter annotations and the `content_filter` error code). The body's `model`
+//! member is not read by Azure (the deployment in the path picks the model); Sluice sends
+//! the deployment name there.
+
+use std::fmt::Write as _;
+
+/// The request header carrying an Azure OpenAI key.
+pub const API_KEY_HEADER: &str = "api-key";
+
+/// The chat path under the resource endpoint for deployment `deployment`:
+/// `/openai/deployments/{deployment}/chat/completions?api-version={api_version}`, the
+/// deployment percent-encoded as one path segment.
+pub fn chat_path(deployment: &str, api_version: &str) -> String {
+    let mut p = String::with_capacity(64 + deployment.len());
+    p.push_str("/openai/deployments/");
+    push_segment(&mut p, deployment);
+    p.push_str("/chat/completions?api-version=");
+    push_segment(&mut p, api_version);
+    p
+}
+
+/// The health probe's default path: Azure's model list, which needs the API version.
+pub fn health_path(api_version: &str) -> String {
+    let mut p = String::from("/openai/models?api-version=");
+    push_segment(&mut p, api_version);
+    p
+}
+
+/// Whether `v` looks like an Azure API version (`2024-10-21`, `2025-01-01-preview`):
+/// non-empty, letters, digits, `-` and `.` only (it goes into the URL as is).
+pub fn valid_api_version(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 64
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+/// Appends `s` percent-encoded as one URL path segment (RFC 3986 unreserved characters
+/// kept).
+pub(crate) fn push_segment(out: &mut String, s: &str) {
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    #[test]
+    fn deployments_url_and_probe_path() {
+        assert_eq!(
+            chat_path("gpt-4o-prod", "2024-10-21"),
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(
+            chat_path("my dep/x", "2024-10-21"),
+            "/openai/deployments/my%20dep%2Fx/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(
+            health_path("2025-01-01-preview"),
+            "/openai/models?api-version=2025-01-01-preview"
+        );
+        assert!(valid_api_version("2024-10-21"));
+        assert!(!valid_api_version(""));
+        assert!(!valid_api_version("2024&x=1"));
+    }
+
+    /// A config with one provider of `section` (indented under `providers.p`).
+    pub(crate) fn config(
+        section: &str,
+    ) -> Result<crate::config::Config, crate::config::ConfigError> {
+        let yaml = format!(
+            "server:\n  listen: 127.0.0.1:8080\n  admin_listen: 127.0.0.1:9090\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: sk-sluice-cloud-0001\n    tenant: t\nproviders:\n  p:\n{section}models:\n  m:\n    routes:\n      - provider: p\n        upstream_model: u\n"
+        );
+        crate::config::Config::parse(std::path::Path::new("sluice.yaml"), &yaml)
+    }
+
+    #[test]
+    fn the_config_contract_needs_api_version_and_probes_the_model_list() {
+        let c = config(
+            "    kind: azure_openai\n    base_url: https://my-resource.openai.azure.com\n    api_version: \"2024-10-21\"\n    api_key: k\n",
+        )
+        .expect("valid");
+        let p = &c.providers["p"];
+        assert_eq!(p.api_version.as_deref(), Some("2024-10-21"));
+        assert_eq!(
+            p.health_check.as_ref().map(|h| h.path.as_str()),
+            Some("/openai/models?api-version=2024-10-21")
+        );
+        assert_eq!(
+            super::super::request_path(p, "gpt4o-prod", true),
+            "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
+        );
+        for (section, key) in [
+            (
+                "    kind: azure_openai\n    base_url: https://r.openai.azure.com\n    api_key: k\n",
+                "providers.p",
+            ),
+            (
+                "    kind: azure_openai\n    base_url: https://r.openai.azure.com\n    api_version: \"x&y\"\n",
+                "providers.p.api_version",
+            ),
+            (
+                "    kind: openai\n    base_url: https://api.openai.com/v1\n    api_version: \"2024-10-21\"\n",
+                "providers.p.api_version",
+            ),
+        ] {
+            let e = config(section).expect_err(section);
+            assert_eq!(e.key_path, key, "{section}: {e}");
+        }
+    }
+}
