@@ -68,9 +68,13 @@ pub struct Metrics {
     pub health_probes_total: IntCounterVec,
     /// `sluice_tokens_total{tenant,model,kind}`: metered tokens by class ([`TOKEN_KINDS`]:
     /// `input` (cached included), `output` (reasoning included), `cached_input`,
-    /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]).
+    /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]): a
+    /// stream's estimate when it ended without the provider's usage, and the estimated
+    /// input of an attempt a hedge race cancelled.
     pub tokens_total: IntCounterVec,
-    /// `sluice_cost_usd_total{tenant,model}`: what providers bill, at the routes' prices, USD.
+    /// `sluice_cost_usd_total{tenant,model}`: what providers bill, at the routes' prices, USD;
+    /// includes the estimated input cost of attempts hedge races cancelled (Sluice's cost,
+    /// never in `sluice_charge_usd_total`).
     pub cost_usd_total: CounterVec,
     /// `sluice_charge_usd_total{tenant,model}`: what tenants are charged, at the standard
     /// models' sell prices, USD.
@@ -286,7 +290,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         cost_usd_total: register_counter_vec!(
             "sluice_cost_usd_total",
-            "Provider cost of metered usage at the routes' prices, USD.",
+            "Provider cost of metered usage at the routes' prices (cancelled hedges' estimated input included), USD.",
             &["tenant", "model"]
         )?,
         charge_usd_total: register_counter_vec!(
@@ -489,7 +493,7 @@ pub const TOKEN_KINDS: [&str; 5] = [
     "reasoning",
 ];
 
-/// Records one request's metering: tokens by kind, cost and charge.
+/// Records one metering (a request's, or a cancelled hedge attempt's): tokens by kind, cost and charge.
 pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
     let mx = metrics();
     for (kind, n) in TOKEN_KINDS.into_iter().zip([
