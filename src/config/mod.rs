@@ -8,6 +8,8 @@ pub mod edge;
 pub mod error;
 pub mod keys;
 pub mod ledger;
+mod model_fallback;
+pub mod opt_in;
 pub mod passthrough;
 pub mod schema;
 pub mod tls;
@@ -197,17 +199,22 @@ pub struct PassiveHealth {
     pub cooldown: Duration,
     /// Error-rate trigger for unhealthy, if enabled.
     pub error_rate: Option<ErrorRate>,
+    /// `decay_after_ms`: with no failure for this long a route is one state healthier
+    /// (unhealthy → degraded, degraded → healthy), counted from its last failure; `None`:
+    /// no decay (`decay_after_ms: 0`).
+    pub decay_after: Option<Duration>,
 }
 
 impl Default for PassiveHealth {
-    /// Degraded after 1 failure, unhealthy after 3, 10 s cool-down, no error-rate trigger
-    /// (the defaults of `providers.<id>.health`).
+    /// Degraded after 1 failure, unhealthy after 3, 10 s cool-down, no error-rate trigger,
+    /// decay after 60 s (the defaults of `providers.<id>.health`).
     fn default() -> Self {
         Self {
             degraded_after_failures: 1,
             unhealthy_after_failures: 3,
             cooldown: Duration::from_secs(10),
             error_rate: None,
+            decay_after: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -224,10 +231,36 @@ pub struct ErrorRate {
     pub min_requests: u32,
 }
 
+/// What an active probe sends (`providers.<id>.health_check.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeMode {
+    /// `GET {base_url}{path}` (a listing such as `/models`), once per provider: proves the
+    /// provider is reachable and takes its key, not that a route's model answers. Its
+    /// success lifts only provider-level failures (see [`crate::routing::health`]).
+    #[default]
+    List,
+    /// A minimal real request per route (one output token, in the provider's own dialect,
+    /// encoded by [`crate::protocol`]): proves the route works. Never metered or charged.
+    Request,
+}
+
+impl ProbeMode {
+    /// The `mode` label of `sluice_health_probes_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::List => "list",
+            Self::Request => "request",
+        }
+    }
+}
+
 /// Active probe settings.
 #[derive(Debug, Clone)]
 pub struct ActiveHealthCheck {
-    /// Path appended to the base path.
+    /// What the probe sends.
+    pub mode: ProbeMode,
+    /// Path appended to the base path (`mode: list` only).
     pub path: String,
     /// Probe interval.
     pub interval: Duration,
@@ -281,11 +314,24 @@ pub struct Model {
     pub first_event_timeout: Option<Duration>,
     /// Early-commit opt-in.
     pub early_commit_after: Option<Duration>,
+    /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
+    /// is continued on the next candidate route (see `crate::proxy::continuation`).
+    pub continue_on_break: bool,
     /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
     /// Same-route retries (`server.retry` with `models.<id>.retry` over it).
     pub retry: crate::routing::retry::RetryPolicy,
+    /// `models.<id>.hedge_after_ms`: when a hedge starts (`None`: never).
+    pub hedge_after: Option<opt_in::HedgeAfter>,
+    /// `models.<id>.affinity`.
+    pub affinity: opt_in::Affinity,
+    /// `models.<id>.fallback_models`: standard model ids tried after every route of this
+    /// one failed before the first byte (checked: they exist, none is this model).
+    pub fallback_models: Vec<String>,
+    /// `models.<id>.context_fallback_models`: standard model ids tried on a context-length
+    /// rejection (checked as `fallback_models`, and free of cycles).
+    pub context_fallback_models: Vec<String>,
     /// Sell price, USD per million input tokens.
     pub input_usd_per_mtok: Option<f64>,
     /// Sell price, USD per million output tokens.
@@ -323,10 +369,15 @@ pub struct Route {
     pub cache_write_usd_per_mtok: Option<f64>,
     /// Capabilities; `None` means all.
     pub capabilities: Option<Vec<Capability>>,
+    /// `routes[].supports_prefill`: a continuation on this route rides assistant prefill.
+    pub supports_prefill: bool,
     /// The model echo: puts the standard id in responses, whatever model id the provider answered.
     pub rewriter: ModelRewriter,
     /// Stable health key, `provider/upstream_model`.
     pub health_key: String,
+    /// Context window, tokens (`routes[].context_window_tokens`, else the model's); `None`:
+    /// not declared.
+    pub context_window_tokens: Option<u64>,
 }
 
 impl Route {

@@ -172,6 +172,11 @@ pub struct Behavior {
     /// end the body cleanly (chunked terminator): a truncated last event.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub truncate_after_tokens: Option<u64>,
+    /// Stream: after N content tokens, one extra event whose `data:` line is not JSON
+    /// (`{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}` cut short), then the
+    /// stream goes on as usual: a provider's malformed event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub malformed_event_after_tokens: Option<u64>,
     /// Content tokens carry invalid UTF-8: `tok{i}` followed by the raw bytes `C3 28 FF`
     /// (a lead byte without its continuation, then a byte never valid in UTF-8); a client
     /// decoding as WHATWG SSE does sees `tok{i}\u{FFFD}(\u{FFFD}`.
@@ -242,6 +247,13 @@ pub struct Behavior {
     /// `input_tokens` counting only the rest; OpenAI-compatible answers have no such field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_write_tokens: Option<u64>,
+    /// Act like a provider's prompt cache: a request whose system prompt and first message
+    /// this mock process has answered before reports its prompt tokens but those of its last
+    /// message as read from the cache (`cached_tokens`, when that knob is unset). The process
+    /// remembers at most [`super::PROMPT_CACHE_ENTRIES`] prefixes (then starts afresh);
+    /// `POST /_mock/reset` forgets them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<bool>,
     /// The provider key the cloud APIs accept (Azure `api-key`, Gemini `x-goog-api-key`):
     /// another key gets the provider's rejection (Azure 401, Gemini 400 `API_KEY_INVALID`).
     /// Unset: any non-empty key is accepted (a missing one is still rejected).
@@ -340,6 +352,7 @@ impl Behavior {
             close,
             answer_model,
             truncate_after_tokens,
+            malformed_event_after_tokens,
             invalid_utf8,
             no_finish,
             no_done,
@@ -354,6 +367,7 @@ impl Behavior {
             signature,
             cached_tokens,
             cache_write_tokens,
+            prompt_cache,
             api_key,
             content_filter,
         )
