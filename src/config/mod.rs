@@ -12,6 +12,7 @@ pub mod passthrough;
 pub mod schema;
 pub mod tls;
 mod validate;
+mod vertex;
 
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
@@ -265,6 +266,13 @@ pub struct Provider {
     /// `providers.<id>.api_version`: Azure OpenAI's `api-version` query parameter (set for
     /// `azure_openai`, `None` for every other kind).
     pub api_version: Option<String>,
+    /// `providers.<id>.project` and `.region` of a Vertex AI provider (`None` for every
+    /// other kind).
+    pub vertex: Option<crate::providers::vertex::VertexAccount>,
+    /// The bearer token the provider's credential is exchanged for at run time (Vertex AI's
+    /// service-account key), shared by its requests and refreshed in the background; sent
+    /// as `Authorization: Bearer` ([`crate::providers::target`]). `None`: a static key or none.
+    pub bearer: Option<Arc<crate::providers::token::TokenCache>>,
 }
 
 /// A standard model: what clients ask for and see.
@@ -329,10 +337,13 @@ pub struct Route {
 impl Route {
     /// The wire API this route's requests are sent in. Per route, not per provider kind, so
     /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
-    /// in the Gemini dialect; Bedrock) can choose by the upstream model; today it is the
-    /// kind's one dialect ([`ProviderKind::dialect`]).
+    /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
+    /// it is the kind's one dialect ([`ProviderKind::dialect`]).
     pub fn dialect(&self) -> crate::protocol::Dialect {
-        self.provider.kind.dialect()
+        match self.provider.kind {
+            ProviderKind::Vertex => crate::providers::vertex::dialect(&self.upstream_model),
+            kind => kind.dialect(),
+        }
     }
 
     /// Whether the route supports `cap`.

@@ -282,6 +282,8 @@ mod tests {
             stream_usage: true,
             max_concurrent_requests: None,
             api_version: None,
+            vertex: None,
+            bearer: None,
         })
     }
 
