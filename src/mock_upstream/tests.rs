@@ -1112,3 +1112,4 @@ async fn anthropic_token_count_is_deterministic_recorded_and_refuses_generation_
 }
 
 mod cloud;
+mod vertex;
