@@ -46,3 +46,4 @@ mod systemd;
 mod timeouts;
 mod tls;
 mod upgrade;
+mod vertex;
