@@ -63,6 +63,8 @@ fn model(n: usize, strategy: Strategy) -> Model {
                 cached_input_usd_per_mtok: None,
                 cache_write_usd_per_mtok: None,
                 capabilities: (i % 3 == 2).then(|| vec![Capability::Vision]),
+                supports_prefill: false,
+                context_window_tokens: None,
             }
         })
         .collect();
@@ -71,8 +73,13 @@ fn model(n: usize, strategy: Strategy) -> Model {
         strategy,
         first_event_timeout: None,
         early_commit_after: None,
+        continue_on_break: false,
         default_max_tokens: 4096,
         retry: sluice::routing::retry::RetryPolicy::default(),
+        hedge_after: None,
+        affinity: sluice::config::opt_in::Affinity::Off,
+        fallback_models: Vec::new(),
+        context_fallback_models: Vec::new(),
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
         cached_input_usd_per_mtok: None,

@@ -275,6 +275,10 @@ pub enum AttemptFailure {
     /// The connection failed, was reset or closed cleanly before the answer's first event
     /// (the same `protocol` label; retried under `retry.on: connection_reset`).
     Reset,
+    /// The provider rejected the request as too long for the route's context window
+    /// (see [`crate::proxy::fallback::is_context_rejection`]): never retried on the route,
+    /// it goes on to a larger route or a `context_fallback_models` model.
+    ContextLength,
 }
 
 impl AttemptFailure {
@@ -288,6 +292,7 @@ impl AttemptFailure {
             Self::Status(s) if s >= 500 => "status_5xx",
             Self::Status(_) => "status_4xx",
             Self::Protocol | Self::Reset => "protocol",
+            Self::ContextLength => "context_length",
         }
     }
 }
@@ -319,6 +324,36 @@ pub fn parse_retry_after(v: &[u8]) -> Option<Duration> {
         .map(Duration::from_secs_f64)
 }
 
+/// Parses a `retry-after-ms` header value (milliseconds, integer or decimal), as OpenAI
+/// and Azure OpenAI send it beside `Retry-After` and OpenAI's SDKs read it first.
+pub fn parse_retry_after_ms(v: &[u8]) -> Option<Duration> {
+    let s = std::str::from_utf8(v).ok()?.trim();
+    if let Ok(ms) = s.parse::<u64>() {
+        return Some(Duration::from_millis(ms));
+    }
+    s.parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite() && *f >= 0.0 && *f < 1e12)
+        .map(|f| Duration::from_secs_f64(f / 1000.0))
+}
+
+/// The wait an upstream answer asks for: its `retry-after-ms` (more precise) when it has
+/// a readable one, else its `Retry-After` (delta-seconds).
+pub fn upstream_retry_after(
+    retry_after_ms: Option<&[u8]>,
+    retry_after: Option<&[u8]>,
+) -> Option<Duration> {
+    retry_after_ms
+        .and_then(parse_retry_after_ms)
+        .or_else(|| retry_after.and_then(parse_retry_after))
+}
+
+/// Formats a `retry-after-ms` value: whole milliseconds, rounded up, at least 1.
+pub fn retry_after_ms_header(d: Duration) -> String {
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    ms.max(1).to_string()
+}
+
 /// Formats a `Retry-After` value: whole seconds, rounded up, at least 1.
 pub fn retry_after_header(d: Duration) -> String {
     let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
@@ -346,5 +381,31 @@ mod tests {
         assert_eq!(parse_retry_after(b"Wed, 21 Oct 2015 07:28:00 GMT"), None);
         assert_eq!(retry_after_header(Duration::from_millis(1200)), "2");
         assert_eq!(retry_after_header(Duration::ZERO), "1");
+    }
+
+    #[test]
+    fn retry_after_ms_wins_over_retry_after_and_round_trips() {
+        assert_eq!(
+            parse_retry_after_ms(b"1500"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            parse_retry_after_ms(b" 20.5 "),
+            Some(Duration::from_micros(20_500))
+        );
+        assert_eq!(parse_retry_after_ms(b"soon"), None);
+        assert_eq!(parse_retry_after_ms(b"-3"), None);
+        assert_eq!(
+            upstream_retry_after(Some(b"250"), Some(b"3")),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            upstream_retry_after(Some(b"x"), Some(b"3")),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(upstream_retry_after(None, None), None);
+        assert_eq!(retry_after_ms_header(Duration::from_millis(250)), "250");
+        assert_eq!(retry_after_ms_header(Duration::from_micros(20_500)), "21");
+        assert_eq!(retry_after_ms_header(Duration::ZERO), "1");
     }
 }

@@ -15,7 +15,7 @@
 //! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
 //! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
-//! | [`proxy`] | the downstream connection loop, the edge screening (head limits, per-IP limits, client IP), the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe |
+//! | [`proxy`] | the downstream connection loop, the edge screening (head limits, per-IP limits, client IP), the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe, mid-stream continuation |
 //! | [`passthrough`] | routes to plain upstreams on Pingora's native path: the table hot reload swaps, load balancing and health checks, forwarding headers |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |

@@ -42,18 +42,30 @@ pub struct Metrics {
     /// requests by how they were counted (`provider`: the Anthropic provider's own count;
     /// `estimate`: the local `o200k_base` estimate).
     pub token_counts_total: IntCounterVec,
-    /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: cross-provider fallbacks.
+    /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: fallbacks from one
+    /// route to the next; `model` is the model asked for, `reason` the failure label, or
+    /// [`MODEL_FALLBACK_REASON`] for a step to another standard model.
     pub fallback_total: IntCounterVec,
     /// `sluice_fallback_depth`: candidate routes that failed before the one that answered
     /// (same-route retries not counted), per request that got an upstream answer.
     pub fallback_depth: Histogram,
     /// `sluice_upstream_retries_total{provider,reason}`: same-route retries.
     pub upstream_retries_total: IntCounterVec,
+    /// `sluice_hedges_total{model,outcome}`: hedge timers that fired
+    /// (`models.<id>.hedge_after_ms`), by outcome: [`HEDGE_OUTCOMES`].
+    pub hedges_total: IntCounterVec,
+    /// `sluice_affinity_total{model,outcome}`: requests of models with
+    /// `affinity: conversation`, by outcome: [`AFFINITY_OUTCOMES`].
+    pub affinity_total: IntCounterVec,
     /// `sluice_client_aborts_total{phase}`: downstream disconnects by phase
     /// (`queued`, `connecting`, `waiting_head`, `waiting_first_event`, `streaming`).
     pub client_aborts_total: IntCounterVec,
     /// `sluice_provider_health{provider,route}`: 0 healthy, 1 degraded, 2 unhealthy.
     pub provider_health: IntGaugeVec,
+    /// `sluice_health_probes_total{provider,mode,result}`: active health probes sent, by
+    /// `mode` (`list`: one `GET` per provider; `request`: a one-output-token request per
+    /// route, never metered or charged to a tenant) and `result` (`up`, `down`).
+    pub health_probes_total: IntCounterVec,
     /// `sluice_tokens_total{tenant,model,kind}`: metered tokens by class ([`TOKEN_KINDS`]:
     /// `input` (cached included), `output` (reasoning included), `cached_input`,
     /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]).
@@ -75,11 +87,19 @@ pub struct Metrics {
     /// `upstream_incomplete`, `upstream_encoding`, `event_too_large`, `idle_timeout`,
     /// `first_event_timeout`, `max_stream_duration`, `shutdown`.
     pub stream_errors_total: IntCounterVec,
+    /// `sluice_stream_continuations_total{model,outcome}`: committed streams that broke with
+    /// `models.<id>.continue_on_break` on, by what became of them (`continued` and the
+    /// refusals, see `crate::proxy::continuation::OUTCOMES`).
+    pub stream_continuations_total: IntCounterVec,
     /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream
     /// answers, each replaced with U+FFFD before it reached the client: in SSE events
     /// (WHATWG SSE decoding) and in non-stream answer bodies (before the model rewrite or
     /// the Anthropic translation).
     pub sse_invalid_utf8_total: IntCounterVec,
+    /// `sluice_sse_malformed_events_total{provider}`: upstream SSE data events whose data
+    /// is not JSON (nor `[DONE]`): passed through untouched when the client speaks the
+    /// provider's dialect, skipped when the stream is translated; never the end of a stream.
+    pub sse_malformed_events_total: IntCounterVec,
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
     /// `sluice_rejected_total{reason}`: admission rejections
@@ -225,6 +245,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Short same-route retries by provider and reason.",
             &["provider", "reason"]
         )?,
+        hedges_total: register_int_counter_vec!(
+            "sluice_hedges_total",
+            "Hedge timers that fired, by model and outcome (hedge_won, primary_won, none, no_budget, no_partner).",
+            &["model", "outcome"]
+        )?,
+        affinity_total: register_int_counter_vec!(
+            "sluice_affinity_total",
+            "Requests of models with conversation affinity, by model and outcome (hit, miss, unavailable).",
+            &["model", "outcome"]
+        )?,
         client_aborts_total: register_int_counter_vec!(
             "sluice_client_aborts_total",
             "Downstream disconnects before the response was complete, by phase.",
@@ -234,6 +264,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_provider_health",
             "Route health: 0 healthy, 1 degraded, 2 unhealthy.",
             &["provider", "route"]
+        )?,
+        health_probes_total: register_int_counter_vec!(
+            "sluice_health_probes_total",
+            "Active health probes by provider, mode (list, request) and result (up, down).",
+            &["provider", "mode", "result"]
         )?,
         token_counts_total: register_int_counter_vec!(
             "sluice_token_counts_total",
@@ -270,9 +305,19 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Committed streams that ended with an SSE error event, by reason.",
             &["reason"]
         )?,
+        stream_continuations_total: register_int_counter_vec!(
+            "sluice_stream_continuations_total",
+            "Committed streams that broke with continue_on_break on, by model and outcome (continued, or why not).",
+            &["model", "outcome"]
+        )?,
         sse_invalid_utf8_total: register_int_counter_vec!(
             "sluice_sse_invalid_utf8_total",
             "Invalid UTF-8 sequences in upstream answers (SSE events and non-stream bodies), replaced with U+FFFD, by provider.",
+            &["provider"]
+        )?,
+        sse_malformed_events_total: register_int_counter_vec!(
+            "sluice_sse_malformed_events_total",
+            "Upstream SSE data events whose data is not JSON, passed through untouched (same dialect) or skipped (translated), by provider.",
             &["provider"]
         )?,
         config_reloads_total: register_int_counter_vec!(
@@ -402,7 +447,7 @@ const GATEWAY_STATUSES: [&str; 13] = [
 ];
 
 /// Every `reason` label of [`crate::error::AttemptFailure::label`] (fallbacks, attempts).
-const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
+const ATTEMPT_FAILURE_LABELS: [&str; 8] = [
     "connect",
     "first_byte_timeout",
     "first_event_timeout",
@@ -410,7 +455,15 @@ const ATTEMPT_FAILURE_LABELS: [&str; 7] = [
     "status_5xx",
     "status_4xx",
     "protocol",
+    "context_length",
 ];
+
+/// The `reason` of a `sluice_fallback_total` step to another standard model after every
+/// route of the previous one failed (`models.<id>.fallback_models` or the body's `models`).
+/// A step to another model, or to a larger route of the same model, on a context-length
+/// rejection has the reason `context_length`. The `model` label stays the model the
+/// request asked for; `from_provider` / `to_provider` are the routes' providers.
+pub const MODEL_FALLBACK_REASON: &str = "model_fallback";
 
 /// The `reason`s of same-route retries (only connect failures and 502/503 are retried).
 const RETRY_LABELS: [&str; 2] = ["connect", "status_5xx"];
@@ -454,11 +507,29 @@ pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
     }
 }
 
+/// `sluice_hedges_total` outcomes: the hedge served (`hedge_won`), the first attempt
+/// served and the hedge was cancelled (`primary_won`), neither served (`none`: both
+/// failed, a final error, the client left), or no hedge was started: the retry budget had
+/// no room (`no_budget`) or no further healthy candidate was free (`no_partner`).
+pub const HEDGE_OUTCOMES: [&str; 5] = [
+    "hedge_won",
+    "primary_won",
+    "none",
+    "no_budget",
+    "no_partner",
+];
+
+/// `sluice_affinity_total` outcomes: the conversation's route was known and put first
+/// (`hit`), no route was known for it (`miss`), or its route was known but unhealthy,
+/// degraded, resting or not a candidate of this request (`unavailable`: normal order).
+pub const AFFINITY_OUTCOMES: [&str; 3] = ["hit", "miss", "unavailable"];
+
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
 /// `sluice_token_counts_total`,
-/// `sluice_sse_invalid_utf8_total` (per provider) and `sluice_requests_total` (every
+/// `sluice_sse_invalid_utf8_total` (per provider), `sluice_health_probes_total` (per provider
+/// with a probe, its mode × `up`/`down`) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
 /// providers or models removed by a reload stay, at their last value).
@@ -468,10 +539,17 @@ pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
 /// health, so any route may follow any other).
 pub fn init_config_series(cfg: &crate::config::Config) {
     let m = metrics();
-    for id in cfg.providers.keys() {
+    for (id, provider) in &cfg.providers {
         let p = id.as_str();
+        if let Some(check) = &provider.health_check {
+            for result in ["up", "down"] {
+                m.health_probes_total
+                    .with_label_values(&[p, check.mode.as_str(), result]);
+            }
+        }
         m.heartbeats_total.with_label_values(&[p]);
         m.sse_invalid_utf8_total.with_label_values(&[p]);
+        m.sse_malformed_events_total.with_label_values(&[p]);
         m.upstream_attempts_total.with_label_values(&[p, "ok"]);
         for reason in ATTEMPT_FAILURE_LABELS {
             m.upstream_attempts_total.with_label_values(&[p, reason]);
@@ -486,6 +564,18 @@ pub fn init_config_series(cfg: &crate::config::Config) {
         }
     }
     for (model_id, model) in &cfg.models {
+        if model.hedge_after.is_some() {
+            for outcome in HEDGE_OUTCOMES {
+                m.hedges_total
+                    .with_label_values(&[model_id.as_str(), outcome]);
+            }
+        }
+        if model.affinity != crate::config::opt_in::Affinity::Off {
+            for outcome in AFFINITY_OUTCOMES {
+                m.affinity_total
+                    .with_label_values(&[model_id.as_str(), outcome]);
+            }
+        }
         // Metering series per tenant × model: bounded by the config.
         for tenant_id in cfg.tenants.keys() {
             let (t, mid) = (tenant_id.as_str(), model_id.as_str());
@@ -516,6 +606,24 @@ pub fn init_config_series(cfg: &crate::config::Config) {
                 for reason in ATTEMPT_FAILURE_LABELS {
                     m.fallback_total
                         .with_label_values(&[model_id.as_str(), from, to, reason]);
+                }
+            }
+        }
+        // Steps to the configured fallback models (the body's `models` appear on use).
+        for (list, reason) in [
+            (&model.fallback_models, MODEL_FALLBACK_REASON),
+            (&model.context_fallback_models, "context_length"),
+        ] {
+            for to_model in list.iter().filter_map(|id| cfg.models.get(id)) {
+                for from in &providers {
+                    for to in &to_model.routes {
+                        m.fallback_total.with_label_values(&[
+                            model_id.as_str(),
+                            from,
+                            to.provider.id.as_str(),
+                            reason,
+                        ]);
+                    }
                 }
             }
         }
@@ -572,6 +680,7 @@ mod tests {
             AttemptFailure::Status(404),
             AttemptFailure::Protocol,
             AttemptFailure::Reset,
+            AttemptFailure::ContextLength,
         ] {
             assert!(
                 super::ATTEMPT_FAILURE_LABELS.contains(&f.label()),

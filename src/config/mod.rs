@@ -8,6 +8,8 @@ pub mod edge;
 pub mod error;
 pub mod keys;
 pub mod ledger;
+mod model_fallback;
+pub mod opt_in;
 pub mod passthrough;
 pub mod schema;
 pub mod tls;
@@ -198,17 +200,22 @@ pub struct PassiveHealth {
     pub cooldown: Duration,
     /// Error-rate trigger for unhealthy, if enabled.
     pub error_rate: Option<ErrorRate>,
+    /// `decay_after_ms`: with no failure for this long a route is one state healthier
+    /// (unhealthy → degraded, degraded → healthy), counted from its last failure; `None`:
+    /// no decay (`decay_after_ms: 0`).
+    pub decay_after: Option<Duration>,
 }
 
 impl Default for PassiveHealth {
-    /// Degraded after 1 failure, unhealthy after 3, 10 s cool-down, no error-rate trigger
-    /// (the defaults of `providers.<id>.health`).
+    /// Degraded after 1 failure, unhealthy after 3, 10 s cool-down, no error-rate trigger,
+    /// decay after 60 s (the defaults of `providers.<id>.health`).
     fn default() -> Self {
         Self {
             degraded_after_failures: 1,
             unhealthy_after_failures: 3,
             cooldown: Duration::from_secs(10),
             error_rate: None,
+            decay_after: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -225,10 +232,36 @@ pub struct ErrorRate {
     pub min_requests: u32,
 }
 
+/// What an active probe sends (`providers.<id>.health_check.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeMode {
+    /// `GET {base_url}{path}` (a listing such as `/models`), once per provider: proves the
+    /// provider is reachable and takes its key, not that a route's model answers. Its
+    /// success lifts only provider-level failures (see [`crate::routing::health`]).
+    #[default]
+    List,
+    /// A minimal real request per route (one output token, in the provider's own dialect,
+    /// encoded by [`crate::protocol`]): proves the route works. Never metered or charged.
+    Request,
+}
+
+impl ProbeMode {
+    /// The `mode` label of `sluice_health_probes_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::List => "list",
+            Self::Request => "request",
+        }
+    }
+}
+
 /// Active probe settings.
 #[derive(Debug, Clone)]
 pub struct ActiveHealthCheck {
-    /// Path appended to the base path.
+    /// What the probe sends.
+    pub mode: ProbeMode,
+    /// Path appended to the base path (`mode: list` only).
     pub path: String,
     /// Probe interval.
     pub interval: Duration,
@@ -275,6 +308,18 @@ pub struct Provider {
     pub bearer: Option<Arc<crate::providers::token::TokenCache>>,
 }
 
+impl Provider {
+    /// The wire API the provider serves `upstream_model` in: the kind's one dialect
+    /// ([`ProviderKind::dialect`]), except on Vertex AI, where Claude models speak Messages
+    /// and the others the Gemini dialect.
+    pub fn dialect_for(&self, upstream_model: &str) -> crate::protocol::Dialect {
+        match self.kind {
+            ProviderKind::Vertex => crate::providers::vertex::dialect(upstream_model),
+            kind => kind.dialect(),
+        }
+    }
+}
+
 /// A standard model: what clients ask for and see.
 #[derive(Debug)]
 pub struct Model {
@@ -286,11 +331,24 @@ pub struct Model {
     pub first_event_timeout: Option<Duration>,
     /// Early-commit opt-in.
     pub early_commit_after: Option<Duration>,
+    /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
+    /// is continued on the next candidate route (see `crate::proxy::continuation`).
+    pub continue_on_break: bool,
     /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
     /// Same-route retries (`server.retry` with `models.<id>.retry` over it).
     pub retry: crate::routing::retry::RetryPolicy,
+    /// `models.<id>.hedge_after_ms`: when a hedge starts (`None`: never).
+    pub hedge_after: Option<opt_in::HedgeAfter>,
+    /// `models.<id>.affinity`.
+    pub affinity: opt_in::Affinity,
+    /// `models.<id>.fallback_models`: standard model ids tried after every route of this
+    /// one failed before the first byte (checked: they exist, none is this model).
+    pub fallback_models: Vec<String>,
+    /// `models.<id>.context_fallback_models`: standard model ids tried on a context-length
+    /// rejection (checked as `fallback_models`, and free of cycles).
+    pub context_fallback_models: Vec<String>,
     /// Sell price, USD per million input tokens.
     pub input_usd_per_mtok: Option<f64>,
     /// Sell price, USD per million output tokens.
@@ -328,10 +386,15 @@ pub struct Route {
     pub cache_write_usd_per_mtok: Option<f64>,
     /// Capabilities; `None` means all.
     pub capabilities: Option<Vec<Capability>>,
+    /// `routes[].supports_prefill`: a continuation on this route rides assistant prefill.
+    pub supports_prefill: bool,
     /// The model echo: puts the standard id in responses, whatever model id the provider answered.
     pub rewriter: ModelRewriter,
     /// Stable health key, `provider/upstream_model`.
     pub health_key: String,
+    /// Context window, tokens (`routes[].context_window_tokens`, else the model's); `None`:
+    /// not declared.
+    pub context_window_tokens: Option<u64>,
 }
 
 impl Route {
@@ -340,10 +403,7 @@ impl Route {
     /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
     /// it is the kind's one dialect ([`ProviderKind::dialect`]).
     pub fn dialect(&self) -> crate::protocol::Dialect {
-        match self.provider.kind {
-            ProviderKind::Vertex => crate::providers::vertex::dialect(&self.upstream_model),
-            kind => kind.dialect(),
-        }
+        self.provider.dialect_for(&self.upstream_model)
     }
 
     /// Whether the route supports `cap`.

@@ -587,6 +587,10 @@ pub struct HealthCheckSection {
     /// Probe on or off (default on).
     #[serde(default = "default_true")]
     pub enabled: bool,
+    /// `list` (default): `GET {base_url}{path}` per provider; `request`: a one-output-token
+    /// request per route (`path` unused).
+    #[serde(default)]
+    pub mode: super::ProbeMode,
     /// Path appended to `base_url` (default `/models`).
     #[serde(default = "default_health_path")]
     pub path: String,
@@ -621,6 +625,10 @@ pub struct PassiveHealthSection {
     /// Fewest outcomes in the window before the error rate counts (default 20).
     #[serde(default = "default_error_rate_min_requests")]
     pub error_rate_min_requests: u32,
+    /// No failure for this long makes a route one state healthier, ms (default 60000 or
+    /// `cooldown_ms` if longer; 0 off; else at least `cooldown_ms`).
+    #[serde(default)]
+    pub decay_after_ms: Option<u64>,
 }
 
 /// Routing strategy for a standard model.
@@ -668,6 +676,32 @@ pub struct ModelSection {
     /// Same-route retries of this model's requests, over `server.retry`.
     #[serde(default)]
     pub retry: Option<RetrySection>,
+    /// Opt in to mid-stream continuation: a stream that breaks after text reached the client
+    /// is continued on the next candidate route and spliced into the same client stream
+    /// (default false; see `crate::proxy::continuation`).
+    #[serde(default)]
+    pub continue_on_break: Option<bool>,
+    /// Opt-in hedged requests: a number of ms, or `auto` (see [`super::opt_in`]).
+    #[serde(default)]
+    pub hedge_after_ms: Option<super::opt_in::HedgeAfterSection>,
+    /// Opt-in prompt-cache affinity (`conversation`; default off).
+    #[serde(default)]
+    pub affinity: Option<super::opt_in::Affinity>,
+    /// Standard models tried, in order, after every route of this model failed before the
+    /// first byte (a contract key; see [`crate::proxy::fallback`]). Not followed further:
+    /// a fallback model's own `fallback_models` apply only to requests for it.
+    #[serde(default)]
+    pub fallback_models: Option<Vec<String>>,
+    /// Standard models tried, in order, when a route of this model rejects the request as
+    /// too long for its context window (a contract key); the model that rejected is never
+    /// asked again.
+    #[serde(default)]
+    pub context_fallback_models: Option<Vec<String>>,
+    /// The context window of this model's routes, tokens (a route may declare its own);
+    /// a context-length rejection goes on to a route of the same model whose window is
+    /// larger.
+    #[serde(default)]
+    pub context_window_tokens: Option<u64>,
     /// Sell price for input tokens, USD per million tokens.
     #[serde(default)]
     pub input_usd_per_mtok: Option<f64>,
@@ -718,6 +752,14 @@ pub struct RouteSection {
     /// Capabilities; absent means all.
     #[serde(default)]
     pub capabilities: Option<Vec<Capability>>,
+    /// The route accepts a trailing assistant message as a prefix to continue (assistant
+    /// prefill); a mid-stream continuation on it rides the prefill instead of a trailing user
+    /// message (default false: current Claude models reject prefill).
+    #[serde(default)]
+    pub supports_prefill: bool,
+    /// This route's context window, tokens (default: the model's `context_window_tokens`).
+    #[serde(default)]
+    pub context_window_tokens: Option<u64>,
 }
 
 /// `redis:`: distributed rate limits.

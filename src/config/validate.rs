@@ -12,8 +12,8 @@ use super::error::ConfigError;
 use super::keys::{hash_key, Caller, KeyTable};
 use super::schema::{FileConfig, IncludedFile, ProviderKind, ProviderSection};
 use super::{
-    ActiveHealthCheck, Config, Endpoint, ErrorRate, HopTimeouts, Model, PassiveHealth, Provider,
-    Route, ServerSettings, Tenant,
+    ActiveHealthCheck, Config, Endpoint, ErrorRate, HopTimeouts, Model, PassiveHealth, ProbeMode,
+    Provider, Route, ServerSettings, Tenant,
 };
 use crate::secret::Secret;
 use crate::sse::ModelRewriter;
@@ -181,10 +181,21 @@ pub(crate) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>,
 /// Today: an `admin_listen` that is not a loopback address (the admin listener has no
 /// authentication), and a standard model priced in part: some sell price set but
 /// `input_usd_per_mtok` or `output_usd_per_mtok` absent (those tokens are charged 0; a model
-/// with no sell price at all is free by intent, e.g. the demo, and not warned about).
+/// with no sell price at all is free by intent, e.g. the demo, and not warned about); and
+/// `continue_on_break: true` on a model with a single route (a broken stream continues on
+/// the *next* route, so it would never be continued).
 pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
     let mut out = Vec::new();
     for (id, m) in &cfg.models {
+        if m.continue_on_break && m.routes.len() < 2 {
+            let text = std::fs::read_to_string(&cfg.source_path).ok();
+            out.push(ConfigError::at(
+                &cfg.source_path,
+                text.as_deref(),
+                &format!("models.{id}.continue_on_break"),
+                "a broken stream continues on the next route, and this model has only one:                  its streams are never continued",
+            ));
+        }
         let missing: Vec<&str> = [
             ("input_usd_per_mtok", m.input_usd_per_mtok),
             ("output_usd_per_mtok", m.output_usd_per_mtok),
@@ -344,6 +355,15 @@ fn merge(
         entry.early_commit_after_ms = entry.early_commit_after_ms.or(m.early_commit_after_ms);
         entry.default_max_tokens = entry.default_max_tokens.or(m.default_max_tokens);
         entry.retry = entry.retry.take().or(m.retry);
+        entry.continue_on_break = entry.continue_on_break.or(m.continue_on_break);
+        entry.hedge_after_ms = entry.hedge_after_ms.or(m.hedge_after_ms);
+        entry.affinity = entry.affinity.or(m.affinity);
+        entry.fallback_models = entry.fallback_models.take().or(m.fallback_models);
+        entry.context_fallback_models = entry
+            .context_fallback_models
+            .take()
+            .or(m.context_fallback_models);
+        entry.context_window_tokens = entry.context_window_tokens.or(m.context_window_tokens);
         entry.input_usd_per_mtok = entry.input_usd_per_mtok.or(m.input_usd_per_mtok);
         entry.output_usd_per_mtok = entry.output_usd_per_mtok.or(m.output_usd_per_mtok);
         entry.cached_input_usd_per_mtok = entry
@@ -616,6 +636,7 @@ fn build_provider(
         (ProviderKind::Vertex, None) => None,
         (_, Some(h)) if !h.enabled => None,
         (_, Some(h)) => Some(ActiveHealthCheck {
+            mode: h.mode,
             path: if h.path == super::schema::default_health_path() {
                 default_path()
             } else {
@@ -625,6 +646,7 @@ fn build_provider(
             timeout: ms(h.timeout_ms.max(1)),
         }),
         (_, None) => Some(ActiveHealthCheck {
+            mode: ProbeMode::List,
             path: default_path(),
             interval: ms(10_000),
             timeout: ms(2000),
@@ -663,11 +685,21 @@ fn build_provider(
                     min_requests: h.error_rate_min_requests,
                 }),
             };
+            let decay_after_ms = h.decay_after_ms.unwrap_or(h.cooldown_ms.max(60_000));
+            if decay_after_ms > 0 && decay_after_ms < h.cooldown_ms {
+                // A route would "decay" to healthy while still resting.
+                return Err(sources.err(
+                    fidx,
+                    &key("health.decay_after_ms"),
+                    "must be at least cooldown_ms (or 0: no decay)",
+                ));
+            }
             PassiveHealth {
                 degraded_after_failures: h.degraded_after_failures,
                 unhealthy_after_failures: h.unhealthy_after_failures,
                 cooldown: ms(h.cooldown_ms),
                 error_rate,
+                decay_after: (decay_after_ms > 0).then(|| ms(decay_after_ms)),
             }
         }
         None => PassiveHealth::default(),
@@ -943,8 +975,19 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         if let Some(r) = &m.retry {
             check_retry(r, &format!("models.{id}.retry"), &main_err)?;
         }
+        let hedge_after = m
+            .hedge_after_ms
+            .map(crate::config::opt_in::HedgeAfter::from_section)
+            .transpose()
+            .map_err(|e| main_err(&format!("models.{id}.hedge_after_ms"), e))?;
         if id.trim().is_empty() {
             return Err(main_err("models", "a standard model id is empty".into()));
+        }
+        if m.context_window_tokens == Some(0) {
+            return Err(main_err(
+                &format!("models.{id}.context_window_tokens"),
+                "must be at least 1 (tokens)".into(),
+            ));
         }
         if m.routes.is_empty() {
             return Err(main_err(
@@ -986,6 +1029,13 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             if r.weight == 0 {
                 return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
             }
+            if r.context_window_tokens == Some(0) {
+                return Err(sources.err(
+                    fidx,
+                    &format!("{key}.context_window_tokens"),
+                    "must be at least 1 (tokens)",
+                ));
+            }
             for (name, v) in [
                 ("input_usd_per_mtok", Some(r.input_usd_per_mtok)),
                 ("output_usd_per_mtok", Some(r.output_usd_per_mtok)),
@@ -1006,6 +1056,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 cached_input_usd_per_mtok: r.cached_input_usd_per_mtok,
                 cache_write_usd_per_mtok: r.cache_write_usd_per_mtok,
                 capabilities: r.capabilities,
+                supports_prefill: r.supports_prefill,
+                context_window_tokens: r.context_window_tokens.or(m.context_window_tokens),
             });
         }
         model_map.insert(
@@ -1015,6 +1067,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 strategy: m.strategy.unwrap_or_default(),
                 first_event_timeout: m.first_event_timeout_ms.map(ms),
                 early_commit_after: m.early_commit_after_ms.map(ms),
+                continue_on_break: m.continue_on_break.unwrap_or(false),
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 retry: {
                     let mut p = crate::routing::retry::RetryPolicy::from_section(&server_retry);
@@ -1023,6 +1076,10 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                     }
                     p
                 },
+                hedge_after,
+                affinity: m.affinity.unwrap_or_default(),
+                fallback_models: m.fallback_models.unwrap_or_default(),
+                context_fallback_models: m.context_fallback_models.unwrap_or_default(),
                 input_usd_per_mtok: m.input_usd_per_mtok,
                 output_usd_per_mtok: m.output_usd_per_mtok,
                 cached_input_usd_per_mtok: m.cached_input_usd_per_mtok,
@@ -1031,6 +1088,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             }),
         );
     }
+
+    super::model_fallback::check(&model_map, &main_err)?;
 
     let check_lists = |fidx: usize,
                        key: &str,
@@ -1567,6 +1626,30 @@ mod tests {
     }
 
     #[test]
+    fn continuation_keys_load_and_a_single_route_continuation_is_warned_about() {
+        let c = load_str(MINIMAL).unwrap();
+        let m = &c.models["acme/chat-small"];
+        assert!(!m.continue_on_break);
+        assert!(!m.routes[0].supports_prefill);
+        let one = MINIMAL.replace(
+            "  acme/chat-small:\n",
+            "  acme/chat-small:\n    continue_on_break: true\n",
+        );
+        let c = load_str(&one).unwrap();
+        assert!(c.models["acme/chat-small"].continue_on_break);
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].key_path, "models.acme/chat-small.continue_on_break");
+        let two = one.replace(
+            "        priority: 10\n",
+            "        priority: 10\n      - provider: local-mock\n        upstream_model: mock-large-v1\n        supports_prefill: true\n",
+        );
+        let c = load_str(&two).unwrap();
+        assert!(c.warnings().is_empty());
+        assert!(c.models["acme/chat-small"].routes[1].supports_prefill);
+    }
+
+    #[test]
     fn unknown_key_is_an_error_with_line() {
         let bad = MINIMAL.replace("  admin_listen", "  admn_listen");
         let e = load_str(&bad).unwrap_err();
@@ -1681,6 +1764,41 @@ mod tests {
     }
 
     #[test]
+    fn hedge_after_ms_and_affinity_are_opt_in_and_checked() {
+        use crate::config::opt_in::{Affinity, HedgeAfter};
+        let c = load_str(MINIMAL).unwrap();
+        let m = &c.models["acme/chat-small"];
+        assert_eq!(
+            (m.hedge_after, m.affinity),
+            (None, Affinity::Off),
+            "off by default"
+        );
+        for (v, want) in [
+            ("150", HedgeAfter::Fixed(Duration::from_millis(150))),
+            ("auto", HedgeAfter::Auto),
+        ] {
+            let y = MINIMAL.replace(
+                "    routes:\n",
+                &format!("    hedge_after_ms: {v}\n    affinity: conversation\n    routes:\n"),
+            );
+            let c = load_str(&y).unwrap();
+            let m = &c.models["acme/chat-small"];
+            assert_eq!(
+                (m.hedge_after, m.affinity),
+                (Some(want), Affinity::Conversation)
+            );
+        }
+        let y = MINIMAL.replace("    routes:\n", "    hedge_after_ms: 0\n    routes:\n");
+        let e = load_str(&y).unwrap_err();
+        assert_eq!(e.key_path, "models.acme/chat-small.hedge_after_ms", "{e}");
+        assert!(e.message.contains("at least 1"), "{e}");
+        for bad in ["hedge_after_ms: soon", "affinity: sticky"] {
+            let y = MINIMAL.replace("    routes:\n", &format!("    {bad}\n    routes:\n"));
+            assert!(load_str(&y).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn repeated_mapping_key_is_an_error_at_its_second_line() {
         let bad = MINIMAL.replace("  team-a: {}\n", "  team-a: {}\n  team-a: {}\n");
         let e = load_str(&bad).unwrap_err();
@@ -1717,5 +1835,46 @@ mod tests {
         let bad = MINIMAL.replace("key: sk-sluice-team-a-0001", "key_sha256: abc");
         let e = load_str(&bad).unwrap_err();
         assert_eq!(e.key_path, "virtual_keys[0].key_sha256");
+    }
+
+    #[test]
+    fn health_decay_and_probe_mode_keys() {
+        use crate::config::ProbeMode;
+        let with = |lines: &str| {
+            MINIMAL.replace(
+                "    api_key: test-key\n",
+                &format!("    api_key: test-key\n{lines}"),
+            )
+        };
+        let c = load_str(MINIMAL).unwrap();
+        let p = &c.providers["local-mock"];
+        assert_eq!(p.passive_health.decay_after, Some(Duration::from_secs(60)));
+        assert_eq!(p.health_check.as_ref().unwrap().mode, ProbeMode::List);
+        let c = load_str(&with(
+            "    health: {cooldown_ms: 90000}\n    health_check: {mode: request, interval_ms: 30000}\n",
+        ))
+        .unwrap();
+        let p = &c.providers["local-mock"];
+        assert_eq!(
+            p.passive_health.decay_after,
+            Some(Duration::from_secs(90)),
+            "the default decay is never shorter than the cool-down"
+        );
+        assert_eq!(p.health_check.as_ref().unwrap().mode, ProbeMode::Request);
+        let c = load_str(&with("    health: {decay_after_ms: 0}\n")).unwrap();
+        assert_eq!(c.providers["local-mock"].passive_health.decay_after, None);
+        let e = load_str(&with(
+            "    health: {cooldown_ms: 5000, decay_after_ms: 1000}\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("providers.local-mock.health.decay_after_ms: must be at least cooldown_ms"),
+            "{e}"
+        );
+        let e = load_str(&with("    health_check: {mode: chat}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mode"), "{e}");
     }
 }

@@ -166,6 +166,11 @@ pub struct Behavior {
     /// end the body cleanly (chunked terminator): a truncated last event.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub truncate_after_tokens: Option<u64>,
+    /// Stream: after N content tokens, one extra event whose `data:` line is not JSON
+    /// (`{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}` cut short), then the
+    /// stream goes on as usual: a provider's malformed event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub malformed_event_after_tokens: Option<u64>,
     /// Content tokens carry invalid UTF-8: `tok{i}` followed by the raw bytes `C3 28 FF`
     /// (a lead byte without its continuation, then a byte never valid in UTF-8); a client
     /// decoding as WHATWG SSE does sees `tok{i}\u{FFFD}(\u{FFFD}`.
@@ -257,6 +262,13 @@ pub struct Behavior {
     /// an OAuth2 error body instead of a token (a failing endpoint).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_status: Option<u16>,
+    /// Act like a provider's prompt cache: a request whose system prompt and first message
+    /// this mock process has answered before reports its prompt tokens but those of its last
+    /// message as read from the cache (`cached_tokens`, when that knob is unset). The process
+    /// remembers at most [`super::PROMPT_CACHE_ENTRIES`] prefixes (then starts afresh);
+    /// `POST /_mock/reset` forgets them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<bool>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -347,6 +359,7 @@ impl Behavior {
             close,
             answer_model,
             truncate_after_tokens,
+            malformed_event_after_tokens,
             invalid_utf8,
             no_finish,
             no_done,
@@ -366,6 +379,7 @@ impl Behavior {
             token_public_key,
             token_lifetime_s,
             token_status,
+            prompt_cache,
         )
     }
 

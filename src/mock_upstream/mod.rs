@@ -91,6 +91,9 @@ use self::h1::{read_request, simple_response, Rd, ReadError, Wr};
 use self::record::{lock, mark_peer_closed, RecordHandle};
 use self::respond::After;
 
+/// Most prompt prefixes one mock process remembers for the `prompt_cache` knob.
+pub const PROMPT_CACHE_ENTRIES: usize = 4096;
+
 /// Stop watching the socket for EOF when this many pipelined bytes are buffered (bytes).
 const MAX_PIPELINE_BUFFER: usize = 8 * 1024 * 1024;
 
@@ -107,6 +110,9 @@ pub struct MockState {
     fail_counters: Mutex<HashMap<String, u64>>,
     /// Access tokens issued by the OAuth2 token endpoint, with their expiry.
     google: Mutex<google::Issued>,
+    /// Prompt prefixes answered so far (`prompt_cache` knob): hashes, at most
+    /// [`PROMPT_CACHE_ENTRIES`].
+    prompt_cache: Mutex<std::collections::HashSet<u64>>,
     /// Demo mode: fixed behaviour, no log, no control endpoints, no steering.
     demo: bool,
 }
@@ -124,6 +130,7 @@ impl MockState {
             conns: AtomicU64::new(0),
             fail_counters: Mutex::new(HashMap::new()),
             google: Mutex::new(google::Issued::default()),
+            prompt_cache: Mutex::new(std::collections::HashSet::new()),
             demo: false,
         }
     }
@@ -171,6 +178,20 @@ impl MockState {
         log.clear();
         self.seq.store(0, Ordering::SeqCst);
         lock(&self.fail_counters).clear();
+        lock(&self.prompt_cache).clear();
+    }
+
+    /// Whether the prompt prefix `hash` was answered before (then `true`); remembers it.
+    fn prompt_cache_hit(&self, hash: u64) -> bool {
+        let mut seen = lock(&self.prompt_cache);
+        if seen.contains(&hash) {
+            return true;
+        }
+        if seen.len() >= PROMPT_CACHE_ENTRIES {
+            seen.clear();
+        }
+        seen.insert(hash);
+        false
     }
 
     fn next_id(&self) -> u64 {

@@ -19,6 +19,10 @@ use super::MockState;
 
 /// The model an Azure deployment answers with (its `model` member).
 const AZURE_MODEL: &str = "gpt-4o-2024-08-06";
+/// The data of the `malformed_event_after_tokens` event: JSON cut short (not one value).
+const MALFORMED_EVENT_DATA: &str =
+    r#"{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}"#;
+
 /// Size of one bulk content token in `total_bytes` mode, bytes.
 const BULK_TOKEN_BYTES: usize = 1024;
 /// Size of one write for large non-stream bodies, bytes.
@@ -390,15 +394,25 @@ pub(crate) fn prepare(
     let prompt_tokens = behavior
         .prompt_tokens
         .unwrap_or_else(|| body.as_ref().map(wire::estimate_prompt_tokens).unwrap_or(1));
+    // `prompt_cache`: a prefix seen before is read from the "cache".
+    let cached_tokens = behavior.cached_tokens.or_else(|| {
+        let body = body
+            .as_ref()
+            .filter(|_| Behavior::flag(behavior.prompt_cache))?;
+        let (prefix, last_words) = wire::prompt_prefix(body)?;
+        state
+            .prompt_cache_hit(prefix)
+            .then(|| prompt_tokens.saturating_sub(last_words))
+    });
     let meta = ReplyMeta {
         provider,
         id,
         created: behavior.created.unwrap_or_else(now_unix),
         model,
         prompt_tokens,
-        cached_tokens: behavior.cached_tokens.map(|n| n.min(prompt_tokens)),
+        cached_tokens: cached_tokens.map(|n| n.min(prompt_tokens)),
         cache_write_tokens: behavior.cache_write_tokens.map_or(0, |n| {
-            n.min(prompt_tokens - behavior.cached_tokens.unwrap_or(0).min(prompt_tokens))
+            n.min(prompt_tokens - cached_tokens.unwrap_or(0).min(prompt_tokens))
         }),
         finish_reason,
         include_usage,
@@ -1064,6 +1078,7 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     }
 
     let mut sent: u64 = 0;
+    let mut malformed_sent = false;
     let mut finish: Option<VecDeque<Ev>> = None;
     loop {
         // Next event.
@@ -1146,6 +1161,16 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
                     .await?;
                 wire.finish(out).await?;
                 return Ok(After::Keep);
+            }
+            if b.malformed_event_after_tokens == Some(sent) && !malformed_sent {
+                malformed_sent = true;
+                let name = if openai {
+                    oa_name
+                } else {
+                    Some("content_block_delta")
+                };
+                wire.write(out, &wire::encode_event(name, MALFORMED_EVENT_DATA, style))
+                    .await?;
             }
             if b.truncate_after_tokens == Some(sent) {
                 let bytes = wire::encode_event(ev.name, &ev.data, style);

@@ -1113,3 +1113,39 @@ async fn anthropic_token_count_is_deterministic_recorded_and_refuses_generation_
 
 mod cloud;
 mod vertex;
+#[tokio::test]
+async fn prompt_cache_reports_a_repeated_prefix_as_cached_until_reset() {
+    let srv = server(Behavior {
+        prompt_cache: Some(true),
+        ..Behavior::default()
+    })
+    .await;
+    let turn = |first: &str, more: bool| {
+        let mut messages = vec![json!({"role": "user", "content": first})];
+        if more {
+            messages.push(json!({"role": "assistant", "content": "tok0 tok1"}));
+            messages.push(json!({"role": "user", "content": "and then what"}));
+        }
+        json!({"model": "m", "messages": messages})
+    };
+    let usage = |r: &Resp| -> Value {
+        serde_json::from_str::<Value>(&r.text()).expect("json")["usage"].clone()
+    };
+    let first = usage(&call(&srv, "/v1/chat/completions", &turn("one two three", false)).await);
+    assert!(first.get("prompt_tokens_details").is_none(), "{first}");
+    // The same first message again, two turns on: all but the last message's 3 words cached.
+    let again = usage(&call(&srv, "/v1/chat/completions", &turn("one two three", true)).await);
+    assert_eq!(again["prompt_tokens"], 8, "{again}");
+    assert_eq!(
+        again["prompt_tokens_details"]["cached_tokens"], 5,
+        "{again}"
+    );
+    let other = usage(&call(&srv, "/v1/chat/completions", &turn("four five", true)).await);
+    assert!(other.get("prompt_tokens_details").is_none(), "{other}");
+    control(&srv, "POST", "/_mock/reset", "{}").await;
+    let after = usage(&call(&srv, "/v1/chat/completions", &turn("one two three", true)).await);
+    assert!(
+        after.get("prompt_tokens_details").is_none(),
+        "reset forgets: {after}"
+    );
+}

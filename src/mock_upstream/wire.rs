@@ -918,6 +918,23 @@ pub(crate) fn last_user_message(body: &Value) -> String {
 }
 
 /// Deterministic prompt token estimate: words in all messages (and `system`), min 1.
+/// The prompt prefix of a request for the `prompt_cache` knob: a hash of its `system` and
+/// first message, and the word count of its last message (what a cache of the earlier
+/// turns would not hold). `None` without messages.
+pub(crate) fn prompt_prefix(body: &Value) -> Option<(u64, u64)> {
+    use std::hash::{Hash, Hasher};
+    let msgs = body.get("messages").and_then(Value::as_array)?;
+    let first = msgs.first()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    body.get("system").map(Value::to_string).hash(&mut h);
+    first.to_string().hash(&mut h);
+    let last_words = msgs
+        .last()
+        .and_then(|m| m.get("content"))
+        .map_or(0, |c| content_text(c).split_whitespace().count() as u64);
+    Some((h.finish(), last_words))
+}
+
 pub(crate) fn estimate_prompt_tokens(body: &Value) -> u64 {
     let mut n = 0u64;
     if let Some(msgs) = body.get("messages").and_then(Value::as_array) {

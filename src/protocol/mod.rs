@@ -13,6 +13,8 @@
 //!   [`encode_request`], [`decode_response`], [`encode_response`],
 //!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`], [`merge_usage`],
 //!   [`StreamTranslator`]): the proxy never names a dialect's module;
+//! * the canonical side of mid-stream continuation ([`continuation`]: the transcript of a
+//!   client stream, the request that continues it, the splice of the continuation's events);
 //! * the local input-token estimate of a canonical request ([`tokens`]); the
 //!   token-count request, which only Anthropic's API has, is
 //!   [`messages::count`] (the one dialect module the proxy names).
@@ -50,6 +52,7 @@
 #![warn(missing_docs)]
 
 pub mod chat;
+pub mod continuation;
 pub mod gemini;
 mod json;
 pub mod messages;
@@ -640,6 +643,12 @@ impl ProtocolError {
             ProtocolError::Upstream { kind, .. } => *kind,
         }
     }
+}
+
+/// Whether `data` (an upstream event's data, say) is exactly one well-formed JSON value:
+/// a validating, allocation-free pass ([`scan`]), strict as serde_json.
+pub fn is_json(data: &[u8]) -> bool {
+    scan::Scan::is_one_value(data)
 }
 
 pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {

@@ -276,6 +276,13 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// Whether `data` is exactly one JSON value (whitespace around it allowed): the
+    /// validating skip over the whole text, no allocation.
+    pub(crate) fn is_one_value(data: &'a [u8]) -> bool {
+        let mut s = Scan::new(data, "json");
+        s.skip().is_ok() && s.peek().is_none()
+    }
+
     /// Skips any value, validating it.
     pub(crate) fn skip(&mut self) -> R<()> {
         self.skip_depth(0)

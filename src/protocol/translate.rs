@@ -3,6 +3,7 @@
 
 use bytes::BytesMut;
 
+use super::continuation::{Splice, Transcript};
 use super::{chat, gemini, messages, responses, Dialect, ErrorKind, ProtocolError, Usage};
 
 /// What a client stream encoder needs besides the events.
@@ -49,6 +50,11 @@ pub struct StreamTranslator {
     content_events: u64,
     /// A [`StreamEvent::Stop`](super::StreamEvent::Stop) was translated.
     stopped: bool,
+    /// What the client stream carried so far (only for a stream that may be continued,
+    /// see [`record_transcript`](Self::record_transcript)).
+    transcript: Option<Transcript>,
+    /// The continuation's mapping, once [`resume`](Self::resume) switched the upstream.
+    splice: Option<Splice>,
 }
 
 impl StreamTranslator {
@@ -59,12 +65,14 @@ impl StreamTranslator {
         if upstream == client {
             return None;
         }
-        let decoder = match upstream {
-            Dialect::ChatCompletions => Decoder::Chat(chat::StreamDecoder::new()),
-            Dialect::Messages => Decoder::Messages(messages::StreamDecoder::new()),
-            Dialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::new()),
-            Dialect::Responses => return None,
-        };
+        Self::canonical(upstream, client, opts)
+    }
+
+    /// A translator from `upstream` to `client` through the canonical model even for the
+    /// same dialect (a stream that may be continued on another route needs the client's
+    /// encoder state). `None` when `upstream` is not a provider dialect (Responses).
+    pub fn canonical(upstream: Dialect, client: Dialect, opts: &StreamOptions) -> Option<Self> {
+        let decoder = Self::decoder(upstream)?;
         let encoder = match client {
             // Gemini is no client dialect; a Chat stream is the nearest.
             Dialect::ChatCompletions | Dialect::Gemini => {
@@ -79,7 +87,41 @@ impl StreamTranslator {
             client,
             content_events: 0,
             stopped: false,
+            transcript: None,
+            splice: None,
         })
+    }
+
+    fn decoder(upstream: Dialect) -> Option<Decoder> {
+        match upstream {
+            Dialect::ChatCompletions => Some(Decoder::Chat(chat::StreamDecoder::new())),
+            Dialect::Messages => Some(Decoder::Messages(messages::StreamDecoder::new())),
+            Dialect::Gemini => Some(Decoder::Gemini(gemini::StreamDecoder::new())),
+            Dialect::Responses => None,
+        }
+    }
+
+    /// Starts recording what the client stream carries ([`Transcript`], at most
+    /// `cap_bytes` of text) so that it can be continued on another route.
+    pub fn record_transcript(&mut self, cap_bytes: usize) {
+        self.transcript = Some(Transcript::new(cap_bytes));
+    }
+
+    /// The transcript, when recorded.
+    pub fn transcript(&self) -> Option<&Transcript> {
+        self.transcript.as_ref()
+    }
+
+    /// Switches to a continuation from `upstream`: a fresh decoder for its events, which
+    /// reach the same client encoder through `splice` (the stream goes on as one).
+    /// Returns false (and changes nothing) when `upstream` is not a provider dialect.
+    pub fn resume(&mut self, upstream: Dialect, splice: Splice) -> bool {
+        let Some(decoder) = Self::decoder(upstream) else {
+            return false;
+        };
+        self.decoder = decoder;
+        self.splice = Some(splice);
+        true
     }
 
     /// The client dialect.
@@ -104,7 +146,23 @@ impl StreamTranslator {
         let encoder = &mut self.encoder;
         let content_events = &mut self.content_events;
         let stopped = &mut self.stopped;
+        let transcript = &mut self.transcript;
+        let splice = &mut self.splice;
         let mut emit = |ev: &super::StreamEvent<'_>| {
+            let mapped;
+            let ev = match splice.as_mut() {
+                Some(s) => match s.map(ev) {
+                    Some(m) => {
+                        mapped = m;
+                        &mapped
+                    }
+                    None => return Ok(()),
+                },
+                None => ev,
+            };
+            if let Some(t) = transcript.as_mut() {
+                t.observe(ev);
+            }
             if ev.is_content() {
                 *content_events += 1;
             }

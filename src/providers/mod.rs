@@ -230,8 +230,13 @@ pub fn request_path(
 /// Claude on Vertex AI (whose body carries `anthropic_version` instead), in the body for
 /// every other route.
 pub fn model_placement(route: &Route) -> ModelPlacement {
-    match route.provider.kind {
-        ProviderKind::Vertex => vertex::model_placement(&route.upstream_model),
+    placement_for(&route.provider, &route.upstream_model)
+}
+
+/// [`model_placement`] for `upstream_model` of `provider` (without a route: the probes).
+pub fn placement_for(provider: &Provider, upstream_model: &str) -> ModelPlacement {
+    match provider.kind {
+        ProviderKind::Vertex => vertex::model_placement(upstream_model),
         _ => ModelPlacement::Body,
     }
 }

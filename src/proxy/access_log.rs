@@ -2,10 +2,15 @@
 //! per-request metrics recorded with it. Fields, in a fixed order:
 //! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
 //! ttft_ms duration_ms bytes_out input_tokens output_tokens cached_input_tokens
-//! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd client` (the metering fields
+//! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd client answered_model
+//! failures` (the metering fields
 //! are the request's [`Metered`](crate::metering::Metered); USD with 9 decimals). Bodies and
 //! keys are never logged (the key appears only as its `key_id`). `client` is the client's
-//! address ([`super::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies). The request's usage record
+//! address ([`super::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
+//! `answered_model` is the standard model that answered when a model-level fallback
+//! ([`super::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
+//! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,
+//! e.g. `p1:status_5xx,p1:status_5xx,p2:context_length`; `-` when none). The request's usage record
 //! for the ledger ([`crate::ledger::submit`]) is queued here too, from the same facts.
 
 use std::fmt::Write as _;
@@ -84,12 +89,30 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     }
     let caller = ctx.caller.as_ref();
     if let (Some(metered), Some(c)) = (&ctx.metered, caller) {
-        crate::metrics::record_metered(&c.tenant, model, metered);
+        // Tokens and money under the model that answered (its prices were applied).
+        let billed = ctx
+            .answering_model()
+            .filter(|m| ctx.config.models.contains_key(*m))
+            .unwrap_or(model);
+        crate::metrics::record_metered(&c.tenant, billed, metered);
     }
     let metered = ctx.metered.unwrap_or_default();
     let client = ctx.client_ip.map(|ip| ip.to_string());
+    // Built only for a request with failed attempts.
+    let failures = (!ctx.attempts.is_empty()).then(|| {
+        let mut s = String::with_capacity(ctx.attempts.len() * 24);
+        for (i, a) in ctx.attempts.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&a.provider);
+            s.push(':');
+            s.push_str(a.failure.label());
+        }
+        s
+    });
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let fields: [(&str, Field<'_>); 21] = [
+    let fields: [(&str, Field<'_>); 23] = [
         ("request_id", Field::Text(&ctx.request_id)),
         (
             "tenant",
@@ -135,6 +158,11 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         ("cost_usd", Field::Usd(metered.cost_usd)),
         ("charge_usd", Field::Usd(metered.charge_usd)),
         ("client", Field::Text(client.as_deref().unwrap_or("-"))),
+        (
+            "answered_model",
+            Field::Text(ctx.answered_model.as_deref().unwrap_or("-")),
+        ),
+        ("failures", Field::Text(failures.as_deref().unwrap_or("-"))),
     ];
     let line = format_line(&fields, ctx.config.server.log_format);
     log::info!(target: TARGET, "{line}");
@@ -184,7 +212,9 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
     if crate::ledger::running().is_none() {
         return;
     }
-    let (Some(caller), Some(model)) = (ctx.caller.as_ref(), ctx.standard_model.as_ref()) else {
+    // The model that answered: the one whose prices the record's charge used (the model
+    // asked for is in the access line's `standard_model` when they differ).
+    let (Some(caller), Some(model)) = (ctx.caller.as_ref(), ctx.answering_model()) else {
         return;
     };
     let o = &ctx.outcome;
@@ -201,7 +231,7 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         request_id: ctx.request_id.clone(),
         tenant: caller.tenant.clone(),
         virtual_key: caller.key_id.clone(),
-        model: model.clone(),
+        model: model.to_string(),
         provider: o.provider.clone(),
         upstream_model: o.upstream_model.clone(),
         input_tokens: m.input_tokens,

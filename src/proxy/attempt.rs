@@ -1,6 +1,8 @@
 //! Owns the attempt loop of the LLM endpoints: try the candidate routes in order over
 //! Pingora's `Connector` (its pool, TLS, H1/H2 client), commit to the client only on a good
-//! upstream answer, then pump the stream.
+//! upstream answer, then pump the stream. The loop runs in stages: the model asked for, then
+//! what [`super::fallback`] adds (other standard models, larger routes after a context-length
+//! rejection); the stages share the retry policy's per-route logic and the fallback metrics.
 //!
 //! Why a loop inside `request_filter` and not Pingora's native retry: the native path replays
 //! at most 64 KiB of request body and has no timer hook (see `PINGORA-NOTES.md` 1.4-1.6).
@@ -13,11 +15,18 @@
 //! failure ends the stream with an SSE error event; a non-streaming answer whose body broke
 //! gets 502. A request is never sent again after any byte of its response was received.
 //!
+//! One attempt is two phases: [`prepare`] (connect, send, read the head and, for a stream,
+//! hold its first data event) touches no downstream state and is a future the caller races
+//! against the client's disconnect and shutdown, and, hedged, against another route's
+//! ([`super::hedge`], which runs every attempt of the loop); [`commit`] then writes the
+//! answer. Dropping a `prepare` drops its upstream connection.
+//!
 //! The unary exchange is [`super::unary`], the stream pump [`super::pump`]; what they share
 //! about an attempt's end is [`super::upstream`]. None of them names a provider kind: the
 //! provider's converters ([`crate::protocol`]) and its request head and signer
 //! ([`crate::providers`]) are chosen from the route.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,18 +38,21 @@ use super::ctx::RequestCtx;
 use super::request::InferenceRequest;
 use super::respond;
 pub use super::upstream::ClientGone;
-use super::upstream::{client_gone, failed, Attempt, MAX_ERROR_BODY_BYTES};
-use super::{pump, unary};
+use super::upstream::{client_gone, failed, send, Attempt, MAX_ERROR_BODY_BYTES};
+use super::{fallback, hedge, pump, unary};
 use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Route};
-use crate::error::{parse_retry_after, AttemptFailure, GatewayError};
+use crate::error::{upstream_retry_after, AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::routing::{retryable_status, Candidate};
 
-/// Runs the attempt loop and writes the response.
+/// Runs the attempt loop and writes the response: the candidates of `model`, then the
+/// stages the fallback chain ([`fallback::Chain`]) adds (other models, or larger routes after
+/// a context-length rejection). `unplanned` is why `candidates` is empty, when it is (the
+/// client's answer if no fallback model serves either).
 ///
 /// # Errors
 /// [`ClientGone`] when the client disconnected (nothing more can be written).
@@ -51,35 +63,181 @@ pub async fn run(
     req: &InferenceRequest,
     model: &Model,
     candidates: &[Candidate<'_>],
+    unplanned: Option<GatewayError>,
 ) -> Result<(), ClientGone> {
-    let mut last_error: Option<GatewayError> = None;
-    let mut previous: Option<(String, &'static str)> = None;
-    for cand in candidates {
+    // The chain borrows the pinned snapshot; the caller is copied only when the chain may
+    // leave the model asked for (fallback lists or a body `models`).
+    let config = Arc::clone(&ctx.config);
+    let chained = !req.models.is_empty()
+        || !model.fallback_models.is_empty()
+        || !model.context_fallback_models.is_empty();
+    let caller = if chained { ctx.caller.clone() } else { None };
+    let mut chain = fallback::Chain::new(
+        &config,
+        caller.as_ref(),
+        model,
+        &req.models,
+        req.preference.as_ref(),
+    );
+    let mut st = LoopState {
+        last_error: unplanned,
+        ..LoopState::default()
+    };
+    let mut stage_model = model;
+    let mut owned: Vec<Candidate<'_>>;
+    let mut cands = candidates;
+    let mut entry_reason = None;
+    loop {
+        if stage_model.id != model.id {
+            ctx.answered_model = Some(stage_model.id.clone());
+        } else {
+            ctx.answered_model = None;
+        }
+        let end = run_stage(
+            connector,
+            session,
+            ctx,
+            req,
+            stage_model,
+            cands,
+            entry_reason,
+            &mut st,
+        )
+        .await?;
+        match end {
+            StageEnd::Done => return Ok(()),
+            StageEnd::Exhausted => {}
+            StageEnd::Context { at, err } => {
+                let window = cands.get(at).and_then(|c| c.route.context_window_tokens);
+                let larger = chain.larger_routes(cands.get(at + 1..).unwrap_or_default(), window);
+                chain.context_rejected(stage_model);
+                st.last_error = Some(err);
+                if !larger.is_empty() {
+                    owned = larger;
+                    cands = &owned;
+                    entry_reason = Some("context_length");
+                    continue;
+                }
+            }
+        }
+        let Some(next) = chain.next_stage(
+            &req.needs,
+            || req.estimated_input_tokens(),
+            req.preference.as_ref(),
+        ) else {
+            break;
+        };
+        stage_model = next.model;
+        owned = next.candidates;
+        cands = &owned;
+        entry_reason = Some(next.reason);
+    }
+    if let Some(p) = st.rejected_by.take() {
+        // The last word was a provider's context-length rejection: that provider (a route
+        // of the stage's model) answered.
+        ctx.outcome.provider = Some(p);
+    } else {
+        // Nothing answered: the request is the model's it asked for (log, ledger).
+        ctx.answered_model = None;
+    }
+    if let Some(GatewayError::Overloaded {
+        reason: "provider_capacity",
+        ..
+    }) = &st.last_error
+    {
+        metrics()
+            .rejected_total
+            .with_label_values(&["provider_capacity"])
+            .inc();
+    }
+    let err = st.last_error.unwrap_or_else(|| GatewayError::NoRoute {
+        message: format!("no healthy provider for model `{}` right now", model.id),
+        retry_after: None,
+    });
+    let _ = respond::write_error(session, ctx, &err).await;
+    Ok(())
+}
+
+/// What the stages of one request share.
+#[derive(Default)]
+struct LoopState {
+    /// The error the client gets if nothing answers.
+    last_error: Option<GatewayError>,
+    /// The route that failed last: its provider and the failure's label, for
+    /// `sluice_fallback_total` when the next candidate starts.
+    previous: Option<(String, &'static str)>,
+    /// The provider whose context-length rejection is `last_error`.
+    rejected_by: Option<String>,
+}
+
+/// How one stage ended without an answer written.
+enum StageEnd {
+    /// A response was written (an answer, or a final error).
+    Done,
+    /// Every candidate failed or was resting.
+    Exhausted,
+    /// The candidate at `at` rejected the request as too long for its context window.
+    Context {
+        /// Its index in the stage's candidates.
+        at: usize,
+        /// The provider's error (the client's answer when nothing follows).
+        err: GatewayError,
+    },
+}
+
+/// Tries the candidates of one stage in order (same-route retries per `model.retry`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's state is passed explicitly"
+)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one attempt's outcomes read best side by side"
+)]
+async fn run_stage(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    candidates: &[Candidate<'_>],
+    mut entry_reason: Option<&'static str>,
+    st: &mut LoopState,
+) -> Result<StageEnd, ClientGone> {
+    // The candidate a hedge went to (at most one per request): not tried again.
+    let mut hedged: Option<usize> = None;
+    for (idx, cand) in candidates.iter().enumerate() {
+        if hedged == Some(idx) {
+            continue;
+        }
         let route = cand.route;
         // A provider at its own cap (`max_concurrent_requests`) is skipped, its health
         // untouched: full is not failing.
         let _provider_slot = match provider_cap::try_take(&route.provider) {
             provider_cap::ProviderAdmission::Full => {
-                if last_error.is_none() {
-                    last_error = Some(provider_full(route));
+                if st.last_error.is_none() {
+                    st.last_error = Some(provider_full(route));
                 }
-                previous = Some((route.provider.id.clone(), "provider_capacity"));
+                st.previous = Some((route.provider.id.clone(), "provider_capacity"));
                 continue;
             }
             provider_cap::ProviderAdmission::Slot(slot) => Some(slot),
             provider_cap::ProviderAdmission::Uncapped => None,
         };
-        if !cand.health.admit() {
+        if !cand.admit() {
             continue;
         }
-        if let Some((from, reason)) = previous.take() {
+        // The step into a new stage is labelled by why the chain moved on.
+        let step_reason = entry_reason.take();
+        if let Some((from, reason)) = st.previous.take() {
             metrics()
                 .fallback_total
                 .with_label_values(&[
-                    model.id.as_str(),
+                    // The model asked for (a fallback's step is told by its reason).
+                    ctx.standard_model.as_deref().unwrap_or(model.id.as_str()),
                     from.as_str(),
                     route.provider.id.as_str(),
-                    reason,
+                    step_reason.unwrap_or(reason),
                 ])
                 .inc();
         }
@@ -89,8 +247,21 @@ pub async fn run(
         loop {
             tries_here += 1;
             ctx.attempt_count += 1;
-            let outcome = attempt(connector, session, ctx, req, model, route).await;
-            match outcome {
+            let tried = hedge::attempt(
+                connector,
+                session,
+                ctx,
+                req,
+                model,
+                candidates,
+                idx,
+                hedged.is_none(),
+            )
+            .await;
+            // A hedged pair may have ended on the hedge's candidate: the rest is about it.
+            hedged = hedged.or(tried.hedge);
+            let (cand, route) = (&candidates[tried.served], candidates[tried.served].route);
+            match tried.outcome {
                 Attempt::Done => {
                     metrics()
                         .upstream_attempts_total
@@ -108,7 +279,36 @@ pub async fn run(
                     metrics()
                         .fallback_depth
                         .observe(ctx.fallback_depth() as f64);
-                    return Ok(());
+                    return Ok(StageEnd::Done);
+                }
+                Attempt::Final(err) if fallback::is_context_rejection(&err) => {
+                    // The provider answered (healthy); the prompt is too long for this route.
+                    cand.health
+                        .record_success(&route.provider.passive_health, None);
+                    let reason = AttemptFailure::ContextLength.label();
+                    log::info!(
+                        target: "sluice::proxy::attempt",
+                        "attempt rejected request_id={} provider={} upstream_model={} reason={reason}",
+                        ctx.request_id, route.provider.id, route.upstream_model
+                    );
+                    metrics()
+                        .upstream_attempts_total
+                        .with_label_values(&[route.provider.id.as_str(), reason])
+                        .inc();
+                    ctx.attempts.push(AttemptError {
+                        provider: route.provider.id.clone(),
+                        upstream_model: route.upstream_model.clone(),
+                        failure: AttemptFailure::ContextLength,
+                        detail: format!("HTTP {}", err.status()),
+                        retry_after: None,
+                    });
+                    ctx.failed_routes += 1;
+                    st.previous = Some((route.provider.id.clone(), reason));
+                    st.rejected_by = Some(route.provider.id.clone());
+                    return Ok(StageEnd::Context {
+                        at: tried.served,
+                        err,
+                    });
                 }
                 Attempt::Final(err) => {
                     // The provider answered (a 4xx about the request): it is healthy.
@@ -116,20 +316,20 @@ pub async fn run(
                         .record_success(&route.provider.passive_health, None);
                     ctx.outcome.provider = Some(route.provider.id.clone());
                     let _ = respond::write_error(session, ctx, &err).await;
-                    return Ok(());
+                    return Ok(StageEnd::Done);
                 }
                 Attempt::Shutdown => {
-                    cand.health.release_trial();
+                    cand.release_trial();
                     let err = GatewayError::Overloaded {
                         message: "the gateway is shutting down; retry the request".into(),
                         reason: "shutting_down",
                         retry_after: Duration::from_secs(1),
                     };
                     let _ = respond::write_error(session, ctx, &err).await;
-                    return Ok(());
+                    return Ok(StageEnd::Done);
                 }
                 Attempt::Gone(g) => {
-                    cand.health.release_trial();
+                    cand.release_trial();
                     return Err(g);
                 }
                 Attempt::Failed(ae, err) => {
@@ -151,18 +351,23 @@ pub async fn run(
                         Some(ra) => Some(ra),
                         None => Some(policy.backoff(tries_here)),
                     };
+                    // A half-open trial is a single request: it falls back at once.
                     let wait = wait.filter(|_| {
-                        policy.retries(ae.failure)
+                        tried.hedge.is_none()
+                            && !cand.is_trial()
+                            && policy.retries(ae.failure)
                             && tries_here < policy.max_attempts_per_route
                             && cand.health.retry_budget().try_retry(policy.budget_ratio)
                     });
                     // A wait this request takes on the route is not the route's cool-down.
-                    cand.health.record_failure(
+                    cand.health.record_attempt_failure(
                         &route.provider.passive_health,
+                        ae.failure,
                         if wait.is_some() { None } else { ae.retry_after },
                     );
                     ctx.attempts.push(ae);
-                    last_error = Some(err);
+                    st.last_error = Some(err);
+                    st.rejected_by = None;
                     // A route that just started resting (turned unhealthy, or its half-open
                     // trial failed) gets no second request: the trial is a single request.
                     let resting = cand.health.cooldown_remaining().is_some();
@@ -177,29 +382,14 @@ pub async fn run(
                         }
                         continue;
                     }
-                    previous = Some((route.provider.id.clone(), reason));
+                    st.previous = Some((route.provider.id.clone(), reason));
                     ctx.failed_routes += 1;
                     break;
                 }
             }
         }
     }
-    if let Some(GatewayError::Overloaded {
-        reason: "provider_capacity",
-        ..
-    }) = &last_error
-    {
-        metrics()
-            .rejected_total
-            .with_label_values(&["provider_capacity"])
-            .inc();
-    }
-    let err = last_error.unwrap_or_else(|| GatewayError::NoRoute {
-        message: format!("no healthy provider for model `{}` right now", model.id),
-        retry_after: None,
-    });
-    let _ = respond::write_error(session, ctx, &err).await;
-    Ok(())
+    Ok(StageEnd::Exhausted)
 }
 
 /// The 503 of a request whose candidates' providers are all at their
@@ -258,20 +448,143 @@ fn upstream_body(
     protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }
 
-/// One attempt against one route.
-async fn attempt(
+/// An attempt that is ready to commit: the upstream answered 2xx and, for a stream, its
+/// first data event is held ([`pump::Held`]). Nothing was written to the client yet.
+pub(super) struct Ready<'r> {
+    /// The upstream exchange, its response head read.
+    up: UpstreamSession,
+    /// Where it goes back to the pool.
+    peer: pingora::upstreams::peer::HttpPeer,
+    /// The hop's timeouts.
+    timeouts: HopTimeouts,
+    /// What is held.
+    body: ReadyBody<'r>,
+}
+
+/// What a [`Ready`] attempt holds beside its head.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once from the pre-commit to the commit; a box would be an allocation per stream"
+)]
+enum ReadyBody<'r> {
+    /// A stream up to its first data event.
+    Stream(pump::Held<'r>),
+    /// A non-streaming answer: its body is read whole at the commit, in this coding.
+    Unary(ContentCoding),
+}
+
+impl Ready<'_> {
+    /// Whether this is a stream committed early (`early_commit_after_ms`), before any event.
+    pub(super) fn early_committed(&self) -> bool {
+        matches!(&self.body, ReadyBody::Stream(h) if h.first_event_at.is_none())
+    }
+}
+
+/// Where a [`prepare`] is, for the `sluice_client_aborts_total` phase of a client that
+/// leaves meanwhile (shared with the racing caller; atomic as the future must be `Send`),
+/// and the hidden resend it made on a stale pooled connection, which the caller counts as
+/// an attempt ([`Phase::settle`]) since the future holds the ctx only to read.
+#[derive(Debug, Default)]
+pub(super) struct Phase {
+    at: std::sync::atomic::AtomicU8,
+    stale_resend: std::sync::Mutex<Option<crate::error::AttemptError>>,
+}
+
+impl Phase {
+    fn set(&self, p: u8) {
+        self.at.store(p, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The phase label: `connecting`, `waiting_head` or `waiting_first_event`.
+    pub(super) fn label(&self) -> &'static str {
+        match self.at.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => "connecting",
+            1 => "waiting_head",
+            _ => "waiting_first_event",
+        }
+    }
+
+    /// Logs and counts (`sluice_upstream_attempts_total{outcome="stale_connection"}`) the
+    /// resend of a request whose reused connection was stale, and keeps it for [`Self::settle`].
+    fn note_stale_resend(&self, ctx: &RequestCtx, route: &Route, e: &super::upstream::SendError) {
+        let ae = super::upstream::stale_resend(ctx, route, e);
+        *self
+            .stale_resend
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(ae);
+    }
+
+    /// Adds the stale-connection resend this phase made (if any) to the request's attempts:
+    /// `x-sluice-attempts`, the access log and the ledger's `attempts`.
+    pub(super) fn settle(&self, ctx: &mut RequestCtx) {
+        let taken = self
+            .stale_resend
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(ae) = taken {
+            ctx.attempt_count += 1;
+            ctx.attempts.push(ae);
+        }
+    }
+}
+
+/// Commits a [`Ready`] attempt: a stream is committed and pumped, a non-streaming answer is
+/// read whole and written. `candidates[served]` is the route that answered; the candidates
+/// after it are where a broken stream may continue ([`super::continuation`]).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+)]
+pub(super) async fn commit(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &InferenceRequest,
     model: &Model,
-    route: &Route,
+    candidates: &[Candidate<'_>],
+    served: usize,
+    ready: Ready<'_>,
 ) -> Attempt {
+    let route = candidates[served].route;
+    let rest = &candidates[served + 1..];
+    let Ready {
+        up,
+        peer,
+        timeouts,
+        body,
+    } = ready;
+    match body {
+        ReadyBody::Stream(held) => {
+            pump::stream(
+                connector, session, ctx, req, model, route, rest, &peer, up, timeouts, held,
+            )
+            .await
+        }
+        ReadyBody::Unary(coding) => {
+            unary::unary(connector, session, ctx, route, &peer, up, timeouts, coding).await
+        }
+    }
+}
+
+/// The pre-commit phase of one attempt against one route: connect (a stale pooled
+/// connection gets one fresh retry), send, read the head, and for a stream its first data
+/// event. It touches no downstream state and nothing of `ctx` but reads, so a caller may
+/// race it against the client's disconnect and against another route's (a hedge); dropping
+/// it drops its upstream connection. `phase` follows where it is.
+pub(super) async fn prepare<'r>(
+    connector: &Connector,
+    ctx: &RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &'r Route,
+    phase: &Phase,
+) -> Result<Ready<'r>, Attempt> {
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
     let body = match upstream_body(req, model, route) {
         Ok(b) => Bytes::from(b),
-        Err(e) => return Attempt::Final(e),
+        Err(e) => return Err(Attempt::Final(e)),
     };
     let target = match providers::target(provider).await {
         Ok(t) => t,
@@ -280,7 +593,7 @@ async fn attempt(
                 message: format!("provider `{}` is unreachable", provider.id),
                 retry_after: None,
             };
-            return failed(route, AttemptFailure::Connect, m, err);
+            return Err(failed(route, AttemptFailure::Connect, m, err));
         }
     };
     let path = providers::request_path(provider, &route.upstream_model, req.stream);
@@ -294,32 +607,34 @@ async fn attempt(
     ) {
         Ok(h) => h,
         Err(e) => {
-            return Attempt::Final(GatewayError::Internal(format!("bad upstream request: {e}")))
+            return Err(Attempt::Final(GatewayError::Internal(format!(
+                "bad upstream request: {e}"
+            ))))
         }
     };
     let mut head = head;
     if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
         .is_err()
     {
-        return Attempt::Final(GatewayError::invalid(
+        return Err(Attempt::Final(GatewayError::invalid(
             "the `anthropic-beta` header is not a valid header value",
             None,
-        ));
+        )));
     }
 
-    // Connect (a stale pooled connection gets one fresh retry), send, read the head.
-    ctx.outcome
-        .upstream_started
-        .get_or_insert_with(tokio::time::Instant::now);
+    // Connect, send, read the head. A pooled connection found stale before the request can
+    // have been processed gets one resend on a fresh connection, counted as an attempt (by
+    // the caller, from `phase`: this future holds the ctx only to read).
     let mut fresh_tries = 0;
     let mut up = loop {
-        let connect = tokio::select! {
-            // Boxed: Pingora's connect future is ~9 KiB and would otherwise stay inlined in
-            // every held stream's future long after the connect (memory per open stream).
-            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
-            () = client_gone(session) => return Attempt::Gone(ClientGone("connecting")),
-            () = crate::shutdown::streams_cancelled() => return Attempt::Shutdown,
-        };
+        phase.set(0);
+        // Boxed: Pingora's connect future is ~9 KiB and would otherwise stay inlined in
+        // every held stream's future long after the connect (memory per open stream).
+        let connect = tokio::time::timeout(
+            timeouts.connect,
+            Box::pin(connector.get_http_session(&target.peer)),
+        )
+        .await;
         let (mut up, reused) = match connect {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => {
@@ -333,37 +648,32 @@ async fn attempt(
                     message,
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Connect, e.to_string(), err);
+                return Err(failed(route, AttemptFailure::Connect, e.to_string(), err));
             }
             Err(_) => {
                 let err = GatewayError::UpstreamUnavailable {
                     message: format!("connecting to provider `{}` timed out", provider.id),
                     retry_after: None,
                 };
-                return failed(
+                return Err(failed(
                     route,
                     AttemptFailure::Connect,
                     "connect timeout".into(),
                     err,
-                );
+                ));
             }
         };
-        let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
-            () = client_gone(session) => {
-                up.shutdown().await;
-                return Attempt::Gone(ClientGone("waiting_head"));
-            }
-            () = crate::shutdown::streams_cancelled() => {
-                up.shutdown().await;
-                return Attempt::Shutdown;
-            }
-        };
+        phase.set(1);
+        let exchanged = tokio::time::timeout(
+            timeouts.first_byte,
+            send(&mut up, head.clone(), body.clone()),
+        )
+        .await;
         match exchanged {
             Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && fresh_tries == 0 => {
+            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
                 // A pooled connection the provider had closed: not the provider's fault.
-                log::debug!("stale pooled upstream connection: {e}");
+                phase.note_stale_resend(ctx, route, &e);
                 fresh_tries += 1;
             }
             Ok(Err(e)) => {
@@ -372,7 +682,12 @@ async fn attempt(
                     message: format!("provider `{}` failed before answering", provider.id),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Reset, e.to_string(), err);
+                return Err(failed(
+                    route,
+                    AttemptFailure::Reset,
+                    e.error.to_string(),
+                    err,
+                ));
             }
             Err(_) => {
                 up.shutdown().await;
@@ -381,12 +696,12 @@ async fn attempt(
                     provider.id,
                     timeouts.first_byte.as_millis()
                 ));
-                return failed(
+                return Err(failed(
                     route,
                     AttemptFailure::FirstByteTimeout,
                     "first byte timeout".into(),
                     err,
-                );
+                ));
             }
         }
     };
@@ -396,24 +711,21 @@ async fn attempt(
 
     let Some(resp) = up.response_header() else {
         up.shutdown().await;
-        return Attempt::Final(GatewayError::Internal("no upstream response head".into()));
+        return Err(Attempt::Final(GatewayError::Internal(
+            "no upstream response head".into(),
+        )));
     };
     let status = resp.status.as_u16();
     if !(200..300).contains(&status) {
-        let retry_after = resp
-            .headers
-            .get("retry-after")
-            .and_then(|v| parse_retry_after(v.as_bytes()));
-        return upstream_error(
-            session,
-            &mut up,
-            route,
-            status,
-            retry_after,
-            timeouts,
-            ctx.dialect,
-        )
-        .await;
+        // `retry-after-ms` (OpenAI, Azure) is the more precise: it wins over `Retry-After`,
+        // for the route's cool-down and for what the client is told.
+        let retry_after = upstream_retry_after(
+            resp.headers.get("retry-after-ms").map(|v| v.as_bytes()),
+            resp.headers.get("retry-after").map(|v| v.as_bytes()),
+        );
+        return Err(
+            upstream_error(&mut up, route, status, retry_after, timeouts, ctx.dialect).await,
+        );
     }
     if !req.stream && is_event_stream(resp.headers.get("content-type").map(|v| v.as_bytes())) {
         // A provider that ignored `stream: false`: its events are no chat completion object,
@@ -426,12 +738,12 @@ async fn attempt(
             ),
             retry_after: None,
         };
-        return failed(
+        return Err(failed(
             route,
             AttemptFailure::Protocol,
             "text/event-stream answer to stream:false".into(),
             err,
-        );
+        ));
     }
     let coding = match ContentCoding::from_header(
         resp.headers.get("content-encoding").map(|v| v.as_bytes()),
@@ -446,41 +758,28 @@ async fn attempt(
                 ),
                 retry_after: None,
             };
-            return failed(
+            return Err(failed(
                 route,
                 AttemptFailure::Protocol,
                 format!("unsupported content-encoding {name:?}"),
                 err,
-            );
+            ));
         }
     };
-    if req.stream {
-        pump::stream(
-            connector,
-            session,
-            ctx,
-            req,
-            model,
-            route,
-            &target.peer,
-            up,
-            timeouts,
-            coding,
+    let body = if req.stream {
+        phase.set(2);
+        ReadyBody::Stream(
+            pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?,
         )
-        .await
     } else {
-        unary::unary(
-            connector,
-            session,
-            ctx,
-            route,
-            &target.peer,
-            up,
-            timeouts,
-            coding,
-        )
-        .await
-    }
+        ReadyBody::Unary(coding)
+    };
+    Ok(Ready {
+        up,
+        peer: target.peer,
+        timeouts,
+        body,
+    })
 }
 
 /// Whether a `Content-Type` value names `text/event-stream` (media type compared without
@@ -496,7 +795,6 @@ fn is_event_stream(content_type: Option<&[u8]>) -> bool {
 
 /// Reads a non-2xx answer's body (bounded) and turns it into a client error.
 async fn upstream_error(
-    session: &mut Session,
     up: &mut UpstreamSession,
     route: &Route,
     status: u16,
@@ -539,13 +837,7 @@ async fn upstream_error(
             }
         }
     };
-    tokio::select! {
-        _ = tokio::time::timeout(timeouts.first_byte, read_all) => {}
-        () = client_gone(session) => {
-            up.shutdown().await;
-            return Attempt::Gone(ClientGone("waiting_head"));
-        }
-    }
+    let _ = tokio::time::timeout(timeouts.first_byte, read_all).await;
     up.shutdown().await;
     let status = providers::error_status(provider, status, &body);
     let err = normalize_upstream_error(route, status, &body, retry_after, client);

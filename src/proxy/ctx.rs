@@ -132,6 +132,9 @@ pub struct RequestCtx {
     pub caller: Option<Caller>,
     /// The standard model asked for; `None` before the body is parsed (or for `/v1/models`).
     pub standard_model: Option<String>,
+    /// The standard model whose route is serving (or last tried) when it is not
+    /// `standard_model`: a model-level fallback ([`super::fallback`]). `None` otherwise.
+    pub answered_model: Option<String>,
     /// Whether the client asked for a stream.
     pub stream: bool,
     /// The wire API the client speaks (set by the endpoint): errors Sluice writes, the
@@ -177,6 +180,7 @@ impl RequestCtx {
             request_id: String::new(),
             caller: None,
             standard_model: None,
+            answered_model: None,
             stream: false,
             dialect: Dialect::ChatCompletions,
             attempts: Vec::new(),
@@ -200,6 +204,14 @@ impl RequestCtx {
     /// `sluice_upstream_retries_total` and the access log's `attempts`).
     pub fn fallback_depth(&self) -> usize {
         self.failed_routes
+    }
+
+    /// The standard model that answered (or was tried last): a fallback model, else the
+    /// one asked for. Metering prices the answer at it and the ledger records it.
+    pub fn answering_model(&self) -> Option<&str> {
+        self.answered_model
+            .as_deref()
+            .or(self.standard_model.as_deref())
     }
 }
 

@@ -244,6 +244,8 @@ async fn infer(
         .get(&req.model)
         .filter(|_| caller.may_use_model(&req.model))
         .ok_or_else(|| model_not_found(&req.model))?;
+    // The body's `models` are checked as `model` is (refused before any admission).
+    super::fallback::check_body_models(&config, &caller, &req.models)?;
 
     // The budget first: a tenant without money left takes no rate-limit or queue place.
     // The tokenizer runs only for a tenant with a budget (the estimate is cached).
@@ -288,16 +290,46 @@ async fn infer(
     if routing::uses_input_estimate(model, &caller) {
         req.needs.estimated_input_tokens = req.estimated_input_tokens();
     }
-    let candidates = match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
-        Ok(c) => c,
-        Err(e) => {
-            // Nothing went upstream: no tokens were used.
-            permit.settle(ctx.outcome.used());
-            return Err(e.into());
-        }
-    };
+    let (mut candidates, unplanned) =
+        match routing::plan(model, &caller, &req.needs, req.preference.as_ref()) {
+            Ok(c) => (c, None),
+            // No route of the model can serve now (all resting, none with a capability):
+            // its fallback models may; the reason stays the answer if none does.
+            Err(e)
+                if e.status() == 503
+                    && super::fallback::has_model_fallbacks(model, &req.models) =>
+            {
+                (Vec::new(), Some(e))
+            }
+            Err(e) => {
+                // Nothing went upstream: no tokens were used.
+                permit.settle(ctx.outcome.used());
+                return Err(e.into());
+            }
+        };
+    let affinity = routing::affinity::for_request(
+        model,
+        &caller.tenant,
+        &session.req_header().headers,
+        &req.body,
+        req.canonical.get().and_then(|c| c.as_ref().ok()),
+        req.preference.as_ref(),
+        &mut candidates,
+    );
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
-    let result = attempt::run(&gw.connector, session, ctx, &req, model, &candidates).await;
+    let result = attempt::run(
+        &gw.connector,
+        session,
+        ctx,
+        &req,
+        model,
+        &candidates,
+        unplanned,
+    )
+    .await;
+    if let Some(key) = affinity {
+        routing::affinity::served(key, &candidates, &ctx.outcome);
+    }
     // An answer without the provider's input figure is metered at the estimate.
     ctx.outcome
         .fill_input_estimate(|| req.estimated_input_tokens());

@@ -16,16 +16,21 @@
 //! Inside the attempt loop the arrows point down the request path: [`attempt`] (candidates,
 //! fallback, the upstream request) → `unary` (a non-streaming answer) or `pump` (a stream,
 //! through `pipe`'s per-stream transform) → `upstream` (how an attempt ends, shared by all).
+//! A committed stream that breaks may be handed to `continuation` (opt-in per model), which
+//! splices the rest of the answer from the next candidate through the same pipe.
 
 pub mod access_log;
 pub mod attempt;
 pub mod client_ip;
 pub mod connection;
+mod continuation;
 pub mod count_tokens;
 pub mod ctx;
 pub mod edge;
 pub mod endpoints;
+pub mod fallback;
 pub mod head_guard;
+pub mod hedge;
 pub mod hop_by_hop;
 mod pipe;
 mod pump;
@@ -249,8 +254,7 @@ impl ProxyHttp for Gateway {
             return;
         }
         // Metering: the request's usage priced, for the access log, metrics and ledger.
-        ctx.metered =
-            crate::metering::meter(&ctx.config, ctx.standard_model.as_deref(), &ctx.outcome);
+        ctx.metered = crate::metering::meter(&ctx.config, ctx.answering_model(), &ctx.outcome);
         // The budget learns the real charge (an aborted stream: what was streamed).
         if let Some(r) = ctx.budget.take() {
             r.settle(ctx.metered.map_or(0.0, |m| m.charge_usd));

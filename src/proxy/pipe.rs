@@ -8,9 +8,17 @@
 //! or any other pair through [`protocol::StreamTranslator`]. The pipe names no provider
 //! kind and no dialect module: it only chooses these objects.
 //!
+//! A stream that may be continued on another route (`models.<id>.continue_on_break`)
+//! always takes the translator, the same dialect included: the client's encoder and the
+//! transcript of what it wrote must outlive the first upstream ([`StreamPipe::resume`],
+//! [`super::continuation`]). Fields without a canonical equivalent (Chat `logprobs`,
+//! `system_fingerprint`) are then dropped, as for any translated pair.
+//!
 //! Only data events of the answer count toward the commit ([`StreamPipe::data_events`]):
 //! comments and Anthropic `ping`s do not, so an upstream that pings and then fails before
-//! its first event still falls back.
+//! its first event still falls back. A data event that is not JSON (a provider's bad line)
+//! neither commits nor ends the stream: it passes through untouched on the fast path, is
+//! skipped by the translator, and is counted (`sluice_sse_malformed_events_total`).
 //!
 //! The pump ([`super::pump`]) feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
@@ -65,6 +73,8 @@ pub(super) struct StreamPipe<'r> {
     decoder: Option<Decoder>,
     /// Most bytes one compressed chunk may decode to.
     max_decoded: usize,
+    /// `server.max_event_bytes` (a continuation's normalizer gets the same bound).
+    max_event_bytes: usize,
     normalizer: SseNormalizer,
     route: &'r Route,
     /// The client's dialect.
@@ -104,6 +114,9 @@ pub(super) struct StreamPipe<'r> {
 impl<'r> StreamPipe<'r> {
     /// A pipe for one answer of `route` in `coding`; `max_event_bytes` bounds one event,
     /// `max_buffered_bytes` (with it) what one compressed chunk may decode to.
+    /// `continuable`: the stream may be continued on another route; its transcript keeps at
+    /// most this many bytes of answer text (the translator is used even for the same
+    /// dialect).
     ///
     /// # Errors
     /// [`PipeError::Framing`] if the decoder cannot be set up.
@@ -120,31 +133,32 @@ impl<'r> StreamPipe<'r> {
         max_event_bytes: usize,
         max_buffered_bytes: usize,
         created_unix_s: u64,
+        continuable: Option<usize>,
     ) -> Result<Self, PipeError> {
         let upstream = route.dialect();
-        let protocol = protocol::StreamTranslator::new(
-            upstream,
-            client,
-            &protocol::StreamOptions {
-                model: standard_model.to_string(),
-                created: created_unix_s,
-                include_usage,
-            },
-        );
+        let opts = protocol::StreamOptions {
+            model: standard_model.to_string(),
+            created: created_unix_s,
+            include_usage,
+        };
+        let protocol = match continuable {
+            Some(cap) => {
+                protocol::StreamTranslator::canonical(upstream, client, &opts).map(|mut t| {
+                    t.record_transcript(cap);
+                    t
+                })
+            }
+            None => protocol::StreamTranslator::new(upstream, client, &opts),
+        };
         let strip_usage =
             protocol.is_none() && client == Dialect::ChatCompletions && !include_usage;
         let rewriter = (client == Dialect::Messages && protocol.is_none())
             .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
-        let decoder = match coding {
-            ContentCoding::Identity => None,
-            c => Some(Decoder::new(c).map_err(|e| PipeError::Framing {
-                reason: "upstream_encoding",
-                message: format!("provider `{}`: {e}", route.provider.id),
-            })?),
-        };
+        let decoder = content_decoder(route, coding)?;
         Ok(Self {
             decoder,
             max_decoded: max_event_bytes.saturating_add(max_buffered_bytes),
+            max_event_bytes,
             normalizer: SseNormalizer::new(max_event_bytes),
             route,
             client,
@@ -163,6 +177,44 @@ impl<'r> StreamPipe<'r> {
             finish_seen: false,
             done: false,
         })
+    }
+
+    /// The transcript of what the client stream carried, for a continuable stream.
+    pub fn transcript(&self) -> Option<&protocol::continuation::Transcript> {
+        self.protocol.as_ref().and_then(|t| t.transcript())
+    }
+
+    /// Switches the pipe to a continuation answered by `route` in `coding`: its events are
+    /// framed afresh and reach the client's encoder through `splice`, so the client's
+    /// stream goes on as one (no second start, block indices and ids continue).
+    ///
+    /// # Errors
+    /// [`PipeError::Framing`] when the stream is not continuable (no translator) or the
+    /// decoder cannot be set up; the pipe is unchanged then.
+    pub fn resume(
+        &mut self,
+        route: &'r Route,
+        coding: ContentCoding,
+        splice: protocol::continuation::Splice,
+    ) -> Result<(), PipeError> {
+        let decoder = content_decoder(route, coding)?;
+        let upstream = route.dialect();
+        let resumed = self
+            .protocol
+            .as_mut()
+            .is_some_and(|t| t.resume(upstream, splice));
+        if !resumed {
+            return Err(PipeError::Framing {
+                reason: "upstream_error",
+                message: "this stream cannot be continued".into(),
+            });
+        }
+        self.decoder = decoder;
+        self.normalizer = SseNormalizer::new(self.max_event_bytes);
+        self.route = route;
+        self.upstream = upstream;
+        self.finish_seen = false;
+        Ok(())
     }
 
     /// Feeds a chunk (or the end of body, with `None`); complete events land in `self.out`.
@@ -246,6 +298,12 @@ impl<'r> StreamPipe<'r> {
                             message,
                         })
                     }
+                    // One event whose data is not JSON at all cannot be translated: it is
+                    // skipped and counted, and the stream goes on.
+                    Err(ProtocolError::InvalidUpstream(_)) if !protocol::is_json(&data) => {
+                        count_malformed(self.route);
+                        continue;
+                    }
                     Err(e) => {
                         return Err(PipeError::Framing {
                             reason: "upstream_error",
@@ -313,6 +371,13 @@ impl<'r> StreamPipe<'r> {
                     error_type,
                     message,
                 });
+            }
+            if !protocol::is_json(&data) {
+                // A malformed event passes through untouched and is counted; like a
+                // comment it does not commit the answer, and it never ends the stream.
+                count_malformed(self.route);
+                self.out.extend_from_slice(ev.raw());
+                continue;
             }
             // Usage (all classes) from the upstream's own object; only a chunk with a usage
             // object is looked at twice (`"usage":null` chunks are skipped by one scan).
@@ -440,4 +505,25 @@ impl<'r> StreamPipe<'r> {
     pub fn take(&mut self) -> Bytes {
         self.out.split().freeze()
     }
+}
+
+/// The content decoder of an answer in `coding` (`None`: identity).
+fn content_decoder(route: &Route, coding: ContentCoding) -> Result<Option<Decoder>, PipeError> {
+    match coding {
+        ContentCoding::Identity => Ok(None),
+        c => Decoder::new(c).map(Some).map_err(|e| PipeError::Framing {
+            reason: "upstream_encoding",
+            message: format!("provider `{}`: {e}", route.provider.id),
+        }),
+    }
+}
+
+/// Counts one data event of `route`'s provider that is not JSON
+/// (`sluice_sse_malformed_events_total`).
+#[cold]
+fn count_malformed(route: &Route) {
+    metrics()
+        .sse_malformed_events_total
+        .with_label_values(&[route.provider.id.as_str()])
+        .inc();
 }

@@ -2,7 +2,9 @@
 //! failure before it falls back), then the response is committed and upstream chunks are
 //! pumped through the [`StreamPipe`] with heartbeats in the client's dialect, idle, first
 //! event and duration limits, coalesced writes and client-disconnect detection. After the
-//! commit a failure ends the stream with the client's in-stream error event.
+//! commit a failure ends the stream with the client's in-stream error event, unless the
+//! model opted in to mid-stream continuation ([`super::continuation`]), which may splice the
+//! rest of the answer from the next candidate into the same stream first.
 //!
 //! The pump names no provider kind and no dialect module: the pipe holds the
 //! [`crate::protocol::StreamTranslator`] (or nothing, on the same-dialect fast path).
@@ -15,6 +17,7 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
+use super::continuation;
 use super::ctx::RequestCtx;
 use super::pipe::{PipeError, StreamPipe};
 use super::request::InferenceRequest;
@@ -28,83 +31,86 @@ use crate::metrics::metrics;
 use crate::protocol;
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
+use crate::routing::Candidate;
 
 /// Most output bytes gathered from already-received upstream chunks into one downstream
 /// write (see [`coalesce_ready`]).
 const COALESCE_BYTES: usize = 16 * 1024;
 
-/// A streaming answer: hold the head until the first data event, then commit and pump with
-/// heartbeats, idle and duration limits, and client-disconnect detection.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the loop's state is passed explicitly, not hidden in the ctx"
-)]
+/// A stream held before its commit: the upstream answered 2xx and its first data event (or
+/// the early-commit deadline) arrived; nothing was written to the client yet. What
+/// [`first_event`] hands to [`stream`].
+pub(super) struct Held<'r> {
+    /// The pipe, holding the complete events read so far.
+    pub(super) pipe: StreamPipe<'r>,
+    /// The upstream body already ended (the whole answer arrived before the commit).
+    pub(super) ended: bool,
+    /// When the first data event is due (`first_event_timeout_ms` after the head).
+    pub(super) first_event_deadline: Instant,
+    /// When the read that brought the first data event completed (`None`: early commit
+    /// before any event).
+    pub(super) first_event_at: Option<Instant>,
+}
+
+/// Phase 1 of a streaming answer, before the commit: reads the upstream until its first data
+/// event (or `models.<id>.early_commit_after_ms` after the request arrived), holding the
+/// head. Any failure here is the attempt's ([`Attempt::Failed`] / [`Attempt::Final`]): the
+/// next candidate may serve. It touches no downstream state, so the attempt loop races it
+/// against the client's disconnect and shutdown (and, hedged, against another attempt);
+/// dropping it drops the upstream connection.
 #[expect(
     clippy::too_many_lines,
     reason = "one linear state machine reads best in one place"
 )]
-pub(super) async fn stream(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
+pub(super) async fn first_event<'r>(
+    ctx: &RequestCtx,
     req: &InferenceRequest,
     model: &Model,
-    route: &Route,
-    peer: &pingora::upstreams::peer::HttpPeer,
-    mut up: UpstreamSession,
+    route: &'r Route,
+    up: &mut UpstreamSession,
     timeouts: HopTimeouts,
     coding: ContentCoding,
-) -> Attempt {
-    let standard = ctx.standard_model.clone().unwrap_or_default();
+) -> Result<Held<'r>, Attempt> {
     let server = &ctx.config.server;
+    // The model that answers names itself (a fallback model its own id, as its routes do).
     let mut pipe = match StreamPipe::new(
         route,
         ctx.dialect,
-        &standard,
+        &model.id,
         req.include_usage,
         coding,
         server.max_event_bytes,
         server.max_buffered_bytes_per_stream,
         unix_now(),
+        model
+            .continue_on_break
+            .then_some(continuation::TRANSCRIPT_CAP_BYTES),
     ) {
         Ok(p) => p,
         Err(e) => {
             up.shutdown().await;
-            return Attempt::Final(GatewayError::Internal(format!("{e:?}")));
+            return Err(Attempt::Final(GatewayError::Internal(format!("{e:?}"))));
         }
     };
-    let coalesce_bytes = COALESCE_BYTES.min(server.max_buffered_bytes_per_stream);
     let head_at = Instant::now();
     let first_event_deadline = head_at + timeouts.first_event;
     let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
     let mut ended = false;
+    let mut first_event_at = None;
 
-    // Phase 1: before the commit. Any failure here falls back.
     while pipe.data_events == 0 {
         enum Ev {
             Chunk(pingora::Result<Option<Bytes>>),
             FirstEventTimeout,
             EarlyCommit,
-            Gone,
-            Shutdown,
         }
         let ev = tokio::select! {
             biased;
-            () = client_gone(session) => Ev::Gone,
             r = up.read_response_body() => Ev::Chunk(r),
             () = sleep_until(first_event_deadline) => Ev::FirstEventTimeout,
             () = sleep_until(early_commit_at.unwrap_or(first_event_deadline)), if early_commit_at.is_some() => Ev::EarlyCommit,
-            () = crate::shutdown::streams_cancelled() => Ev::Shutdown,
         };
         match ev {
-            Ev::Shutdown => {
-                up.shutdown().await;
-                return Attempt::Shutdown;
-            }
-            Ev::Gone => {
-                up.shutdown().await;
-                return Attempt::Gone(ClientGone("waiting_first_event"));
-            }
             Ev::FirstEventTimeout => {
                 up.shutdown().await;
                 let err = GatewayError::UpstreamTimeout(format!(
@@ -112,19 +118,19 @@ pub(super) async fn stream(
                     route.provider.id,
                     timeouts.first_event.as_millis()
                 ));
-                return failed(
+                return Err(failed(
                     route,
                     AttemptFailure::FirstEventTimeout,
                     "first event timeout".into(),
                     err,
-                );
+                ));
             }
             Ev::EarlyCommit => break,
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 match pipe.feed(chunk.as_deref()) {
                     Ok(()) if pipe.data_events > 0 => {
-                        ctx.outcome.upstream_first_event = Some(Instant::now());
+                        first_event_at = Some(Instant::now());
                     }
                     Ok(()) => {}
                     Err(PipeError::Upstream {
@@ -140,12 +146,12 @@ pub(super) async fn stream(
                             message: providers::scrub_key(&route.provider, &message),
                             retry_after: None,
                         };
-                        return failed(
+                        return Err(failed(
                             route,
                             AttemptFailure::Protocol,
                             "in-band error before first event".into(),
                             err,
-                        );
+                        ));
                     }
                     Err(PipeError::Framing { reason, message: m }) => {
                         up.shutdown().await;
@@ -155,12 +161,12 @@ pub(super) async fn stream(
                             message: providers::scrub_key(&route.provider, &m),
                             retry_after: None,
                         };
-                        return failed(
+                        return Err(failed(
                             route,
                             AttemptFailure::Protocol,
                             format!("{reason}: {m}"),
                             err,
-                        );
+                        ));
                     }
                 }
                 if end {
@@ -173,12 +179,12 @@ pub(super) async fn stream(
                             ),
                             retry_after: None,
                         };
-                        return failed(
+                        return Err(failed(
                             route,
                             AttemptFailure::Reset,
                             "closed before first event".into(),
                             err,
-                        );
+                        ));
                     }
                 }
             }
@@ -191,9 +197,46 @@ pub(super) async fn stream(
                     ),
                     retry_after: None,
                 };
-                return failed(route, AttemptFailure::Reset, e.to_string(), err);
+                return Err(failed(route, AttemptFailure::Reset, e.to_string(), err));
             }
         }
+    }
+    Ok(Held {
+        pipe,
+        ended,
+        first_event_deadline,
+        first_event_at,
+    })
+}
+
+/// Phase 2 of a streaming answer: commits the held stream ([`first_event`]) to the client
+/// and pumps it with heartbeats, idle and duration limits, and client-disconnect detection;
+/// a break after the commit may continue on `rest` ([`continuation`], opt-in).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's state is passed explicitly, not hidden in the ctx"
+)]
+pub(super) async fn stream(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &Route,
+    rest: &[Candidate<'_>],
+    peer: &pingora::upstreams::peer::HttpPeer,
+    mut up: UpstreamSession,
+    timeouts: HopTimeouts,
+    held: Held<'_>,
+) -> Attempt {
+    let Held {
+        mut pipe,
+        ended,
+        first_event_deadline,
+        first_event_at,
+    } = held;
+    if first_event_at.is_some() {
+        ctx.outcome.upstream_first_event = first_event_at;
     }
 
     // Commit: the response head goes out with whatever complete events we hold.
@@ -223,6 +266,7 @@ pub(super) async fn stream(
         up.shutdown().await;
         return Attempt::Gone(ClientGone("writing"));
     }
+    super::upstream::trial_answered(route);
     let first = pipe.take();
     if pipe.first_content {
         ctx.outcome.ttft = Some(ctx.received.elapsed());
@@ -253,11 +297,90 @@ pub(super) async fn stream(
     }
 
     // Phase 2: committed. Pump until the end; failures become an SSE error event.
+    let since = ctx.outcome.upstream_first_event;
+    let pumped = pump_body(
+        session,
+        ctx,
+        &mut up,
+        &mut pipe,
+        route,
+        timeouts,
+        first_event_deadline,
+        since,
+    )
+    .await;
+    match pumped {
+        Pumped::Gone => {
+            up.shutdown().await;
+            finish_stream(ctx, &pipe);
+            Attempt::Gone(ClientGone("streaming"))
+        }
+        Pumped::End(last) => end_cleanly(connector, session, ctx, up, peer, &pipe, last).await,
+        Pumped::Failed(err) => {
+            up.shutdown().await;
+            if let Err(gone) = write_pending(session, ctx, &mut pipe).await {
+                return gone;
+            }
+            // Mid-stream continuation (opt-in, `models.<id>.continue_on_break`): the rest of
+            // the answer may come from the next candidate, spliced into this stream.
+            let err = if model.continue_on_break {
+                // Boxed: a rare path, kept out of every held stream's future.
+                let resumed = Box::pin(continuation::resume(
+                    connector, session, ctx, req, model, rest, &mut pipe, err,
+                ));
+                match resumed.await {
+                    Ok(done) => return done,
+                    Err(err) => err,
+                }
+            } else {
+                err
+            };
+            end_with_error(session, ctx, &mut pipe, err).await
+        }
+    }
+}
+
+/// How pumping a committed stream ([`pump_body`]) ended.
+pub(super) enum Pumped {
+    /// The stream ended cleanly; its final output, to be written after the upstream
+    /// connection went back to the pool ([`end_cleanly`]).
+    End(Option<Bytes>),
+    /// It failed; the pipe may hold events completed before the failure, which are the
+    /// client's ([`write_pending`]).
+    Failed(StreamError),
+    /// The client left (the caller closes the upstream and records usage).
+    Gone,
+}
+
+/// Phase 2 of a stream, after the commit: pumps `up` through `pipe` to the client until the
+/// end, with heartbeats, the idle, first event (`first_event_deadline`, while no data event
+/// came) and duration limits, coalesced writes and client-disconnect detection. `since`: the
+/// arrival of the last content event before this upstream's (inter-token gaps).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's state is passed explicitly, not hidden in the ctx"
+)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear state machine reads best in one place"
+)]
+pub(super) async fn pump_body(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    up: &mut UpstreamSession,
+    pipe: &mut StreamPipe<'_>,
+    route: &Route,
+    timeouts: HopTimeouts,
+    first_event_deadline: Instant,
+    since: Option<Instant>,
+) -> Pumped {
+    let standard = ctx.standard_model.as_deref().unwrap_or_default();
+    let coalesce_bytes = COALESCE_BYTES.min(ctx.config.server.max_buffered_bytes_per_stream);
     let mut gaps = crate::metrics::InterTokenClock::new(
-        &standard,
+        standard,
         &route.provider.id,
         pipe.content_events,
-        ctx.outcome.upstream_first_event,
+        since,
     );
     let max_end = ctx
         .config
@@ -351,11 +474,7 @@ pub(super) async fn stream(
             }
         };
         match ev {
-            Ev::Gone => {
-                up.shutdown().await;
-                finish_stream(ctx, &pipe);
-                return Attempt::Gone(ClientGone("streaming"));
-            }
+            Ev::Gone => return Pumped::Gone,
             Ev::Idle => {
                 break Err(StreamError::gateway(
                     "idle_timeout",
@@ -398,7 +517,7 @@ pub(super) async fn stream(
                 let stop = if end || pipe.finished() {
                     ReadyStop::Pending
                 } else {
-                    coalesce_ready(&mut up, &mut pipe, coalesce_bytes).await
+                    coalesce_ready(up, pipe, coalesce_bytes).await
                 };
                 let end = end || matches!(stop, ReadyStop::End);
                 let had_content = ctx.outcome.ttft.is_some();
@@ -425,9 +544,7 @@ pub(super) async fn stream(
                         .await
                         .is_err()
                     {
-                        up.shutdown().await;
-                        finish_stream(ctx, &pipe);
-                        return Attempt::Gone(ClientGone("streaming"));
+                        return Pumped::Gone;
                     }
                 }
                 match stop {
@@ -442,59 +559,93 @@ pub(super) async fn stream(
     };
 
     match stream_end {
-        Ok(last) => {
-            // The connection goes back to the pool before the client sees the end: a client
-            // that sends its next request on `[DONE]` finds it there.
-            Box::pin(release_or_close(connector, up, peer)).await;
-            if session.write_response_body(last, true).await.is_err() {
-                finish_stream(ctx, &pipe);
-                return Attempt::Gone(ClientGone("streaming"));
-            }
-        }
-        Err(StreamError {
-            reason,
-            kind,
-            error_type,
-            message,
-        }) => {
-            up.shutdown().await;
-            metrics()
-                .stream_errors_total
-                .with_label_values(&[reason])
-                .inc();
-            ctx.outcome.label = "stream_error";
-            // Events completed before the failure (in the chunk that failed, or gathered
-            // with it) are the client's: they go out before the error event, never dropped.
-            let pending = pipe.take();
-            if !pending.is_empty() {
-                if ctx.outcome.ttft.is_none() && pipe.first_content {
-                    ctx.outcome.ttft = Some(ctx.received.elapsed());
-                }
-                ctx.outcome.bytes_out += pending.len() as u64;
-                if session
-                    .write_response_body(Some(pending), false)
-                    .await
-                    .is_err()
-                {
-                    finish_stream(ctx, &pipe);
-                    return Attempt::Gone(ClientGone("streaming"));
-                }
-            }
-            let ev = pipe.error_event(kind, &error_type, &message, reason);
-            ctx.outcome.bytes_out += ev.len() as u64;
-            if !matches!(
-                reason,
-                "max_stream_duration" | "shutdown" | "first_event_timeout"
-            ) {
-                ctx.outcome.upstream_broke = true;
-            }
-            if session.write_response_body(Some(ev), true).await.is_err() {
-                finish_stream(ctx, &pipe);
-                return Attempt::Gone(ClientGone("streaming"));
-            }
-        }
+        Ok(last) => Pumped::End(last),
+        Err(e) => Pumped::Failed(e),
     }
-    finish_stream(ctx, &pipe);
+}
+
+/// Ends a stream that completed: the upstream connection goes back to the pool before the
+/// client sees the end (a client that sends its next request on `[DONE]` finds it there),
+/// then `last` is written with the end of the response.
+pub(super) async fn end_cleanly(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    up: UpstreamSession,
+    peer: &pingora::upstreams::peer::HttpPeer,
+    pipe: &StreamPipe<'_>,
+    last: Option<Bytes>,
+) -> Attempt {
+    Box::pin(release_or_close(connector, up, peer)).await;
+    let written = session.write_response_body(last, true).await;
+    finish_stream(ctx, pipe);
+    if written.is_err() {
+        return Attempt::Gone(ClientGone("streaming"));
+    }
+    Attempt::Done
+}
+
+/// Writes the events completed before a failure (in the chunk that failed, or gathered
+/// with it): they are the client's and go out before the error event, never dropped.
+///
+/// # Errors
+/// The [`Attempt`] to return when the client left.
+pub(super) async fn write_pending(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    pipe: &mut StreamPipe<'_>,
+) -> Result<(), Attempt> {
+    let pending = pipe.take();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    if ctx.outcome.ttft.is_none() && pipe.first_content {
+        ctx.outcome.ttft = Some(ctx.received.elapsed());
+    }
+    ctx.outcome.bytes_out += pending.len() as u64;
+    if session
+        .write_response_body(Some(pending), false)
+        .await
+        .is_err()
+    {
+        finish_stream(ctx, pipe);
+        return Err(Attempt::Gone(ClientGone("streaming")));
+    }
+    Ok(())
+}
+
+/// Ends a committed stream that failed with the client's in-stream error event (the
+/// upstream is closed and the pending events written already).
+pub(super) async fn end_with_error(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    pipe: &mut StreamPipe<'_>,
+    err: StreamError,
+) -> Attempt {
+    let StreamError {
+        reason,
+        kind,
+        error_type,
+        message,
+    } = err;
+    metrics()
+        .stream_errors_total
+        .with_label_values(&[reason])
+        .inc();
+    ctx.outcome.label = "stream_error";
+    let ev = pipe.error_event(kind, &error_type, &message, reason);
+    ctx.outcome.bytes_out += ev.len() as u64;
+    if !matches!(
+        reason,
+        "max_stream_duration" | "shutdown" | "first_event_timeout"
+    ) {
+        ctx.outcome.upstream_broke = true;
+    }
+    let written = session.write_response_body(Some(ev), true).await;
+    finish_stream(ctx, pipe);
+    if written.is_err() {
+        return Attempt::Gone(ClientGone("streaming"));
+    }
     Attempt::Done
 }
 
@@ -553,15 +704,15 @@ async fn coalesce_ready(
 }
 
 /// How a committed stream ends badly: the SSE error event's fields.
-struct StreamError {
+pub(super) struct StreamError {
     /// `sluice_stream_errors_total` reason, and the event's `code`.
-    reason: &'static str,
+    pub reason: &'static str,
     /// Canonical kind (types the error event of non-Chat clients).
-    kind: protocol::ErrorKind,
+    pub kind: protocol::ErrorKind,
     /// OpenAI error type: the provider's own for an in-band error, else `api_error`.
-    error_type: String,
+    pub error_type: String,
     /// What the client is told.
-    message: String,
+    pub message: String,
 }
 
 impl StreamError {
@@ -618,7 +769,7 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
 
 /// Records usage for a finished stream (metering): the provider's final `usage` when the
 /// stream completed with one, else an estimate (see [`estimate_usage`]).
-fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
+pub(super) fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
     match pipe.final_usage() {
         Some(u) => set_usage(ctx, &u, false),
         None => {

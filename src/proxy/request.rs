@@ -219,6 +219,9 @@ pub struct InferenceRequest {
     pub needs: RouteNeeds,
     /// The client's provider preference.
     pub preference: Option<Preference>,
+    /// The body's `models` (OpenRouter style: tried after `model`, see
+    /// [`super::fallback`]), removed from the body; empty when absent.
+    pub models: Vec<String>,
     /// Size of the body as received, bytes (chooses how the input estimate is computed).
     pub body_bytes: usize,
     /// The input-token estimate, computed on first use: read it with
@@ -330,6 +333,7 @@ pub fn parse_chat(
         .unwrap_or(false);
 
     let preference = preference(map.remove("provider"), preference_header, config)?;
+    let models = super::fallback::body_models(map.remove("models"))?;
 
     let requested_max = map
         .get("max_completion_tokens")
@@ -352,6 +356,7 @@ pub fn parse_chat(
         include_usage,
         needs,
         preference,
+        models,
         body_bytes: body.len(),
         input_estimate: OnceLock::new(),
     })
@@ -394,6 +399,16 @@ pub fn parse_dialect(
         Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini => Map::new(),
     };
     let preference = preference(map.remove("provider"), preference_header, config)?;
+    let models_field = match dialect {
+        // The Responses body is not kept: read `models` from it only when it names one.
+        Dialect::Responses if memchr::memmem::find(body, b"\"models\"").is_some() => {
+            serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|mut v| v.get_mut("models").map(Value::take))
+        }
+        _ => map.remove("models"),
+    };
+    let models = super::fallback::body_models(models_field)?;
     let needs = canonical_needs(&canonical);
     Ok(InferenceRequest {
         dialect,
@@ -405,6 +420,7 @@ pub fn parse_dialect(
         anthropic_beta: None,
         needs,
         preference,
+        models,
         body_bytes: body.len(),
         input_estimate: OnceLock::new(),
     })

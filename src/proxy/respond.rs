@@ -7,7 +7,7 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
 use super::ctx::RequestCtx;
-use crate::error::{retry_after_header, GatewayError};
+use crate::error::{retry_after_header, retry_after_ms_header, GatewayError};
 use crate::protocol::{self, Dialect};
 
 /// Writes a complete JSON response.
@@ -41,7 +41,8 @@ pub async fn write_json(
 }
 
 /// Writes `err` as a JSON error in the client's dialect (`ctx.dialect`: OpenAI's shape for
-/// Chat Completions and Responses, Anthropic's for Messages) with its status and `Retry-After`.
+/// Chat Completions and Responses, Anthropic's for Messages) with its status, `Retry-After`
+/// and `retry-after-ms`.
 ///
 /// # Errors
 /// When the downstream write fails.
@@ -53,7 +54,10 @@ pub async fn write_error(
     ctx.outcome.label = err.metric_label();
     let mut extra = Vec::new();
     if let Some(ra) = err.retry_after() {
+        // Both forms: `retry-after-ms` is what OpenAI's SDKs read first (a provider's own
+        // value passes through to the millisecond), `Retry-After` whole seconds rounded up.
         extra.push(("retry-after", retry_after_header(ra)));
+        extra.push(("retry-after-ms", retry_after_ms_header(ra)));
     }
     if ctx.attempt_count > 0 && ctx.config.server.emit_route_headers {
         // How many upstream attempts the failure took (retries and fallbacks included).

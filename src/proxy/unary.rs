@@ -159,7 +159,8 @@ pub(super) async fn unary(
         }
         (client, up) => match protocol::decode_response(up, &body, unix_now()) {
             Ok(mut resp) => {
-                resp.model = ctx.standard_model.clone().unwrap_or_default();
+                // The model that answered (a fallback model names itself).
+                resp.model = ctx.answering_model().unwrap_or_default().to_string();
                 if resp.usage != protocol::Usage::default() {
                     usage = resp.usage;
                     usage_seen = true;

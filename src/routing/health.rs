@@ -4,25 +4,66 @@
 //! States: `Healthy` → (`degraded_after_failures` consecutive failures) `Degraded` →
 //! (`unhealthy_after_failures`, or an error rate of `error_rate_percent` over a sliding
 //! `error_rate_window_ms` once it holds `error_rate_min_requests` outcomes) `Unhealthy`.
-//! An unhealthy route rests for its cool-down (or an upstream 429's `Retry-After`), then
-//! admits exactly one trial request (half-open); a success makes it healthy again, a failure
-//! restarts the cool-down. State changes are logged once each and exported as
-//! `sluice_provider_health{provider,route}`.
+//!
+//! How a route heals:
+//! - **Half-open trial.** An unhealthy route rests for its cool-down (`cooldown_ms`, or an
+//!   upstream 429's `Retry-After`); a degraded one keeps serving as a late fallback, and its
+//!   cool-down runs from its last failure. Once the cool-down is over, the route's next plan
+//!   claims its single trial permit ([`RouteHealth::claim_trial`]) and puts it *first*, ahead
+//!   of healthy routes: one real request, never two at once. The trial still falls back
+//!   before the first byte when it fails, so the client risks only the time of one failed
+//!   attempt. A success makes the route healthy (a streamed trial: at its first event, not
+//!   at its end); a failure restarts its cool-down.
+//! - **Decay.** With no failure for `decay_after_ms` (default 60 s) a route steps one state
+//!   back toward healthy: unhealthy → degraded after one period, → healthy after two, each
+//!   counted from its last failure (applied when a plan reads the route and by the probe
+//!   service's sweep at least once a second, so the gauge follows without traffic).
+//! - **Scope of the evidence.** Each failure is of the provider (a connect failure, a
+//!   rejected credential, a failed provider probe: [`FailureScope::Provider`]) or of the route
+//!   itself (its own answer: a 5xx, a 429, a timeout, a broken answer). A provider probe's
+//!   success ([`RouteHealth::record_probe_success`]) lifts the first kind only: a `GET
+//!   /models` that answers 200 says nothing about the chat route that answers 503.
+//!
+//! State changes are logged once each and exported as `sluice_provider_health{provider,route}`.
 //!
 //! The registry outlives config reloads: it is keyed by name, not by snapshot.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::config::{ErrorRate, PassiveHealth};
+use crate::error::AttemptFailure;
 use crate::metrics::metrics;
 
 /// Whether an upstream status is worth another provider: the attempt loop falls back on it,
 /// and the active probes call a provider down for it.
 pub fn retryable_status(status: u16) -> bool {
     matches!(status, 401 | 403 | 408 | 409 | 429 | 500..=599)
+}
+
+/// What a failure says is broken: the provider as a whole, or this route of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureScope {
+    /// The provider: unreachable, or its credential rejected. A provider probe's success
+    /// disproves it.
+    Provider,
+    /// The route's own answer (status, timeout, broken or malformed answer). Only the route's
+    /// own success (a request, or a request probe) disproves it.
+    Route,
+}
+
+impl FailureScope {
+    /// The scope of an attempt failure: connect failures and a 401/403 (the gateway's
+    /// credential, shared by every route of the provider) are the provider's; the rest the
+    /// route's.
+    pub fn of(failure: AttemptFailure) -> Self {
+        match failure {
+            AttemptFailure::Connect | AttemptFailure::Status(401 | 403) => Self::Provider,
+            _ => Self::Route,
+        }
+    }
 }
 
 /// A route's health.
@@ -61,6 +102,34 @@ fn now_ms() -> u64 {
     u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A duration in whole ms, saturating.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 2)
+}
+
+/// The single half-open trial of a route ([`RouteHealth::claim_trial`]). The trial ends with
+/// the route's next recorded outcome, or when the permit is dropped (the request that held
+/// it never reached the route, or the client left): dropping a permit whose trial already
+/// ended does not touch a later one.
+#[derive(Debug)]
+pub struct TrialPermit {
+    health: Arc<RouteHealth>,
+    generation: u64,
+}
+
+impl TrialPermit {
+    /// Ends this trial without an outcome, if it is still the one in flight.
+    pub fn release(&self) {
+        self.health.end_trial(self.generation);
+    }
+}
+
+impl Drop for TrialPermit {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 /// Health of one route.
 #[derive(Debug)]
 pub struct RouteHealth {
@@ -70,14 +139,22 @@ pub struct RouteHealth {
     consecutive_failures: AtomicU32,
     /// No traffic before this instant (ms since epoch); 0 = none.
     cooldown_until_ms: AtomicU64,
-    /// A half-open trial is in flight.
-    trial_in_flight: AtomicBool,
+    /// The generation of the half-open trial in flight ([`TrialPermit`]); 0 = none.
+    trial: AtomicU64,
+    /// A degraded route's next trial is due at this instant (ms since epoch).
+    trial_due_ms: AtomicU64,
+    /// The last failure (ms since epoch); 0 = none yet. Decay counts from it.
+    last_failure_ms: AtomicU64,
+    /// Failures of [`FailureScope::Route`] among the current consecutive failures.
+    route_failures: AtomicU32,
     /// Exponentially weighted TTFT, microseconds (0 = no sample yet).
     ewma_ttft_us: AtomicU64,
     /// Outcomes for the error-rate trigger (only touched when it is configured).
     window: Mutex<OutcomeWindow>,
     /// Requests and same-route retries over the last minute (`retry.budget_ratio`).
     retry_budget: super::retry::RetryBudget,
+    /// Recent time-to-first-event samples (`hedge_after_ms: auto`).
+    first_event: super::ttft::TtftSamples,
 }
 
 /// Outcome counts in a sliding window, estimated from the current and the previous fixed
@@ -136,10 +213,14 @@ impl RouteHealth {
             state: AtomicU8::new(0),
             consecutive_failures: AtomicU32::new(0),
             cooldown_until_ms: AtomicU64::new(0),
-            trial_in_flight: AtomicBool::new(false),
+            trial: AtomicU64::new(0),
+            trial_due_ms: AtomicU64::new(0),
+            last_failure_ms: AtomicU64::new(0),
+            route_failures: AtomicU32::new(0),
             ewma_ttft_us: AtomicU64::new(0),
             window: Mutex::new(OutcomeWindow::default()),
             retry_budget: super::retry::RetryBudget::default(),
+            first_event: super::ttft::TtftSamples::default(),
         };
         h.export();
         h
@@ -148,6 +229,12 @@ impl RouteHealth {
     /// The route's retry budget.
     pub fn retry_budget(&self) -> &super::retry::RetryBudget {
         &self.retry_budget
+    }
+
+    /// The route's recent time-to-first-event samples (their p95 paces
+    /// `hedge_after_ms: auto`).
+    pub fn first_event(&self) -> &super::ttft::TtftSamples {
+        &self.first_event
     }
 
     /// Current state.
@@ -182,27 +269,41 @@ impl RouteHealth {
         None
     }
 
-    /// Whether a request may use this route now. For an unhealthy route past its cool-down this
-    /// claims the single half-open trial permit (only one caller gets `true`).
-    pub fn admit(&self) -> bool {
-        if self.cooldown_remaining().is_some() {
-            return false;
+    /// Claims the route's half-open trial when one is due: the route is degraded or
+    /// unhealthy, its cool-down is over (a degraded route's runs from its last failure), and
+    /// no other trial is in flight. At most one caller holds a permit at a time; it ends with
+    /// the route's next outcome or when the permit is dropped.
+    pub fn claim_trial(self: &Arc<Self>) -> Option<TrialPermit> {
+        let state = self.state();
+        if state == Health::Healthy || self.cooldown_remaining().is_some() {
+            return None;
         }
-        if self.state() != Health::Unhealthy {
-            return true;
+        if state == Health::Degraded && now_ms() < self.trial_due_ms.load(Ordering::Relaxed) {
+            return None;
         }
-        self.trial_in_flight
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
+        static GENERATION: AtomicU64 = AtomicU64::new(1);
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+        self.trial
+            .compare_exchange(0, generation, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| TrialPermit {
+                health: self.clone(),
+                generation,
+            })
     }
 
-    /// Whether the route would be tried now, without claiming a trial.
+    /// Whether a request without a trial permit may use this route now: not resting, and not
+    /// unhealthy (an unhealthy route serves only its trial).
     pub fn is_available(&self) -> bool {
-        self.cooldown_remaining().is_none()
-            && (self.state() != Health::Unhealthy || !self.trial_in_flight.load(Ordering::Relaxed))
+        self.cooldown_remaining().is_none() && self.state() != Health::Unhealthy
     }
 
-    /// Records a success (and its TTFT when known).
+    /// Whether a half-open trial is in flight.
+    pub fn trial_in_flight(&self) -> bool {
+        self.trial.load(Ordering::Relaxed) != 0
+    }
+
+    /// Records a success (and its TTFT when known): the route is healthy.
     pub fn record_success(&self, thresholds: &PassiveHealth, ttft: Option<Duration>) {
         if let Some(rate) = &thresholds.error_rate {
             let mut w = self.lock_window();
@@ -213,7 +314,8 @@ impl RouteHealth {
             w.trips(now_ms(), rate, false);
         }
         self.consecutive_failures.store(0, Ordering::Relaxed);
-        self.trial_in_flight.store(false, Ordering::Release);
+        self.route_failures.store(0, Ordering::Relaxed);
+        self.trial.store(0, Ordering::Release);
         if let Some(t) = ttft {
             let sample = u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1);
             let old = self.ewma_ttft_us.load(Ordering::Relaxed);
@@ -227,10 +329,51 @@ impl RouteHealth {
         self.transition(Health::Healthy);
     }
 
-    /// Records a failure. `retry_after` (from a 429) sets the cool-down directly.
+    /// Records a provider probe's success ([`FailureScope::Provider`] evidence): it clears
+    /// the route's failures only when none of them was the route's own. Returns whether it
+    /// did.
+    pub fn record_probe_success(&self, thresholds: &PassiveHealth) -> bool {
+        if self.route_failures.load(Ordering::Relaxed) > 0 {
+            return false;
+        }
+        self.record_success(thresholds, None);
+        true
+    }
+
+    /// Records a failure of the route's own answer ([`FailureScope::Route`]). `retry_after`
+    /// (from a 429) sets the cool-down directly.
     pub fn record_failure(&self, thresholds: &PassiveHealth, retry_after: Option<Duration>) {
+        self.record_scoped_failure(thresholds, FailureScope::Route, retry_after);
+    }
+
+    /// Records a failed attempt, scoped by what failed ([`FailureScope::of`]).
+    pub fn record_attempt_failure(
+        &self,
+        thresholds: &PassiveHealth,
+        failure: AttemptFailure,
+        retry_after: Option<Duration>,
+    ) {
+        self.record_scoped_failure(thresholds, FailureScope::of(failure), retry_after);
+    }
+
+    /// Records a failure of `scope`. `retry_after` (from a 429) sets the cool-down directly.
+    pub fn record_scoped_failure(
+        &self,
+        thresholds: &PassiveHealth,
+        scope: FailureScope,
+        retry_after: Option<Duration>,
+    ) {
+        let now = now_ms();
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        self.trial_in_flight.store(false, Ordering::Release);
+        if scope == FailureScope::Route {
+            self.route_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        self.last_failure_ms.store(now.max(1), Ordering::Relaxed);
+        self.trial_due_ms.store(
+            now.saturating_add(ms(thresholds.cooldown)),
+            Ordering::Relaxed,
+        );
+        self.trial.store(0, Ordering::Release);
         if let Some(ra) = retry_after {
             let capped = ra.min(Duration::from_secs(300));
             self.set_cooldown(capped);
@@ -238,7 +381,7 @@ impl RouteHealth {
         let rate_tripped = thresholds
             .error_rate
             .as_ref()
-            .is_some_and(|rate| self.lock_window().trips(now_ms(), rate, true));
+            .is_some_and(|rate| self.lock_window().trips(now, rate, true));
         let next = if n >= thresholds.unhealthy_after_failures || rate_tripped {
             Health::Unhealthy
         } else if n >= thresholds.degraded_after_failures {
@@ -252,35 +395,80 @@ impl RouteHealth {
         self.transition(next);
     }
 
+    /// Applies decay ([`PassiveHealth::decay_after`]): a route with no failure for one period
+    /// is one state healthier, for two periods healthy. Reads the clock only for a route
+    /// that is not healthy.
+    pub fn refresh(&self, thresholds: &PassiveHealth) {
+        let state = self.state();
+        let Some(period) = thresholds.decay_after.filter(|_| state != Health::Healthy) else {
+            return;
+        };
+        let last = self.last_failure_ms.load(Ordering::Relaxed);
+        let steps = now_ms().saturating_sub(last) / ms(period).max(1);
+        let next = match (state, steps) {
+            (_, 0) => return,
+            (Health::Unhealthy, 1) => Health::Degraded,
+            _ => Health::Healthy,
+        };
+        // A failure recorded meanwhile wins (it moved the state or the last failure).
+        if self
+            .state
+            .compare_exchange(state as u8, next as u8, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+            || self.last_failure_ms.load(Ordering::Relaxed) != last
+        {
+            return;
+        }
+        if next == Health::Healthy {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+            self.route_failures.store(0, Ordering::Relaxed);
+            if thresholds.error_rate.is_some() {
+                *self.lock_window() = OutcomeWindow::default();
+            }
+        } else {
+            // On probation: the next failure makes it unhealthy again.
+            let n = thresholds.unhealthy_after_failures.saturating_sub(1);
+            self.consecutive_failures.store(n, Ordering::Relaxed);
+        }
+        self.log_change(state, next, "decay");
+        self.export();
+    }
+
     fn lock_window(&self) -> std::sync::MutexGuard<'_, OutcomeWindow> {
         self.window
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Releases a claimed half-open permit without an outcome (e.g. the client left).
-    pub fn release_trial(&self) {
-        self.trial_in_flight.store(false, Ordering::Release);
+    /// Ends the trial of `generation` if it is still the one in flight.
+    fn end_trial(&self, generation: u64) {
+        let _ = self
+            .trial
+            .compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     fn set_cooldown(&self, d: Duration) {
-        let until = now_ms() + u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 2);
+        let until = now_ms().saturating_add(ms(d));
         self.cooldown_until_ms.store(until, Ordering::Relaxed);
     }
 
     fn transition(&self, next: Health) {
         let prev = Health::from_u8(self.state.swap(next as u8, Ordering::AcqRel));
         if prev != next {
-            log::warn!(
-                target: "sluice::routing::health",
-                "route health changed provider={} route={} from={} to={}",
-                self.provider,
-                self.route,
-                prev.as_str(),
-                next.as_str()
-            );
+            self.log_change(prev, next, "outcome");
             self.export();
         }
+    }
+
+    fn log_change(&self, prev: Health, next: Health, cause: &str) {
+        log::warn!(
+            target: "sluice::routing::health",
+            "route health changed provider={} route={} from={} to={} cause={cause}",
+            self.provider,
+            self.route,
+            prev.as_str(),
+            next.as_str()
+        );
     }
 
     fn export(&self) {
@@ -344,32 +532,154 @@ mod tests {
             unhealthy_after_failures: 3,
             cooldown: Duration::from_millis(50),
             error_rate: None,
+            decay_after: None,
         }
+    }
+
+    fn route(key: &str) -> Arc<RouteHealth> {
+        Arc::new(RouteHealth::new("p", key))
     }
 
     #[test]
     fn healthy_degraded_unhealthy_then_half_open() {
-        let h = RouteHealth::new("p", "p/m-test-1");
+        let h = route("p/m-test-1");
+        assert!(h.claim_trial().is_none(), "a healthy route needs no trial");
         h.record_failure(&th(), None);
         assert_eq!(h.state(), Health::Degraded);
         h.record_failure(&th(), None);
         h.record_failure(&th(), None);
         assert_eq!(h.state(), Health::Unhealthy);
-        assert!(!h.admit(), "resting during cool-down");
+        assert!(!h.is_available(), "resting during cool-down");
+        assert!(h.claim_trial().is_none(), "no trial while resting");
         std::thread::sleep(Duration::from_millis(60));
-        assert!(h.admit(), "one trial after cool-down");
-        assert!(!h.admit(), "only one trial at a time");
+        assert!(
+            !h.is_available(),
+            "an unhealthy route serves only its trial"
+        );
+        let trial = h.claim_trial().expect("one trial after cool-down");
+        assert!(h.claim_trial().is_none(), "only one trial at a time");
         h.record_success(&th(), Some(Duration::from_millis(10)));
+        drop(trial);
         assert_eq!(h.state(), Health::Healthy);
-        assert!(h.admit());
+        assert!(h.is_available());
         assert_eq!(h.ewma_ttft(), Some(Duration::from_millis(10)));
     }
 
     #[test]
+    fn a_degraded_route_gets_one_trial_after_its_cooldown() {
+        let h = route("p/m-test-trial");
+        h.record_failure(&th(), None);
+        assert_eq!(h.state(), Health::Degraded);
+        assert!(h.is_available(), "a degraded route is still a fallback");
+        assert!(
+            h.claim_trial().is_none(),
+            "its cool-down runs from the failure"
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        let first = h.claim_trial().expect("due");
+        assert!(h.claim_trial().is_none(), "exactly one trial in flight");
+        assert!(h.is_available(), "still a fallback for other requests");
+        // The trial fails: the cool-down restarts, no trial until it ends.
+        h.record_failure(&th(), None);
+        assert_eq!(h.state(), Health::Degraded);
+        assert!(h.claim_trial().is_none());
+        std::thread::sleep(Duration::from_millis(60));
+        let second = h.claim_trial().expect("due again");
+        // The first permit's late drop does not end the second trial.
+        drop(first);
+        assert!(h.trial_in_flight());
+        assert!(h.claim_trial().is_none());
+        // A permit dropped without an outcome (the client left) frees the trial.
+        drop(second);
+        assert!(!h.trial_in_flight());
+        let third = h.claim_trial().expect("free again");
+        h.record_success(&th(), None);
+        assert_eq!(h.state(), Health::Healthy);
+        assert!(h.claim_trial().is_none());
+        drop(third);
+    }
+
+    #[test]
+    fn a_provider_probe_lifts_provider_failures_but_not_the_routes_own() {
+        let h = route("p/m-test-scope");
+        for _ in 0..3 {
+            h.record_scoped_failure(&th(), FailureScope::Provider, None);
+        }
+        assert_eq!(h.state(), Health::Unhealthy);
+        assert!(h.record_probe_success(&th()), "connect failures only");
+        assert_eq!(h.state(), Health::Healthy);
+
+        // The chat route answers 503 while the listing answers 200.
+        for _ in 0..3 {
+            h.record_attempt_failure(&th(), AttemptFailure::Status(503), None);
+        }
+        assert_eq!(h.state(), Health::Unhealthy);
+        assert!(!h.record_probe_success(&th()));
+        assert_eq!(
+            h.state(),
+            Health::Unhealthy,
+            "the route's own failures stay"
+        );
+        // A probe failure still counts.
+        h.record_scoped_failure(&th(), FailureScope::Provider, None);
+        assert_eq!(h.state(), Health::Unhealthy);
+        // Only the route's own success heals it.
+        h.record_success(&th(), None);
+        assert_eq!(h.state(), Health::Healthy);
+        assert_eq!(
+            FailureScope::of(AttemptFailure::Connect),
+            FailureScope::Provider
+        );
+        assert_eq!(
+            FailureScope::of(AttemptFailure::Status(401)),
+            FailureScope::Provider
+        );
+        assert_eq!(FailureScope::of(AttemptFailure::Reset), FailureScope::Route);
+    }
+
+    #[test]
+    fn without_failures_a_route_decays_one_state_per_period() {
+        let th = PassiveHealth {
+            cooldown: Duration::from_secs(60),
+            decay_after: Some(Duration::from_millis(80)),
+            ..th()
+        };
+        let h = route("p/m-test-decay");
+        for _ in 0..3 {
+            h.record_failure(&th, None);
+        }
+        assert_eq!(h.state(), Health::Unhealthy);
+        h.refresh(&th);
+        assert_eq!(h.state(), Health::Unhealthy, "not yet");
+        std::thread::sleep(Duration::from_millis(90));
+        h.refresh(&th);
+        assert_eq!(h.state(), Health::Degraded, "one period");
+        // On probation: one failure and it is unhealthy again, with a fresh decay clock.
+        h.record_failure(&th, None);
+        assert_eq!(h.state(), Health::Unhealthy);
+        std::thread::sleep(Duration::from_millis(170));
+        h.refresh(&th);
+        assert_eq!(h.state(), Health::Healthy, "two periods");
+        h.record_failure(&th, None);
+        assert_eq!(h.state(), Health::Degraded, "the failure count restarted");
+        // Decay off: nothing changes.
+        let off = PassiveHealth {
+            decay_after: None,
+            ..th
+        };
+        std::thread::sleep(Duration::from_millis(90));
+        h.refresh(&off);
+        assert_eq!(h.state(), Health::Degraded);
+        h.refresh(&th);
+        assert_eq!(h.state(), Health::Healthy);
+    }
+
+    #[test]
     fn retry_after_sets_cooldown() {
-        let h = RouteHealth::new("p", "p/m-test-2");
+        let h = route("p/m-test-2");
         h.record_failure(&th(), Some(Duration::from_secs(5)));
-        assert!(!h.admit());
+        assert!(!h.is_available());
+        assert!(h.claim_trial().is_none());
         assert!(h.cooldown_remaining().unwrap() > Duration::from_secs(4));
     }
 
@@ -384,8 +694,9 @@ mod tests {
                 window: Duration::from_secs(60),
                 min_requests: 6,
             }),
+            decay_after: None,
         };
-        let h = RouteHealth::new("p", "p/m-test-3");
+        let h = route("p/m-test-3");
         // Alternating: never two failures in a row, 50 % failures.
         for i in 0..5 {
             if i % 2 == 0 {
@@ -397,9 +708,9 @@ mod tests {
         }
         h.record_failure(&th, None);
         assert_eq!(h.state(), Health::Unhealthy, "3 of 6 failed");
-        assert!(!h.admit(), "resting");
+        assert!(h.claim_trial().is_none(), "resting");
         std::thread::sleep(Duration::from_millis(60));
-        assert!(h.admit());
+        let _trial = h.claim_trial().expect("trial");
         h.record_success(&th, None);
         assert_eq!(h.state(), Health::Healthy);
         // The window restarted on recovery: one failure does not trip it again.

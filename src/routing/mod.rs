@@ -3,12 +3,16 @@
 //!
 //! Order of filters (issue "Multi-provider routing"): routes of the model → capability filter →
 //! tenant/key policy → client preference (`only`/`ignore`) → strategy (`priority` with weighted
-//! ties, `lowest_cost`, `lowest_latency`) → client `order` → health (unhealthy routes still
-//! resting dropped, degraded and half-open routes last) → `allow_fallbacks`.
+//! ties, `lowest_cost`, `lowest_latency`) → client `order` → health (a route whose half-open
+//! trial is due and this request claimed goes first; then healthy routes, then degraded ones;
+//! unhealthy routes without the trial are dropped) → `allow_fallbacks`.
 
+pub mod affinity;
 pub mod health;
 pub mod probe;
+pub mod request_probe;
 pub mod retry;
+pub mod ttft;
 
 use std::sync::Arc;
 
@@ -16,7 +20,7 @@ use crate::auth::Caller;
 use crate::config::{Capability, Model, Route, Strategy};
 use crate::error::GatewayError;
 pub use health::retryable_status;
-use health::{Health, RouteHealth};
+use health::{Health, RouteHealth, TrialPermit};
 
 /// The client's per-request provider preference: body field `provider` or header
 /// `x-sluice-provider-preference` (same JSON), OpenRouter style.
@@ -87,6 +91,41 @@ pub struct Candidate<'m> {
     pub route: &'m Route,
     /// Its health state.
     pub health: Arc<RouteHealth>,
+    /// This request holds the route's half-open trial ([`RouteHealth::claim_trial`]); it is
+    /// released when the last clone of the candidate is dropped, if no outcome ended it first.
+    pub trial: Option<Arc<TrialPermit>>,
+}
+
+impl<'m> Candidate<'m> {
+    /// A candidate without a trial permit.
+    pub fn new(route: &'m Route, health: Arc<RouteHealth>) -> Self {
+        Self {
+            route,
+            health,
+            trial: None,
+        }
+    }
+
+    /// Whether this request may try the route now: it is not resting, and it is not
+    /// unhealthy unless this request holds its trial.
+    pub fn admit(&self) -> bool {
+        self.health.cooldown_remaining().is_none()
+            && (self.trial.is_some() || self.health.state() != Health::Unhealthy)
+    }
+
+    /// Whether this attempt is the route's half-open trial: a single request, never retried
+    /// on the route.
+    pub fn is_trial(&self) -> bool {
+        self.trial.is_some()
+    }
+
+    /// Gives the trial back without an outcome (the client left, shutdown), so the next
+    /// request may take it.
+    pub fn release_trial(&self) {
+        if let Some(t) = &self.trial {
+            t.release();
+        }
+    }
 }
 
 /// Builds the ordered candidate list.
@@ -149,10 +188,7 @@ pub fn plan<'m>(
     let reg = health::registry();
     let mut cands: Vec<Candidate<'m>> = routes
         .into_iter()
-        .map(|r| Candidate {
-            health: reg.route(&r.provider.id, &r.health_key),
-            route: r,
-        })
+        .map(|r| Candidate::new(r, reg.route(&r.provider.id, &r.health_key)))
         .collect();
     order_by_strategy(&mut cands, strategy, needs);
 
@@ -168,17 +204,33 @@ pub fn plan<'m>(
         }
     }
 
-    // Health: drop resting routes, keep the order within each class.
+    // Health: decay, claim at most one due trial, drop resting routes, keep the order
+    // within each class. The trial goes first (the route's way back: without it a degraded
+    // route behind a healthy one never sees traffic), unless the client allows no fallback
+    // (then nothing would catch a failed trial). One trial per request bounds what it costs
+    // the client to one failed attempt before its answer.
+    let fallbacks = preference.is_none_or(|p| p.allow_fallbacks);
+    let mut claimed = false;
+    for c in &mut cands {
+        c.health.refresh(&c.route.provider.passive_health);
+        if !claimed {
+            c.trial = c.health.claim_trial().map(Arc::new);
+            claimed = c.trial.is_some();
+        }
+    }
     let soonest = cands
         .iter()
         .filter_map(|c| c.health.cooldown_remaining())
         .min();
-    cands.retain(|c| c.health.is_available());
-    cands.sort_by_key(|c| match c.health.state() {
-        Health::Healthy => 0u8,
-        Health::Degraded => 1,
-        Health::Unhealthy => 2,
-    });
+    cands.retain(|c| c.trial.is_some() || c.health.is_available());
+    cands.sort_by_key(
+        |c| match (c.trial.is_some() && fallbacks, c.health.state()) {
+            (true, _) => 0u8,
+            (false, Health::Healthy) => 1,
+            (false, Health::Degraded) => 2,
+            (false, Health::Unhealthy) => 3,
+        },
+    );
     if cands.is_empty() {
         return Err(GatewayError::NoRoute {
             message: format!("no healthy provider for model `{}` right now", model.id),
@@ -298,8 +350,10 @@ mod tests {
             cached_input_usd_per_mtok: None,
             cache_write_usd_per_mtok: None,
             capabilities: caps,
+            supports_prefill: false,
             rewriter: ModelRewriter::new(model),
             health_key: format!("{model}|{p}/{p}-m"),
+            context_window_tokens: None,
         }
     }
 
@@ -309,8 +363,13 @@ mod tests {
             strategy,
             first_event_timeout: None,
             early_commit_after: None,
+            continue_on_break: false,
             default_max_tokens: 4096,
             retry: crate::routing::retry::RetryPolicy::default(),
+            hedge_after: None,
+            affinity: crate::config::opt_in::Affinity::Off,
+            fallback_models: Vec::new(),
+            context_fallback_models: Vec::new(),
             input_usd_per_mtok: None,
             output_usd_per_mtok: None,
             cached_input_usd_per_mtok: None,
@@ -439,6 +498,66 @@ mod tests {
             e.status(),
             400,
             "the client's own exclusion is a client error"
+        );
+    }
+
+    #[test]
+    fn a_due_trial_goes_first_one_per_request_and_never_without_fallbacks() {
+        let m = model(
+            "plan-test-5",
+            vec![
+                route("plan-test-5", "a", 1, 1.0, None),
+                route("plan-test-5", "b", 2, 1.0, None),
+                route("plan-test-5", "c", 3, 1.0, None),
+            ],
+            Strategy::Priority,
+        );
+        let th = PassiveHealth {
+            unhealthy_after_failures: 2,
+            cooldown: Duration::from_millis(40),
+            ..PassiveHealth::default()
+        };
+        let reg = health::registry();
+        let (b, c) = (
+            reg.route("b", "plan-test-5|b/b-m"),
+            reg.route("c", "plan-test-5|c/c-m"),
+        );
+        b.record_failure(&th, None);
+        for _ in 0..2 {
+            c.record_failure(&th, None);
+        }
+        let needs = RouteNeeds::default();
+        // Within the cool-down: degraded b last, resting c dropped.
+        assert_eq!(ids(&plan(&m, &caller(), &needs, None).unwrap()), ["a", "b"]);
+        std::thread::sleep(Duration::from_millis(50));
+        // Both trials are due: one request carries one (b's, the first in order) first.
+        let first = plan(&m, &caller(), &needs, None).unwrap();
+        assert_eq!(
+            ids(&first),
+            ["b", "a"],
+            "c's trial waits for the next request"
+        );
+        assert!(first[0].is_trial() && first[0].admit());
+        // The next request takes c's trial; b's is in flight, so b is a late fallback.
+        let second = plan(&m, &caller(), &needs, None).unwrap();
+        assert_eq!(ids(&second), ["c", "a", "b"]);
+        // A third gets no trial: both are in flight; unhealthy c is not admitted without one.
+        let third = plan(&m, &caller(), &needs, None).unwrap();
+        assert_eq!(ids(&third), ["a", "b"]);
+        // b's trial request ended without an outcome (client left): the permit is free again.
+        drop(first);
+        let no_fb = Preference {
+            allow_fallbacks: false,
+            ..Preference::default()
+        };
+        let only = plan(&m, &caller(), &needs, Some(&no_fb)).unwrap();
+        assert_eq!(ids(&only), ["a"], "no trial first without fallbacks");
+        drop((second, third, only));
+        b.record_success(&th, None);
+        c.record_success(&th, None);
+        assert_eq!(
+            ids(&plan(&m, &caller(), &needs, None).unwrap()),
+            ["a", "b", "c"]
         );
     }
 }

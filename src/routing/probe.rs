@@ -1,18 +1,26 @@
 //! Owns active health probes: a Pingora background service that, for every provider with an
 //! enabled `health_check`, periodically sends `GET {base_path}{path}` with the provider's
-//! credential through Pingora's `Connector`, and feeds the result into the route health
-//! registry ([`super::health::registry`]) for every route of that provider.
+//! credential through Pingora's `Connector` (`mode: list`, the default), or a minimal real
+//! request to each of its routes (`mode: request`, [`super::request_probe`]), and feeds the
+//! result into the route health registry ([`super::health::registry`]). Each round it also
+//! applies decay to every configured route ([`RouteHealth::refresh`]).
 //!
+//! - A list probe speaks for the provider, not for a route: its failure is a provider-level
+//!   failure of every route of the provider; its success lifts only provider-level failures
+//!   ([`RouteHealth::record_probe_success`]), never a route's own. A request probe speaks for
+//!   its route: success and failure are the route's own.
+//! - Probes are counted in `sluice_health_probes_total{provider,mode,result}` and never
+//!   metered or charged.
 //! - The config snapshot is read every round, so a reload that adds, removes or retunes a
 //!   probe applies within one round (at most [`MAX_ROUND`]).
 //! - Every probe is bounded by its `timeout` (connect, request and response head together) and
 //!   runs in its own task, so a slow provider never delays another provider's probe, and no
-//!   probe ever touches the request hot path. At most one probe per provider is in flight.
+//!   probe ever touches the request hot path. At most one probe round per provider is in
+//!   flight (a request-mode round probes the provider's routes concurrently).
 //! - Outcome: an answer with a status the attempt loop would fall back on (401, 403, 408, 409,
 //!   429, 5xx; see [`crate::routing::retryable_status`]), a connect error or a timeout is
-//!   a failure (`record_failure`, with a 429's `Retry-After` as the cool-down); any other
-//!   answer means the provider is reachable (`record_success`). State changes are logged once
-//!   each by the health module.
+//!   a failure (with a 429's `Retry-After` as the cool-down); any other answer means the
+//!   provider (or route) answers. State changes are logged once each by the health module.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -26,9 +34,10 @@ use pingora::services::background::BackgroundService;
 use tokio::task::JoinSet;
 use tokio::time::{sleep_until, Instant};
 
-use super::health::{registry, RouteHealth};
-use crate::config::{ActiveHealthCheck, Config, ConfigHandle, Provider};
+use super::health::{registry, FailureScope, RouteHealth};
+use crate::config::{ActiveHealthCheck, Config, ConfigHandle, ProbeMode, Provider};
 use crate::error::parse_retry_after;
+use crate::metrics::metrics;
 use crate::providers;
 
 /// Longest sleep between rounds: how quickly a reload's probe changes are noticed.
@@ -94,23 +103,37 @@ async fn probe_inner(
     provider: &Provider,
     check: &ActiveHealthCheck,
 ) -> ProbeOutcome {
-    let down = |reason: String| ProbeOutcome::Down {
-        reason,
-        retry_after: None,
-    };
     let target = match providers::target(provider).await {
         Ok(t) => t,
         Err(m) => return down(m),
     };
-    let head = match probe_head(provider, &target, check) {
-        Ok(h) => h,
-        Err(e) => return down(format!("bad probe request: {e}")),
-    };
+    match probe_head(provider, &target, check) {
+        Ok(head) => exchange(connector, &target, head, None).await,
+        Err(e) => down(format!("bad probe request: {e}")),
+    }
+}
+
+/// A [`ProbeOutcome::Down`] without `Retry-After`.
+pub(super) fn down(reason: String) -> ProbeOutcome {
+    ProbeOutcome::Down {
+        reason,
+        retry_after: None,
+    }
+}
+
+/// Sends one probe request on a fresh connection and judges its answer's status; the body is
+/// not read. The connection is never pooled: the next probe tests connecting again.
+pub(super) async fn exchange(
+    connector: &Connector,
+    target: &providers::Target,
+    head: RequestHeader,
+    body: Option<bytes::Bytes>,
+) -> ProbeOutcome {
     let mut up = match connector.get_http_session(&target.peer).await {
         Ok((up, _reused)) => up,
         Err(e) => return down(format!("connect: {e}")),
     };
-    let exchanged = crate::providers::exchange(&mut up, head, None).await;
+    let exchanged = crate::providers::exchange(&mut up, head, body).await;
     let outcome = match exchanged {
         Err(e) => down(format!("request: {e}")),
         Ok(()) => match up.response_header() {
@@ -131,7 +154,6 @@ async fn probe_inner(
             }
         },
     };
-    // Probe connections are never pooled: the next probe tests connecting again.
     up.shutdown().await;
     outcome
 }
@@ -152,25 +174,61 @@ fn probe_head(
     Ok(req)
 }
 
-/// The health states of every route of `provider_id` in `cfg` (created on first use, so the
-/// gauge exists before any traffic).
-fn routes_of(cfg: &Config, provider_id: &str) -> Vec<Arc<RouteHealth>> {
+/// The routes of `provider_id` in `cfg`, once per health key: upstream model and health
+/// state (created on first use, so the gauge exists before any traffic).
+fn routes_of(cfg: &Config, provider_id: &str) -> Vec<(String, Arc<RouteHealth>)> {
     let reg = registry();
     let mut seen = HashSet::new();
     cfg.models
         .values()
         .flat_map(|m| m.routes.iter())
         .filter(|r| r.provider.id == provider_id && seen.insert(r.health_key.as_str()))
-        .map(|r| reg.route(&r.provider.id, &r.health_key))
+        .map(|r| {
+            (
+                r.upstream_model.clone(),
+                reg.route(&r.provider.id, &r.health_key),
+            )
+        })
         .collect()
 }
 
-/// Applies a probe outcome to the routes of `provider`.
-fn record(provider: &Provider, routes: &[Arc<RouteHealth>], outcome: &ProbeOutcome) {
+/// Applies decay to every route of `cfg` ([`RouteHealth::refresh`]): without traffic nothing
+/// else would, and the gauge should follow.
+fn sweep(cfg: &Config) {
+    let reg = registry();
+    for r in cfg.models.values().flat_map(|m| m.routes.iter()) {
+        reg.route(&r.provider.id, &r.health_key)
+            .refresh(&r.provider.passive_health);
+    }
+}
+
+/// Counts one probe in `sluice_health_probes_total`.
+fn count(provider: &Provider, mode: ProbeMode, outcome: &ProbeOutcome) {
+    let result = match outcome {
+        ProbeOutcome::Up { .. } => "up",
+        ProbeOutcome::Down { .. } => "down",
+    };
+    metrics()
+        .health_probes_total
+        .with_label_values(&[provider.id.as_str(), mode.as_str(), result])
+        .inc();
+}
+
+/// Applies a provider probe's outcome (`mode: list`) to the routes of `provider`: a failure
+/// is a provider-level failure of each; a success lifts only provider-level failures (a
+/// route that failed on its own stays as it is).
+fn record(provider: &Provider, routes: &[(String, Arc<RouteHealth>)], outcome: &ProbeOutcome) {
+    count(provider, ProbeMode::List, outcome);
     match outcome {
         ProbeOutcome::Up { .. } => {
-            for r in routes {
-                r.record_success(&provider.passive_health, None);
+            for (model, r) in routes {
+                if !r.record_probe_success(&provider.passive_health) {
+                    log::debug!(
+                        target: "sluice::routing::probe",
+                        "provider probe succeeded; route keeps its own failures provider={} upstream_model={model}",
+                        provider.id
+                    );
+                }
             }
         }
         ProbeOutcome::Down {
@@ -182,11 +240,49 @@ fn record(provider: &Provider, routes: &[Arc<RouteHealth>], outcome: &ProbeOutco
                 "health probe failed provider={} reason={reason:?}",
                 provider.id
             );
-            for r in routes {
-                r.record_failure(&provider.passive_health, *retry_after);
+            for (_, r) in routes {
+                r.record_scoped_failure(
+                    &provider.passive_health,
+                    FailureScope::Provider,
+                    *retry_after,
+                );
             }
         }
     }
+}
+
+/// Probes every route of `provider` with a minimal real request (`mode: request`), all at
+/// once, and applies each outcome to its route as the route's own evidence.
+async fn probe_routes(
+    connector: Arc<Connector>,
+    provider: Arc<Provider>,
+    check: ActiveHealthCheck,
+    routes: Vec<(String, Arc<RouteHealth>)>,
+) {
+    let mut probes = JoinSet::new();
+    for (model, health) in routes {
+        let (connector, provider, check) = (connector.clone(), provider.clone(), check.clone());
+        probes.spawn(async move {
+            let outcome =
+                super::request_probe::probe_route(&connector, &provider, &model, &check).await;
+            count(&provider, ProbeMode::Request, &outcome);
+            match outcome {
+                ProbeOutcome::Up { .. } => health.record_success(&provider.passive_health, None),
+                ProbeOutcome::Down {
+                    reason,
+                    retry_after,
+                } => {
+                    log::debug!(
+                        target: "sluice::routing::probe",
+                        "request probe failed provider={} upstream_model={model} reason={reason:?}",
+                        provider.id
+                    );
+                    health.record_failure(&provider.passive_health, retry_after);
+                }
+            }
+        });
+    }
+    while probes.join_next().await.is_some() {}
 }
 
 #[async_trait]
@@ -198,6 +294,7 @@ impl BackgroundService for HealthProber {
         let mut tasks: JoinSet<()> = JoinSet::new();
         loop {
             let cfg = self.config.snapshot();
+            sweep(&cfg);
             let now = Instant::now();
             let mut wake = now + MAX_ROUND;
             next_due.retain(|id, _| {
@@ -221,10 +318,15 @@ impl BackgroundService for HealthProber {
                     let routes = routes_of(&cfg, &provider.id);
                     let p = provider.clone();
                     let connector = self.connector.clone();
-                    let task = tasks.spawn(async move {
-                        let outcome = probe(&connector, &p, &check).await;
-                        record(&p, &routes, &outcome);
-                    });
+                    let task = match check.mode {
+                        ProbeMode::List => tasks.spawn(async move {
+                            let outcome = probe(&connector, &p, &check).await;
+                            record(&p, &routes, &outcome);
+                        }),
+                        ProbeMode::Request => {
+                            tasks.spawn(probe_routes(connector, p, check, routes))
+                        }
+                    };
                     in_flight.insert(task.id(), provider.id.clone());
                     now + interval
                 } else {
@@ -290,6 +392,7 @@ mod tests {
 
     fn check(timeout_ms: u64) -> ActiveHealthCheck {
         ActiveHealthCheck {
+            mode: ProbeMode::List,
             path: "/models".into(),
             interval: Duration::from_millis(100),
             timeout: Duration::from_millis(timeout_ms),

@@ -89,6 +89,8 @@ impl RetryPolicy {
             AttemptFailure::Protocol => false,
             // A silent upstream is not asked again: the wait would double.
             AttemptFailure::FirstByteTimeout | AttemptFailure::FirstEventTimeout => false,
+            // The same route has the same window: it goes to a larger one instead.
+            AttemptFailure::ContextLength => false,
         }
     }
 

@@ -10,7 +10,7 @@ use crate::fallback::{body, chat_hits, config, eventually, Metrics, P};
 use crate::harness::{Mock, Sluice};
 
 /// The health gauge of `provider`'s route; panics when the series is absent.
-fn gauge(sluice: &Sluice, provider: &str) -> f64 {
+pub(crate) fn gauge(sluice: &Sluice, provider: &str) -> f64 {
     let m = Metrics::scrape(sluice);
     m.get_opt(
         "sluice_provider_health",
@@ -24,7 +24,7 @@ fn gauge(sluice: &Sluice, provider: &str) -> f64 {
 
 /// Waits (up to 5 s: probes on a loaded CI machine) until the health gauge of `provider`
 /// reads `want`; the last value.
-fn wait_gauge(sluice: &Sluice, provider: &str, want: f64) -> f64 {
+pub(crate) fn wait_gauge(sluice: &Sluice, provider: &str, want: f64) -> f64 {
     let mut last = f64::NAN;
     eventually(Duration::from_secs(5), || {
         last = gauge(sluice, provider);

@@ -2,6 +2,7 @@
 //! real `sluice` and `sluice-mock-upstream` binaries on loopback ports and talks to them over
 //! real sockets. Each module covers one concern.
 
+mod affinity;
 mod anthropic;
 mod api;
 mod backpressure;
@@ -12,6 +13,7 @@ mod cli_key;
 mod client_compat;
 mod cloud_providers;
 mod config_check;
+mod continuation;
 mod count_tokens;
 mod demo;
 mod dialect_matrix;
@@ -20,12 +22,15 @@ mod fallback;
 mod grafana_dashboard;
 mod harness;
 mod harness_client;
+mod healing;
 mod health;
 mod heartbeat;
+mod hedge;
 mod hostile;
 mod hostile_edge;
 mod ledger;
 mod metering;
+mod model_fallback;
 mod passthrough;
 mod ping_commit;
 mod readme;

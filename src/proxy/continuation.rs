@@ -1,0 +1,464 @@
+//! Owns mid-stream continuation (`models.<id>.continue_on_break: true`, opt-in): a committed
+//! stream that breaks after answer text reached the client (the upstream cut it, went
+//! silent past the idle timeout, sent an in-stream error, or ended it unfinished) is
+//! continued on the next candidate route, and the rest of the answer is spliced into the
+//! same client stream.
+//!
+//! * **Where it hooks in**: the stream pump's post-commit failure path
+//!   ([`super::pump::stream`]), after the events completed before the failure were written.
+//!   The candidates are the routes after the one that broke, in the attempt loop's order
+//!   (health admission applies); each gets one try, until one answers 2xx.
+//! * **What the next route is asked**: the canonical request with the text so far, as a
+//!   trailing user message or as assistant prefill where the route declares
+//!   `supports_prefill: true` ([`crate::protocol::continuation`]).
+//! * **The splice**: the client's encoder ([`super::pipe::StreamPipe::resume`]) keeps
+//!   running, so ids, content block indices and sequence numbers continue, and no second
+//!   `message_start` / `response.created` / role chunk is written. Before the continuation's
+//!   first event the client gets the SSE comment `: sluice-continued provider=<id>
+//!   reason=<break reason>` (a comment is valid SSE in every dialect; SDKs ignore it).
+//!   The final usage is the sum of both attempts (the first one's output estimated from its
+//!   text when the provider had not reported it), and so is what metering records
+//!   (`estimated` then).
+//! * **What is never continued** (the stream ends with the client's in-stream error event,
+//!   as without the feature, its message saying why): a stream in which a tool call began,
+//!   one with no answer text yet, one whose text outgrew [`TRANSCRIPT_CAP_BYTES`], one that
+//!   had already stopped, a break that is not the upstream's (max duration, shutdown), and a
+//!   continuation that every remaining route rejected or failed before answering. A
+//!   continuation that breaks too ends with the error event: at most one per request.
+//!
+//! `sluice_stream_continuations_total{model,outcome}` counts each eligible break by
+//! [`OUTCOMES`]. A stream of a model with the feature on goes through the canonical
+//! translator even for the same dialect (see [`super::pipe`]).
+
+use bytes::Bytes;
+use pingora::connectors::http::Connector;
+use pingora::protocols::http::client::HttpSession as UpstreamSession;
+use pingora::proxy::Session;
+
+use super::ctx::RequestCtx;
+use super::pipe::StreamPipe;
+use super::pump::{self, Pumped, StreamError};
+use super::request::InferenceRequest;
+use super::upstream::{client_gone, Attempt, ClientGone};
+use crate::backpressure::provider as provider_cap;
+use crate::config::{HopTimeouts, Model, Route};
+use crate::error::AttemptFailure;
+use crate::metrics::metrics;
+use crate::protocol::continuation::{continuation_request, ContinueStyle, Splice};
+use crate::protocol::{self, tokens};
+use crate::providers;
+use crate::providers::encoding::ContentCoding;
+use crate::routing::Candidate;
+
+/// Most bytes of answer text a continuable stream records (its transcript); a stream
+/// whose text grew past it is not continued (outcome `too_long`).
+pub const TRANSCRIPT_CAP_BYTES: usize = 256 * 1024;
+
+/// Every `outcome` of `sluice_stream_continuations_total`: `continued` (the rest was
+/// spliced in and the stream completed), `failed` (spliced, then the continuation broke
+/// too), `client_abort` (the client left during the continuation), and the refusals:
+/// `tool_call`, `no_text`, `too_long`, `complete` (the answer had stopped already),
+/// `unsupported` (the request cannot be re-encoded), `no_route` (no candidate left),
+/// `rejected` (every remaining route failed or refused before answering, or shutdown began
+/// meanwhile).
+pub const OUTCOMES: [&str; 10] = [
+    "continued",
+    "failed",
+    "client_abort",
+    "tool_call",
+    "no_text",
+    "too_long",
+    "complete",
+    "unsupported",
+    "no_route",
+    "rejected",
+];
+
+/// Break reasons (`sluice_stream_errors_total` reasons) that are the upstream's fault and
+/// may be continued.
+const CONTINUABLE: [&str; 5] = [
+    "upstream_broken",
+    "idle_timeout",
+    "upstream_error",
+    "upstream_incomplete",
+    "upstream_truncated",
+];
+
+/// Tries to continue a committed stream that failed with `err` on the candidates in
+/// `rest`. The events completed before the failure have been written and the broken
+/// upstream closed.
+///
+/// # Errors
+/// The stream error to end the stream with when it is not continued (`err`, its message
+/// saying why not when the break was eligible); `Ok` is how the stream ended otherwise.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the stream's state is passed explicitly, not hidden in the ctx"
+)]
+pub(super) async fn resume<'r>(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    rest: &[Candidate<'r>],
+    pipe: &mut StreamPipe<'r>,
+    err: StreamError,
+) -> Result<Attempt, StreamError> {
+    if !CONTINUABLE.contains(&err.reason) {
+        return Err(err);
+    }
+    // The route that broke is charged the failure whatever happens next.
+    ctx.outcome.upstream_broke = true;
+    let refuse = |ctx: &RequestCtx, outcome: &'static str, why: &str, mut err: StreamError| {
+        count(model, outcome);
+        log::info!(
+            target: "sluice::proxy::continuation",
+            "stream not continued request_id={} reason={} outcome={outcome}",
+            ctx.request_id, err.reason
+        );
+        err.message = format!("{} (not continued: {why})", err.message);
+        err
+    };
+    let Some(transcript) = pipe.transcript() else {
+        return Err(refuse(
+            ctx,
+            "unsupported",
+            "the stream has no transcript",
+            err,
+        ));
+    };
+    if transcript.tool_call_began() {
+        return Err(refuse(ctx, "tool_call", "a tool call had begun", err));
+    }
+    if transcript.overflowed() {
+        return Err(refuse(
+            ctx,
+            "too_long",
+            "the answer so far is too long",
+            err,
+        ));
+    }
+    if transcript.stopped() {
+        return Err(refuse(
+            ctx,
+            "complete",
+            "the answer had already stopped",
+            err,
+        ));
+    }
+    if transcript.text().is_empty() {
+        return Err(refuse(
+            ctx,
+            "no_text",
+            "no answer text had been streamed",
+            err,
+        ));
+    }
+    let text = transcript.text().to_string();
+    let canonical = match req.canonical() {
+        Ok(c) => c,
+        Err(_) => {
+            return Err(refuse(
+                ctx,
+                "unsupported",
+                "the request cannot be re-encoded",
+                err,
+            ))
+        }
+    };
+    // The first attempt's usage: what its provider reported, its output at least the
+    // tokenizer count of the text streamed, its input the request's estimate if unknown.
+    let mut base = pipe.usage.unwrap_or_default();
+    base.output_tokens = base.output_tokens.max(pipe.estimator.tokens());
+    if base.input_tokens == 0 {
+        base.input_tokens = tokens::estimate_input_tokens(canonical);
+    }
+
+    let mut tried = false;
+    let mut opened = None;
+    for cand in rest {
+        // A provider at its own cap is skipped, as in the attempt loop; the place taken is
+        // held until the continuation ends.
+        let slot = match provider_cap::try_take(&cand.route.provider) {
+            provider_cap::ProviderAdmission::Full => continue,
+            other => other,
+        };
+        if !cand.admit() {
+            continue;
+        }
+        tried = true;
+        let route = cand.route;
+        let style = if route.supports_prefill {
+            ContinueStyle::Prefill
+        } else {
+            ContinueStyle::UserTurn
+        };
+        let creq = continuation_request(canonical, &text, base.output_tokens, style);
+        let opts = protocol::UpstreamOptions {
+            model: &route.upstream_model,
+            default_max_tokens: model.default_max_tokens,
+            stream_usage: route.provider.stream_usage,
+            placement: providers::model_placement(route),
+        };
+        let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts) else {
+            cand.release_trial();
+            continue;
+        };
+        ctx.attempt_count += 1;
+        let timeouts = ctx.config.timeouts_for(&route.provider, model);
+        match open(
+            connector,
+            session,
+            ctx,
+            req,
+            route,
+            Bytes::from(body),
+            timeouts,
+        )
+        .await
+        {
+            Opened::Up(answer) => {
+                let (up, target, coding) = *answer;
+                opened = Some((cand, up, target, coding, timeouts, slot));
+                break;
+            }
+            Opened::Failed(failure, detail) => {
+                log::info!(
+                    target: "sluice::proxy::continuation",
+                    "continuation attempt failed request_id={} provider={} reason={} detail={detail:?}",
+                    ctx.request_id, route.provider.id, failure.label()
+                );
+                metrics()
+                    .upstream_attempts_total
+                    .with_label_values(&[route.provider.id.as_str(), failure.label()])
+                    .inc();
+                cand.health
+                    .record_failure(&route.provider.passive_health, None);
+            }
+            Opened::Gone(g) => {
+                cand.release_trial();
+                return Ok(Attempt::Gone(g));
+            }
+            Opened::Shutdown => {
+                cand.release_trial();
+                return Err(refuse(ctx, "rejected", "the gateway is shutting down", err));
+            }
+        }
+    }
+    let Some((cand, mut up, target, coding, timeouts, _slot)) = opened else {
+        return Err(if tried {
+            refuse(ctx, "rejected", "no other route took the continuation", err)
+        } else {
+            refuse(ctx, "no_route", "no other route is available", err)
+        });
+    };
+    let route = cand.route;
+    if pipe
+        .resume(route, coding, Splice::new(base, &text))
+        .is_err()
+    {
+        up.shutdown().await;
+        cand.release_trial();
+        return Err(refuse(
+            ctx,
+            "unsupported",
+            "the answer cannot be decoded",
+            err,
+        ));
+    }
+    metrics()
+        .upstream_attempts_total
+        .with_label_values(&[route.provider.id.as_str(), "ok"])
+        .inc();
+
+    // The seam: an SSE comment, then the continuation's events.
+    let marker = Bytes::from(format!(
+        ": sluice-continued provider={} reason={}\n\n",
+        route.provider.id, err.reason
+    ));
+    ctx.outcome.bytes_out += marker.len() as u64;
+    if session
+        .write_response_body(Some(marker), false)
+        .await
+        .is_err()
+    {
+        up.shutdown().await;
+        cand.release_trial();
+        count(model, "client_abort");
+        return Ok(Attempt::Gone(ClientGone("streaming")));
+    }
+    ctx.outcome.provider = Some(route.provider.id.clone());
+    ctx.outcome.upstream_model = Some(route.upstream_model.clone());
+    ctx.failed_routes += 1;
+    log::info!(
+        target: "sluice::proxy::continuation",
+        "stream continued request_id={} reason={} provider={} text_bytes={}",
+        ctx.request_id, err.reason, route.provider.id, text.len()
+    );
+
+    let first_event_deadline = tokio::time::Instant::now() + timeouts.first_event;
+    let pumped = pump::pump_body(
+        session,
+        ctx,
+        &mut up,
+        pipe,
+        route,
+        timeouts,
+        first_event_deadline,
+        None,
+    )
+    .await;
+    Ok(match pumped {
+        Pumped::Gone => {
+            up.shutdown().await;
+            cand.release_trial();
+            count(model, "client_abort");
+            pump::finish_stream(ctx, pipe);
+            Attempt::Gone(ClientGone("streaming"))
+        }
+        Pumped::End(last) => {
+            cand.health
+                .record_success(&route.provider.passive_health, None);
+            count(model, "continued");
+            let done =
+                pump::end_cleanly(connector, session, ctx, up, &target.peer, pipe, last).await;
+            // The provider's final usage covers the continuation only; the first attempt's
+            // share is an estimate.
+            ctx.outcome.usage_estimated = true;
+            done
+        }
+        Pumped::Failed(e) => {
+            up.shutdown().await;
+            cand.health
+                .record_failure(&route.provider.passive_health, None);
+            count(model, "failed");
+            if let Err(gone) = pump::write_pending(session, ctx, pipe).await {
+                return Ok(gone);
+            }
+            pump::end_with_error(session, ctx, pipe, e).await
+        }
+    })
+}
+
+/// Counts one eligible break in `sluice_stream_continuations_total`.
+fn count(model: &Model, outcome: &'static str) {
+    debug_assert!(OUTCOMES.contains(&outcome), "{outcome}");
+    metrics()
+        .stream_continuations_total
+        .with_label_values(&[model.id.as_str(), outcome])
+        .inc();
+}
+
+/// How opening a continuation's upstream ended.
+enum Opened {
+    /// A 2xx streaming answer's head was read: the session, where it goes, its coding
+    /// (boxed: the session is large and the other variants small).
+    Up(Box<(UpstreamSession, providers::Target, ContentCoding)>),
+    /// The route failed or refused before answering (the next may be tried).
+    Failed(AttemptFailure, String),
+    /// The client left meanwhile.
+    Gone(ClientGone),
+    /// Shutdown's grace period ended meanwhile (no further route is tried).
+    Shutdown,
+}
+
+/// Connects to `route`, sends the continuation request `body` and reads the answer's head
+/// (the connect and first-byte timeouts of the route apply, the client's disconnect is
+/// watched). A stale pooled connection gets one fresh retry under the attempt loop's rule
+/// (only when the request cannot have been processed, [`super::upstream::send`]); a
+/// non-2xx answer or an unknown content coding is a failure.
+async fn open(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &RequestCtx,
+    req: &InferenceRequest,
+    route: &Route,
+    body: Bytes,
+    timeouts: HopTimeouts,
+) -> Opened {
+    let provider = &route.provider;
+    let target = match providers::target(provider).await {
+        Ok(t) => t,
+        Err(m) => return Opened::Failed(AttemptFailure::Connect, m),
+    };
+    let path = providers::request_path(provider, &route.upstream_model, true);
+    let mut head = match providers::request_head(
+        provider,
+        &target,
+        &path,
+        body.len(),
+        true,
+        &ctx.request_id,
+    ) {
+        Ok(h) => h,
+        Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
+    };
+    if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
+        .is_err()
+    {
+        return Opened::Failed(AttemptFailure::Protocol, "bad anthropic-beta".into());
+    }
+    let mut fresh_tries = 0;
+    let mut up = loop {
+        let connect = tokio::select! {
+            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
+            () = client_gone(session) => return Opened::Gone(ClientGone("streaming")),
+            () = crate::shutdown::streams_cancelled() => return Opened::Shutdown,
+        };
+        let (mut up, reused) = match connect {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => return Opened::Failed(AttemptFailure::Connect, e.to_string()),
+            Err(_) => return Opened::Failed(AttemptFailure::Connect, "connect timeout".into()),
+        };
+        let exchanged = tokio::select! {
+            r = tokio::time::timeout(timeouts.first_byte, super::upstream::send(&mut up, head.clone(), body.clone())) => r,
+            () = client_gone(session) => {
+                up.shutdown().await;
+                return Opened::Gone(ClientGone("streaming"));
+            }
+            () = crate::shutdown::streams_cancelled() => {
+                up.shutdown().await;
+                return Opened::Shutdown;
+            }
+        };
+        match exchanged {
+            Ok(Ok(())) => break up,
+            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
+                // Counted in the metric; the client's head (`x-sluice-attempts`) is long gone.
+                let _ = super::upstream::stale_resend(ctx, route, &e);
+                fresh_tries += 1;
+            }
+            Ok(Err(e)) => {
+                up.shutdown().await;
+                return Opened::Failed(AttemptFailure::Reset, e.error.to_string());
+            }
+            Err(_) => {
+                up.shutdown().await;
+                return Opened::Failed(
+                    AttemptFailure::FirstByteTimeout,
+                    "first byte timeout".into(),
+                );
+            }
+        }
+    };
+    let Some(resp) = up.response_header() else {
+        up.shutdown().await;
+        return Opened::Failed(AttemptFailure::Protocol, "no response head".into());
+    };
+    let status = resp.status.as_u16();
+    if !(200..300).contains(&status) {
+        up.shutdown().await;
+        return Opened::Failed(AttemptFailure::Status(status), format!("HTTP {status}"));
+    }
+    match ContentCoding::from_header(resp.headers.get("content-encoding").map(|v| v.as_bytes())) {
+        Ok(coding) => Opened::Up(Box::new((up, target, coding))),
+        Err(name) => {
+            up.shutdown().await;
+            Opened::Failed(
+                AttemptFailure::Protocol,
+                format!("unsupported content-encoding {name:?}"),
+            )
+        }
+    }
+}

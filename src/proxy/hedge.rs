@@ -1,0 +1,500 @@
+//! Owns hedged requests (`models.<id>.hedge_after_ms`, opt-in): when an attempt has not
+//! delivered its first event after the model's delay (a number of ms, or `auto`: the
+//! route's observed time-to-first-event p95, see [`crate::routing::ttft`]), the next
+//! healthy candidate is started beside it. The first of the two to be ready to commit wins
+//! and is committed to the client; the other is cancelled at once (its future dropped, so
+//! its upstream connection is closed before the winner's first byte is written).
+//!
+//! What "ready" means is [`super::attempt::prepare`]'s: for a stream, the first upstream
+//! SSE data event is held; for a non-streaming answer, its 2xx response head has arrived
+//! (providers send it when the answer is ready), and the body is read after the race.
+//!
+//! Rules:
+//! - At most one hedge per request. A hedge takes one retry from the first route's retry
+//!   budget ([`crate::routing::retry::RetryBudget`]): hedges and same-route retries together
+//!   stay within `retry.budget_ratio` of the route's requests. No room: no hedge
+//!   (`sluice_hedges_total{outcome="no_budget"}`).
+//! - The hedge goes to the next candidate that is healthy and not resting; it never claims
+//!   a half-open trial (`no_partner` when there is none).
+//! - Both attempts race the client's disconnect and shutdown.
+//! - One attempt failing lets the other go on alone; its failure is recorded (health,
+//!   `sluice_upstream_attempts_total`, the request's attempts). A final error (a 4xx about
+//!   the request) ends both. After a hedged pair the request is not retried on either
+//!   route: it falls back to the candidates after them.
+//! - The cancelled attempt is one of the request's attempts (access log and ledger
+//!   `attempts`) and `sluice_upstream_attempts_total{outcome="hedge_cancelled"}`. It
+//!   delivered no event, so no usage figure came from it: the provider may still bill its
+//!   prompt, which Sluice cannot see.
+//!
+//! Every successful pre-commit feeds the route's time-to-first-event samples (hedged or
+//! not), so `auto` learns from all traffic of the route.
+
+use std::time::Duration;
+
+use pingora::connectors::http::Connector;
+use pingora::proxy::Session;
+use tokio::time::Instant;
+
+use super::attempt::{commit, prepare, Phase, Ready};
+use super::ctx::RequestCtx;
+use super::request::InferenceRequest;
+use super::upstream::{client_gone, Attempt, ClientGone};
+use crate::backpressure::provider as provider_cap;
+use crate::config::opt_in::HedgeAfter;
+use crate::config::Model;
+use crate::metrics::metrics;
+use crate::routing::health::Health;
+use crate::routing::Candidate;
+
+/// What one call of [`attempt`] did.
+pub(super) struct Tried {
+    /// How the request's attempt (or hedged pair) ended, for the attempt loop.
+    pub(super) outcome: Attempt,
+    /// The candidate `outcome` is about (the hedge's when it served or failed last).
+    pub(super) served: usize,
+    /// The candidate that was started as a hedge, if any: the attempt loop skips it later
+    /// and does not retry after the pair.
+    pub(super) hedge: Option<usize>,
+}
+
+/// One attempt on `candidates[idx]`, hedged onto a later candidate when the model asks for
+/// it and `may_hedge` (no hedge yet in this request); see the module docs.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+)]
+pub(super) async fn attempt(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    candidates: &[Candidate<'_>],
+    idx: usize,
+    may_hedge: bool,
+) -> Tried {
+    let phases = [Phase::default(), Phase::default()];
+    let tried = attempt_phased(
+        connector, session, ctx, req, model, candidates, idx, may_hedge, &phases,
+    )
+    .await;
+    // Stale-connection resends of attempts that did not commit (failed or cancelled).
+    settle(ctx, &phases);
+    tried
+}
+
+/// [`attempt`] with the primary's and the hedge's [`Phase`].
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the hedge's phases read best in one place"
+)]
+async fn attempt_phased(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    candidates: &[Candidate<'_>],
+    idx: usize,
+    may_hedge: bool,
+    phases: &[Phase; 2],
+) -> Tried {
+    let primary = &candidates[idx];
+    ctx.outcome
+        .upstream_started
+        .get_or_insert_with(Instant::now);
+    let delay = if may_hedge && idx + 1 < candidates.len() {
+        hedge_delay(model, primary)
+    } else {
+        None
+    };
+    let alone = |outcome| Tried {
+        outcome,
+        served: idx,
+        hedge: None,
+    };
+    let started = Instant::now();
+    let (phase, hedge_phase) = (&phases[0], &phases[1]);
+    let Some(delay) = delay else {
+        // No hedge possible: the plain attempt.
+        let ready = {
+            let pre = prepare(connector, ctx, req, model, primary.route, phase);
+            tokio::select! {
+                biased;
+                () = client_gone(session) => return alone(Attempt::Gone(ClientGone(phase.label()))),
+                () = crate::shutdown::streams_cancelled() => return alone(Attempt::Shutdown),
+                r = pre => r,
+            }
+        };
+        return alone(match ready {
+            Ok(ready) => {
+                sample(primary, started, &ready);
+                {
+                    settle(ctx, phases);
+                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                }
+            }
+            Err(a) => a,
+        });
+    };
+
+    // Phase A: the first attempt alone until the hedge timer. Boxed, so that dropping it
+    // (the race lost) drops its upstream connection there and then.
+    let mut p = Box::pin(prepare(connector, ctx, req, model, primary.route, phase));
+    let first = tokio::select! {
+        biased;
+        () = client_gone(session) => Some(Err(Attempt::Gone(ClientGone(phase.label())))),
+        () = crate::shutdown::streams_cancelled() => Some(Err(Attempt::Shutdown)),
+        r = &mut p => Some(r),
+        () = tokio::time::sleep(delay) => None,
+    };
+    if let Some(r) = first {
+        drop(p);
+        return alone(match r {
+            Ok(ready) => {
+                sample(primary, started, &ready);
+                {
+                    settle(ctx, phases);
+                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                }
+            }
+            Err(a) => a,
+        });
+    }
+
+    // The timer fired: a hedge, if the budget and a partner allow.
+    let partner = (idx + 1..candidates.len()).find(|&j| {
+        let h = &candidates[j].health;
+        h.state() == Health::Healthy && h.is_available()
+    });
+    // The partner's provider cap (`max_concurrent_requests`) holds for the hedge too; the
+    // place is kept until this function returns (after the commit, if the hedge served).
+    let (partner, _hedge_slot) =
+        match partner.map(|j| (j, provider_cap::try_take(&candidates[j].route.provider))) {
+            Some((_, provider_cap::ProviderAdmission::Full)) | None => (None, None),
+            Some((j, provider_cap::ProviderAdmission::Slot(s))) => (Some(j), Some(s)),
+            Some((j, provider_cap::ProviderAdmission::Uncapped)) => (Some(j), None),
+        };
+    let skipped = match partner {
+        None => Some("no_partner"),
+        Some(_)
+            if !primary
+                .health
+                .retry_budget()
+                .try_retry(model.retry.budget_ratio) =>
+        {
+            Some("no_budget")
+        }
+        Some(_) => None,
+    };
+    let (Some(j), None) = (partner, skipped) else {
+        count(model, skipped.unwrap_or("no_partner"));
+        let ready = tokio::select! {
+            biased;
+            () = client_gone(session) => return alone(Attempt::Gone(ClientGone(phase.label()))),
+            () = crate::shutdown::streams_cancelled() => return alone(Attempt::Shutdown),
+            r = &mut p => r,
+        };
+        drop(p);
+        return alone(match ready {
+            Ok(ready) => {
+                sample(primary, started, &ready);
+                {
+                    settle(ctx, phases);
+                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                }
+            }
+            Err(a) => a,
+        });
+    };
+
+    // Phase B: both race; the first ready wins.
+    let hedge = &candidates[j];
+    log::info!(
+        target: "sluice::proxy::hedge",
+        "hedge started request_id={} model={} primary={} hedge={} after_ms={}",
+        ctx.request_id,
+        model.id,
+        primary.route.provider.id,
+        hedge.route.provider.id,
+        delay.as_millis()
+    );
+    let hedge_started = Instant::now();
+    let raced = {
+        let mut h = Box::pin(prepare(
+            connector,
+            ctx,
+            req,
+            model,
+            hedge.route,
+            hedge_phase,
+        ));
+        race(session, &mut p, &mut h, phase).await
+    };
+    drop(p);
+    let tried = |outcome, served| Tried {
+        outcome,
+        served,
+        hedge: Some(j),
+    };
+    // The extra upstream request is one of the request's attempts.
+    ctx.attempt_count += 1;
+    let side = |s: Side| if s == Side::Primary { idx } else { j };
+    match raced {
+        Raced::Won {
+            ready,
+            winner,
+            earlier_failure,
+        } => {
+            let (served, start) = match winner {
+                Side::Primary => (idx, started),
+                Side::Hedge => (j, hedge_started),
+            };
+            sample(&candidates[served], start, &ready);
+            match earlier_failure {
+                // The other one failed first: a failed attempt, not a cancelled one.
+                Some(failure) => {
+                    record_failed(
+                        ctx,
+                        model,
+                        candidates,
+                        side(winner.other()),
+                        served,
+                        failure,
+                    );
+                }
+                None => cancelled(ctx, &candidates[side(winner.other())]),
+            }
+            count(
+                model,
+                if winner == Side::Hedge {
+                    "hedge_won"
+                } else {
+                    "primary_won"
+                },
+            );
+            settle(ctx, phases);
+            let outcome = commit(
+                connector, session, ctx, req, model, candidates, served, ready,
+            )
+            .await;
+            tried(outcome, served)
+        }
+        Raced::Ended {
+            outcome,
+            last,
+            earlier_failure,
+        } => {
+            count(model, "none");
+            match earlier_failure {
+                Some(failure) => {
+                    record_failed(
+                        ctx,
+                        model,
+                        candidates,
+                        side(last.other()),
+                        side(last),
+                        failure,
+                    );
+                }
+                None => cancelled(ctx, &candidates[side(last.other())]),
+            }
+            tried(outcome, side(last))
+        }
+    }
+}
+
+/// Counts the stale-connection resends the phases made as attempts (before a commit, so
+/// that `x-sluice-attempts` includes them).
+fn settle(ctx: &mut RequestCtx, phases: &[Phase; 2]) {
+    for p in phases {
+        p.settle(ctx);
+    }
+}
+
+/// The hedge delay for a request of `model` whose first attempt goes to `primary`.
+fn hedge_delay(model: &Model, primary: &Candidate<'_>) -> Option<Duration> {
+    match model.hedge_after? {
+        HedgeAfter::Fixed(d) => Some(d),
+        HedgeAfter::Auto => primary.health.first_event().p95(),
+    }
+}
+
+/// Which of the two racing attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The request's attempt on its candidate.
+    Primary,
+    /// The hedge on the next candidate.
+    Hedge,
+}
+
+impl Side {
+    fn other(self) -> Self {
+        match self {
+            Self::Primary => Self::Hedge,
+            Self::Hedge => Self::Primary,
+        }
+    }
+}
+
+/// How a race of two pre-commits ended.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per hedged request, straight into the commit"
+)]
+enum Raced<'r> {
+    /// `winner` is ready to commit; the other was cancelled, or failed first
+    /// (`earlier_failure`).
+    Won {
+        ready: Ready<'r>,
+        winner: Side,
+        earlier_failure: Option<Attempt>,
+    },
+    /// Nothing to commit: `outcome` is the last side's (`last`) failure, a final error, the
+    /// client leaving or shutdown; `earlier_failure` is the other side's when it failed
+    /// first (else it was cancelled).
+    Ended {
+        outcome: Attempt,
+        last: Side,
+        earlier_failure: Option<Attempt>,
+    },
+}
+
+/// Races two pre-commits and the client's disconnect. A side that fails lets the other go
+/// on alone; a final error ends both.
+async fn race<'r, P, H>(session: &mut Session, p: &mut P, h: &mut H, phase: &Phase) -> Raced<'r>
+where
+    P: std::future::Future<Output = Result<Ready<'r>, Attempt>> + Unpin,
+    H: std::future::Future<Output = Result<Ready<'r>, Attempt>> + Unpin,
+{
+    let mut failed: Option<(Side, Attempt)> = None;
+    loop {
+        let p_live = !matches!(failed, Some((Side::Primary, _)));
+        let h_live = !matches!(failed, Some((Side::Hedge, _)));
+        let (side, r) = tokio::select! {
+            biased;
+            () = client_gone(session) => {
+                let (last, earlier_failure) = split(failed);
+                return Raced::Ended {
+                    outcome: Attempt::Gone(ClientGone(phase.label())),
+                    last,
+                    earlier_failure,
+                };
+            }
+            () = crate::shutdown::streams_cancelled() => {
+                let (last, earlier_failure) = split(failed);
+                return Raced::Ended { outcome: Attempt::Shutdown, last, earlier_failure };
+            }
+            r = &mut *p, if p_live => (Side::Primary, r),
+            r = &mut *h, if h_live => (Side::Hedge, r),
+        };
+        match r {
+            Ok(ready) => {
+                return Raced::Won {
+                    ready,
+                    winner: side,
+                    earlier_failure: failed.map(|(_, a)| a),
+                }
+            }
+            Err(a @ Attempt::Failed(..)) if failed.is_none() => failed = Some((side, a)),
+            Err(a) => {
+                return Raced::Ended {
+                    outcome: a,
+                    last: side,
+                    earlier_failure: failed.map(|(_, a)| a),
+                }
+            }
+        }
+    }
+}
+
+/// For an end without a winner: the side the outcome is about (the primary unless only the
+/// hedge is left) and the earlier failure.
+fn split(failed: Option<(Side, Attempt)>) -> (Side, Option<Attempt>) {
+    match failed {
+        Some((side, a)) => (side.other(), Some(a)),
+        None => (Side::Primary, None),
+    }
+}
+
+/// Feeds `cand`'s time-to-first-event samples with an attempt that became ready (a stream's
+/// first data event, a non-streaming answer's head), started at `started`.
+fn sample(cand: &Candidate<'_>, started: Instant, ready: &Ready<'_>) {
+    if ready.early_committed() {
+        return;
+    }
+    cand.health.first_event().record(started.elapsed());
+}
+
+/// Records the loser of a race: cancelled before its first event.
+fn cancelled(ctx: &RequestCtx, loser: &Candidate<'_>) {
+    loser.release_trial();
+    metrics()
+        .upstream_attempts_total
+        .with_label_values(&[loser.route.provider.id.as_str(), "hedge_cancelled"])
+        .inc();
+    log::info!(
+        target: "sluice::proxy::hedge",
+        "hedge loser cancelled request_id={} provider={} upstream_model={}",
+        ctx.request_id,
+        loser.route.provider.id,
+        loser.route.upstream_model
+    );
+}
+
+/// Records the failure of `candidates[failed]` while `candidates[then]` went on: what the
+/// attempt loop records for a failed attempt (log, metric, health, the request's attempts),
+/// and a fallback when the first attempt failed and the hedge carried on.
+fn record_failed(
+    ctx: &mut RequestCtx,
+    model: &Model,
+    candidates: &[Candidate<'_>],
+    failed: usize,
+    then: usize,
+    failure: Attempt,
+) {
+    let Attempt::Failed(ae, _err) = failure else {
+        return;
+    };
+    let cand = &candidates[failed];
+    let provider = cand.route.provider.id.as_str();
+    let reason = ae.failure.label();
+    log::info!(
+        target: "sluice::proxy::attempt",
+        "attempt failed request_id={} provider={} upstream_model={} reason={} detail={:?} hedged=true",
+        ctx.request_id, ae.provider, ae.upstream_model, reason, ae.detail
+    );
+    metrics()
+        .upstream_attempts_total
+        .with_label_values(&[provider, reason])
+        .inc();
+    cand.health
+        .record_failure(&cand.route.provider.passive_health, ae.retry_after);
+    ctx.attempts.push(ae);
+    if failed < then {
+        // The first attempt failed and the hedge carried on: a fallback.
+        ctx.failed_routes += 1;
+        metrics()
+            .fallback_total
+            .with_label_values(&[
+                model.id.as_str(),
+                provider,
+                candidates[then].route.provider.id.as_str(),
+                reason,
+            ])
+            .inc();
+    }
+}
+
+/// Counts one fired hedge timer by outcome.
+fn count(model: &Model, outcome: &str) {
+    metrics()
+        .hedges_total
+        .with_label_values(&[model.id.as_str(), outcome])
+        .inc();
+}
