@@ -140,6 +140,7 @@ pub(super) fn build(
     let (connect, first_byte) = timeouts;
     let bearer = TokenCache::shared(&digest, || {
         TokenCache::new(
+            id,
             Box::new(ServiceAccountFetcher::new(
                 account, url, endpoint, token_path, connect,
             )),

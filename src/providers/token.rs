@@ -104,6 +104,8 @@ struct State {
 
 #[derive(Debug)]
 struct Shared {
+    /// The provider id (the metric label and the log's `provider`).
+    provider: String,
     fetcher: Box<dyn TokenFetcher>,
     /// Upper bound of one fetch.
     fetch_timeout: Duration,
@@ -126,12 +128,14 @@ type Registry = Mutex<HashMap<String, Weak<TokenCache>>>;
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 impl TokenCache {
-    /// A new cache over `fetcher`; each fetch is bounded by `fetch_timeout`. Nothing runs
-    /// until the first [`TokenCache::bearer`] (so config validation starts no task).
-    pub fn new(fetcher: Box<dyn TokenFetcher>, fetch_timeout: Duration) -> Self {
+    /// A new cache of provider `provider` over `fetcher`; each fetch is bounded by
+    /// `fetch_timeout`. Nothing runs until the first [`TokenCache::bearer`] (so config
+    /// validation starts no task).
+    pub fn new(provider: &str, fetcher: Box<dyn TokenFetcher>, fetch_timeout: Duration) -> Self {
         let (state, _) = watch::channel(State::default());
         Self {
             shared: Arc::new(Shared {
+                provider: provider.to_string(),
                 fetcher,
                 fetch_timeout,
                 state,
@@ -251,6 +255,11 @@ async fn refresh_loop(shared: Arc<Shared>) {
                 shared.fetch_timeout.as_millis()
             )),
         };
+        let label = if result.is_ok() { "ok" } else { "error" };
+        crate::metrics::metrics()
+            .provider_token_fetches_total
+            .with_label_values(&[shared.provider.as_str(), label])
+            .inc();
         let next = match result {
             Ok(t) => {
                 backoff = FIRST_BACKOFF;
@@ -262,7 +271,8 @@ async fn refresh_loop(shared: Arc<Shared>) {
                 let next = held.refresh_at();
                 log::debug!(
                     target: "sluice::providers::token",
-                    "access token refreshed lifetime_ms={}",
+                    "access token refreshed provider={} lifetime_ms={}",
+                    shared.provider,
                     t.lifetime.as_millis()
                 );
                 shared.state.send_modify(|s| {
@@ -275,7 +285,8 @@ async fn refresh_loop(shared: Arc<Shared>) {
             Err(why) => {
                 log::warn!(
                     target: "sluice::providers::token",
-                    "access token fetch failed retry_in_ms={} detail={why:?}",
+                    "access token fetch failed provider={} retry_in_ms={} detail={why:?}",
+                    shared.provider,
                     backoff.as_millis()
                 );
                 shared.state.send_modify(|s| {
@@ -359,6 +370,7 @@ mod tests {
         let calls = Arc::new(AtomicU32::new(0));
         let fail = Arc::new(AtomicBool::new(false));
         let c = TokenCache::new(
+            "test",
             Box::new(Fake {
                 calls: calls.clone(),
                 fail: fail.clone(),

@@ -526,6 +526,10 @@ fn a_failing_token_endpoint_is_a_provider_failure_and_the_request_falls_back() {
         (1..=4).contains(&asked),
         "{asked} token requests for 6 requests"
     );
+    let failed = r
+        .sluice
+        .metric("sluice_provider_token_fetches_total{provider=\"vx-broken\",result=\"error\"}");
+    assert!(failed >= 1.0, "{failed}");
     assert!(log.iter().all(|rec| rec["status"] == 503), "{log:?}");
     let a = access(&r.sluice, "vx-notoken-5");
     assert_eq!(a["outcome"], "ok", "{a}");
@@ -622,6 +626,14 @@ fn short_lived_tokens_are_refreshed_during_traffic_without_a_failed_request() {
         .filter_map(|c| header(c, "authorization"))
         .collect();
     assert!(distinct.len() >= 3, "{} tokens used", distinct.len());
+    let fetched = r
+        .sluice
+        .metric("sluice_provider_token_fetches_total{provider=\"vx\",result=\"ok\"}");
+    // Scraped after the log: the task may have refreshed once more meanwhile.
+    assert!(
+        (tokens..=tokens + 1).contains(&(fetched as usize)),
+        "the metric counts the fetches: {fetched} vs {tokens}"
+    );
 }
 
 #[test]
@@ -878,4 +890,47 @@ fn official_anthropic_and_openai_sdks_work_on_vertex_claude_and_gemini() {
     };
     assert_eq!((at("anthropic"), at("google")), (11, 11), "{log:?}");
     assert_eq!(token_requests(&log), 1, "one token for the whole run");
+}
+
+#[test]
+fn request_probes_reach_each_vertex_model_in_its_own_api_with_the_token() {
+    let mock = Mock::start("{}");
+    let key = TestKey::new(&format!("http://{}/token", mock.addr));
+    mock.set_behavior(&with_key(&key, json!({"text": TEXT})));
+    let url = format!("http://{}", mock.addr);
+    let _sluice = Sluice::start_with_env(
+        &format!(
+            "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  vx:\n    kind: vertex\n    project: test-project\n    region: us-central1\n    credentials_file_env: {CREDENTIALS_ENV}\n    base_url: {url}/v1\n    health_check: {{mode: request, interval_ms: 300}}\nmodels:\n  acme/claude:\n    routes:\n      - provider: vx\n        upstream_model: claude-sonnet-4-6\n  acme/gem:\n    routes:\n      - provider: vx\n        upstream_model: gemini-2.5-flash\n"
+        ),
+        &key.env(),
+    );
+    let probed = |log: &[Value], publisher: &str, method: &str| {
+        calls(log).iter().any(|r| {
+            r["path"].as_str().is_some_and(|p| {
+                p.contains(&format!("/publishers/{publisher}/models/")) && p.ends_with(method)
+            }) && r["status"] == 200
+                && header(r, "x-request-id").as_deref() == Some("sluice-health-probe")
+                && header(r, "authorization").is_some_and(|a| a.starts_with("Bearer ya29.mock-"))
+        })
+    };
+    let log = mock.wait_log(Duration::from_secs(15), |log| {
+        probed(log, "anthropic", ":rawPredict") && probed(log, "google", ":generateContent")
+    });
+    assert!(probed(&log, "anthropic", ":rawPredict"), "{log:?}");
+    assert!(probed(&log, "google", ":generateContent"), "{log:?}");
+    let claude_probe = calls(&log)
+        .into_iter()
+        .find(|r| {
+            r["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with(":rawPredict"))
+        })
+        .map(sent_body)
+        .expect("a Claude probe");
+    assert_eq!(claude_probe["max_tokens"], 1, "{claude_probe}");
+    assert_eq!(
+        claude_probe["anthropic_version"], "vertex-2023-10-16",
+        "{claude_probe}"
+    );
+    assert!(claude_probe.get("model").is_none(), "{claude_probe}");
 }
