@@ -204,7 +204,8 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
 
 /// The path (and query) of the inference endpoint for one request to `provider`,
 /// appended to the base path: fixed for OpenAI-compatible and Anthropic providers, the
-/// deployment's URL for Azure OpenAI, the model's method (stream or not) for Gemini.
+/// deployment's URL for Azure OpenAI, the model's method (stream or not) for Gemini, the
+/// publisher model's method under the project and region for Vertex AI.
 pub fn request_path(
     provider: &Provider,
     upstream_model: &str,
