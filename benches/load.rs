@@ -1,6 +1,8 @@
 //! Closed-loop load benchmark: the same load at three targets (the mock upstream directly,
 //! Sluice in front of it, nginx in front of it), printed as one table with "added" = target
-//! minus direct; then Sluice with billing (prices, ledger, budget) on vs off. See `benches/README.md` for what is measured, the knobs and how to read it.
+//! minus direct; then Sluice with billing (prices, ledger, budget) on vs off; then the edge
+//! rows ([`edge`]: Sluice vs nginx over TLS, over HTTP/2, and as a plain passthrough
+//! proxy). See `benches/README.md` for what is measured, the knobs and how to read it.
 //!
 //! Run: `cargo bench --bench load` (Cargo builds the `sluice` and `sluice-mock-upstream`
 //! binaries first, with the bench profile = release + debug info, into `target/release/`).
@@ -19,6 +21,9 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+#[path = "load/edge.rs"]
+mod edge;
 
 /// The virtual key in the generated Sluice config.
 const KEY: &str = "sk-sluice-load-0001";
@@ -64,6 +69,8 @@ struct Opts {
     targets: Vec<String>,
     scenarios: Vec<String>,
     keep_tmp: bool,
+    /// The `cargo test --benches` pass: short phases, no nginx rows, no figure.
+    sanity: bool,
 }
 
 impl Opts {
@@ -91,14 +98,21 @@ impl Opts {
             gen_threads: env_u64("LOAD_GEN_THREADS", cpus as u64).max(1) as usize,
             sluice_threads: env_u64("LOAD_SLUICE_THREADS", cpus as u64).max(1) as usize,
             nginx_workers: std::env::var("LOAD_NGINX_WORKERS").unwrap_or_else(|_| "auto".into()),
-            targets: list("LOAD_TARGETS", "direct,sluice,nginx,redis,billing"),
+            targets: list(
+                "LOAD_TARGETS",
+                "direct,sluice,nginx,redis,billing,tls,h2,passthrough",
+            ),
             scenarios: list("LOAD_SCENARIOS", "unary,stream,ttfb"),
             keep_tmp: env_u64("LOAD_KEEP_TMP", 0) != 0,
+            sanity: false,
         }
     }
 
+    /// Whether `target` runs; `direct` also runs for the TLS and HTTP/2 rows (their added
+    /// TTFB is measured against it).
     fn wants(&self, target: &str) -> bool {
-        self.targets.iter().any(|t| t == target)
+        let named = |t: &str| self.targets.iter().any(|x| x == t);
+        named(target) || (target == "direct" && (named("tls") || named("h2")))
     }
 }
 
@@ -418,19 +432,31 @@ fn start_nginx(
     mock: SocketAddr,
     workers: &str,
 ) -> Result<(Proc, SocketAddr), String> {
-    let ndir = dir.join("nginx");
+    start_nginx_with(dir, "nginx", exe, &|ndir, listen| {
+        nginx_conf(ndir, listen, mock, workers)
+    })
+}
+
+/// Starts nginx with the config `conf(its folder, a free listen port)` in `dir/sub/` and
+/// waits until that port accepts; `Err` with its error log's tail when it does not come up.
+fn start_nginx_with(
+    dir: &Path,
+    sub: &str,
+    exe: &Path,
+    conf: &dyn Fn(&Path, SocketAddr) -> String,
+) -> Result<(Proc, SocketAddr), String> {
+    let ndir = dir.join(sub);
     std::fs::create_dir_all(&ndir).map_err(|e| e.to_string())?;
     let mut last = String::new();
     for _ in 0..3 {
         let listen = loopback(free_port());
-        let conf = ndir.join("nginx.conf");
-        std::fs::write(&conf, nginx_conf(&ndir, listen, mock, workers))
-            .map_err(|e| e.to_string())?;
+        let path = ndir.join("nginx.conf");
+        std::fs::write(&path, conf(&ndir, listen)).map_err(|e| e.to_string())?;
         let child = Command::new(exe)
             .arg("-p")
             .arg(&ndir)
             .arg("-c")
-            .arg(&conf)
+            .arg(&path)
             .arg("-e")
             .arg(ndir.join("error.log"))
             .stdout(Stdio::null())
@@ -445,7 +471,11 @@ fn start_nginx(
         if wait_listening(&mut p, &[listen], Duration::from_secs(10)) {
             return Ok((p, listen));
         }
-        last = tail(&ndir.join("error.log"));
+        last = format!(
+            "{}\n{}",
+            tail(&ndir.join("error.log")),
+            tail(&ndir.join("stderr.log"))
+        );
     }
     Err(format!("nginx did not come up; error.log tail:\n{last}"))
 }
@@ -585,7 +615,8 @@ struct Reply {
     /// The connection may carry the next request.
     keep_alive: bool,
     body_bytes: usize,
-    /// The body was chunked (and its terminating chunk was read: a cut body is an error).
+    /// The body was chunked (and its terminating chunk was read: a cut body is an error);
+    /// over HTTP/2: the stream ended with END_STREAM.
     chunked: bool,
     /// The last bytes of the body (up to [`TAIL`]), to see a stream's `data: [DONE]`.
     tail: Vec<u8>,
@@ -601,16 +632,21 @@ fn bad(msg: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.into())
 }
 
-/// A keep-alive client connection with its read buffer.
+/// A keep-alive HTTP/1.1 client connection (plain or TLS) with its read buffer.
 struct Conn {
-    stream: TcpStream,
+    stream: edge::Io,
     buf: BytesMut,
 }
 
 impl Conn {
-    async fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+    async fn open(addr: SocketAddr, dial: &Dial) -> std::io::Result<Conn> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        let stream = match dial {
+            Dial::Plain => edge::Io::Tcp(stream),
+            Dial::Tls(cfg) => edge::Io::Tls(Box::new(edge::tls_connect(stream, cfg).await?)),
+            Dial::H2(_) => return Err(bad("an HTTP/2 target has no HTTP/1.1 connection")),
+        };
         Ok(Conn {
             stream,
             buf: BytesMut::with_capacity(64 * 1024),
@@ -638,6 +674,8 @@ impl Conn {
             return Err(bad("unexpected bytes before the response"));
         }
         self.stream.write_all(req).await?;
+        // A no-op over TCP; over TLS it pushes out the records of the request.
+        self.stream.flush().await?;
         let sent = Instant::now();
         // Head.
         let (status, length, chunked, keep_alive, mut last_read) = loop {
@@ -788,11 +826,67 @@ impl Chunked {
 
 /// A POST of `body` to the chat endpoint, with the test key (the mock ignores it).
 fn chat_request(extra_headers: &str, body: &str) -> Vec<u8> {
+    chat_request_at("/v1/chat/completions", extra_headers, body)
+}
+
+/// [`chat_request`] at `path` (a passthrough route's `/p/v1/chat/completions`: the mock
+/// answers any path ending in `/chat/completions`).
+fn chat_request_at(path: &str, extra_headers: &str, body: &str) -> Vec<u8> {
     format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\n{extra_headers}content-length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\n{extra_headers}content-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
+}
+
+/// How the load generator reaches a target.
+#[derive(Clone)]
+enum Dial {
+    /// HTTP/1.1 over TCP.
+    Plain,
+    /// HTTP/1.1 over TLS (ALPN `http/1.1`), the client config of [`edge::client_config`].
+    Tls(Arc<tokio_rustls::rustls::ClientConfig>),
+    /// HTTP/2 over TLS (ALPN `h2`): one connection per client, one stream at a time.
+    H2(Arc<tokio_rustls::rustls::ClientConfig>),
+}
+
+/// One request of a phase: the raw HTTP/1.1 bytes, and the path and body for HTTP/2.
+struct Request {
+    raw: Vec<u8>,
+    path: String,
+    body: bytes::Bytes,
+}
+
+impl Request {
+    fn chat(path: &str, body: &str) -> Request {
+        Request {
+            raw: chat_request_at(path, "", body),
+            path: path.to_string(),
+            body: bytes::Bytes::from(body.to_string()),
+        }
+    }
+}
+
+/// A client connection of either protocol.
+enum AnyConn {
+    H1(Conn),
+    H2(edge::H2Conn),
+}
+
+impl AnyConn {
+    async fn open(addr: SocketAddr, dial: &Dial) -> std::io::Result<AnyConn> {
+        match dial {
+            Dial::H2(cfg) => Ok(AnyConn::H2(edge::H2Conn::open(addr, cfg).await?)),
+            _ => Ok(AnyConn::H1(Conn::open(addr, dial).await?)),
+        }
+    }
+
+    async fn exchange(&mut self, req: &Request) -> std::io::Result<Reply> {
+        match self {
+            AnyConn::H1(c) => c.exchange(&req.raw).await,
+            AnyConn::H2(c) => c.exchange(req).await,
+        }
+    }
 }
 
 fn chat_body(stream: bool) -> String {
@@ -809,6 +903,8 @@ struct ClientStats {
     first_error: Option<String>,
     connects: u64,
     ttfb_us: Vec<u32>,
+    /// Request written → response complete, for requests started in the window.
+    latency_us: Vec<u32>,
     body_bytes: u64,
 }
 
@@ -821,6 +917,8 @@ struct PhaseResult {
     first_error: Option<String>,
     connects: u64,
     ttfb_us: Vec<u32>,
+    /// Whole-response latencies (sorted), µs.
+    latency_us: Vec<u32>,
     avg_body: f64,
     upstream_conns: Option<u64>,
     redis_cmds: Option<u64>,
@@ -833,32 +931,44 @@ struct PhaseResult {
 }
 
 impl PhaseResult {
+    /// TTFB quantile `q`, ms.
     fn pct_ms(&self, q: f64) -> Option<f64> {
-        if self.ttfb_us.is_empty() {
-            return None;
-        }
-        let n = self.ttfb_us.len();
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "nearest-rank index of a small vector"
-        )]
-        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
-        Some(f64::from(self.ttfb_us[rank - 1]) / 1000.0)
+        quantile_ms(&self.ttfb_us, q)
     }
+
+    /// Whole-response latency quantile `q`, ms.
+    fn latency_ms(&self, q: f64) -> Option<f64> {
+        quantile_ms(&self.latency_us, q)
+    }
+}
+
+/// The nearest-rank quantile `q` of the sorted µs samples `v`, in ms.
+fn quantile_ms(v: &[u32], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let n = v.len();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "nearest-rank index of a small vector"
+    )]
+    let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+    Some(f64::from(v[rank - 1]) / 1000.0)
 }
 
 async fn client(
     addr: SocketAddr,
-    req: Arc<Vec<u8>>,
+    dial: Dial,
+    req: Arc<Request>,
     budget: Arc<AtomicU64>,
     measure_from: Instant,
     end: Instant,
     stream: bool,
 ) -> ClientStats {
     let mut st = ClientStats::default();
-    let mut conn: Option<Conn> = None;
+    let mut conn: Option<AnyConn> = None;
     // Bounded in time (`end`) and in count (the phase's shared request budget).
     while Instant::now() < end
         && budget
@@ -867,7 +977,7 @@ async fn client(
     {
         let mut c = match conn.take() {
             Some(c) => c,
-            None => match Conn::open(addr).await {
+            None => match AnyConn::open(addr, &dial).await {
                 Ok(c) => {
                     st.connects += 1;
                     c
@@ -919,6 +1029,9 @@ async fn client(
                             st.ttfb_us
                                 .push(u32::try_from(t.as_micros()).unwrap_or(u32::MAX));
                         }
+                        let whole = finished.saturating_duration_since(started);
+                        st.latency_us
+                            .push(u32::try_from(whole.as_micros()).unwrap_or(u32::MAX));
                     }
                 }
                 if r.keep_alive {
@@ -930,28 +1043,23 @@ async fn client(
     st
 }
 
-/// Runs `clients` closed-loop clients against `addr` for warmup + duration, and takes the
-/// CPU time the proxy (`pids`), the mock and this process used in the measured window.
-async fn phase(
-    addr: SocketAddr,
-    req: Vec<u8>,
-    clients: usize,
-    pids: &[u32],
-    helper_pids: &[u32],
-    mock_pid: u32,
-    o: &Opts,
-) -> PhaseResult {
+/// Runs `clients` closed-loop clients against `t` for warmup + duration, and takes the
+/// CPU time the proxy (`t.pids`, and its helpers apart), the mock and this process used in
+/// the measured window.
+async fn phase(t: &Target, req: Request, clients: usize, mock_pid: u32, o: &Opts) -> PhaseResult {
+    let (addr, dial, pids, helper_pids) = (t.addr, &t.dial, &t.pids, &t.helper_pids);
     let req = Arc::new(req);
     let budget = Arc::new(AtomicU64::new(o.max_requests));
     let t0 = Instant::now();
     let measure_from = t0 + o.warmup;
     let end = measure_from + o.duration;
     // Stream requests (`"stream":true` in the body) must end with `[DONE]` to count.
-    let stream = req.windows(13).any(|w| w == b"\"stream\":true");
+    let stream = req.raw.windows(13).any(|w| w == b"\"stream\":true");
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
             tokio::spawn(client(
                 addr,
+                dial.clone(),
                 req.clone(),
                 budget.clone(),
                 measure_from,
@@ -992,12 +1100,14 @@ async fn phase(
         r.connects += s.connects;
         bytes += s.body_bytes;
         r.ttfb_us.extend(s.ttfb_us);
+        r.latency_us.extend(s.latency_us);
         if r.first_error.is_none() {
             r.first_error = s.first_error;
         }
     }
     r.capped = budget.load(Ordering::Relaxed) == 0;
     r.ttfb_us.sort_unstable();
+    r.latency_us.sort_unstable();
     #[expect(clippy::cast_precision_loss, reason = "counts well below 2^52")]
     {
         r.rps = r.done as f64 / o.duration.as_secs_f64();
@@ -1020,6 +1130,7 @@ async fn measure(
     t: &Target,
     mock: SocketAddr,
     mock_pid: u32,
+    scenario: Scenario,
     body: &str,
     clients: usize,
     o: &Opts,
@@ -1027,11 +1138,9 @@ async fn measure(
     let before = conn_counter(mock).await;
     let redis_before = t.redis.and_then(redis_commands);
     let mut r = phase(
-        t.addr,
-        chat_request("", body),
+        t,
+        edge::request_for(t, scenario, body),
         clients,
-        &t.pids,
-        &t.helper_pids,
         mock_pid,
         o,
     )
@@ -1136,6 +1245,10 @@ impl Scenario {
 struct Target {
     name: &'static str,
     addr: SocketAddr,
+    /// How the generator connects (plain HTTP/1.1 for all but the edge rows).
+    dial: Dial,
+    /// A passthrough target: requests go to `/p/...`, non-stream ones ask for ~2 KiB.
+    pass: bool,
     redis: Option<SocketAddr>,
     /// The proxy's processes (none for `direct`), for its CPU time.
     pids: Vec<u32>,
@@ -1301,7 +1414,13 @@ fn print_cpu(results: &Results, targets: &[&'static str]) {
         let u = cpu_per_request(results, Scenario::Unary, t);
         let st = cpu_per_request(results, Scenario::Stream, t);
         let f = |v: Option<f64>| fmt_opt(v, 0);
-        let proxy = |v: Option<f64>| if *t == "direct" { "-".into() } else { f(v) };
+        let proxy = |v: Option<f64>| {
+            if t.starts_with("direct") {
+                "-".into()
+            } else {
+                f(v)
+            }
+        };
         println!(
             "| {t} | {} | {} | {} | {} | {} | {} |",
             proxy(u[0]),
@@ -1433,6 +1552,8 @@ fn start_billing(
     let targets = vec![
         Target {
             name: BILLING[0],
+            dial: Dial::Plain,
+            pass: false,
             addr: off_addr,
             redis: None,
             pids: vec![off.child.id()],
@@ -1440,6 +1561,8 @@ fn start_billing(
         },
         Target {
             name: BILLING[1],
+            dial: Dial::Plain,
+            pass: false,
             addr: on_addr,
             redis: None,
             pids: vec![on.child.id()],
@@ -1602,18 +1725,21 @@ fn machine_note() -> String {
 
 fn main() {
     // `cargo test --benches` runs bench targets without `--bench`: then a sanity pass
-    // (direct, Sluice and the billing pair, non-stream and stream, 4 clients, 0.2 + 0.5 s
-    // per phase; about 10 s) that fails on any error or an empty phase, and reports no
-    // figure.
+    // (direct, Sluice, the billing pair and Sluice's edge rows (TLS, HTTP/2, passthrough),
+    // non-stream and stream, 4 clients, 0.2 + 0.5 s per phase; about 15 s) that fails on
+    // any error or an empty phase, and reports no figure.
     let sanity = !std::env::args().any(|a| a == "--bench");
     let mut o = Opts::from_env();
     if sanity {
+        o.sanity = true;
         o.warmup = Duration::from_millis(200);
         o.duration = Duration::from_millis(500);
         o.clients = 4;
         o.rounds = 1;
         o.max_requests = 100_000;
-        o.targets = vec!["direct".into(), "sluice".into(), "billing".into()];
+        o.targets = ["direct", "sluice", "billing", "tls", "h2", "passthrough"]
+            .map(String::from)
+            .to_vec();
         o.scenarios = vec!["unary".into(), "stream".into()];
     }
     let tmp = TempDir::new(o.keep_tmp);
@@ -1628,6 +1754,8 @@ fn main() {
     if o.wants("direct") {
         targets.push(Target {
             name: "direct",
+            dial: Dial::Plain,
+            pass: false,
             addr: mock,
             redis: None,
             pids: Vec::new(),
@@ -1644,6 +1772,8 @@ fn main() {
         procs.push(p);
         targets.push(Target {
             name: "sluice",
+            dial: Dial::Plain,
+            pass: false,
             addr,
             redis: None,
             pids,
@@ -1666,6 +1796,8 @@ fn main() {
                     procs.push(p);
                     targets.push(Target {
                         name: "nginx",
+                        dial: Dial::Plain,
+                        pass: false,
                         addr,
                         redis: None,
                         pids,
@@ -1695,6 +1827,8 @@ fn main() {
                     procs.push(p);
                     targets.push(Target {
                         name: "sluice+local",
+                        dial: Dial::Plain,
+                        pass: false,
                         addr,
                         redis: None,
                         pids,
@@ -1716,6 +1850,8 @@ fn main() {
                             procs.push(p);
                             targets.push(Target {
                                 name: "sluice+redis",
+                                dial: Dial::Plain,
+                                pass: false,
                                 addr,
                                 redis: Some(raddr),
                                 pids,
@@ -1730,6 +1866,8 @@ fn main() {
             },
         }
     }
+
+    edge::start(&tmp.path, &o, mock, &mut procs, &mut targets, &mut notes);
 
     let mut billing_targets: Vec<Target> = Vec::new();
     if o.wants("billing") {
@@ -1787,7 +1925,7 @@ fn main() {
                         scenario.label(&o),
                         t.name
                     );
-                    let r = measure(t, mock, mock_pid, body, *clients, &o).await;
+                    let r = measure(t, mock, mock_pid, *scenario, body, *clients, &o).await;
                     results.entry((*scenario, t.name)).or_default().push(r);
                 }
                 if billing_targets.is_empty() {
@@ -1801,7 +1939,7 @@ fn main() {
                         scenario.label(&o),
                         t.name
                     );
-                    let r = measure(t, mock, mock_pid, body, *clients, &o).await;
+                    let r = measure(t, mock, mock_pid, *scenario, body, *clients, &o).await;
                     billing.entry((*scenario, t.name)).or_default().push(r);
                 }
             }
@@ -1831,11 +1969,17 @@ fn main() {
         o.sluice_threads,
         o.nginx_workers,
     );
-    print_table(&results, &names, &o);
+    let main_rows: Vec<&'static str> = names
+        .iter()
+        .copied()
+        .filter(|n| !edge::is_edge(n))
+        .collect();
+    print_table(&results, &main_rows, &o);
     print_cpu(&results, &names);
     println!();
     print_cpu_ratios(&results);
     print_billing(&billing, &o);
+    edge::print(&results, &o);
     print_details(&results, 1);
     print_details(&billing, BILLING_ORDER.len() / 2);
     for n in &notes {
@@ -1866,7 +2010,13 @@ fn main() {
                 }
             }
         }
-        assert_eq!(results.len(), 4, "phases run: {:?}", results.keys());
+        // Every target in both scenarios (nginx is not among the sanity targets).
+        assert_eq!(
+            results.len(),
+            2 * names.len(),
+            "phases run: {:?}",
+            results.keys()
+        );
         assert_eq!(billing.len(), 4, "billing phases run: {:?}", billing.keys());
         assert!(
             bad.is_empty(),

@@ -44,6 +44,14 @@
 //! [`tokens::estimate_input_tokens`](crate::protocol::tokens::estimate_input_tokens)),
 //! output the larger of what the provider reported so far and the tokenizer count of the
 //! text streamed.
+//!
+//! # Cancelled hedges
+//!
+//! An attempt that a hedge race cancelled (see `crate::proxy::hedge`) delivered no event,
+//! but its provider was sent the prompt and may bill it: it is metered apart from the
+//! request's answer ([`Metered::cancelled_hedge`]), as `estimated` input tokens (the same
+//! admission estimate, computed at most once per request) at its own route's input price,
+//! output 0, charge 0. It is Sluice's cost only: budgets never see it.
 
 use memchr::memmem::Finder;
 use std::sync::OnceLock;
@@ -143,6 +151,18 @@ impl Metered {
             cache_write_tokens: self.cache_write_tokens,
             reasoning_tokens: self.reasoning_tokens,
         }
+    }
+
+    /// What an attempt cancelled by a hedge race likely cost Sluice ([`crate::proxy`]'s
+    /// hedging): the provider was sent the prompt, so `input_tokens` (the request's input
+    /// estimate) at the route's input price (`cost`); no output, since it delivered no
+    /// event; `estimated`; never the tenant's: the charge is 0.
+    pub fn cancelled_hedge(input_tokens: u64, cost: &Prices) -> Self {
+        let usage = Usage {
+            input_tokens,
+            ..Usage::default()
+        };
+        Self::priced(&usage, true, &Prices::default(), cost)
     }
 
     /// Prices `usage` at `sell` (charge) and `cost`.
@@ -403,6 +423,30 @@ mod tests {
             round_usd(p.usd(&usage(7000, 3000, 2000, 0)))
         );
         assert_eq!(p.usd(&Usage::default()), 0.0);
+    }
+
+    #[test]
+    fn a_cancelled_hedge_costs_its_estimated_input_at_the_route_price_and_is_never_charged() {
+        let cost = Prices {
+            input: 2.5,
+            output: 10.0,
+            cached_input: Some(0.5),
+            cache_write: None,
+        };
+        let m = Metered::cancelled_hedge(1200, &cost);
+        assert_eq!((m.input_tokens, m.output_tokens), (1200, 0));
+        assert_eq!(
+            (
+                m.cached_input_tokens,
+                m.cache_write_tokens,
+                m.reasoning_tokens
+            ),
+            (0, 0, 0)
+        );
+        assert!(m.estimated);
+        assert_eq!(m.cost_usd, 0.003); // 1200 × 2.5 / 1e6
+        assert_eq!(m.charge_usd, 0.0);
+        assert_eq!(Metered::cancelled_hedge(0, &cost).cost_usd, 0.0);
     }
 
     #[test]

@@ -72,9 +72,13 @@ pub struct Metrics {
     pub health_probes_total: IntCounterVec,
     /// `sluice_tokens_total{tenant,model,kind}`: metered tokens by class ([`TOKEN_KINDS`]:
     /// `input` (cached included), `output` (reasoning included), `cached_input`,
-    /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]).
+    /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]): a
+    /// stream's estimate when it ended without the provider's usage, and the estimated
+    /// input of an attempt a hedge race cancelled.
     pub tokens_total: IntCounterVec,
-    /// `sluice_cost_usd_total{tenant,model}`: what providers bill, at the routes' prices, USD.
+    /// `sluice_cost_usd_total{tenant,model}`: what providers bill, at the routes' prices, USD;
+    /// includes the estimated input cost of attempts hedge races cancelled (Sluice's cost,
+    /// never in `sluice_charge_usd_total`).
     pub cost_usd_total: CounterVec,
     /// `sluice_charge_usd_total{tenant,model}`: what tenants are charged, at the standard
     /// models' sell prices, USD.
@@ -126,6 +130,10 @@ pub struct Metrics {
     /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
     /// `body_read_timeout_ms` passed) or `closed` (the client hung up or reset mid-way).
     pub request_read_aborts_total: IntCounterVec,
+    /// `sluice_tls_handshake_failures_total{reason}`: downstream TLS handshakes that failed
+    /// (`error`: not TLS, no shared version or cipher, a reset, ...) or did not finish within
+    /// `server.header_read_timeout_ms` (`timeout`); logged at DEBUG, see [`crate::tls`].
+    pub tls_handshake_failures_total: IntCounterVec,
     /// `sluice_ledger_queue_depth`: usage records queued for the ledger writer.
     pub ledger_queue_depth: IntGauge,
     /// `sluice_ledger_dropped_total`: usage records dropped because the ledger queue was full.
@@ -291,7 +299,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         cost_usd_total: register_counter_vec!(
             "sluice_cost_usd_total",
-            "Provider cost of metered usage at the routes' prices, USD.",
+            "Provider cost of metered usage at the routes' prices (cancelled hedges' estimated input included), USD.",
             &["tenant", "model"]
         )?,
         charge_usd_total: register_counter_vec!(
@@ -362,6 +370,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Requests whose head or body never fully arrived, by phase (head, body) and reason (timeout, closed).",
             &["phase", "reason"]
         )?,
+        tls_handshake_failures_total: register_int_counter_vec!(
+            "sluice_tls_handshake_failures_total",
+            "Downstream TLS handshakes that failed (error) or did not finish within server.header_read_timeout_ms (timeout).",
+            &["reason"]
+        )?,
         ledger_queue_depth: register_int_gauge!(
             "sluice_ledger_queue_depth",
             "Usage records queued for the ledger writer."
@@ -406,6 +419,9 @@ fn init_known_series(m: &Metrics) {
         "per_ip_connections",
     ] {
         m.rejected_total.with_label_values(&[reason]);
+    }
+    for reason in ["error", "timeout"] {
+        m.tls_handshake_failures_total.with_label_values(&[reason]);
     }
     for phase in ["head", "body"] {
         for reason in ["timeout", "closed"] {
@@ -486,7 +502,7 @@ pub const TOKEN_KINDS: [&str; 5] = [
     "reasoning",
 ];
 
-/// Records one request's metering: tokens by kind, cost and charge.
+/// Records one metering (a request's, or a cancelled hedge attempt's): tokens by kind, cost and charge.
 pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
     let mx = metrics();
     for (kind, n) in TOKEN_KINDS.into_iter().zip([

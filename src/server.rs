@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pingora::apps::HttpServerOptions;
-use pingora::listeners::tls::TlsSettings;
 use pingora::listeners::{L4BufferSettings, ListenerConfig, TcpSocketOptions};
 use pingora::protocols::TcpKeepalive;
 use pingora::server::configuration::ServerConf;
@@ -62,17 +61,14 @@ fn server_conf(cfg: &Config, args: &Args) -> ServerConf {
     conf
 }
 
-/// A downstream listener (plain, or TLS with `tls`). Its L4 read buffer is off: Pingora's default 64 KiB buffer lives
+/// A downstream listener (plain TCP; the TLS listener's handshake is Sluice's, see
+/// [`crate::tls`]). Its L4 read buffer is off: Pingora's default 64 KiB buffer lives
 /// as long as the connection (~8 KiB of RSS per held stream in `benches/streams_memory.rs`),
 /// and request heads and bodies are read through Pingora's own buffers anyway. TCP keepalive
 /// plus `TCP_USER_TIMEOUT` (the startup `downstream_write_timeout_ms`) find a client that
 /// vanished without a FIN or RST: its unacknowledged heartbeats end the connection, which
 /// cancels the upstream.
-fn downstream_listener(
-    addr: &str,
-    write_timeout: Duration,
-    tls: Option<TlsSettings>,
-) -> ListenerConfig {
+fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
     let mut sock = TcpSocketOptions::default();
     sock.tcp_keepalive = Some(TcpKeepalive {
         idle: Duration::from_secs(60),
@@ -82,13 +78,9 @@ fn downstream_listener(
         user_timeout: write_timeout,
     });
     let _ = write_timeout;
-    let listener = ListenerConfig::tcp(addr.to_string())
+    ListenerConfig::tcp(addr.to_string())
         .tcp_socket_options(sock)
-        .l4_buffer(L4BufferSettings::default().read(DOWNSTREAM_L4_READ_BUFFER));
-    match tls {
-        Some(settings) => listener.tls(settings),
-        None => listener,
-    }
+        .l4_buffer(L4BufferSettings::default().read(DOWNSTREAM_L4_READ_BUFFER))
 }
 
 /// The proxy's HTTP server options: h2c with prior knowledge on the plain listener (the TLS
@@ -149,13 +141,25 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let passthrough = gateway.passthrough.clone();
     let mut http = pingora::proxy::http_proxy(&server.configuration, gateway);
     http.server_options = Some(http_server_options());
-    let app = DownstreamApp::new(http, handle.clone());
+    // The TLS port is a plain TCP listener too: Sluice's connection app does the TLS
+    // handshake itself (its deadline, its log level, after the per-IP cap; `crate::tls`).
+    let tls = match (&tls_listen, &certificates) {
+        (Some(addr), Some(resolver)) => {
+            let at = addr
+                .parse()
+                .map_err(|e| StartError::Pingora(format!("server.tls_listen `{addr}`: {e}")))?;
+            Some(
+                crate::tls::TlsListener::new(at, resolver.clone())
+                    .map_err(|e| StartError::Pingora(e.to_string()))?,
+            )
+        }
+        _ => None,
+    };
+    let app = DownstreamApp::new(http, handle.clone()).with_tls(tls);
     let mut proxy = Service::new("sluice proxy".to_string(), app);
-    proxy.add_listener(downstream_listener(&listen, cfg_write_timeout, None));
-    if let (Some(addr), Some(resolver)) = (&tls_listen, &certificates) {
-        let settings = crate::tls::listener_settings(resolver.clone())
-            .map_err(|e| StartError::Pingora(e.to_string()))?;
-        proxy.add_listener(downstream_listener(addr, cfg_write_timeout, Some(settings)));
+    proxy.add_listener(downstream_listener(&listen, cfg_write_timeout));
+    if let Some(addr) = &tls_listen {
+        proxy.add_listener(downstream_listener(addr, cfg_write_timeout));
     }
 
     let mut admin = Service::new("sluice admin".to_string(), AdminApp::new(handle.clone()));

@@ -1,6 +1,7 @@
-//! Owns the durable usage ledger: one [`UsageRecord`] per authenticated inference request,
-//! written off the request path to SQLite (the default) or PostgreSQL, and read back by
-//! `sluice usage` and the admin listener's `GET /admin/usage`.
+//! Owns the durable usage ledger: one [`UsageRecord`] per authenticated inference request
+//! (plus one per attempt a hedge race cancelled, see below), written off the request path
+//! to SQLite (the default) or PostgreSQL, and read back by `sluice usage` and the admin
+//! listener's `GET /admin/usage`.
 //!
 //! | part | owns |
 //! |---|---|
@@ -25,13 +26,24 @@
 //! `synchronous=NORMAL`: a committed batch survives a process kill; an OS crash or power loss
 //! may lose the last batches too.
 //!
-//! **What a record holds.** Metadata only, never prompt or completion text. `cost_usd`,
-//! `charge_usd` are 0 and `estimated` is `false` for upstream usage until metering
-//! (prices, token estimation) lands; `cached_input_tokens`, `cache_write_tokens` and
-//! `reasoning_tokens` are 0 until the stream pipe reports them. `estimated` is already
-//! `true` when a stream ended without the provider's `usage` and the output count is the
-//! number of content events. Unauthenticated requests and requests that name no model
-//! (bad JSON, `GET /v1/models`) are only in the access log.
+//! **What a record holds.** Metadata only, never prompt or completion text: the request's
+//! [`Metered`](crate::metering::Metered) usage, cost and charge. `estimated` is `true` when
+//! the answer ended without the provider's `usage` and Sluice estimated it. Unauthenticated
+//! requests and requests that name no model (bad JSON, `GET /v1/models`) are only in the
+//! access log.
+//!
+//! **Cancelled hedges.** A hedged request (`models.<id>.hedge_after_ms`) whose race cancelled
+//! an attempt ([`crate::proxy::hedge`]) leaves a second row under the same `request_id`
+//! (rows have their own id; a request may have several): `outcome` [`HEDGE_CANCELLED`], the
+//! same `tenant`, `virtual_key`, `ingress` and `time`, the `model`, `provider` and
+//! `upstream_model` of the cancelled attempt, `input_tokens` the request's input estimate,
+//! no output, `estimated: true`, `cost_usd` that estimate at the route's input price (the
+//! provider was sent the prompt and may bill it), `charge_usd` 0 (Sluice's cost, never the
+//! tenant's: budgets read back charges only), `status` 0 (it wrote nothing), `attempts` 1,
+//! `ttft_ms` none and `duration_ms` how long it ran. The answer's row is unchanged (its
+//! `attempts` counts the cancelled one too). Readers count requests without these rows
+//! (the summary's `requests` and `estimated_requests`), while the token and money sums
+//! include them.
 
 pub mod postgres;
 pub mod query;
@@ -82,9 +94,11 @@ pub struct UsageRecord {
     pub cost_usd: f64,
     /// What the tenant is charged, USD.
     pub charge_usd: f64,
-    /// Final downstream HTTP status (0: nothing was written).
+    /// Final downstream HTTP status (0: nothing was written; always 0 for a
+    /// [`HEDGE_CANCELLED`] row).
     pub status: u16,
-    /// Outcome class, one of [`OUTCOMES`].
+    /// Outcome class, one of [`OUTCOMES`] ([`HEDGE_CANCELLED`]: not a request but an
+    /// attempt of one that a hedge race cancelled, see the module doc).
     pub outcome: String,
     /// Request received → first content event written downstream, ms (`None`: no content).
     pub ttft_ms: Option<u64>,
@@ -98,8 +112,9 @@ pub struct UsageRecord {
     pub ingress: String,
 }
 
-/// Every value of [`UsageRecord::outcome`].
-pub const OUTCOMES: [&str; 7] = [
+/// Every value of [`UsageRecord::outcome`]: the request classes of [`outcome_class`], and
+/// [`HEDGE_CANCELLED`].
+pub const OUTCOMES: [&str; 8] = [
     "ok",
     "client_abort",
     "upstream_error",
@@ -107,7 +122,13 @@ pub const OUTCOMES: [&str; 7] = [
     "invalid_request",
     "unauthorized",
     "error",
+    HEDGE_CANCELLED,
 ];
+
+/// The [`UsageRecord::outcome`] of the extra row of an attempt a hedge race cancelled
+/// (Sluice's estimated cost, charge 0; see the module doc): not a request, so readers that
+/// count requests leave these rows out.
+pub const HEDGE_CANCELLED: &str = "hedge_cancelled";
 
 /// The ledger outcome class of a request from its access-log outcome label (`ok`,
 /// `client_abort`, `stream_error`, or a [`crate::error::GatewayError::metric_label`]) and its

@@ -41,9 +41,10 @@ pub struct SummaryRow {
     pub tenant: String,
     /// Standard model.
     pub model: String,
-    /// Number of records.
+    /// Number of requests: records other than [`HEDGE_CANCELLED`](super::HEDGE_CANCELLED)
+    /// rows (a cancelled hedge is an attempt of a request that has its own record).
     pub requests: u64,
-    /// Sum of `input_tokens`.
+    /// Sum of `input_tokens` (cancelled hedges' estimates included).
     pub input_tokens: u64,
     /// Sum of `output_tokens`.
     pub output_tokens: u64,
@@ -53,9 +54,10 @@ pub struct SummaryRow {
     pub cache_write_tokens: u64,
     /// Sum of `reasoning_tokens`.
     pub reasoning_tokens: u64,
-    /// Records whose counts are estimated.
+    /// Requests whose counts are estimated (cancelled hedges' rows, always estimated, left
+    /// out as in `requests`).
     pub estimated_requests: u64,
-    /// Sum of `cost_usd`.
+    /// Sum of `cost_usd` (cancelled hedges' estimated cost included).
     pub cost_usd: f64,
     /// Sum of `charge_usd`.
     pub charge_usd: f64,
@@ -81,12 +83,16 @@ pub const COLUMNS: &str = "time_ms, request_id, tenant, virtual_key, model, prov
     fallback_depth, attempts, ingress";
 
 /// The summary's select list, shared by both backends (sums cast to BIGINT: PostgreSQL's
-/// `SUM(bigint)` is `numeric`).
-pub const SUMMARY_COLUMNS: &str = "tenant, model, CAST(COUNT(*) AS BIGINT), \
+/// `SUM(bigint)` is `numeric`). Requests are counted without the
+/// [`HEDGE_CANCELLED`](super::HEDGE_CANCELLED) rows (not by distinct `request_id`: a client
+/// may reuse its `x-request-id`); the sums take every row.
+pub const SUMMARY_COLUMNS: &str = "tenant, model, \
+    CAST(SUM(CASE WHEN outcome = 'hedge_cancelled' THEN 0 ELSE 1 END) AS BIGINT), \
     CAST(SUM(input_tokens) AS BIGINT), CAST(SUM(output_tokens) AS BIGINT), \
     CAST(SUM(cached_input_tokens) AS BIGINT), CAST(SUM(cache_write_tokens) AS BIGINT), \
     CAST(SUM(reasoning_tokens) AS BIGINT), \
-    CAST(SUM(CASE WHEN estimated THEN 1 ELSE 0 END) AS BIGINT), SUM(cost_usd), SUM(charge_usd)";
+    CAST(SUM(CASE WHEN estimated AND outcome <> 'hedge_cancelled' THEN 1 ELSE 0 END) AS BIGINT), \
+    SUM(cost_usd), SUM(charge_usd)";
 
 /// A bound parameter of a filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -542,6 +548,16 @@ pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 mod tests {
     use super::*;
     use crate::ledger::writer::tests::rec;
+
+    #[test]
+    fn the_summary_names_the_hedge_cancelled_outcome_it_leaves_out_of_request_counts() {
+        let quoted = format!("'{}'", super::super::HEDGE_CANCELLED);
+        assert_eq!(
+            SUMMARY_COLUMNS.matches(&quoted).count(),
+            2,
+            "{SUMMARY_COLUMNS}"
+        );
+    }
 
     #[test]
     fn dates_are_utc_midnight_or_rfc3339() {

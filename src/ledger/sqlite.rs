@@ -418,6 +418,45 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_hedge_row_adds_to_the_sums_but_not_to_the_request_counts() {
+        let path = temp("hedge");
+        let mut w = SqliteLedger::open(&path).unwrap();
+        let mut answer = rec(0);
+        answer.cost_usd = 0.5;
+        answer.charge_usd = 0.75;
+        answer.attempts = 2;
+        // The cancelled attempt of the same request: estimated input, Sluice's cost only.
+        let mut loser = rec(0);
+        loser.provider = Some("p1".into());
+        loser.input_tokens = 9;
+        loser.output_tokens = 0;
+        loser.estimated = true;
+        loser.cost_usd = 0.25;
+        loser.status = 0;
+        loser.outcome = crate::ledger::HEDGE_CANCELLED.into();
+        loser.ttft_ms = None;
+        // Another request, estimated.
+        let mut other = rec(1);
+        other.estimated = true;
+        w.write_batch(&[answer.clone(), loser.clone(), other.clone()])
+            .unwrap();
+        let r = SqliteLedger::open_existing(&path).unwrap();
+        assert_eq!(
+            r.records(&Filter::default()).unwrap(),
+            vec![answer, loser, other],
+            "both rows of one request_id are kept"
+        );
+        let sums = r.summary(&Filter::default()).unwrap();
+        assert_eq!(sums.len(), 1);
+        let s = &sums[0];
+        assert_eq!((s.requests, s.estimated_requests), (2, 1));
+        assert_eq!(s.input_tokens, 1 + 9 + 1);
+        assert!((s.cost_usd - 0.75).abs() < 1e-12, "{}", s.cost_usd);
+        assert!((s.charge_usd - 0.75).abs() < 1e-12, "{}", s.charge_usd);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
     fn the_schema_is_versioned_created_once_and_a_newer_one_is_refused() {
         let path = temp("schema");
         let w = SqliteLedger::open(&path).unwrap();

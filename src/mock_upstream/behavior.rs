@@ -241,6 +241,13 @@ pub struct Behavior {
     /// `input_tokens` counting only the rest; OpenAI-compatible answers have no such field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_write_tokens: Option<u64>,
+    /// Act like a provider's prompt cache: a request whose system prompt and first message
+    /// this mock process has answered before reports its prompt tokens but those of its last
+    /// message as read from the cache (`cached_tokens`, when that knob is unset). The process
+    /// remembers at most [`super::PROMPT_CACHE_ENTRIES`] prefixes (then starts afresh);
+    /// `POST /_mock/reset` forgets them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<bool>,
     /// The provider key the cloud APIs accept (Azure `api-key`, Gemini `x-goog-api-key`):
     /// another key gets the provider's rejection (Azure 401, Gemini 400 `API_KEY_INVALID`).
     /// Unset: any non-empty key is accepted (a missing one is still rejected).
@@ -262,13 +269,6 @@ pub struct Behavior {
     /// an OAuth2 error body instead of a token (a failing endpoint).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_status: Option<u16>,
-    /// Act like a provider's prompt cache: a request whose system prompt and first message
-    /// this mock process has answered before reports its prompt tokens but those of its last
-    /// message as read from the cache (`cached_tokens`, when that knob is unset). The process
-    /// remembers at most [`super::PROMPT_CACHE_ENTRIES`] prefixes (then starts afresh);
-    /// `POST /_mock/reset` forgets them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prompt_cache: Option<bool>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -374,12 +374,12 @@ impl Behavior {
             signature,
             cached_tokens,
             cache_write_tokens,
+            prompt_cache,
             api_key,
             content_filter,
             token_public_key,
             token_lifetime_s,
             token_status,
-            prompt_cache,
         )
     }
 

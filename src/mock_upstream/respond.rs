@@ -17,12 +17,12 @@ use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED
 use super::wire::{self, BodyEncoder, Provider, ReplyMeta, SseStyle};
 use super::MockState;
 
-/// The model an Azure deployment answers with (its `model` member).
-const AZURE_MODEL: &str = "gpt-4o-2024-08-06";
 /// The data of the `malformed_event_after_tokens` event: JSON cut short (not one value).
 const MALFORMED_EVENT_DATA: &str =
     r#"{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}"#;
 
+/// The model an Azure deployment answers with (its `model` member).
+const AZURE_MODEL: &str = "gpt-4o-2024-08-06";
 /// Size of one bulk content token in `total_bytes` mode, bytes.
 const BULK_TOKEN_BYTES: usize = 1024;
 /// Size of one write for large non-stream bodies, bytes.

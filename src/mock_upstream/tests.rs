@@ -1111,8 +1111,6 @@ async fn anthropic_token_count_is_deterministic_recorded_and_refuses_generation_
     assert_eq!(r.json()["error"]["message"], "messages: Field required");
 }
 
-mod cloud;
-mod vertex;
 #[tokio::test]
 async fn prompt_cache_reports_a_repeated_prefix_as_cached_until_reset() {
     let srv = server(Behavior {
@@ -1149,3 +1147,5 @@ async fn prompt_cache_reports_a_repeated_prefix_as_cached_until_reset() {
         "reset forgets: {after}"
     );
 }
+mod cloud;
+mod vertex;

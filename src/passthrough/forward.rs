@@ -9,16 +9,21 @@
 //!   client's);
 //! - `X-Forwarded-Host`: the request's `Host` (replacing the client's).
 //!
-//! The appended address is the TCP peer's. What the client sent before it is its own claim
-//! and is passed on as such (the upstream trusts only the last element, which Sluice added).
+//! The appended address is the TCP peer's, also behind a trusted proxy (RFC 7239 §5.2: each
+//! proxy appends the address it received the request from, so the chain keeps the proxy's
+//! hop and the client it named stays left of it). What the client sent before it is its own
+//! claim and is passed on as such (the upstream trusts only the last element, which Sluice
+//! added). The client address Sluice itself believes (`server.trusted_proxies`) is what
+//! consistent hashing uses, see [`super::serve`].
 
 use std::net::IpAddr;
 
 use pingora::http::RequestHeader;
 
-/// The `X-Forwarded-For` value: `existing` (the client's lines, in order) joined by `, `,
-/// then `peer`.
-pub fn x_forwarded_for<'a>(existing: impl Iterator<Item = &'a [u8]>, peer: IpAddr) -> String {
+/// The field lines `existing` (of a list-valued header, in order) joined by `, `, each
+/// trimmed and empty ones skipped, with a trailing `, ` when anything was written: the start
+/// of a list the caller appends its own element to.
+fn list_prefix<'a>(existing: impl Iterator<Item = &'a [u8]>) -> String {
     let mut out = String::new();
     for v in existing {
         let v = String::from_utf8_lossy(v);
@@ -28,6 +33,13 @@ pub fn x_forwarded_for<'a>(existing: impl Iterator<Item = &'a [u8]>, peer: IpAdd
             out.push_str(", ");
         }
     }
+    out
+}
+
+/// The `X-Forwarded-For` value: `existing` (the client's lines, in order) joined by `, `,
+/// then `peer`.
+pub fn x_forwarded_for<'a>(existing: impl Iterator<Item = &'a [u8]>, peer: IpAddr) -> String {
+    let mut out = list_prefix(existing);
     out.push_str(&peer.to_string());
     out
 }
@@ -83,15 +95,7 @@ pub fn forwarded<'a>(
     host: Option<&str>,
     proto: &str,
 ) -> String {
-    let mut out = String::new();
-    for v in existing {
-        let v = String::from_utf8_lossy(v);
-        let v = v.trim();
-        if !v.is_empty() {
-            out.push_str(v);
-            out.push_str(", ");
-        }
-    }
+    let mut out = list_prefix(existing);
     out.push_str("for=");
     match peer {
         IpAddr::V4(a) => out.push_str(&a.to_string()),

@@ -43,21 +43,51 @@ pub struct PassCtx {
     pub upstream: Option<SocketAddr>,
     /// What consistent hashing hashes (empty for round robin).
     hash_key: Vec<u8>,
-    /// The TCP peer's IP (`None` for a Unix-socket peer).
-    client_ip: Option<IpAddr>,
+    /// The TCP peer's IP (`None` for a Unix-socket peer): the hop Sluice appends to
+    /// `X-Forwarded-For` and `Forwarded` (each proxy appends the address it received from).
+    peer_ip: Option<IpAddr>,
     /// The request's host as the client sent it (`Host`, or the URI's authority).
     host: Option<String>,
     /// Request body bytes received so far.
     body_bytes: usize,
 }
 
-/// The TCP peer's IP. The trusted-proxy client IP (`server.trusted_proxies`) replaces it for
-/// hashing once it exists; `X-Forwarded-For` always appends the TCP peer.
-fn peer_ip(session: &Session) -> Option<IpAddr> {
-    session
+/// The request's addresses: (the TCP peer, the client). The client is
+/// [`client_ip`](crate::proxy::client_ip::client_ip) with `server.trusted_proxies`: the peer
+/// itself, or the first untrusted `X-Forwarded-For` hop when the peer is a trusted proxy. The
+/// edge screening resolved it into `ctx.client_ip` already (the per-IP limits and the access
+/// log use the same address); it is resolved here only when that did not happen. Both are
+/// `None` for a Unix-socket peer.
+fn addresses(session: &Session, ctx: &RequestCtx) -> (Option<IpAddr>, Option<IpAddr>) {
+    let peer = session
         .client_addr()
         .and_then(|a| a.as_inet())
-        .map(std::net::SocketAddr::ip)
+        .map(std::net::SocketAddr::ip);
+    let client = ctx.client_ip.or_else(|| {
+        peer.map(|p| {
+            crate::proxy::client_ip::client_ip(
+                p,
+                &session.req_header().headers,
+                &ctx.config.server.edge.trusted_proxies,
+            )
+        })
+    });
+    (peer, client)
+}
+
+/// What consistent hashing hashes: the `hash_header`'s value when set and present, else the
+/// client's address (behind trusted proxies the real client's, so that one client sticks to
+/// one upstream whichever proxy it came through); empty for round robin.
+fn hash_key(balance: &Balance, headers: &http::HeaderMap, client: Option<IpAddr>) -> Vec<u8> {
+    match balance {
+        Balance::RoundRobin => Vec::new(),
+        Balance::ConsistentHash { header } => header
+            .as_deref()
+            .and_then(|h| headers.get(h))
+            .map(|v| v.as_bytes().to_vec())
+            .or_else(|| client.map(|ip| ip.to_string().into_bytes()))
+            .unwrap_or_default(),
+    }
 }
 
 /// Whether `path` has a `.` or `..` segment, percent-encoded or not.
@@ -110,23 +140,19 @@ pub async fn admit(session: &mut Session, ctx: &mut RequestCtx, m: Match) -> pin
                     .map(str::to_string)
             })
     };
-    let client_ip = peer_ip(session);
-    let hash_key = match &route.spec.balance {
-        Balance::RoundRobin => Vec::new(),
-        Balance::ConsistentHash { header } => header
-            .as_deref()
-            .and_then(|h| session.req_header().headers.get(h))
-            .map(|v| v.as_bytes().to_vec())
-            .or_else(|| client_ip.map(|ip| ip.to_string().into_bytes()))
-            .unwrap_or_default(),
-    };
+    let (peer_ip, client_ip) = addresses(session, ctx);
+    let hash_key = hash_key(
+        &route.spec.balance,
+        &session.req_header().headers,
+        client_ip,
+    );
     let max = route.spec.max_request_body_bytes;
     ctx.passthrough = Some(PassCtx {
         route,
         tried: Vec::new(),
         upstream: None,
         hash_key,
-        client_ip,
+        peer_ip,
         host,
         body_bytes: 0,
     });
@@ -275,7 +301,7 @@ pub fn upstream_request(
     let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
     super::forward::apply(
         req,
-        p.client_ip,
+        p.peer_ip,
         p.host.as_deref(),
         if tls { "https" } else { "http" },
     )
@@ -356,13 +382,31 @@ pub async fn fail(session: &mut Session, ctx: &mut RequestCtx, e: &Error) -> Fai
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hash_key_is_the_header_else_the_client_address() {
+        let by_ip = Balance::ConsistentHash { header: None };
+        let by_user = Balance::ConsistentHash {
+            header: Some("x-user".into()),
+        };
+        let client: Option<IpAddr> = Some("203.0.113.9".parse().expect("ip"));
+        let mut h = http::HeaderMap::new();
+        assert_eq!(hash_key(&by_ip, &h, client), b"203.0.113.9");
+        assert_eq!(hash_key(&by_user, &h, client), b"203.0.113.9");
+        h.insert("x-user", "u-1".parse().expect("value"));
+        assert_eq!(hash_key(&by_user, &h, client), b"u-1");
+        assert_eq!(hash_key(&by_ip, &h, None), b"");
+        assert!(hash_key(&Balance::RoundRobin, &h, client).is_empty());
+    }
+
     #[test]
     fn dot_segments_are_found_encoded_or_not() {
         for p in ["/ui/../x", "/ui/./x", "/ui/%2e%2E/x", "/ui/%2e/x", "/.."] {
-            assert!(super::has_dot_segment(p), "{p}");
+            assert!(has_dot_segment(p), "{p}");
         }
         for p in ["/ui/", "/ui/a.b", "/ui/...", "/ui/.well-known/x"] {
-            assert!(!super::has_dot_segment(p), "{p}");
+            assert!(!has_dot_segment(p), "{p}");
         }
     }
 }

@@ -11,7 +11,10 @@
 //! ([`super::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
 //! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,
 //! e.g. `p1:status_5xx,p1:status_5xx,p2:context_length`; `-` when none). The request's usage record
-//! for the ledger ([`crate::ledger::submit`]) is queued here too, from the same facts.
+//! for the ledger ([`crate::ledger::submit`]) is queued here too, from the same facts. The
+//! line's metering fields are the answer's; an attempt a hedge race cancelled is metered
+//! apart (`hedge loser metered` on `sluice::proxy::hedge`, its own `hedge_cancelled` ledger
+//! row, and the cost metrics; see [`super::hedge`]).
 
 use std::fmt::Write as _;
 
@@ -95,6 +98,23 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
             .filter(|m| ctx.config.models.contains_key(*m))
             .unwrap_or(model);
         crate::metrics::record_metered(&c.tenant, billed, metered);
+    }
+    if let Some(c) = caller {
+        // Attempts a hedge race cancelled: Sluice's cost under their own model (its route's
+        // prices were applied), never a charge.
+        for h in &ctx.cancelled_hedges {
+            let m = h.metered();
+            crate::metrics::record_metered(&c.tenant, &h.model, &m);
+            log::info!(
+                target: "sluice::proxy::hedge",
+                "hedge loser metered request_id={} provider={} upstream_model={} input_tokens={} cost_usd={} estimated=true",
+                ctx.request_id,
+                h.provider,
+                h.upstream_model,
+                m.input_tokens,
+                Field::Usd(m.cost_usd)
+            );
+        }
     }
     let metered = ctx.metered.unwrap_or_default();
     let client = ctx.client_ip.map(|ip| ip.to_string());
@@ -226,8 +246,9 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let to_ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let time = now_ms.saturating_sub(i64::try_from(duration.as_millis()).unwrap_or(0));
     crate::ledger::submit(crate::ledger::UsageRecord {
-        time: now_ms.saturating_sub(i64::try_from(duration.as_millis()).unwrap_or(0)),
+        time,
         request_id: ctx.request_id.clone(),
         tenant: caller.tenant.clone(),
         virtual_key: caller.key_id.clone(),
@@ -250,4 +271,47 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         attempts: u32::try_from(ctx.attempt_count).unwrap_or(u32::MAX),
         ingress: ctx.dialect.as_str().to_string(),
     });
+    // One row per attempt a hedge race cancelled: Sluice's estimated cost, never a charge;
+    // readers count requests without these rows ([`crate::ledger::HEDGE_CANCELLED`]).
+    for h in &ctx.cancelled_hedges {
+        crate::ledger::submit(cancelled_hedge_record(ctx, caller, h, time));
+    }
+}
+
+/// The ledger row of an attempt a hedge race cancelled ([`super::ctx::CancelledHedge`]):
+/// the request's ids, arrival `time` (unix ms) and ingress, the loser's model, provider and
+/// upstream model, its estimated input at its route's price, output 0, charge 0,
+/// `estimated`, status 0 (it wrote nothing), outcome `hedge_cancelled`, one attempt, no
+/// TTFT, and how long it ran before it was cancelled.
+fn cancelled_hedge_record(
+    ctx: &RequestCtx,
+    caller: &crate::auth::Caller,
+    h: &super::ctx::CancelledHedge,
+    time: i64,
+) -> crate::ledger::UsageRecord {
+    let m = h.metered();
+    crate::ledger::UsageRecord {
+        time,
+        request_id: ctx.request_id.clone(),
+        tenant: caller.tenant.clone(),
+        virtual_key: caller.key_id.clone(),
+        model: h.model.clone(),
+        provider: Some(h.provider.clone()),
+        upstream_model: Some(h.upstream_model.clone()),
+        input_tokens: m.input_tokens,
+        output_tokens: m.output_tokens,
+        cached_input_tokens: m.cached_input_tokens,
+        cache_write_tokens: m.cache_write_tokens,
+        reasoning_tokens: m.reasoning_tokens,
+        estimated: m.estimated,
+        cost_usd: m.cost_usd,
+        charge_usd: m.charge_usd,
+        status: 0,
+        outcome: crate::ledger::HEDGE_CANCELLED.to_string(),
+        ttft_ms: None,
+        duration_ms: u64::try_from(h.ran.as_millis()).unwrap_or(u64::MAX),
+        fallback_depth: u32::try_from(h.fallback_depth).unwrap_or(u32::MAX),
+        attempts: 1,
+        ingress: ctx.dialect.as_str().to_string(),
+    }
 }

@@ -135,6 +135,8 @@ pub struct DownstreamApp {
     config: Arc<ConfigHandle>,
     /// Open connections per client IP (`server.per_ip.max_connections`).
     cap: ConnectionCap,
+    /// The TLS listener, whose connections get their handshake here (see [`crate::tls`]).
+    tls: Option<crate::tls::TlsListener>,
 }
 
 impl std::fmt::Debug for DownstreamApp {
@@ -150,7 +152,16 @@ impl DownstreamApp {
             proxy: Arc::new(proxy),
             config,
             cap: ConnectionCap::new(),
+            tls: None,
         }
+    }
+
+    /// The same, with `tls` the listener whose connections are TLS (the TLS handshake is
+    /// done here, after the per-IP cap, within `server.header_read_timeout_ms`).
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<crate::tls::TlsListener>) -> Self {
+        self.tls = tls;
+        self
     }
 }
 
@@ -176,9 +187,11 @@ impl ServerApp for DownstreamApp {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let peer_addr = stream
-            .get_socket_digest()
+        let digest = stream.get_socket_digest();
+        let peer_addr = digest
+            .as_ref()
             .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).copied());
+        let local_addr = digest.and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied());
         let peer = peer_addr.map(|a| a.to_string()).unwrap_or_default();
         // The per-IP connection cap, before a byte is read; held until the connection ends.
         let _slot = match peer_addr {
@@ -194,6 +207,13 @@ impl ServerApp for DownstreamApp {
             },
             None => None,
         };
+        let stream = match (&self.tls, local_addr) {
+            (Some(tls), Some(local)) if tls.serves(local) => {
+                let timeout = self.config.snapshot().server.header_read_timeout;
+                tls.accept(stream, timeout, &peer).await?
+            }
+            _ => stream,
+        };
         let alpn = stream.selected_alpn_proto();
         let tls = stream.get_ssl_digest().is_some();
         let clock = Arc::new(HeadClock::new());
@@ -205,7 +225,7 @@ impl ServerApp for DownstreamApp {
             scan_generation: 0,
         };
         // The first head's deadline counts from now: the accept, or the end of the TLS
-        // handshake (which Pingora bounds by its own 60 s). It covers the h2 preface.
+        // handshake (which had the same deadline of its own). It covers the h2 preface.
         clock.arm(true, head_limits(&self.config.snapshot().server.edge));
         let h2_alpn = matches!(alpn, Some(ALPN::H2));
         if h2_alpn || !tls {

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::auth::Caller;
 use crate::config::Config;
 use crate::error::AttemptError;
+use crate::metering::{Metered, Prices};
 use crate::protocol::Dialect;
 
 /// What finally happened, for the access log and metrics.
@@ -98,6 +99,38 @@ impl Outcome {
     }
 }
 
+/// An attempt of a hedged pair that the race cancelled before its first event
+/// ([`super::hedge`]). Its provider was sent the prompt, so at the request's end it is
+/// metered apart ([`Metered::cancelled_hedge`]): a `hedge_cancelled` ledger row of its own
+/// and Sluice's cost in the metrics, never the tenant's charge. Built only when a hedge
+/// loses.
+#[derive(Debug, Clone)]
+pub struct CancelledHedge {
+    /// The standard model whose route it was (the stage's model: the one asked for, or a
+    /// fallback model).
+    pub model: String,
+    /// Its provider.
+    pub provider: String,
+    /// Its upstream model.
+    pub upstream_model: String,
+    /// Its route's cost prices, USD per million tokens (only the input price applies).
+    pub prices: Prices,
+    /// Attempt started → cancelled.
+    pub ran: Duration,
+    /// The request's fallback depth when the pair ran.
+    pub fallback_depth: usize,
+    /// The request's input-token estimate, filled in by
+    /// [`RequestCtx::fill_cancelled_hedges`] where the parsed request is at hand (0 before).
+    pub input_tokens: u64,
+}
+
+impl CancelledHedge {
+    /// What it likely cost: its estimated input at its route's input price, charge 0.
+    pub fn metered(&self) -> Metered {
+        Metered::cancelled_hedge(self.input_tokens, &self.prices)
+    }
+}
+
 /// Decrements `sluice_active_streams{tenant}` on drop.
 #[derive(Debug)]
 pub struct ActiveStreamGuard(prometheus::IntGauge);
@@ -159,7 +192,10 @@ pub struct RequestCtx {
     pub outcome: Outcome,
     /// What the request used and costs, filled at its end (`logging`); `None` when no
     /// provider answered.
-    pub metered: Option<crate::metering::Metered>,
+    pub metered: Option<Metered>,
+    /// The attempts hedge races cancelled (at most one per attempt stage; empty, without an
+    /// allocation, unless a hedge lost).
+    pub cancelled_hedges: Vec<CancelledHedge>,
     /// The money reserved against the tenant's budget, settled in `logging` with the
     /// metered charge (dropped unsettled, it releases the money).
     pub budget: Option<crate::budget::Reservation>,
@@ -192,6 +228,7 @@ impl RequestCtx {
             rate_limit: None,
             outcome: Outcome::default(),
             metered: None,
+            cancelled_hedges: Vec::new(),
             budget: None,
             in_flight: crate::shutdown::InFlight::new(),
             passthrough: None,
@@ -204,6 +241,18 @@ impl RequestCtx {
     /// `sluice_upstream_retries_total` and the access log's `attempts`).
     pub fn fallback_depth(&self) -> usize {
         self.failed_routes
+    }
+
+    /// Gives every cancelled hedge attempt the request's input estimate (`estimate()`, the
+    /// parsed request's cached estimate); never calls `estimate` when no hedge lost.
+    pub fn fill_cancelled_hedges(&mut self, estimate: impl FnOnce() -> u64) {
+        if self.cancelled_hedges.is_empty() {
+            return;
+        }
+        let input = estimate();
+        for h in &mut self.cancelled_hedges {
+            h.input_tokens = input;
+        }
     }
 
     /// The standard model that answered (or was tried last): a fallback model, else the
@@ -232,6 +281,45 @@ pub fn request_id(from_client: Option<&[u8]>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn ctx() -> RequestCtx {
+        let yaml = "tenants:\n  t: {}\nvirtual_keys:\n  - key: sk-test-ctx-000001\n    tenant: t\nproviders:\n  a:\n    kind: openai\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  m:\n    routes:\n      - provider: a\n        upstream_model: x\n";
+        let config = Config::parse(std::path::Path::new("c.yaml"), yaml).unwrap();
+        RequestCtx::new(Arc::new(config))
+    }
+
+    #[test]
+    fn cancelled_hedges_get_the_estimate_only_when_there_are_any() {
+        let mut c = ctx();
+        c.fill_cancelled_hedges(|| panic!("no hedge lost: the tokenizer must not run"));
+        let prices = Prices {
+            input: 2.0,
+            ..Prices::default()
+        };
+        c.cancelled_hedges.push(CancelledHedge {
+            model: "m".into(),
+            provider: "p1".into(),
+            upstream_model: "u".into(),
+            prices,
+            ran: Duration::from_millis(5),
+            fallback_depth: 0,
+            input_tokens: 0,
+        });
+        let mut calls = 0;
+        c.fill_cancelled_hedges(|| {
+            calls += 1;
+            500
+        });
+        assert_eq!(calls, 1);
+        let m = c.cancelled_hedges[0].metered();
+        assert_eq!(
+            (m.input_tokens, m.output_tokens, m.estimated),
+            (500, 0, true)
+        );
+        assert_eq!((m.cost_usd, m.charge_usd), (0.001, 0.0));
+    }
+
     #[test]
     fn request_id_accepts_sane_client_ids_only() {
         assert_eq!(super::request_id(Some(b"abc-123")), "abc-123");

@@ -333,6 +333,8 @@ async fn infer(
     // An answer without the provider's input figure is metered at the estimate.
     ctx.outcome
         .fill_input_estimate(|| req.estimated_input_tokens());
+    // So is an attempt a hedge race cancelled (the same cached estimate; only if one was).
+    ctx.fill_cancelled_hedges(|| req.estimated_input_tokens());
     // Token limits learn the real usage (`ctx.outcome` is final here).
     permit.settle(ctx.outcome.used());
     result.map_err(ChatError::Gone)

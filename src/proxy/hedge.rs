@@ -23,8 +23,19 @@
 //!   route: it falls back to the candidates after them.
 //! - The cancelled attempt is one of the request's attempts (access log and ledger
 //!   `attempts`) and `sluice_upstream_attempts_total{outcome="hedge_cancelled"}`. It
-//!   delivered no event, so no usage figure came from it: the provider may still bill its
-//!   prompt, which Sluice cannot see.
+//!   delivered no event, so no usage figure came from the provider, but the provider was
+//!   sent the prompt and may bill it: its usage is recorded as Sluice's estimate
+//!   ([`CancelledHedge`], priced by [`crate::metering::Metered::cancelled_hedge`]): the
+//!   request's input-token estimate (computed at most once per request, after the attempt
+//!   loop, so never before the winner's first byte) at the loser route's input price,
+//!   output 0, charge 0 (budgets never see it). At the request's end it is its own ledger
+//!   row (`outcome: "hedge_cancelled"`, `estimated: true`, status 0, attempts 1, the
+//!   loser's provider and upstream model; the winner's row is unchanged) and is added to
+//!   `sluice_cost_usd_total` and `sluice_tokens_total{kind="input"}` (which include
+//!   estimates, as for streams that ended without usage). Every attempt counted as
+//!   `hedge_cancelled` gets such a row: the loser of a won race, and the other side when a
+//!   race ended without a winner (a final error, the client leaving, shutdown). Nothing of
+//!   this runs unless a hedge race cancels an attempt.
 //!
 //! Every successful pre-commit feeds the route's time-to-first-event samples (hedged or
 //! not), so `auto` learns from all traffic of the route.
@@ -36,7 +47,7 @@ use pingora::proxy::Session;
 use tokio::time::Instant;
 
 use super::attempt::{commit, prepare, Phase, Ready};
-use super::ctx::RequestCtx;
+use super::ctx::{CancelledHedge, RequestCtx};
 use super::request::InferenceRequest;
 use super::upstream::{client_gone, Attempt, ClientGone};
 use crate::backpressure::provider as provider_cap;
@@ -244,17 +255,21 @@ async fn attempt_phased(
     // The extra upstream request is one of the request's attempts.
     ctx.attempt_count += 1;
     let side = |s: Side| if s == Side::Primary { idx } else { j };
+    let start_of = |s: Side| {
+        if s == Side::Primary {
+            started
+        } else {
+            hedge_started
+        }
+    };
     match raced {
         Raced::Won {
             ready,
             winner,
             earlier_failure,
         } => {
-            let (served, start) = match winner {
-                Side::Primary => (idx, started),
-                Side::Hedge => (j, hedge_started),
-            };
-            sample(&candidates[served], start, &ready);
+            let served = side(winner);
+            sample(&candidates[served], start_of(winner), &ready);
             match earlier_failure {
                 // The other one failed first: a failed attempt, not a cancelled one.
                 Some(failure) => {
@@ -267,7 +282,10 @@ async fn attempt_phased(
                         failure,
                     );
                 }
-                None => cancelled(ctx, &candidates[side(winner.other())]),
+                None => {
+                    let loser = winner.other();
+                    cancelled(ctx, model, &candidates[side(loser)], start_of(loser));
+                }
             }
             count(
                 model,
@@ -301,7 +319,10 @@ async fn attempt_phased(
                         failure,
                     );
                 }
-                None => cancelled(ctx, &candidates[side(last.other())]),
+                None => {
+                    let other = last.other();
+                    cancelled(ctx, model, &candidates[side(other)], start_of(other));
+                }
             }
             tried(outcome, side(last))
         }
@@ -431,20 +452,33 @@ fn sample(cand: &Candidate<'_>, started: Instant, ready: &Ready<'_>) {
     cand.health.first_event().record(started.elapsed());
 }
 
-/// Records the loser of a race: cancelled before its first event.
-fn cancelled(ctx: &RequestCtx, loser: &Candidate<'_>) {
+/// Records the loser of a race (a `model` route, started at `started`): cancelled before
+/// its first event. Its usage is kept for the request's end ([`CancelledHedge`]), where the
+/// input estimate is at hand.
+fn cancelled(ctx: &mut RequestCtx, model: &Model, loser: &Candidate<'_>, started: Instant) {
     loser.release_trial();
+    let route = loser.route;
     metrics()
         .upstream_attempts_total
-        .with_label_values(&[loser.route.provider.id.as_str(), "hedge_cancelled"])
+        .with_label_values(&[route.provider.id.as_str(), "hedge_cancelled"])
         .inc();
     log::info!(
         target: "sluice::proxy::hedge",
         "hedge loser cancelled request_id={} provider={} upstream_model={}",
         ctx.request_id,
-        loser.route.provider.id,
-        loser.route.upstream_model
+        route.provider.id,
+        route.upstream_model
     );
+    let fallback_depth = ctx.fallback_depth();
+    ctx.cancelled_hedges.push(CancelledHedge {
+        model: model.id.clone(),
+        provider: route.provider.id.clone(),
+        upstream_model: route.upstream_model.clone(),
+        prices: crate::metering::Prices::cost(route),
+        ran: started.elapsed(),
+        fallback_depth,
+        input_tokens: 0,
+    });
 }
 
 /// Records the failure of `candidates[failed]` while `candidates[then]` went on: what the

@@ -77,7 +77,8 @@ pub async fn probe_route(
     }
 }
 
-/// `POST {base_path}{chat path}`, the same head a client request gets (auth, framing).
+/// `POST {base_path}{inference path}` for `upstream_model` (non-streaming), the same head a
+/// client request gets (auth, framing).
 fn probe_head(
     provider: &Provider,
     target: &providers::Target,
@@ -107,13 +108,13 @@ mod tests {
             endpoint: None,
             api_key: None,
             ca: None,
+            api_version: None,
             h2_stream_window: 65536,
             timeouts: HopTimeouts::uniform(Duration::from_secs(1)),
             health_check: None,
             passive_health: PassiveHealth::default(),
             stream_usage: true,
             max_concurrent_requests: None,
-            api_version: None,
             vertex: None,
             bearer: None,
         }

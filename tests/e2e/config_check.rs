@@ -61,7 +61,14 @@ fn assert_valid(file: &Path) {
 
 #[test]
 fn shipped_configs_are_valid() {
-    let files = yaml_files(&root().join("conf"), true);
+    // conf/examples/ name host files (certificates) that exist only where the example is
+    // installed: `readme::the_nginx_migration_example_is_in_the_readme_and_passes_sluice_t`
+    // checks them with certificates it makes.
+    let examples = root().join("conf/examples");
+    let files: Vec<PathBuf> = yaml_files(&root().join("conf"), true)
+        .into_iter()
+        .filter(|f| !f.starts_with(&examples))
+        .collect();
     assert!(
         files.iter().any(|f| f.ends_with("conf/sluice.yaml")),
         "conf/sluice.yaml missing: {files:?}"

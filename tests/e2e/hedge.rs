@@ -6,7 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fallback::{assert_served_stream, body, chat_hits, chat_log, config, Metrics, P};
+use serde_json::Value;
+
+use crate::fallback::{
+    assert_served_stream, body, chat_hits, chat_log, chat_with_headers, config, config_with_routes,
+    Metrics, P,
+};
 use crate::harness::{eventually, Mock, Sluice};
 
 fn tokens(n: usize) -> String {
@@ -221,4 +226,144 @@ fn a_client_that_leaves_during_the_race_cancels_both_attempts() {
         &[("phase", "waiting_first_event")],
     );
     assert_eq!(aborts, 1.0);
+}
+
+#[test]
+fn a_cancelled_loser_is_recorded_as_sluices_cost_in_the_ledger_and_the_metrics_never_charged() {
+    // p1 (the first route) holds its first event 3 s and loses to the hedge on p2. The loser
+    // was sent the prompt: its input, estimated, is Sluice's cost at p1's input price.
+    let p1 = Mock::start(r#"{"first_event_delay_ms":3000,"tokens":2}"#);
+    let p2 = Mock::start(r#"{"tokens":2,"usage":true,"prompt_tokens":7}"#);
+    let (p1_in, p2_in, p2_out) = (2.5, 1.0, 4.0);
+    let route = |id: &str, priority: u32, input: f64, output: f64| {
+        format!(
+            "      - provider: {id}\n        upstream_model: {id}-model\n        priority: {priority}\n        input_usd_per_mtok: {input}\n        output_usd_per_mtok: {output}\n"
+        )
+    };
+    let sluice = Sluice::start(&config_with_routes(
+        "",
+        &[P("p1", &p1.base_url(), ""), P("p2", &p2.base_url(), "")],
+        &format!(
+            "    input_usd_per_mtok: 3.0\n    output_usd_per_mtok: 6.0\n    hedge_after_ms: 200\n    retry: {{max_attempts_per_route: 1, budget_ratio: 1.0}}\n    routes:\n{}{}",
+            route("p1", 1, p1_in, 8.0),
+            route("p2", 2, p2_in, p2_out)
+        ),
+    ));
+    let r = chat_with_headers(&sluice, &[("x-request-id", "req-hedged")], &body(true, ""));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-sluice-provider"), Some("p2"));
+    assert_eq!((chat_hits(&p1), chat_hits(&p2)), (1, 1));
+    assert_eq!(peer_closed_phase(&p1, 0), "after_head");
+
+    let (dir, cfg) = (sluice.dir.path(), &sluice.config_path);
+    let recs = crate::ledger::wait_records(dir, cfg, 2);
+    assert_eq!(recs.len(), 2, "{recs:#?}");
+    let row = |provider: &str| {
+        recs.iter()
+            .find(|r| r["provider"] == provider)
+            .unwrap_or_else(|| panic!("no row of {provider}: {recs:#?}"))
+    };
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let u = |v: &Value| v.as_u64().unwrap_or(u64::MAX);
+
+    // The winner's row: metered from p2's usage, unchanged by the hedge.
+    let w = row("p2");
+    assert_eq!(
+        (
+            &w["request_id"],
+            &w["outcome"],
+            &w["status"],
+            &w["estimated"]
+        ),
+        (
+            &Value::from("req-hedged"),
+            &Value::from("ok"),
+            &Value::from(200),
+            &Value::from(false)
+        ),
+        "{w:#}"
+    );
+    assert_eq!((u(&w["input_tokens"]), u(&w["attempts"])), (7, 2), "{w:#}");
+    let w_out = u(&w["output_tokens"]);
+    assert!(w_out > 0, "{w:#}");
+    let w_cost = (7.0 * p2_in + w_out as f64 * p2_out) / 1e6;
+    assert!(near(f(&w["cost_usd"]), w_cost), "{w:#}");
+    let w_charge = (7.0 * 3.0 + w_out as f64 * 6.0) / 1e6;
+    assert!(near(f(&w["charge_usd"]), w_charge), "{w:#}");
+
+    // The loser's row: the same request, p1's route, estimated input only, cost at p1's
+    // input price, never charged.
+    let l = row("p1");
+    for k in ["request_id", "tenant", "virtual_key", "model", "ingress"] {
+        assert_eq!(l[k], w[k], "{k}: {l:#}");
+    }
+    assert_eq!(
+        (
+            &l["upstream_model"],
+            &l["outcome"],
+            &l["status"],
+            &l["estimated"],
+            &l["attempts"],
+            &l["output_tokens"],
+            &l["ttft_ms"],
+        ),
+        (
+            &Value::from("p1-model"),
+            &Value::from("hedge_cancelled"),
+            &Value::from(0),
+            &Value::from(true),
+            &Value::from(1),
+            &Value::from(0),
+            &Value::Null,
+        ),
+        "{l:#}"
+    );
+    let l_in = u(&l["input_tokens"]);
+    assert!(l_in > 0 && l_in < 1000, "{l:#}");
+    let l_cost = f(&l["cost_usd"]);
+    assert!(
+        l_cost > 0.0 && near(l_cost, l_in as f64 * p1_in / 1e6),
+        "{l:#}"
+    );
+    assert_eq!(f(&l["charge_usd"]), 0.0, "{l:#}");
+
+    // Read back: one request, whose cost includes the loser's; the charge is the winner's.
+    let sum = crate::ledger::records(dir, cfg, &["--summary"]);
+    assert_eq!(sum.len(), 1, "{sum:#?}");
+    let s = &sum[0];
+    assert_eq!(
+        (u(&s["requests"]), u(&s["estimated_requests"])),
+        (1, 0),
+        "{s:#}"
+    );
+    assert!(near(f(&s["cost_usd"]), w_cost + l_cost), "{s:#}");
+    assert!(near(f(&s["charge_usd"]), w_charge), "{s:#}");
+    assert_eq!(u(&s["input_tokens"]), 7 + l_in, "{s:#}");
+
+    // The metrics agree with the ledger: cost is the sum of both rows, the charge the
+    // winner's, and the estimated input is in `sluice_tokens_total` as aborted streams'
+    // estimates are.
+    let m = Metrics::scrape(&sluice);
+    let labels = [("tenant", "t"), ("model", "acme/chat")];
+    let cost = m.get("sluice_cost_usd_total", &labels);
+    assert!(
+        near(cost, f(&w["cost_usd"]) + l_cost),
+        "{cost} vs {recs:#?}"
+    );
+    assert!(near(m.get("sluice_charge_usd_total", &labels), w_charge));
+    assert_eq!(
+        m.get(
+            "sluice_tokens_total",
+            &[("tenant", "t"), ("model", "acme/chat"), ("kind", "input")]
+        ),
+        (7 + l_in) as f64
+    );
+    assert_eq!(
+        m.get(
+            "sluice_upstream_attempts_total",
+            &[("provider", "p1"), ("outcome", "hedge_cancelled")]
+        ),
+        1.0
+    );
 }

@@ -1,7 +1,8 @@
 //! Passthrough routes on Pingora's native proxy path, against plain HTTP upstreams written
 //! here (std::net, one thread per connection, keep-alive): round robin over two upstreams,
-//! consistent hashing by a header that sticks, the health check taking a failing and a dead
-//! upstream out of the rotation and back, an SSE stream arriving event by event (the first
+//! consistent hashing by a header that sticks, by the client IP only through trusted
+//! proxies, the health check taking a failing and a dead upstream out of the rotation and
+//! back, an SSE stream arriving event by event (the first
 //! event before the upstream finished), the forwarding headers and the client's own
 //! `Authorization` reaching the upstream, unmatched paths staying 404, the prefix redirect,
 //! the body limit, a reload swapping the table, and no route taking the LLM API's paths.
@@ -380,6 +381,74 @@ fn consistent_hashing_by_a_header_sticks() {
         used.len(),
         2,
         "16 users all hashed to one upstream: {used:?}"
+    );
+}
+
+#[test]
+fn consistent_hashing_by_client_ip_believes_only_trusted_proxies() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let routes = route("app", "/app/", &[&a, &b], "    strategy: consistent_hash\n");
+    // The test client (127.0.0.1) is a trusted proxy: the client is its X-Forwarded-For.
+    let trusted = Sluice::start(&format!(
+        "{}passthrough:\n{routes}",
+        basic_config(
+            "http://127.0.0.1:9/v1",
+            "  watch_config: false\n  trusted_proxies: [127.0.0.1/32]\n"
+        )
+    ));
+    let mut used = HashMap::new();
+    for client in 1..=16 {
+        let xff = format!("203.0.113.{client}");
+        let first = upstream_of(&trusted, "/app/x", &[("x-forwarded-for", &xff)]);
+        for _ in 0..3 {
+            assert_eq!(
+                upstream_of(&trusted, "/app/y", &[("x-forwarded-for", &xff)]),
+                first,
+                "{xff} moved"
+            );
+        }
+        *used.entry(first).or_insert(0) += 1;
+    }
+    assert_eq!(
+        used.len(),
+        2,
+        "16 clients behind the proxy all hashed to one upstream: {used:?}"
+    );
+    // The chain keeps the proxy's hop: the client it named, then the peer Sluice saw.
+    let seen = a
+        .seen()
+        .into_iter()
+        .chain(b.seen())
+        .find(|s| {
+            s.header("x-forwarded-for")
+                .is_some_and(|v| v.starts_with("203.0.113.16,"))
+        })
+        .expect("an upstream saw client 16");
+    assert_eq!(
+        seen.header("x-forwarded-for"),
+        Some("203.0.113.16, 127.0.0.1")
+    );
+    assert_eq!(
+        seen.header("forwarded"),
+        Some("for=127.0.0.1;host=127.0.0.1;proto=http")
+    );
+
+    // Not trusted (the default): the same claims are ignored, every request is the peer's
+    // and lands on one upstream.
+    let untrusted = Sluice::start(&config(&routes));
+    let served: std::collections::HashSet<String> = (1..=16)
+        .map(|c| {
+            upstream_of(
+                &untrusted,
+                "/app/z",
+                &[("x-forwarded-for", &format!("203.0.113.{c}"))],
+            )
+        })
+        .collect();
+    assert_eq!(
+        served.len(),
+        1,
+        "a forged X-Forwarded-For moved the hash: {served:?}"
     );
 }
 

@@ -1,11 +1,13 @@
 //! The README as a new user follows it: its set-up commands, every YAML config block passing
 //! `sluice -t` as written (with the provider key variables it says to set), its key example
-//! matching what `sluice key new` prints, and `scripts/install.sh` putting the binary, unit and
-//! config in place.
+//! matching what `sluice key new` prints, the Nginx migration example (the same text as
+//! `conf/examples/nginx-migration.yaml`) passing `sluice -t` with certificates made here, and
+//! `scripts/install.sh` putting the binary, unit and config in place.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::harness::tls::Pki;
 use crate::harness::TempDir;
 
 fn root() -> PathBuf {
@@ -248,6 +250,78 @@ fn the_readme_include_example_passes_sluice_t_as_written() {
         String::from_utf8_lossy(&out.stderr).contains("expected a sequence"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_nginx_migration_example_is_in_the_readme_and_passes_sluice_t() {
+    let example = std::fs::read_to_string(root().join("conf/examples/nginx-migration.yaml"))
+        .expect("read conf/examples/nginx-migration.yaml");
+    let text = readme();
+    let shown = blocks(&text, "yaml")
+        .into_iter()
+        .find(|b| b.lines().next() == example.lines().next())
+        .expect("the README shows conf/examples/nginx-migration.yaml");
+    assert_eq!(
+        shown, example,
+        "the README's copy of conf/examples/nginx-migration.yaml differs from the file"
+    );
+    let section = text
+        .split("\n## Migrating from Nginx\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a `## Migrating from Nginx` section");
+    for directive in [
+        "proxy_buffering off",
+        "proxy_read_timeout",
+        "proxy_http_version 1.1",
+        "client_max_body_size",
+        "limit_req",
+        "limit_conn",
+        "ssl_certificate",
+        "`upstream ",
+        "keepalive",
+        "X-Accel-Buffering",
+    ] {
+        assert!(
+            section.contains(directive),
+            "the migration section does not map `{directive}`"
+        );
+    }
+
+    // The example as an operator installs it: the file, and its certificates in tls/ beside it.
+    let pki = Pki::new();
+    let dir = TempDir::new("nginx-migration");
+    let tls = dir.path().join("tls");
+    std::fs::create_dir_all(&tls).expect("mkdir tls");
+    for name in ["api.example.com", "ui.example.com"] {
+        pki.issue(name, &[name]);
+        for ext in ["pem", "key"] {
+            std::fs::copy(pki.path(name, ext), tls.join(format!("{name}.{ext}"))).expect("copy");
+        }
+    }
+    let config = dir.path().join("nginx-migration.yaml");
+    std::fs::write(&config, &example).expect("write");
+    let keys = [("OPENAI_API_KEY", "sk-test-openai")];
+    let out = check(&config, &keys);
+    assert!(
+        out.status.success(),
+        "conf/examples/nginx-migration.yaml fails `sluice -t`:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The certificates are really loaded: without the UI's the check names its entry.
+    std::fs::remove_file(tls.join("ui.example.com.pem")).expect("remove");
+    let out = check(&config, &keys);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("server.tls.certificates[1].cert_path"),
+        "{stderr}"
     );
 }
 

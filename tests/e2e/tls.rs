@@ -1,7 +1,8 @@
 //! TLS and HTTP versions downstream (issue 11): certificates from a test CA made here
 //! (rcgen) for two names; SNI picks each name's certificate (the first is the default);
 //! ALPN negotiates h2 (and http/1.1 when that is all a client offers); TLS 1.1 is refused,
-//! 1.2 and 1.3 served; a streamed chat completion over h2 arrives event by event; a reset h2
+//! 1.2 and 1.3 served; failed handshakes are counted, not logged at ERROR, and a handshake
+//! must finish within the head deadline; a streamed chat completion over h2 arrives event by event; a reset h2
 //! stream cancels the upstream at once; a renewed certificate is served to new connections
 //! after a reload while open ones are untouched, and a broken one is refused; h2c with prior
 //! knowledge works on the plain listener; a reload that moves the TLS listener says an
@@ -167,6 +168,102 @@ fn tls_1_1_is_refused_and_tls_1_2_and_1_3_are_served() {
             let body = concat(&x.frames(Duration::from_secs(5)).await);
             assert!(String::from_utf8_lossy(&body).contains("acme/chat"));
         }
+    });
+}
+
+#[test]
+fn failed_handshakes_are_counted_and_logged_below_error() {
+    let mock = Mock::start("{}");
+    let (pki, _, _) = two_names();
+    let sluice = Sluice::start(&basic_config(&mock.base_url(), &tls_server(&pki, "")));
+    // What scanners and plain-HTTP clients send to port 443: an HTTP request, then garbage
+    // that is no TLS record, then a TLS 1.1 hello (no shared version).
+    let attempts: [&[u8]; 3] = [
+        b"GET / HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        b"\x16\x03\x01\x00\x05hello",
+        &tls11_client_hello(),
+    ];
+    for bytes in attempts {
+        let mut sock =
+            StdTcpStream::connect_timeout(&sluice.tls_addr, Duration::from_secs(5)).expect("tcp");
+        sock.set_read_timeout(Some(Duration::from_secs(5))).ok();
+        sock.write_all(bytes).expect("write");
+        let mut sink = Vec::new();
+        let _ = sock.read_to_end(&mut sink);
+    }
+    let failures = r#"sluice_tls_handshake_failures_total{reason="error"}"#;
+    assert!(
+        eventually(Duration::from_secs(5), || sluice.metric(failures) >= 3.0),
+        "{}",
+        sluice.metrics()
+    );
+    // A real client is still served, and no handshake line reached ERROR (the harness logs
+    // at info, so the DEBUG line is not written either).
+    let rt = runtime();
+    rt.block_on(async {
+        let c = connect(sluice.tls_addr, "a.test", pki.client(&[b"h2"], &[&TLS13]))
+            .await
+            .expect("handshake");
+        let mut h = h2_handshake(c.stream, "a.test").await;
+        assert_eq!(h.request("GET", "/v1/models", "").await.status, 200);
+    });
+    let log = sluice.log();
+    assert!(!log.contains("Downstream handshake"), "{log}");
+    assert!(
+        !log.lines().any(|l| l.contains(" ERROR ")),
+        "an ERROR line: {log}"
+    );
+}
+
+#[test]
+fn a_handshake_must_finish_within_the_head_deadline() {
+    let mock = Mock::start("{}");
+    let (pki, _, _) = two_names();
+    let sluice = Sluice::start(&basic_config(
+        &mock.base_url(),
+        &tls_server(&pki, "  header_read_timeout_ms: 1000\n"),
+    ));
+    // One client connects and stays silent; one sends the first bytes of a ClientHello
+    // and no more. Pingora alone would hold both for 60 s.
+    let started = Instant::now();
+    let open = || {
+        let s =
+            StdTcpStream::connect_timeout(&sluice.tls_addr, Duration::from_secs(5)).expect("tcp");
+        s.set_read_timeout(Some(Duration::from_secs(15))).ok();
+        s
+    };
+    let mut silent = open();
+    let mut partial = open();
+    partial
+        .write_all(&tls11_client_hello()[..10])
+        .expect("write");
+    for (what, sock) in [("silent", &mut silent), ("partial hello", &mut partial)] {
+        let mut buf = [0u8; 64];
+        // Closed (EOF or reset) by the server, not by our read timeout.
+        match sock.read(&mut buf) {
+            Ok(0) | Err(_) if started.elapsed() < Duration::from_secs(10) => {}
+            other => panic!("{what}: {other:?} after {:?}", started.elapsed()),
+        }
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed before the deadline: {took:?}"
+    );
+    let timeouts = r#"sluice_tls_handshake_failures_total{reason="timeout"}"#;
+    assert!(
+        eventually(Duration::from_secs(5), || sluice.metric(timeouts) >= 2.0),
+        "{}",
+        sluice.metrics()
+    );
+    // A client that does its handshake in time is served.
+    let rt = runtime();
+    rt.block_on(async {
+        let c = connect(sluice.tls_addr, "b.test", pki.client(&[b"h2"], &[&TLS12]))
+            .await
+            .expect("handshake");
+        let mut h = h2_handshake(c.stream, "b.test").await;
+        assert_eq!(h.request("GET", "/v1/models", "").await.status, 200);
     });
 }
 
