@@ -39,6 +39,8 @@ fn provider(id: &str) -> Arc<Provider> {
         stream_usage: true,
         max_concurrent_requests: None,
         api_version: None,
+        vertex: None,
+        bearer: None,
     })
 }
 

@@ -478,6 +478,11 @@ pub enum ProviderKind {
     /// The Gemini API (Google AI Studio): `generateContent` / `streamGenerateContent` with
     /// the `x-goog-api-key` header.
     Gemini,
+    /// Google Vertex AI: Claude models through `rawPredict` / `streamRawPredict` (Messages),
+    /// Gemini models through `generateContent` / `streamGenerateContent`, with an OAuth2
+    /// access token from a service-account key (needs `project`, `region`,
+    /// `credentials_file_env`).
+    Vertex,
 }
 
 impl ProviderKind {
@@ -489,7 +494,8 @@ impl ProviderKind {
                 crate::protocol::Dialect::ChatCompletions
             }
             ProviderKind::Anthropic => crate::protocol::Dialect::Messages,
-            ProviderKind::Gemini => crate::protocol::Dialect::Gemini,
+            // Vertex AI's own models; its Claude models speak Messages (`Route::dialect`).
+            ProviderKind::Gemini | ProviderKind::Vertex => crate::protocol::Dialect::Gemini,
         }
     }
 }
@@ -555,6 +561,23 @@ pub struct ProviderSection {
     /// query parameter, e.g. `"2024-10-21"`.
     #[serde(default)]
     pub api_version: Option<String>,
+    /// `vertex` only (required there): the Google Cloud project id, e.g. `my-project`.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// `vertex` only (required there): the Vertex AI region, e.g. `us-central1` (or
+    /// `global`); also picks the default `base_url`,
+    /// `https://{region}-aiplatform.googleapis.com/v1`.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// `vertex` only (required there): the environment variable naming the service-account
+    /// JSON key file, usually `GOOGLE_APPLICATION_CREDENTIALS`. The file is read when the
+    /// config is loaded (and on reload); its contents are never logged.
+    #[serde(default)]
+    pub credentials_file_env: Option<String>,
+    /// `vertex` only: where the key's signed assertions are exchanged for access tokens
+    /// (default: the key file's `token_uri`, `https://oauth2.googleapis.com/token`).
+    #[serde(default)]
+    pub token_url: Option<String>,
 }
 
 /// `providers.<id>.health_check`: the active probe.

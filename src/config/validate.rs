@@ -394,7 +394,7 @@ fn ms(v: u64) -> Duration {
 }
 
 /// Parses `http(s)://host[:port][/path]`.
-fn parse_base_url(url: &str) -> Result<Endpoint, String> {
+pub(super) fn parse_base_url(url: &str) -> Result<Endpoint, String> {
     let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("http://") {
@@ -465,7 +465,34 @@ fn build_provider(
         max_concurrent_requests,
         ca_file,
         api_version,
+        project,
+        region,
+        credentials_file_env,
+        token_url,
     } = p;
+    let vertex_section = super::vertex::VertexSection {
+        project,
+        region,
+        credentials_file_env,
+        token_url,
+    };
+    if kind != ProviderKind::Vertex {
+        if let Some(k) = vertex_section.first_set() {
+            return Err(sources.err(fidx, &key(k), format!("{k} is only for kind vertex")));
+        }
+    } else if let Some(k) = [
+        ("api_key", api_key.is_some()),
+        ("api_key_env", api_key_env.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(k, set)| set.then_some(k))
+    {
+        return Err(sources.err(
+            fidx,
+            &key(k),
+            "kind vertex authenticates with a service-account key (credentials_file_env), not an API key",
+        ));
+    }
     let api_version = match (kind, api_version) {
         (ProviderKind::AzureOpenai, Some(v)) if crate::providers::azure::valid_api_version(&v) => {
             Some(v)
@@ -509,6 +536,8 @@ fn build_provider(
             parse_base_url(crate::providers::gemini::DEFAULT_BASE_URL)
                 .map_err(|m| sources.err(fidx, &key("base_url"), m))?,
         ),
+        // The region's endpoint, once the region is checked (below).
+        (ProviderKind::Vertex, None) => None,
         (_, None) => {
             return Err(sources.err(fidx, &format!("providers.{id}"), "base_url is required"))
         }
@@ -575,10 +604,36 @@ fn build_provider(
             return Err(sources.err(fidx, &key(name), "must be greater than 0"));
         }
     }
+    let (vertex, bearer, endpoint) = if kind == ProviderKind::Vertex {
+        let parts = super::vertex::build(
+            id,
+            vertex_section,
+            parse_base_url,
+            (timeouts.connect, timeouts.first_byte),
+        )
+        .map_err(|(k, m)| {
+            let path = if k.is_empty() {
+                format!("providers.{id}")
+            } else {
+                key(k)
+            };
+            sources.err(fidx, &path, m)
+        })?;
+        let endpoint = match endpoint {
+            Some(e) => e,
+            None => parse_base_url(&parts.default_base_url)
+                .map_err(|m| sources.err(fidx, &key("region"), m))?,
+        };
+        (Some(parts.account), Some(parts.bearer), Some(endpoint))
+    } else {
+        (None, None, endpoint)
+    };
     // The probe's default path is the kind's model list (Azure's needs its `api-version`).
     let default_path = || crate::providers::health_path(kind, api_version.as_deref());
     let health_check = match (kind, health_check) {
         (ProviderKind::Demo, _) => None,
+        // Vertex AI has no model list to probe: passive health only, unless a path is set.
+        (ProviderKind::Vertex, None) => None,
         (_, Some(h)) if !h.enabled => None,
         (_, Some(h)) => Some(ActiveHealthCheck {
             mode: h.mode,
@@ -662,6 +717,8 @@ fn build_provider(
         stream_usage,
         max_concurrent_requests,
         api_version,
+        vertex,
+        bearer,
     })
 }
 

@@ -423,8 +423,13 @@ fn upstream_body(
             && !req.include_usage
             && upstream == Dialect::ChatCompletions
             && route.provider.stream_usage;
-        return providers::passthrough_body(&req.body, &route.upstream_model, ask_usage)
-            .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
+        return providers::passthrough_body_placed(
+            &req.body,
+            &route.upstream_model,
+            ask_usage,
+            providers::model_placement(route),
+        )
+        .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
     let refused = |e: &protocol::ProtocolError| {
         if e.is_client_error() {
@@ -438,6 +443,7 @@ fn upstream_body(
         model: &route.upstream_model,
         default_max_tokens: model.default_max_tokens,
         stream_usage: route.provider.stream_usage,
+        placement: providers::model_placement(route),
     };
     protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }

@@ -334,6 +334,8 @@ mod tests {
             stream_usage: true,
             max_concurrent_requests: None,
             api_version: None,
+            vertex: None,
+            bearer: None,
         })
     }
 

@@ -170,6 +170,7 @@ fn probe_head(
     req.insert_header("accept", "application/json")?;
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
     providers::apply_auth(provider, &mut req)?;
+    target.apply_bearer(&mut req)?;
     Ok(req)
 }
 
@@ -384,6 +385,8 @@ mod tests {
             stream_usage: true,
             max_concurrent_requests: None,
             api_version: None,
+            vertex: None,
+            bearer: None,
         }
     }
 

@@ -44,8 +44,9 @@ pub fn probe_body(
         model: upstream_model,
         default_max_tokens: 1,
         stream_usage: false,
+        placement: providers::placement_for(provider, upstream_model),
     };
-    protocol::encode_request(provider.kind.dialect(), &req, &opts)
+    protocol::encode_request(provider.dialect_for(upstream_model), &req, &opts)
 }
 
 /// Sends one request probe to the route `upstream_model` of `provider`, bounded by
@@ -114,6 +115,8 @@ mod tests {
             passive_health: PassiveHealth::default(),
             stream_usage: true,
             max_concurrent_requests: None,
+            vertex: None,
+            bearer: None,
         }
     }
 

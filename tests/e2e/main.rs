@@ -51,3 +51,4 @@ mod systemd;
 mod timeouts;
 mod tls;
 mod upgrade;
+mod vertex;

@@ -42,7 +42,8 @@ fn check(file: &Path, env: &[(&str, &str)]) -> std::process::Output {
     cmd.env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("AZURE_OPENAI_API_KEY")
-        .env_remove("GEMINI_API_KEY");
+        .env_remove("GEMINI_API_KEY")
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -65,11 +66,17 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
         .collect();
     assert!(!configs.is_empty(), "no full config block in the README");
     let dir = TempDir::new("readme");
+    // A service-account key file for the Vertex AI block (never contacted by `-t`).
+    let vertex_key = crate::vertex::TestKey::new("https://oauth2.googleapis.com/token");
     let keys = [
         ("OPENAI_API_KEY", "sk-test-openai"),
         ("ANTHROPIC_API_KEY", "sk-ant-test"),
         ("AZURE_OPENAI_API_KEY", "azure-test-key"),
         ("GEMINI_API_KEY", "gemini-test-key"),
+        (
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            vertex_key.file.to_str().expect("utf-8 path"),
+        ),
     ];
     for (i, yaml) in configs.iter().enumerate() {
         let file = dir.path().join(format!("example-{i}.yaml"));
