@@ -40,6 +40,8 @@ fn provider(id: &str) -> Arc<Provider> {
         max_concurrent_requests: None,
         api_version: None,
         aws: None,
+        vertex: None,
+        bearer: None,
     })
 }
 

@@ -5,6 +5,7 @@
 #   own throwaway server with its initdb/postgres binaries), nginx (load-script comparison, optional),
 #   chromium (the status-page test loads the admin page in headless Chromium),
 #   systemd (only its systemd-analyze: the e2e test runs `systemd-analyze verify` on the units),
+#   openssl (the Vertex AI tests generate service-account RSA keys with it),
 #   and a Python venv at .venv with the official SDKs (tests/sdk/requirements.txt).
 # Usage: bash scripts/install-deps.sh [--run]   (--run: only what building and running needs)
 set -euo pipefail
@@ -23,6 +24,8 @@ if [ "$mode" != "--run" ]; then
   command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+  # The Vertex AI tests generate their service-account RSA keys with the openssl command line.
+  command -v openssl >/dev/null 2>&1 || need+=(openssl)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

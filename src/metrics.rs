@@ -42,6 +42,10 @@ pub struct Metrics {
     /// requests by how they were counted (`provider`: the Anthropic provider's own count;
     /// `estimate`: the local `o200k_base` estimate).
     pub token_counts_total: IntCounterVec,
+    /// `sluice_provider_token_fetches_total{provider,result}`: access-token fetches of
+    /// providers whose credential is exchanged for a bearer token (Vertex AI), by `result`
+    /// (`ok`, `error`); one per token lifetime when all is well, not one per request.
+    pub provider_token_fetches_total: IntCounterVec,
     /// `sluice_fallback_total{model,from_provider,to_provider,reason}`: fallbacks from one
     /// route to the next; `model` is the model asked for, `reason` the failure label, or
     /// [`MODEL_FALLBACK_REASON`] for a step to another standard model.
@@ -277,6 +281,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_health_probes_total",
             "Active health probes by provider, mode (list, request) and result (up, down).",
             &["provider", "mode", "result"]
+        )?,
+        provider_token_fetches_total: register_int_counter_vec!(
+            "sluice_provider_token_fetches_total",
+            "Access-token fetches of token-authenticated providers (Vertex AI) by result (ok, error).",
+            &["provider", "result"]
         )?,
         token_counts_total: register_int_counter_vec!(
             "sluice_token_counts_total",
@@ -545,7 +554,8 @@ pub const AFFINITY_OUTCOMES: [&str; 3] = ["hit", "miss", "unavailable"];
 /// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
 /// `sluice_token_counts_total`,
 /// `sluice_sse_invalid_utf8_total` (per provider), `sluice_health_probes_total` (per provider
-/// with a probe, its mode × `up`/`down`) and `sluice_requests_total` (every
+/// with a probe, its mode × `up`/`down`), `sluice_provider_token_fetches_total` (per
+/// token-authenticated provider × `ok`/`error`) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
 /// providers or models removed by a reload stay, at their last value).
@@ -561,6 +571,12 @@ pub fn init_config_series(cfg: &crate::config::Config) {
             for result in ["up", "down"] {
                 m.health_probes_total
                     .with_label_values(&[p, check.mode.as_str(), result]);
+            }
+        }
+        if provider.bearer.is_some() {
+            for result in ["ok", "error"] {
+                m.provider_token_fetches_total
+                    .with_label_values(&[p, result]);
             }
         }
         m.heartbeats_total.with_label_values(&[p]);

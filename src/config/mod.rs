@@ -14,6 +14,7 @@ pub mod passthrough;
 pub mod schema;
 pub mod tls;
 mod validate;
+mod vertex;
 
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
@@ -301,6 +302,25 @@ pub struct Provider {
     /// `bedrock`: the SigV4 signer (region and credentials, read at load); `None` for every
     /// other kind.
     pub aws: Option<crate::providers::bedrock::sigv4::Signer>,
+    /// `providers.<id>.project` and `.region` of a Vertex AI provider (`None` for every
+    /// other kind).
+    pub vertex: Option<crate::providers::vertex::VertexAccount>,
+    /// The bearer token the provider's credential is exchanged for at run time (Vertex AI's
+    /// service-account key), shared by its requests and refreshed in the background; sent
+    /// as `Authorization: Bearer` ([`crate::providers::target`]). `None`: a static key or none.
+    pub bearer: Option<Arc<crate::providers::token::TokenCache>>,
+}
+
+impl Provider {
+    /// The wire API the provider serves `upstream_model` in: the kind's one dialect
+    /// ([`ProviderKind::dialect`]), except on Vertex AI, where Claude models speak Messages
+    /// and the others the Gemini dialect.
+    pub fn dialect_for(&self, upstream_model: &str) -> crate::protocol::Dialect {
+        match self.kind {
+            ProviderKind::Vertex => crate::providers::vertex::dialect(upstream_model),
+            kind => kind.dialect(),
+        }
+    }
 }
 
 /// A standard model: what clients ask for and see.
@@ -383,11 +403,10 @@ pub struct Route {
 impl Route {
     /// The wire API this route's requests are sent in. Per route, not per provider kind, so
     /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
-    /// in the Gemini dialect; Bedrock) can choose by the upstream model; today it is the
-    /// kind's one dialect ([`ProviderKind::dialect`]): Bedrock routes are Claude models
-    /// (Messages), the others are refused at load.
+    /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
+    /// it is the kind's one dialect ([`ProviderKind::dialect`]).
     pub fn dialect(&self) -> crate::protocol::Dialect {
-        self.provider.kind.dialect()
+        self.provider.dialect_for(&self.upstream_model)
     }
 
     /// Whether the route supports `cap`.

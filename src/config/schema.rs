@@ -482,6 +482,11 @@ pub enum ProviderKind {
     /// every request SigV4-signed (needs `region`; credentials from the AWS chain or
     /// `aws_profile`).
     Bedrock,
+    /// Google Vertex AI: Claude models through `rawPredict` / `streamRawPredict` (Messages),
+    /// Gemini models through `generateContent` / `streamGenerateContent`, with an OAuth2
+    /// access token from a service-account key (needs `project`, `region`,
+    /// `credentials_file_env`).
+    Vertex,
 }
 
 impl ProviderKind {
@@ -495,7 +500,8 @@ impl ProviderKind {
                 crate::protocol::Dialect::ChatCompletions
             }
             ProviderKind::Anthropic | ProviderKind::Bedrock => crate::protocol::Dialect::Messages,
-            ProviderKind::Gemini => crate::protocol::Dialect::Gemini,
+            // Vertex AI's own models; its Claude models speak Messages (`Route::dialect`).
+            ProviderKind::Gemini | ProviderKind::Vertex => crate::protocol::Dialect::Gemini,
         }
     }
 }
@@ -561,8 +567,11 @@ pub struct ProviderSection {
     /// query parameter, e.g. `"2024-10-21"`.
     #[serde(default)]
     pub api_version: Option<String>,
-    /// `bedrock` only (required there): the AWS region, e.g. `us-east-2`; it names the
-    /// default endpoint `https://bedrock-runtime.{region}.amazonaws.com` and the SigV4 scope.
+    /// `bedrock` and `vertex` only (required there): the region. Bedrock: the AWS region,
+    /// e.g. `us-east-2`; it names the default endpoint
+    /// `https://bedrock-runtime.{region}.amazonaws.com` and the SigV4 scope. Vertex AI: e.g.
+    /// `us-central1` (or `global`); it picks the default `base_url`,
+    /// `https://{region}-aiplatform.googleapis.com/v1`.
     #[serde(default)]
     pub region: Option<String>,
     /// `bedrock` only: the profile of the shared credentials file
@@ -570,6 +579,18 @@ pub struct ProviderSection {
     /// the environment's `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`.
     #[serde(default)]
     pub aws_profile: Option<String>,
+    /// `vertex` only (required there): the Google Cloud project id, e.g. `my-project`.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// `vertex` only (required there): the environment variable naming the service-account
+    /// JSON key file, usually `GOOGLE_APPLICATION_CREDENTIALS`. The file is read when the
+    /// config is loaded (and on reload); its contents are never logged.
+    #[serde(default)]
+    pub credentials_file_env: Option<String>,
+    /// `vertex` only: where the key's signed assertions are exchanged for access tokens
+    /// (default: the key file's `token_uri`, `https://oauth2.googleapis.com/token`).
+    #[serde(default)]
+    pub token_url: Option<String>,
 }
 
 /// `providers.<id>.health_check`: the active probe.

@@ -394,7 +394,7 @@ fn ms(v: u64) -> Duration {
 }
 
 /// Parses `http(s)://host[:port][/path]`.
-fn parse_base_url(url: &str) -> Result<Endpoint, String> {
+pub(super) fn parse_base_url(url: &str) -> Result<Endpoint, String> {
     let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("http://") {
@@ -465,8 +465,11 @@ fn build_provider(
         max_concurrent_requests,
         ca_file,
         api_version,
+        project,
         region,
         aws_profile,
+        credentials_file_env,
+        token_url,
     } = p;
     if kind == ProviderKind::Bedrock && (api_key.is_some() || api_key_env.is_some()) {
         let k = if api_key.is_some() {
@@ -480,7 +483,45 @@ fn build_provider(
             "kind bedrock signs with AWS credentials (the AWS_* environment or aws_profile), not an API key",
         ));
     }
-    let aws = bedrock_signer(kind, region.as_deref(), aws_profile.as_deref(), &key)
+    // `region` is both kinds' key: Bedrock's AWS region, Vertex AI's Google Cloud region.
+    let vertex_section = super::vertex::VertexSection {
+        project,
+        region: if kind == ProviderKind::Bedrock {
+            None
+        } else {
+            region.clone()
+        },
+        credentials_file_env,
+        token_url,
+    };
+    if kind != ProviderKind::Vertex {
+        if let Some(k) = vertex_section.first_set() {
+            let m = if k == "region" {
+                "region is only for kinds bedrock and vertex".to_string()
+            } else {
+                format!("{k} is only for kind vertex")
+            };
+            return Err(sources.err(fidx, &key(k), m));
+        }
+    } else if let Some(k) = [
+        ("api_key", api_key.is_some()),
+        ("api_key_env", api_key_env.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(k, set)| set.then_some(k))
+    {
+        return Err(sources.err(
+            fidx,
+            &key(k),
+            "kind vertex authenticates with a service-account key (credentials_file_env), not an API key",
+        ));
+    }
+    let bedrock_region = if kind == ProviderKind::Bedrock {
+        region.as_deref()
+    } else {
+        None
+    };
+    let aws = bedrock_signer(kind, bedrock_region, aws_profile.as_deref(), &key)
         .map_err(|(k, m)| sources.err(fidx, &k, m))?;
     let api_version = match (kind, api_version) {
         (ProviderKind::AzureOpenai, Some(v)) if crate::providers::azure::valid_api_version(&v) => {
@@ -531,6 +572,8 @@ fn build_provider(
             ))
             .map_err(|m| sources.err(fidx, &key("base_url"), m))?,
         ),
+        // The region's endpoint, once the region is checked (below).
+        (ProviderKind::Vertex, None) => None,
         (_, None) => {
             return Err(sources.err(fidx, &format!("providers.{id}"), "base_url is required"))
         }
@@ -597,6 +640,30 @@ fn build_provider(
             return Err(sources.err(fidx, &key(name), "must be greater than 0"));
         }
     }
+    let (vertex, bearer, endpoint) = if kind == ProviderKind::Vertex {
+        let parts = super::vertex::build(
+            id,
+            vertex_section,
+            parse_base_url,
+            (timeouts.connect, timeouts.first_byte),
+        )
+        .map_err(|(k, m)| {
+            let path = if k.is_empty() {
+                format!("providers.{id}")
+            } else {
+                key(k)
+            };
+            sources.err(fidx, &path, m)
+        })?;
+        let endpoint = match endpoint {
+            Some(e) => e,
+            None => parse_base_url(&parts.default_base_url)
+                .map_err(|m| sources.err(fidx, &key("region"), m))?,
+        };
+        (Some(parts.account), Some(parts.bearer), Some(endpoint))
+    } else {
+        (None, None, endpoint)
+    };
     // The probe's default path is the kind's model list (Azure's needs its `api-version`).
     let default_path = || crate::providers::health_path(kind, api_version.as_deref());
     let health_check = match (kind, health_check) {
@@ -604,6 +671,8 @@ fn build_provider(
         // The runtime API has no cheap read to probe (no model list): passive health only,
         // unless a probe path is configured (sent signed like any request).
         (ProviderKind::Bedrock, None) => None,
+        // Vertex AI has no model list to probe: passive health only, unless a path is set.
+        (ProviderKind::Vertex, None) => None,
         (_, Some(h)) if !h.enabled => None,
         (_, Some(h)) => Some(ActiveHealthCheck {
             mode: h.mode,
@@ -688,6 +757,8 @@ fn build_provider(
         max_concurrent_requests,
         api_version,
         aws,
+        vertex,
+        bearer,
     })
 }
 

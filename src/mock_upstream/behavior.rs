@@ -262,6 +262,19 @@ pub struct Behavior {
     /// Azure OpenAI: answer the `content_filter` 400 (the prompt was filtered).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content_filter: Option<bool>,
+    /// Google OAuth2 token endpoint (`POST /token`): the service-account public key (PEM
+    /// `PUBLIC KEY`, SPKI) that assertions must be signed with (RS256). Without it every
+    /// assertion is refused (`invalid_grant`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_public_key: Option<String>,
+    /// Google OAuth2 token endpoint: lifetime of the access tokens it issues, seconds
+    /// (`expires_in`; default 3599). Vertex AI paths refuse a token past it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_lifetime_s: Option<u64>,
+    /// Google OAuth2 token endpoint: answer every token request with this HTTP status and
+    /// an OAuth2 error body instead of a token (a failing endpoint).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_status: Option<u16>,
 }
 
 /// One tool call of the `tool_calls` knob.
@@ -370,6 +383,9 @@ impl Behavior {
             prompt_cache,
             api_key,
             content_filter,
+            token_public_key,
+            token_lifetime_s,
+            token_status,
         )
     }
 

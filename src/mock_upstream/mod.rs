@@ -23,11 +23,14 @@
 //!   `:streamGenerateContent?alt=sse` — the Gemini API
 //!   (<https://ai.google.dev/api/generate-content>); without `x-goog-api-key` Google's 403,
 //!   with another key than the `api_key` knob its 400 `API_KEY_INVALID`;
-//! - `POST /model/{modelId}/invoke` and `/model/{modelId}/invoke-with-response-stream` —
-//!   AWS Bedrock's runtime API for Claude ([`bedrock`]): Anthropic's answer, streamed in
-//!   AWS's binary event-stream framing; every request's SigV4 signature verified by the
-//!   mock's own implementation ([`sigv4`]; the identities it knows are its `MOCK_AWS_*`
-//!   constants), a wrong or stale one refused with Bedrock's 403s.
+//! - `POST .../projects/{p}/locations/{r}/publishers/anthropic/models/{m}:rawPredict` and
+//!   `:streamRawPredict` (Claude on Vertex AI: Messages bodies with `anthropic_version:
+//!   vertex-2023-10-16` and no `model`), `.../publishers/google/models/{m}:generateContent`
+//!   and `:streamGenerateContent?alt=sse` (Gemini on Vertex AI), each only with a bearer
+//!   token the mock issued and that has not expired (else Google's 401 `UNAUTHENTICATED`);
+//! - `POST .../token` — Google's OAuth2 token endpoint for service-account assertions: the
+//!   RS256 JWT verified against the `token_public_key` knob, tokens of `token_lifetime_s`
+//!   (see [`google`] for what it checks). Token requests are logged like any request.
 //!
 //! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
 //! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI
@@ -60,6 +63,7 @@
 mod bedrock;
 mod behavior;
 mod cloud;
+mod google;
 mod h1;
 mod record;
 mod respond;
@@ -106,6 +110,8 @@ pub struct MockState {
     ids: AtomicU64,
     conns: AtomicU64,
     fail_counters: Mutex<HashMap<String, u64>>,
+    /// Access tokens issued by the OAuth2 token endpoint, with their expiry.
+    google: Mutex<google::Issued>,
     /// Prompt prefixes answered so far (`prompt_cache` knob): hashes, at most
     /// [`PROMPT_CACHE_ENTRIES`].
     prompt_cache: Mutex<std::collections::HashSet<u64>>,
@@ -125,6 +131,7 @@ impl MockState {
             ids: AtomicU64::new(0),
             conns: AtomicU64::new(0),
             fail_counters: Mutex::new(HashMap::new()),
+            google: Mutex::new(google::Issued::default()),
             prompt_cache: Mutex::new(std::collections::HashSet::new()),
             demo: false,
         }
@@ -392,6 +399,31 @@ async fn serve_connection(
             continue;
         }
         conn_seq += 1;
+        if !state.demo && google::is_token_request(&req) {
+            let behavior = state.default_behavior();
+            let (status, body) = google::token_exchange(&mut lock(&state.google), &req, &behavior);
+            let mut rec = respond::make_record(&req, &None);
+            rec.conn_id = conn_id;
+            rec.conn_seq = conn_seq;
+            rec.received_at_ms = state.now_ms();
+            rec.status = Some(status);
+            rec.completed = true;
+            state.push_record(rec);
+            let close = !req.keep_alive;
+            simple_response(
+                wr,
+                status,
+                "application/json; charset=utf-8",
+                body.as_bytes(),
+                close,
+            )
+            .await?;
+            if close {
+                let _ = wr.shutdown().await;
+                return Ok(None);
+            }
+            continue;
+        }
         let (rec, plan) = respond::prepare(state, &req, conn_id, conn_seq);
         let close = !req.keep_alive || Behavior::flag(plan.behavior.close);
         // The request (and its body) is not needed while the response is written.

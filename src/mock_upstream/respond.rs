@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::bedrock;
 use super::behavior::{Behavior, Split};
 use super::cloud;
+use super::google::{self, Publisher};
 use super::h1::{Framing, Out, Request, Wr};
 use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
 use super::wire::{self, BodyEncoder, Provider, ReplyMeta, SseStyle};
@@ -85,7 +86,11 @@ fn now_unix() -> u64 {
 
 fn classify(req: &Request) -> Kind {
     let path = req.path().trim_end_matches('/');
-    if req.method == "POST" && cloud::gemini_method(req).is_some() {
+    let claude_on_vertex =
+        google::vertex_call(req).is_some_and(|c| c.publisher == Publisher::Anthropic);
+    if req.method == "POST" && claude_on_vertex {
+        Kind::Chat(Provider::Anthropic)
+    } else if req.method == "POST" && cloud::gemini_method(req).is_some() {
         Kind::Chat(Provider::Gemini)
     } else if req.method == "POST" && bedrock::invoke_method(req).is_some() {
         Kind::Chat(Provider::Anthropic)
@@ -102,7 +107,8 @@ fn classify(req: &Request) -> Kind {
     }
 }
 
-fn make_record(req: &Request, body: &Option<Value>) -> RequestRecord {
+/// The log record of `req` (its parsed JSON `body`, if any).
+pub(crate) fn make_record(req: &Request, body: &Option<Value>) -> RequestRecord {
     let mut headers = std::collections::BTreeMap::new();
     for (k, v) in &req.headers {
         if SELECTED_HEADERS.contains(&k.as_str()) {
@@ -159,6 +165,11 @@ pub(crate) fn prepare(
 ) -> (RecordHandle, Plan) {
     let kind = classify(req);
     let azure = cloud::is_azure(req);
+    // Vertex AI: publisher, model and method in the path, a bearer token it issued.
+    let vertex = match kind {
+        Kind::Chat(_) => google::vertex_call(req),
+        _ => None,
+    };
     // Gemini names the model and the stream choice in the path: (model, stream, alt=sse).
     let gemini = match kind {
         Kind::Chat(Provider::Gemini) => cloud::gemini_method(req),
@@ -195,6 +206,12 @@ pub(crate) fn prepare(
             record.stream = Some(*stream);
         }
     }
+    if let Some(call) = vertex
+        .as_ref()
+        .filter(|c| c.publisher == Publisher::Anthropic)
+    {
+        record.model = Some(call.model.clone());
+    }
     record.conn_id = conn_id;
     record.conn_seq = conn_seq;
     record.received_at_ms = state.now_ms();
@@ -210,6 +227,14 @@ pub(crate) fn prepare(
     }
     if kind == Kind::CountTokens && bad_request.is_none() {
         bad_request = wire::count_tokens_refusal(body.as_ref());
+    }
+    if let Some(call) = vertex
+        .as_ref()
+        .filter(|c| c.publisher == Publisher::Anthropic)
+    {
+        if bad_request.is_none() {
+            bad_request = google::claude_body_refusal(call, body.as_ref());
+        }
     }
 
     // Behaviour levels: body "mock" > x-mock-behavior header > process default. Demo mode
@@ -252,7 +277,9 @@ pub(crate) fn prepare(
 
     // The cloud APIs' gates come first: their front ends answer before reading the body.
     let mut aws_error_type = None;
-    let gate = if azure {
+    let gate = if vertex.is_some() {
+        google::vertex_gate(&lock(&state.google), req)
+    } else if azure {
         cloud::azure_gate(req, behavior.api_key.as_deref())
     } else if gemini.is_some() {
         cloud::gemini_gate(req, behavior.api_key.as_deref())
@@ -311,7 +338,19 @@ pub(crate) fn prepare(
                         .error_message
                         .clone()
                         .unwrap_or_else(|| wire::default_error_message(provider, s));
-                    wire::error_body_typed(provider, s, &msg, behavior.error_type.as_deref())
+                    // Vertex AI's front end answers quota, credential and unknown-model
+                    // errors in Google's error model, whatever the model's dialect.
+                    vertex
+                        .as_ref()
+                        .and_then(|_| google::platform_error(s, &msg))
+                        .unwrap_or_else(|| {
+                            wire::error_body_typed(
+                                provider,
+                                s,
+                                &msg,
+                                behavior.error_type.as_deref(),
+                            )
+                        })
                 }
             };
             (s, body)
@@ -328,6 +367,9 @@ pub(crate) fn prepare(
                 .rsplit_once("anthropic.")
                 .map_or(m.as_str(), |(_, rest)| rest)
                 .to_string();
+        }
+        if let Some(call) = &vertex {
+            return call.model.clone();
         }
         if azure {
             // Azure echoes the deployment's model, not the deployment name.

@@ -384,6 +384,12 @@ pub(crate) fn decode_error_body(dialect: Dialect, status: u16, body: &[u8]) -> (
             return e;
         }
     }
+    // Claude behind Google's front end (Vertex AI): the platform's errors are Google's.
+    if dialect == Dialect::Messages {
+        if let Some(e) = super::gemini::decode_platform_error_body(status, body) {
+            return e;
+        }
+    }
     #[derive(Deserialize)]
     struct Envelope<'a> {
         #[serde(borrow, default)]

@@ -678,6 +678,23 @@ pub struct UpstreamOptions<'a> {
     /// Ask a Chat Completions provider for the final usage of a stream
     /// (`stream_options.include_usage: true`); `providers.<id>.stream_usage`.
     pub stream_usage: bool,
+    /// Where a Messages body names the model (ignored by the other dialects).
+    pub placement: ModelPlacement,
+}
+
+/// Where an upstream's Anthropic Messages body names the model. Anthropic's API takes
+/// `model` in the body; Claude on a cloud platform (Vertex AI's `rawPredict`) is named by the
+/// URL and wants the platform's `anthropic_version` in the body instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModelPlacement {
+    /// `model` in the body (Anthropic's API).
+    #[default]
+    Body,
+    /// No `model` member; `anthropic_version` set to this value (e.g. `vertex-2023-10-16`).
+    Path {
+        /// The body's `anthropic_version`.
+        anthropic_version: &'static str,
+    },
 }
 
 /// Decodes a client request body of `dialect` into the canonical request.

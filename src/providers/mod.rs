@@ -1,10 +1,10 @@
 //! Owns how Sluice talks to a provider: the `HttpPeer` for an attempt (address, TLS, SNI,
 //! ALPN, connect timeout) and the upstream request head (path, `Host`, provider auth). Each
 //! kind is a dialect ([`ProviderKind::dialect`]) plus an address ([`request_path`],
-//! [`health_path`]) plus a signer ([`apply_auth`], which sees the final body bytes) plus,
-//! where the provider's stream is not SSE, an unframer ([`framing`]); the kind-specific
-//! pieces live in [`anthropic`], [`openai`], [`azure`], [`gemini`] and [`bedrock`], and the
-//! attempt loop only calls the functions here. The
+//! [`health_path`]) plus a signer ([`apply_auth`], and for a credential exchanged for a
+//! token at run time the provider's [`token::TokenCache`], read by [`target`]); the
+//! kind-specific pieces live in [`anthropic`], [`openai`], [`azure`], [`gemini`] and
+//! [`vertex`] (with [`google_auth`]), and the attempt loop only calls the functions here. The
 //! request body is the protocol layer's ([`crate::protocol`]): as is with the upstream model
 //! when the provider speaks the client's dialect, else translated.
 //!
@@ -18,19 +18,23 @@ pub mod demo;
 pub mod encoding;
 pub mod framing;
 pub mod gemini;
+pub mod google_auth;
 pub mod openai;
+pub mod token;
+pub mod vertex;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use pingora::http::RequestHeader;
 use pingora::protocols::ALPN;
 use pingora::upstreams::peer::HttpPeer;
 
-use crate::config::{Provider, ProviderKind};
-use crate::protocol::Dialect;
+use crate::config::{Provider, ProviderKind, Route};
+use crate::protocol::{Dialect, ModelPlacement};
+use crate::secret::Secret;
 
 /// How long a DNS answer is reused.
 const DNS_TTL: Duration = Duration::from_secs(30);
@@ -43,7 +47,11 @@ static DNS: LazyLock<DnsCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
 ///
 /// # Errors
 /// A message when the lookup fails, times out (`deadline`) or returns nothing.
-async fn resolve(host: &str, port: u16, deadline: Duration) -> Result<SocketAddr, String> {
+pub(crate) async fn resolve(
+    host: &str,
+    port: u16,
+    deadline: Duration,
+) -> Result<SocketAddr, String> {
     let key = (host.to_string(), port);
     if let Ok(cache) = DNS.lock() {
         if let Some((addrs, at)) = cache.get(&key) {
@@ -86,14 +94,41 @@ pub struct Target {
     pub host_header: String,
     /// Path prefix (e.g. `/v1`).
     pub base_path: String,
+    /// The provider's current bearer token, when its credential is one exchanged at run
+    /// time ([`Provider::bearer`]): sent as `Authorization: Bearer`.
+    pub bearer: Option<Arc<Secret>>,
 }
 
-/// Builds the peer for `provider`.
+impl Target {
+    /// Adds `Authorization: Bearer <token>` when the provider authenticates with a token.
+    ///
+    /// # Errors
+    /// If the token is not a valid header value.
+    pub fn apply_bearer(&self, req: &mut RequestHeader) -> pingora::Result<()> {
+        if let Some(t) = &self.bearer {
+            req.insert_header("authorization", format!("Bearer {}", t.expose()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Builds the peer for `provider`, with its bearer token when it has a token cache (waiting
+/// at most the connect timeout for one: a failed or slow token fetch fails the attempt
+/// like a connect error, so the request falls back).
 ///
 /// # Errors
-/// A message when the provider's address cannot be resolved (DNS failure) or a non-demo
-/// provider has no endpoint.
+/// A message when the provider's address cannot be resolved (DNS failure), a non-demo
+/// provider has no endpoint, or no access token could be had.
 pub async fn target(provider: &Provider) -> Result<Target, String> {
+    let bearer = match &provider.bearer {
+        Some(cache) => Some(
+            cache
+                .bearer(provider.timeouts.connect)
+                .await
+                .map_err(|e| format!("no access token: {e}"))?,
+        ),
+        None => None,
+    };
     let (addr, tls, sni, host_header, base_path) = match (&provider.endpoint, provider.kind) {
         (Some(ep), _) => {
             let addr = match ep.ip {
@@ -165,13 +200,14 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
         peer,
         host_header,
         base_path,
+        bearer,
     })
 }
 
 /// The path (and query) of the inference endpoint for one request to `provider`,
 /// appended to the base path: fixed for OpenAI-compatible and Anthropic providers, the
 /// deployment's URL for Azure OpenAI, the model's method (stream or not) for Gemini and
-/// Bedrock.
+/// Bedrock, the publisher model's method under the project and region for Vertex AI.
 pub fn request_path(
     provider: &Provider,
     upstream_model: &str,
@@ -187,6 +223,25 @@ pub fn request_path(
         .into(),
         ProviderKind::Gemini => gemini::method_path(upstream_model, stream).into(),
         ProviderKind::Bedrock => bedrock::invoke_path(upstream_model, stream).into(),
+        ProviderKind::Vertex => match &provider.vertex {
+            Some(account) => vertex::method_path(account, upstream_model, stream).into(),
+            None => "/".into(),
+        },
+    }
+}
+
+/// Where the route's request body names the model ([`ModelPlacement`]): in the URL for
+/// Claude on Vertex AI (whose body carries `anthropic_version` instead), in the body for
+/// every other route.
+pub fn model_placement(route: &Route) -> ModelPlacement {
+    placement_for(&route.provider, &route.upstream_model)
+}
+
+/// [`model_placement`] for `upstream_model` of `provider` (without a route: the probes).
+pub fn placement_for(provider: &Provider, upstream_model: &str) -> ModelPlacement {
+    match provider.kind {
+        ProviderKind::Vertex => vertex::model_placement(upstream_model),
+        _ => ModelPlacement::Body,
     }
 }
 
@@ -202,8 +257,13 @@ pub fn health_path(kind: ProviderKind, api_version: Option<&str>) -> String {
 /// The status an upstream error answer counts as, from its status and body: a Gemini key
 /// rejected with 400 (`API_KEY_INVALID`) is a 401 (the gateway's credential: fall back,
 /// tell the client 502), a Bedrock `ModelErrorException` (424) is a 502 (the model failed:
-/// fall back), every other answer keeps its status.
+/// fall back), every other answer keeps its status. A 401 to a provider that
+/// authenticates with a cached token also drops that token (revoked, or the clocks
+/// disagree), so the next request gets a new one.
 pub fn error_status(provider: &Provider, status: u16, body: &[u8]) -> u16 {
+    if let (401, Some(cache)) = (status, &provider.bearer) {
+        cache.invalidate();
+    }
     match provider.kind {
         ProviderKind::Gemini if status == 400 && gemini::key_rejected(body) => 401,
         ProviderKind::Bedrock => bedrock::error_status(status),
@@ -245,6 +305,7 @@ pub fn request_head(
     req.insert_header("accept-encoding", encoding::ACCEPT_ENCODING)?;
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
     req.insert_header("x-request-id", request_id)?;
+    target.apply_bearer(&mut req)?;
     apply_auth(provider, &mut req, body)?;
     Ok(req)
 }
@@ -347,6 +408,28 @@ pub fn passthrough_body(
     ask_usage: bool,
     shape: &BodyShape,
 ) -> serde_json::Result<Vec<u8>> {
+    passthrough_body_placed(
+        request,
+        upstream_model,
+        ask_usage,
+        ModelPlacement::Body,
+        shape,
+    )
+}
+
+/// [`passthrough_body`] for a provider that names the model where `placement` says: with
+/// [`ModelPlacement::Path`] the body has no `model` and gets the platform's
+/// `anthropic_version` (a client's own `anthropic_version` member is replaced).
+///
+/// # Errors
+/// Only if serialization fails (it cannot for a parsed `Value`).
+pub fn passthrough_body_placed(
+    request: &serde_json::Map<String, serde_json::Value>,
+    upstream_model: &str,
+    ask_usage: bool,
+    placement: ModelPlacement,
+    shape: &BodyShape,
+) -> serde_json::Result<Vec<u8>> {
     use serde_json::Value;
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::new(&mut out);
@@ -364,8 +447,14 @@ pub fn passthrough_body(
         {
             continue;
         }
-        if k == "model" {
-            map.serialize_entry(k, upstream_model)?;
+        if k == "model" || k == "anthropic_version" {
+            match placement {
+                ModelPlacement::Body if k == "model" => {
+                    map.serialize_entry(k, upstream_model)?;
+                }
+                ModelPlacement::Body => map.serialize_entry(k, v)?,
+                ModelPlacement::Path { .. } => {}
+            }
         } else if ask_usage && k == "stream_options" {
             map.serialize_entry(k, &with_usage(Some(v)))?;
         } else {
@@ -377,6 +466,9 @@ pub fn passthrough_body(
     }
     for (k, v) in shape.added {
         map.serialize_entry(k, v)?;
+    }
+    if let ModelPlacement::Path { anthropic_version } = placement {
+        map.serialize_entry("anthropic_version", anthropic_version)?;
     }
     map.end()?;
     Ok(out)
@@ -442,8 +534,9 @@ pub fn error_parts(
 /// sent; empty for a `GET`): `Authorization: Bearer` (OpenAI-compatible), `x-api-key` +
 /// `anthropic-version` (Anthropic), `api-key` (Azure OpenAI), `x-goog-api-key` (Gemini),
 /// or a SigV4 signature over the method, path, `host`, `content-type` and body (Bedrock,
-/// [`bedrock::sigv4`]). The signer seam: a kind whose credential is computed per request
-/// adds its arm here; it runs after every other header is set.
+/// [`bedrock::sigv4`]); nothing for Vertex AI, whose bearer token comes with the
+/// [`Target`] ([`Target::apply_bearer`]). The signer seam: a kind whose credential is
+/// computed per request adds its arm here; it runs after every other header is set.
 ///
 /// # Errors
 /// If the key is not a valid header value, or the request cannot be signed.
@@ -479,6 +572,7 @@ pub fn apply_auth(
                 req.insert_header(gemini::API_KEY_HEADER, k.expose())?;
             }
         }
+        ProviderKind::Vertex => {}
     }
     Ok(())
 }

@@ -423,10 +423,11 @@ fn upstream_body(
             && !req.include_usage
             && upstream == Dialect::ChatCompletions
             && route.provider.stream_usage;
-        return providers::passthrough_body(
+        return providers::passthrough_body_placed(
             &req.body,
             &route.upstream_model,
             ask_usage,
+            providers::model_placement(route),
             &providers::body_shape(&route.provider),
         )
         .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
@@ -443,6 +444,7 @@ fn upstream_body(
         model: &route.upstream_model,
         default_max_tokens: model.default_max_tokens,
         stream_usage: route.provider.stream_usage,
+        placement: providers::model_placement(route),
     };
     let body = protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))?;
     providers::reshape_body(

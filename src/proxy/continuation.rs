@@ -199,6 +199,7 @@ pub(super) async fn resume<'r>(
             model: &route.upstream_model,
             default_max_tokens: model.default_max_tokens,
             stream_usage: route.provider.stream_usage,
+            placement: providers::model_placement(route),
         };
         let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts).and_then(|b| {
             providers::reshape_body(

@@ -335,6 +335,8 @@ mod tests {
             max_concurrent_requests: None,
             api_version: None,
             aws: None,
+            vertex: None,
+            bearer: None,
         })
     }
 

@@ -169,6 +169,7 @@ fn probe_head(
     req.insert_header("host", &target.host_header)?;
     req.insert_header("accept", "application/json")?;
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
+    target.apply_bearer(&mut req)?;
     providers::apply_auth(provider, &mut req, &[])?;
     Ok(req)
 }
@@ -385,6 +386,8 @@ mod tests {
             max_concurrent_requests: None,
             api_version: None,
             aws: None,
+            vertex: None,
+            bearer: None,
         }
     }
 

@@ -44,8 +44,9 @@ pub fn probe_body(
         model: upstream_model,
         default_max_tokens: 1,
         stream_usage: false,
+        placement: providers::placement_for(provider, upstream_model),
     };
-    let body = protocol::encode_request(provider.kind.dialect(), &req, &opts)?;
+    let body = protocol::encode_request(provider.dialect_for(upstream_model), &req, &opts)?;
     // The body as the provider takes it (Bedrock: no `model`, its `anthropic_version`).
     providers::reshape_body(body, upstream_model, &providers::body_shape(provider))
         .map_err(|e| protocol::ProtocolError::InvalidUpstream(e.to_string()))
@@ -118,6 +119,8 @@ mod tests {
             passive_health: PassiveHealth::default(),
             stream_usage: true,
             max_concurrent_requests: None,
+            vertex: None,
+            bearer: None,
         }
     }
 

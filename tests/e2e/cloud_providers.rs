@@ -99,20 +99,20 @@ models:
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Client {
+pub(crate) enum Client {
     Chat,
     Messages,
 }
 
 impl Client {
-    fn path(self) -> &'static str {
+    pub(crate) fn path(self) -> &'static str {
         match self {
             Client::Chat => "/v1/chat/completions",
             Client::Messages => "/v1/messages",
         }
     }
 
-    fn headers(self, id: &str) -> Vec<(&'static str, String)> {
+    pub(crate) fn headers(self, id: &str) -> Vec<(&'static str, String)> {
         let mut h = match self {
             Client::Messages => vec![
                 ("x-api-key", KEY.to_string()),
@@ -124,7 +124,7 @@ impl Client {
         h
     }
 
-    fn body(self, model: &str, stream: bool) -> Value {
+    pub(crate) fn body(self, model: &str, stream: bool) -> Value {
         match self {
             Client::Chat => json!({"model": model, "stream": stream,
                 "messages": [{"role": "system", "content": "be brief"},
@@ -136,7 +136,12 @@ impl Client {
 }
 
 /// Sends one request: (status, response headers' provider, body bytes).
-fn send(sluice: &Sluice, client: Client, body: &Value, id: &str) -> (u16, Option<String>, Vec<u8>) {
+pub(crate) fn send(
+    sluice: &Sluice,
+    client: Client,
+    body: &Value,
+    id: &str,
+) -> (u16, Option<String>, Vec<u8>) {
     let owned = client.headers(id);
     let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
     if body["stream"] == true {
@@ -152,7 +157,7 @@ fn send(sluice: &Sluice, client: Client, body: &Value, id: &str) -> (u16, Option
 }
 
 /// The data payloads of an SSE body, parsed.
-fn data(bytes: &[u8]) -> Vec<Value> {
+pub(crate) fn data(bytes: &[u8]) -> Vec<Value> {
     sse_events(bytes)
         .iter()
         .flat_map(|e| e.lines())
@@ -163,7 +168,7 @@ fn data(bytes: &[u8]) -> Vec<Value> {
 }
 
 /// The text of a client answer (stream or not) of `client`.
-fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String {
+pub(crate) fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String {
     match (client, stream) {
         (Client::Chat, true) => sse_text(bytes),
         (Client::Messages, true) => data(bytes)
@@ -190,7 +195,7 @@ fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String {
 }
 
 /// Every model id the client was shown, wherever its dialect names one.
-fn echoed_models(client: Client, stream: bool, bytes: &[u8]) -> Vec<String> {
+pub(crate) fn echoed_models(client: Client, stream: bool, bytes: &[u8]) -> Vec<String> {
     let values: Vec<Value> = if stream {
         data(bytes)
     } else {
@@ -208,7 +213,7 @@ fn echoed_models(client: Client, stream: bool, bytes: &[u8]) -> Vec<String> {
 }
 
 /// The JSON access-log record of request `id`.
-fn access(sluice: &Sluice, id: &str) -> Value {
+pub(crate) fn access(sluice: &Sluice, id: &str) -> Value {
     let needle = format!("\"request_id\":\"{id}\"");
     let mut found = None;
     let ok = eventually(Duration::from_secs(5), || {
@@ -223,7 +228,7 @@ fn access(sluice: &Sluice, id: &str) -> Value {
     serde_json::from_str(&found.unwrap_or_default()).expect("access line JSON")
 }
 
-fn num(rec: &Value, key: &str) -> u64 {
+pub(crate) fn num(rec: &Value, key: &str) -> u64 {
     rec[key]
         .as_str()
         .and_then(|s| s.parse().ok())

@@ -52,3 +52,4 @@ mod systemd;
 mod timeouts;
 mod tls;
 mod upgrade;
+mod vertex;

@@ -46,7 +46,8 @@ fn check(file: &Path, env: &[(&str, &str)]) -> std::process::Output {
         .env_remove("AWS_ACCESS_KEY_ID")
         .env_remove("AWS_SECRET_ACCESS_KEY")
         .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("AWS_SHARED_CREDENTIALS_FILE");
+        .env_remove("AWS_SHARED_CREDENTIALS_FILE")
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -69,6 +70,8 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
         .collect();
     assert!(!configs.is_empty(), "no full config block in the README");
     let dir = TempDir::new("readme");
+    // A service-account key file for the Vertex AI block (never contacted by `-t`).
+    let vertex_key = crate::vertex::TestKey::new("https://oauth2.googleapis.com/token");
     let keys = [
         ("OPENAI_API_KEY", "sk-test-openai"),
         ("ANTHROPIC_API_KEY", "sk-ant-test"),
@@ -76,6 +79,10 @@ fn the_readme_example_config_passes_sluice_t_as_written() {
         ("GEMINI_API_KEY", "gemini-test-key"),
         ("AWS_ACCESS_KEY_ID", "AKIAREADMEEXAMPLE001"),
         ("AWS_SECRET_ACCESS_KEY", "readme-test-secret"),
+        (
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            vertex_key.file.to_str().expect("utf-8 path"),
+        ),
     ];
     for (i, yaml) in configs.iter().enumerate() {
         let file = dir.path().join(format!("example-{i}.yaml"));

@@ -552,5 +552,23 @@ pub(crate) fn decode_error_body(status: u16, body: &[u8]) -> Option<(ErrorKind, 
     }
 }
 
+/// Reads a body in Google's error model only when it names a `google.rpc.Code` (`status`):
+/// Google's front end answering for a model of another dialect (Claude on Vertex AI: quota,
+/// credentials, an unknown model), told apart from the model's own Anthropic errors.
+pub(crate) fn decode_platform_error_body(status: u16, body: &[u8]) -> Option<(ErrorKind, String)> {
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow, default)]
+        error: Option<ErrorIn<'a>>,
+    }
+    let env: Envelope<'_> = serde_json::from_slice(body).ok()?;
+    let e = env.error?;
+    e.status.as_ref()?;
+    match e.to_error(status) {
+        ProtocolError::Upstream { kind, message } => Some((kind, message)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests;

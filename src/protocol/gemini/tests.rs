@@ -13,6 +13,7 @@ fn opts() -> UpstreamOptions<'static> {
         model: "gemini-2.5-flash",
         default_max_tokens: 4096,
         stream_usage: true,
+        placement: crate::protocol::ModelPlacement::Body,
     }
 }
 

@@ -427,7 +427,14 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
     }
     let max_tokens = req.max_output_tokens.unwrap_or(opts.default_max_tokens);
     let mut out = Map::new();
-    out.insert("model".into(), opts.model.into());
+    match opts.placement {
+        super::ModelPlacement::Body => {
+            out.insert("model".into(), opts.model.into());
+        }
+        super::ModelPlacement::Path { anthropic_version } => {
+            out.insert("anthropic_version".into(), anthropic_version.into());
+        }
+    }
     out.insert("max_tokens".into(), max_tokens.into());
     match req.system.len() {
         0 => {}

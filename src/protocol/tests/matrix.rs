@@ -379,6 +379,7 @@ fn request_matrix() {
                     model: "up",
                     default_max_tokens: 4096,
                     stream_usage: true,
+                    placement: crate::protocol::ModelPlacement::Body,
                 };
                 let out = encode_request(up, &req, &opts).unwrap();
                 let got: Value = serde_json::from_slice(&out).unwrap();

@@ -10,6 +10,7 @@ const OPTS: UpstreamOptions<'static> = UpstreamOptions {
     model: "claude-up",
     default_max_tokens: 4096,
     stream_usage: true,
+    placement: crate::protocol::ModelPlacement::Body,
 };
 
 fn translate(from: Dialect, to: Dialect, body: Value) -> Result<Value, ProtocolError> {
