@@ -61,6 +61,8 @@ struct Opts {
     unary_tokens: u64,
     ttfb_tokens: u64,
     ttfb_token_delay_ms: u64,
+    /// Bytes of the user message in the `prompt` scenario (`LOAD_PROMPT_BYTES`).
+    prompt_bytes: usize,
     rounds: usize,
     max_requests: u64,
     gen_threads: usize,
@@ -93,6 +95,7 @@ impl Opts {
             unary_tokens: env_u64("LOAD_UNARY_TOKENS", 100),
             ttfb_tokens: env_u64("LOAD_TTFB_TOKENS", 20),
             ttfb_token_delay_ms: env_u64("LOAD_TTFB_TOKEN_DELAY_MS", 5),
+            prompt_bytes: env_u64("LOAD_PROMPT_BYTES", 32 * 1024) as usize,
             rounds: env_u64("LOAD_ROUNDS", 1).max(1) as usize,
             max_requests: env_u64("LOAD_MAX_REQUESTS", 2_000_000).max(1),
             gen_threads: env_u64("LOAD_GEN_THREADS", cpus as u64).max(1) as usize,
@@ -102,7 +105,7 @@ impl Opts {
                 "LOAD_TARGETS",
                 "direct,sluice,nginx,redis,billing,tls,h2,passthrough",
             ),
-            scenarios: list("LOAD_SCENARIOS", "unary,stream,ttfb"),
+            scenarios: list("LOAD_SCENARIOS", "unary,stream,burst,prompt,ttfb,ttfb1"),
             keep_tmp: env_u64("LOAD_KEEP_TMP", 0) != 0,
             sanity: false,
         }
@@ -889,6 +892,19 @@ impl AnyConn {
     }
 }
 
+/// A streamed chat body whose user message is `bytes` long (ASCII words): the `prompt`
+/// scenario's realistic long prompt (memory per held stream, body handling per request).
+fn chat_body_with_prompt(bytes: usize) -> String {
+    let mut prompt = String::with_capacity(bytes + 8);
+    while prompt.len() < bytes {
+        prompt.push_str("lorem ipsum dolor sit amet ");
+    }
+    prompt.truncate(bytes);
+    format!(
+        "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"{prompt}\"}}],\"stream\":true,\"max_tokens\":256}}"
+    )
+}
+
 fn chat_body(stream: bool) -> String {
     format!(
         "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"Write a short poem about load tests.\"}}],\"stream\":{stream},\"max_tokens\":256}}"
@@ -1224,9 +1240,19 @@ async fn conn_counter(mock: SocketAddr) -> Option<u64> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Scenario {
+    /// Non-stream requests.
     Unary,
+    /// Streams whose events the mock writes one per write (token by token).
     Stream,
+    /// The same streams written in one burst: all 100 events in one write and one HTTP
+    /// chunk (a fast model, a burst after a pause, a cached answer).
+    Burst,
+    /// Token-by-token streams whose request carries a `LOAD_PROMPT_BYTES` user message.
+    Prompt,
+    /// TTFB of slow streams at `LOAD_TTFB_CLIENTS` concurrent streams.
     Ttfb,
+    /// TTFB of the same streams, one at a time.
+    Ttfb1,
 }
 
 impl Scenario {
@@ -1234,11 +1260,29 @@ impl Scenario {
         match self {
             Scenario::Unary => format!("non-stream, {} clients", o.clients),
             Scenario::Stream => format!("{}-token streams, {} clients", o.stream_tokens, o.clients),
+            Scenario::Burst => format!(
+                "{}-token streams in one burst, {} clients",
+                o.stream_tokens, o.clients
+            ),
+            Scenario::Prompt => format!(
+                "{}-token streams, {} B prompts, {} clients",
+                o.stream_tokens, o.prompt_bytes, o.clients
+            ),
             Scenario::Ttfb => format!(
                 "TTFB, {} streams ({} tokens x {} ms)",
                 o.ttfb_clients, o.ttfb_tokens, o.ttfb_token_delay_ms
             ),
+            Scenario::Ttfb1 => format!(
+                "TTFB, 1 stream ({} tokens x {} ms)",
+                o.ttfb_tokens, o.ttfb_token_delay_ms
+            ),
         }
+    }
+
+    /// The scenarios added for the performance issue, run only against the main targets
+    /// (direct, sluice, nginx): the edge, limiter and billing rows keep the first three.
+    fn main_targets_only(self) -> bool {
+        matches!(self, Scenario::Burst | Scenario::Prompt | Scenario::Ttfb1)
     }
 }
 
@@ -1380,6 +1424,96 @@ fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
             "added TTFB p99 = {added:.3} ms (target <= 0.500): {}",
             if added <= 0.5 { "MET" } else { "MISSED" }
         );
+    }
+}
+
+/// The performance issue's targets, each as Sluice / nginx from this run: throughput
+/// (non-stream, token-by-token streams, burst streams, long-prompt streams), the TTFB each
+/// adds over `direct` at 1 and at `LOAD_TTFB_CLIENTS` streams, and proxy CPU per request.
+fn print_targets(results: &Results, o: &Opts) {
+    let rps = |s: Scenario, t: &'static str| {
+        results
+            .get(&(s, t))
+            .and_then(|rs| median(rs.iter().map(|r| r.rps).collect()))
+    };
+    let p50 = |s: Scenario, t: &'static str| {
+        results
+            .get(&(s, t))
+            .and_then(|rs| median(rs.iter().filter_map(|r| r.pct_ms(0.50)).collect()))
+    };
+    if results.keys().all(|(_, t)| *t != "nginx") {
+        return;
+    }
+    println!();
+    println!("Targets of the performance issue (Sluice / nginx in this run):");
+    println!();
+    println!("| measure | direct | nginx | sluice | sluice / nginx | target | status |");
+    println!("|---|---:|---:|---:|---:|---:|---|");
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    for (s, what, goal) in [
+        (Scenario::Unary, "non-stream req/s".to_string(), 1.0),
+        (
+            Scenario::Stream,
+            format!("streams/s, {} tokens one per write", o.stream_tokens),
+            1.25,
+        ),
+        (
+            Scenario::Burst,
+            format!("streams/s, {} tokens in one burst", o.stream_tokens),
+            1.25,
+        ),
+        (
+            Scenario::Prompt,
+            format!("streams/s, {} B prompts", o.prompt_bytes),
+            1.25,
+        ),
+    ] {
+        let (d, n, sl) = (rps(s, "direct"), rps(s, "nginx"), rps(s, "sluice"));
+        if let (Some(n), Some(sl)) = (n, sl) {
+            let r = sl / n;
+            println!(
+                "| {what} | {} | {n:.0} | {sl:.0} | {r:.2} | >= {goal:.2} | {} |",
+                fmt_opt(d, 0),
+                verdict(r >= goal)
+            );
+        }
+    }
+    for (s, what) in [
+        (Scenario::Ttfb1, "added TTFB p50 ms, 1 stream".to_string()),
+        (
+            Scenario::Ttfb,
+            format!("added TTFB p50 ms, {} streams", o.ttfb_clients),
+        ),
+    ] {
+        if let (Some(d), Some(n), Some(sl)) = (p50(s, "direct"), p50(s, "nginx"), p50(s, "sluice"))
+        {
+            let (an, asl) = (n - d, sl - d);
+            let ratio = if an > 0.0 {
+                format!("{:.2}", asl / an)
+            } else {
+                "-".into()
+            };
+            println!(
+                "| {what} | {d:.3} | {an:+.3} | {asl:+.3} | {ratio} | <= nginx's | {} |",
+                verdict(asl <= an)
+            );
+        }
+    }
+    for (s, what) in [
+        (Scenario::Unary, "CPU µs per non-stream request"),
+        (Scenario::Stream, "CPU µs per stream, token by token"),
+        (Scenario::Burst, "CPU µs per stream, burst"),
+        (Scenario::Prompt, "CPU µs per stream, long prompt"),
+    ] {
+        let n = cpu_per_request(results, s, "nginx")[0];
+        let sl = cpu_per_request(results, s, "sluice")[0];
+        if let (Some(n), Some(sl)) = (n, sl) {
+            println!(
+                "| {what} | - | {n:.0} | {sl:.0} | {:.2} | <= 1.00 | {} |",
+                sl / n,
+                verdict(sl <= n)
+            );
+        }
     }
 }
 
@@ -1740,7 +1874,9 @@ fn main() {
         o.targets = ["direct", "sluice", "billing", "tls", "h2", "passthrough"]
             .map(String::from)
             .to_vec();
-        o.scenarios = vec!["unary".into(), "stream".into()];
+        o.scenarios = ["unary", "stream", "burst", "prompt"]
+            .map(String::from)
+            .to_vec();
     }
     let tmp = TempDir::new(o.keep_tmp);
     eprintln!("load: {o:?}");
@@ -1901,6 +2037,21 @@ fn main() {
             o.clients,
         ),
         (
+            Scenario::Burst,
+            format!(
+                "{{\"tokens\":{},\"token_delay_ms\":0,\"split\":\"burst\"}}",
+                o.stream_tokens
+            ),
+            chat_body(true),
+            o.clients,
+        ),
+        (
+            Scenario::Prompt,
+            format!("{{\"tokens\":{},\"token_delay_ms\":0}}", o.stream_tokens),
+            chat_body_with_prompt(o.prompt_bytes),
+            o.clients,
+        ),
+        (
             Scenario::Ttfb,
             format!(
                 "{{\"tokens\":{},\"token_delay_ms\":{}}}",
@@ -1908,6 +2059,15 @@ fn main() {
             ),
             chat_body(true),
             o.ttfb_clients,
+        ),
+        (
+            Scenario::Ttfb1,
+            format!(
+                "{{\"tokens\":{},\"token_delay_ms\":{}}}",
+                o.ttfb_tokens, o.ttfb_token_delay_ms
+            ),
+            chat_body(true),
+            1,
         ),
     ];
     rt.block_on(async {
@@ -1919,6 +2079,11 @@ fn main() {
                 }
                 set_behavior(mock, behavior).await;
                 for t in &targets {
+                    if scenario.main_targets_only()
+                        && !matches!(t.name, "direct" | "sluice" | "nginx")
+                    {
+                        continue;
+                    }
                     eprintln!(
                         "load: round {} {} -> {}",
                         round + 1,
@@ -1928,7 +2093,7 @@ fn main() {
                     let r = measure(t, mock, mock_pid, *scenario, body, *clients, &o).await;
                     results.entry((*scenario, t.name)).or_default().push(r);
                 }
-                if billing_targets.is_empty() {
+                if billing_targets.is_empty() || scenario.main_targets_only() {
                     continue;
                 }
                 for i in BILLING_ORDER {
@@ -1978,6 +2143,7 @@ fn main() {
     print_cpu(&results, &names);
     println!();
     print_cpu_ratios(&results);
+    print_targets(&results, &o);
     print_billing(&billing, &o);
     edge::print(&results, &o);
     print_details(&results, 1);
@@ -2010,10 +2176,15 @@ fn main() {
                 }
             }
         }
-        // Every target in both scenarios (nginx is not among the sanity targets).
+        // Every target in unary and stream, the main ones (direct, sluice: nginx is not
+        // among the sanity targets) in burst and prompt too.
+        let main = names
+            .iter()
+            .filter(|n| matches!(**n, "direct" | "sluice" | "nginx"))
+            .count();
         assert_eq!(
             results.len(),
-            2 * names.len(),
+            2 * names.len() + 2 * main,
             "phases run: {:?}",
             results.keys()
         );

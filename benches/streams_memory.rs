@@ -1,11 +1,23 @@
 //! Memory and scale benchmark (not a timed test): N concurrent slow streams (a token every
-//! 5 s) held open through a release-built Sluice on loopback; reports Sluice's RSS per open
-//! stream and its file descriptors. Target: under 32 KiB of Sluice RSS per stream.
+//! 5 s) held open through a release-built Sluice, and through nginx (when installed) in the
+//! same run, on loopback; reports each proxy's RSS per open stream and its file
+//! descriptors, with a short prompt and with a realistic 32 KiB one. Target (the performance
+//! issue): Sluice's RSS per held stream at most nginx's, at 10,000 streams.
 //!
 //! ```text
 //! cargo bench --bench streams_memory                      # N = 1000 and 10000
 //! SLUICE_BENCH_STREAMS=100,2000 cargo bench --bench streams_memory
+//! SLUICE_BENCH_PROMPT_BYTES=0,32768 SLUICE_BENCH_PROXIES=sluice,nginx cargo bench --bench streams_memory
 //! ```
+//!
+//! `SLUICE_BENCH_PROMPT_BYTES` (default `0,32768`): the user message of each held stream's
+//! request, bytes (0: the two-byte `hi`). `SLUICE_BENCH_PROXIES` (default `sluice,nginx`;
+//! nginx is skipped with a note when `nginx` is not on the `PATH` or in `/usr/sbin`). nginx
+//! runs as the load bench runs it: `worker_processes auto`, `proxy_buffering off`,
+//! `proxy_http_version 1.1`, upstream `keepalive 64`, access log off, its default
+//! `client_body_buffer_size` (a 32 KiB body goes to a temp file, as nginx does by default),
+//! `worker_connections` and `worker_rlimit_nofile` sized for N. Its RSS is the sum over the
+//! master and its workers.
 //!
 //! Each N gets a fresh `sluice` and `sluice-mock-upstream` (built with the bench profile,
 //! i.e. release optimizations). The bench raises its own and its children's
@@ -69,31 +81,60 @@ fn main() {
     let (soft, hard) = nofile_limits();
     println!("streams_memory: RLIMIT_NOFILE soft {soft} hard {hard}");
     let cap = usize::try_from(soft.saturating_sub(FD_RESERVE) / 2).unwrap_or(usize::MAX);
+    let prompts: Vec<usize> = std::env::var("SLUICE_BENCH_PROMPT_BYTES")
+        .unwrap_or_else(|_| "0,32768".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let nginx = nginx_exe();
+    let proxies: Vec<Proxy> = std::env::var("SLUICE_BENCH_PROXIES")
+        .unwrap_or_else(|_| "sluice,nginx".into())
+        .split(',')
+        .filter_map(|p| match p.trim() {
+            "sluice" => Some(Proxy::Sluice),
+            "nginx" if nginx.is_some() => Some(Proxy::Nginx),
+            "nginx" => {
+                println!(
+                    "streams_memory: no nginx on the PATH or in /usr/sbin: its rows are skipped"
+                );
+                None
+            }
+            _ => None,
+        })
+        .collect();
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for n in wanted {
         let target = n.min(cap);
         if target < n {
             println!(
-                "N={n}: capped at {target} streams: Sluice needs 2 fds per stream and the hard \
+                "N={n}: capped at {target} streams: a proxy needs 2 fds per stream and the hard \
                  RLIMIT_NOFILE is {hard} (raising it needs CAP_SYS_RESOURCE)"
             );
         }
-        match run_one(target) {
-            Ok(row) if row.open == target => rows.push((n, row)),
-            Ok(row) => failures.push(format!(
-                "N={n}: only {} of {target} streams opened",
-                row.open
-            )),
-            Err(e) => failures.push(format!("N={n}: failed: {e}")),
+        for &prompt in &prompts {
+            for &proxy in &proxies {
+                let what = format!("{} N={n} prompt={prompt} B", proxy.name());
+                match run_one(proxy, nginx.as_deref(), target, prompt, soft) {
+                    Ok(row) if row.open == target => rows.push((n, proxy, prompt, row)),
+                    Ok(row) => {
+                        failures.push(format!(
+                            "{what}: only {} of {target} streams opened",
+                            row.open
+                        ));
+                    }
+                    Err(e) => failures.push(format!("{what}: failed: {e}")),
+                }
+            }
         }
     }
     println!();
-    println!("| requested N | open streams | baseline RSS | RSS with streams | RSS per stream | Sluice fds | fds per stream |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for (n, r) in &rows {
+    println!("| proxy | prompt | requested N | open streams | baseline RSS | RSS with streams | RSS per stream | fds | fds per stream |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (n, proxy, prompt, r) in &rows {
         println!(
-            "| {n} | {} | {} KiB | {} KiB | {:.1} KiB | {} | {:.2} |",
+            "| {} | {prompt} B | {n} | {} | {} KiB | {} KiB | {:.1} KiB | {} | {:.2} |",
+            proxy.name(),
             r.open,
             r.base_rss_kib,
             r.rss_kib,
@@ -101,6 +142,23 @@ fn main() {
             r.fds,
             (r.fds.saturating_sub(r.base_fds)) as f64 / r.open.max(1) as f64
         );
+    }
+    println!();
+    for (n, proxy, prompt, r) in &rows {
+        if *proxy != Proxy::Sluice {
+            continue;
+        }
+        let ng = rows
+            .iter()
+            .find(|(m, p, b, _)| m == n && *p == Proxy::Nginx && b == prompt);
+        if let Some((_, _, _, g)) = ng {
+            let (a, b) = (r.per_stream_kib(), g.per_stream_kib());
+            println!(
+                "N={n}, prompt {prompt} B: RSS per held stream sluice / nginx = {a:.1} / {b:.1} KiB = {:.2} (target <= 1.00): {}",
+                a / b.max(0.1),
+                if a <= b { "MET" } else { "MISSED" }
+            );
+        }
     }
     if !failures.is_empty() {
         eprintln!("streams_memory FAILED:\n{}", failures.join("\n"));
@@ -153,7 +211,33 @@ impl Row {
     }
 }
 
+/// The proxy that holds the streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proxy {
+    Sluice,
+    Nginx,
+}
+
+impl Proxy {
+    fn name(self) -> &'static str {
+        match self {
+            Proxy::Sluice => "sluice",
+            Proxy::Nginx => "nginx",
+        }
+    }
+}
+
+/// nginx's binary, if there is one.
+fn nginx_exe() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/local/sbin".into()])
+        .map(|d| d.join("nginx"))
+        .find(|p| p.is_file())
+}
+
 struct Procs {
+    /// The proxy (Sluice, or nginx's master; for RSS and fds, its workers are added).
     sluice: Child,
     mock: Child,
     _dir: TempDir,
@@ -161,8 +245,9 @@ struct Procs {
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        // Sluice runs in its own process group (with a wrapper, Sluice is the wrapper's
-        // child): SIGINT the group (Pingora's fast shutdown), then make sure.
+        // The proxy runs in its own process group (with a wrapper, Sluice is the wrapper's
+        // child; nginx's workers are its master's): SIGINT the group (Pingora's and
+        // nginx's fast shutdown), then make sure.
         let _ = Command::new("kill")
             .args(["-INT", "--", &format!("-{}", self.sluice.id())])
             .status();
@@ -218,7 +303,103 @@ fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
-fn start() -> Result<(Procs, std::net::SocketAddr), String> {
+/// `pid` and its children (nginx's master and workers; Sluice has none).
+fn tree(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: the fields after the last `)`.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(pid) {
+                pids.push(child);
+            }
+        }
+    }
+    pids
+}
+
+/// RSS of `pid` and its children, KiB.
+fn tree_rss_kib(pid: u32) -> u64 {
+    let pids = tree(pid);
+    rss_kib(pid) + pids[1..].iter().map(|&p| child_rss_kib(p)).sum::<u64>()
+}
+
+/// A child's RSS, 0 once it is gone (a worker that exited between the scan and the read).
+fn child_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Open fds of `pid` and its children.
+fn tree_fds(pid: u32) -> usize {
+    tree(pid).into_iter().map(fd_count).sum()
+}
+
+/// nginx's config: as the load bench's, access log off, sized for `n` streams.
+fn nginx_conf(dir: &std::path::Path, port: u16, mock: &str, n: usize, nofile: u64) -> String {
+    let d = dir.display();
+    // As root the workers would switch to `nobody`; keep them as the invoking user.
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let user = if root { "user root;\n" } else { "" };
+    // Each stream is two connections (client, upstream), all of them in one worker at worst.
+    let conns = (2 * n + 512).max(1024);
+    format!(
+        "{user}worker_processes auto;
+worker_rlimit_nofile {nofile};
+daemon off;
+master_process on;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{
+    worker_connections {conns};
+}}
+http {{
+    access_log off;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    upstream mock {{
+        server {mock};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        location / {{
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"
+    )
+}
+
+fn start(
+    proxy: Proxy,
+    nginx: Option<&std::path::Path>,
+    n: usize,
+    nofile: u64,
+) -> Result<(Procs, std::net::SocketAddr), String> {
     let mut mock = Command::new(env!("CARGO_BIN_EXE_sluice-mock-upstream"))
         .args(["--listen", "127.0.0.1:0", "--behavior", "{}"])
         .env("RUST_LOG", "error")
@@ -249,6 +430,32 @@ fn start() -> Result<(Procs, std::net::SocketAddr), String> {
          providers:\n  p1:\n    kind: openai\n    base_url: http://{mock_addr}/v1\n    api_key: sk-p1\n    health_check: {{enabled: false}}\n\
          models:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
     );
+    if proxy == Proxy::Nginx {
+        let exe = nginx.ok_or("no nginx")?;
+        let conf = dir.0.join("nginx.conf");
+        std::fs::write(&conf, nginx_conf(&dir.0, port, &mock_addr, n, nofile))
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(exe)
+            .process_group(0)
+            .arg("-p")
+            .arg(&dir.0)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-e")
+            .arg(dir.0.join("error.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("spawn nginx: {e}"))?;
+        return wait_listening(
+            Procs {
+                sluice: child,
+                mock,
+                _dir: dir,
+            },
+            port,
+        );
+    }
     let path = dir.0.join("sluice.yaml");
     std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
     // `SLUICE_BENCH_WRAPPER="heaptrack -o /tmp/sluice"` runs Sluice under a profiler (the
@@ -273,16 +480,23 @@ fn start() -> Result<(Procs, std::net::SocketAddr), String> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("spawn sluice: {e}"))?;
-    let procs = Procs {
-        sluice,
-        mock,
-        _dir: dir,
-    };
+    wait_listening(
+        Procs {
+            sluice,
+            mock,
+            _dir: dir,
+        },
+        port,
+    )
+}
+
+/// Waits (20 s at most) until the proxy of `procs` accepts on `port`.
+fn wait_listening(procs: Procs, port: u16) -> Result<(Procs, std::net::SocketAddr), String> {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let end = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
         if Instant::now() > end {
-            return Err("sluice did not start listening".into());
+            return Err("the proxy did not start listening".into());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -340,15 +554,34 @@ async fn hold_stream(
     }
 }
 
-fn run_one(n: usize) -> Result<Row, String> {
-    let (mut procs, addr) = start()?;
+/// Holds `n` streams through `proxy`, each request with a `prompt`-byte user message.
+fn run_one(
+    proxy: Proxy,
+    nginx: Option<&std::path::Path>,
+    n: usize,
+    prompt: usize,
+    nofile: u64,
+) -> Result<Row, String> {
+    let (mut procs, addr) = start(proxy, nginx, n, nofile)?;
     let pid = procs.sluice.id();
+    let name = proxy.name();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let body = r#"{"model":"acme/chat","stream":true,"messages":[{"role":"user","content":"hi"}],"mock":{"tokens":100,"token_delay_ms":5000}}"#;
+    let content = if prompt == 0 {
+        "hi".to_string()
+    } else {
+        "lorem ipsum dolor sit amet "
+            .repeat(prompt / 27 + 1)
+            .chars()
+            .take(prompt)
+            .collect()
+    };
+    let body = format!(
+        r#"{{"model":"acme/chat","stream":true,"messages":[{{"role":"user","content":"{content}"}}],"mock":{{"tokens":100,"token_delay_ms":5000}}}}"#
+    );
     let request = Arc::new(
         format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
@@ -373,8 +606,8 @@ fn run_one(n: usize) -> Result<Row, String> {
         }
     });
     std::thread::sleep(Duration::from_millis(500));
-    let base_rss_kib = rss_kib(pid);
-    let base_fds = fd_count(pid);
+    let base_rss_kib = tree_rss_kib(pid);
+    let base_fds = tree_fds(pid);
 
     let open = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
@@ -396,12 +629,12 @@ fn run_one(n: usize) -> Result<Row, String> {
     let mut last_report = Instant::now();
     while open.load(Ordering::Relaxed) + failed.load(Ordering::Relaxed) < n {
         if started.elapsed() > RAMP_DEADLINE {
-            println!("N={n}: ramp deadline reached");
+            println!("{name} N={n}: ramp deadline reached");
             break;
         }
         if last_report.elapsed() > Duration::from_secs(5) {
             println!(
-                "N={n}: {} open, {} failed after {:?}",
+                "{name} N={n}: {} open, {} failed after {:?}",
                 open.load(Ordering::Relaxed),
                 failed.load(Ordering::Relaxed),
                 started.elapsed()
@@ -416,11 +649,11 @@ fn run_one(n: usize) -> Result<Row, String> {
     let mut fds = 0;
     for _ in 0..12 {
         std::thread::sleep(Duration::from_millis(500));
-        rss = rss.max(rss_kib(pid));
-        fds = fds.max(fd_count(pid));
+        rss = rss.max(tree_rss_kib(pid));
+        fds = fds.max(tree_fds(pid));
     }
     if let Ok(Some(status)) = procs.sluice.try_wait() {
-        return Err(format!("sluice died ({status}) while holding the streams"));
+        return Err(format!("{name} died ({status}) while holding the streams"));
     }
     let row = Row {
         open: open.load(Ordering::Relaxed),
@@ -430,7 +663,7 @@ fn run_one(n: usize) -> Result<Row, String> {
         fds,
     };
     println!(
-        "N={n}: {} streams open ({} failed) in {ramp_took:?}; sluice RSS {} -> {} KiB = {:.1} KiB/stream; sluice fds {} -> {}; mock RSS {} KiB",
+        "{name} N={n} prompt={prompt} B: {} streams open ({} failed) in {ramp_took:?}; RSS {} -> {} KiB = {:.1} KiB/stream; fds {} -> {}; mock RSS {} KiB",
         row.open,
         failed.load(Ordering::Relaxed),
         row.base_rss_kib,
