@@ -222,7 +222,7 @@ pub fn request_path(
         )
         .into(),
         ProviderKind::Gemini => gemini::method_path(upstream_model, stream).into(),
-        ProviderKind::Bedrock => bedrock::invoke_path(upstream_model, stream).into(),
+        ProviderKind::Bedrock => bedrock::method_path(upstream_model, stream).into(),
         ProviderKind::Vertex => match &provider.vertex {
             Some(account) => vertex::method_path(account, upstream_model, stream).into(),
             None => "/".into(),
@@ -362,12 +362,13 @@ impl BodyShape {
     }
 }
 
-/// The body shape of `provider`'s requests: Bedrock's Claude models take the Messages body
-/// without `model` and `stream` (the path names both) and with `anthropic_version`
-/// ([`bedrock::ANTHROPIC_VERSION`]); every other kind takes its dialect's body as is.
-pub fn body_shape(provider: &Provider) -> BodyShape {
+/// The body shape of `provider`'s requests for `upstream_model`: Bedrock's Claude models
+/// take the Messages body without `model` and `stream` (the path names both) and with
+/// `anthropic_version` ([`bedrock::ANTHROPIC_VERSION`]); its other models take the Converse
+/// body the protocol layer writes, as does every other kind its dialect's body.
+pub fn body_shape(provider: &Provider, upstream_model: &str) -> BodyShape {
     match provider.kind {
-        ProviderKind::Bedrock => BodyShape {
+        ProviderKind::Bedrock if bedrock::is_anthropic(upstream_model) => BodyShape {
             dropped: bedrock::DROPPED_MEMBERS,
             added: &[("anthropic_version", bedrock::ANTHROPIC_VERSION)],
         },

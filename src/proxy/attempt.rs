@@ -428,7 +428,7 @@ fn upstream_body(
             &route.upstream_model,
             ask_usage,
             providers::model_placement(route),
-            &providers::body_shape(&route.provider),
+            &providers::body_shape(&route.provider, &route.upstream_model),
         )
         .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
@@ -450,7 +450,7 @@ fn upstream_body(
     providers::reshape_body(
         body,
         &route.upstream_model,
-        &providers::body_shape(&route.provider),
+        &providers::body_shape(&route.provider, &route.upstream_model),
     )
     .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")))
 }

@@ -205,7 +205,7 @@ pub(super) async fn resume<'r>(
             providers::reshape_body(
                 b,
                 &route.upstream_model,
-                &providers::body_shape(&route.provider),
+                &providers::body_shape(&route.provider, &route.upstream_model),
             )
             .map_err(|e| protocol::ProtocolError::InvalidUpstream(e.to_string()))
         }) else {
