@@ -63,6 +63,7 @@
 mod bedrock;
 mod behavior;
 mod cloud;
+mod converse;
 mod google;
 mod h1;
 mod record;
