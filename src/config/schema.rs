@@ -479,7 +479,7 @@ pub enum ProviderKind {
     /// the `x-goog-api-key` header.
     Gemini,
     /// AWS Bedrock: Claude models through `InvokeModel` / `InvokeModelWithResponseStream`,
-    /// every request SigV4-signed (needs `region`; credentials from the AWS chain or
+    /// every other model through `Converse` / `ConverseStream`, every request SigV4-signed (needs `region`; credentials from the AWS chain or
     /// `aws_profile`).
     Bedrock,
     /// Google Vertex AI: Claude models through `rawPredict` / `streamRawPredict` (Messages),
