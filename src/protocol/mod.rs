@@ -690,9 +690,12 @@ pub struct UpstreamOptions<'a> {
     pub placement: ModelPlacement,
 }
 
-/// Where an upstream's Anthropic Messages body names the model. Anthropic's API takes
-/// `model` in the body; Claude on a cloud platform (Vertex AI's `rawPredict`) is named by the
-/// URL and wants the platform's `anthropic_version` in the body instead.
+/// Where an upstream's Anthropic Messages body names the model, and so its top-level
+/// shape: the one body-shaping mechanism, taken by the protocol encoder (the translated
+/// path) and by [`crate::providers::passthrough_body_placed`] (a client's own body).
+/// Anthropic's API takes `model` in the body; Claude on a cloud platform (Vertex AI's
+/// `rawPredict`, Bedrock's `InvokeModel`) is named by the URL and wants the platform's
+/// `anthropic_version` in the body instead, and on Bedrock no `stream` either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ModelPlacement {
     /// `model` in the body (Anthropic's API).
@@ -702,6 +705,9 @@ pub enum ModelPlacement {
     Path {
         /// The body's `anthropic_version`.
         anthropic_version: &'static str,
+        /// Further top-level members the platform refuses, left out (Bedrock: `stream`,
+        /// `metadata`, `service_tier`; none on Vertex AI).
+        dropped: &'static [&'static str],
     },
 }
 

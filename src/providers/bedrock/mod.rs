@@ -33,7 +33,7 @@ pub mod eventstream;
 pub mod sigv4;
 
 use super::azure::push_segment;
-use crate::protocol::Dialect;
+use crate::protocol::{Dialect, ModelPlacement};
 
 /// The `anthropic_version` member Bedrock's Claude models require in the body.
 pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
@@ -41,11 +41,25 @@ pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
 /// The `Accept` of a streamed request: AWS's event-stream framing.
 pub const EVENT_STREAM_CONTENT_TYPE: &str = "application/vnd.amazon.eventstream";
 
-/// Members of a Messages body Bedrock's Claude models do not take (a `ValidationException`
-/// "extraneous key" otherwise): the model (it is in the path), the stream choice (the path
-/// too), and `metadata` / `service_tier`, which only Anthropic's own API has (tracing and
-/// capacity hints, harmless to drop).
-pub const DROPPED_MEMBERS: &[&str] = &["model", "stream", "metadata", "service_tier"];
+/// Members of a Messages body Bedrock's Claude models do not take besides `model` (a
+/// `ValidationException` "extraneous key" otherwise): the stream choice (the path names it,
+/// as it names the model), and `metadata` / `service_tier`, which only Anthropic's own API
+/// has (tracing and capacity hints, harmless to drop).
+pub const DROPPED_MEMBERS: &[&str] = &["stream", "metadata", "service_tier"];
+
+/// The shape of `model`'s request body: a Claude model's Messages body names no model,
+/// carries [`ANTHROPIC_VERSION`] and leaves out [`DROPPED_MEMBERS`]; a Converse body names
+/// no model anyway ([`ModelPlacement::Body`]: nothing to change).
+pub fn model_placement(model: &str) -> ModelPlacement {
+    if is_anthropic(model) {
+        ModelPlacement::Path {
+            anthropic_version: ANTHROPIC_VERSION,
+            dropped: DROPPED_MEMBERS,
+        }
+    } else {
+        ModelPlacement::Body
+    }
+}
 
 /// The runtime endpoint of `region`: `https://bedrock-runtime.{region}.amazonaws.com`.
 pub fn default_base_url(region: &str) -> String {
@@ -187,6 +201,55 @@ mod tests {
             dialect("anthropic.claude-3-haiku-20240307-v1:0"),
             Dialect::Messages
         );
+    }
+
+    #[test]
+    fn claude_bodies_lose_model_and_stream_both_ways() {
+        use crate::protocol::{Message, Part, Request, Role, UpstreamOptions};
+        let placement = model_placement("us.anthropic.claude-sonnet-4-6-v1:0");
+        assert_eq!(
+            model_placement("amazon.nova-pro-v1:0"),
+            ModelPlacement::Body
+        );
+        let check = |body: &[u8]| {
+            let v: serde_json::Value = serde_json::from_slice(body).expect("JSON");
+            assert_eq!(v["anthropic_version"], ANTHROPIC_VERSION, "{v}");
+            for absent in ["model", "stream", "metadata", "service_tier"] {
+                assert!(v.get(absent).is_none(), "{absent}: {v}");
+            }
+            assert_eq!(v["max_tokens"], 5, "{v}");
+        };
+        // A Messages client's own body…
+        let client = serde_json::json!({"model": "acme/c", "stream": true, "max_tokens": 5,
+            "metadata": {"user_id": "u"}, "service_tier": "auto", "anthropic_version": "x",
+            "messages": [{"role": "user", "content": "hi"}]});
+        check(
+            &super::super::passthrough_body_placed(
+                client.as_object().expect("object"),
+                "us.anthropic.claude-sonnet-4-6-v1:0",
+                false,
+                placement,
+            )
+            .expect("body"),
+        );
+        // …and one the protocol layer encodes from another dialect.
+        let req = Request {
+            messages: vec![Message {
+                role: Role::User,
+                parts: vec![Part::Text("hi".into())],
+            }],
+            max_output_tokens: Some(5),
+            user: Some("u".into()),
+            stream: true,
+            ..Request::default()
+        };
+        let opts = UpstreamOptions {
+            model: "us.anthropic.claude-sonnet-4-6-v1:0",
+            default_max_tokens: 5,
+            stream_usage: false,
+            placement,
+        };
+        check(&crate::protocol::encode_request(Dialect::Messages, &req, &opts).expect("encodes"));
     }
 
     #[test]
