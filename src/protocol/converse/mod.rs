@@ -32,7 +32,9 @@
 //! roles to alternate); empty text is left out (Converse refuses blank text blocks).
 //! Images and PDFs go inline; a URL source is refused (Converse takes bytes or S3
 //! locations only). Text documents become text blocks. A tool result's text and images
-//! become its `content`, `is_error` its `status: error`. `tool_choice: none` has no
+//! become its `content`, `is_error` its `status: error`. Call ids keep to Converse's
+//! `[a-zA-Z0-9_-]{1,64}` (other characters become `_`, longer ids are cut, alike in a call
+//! and its result). A temperature above 1 is clamped to 1 (Converse's range is 0 to 1). `tool_choice: none` has no
 //! Converse equivalent: the tools are left out when the conversation has no tool blocks,
 //! else the choice is left to the model. Reasoning history, reasoning settings (model
 //! specific, `additionalModelRequestFields`), `parallel_tool_calls`, `user` and a tool's
@@ -125,7 +127,8 @@ pub fn encode_request(
         inference.insert("maxTokens".into(), n.into());
     }
     if let Some(t) = req.temperature {
-        inference.insert("temperature".into(), json!(t));
+        // Converse takes 0 to 1 (OpenAI's scale goes to 2), as Anthropic's.
+        inference.insert("temperature".into(), json!(t.clamp(0.0, 1.0)));
     }
     if let Some(p) = req.top_p {
         inference.insert("topP".into(), json!(p));
@@ -260,6 +263,28 @@ fn image_block(source: &Source, field: &dyn Fn() -> String) -> Result<Value, Pro
     }
 }
 
+/// Most characters of a Converse `toolUseId`.
+const TOOL_USE_ID_MAX_CHARS: usize = 64;
+
+/// A call id as Converse takes it (`[a-zA-Z0-9_-]{1,64}`): other characters become `_`, a
+/// longer id is cut. The same for a call and its result, so they still match; ids Bedrock
+/// and the common clients make (`tooluse_…`, `call_…`, `toolu_…`) pass unchanged.
+fn tool_use_id(id: &str) -> Cow<'_, str> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !id.is_empty() && id.len() <= TOOL_USE_ID_MAX_CHARS && id.chars().all(ok) {
+        return Cow::Borrowed(id);
+    }
+    let mut out: String = id
+        .chars()
+        .take(TOOL_USE_ID_MAX_CHARS)
+        .map(|c| if ok(c) { c } else { '_' })
+        .collect();
+    if out.is_empty() {
+        out.push('_');
+    }
+    Cow::Owned(out)
+}
+
 /// Appends the Converse blocks of canonical part `p` (message `i`, part `j`).
 fn block_json(
     req: &Request,
@@ -301,7 +326,11 @@ fn block_json(
                 .ok()
                 .filter(Value::is_object)
                 .unwrap_or_else(|| Value::Object(Map::new()));
-            blocks.push(json!({"toolUse": {"toolUseId": c.id, "name": c.name, "input": input}}));
+            blocks.push(json!({"toolUse": {
+                "toolUseId": tool_use_id(&c.id),
+                "name": c.name,
+                "input": input,
+            }}));
         }
         Part::ToolResult {
             call_id,
@@ -327,7 +356,7 @@ fn block_json(
                 out.push(json!({"json": {}}));
             }
             blocks.push(json!({"toolResult": {
-                "toolUseId": call_id,
+                "toolUseId": tool_use_id(call_id),
                 "content": out,
                 "status": if *is_error { "error" } else { "success" },
             }}));

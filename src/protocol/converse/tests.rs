@@ -208,6 +208,43 @@ fn tool_choices_errors_documents_and_refusals() {
         "response_format",
     );
     refused(Request::default(), "messages");
+
+    // Call ids Converse would refuse are rewritten, alike in the call and its result.
+    let long = format!("call:{}", "x".repeat(80));
+    let v = encode(&Request {
+        messages: vec![
+            user(vec![Part::Text("go".into())]),
+            Message {
+                role: Role::Assistant,
+                parts: vec![Part::ToolCall(ToolCall {
+                    id: long.clone(),
+                    name: "f".into(),
+                    arguments: String::new(),
+                })],
+            },
+            user(vec![Part::ToolResult {
+                call_id: long,
+                content: vec![Part::Text("ok".into())],
+                is_error: false,
+            }]),
+        ],
+        temperature: Some(1.7),
+        ..base.clone()
+    });
+    let id = v["messages"][1]["content"][0]["toolUse"]["toolUseId"]
+        .as_str()
+        .expect("id");
+    assert_eq!(id.len(), 64, "{id}");
+    assert!(id.starts_with("call_xxx"), "{id}");
+    assert_eq!(
+        v["messages"][1]["content"][0]["toolUse"]["input"],
+        json!({})
+    );
+    assert_eq!(
+        v["messages"][2]["content"][0]["toolResult"]["toolUseId"],
+        id
+    );
+    assert_eq!(v["inferenceConfig"]["temperature"], 1.0);
 }
 
 #[test]
