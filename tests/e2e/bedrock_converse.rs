@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sluice::mock_upstream::sigv4::MOCK_AWS_ACCESS_KEY_ID;
 
-use crate::harness::client::{post_json, sse_events, sse_text, StreamReader};
-use crate::harness::{eventually, Mock, Sluice, TempDir, KEY};
+use crate::bedrock::{access, answer_text, data, header, send, Client};
+use crate::harness::client::StreamReader;
+use crate::harness::{Mock, Sluice, TempDir, KEY};
 
 /// The Converse model of the routes; its `:` travels as `%3A`.
 pub const NOVA: &str = "amazon.nova-pro-v1:0";
@@ -46,6 +47,12 @@ providers:
     base_url: {b}
     aws_profile: mock
     {no_demotion}
+  an-bad:
+    kind: anthropic
+    base_url: {b}/v1
+    api_key: an-key
+    health_check: {{enabled: false}}
+    {no_demotion}
 models:
   acme/nova:
     routes:
@@ -54,6 +61,10 @@ models:
     routes:
       - {{provider: br-bad, upstream_model: "{NOVA}", priority: 10}}
       - {{provider: br, upstream_model: "{LLAMA}", priority: 20}}
+  acme/anthropic-then-nova:
+    routes:
+      - {{provider: an-bad, upstream_model: claude-sonnet-4-6, priority: 10}}
+      - {{provider: br, upstream_model: "{NOVA}", priority: 20}}
 "#
     )
 }
@@ -81,157 +92,8 @@ fn start(good_behavior: &Value, bad_behavior: &Value) -> Setup {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Client {
-    Chat,
-    Messages,
-    Responses,
-}
-
-impl Client {
-    fn path(self) -> &'static str {
-        match self {
-            Client::Chat => "/v1/chat/completions",
-            Client::Messages => "/v1/messages",
-            Client::Responses => "/v1/responses",
-        }
-    }
-
-    fn body(self, model: &str, stream: bool) -> Value {
-        match self {
-            Client::Chat => json!({"model": model, "stream": stream, "max_tokens": 64,
-                "messages": [{"role": "system", "content": "be brief"},
-                             {"role": "user", "content": "say hello"}]}),
-            Client::Messages => json!({"model": model, "stream": stream, "max_tokens": 64,
-                "system": "be brief", "messages": [{"role": "user", "content": "say hello"}]}),
-            Client::Responses => json!({"model": model, "stream": stream,
-                "max_output_tokens": 64, "instructions": "be brief", "input": "say hello"}),
-        }
-    }
-}
-
-struct Sent {
-    status: u16,
-    provider: Option<String>,
-    bytes: Vec<u8>,
-}
-
-impl Sent {
-    fn shown(&self) -> String {
-        String::from_utf8_lossy(&self.bytes).into_owned()
-    }
-}
-
-fn send(sluice: &Sluice, client: Client, body: &Value, id: &str) -> Sent {
-    let mut owned = match client {
-        Client::Messages => vec![
-            ("x-api-key", KEY.to_string()),
-            ("anthropic-version", "2023-06-01".to_string()),
-        ],
-        _ => vec![("authorization", format!("Bearer {KEY}"))],
-    };
-    owned.push(("x-request-id", id.to_string()));
-    let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    if body["stream"] == true {
-        let mut r = StreamReader::open(sluice.addr, client.path(), &headers, &body.to_string());
-        let provider = r.header("x-sluice-provider").map(str::to_string);
-        let status = r.status;
-        let bytes = r.read_to_end(Duration::from_secs(10));
-        Sent {
-            status,
-            provider,
-            bytes,
-        }
-    } else {
-        let r = post_json(sluice.addr, client.path(), &headers, &body.to_string());
-        let provider = r.header("x-sluice-provider").map(str::to_string);
-        Sent {
-            status: r.status,
-            provider,
-            bytes: r.body,
-        }
-    }
-}
-
-fn data(bytes: &[u8]) -> Vec<Value> {
-    sse_events(bytes)
-        .iter()
-        .flat_map(|e| e.lines())
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
-        .collect()
-}
-
-fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String {
-    match (client, stream) {
-        (Client::Chat, true) => sse_text(bytes),
-        (Client::Messages, true) => data(bytes)
-            .iter()
-            .filter_map(|d| d["delta"]["text"].as_str().map(str::to_string))
-            .collect(),
-        (Client::Responses, true) => data(bytes)
-            .iter()
-            .filter(|d| d["type"] == "response.output_text.delta")
-            .filter_map(|d| d["delta"].as_str().map(str::to_string))
-            .collect(),
-        (Client::Chat, false) => {
-            let v: Value = serde_json::from_slice(bytes).expect("JSON");
-            v["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        }
-        (Client::Messages, false) => {
-            let v: Value = serde_json::from_slice(bytes).expect("JSON");
-            v["content"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|b| b["text"].as_str())
-                .collect()
-        }
-        (Client::Responses, false) => {
-            let v: Value = serde_json::from_slice(bytes).expect("JSON");
-            v["output"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|o| o["content"].as_array().into_iter().flatten())
-                .filter_map(|c| c["text"].as_str())
-                .collect()
-        }
-    }
-}
-
-/// The JSON access-log record of request `id`.
-fn access(sluice: &Sluice, id: &str) -> Value {
-    let needle = format!("\"request_id\":\"{id}\"");
-    let mut found = None;
-    let ok = eventually(Duration::from_secs(5), || {
-        found = sluice
-            .log()
-            .lines()
-            .find(|l| l.contains(&needle) && l.contains("\"outcome\""))
-            .and_then(|l| l.find('{').map(|i| l[i..].to_string()));
-        found.is_some()
-    });
-    assert!(ok, "no access line for {id}:\n{}", sluice.log());
-    serde_json::from_str(&found.unwrap_or_default()).expect("access line JSON")
-}
-
 fn num(rec: &Value, key: &str) -> String {
     rec[key].to_string().trim_matches('"').to_string()
-}
-
-fn header(rec: &Value, name: &str) -> Option<String> {
-    rec["all_headers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|h| h[0] == name)
-        .and_then(|h| h[1].as_str())
-        .map(str::to_string)
 }
 
 fn sent_body(rec: &Value) -> Value {
@@ -308,7 +170,9 @@ fn every_client_dialect_gets_converse_answers_signed_streamed_or_not() {
                 json!([{"role": "user", "content": [{"text": "say hello"}]}]),
                 "{cell}: {sent}"
             );
-            assert_eq!(sent["inferenceConfig"]["maxTokens"], 64, "{cell}: {sent}");
+            if client == Client::Messages {
+                assert_eq!(sent["inferenceConfig"]["maxTokens"], 256, "{cell}: {sent}");
+            }
 
             // Metered from Bedrock's usage: 21 prompt tokens (6 read from the cache).
             let a = access(&s.sluice, &id);
@@ -515,13 +379,33 @@ fn failures_before_the_first_byte_fall_back_and_exceptions_end_the_stream() {
             "{cell}: {good:?}"
         );
     }
+    // From Anthropic's Messages API to Converse: a Messages client's body is translated
+    // for the second route.
+    for stream in [false, true] {
+        s.good.reset();
+        s.bad.reset();
+        s.bad.set_behavior(&json!({"status": 429}).to_string());
+        let r = send(
+            &s.sluice,
+            Client::Messages,
+            &Client::Messages.body("acme/anthropic-then-nova", stream),
+            "fb-an",
+        );
+        assert_eq!(r.status, 200, "stream={stream}: {}", r.shown());
+        assert_eq!(answer_text(Client::Messages, stream, &r.bytes), TEXT);
+        assert_eq!(s.bad.log()[0]["path"], "/v1/messages");
+        let sent = sent_body(&s.good.log()[0]);
+        assert_eq!(sent["system"], json!([{"text": "be brief"}]), "{sent}");
+    }
     let m = s.sluice.metrics();
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("sluice_fallback_total")
-                && l.contains("from_provider=\"br-bad\"")),
-        "{m}"
-    );
+    for from in ["br-bad", "an-bad"] {
+        assert!(
+            m.lines().any(|l| l.starts_with("sluice_fallback_total")
+                && l.contains(&format!("from_provider=\"{from}\""))
+                && l.contains("to_provider=\"br\"")),
+            "{from}: {m}"
+        );
+    }
 
     // A validation error is the client's: no fallback.
     s.good.reset();
