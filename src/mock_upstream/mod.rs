@@ -33,9 +33,9 @@
 //!   (see [`google`] for what it checks). Token requests are logged like any request;
 //! - `POST /model/{id}/invoke`, `/invoke-with-response-stream` (Claude on Bedrock: Messages
 //!   bodies with `anthropic_version: bedrock-2023-05-31`), `/converse` and
-//!   `/converse-stream` (every other Bedrock model, [`converse`]), streams in AWS's binary
+//!   `/converse-stream` (every other Bedrock model, `converse.rs`), streams in AWS's binary
 //!   event-stream framing, every request's SigV4 signature verified ([`sigv4`]; Bedrock's
-//!   403s), Bedrock's errors and in-stream exceptions ([`bedrock`]).
+//!   403s), Bedrock's errors and in-stream exceptions (`bedrock.rs`).
 //!
 //! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
 //! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI

@@ -20,7 +20,7 @@
 //! - `event` of a Converse stream (a decoder made with [`EventStreamDecoder::converse`]):
 //!   the payload is the event's JSON itself (no base64; Bedrock may add a padding member
 //!   `"p"`), named by `:event-type` (`messageStart`, `contentBlockDelta`, `metadata`, ...);
-//!   it becomes `event: {event type}\ndata: {json}\n\n` ([`converse`]), read by
+//!   it becomes `event: {event type}\ndata: {json}\n\n` (the `converse` submodule), read by
 //!   [`crate::protocol::converse::StreamDecoder`].
 //! - `exception` with `:exception-type` (`modelStreamErrorException`,
 //!   `throttlingException`, `internalServerException`, `serviceUnavailableException`,
