@@ -297,6 +297,10 @@ const MESSAGES_TEXT_KEYS: [&[u8]; 3] = [b"\"text\"", b"\"thinking\"", b"\"partia
 /// Gemini parts carry text (answer and thoughts) in `text`; `functionCall.args` is an
 /// object, not counted.
 const GEMINI_TEXT_KEYS: [&[u8]; 1] = [b"\"text\""];
+/// Converse carries answer and reasoning text in `text`, a streamed tool call's argument
+/// fragments in `input` (a string there; the non-stream `toolUse.input` is an object, not
+/// counted).
+const CONVERSE_TEXT_KEYS: [&[u8]; 2] = [b"\"text\"", b"\"input\""];
 
 /// One JSON string value as it is in the JSON text (quotes and escapes included).
 #[derive(Debug, Clone, Copy)]
@@ -336,18 +340,21 @@ pub fn stream_text(dialect: Dialect, data: &[u8], all: bool, mut f: impl FnMut(J
     static CHAT: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     static MESSAGES: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     static GEMINI: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
-    let finders = match dialect {
-        Dialect::Gemini => {
-            GEMINI.get_or_init(|| GEMINI_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
-        }
-        Dialect::ChatCompletions => {
-            CHAT.get_or_init(|| CHAT_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
-        }
-        Dialect::Messages => {
-            MESSAGES.get_or_init(|| MESSAGES_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
-        }
-        Dialect::Responses => return,
-    };
+    static CONVERSE: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
+    let finders =
+        match dialect {
+            Dialect::Converse => CONVERSE
+                .get_or_init(|| CONVERSE_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect()),
+            Dialect::Gemini => {
+                GEMINI.get_or_init(|| GEMINI_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
+            }
+            Dialect::ChatCompletions => {
+                CHAT.get_or_init(|| CHAT_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
+            }
+            Dialect::Messages => MESSAGES
+                .get_or_init(|| MESSAGES_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect()),
+            Dialect::Responses => return,
+        };
     for finder in finders {
         for pos in finder.find_iter(data) {
             let rest = data.get(pos + finder.needle().len()..).unwrap_or_default();

@@ -314,10 +314,12 @@ pub struct Provider {
 impl Provider {
     /// The wire API the provider serves `upstream_model` in: the kind's one dialect
     /// ([`ProviderKind::dialect`]), except on Vertex AI, where Claude models speak Messages
-    /// and the others the Gemini dialect.
+    /// and the others the Gemini dialect, and on Bedrock, where Claude models speak
+    /// Messages (`InvokeModel`) and the others Converse.
     pub fn dialect_for(&self, upstream_model: &str) -> crate::protocol::Dialect {
         match self.kind {
             ProviderKind::Vertex => crate::providers::vertex::dialect(upstream_model),
+            ProviderKind::Bedrock => crate::providers::bedrock::dialect(upstream_model),
             kind => kind.dialect(),
         }
     }

@@ -479,7 +479,7 @@ pub enum ProviderKind {
     /// the `x-goog-api-key` header.
     Gemini,
     /// AWS Bedrock: Claude models through `InvokeModel` / `InvokeModelWithResponseStream`,
-    /// every request SigV4-signed (needs `region`; credentials from the AWS chain or
+    /// every other model through `Converse` / `ConverseStream`, every request SigV4-signed (needs `region`; credentials from the AWS chain or
     /// `aws_profile`).
     Bedrock,
     /// Google Vertex AI: Claude models through `rawPredict` / `streamRawPredict` (Messages),
@@ -492,8 +492,8 @@ pub enum ProviderKind {
 impl ProviderKind {
     /// The wire API the provider speaks: OpenAI-compatible, Azure OpenAI and demo providers
     /// speak Chat Completions, Anthropic speaks Messages, Gemini its own `contents`/`parts`;
-    /// Bedrock's Claude models speak Messages (a route's [`crate::config::Route::dialect`]
-    /// is the one that counts).
+    /// Bedrock's Claude models speak Messages, its other models Converse (a route's
+    /// [`crate::config::Route::dialect`] is the one that counts).
     pub fn dialect(self) -> crate::protocol::Dialect {
         match self {
             ProviderKind::Openai | ProviderKind::Demo | ProviderKind::AzureOpenai => {

@@ -1123,18 +1123,6 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                     "must not be empty",
                 ));
             }
-            if provider.kind == ProviderKind::Bedrock
-                && !crate::providers::bedrock::is_anthropic(&r.upstream_model)
-            {
-                return Err(sources.err(
-                    fidx,
-                    &format!("{key}.upstream_model"),
-                    format!(
-                        "`{}` is no Anthropic model; kind bedrock serves Claude models (ids with `anthropic.`, e.g. us.anthropic.claude-sonnet-4-6-v1:0) through InvokeModel, the Converse API is not supported",
-                        r.upstream_model
-                    ),
-                ));
-            }
             if r.weight == 0 {
                 return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
             }

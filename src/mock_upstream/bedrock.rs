@@ -6,7 +6,8 @@
 //! signature verified by the mock's own implementation ([`super::sigv4`]), Bedrock's body
 //! rules for Claude (`anthropic_version: "bedrock-2023-05-31"` required, no `model` or
 //! `stream` member) and its error answers (`x-amzn-ErrorType` header, `{"message": ...}`
-//! body).
+//! body). `POST /model/{modelId}/converse` and `/converse-stream` (every other model) are
+//! [`super::converse`]'s: the same signature check and errors, the Converse body and events.
 //!
 //! References: <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModel.html>,
 //! <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html>,
@@ -22,17 +23,25 @@ use serde_json::Value;
 use super::h1::Request;
 use super::sigv4;
 
-/// A Bedrock invoke call: `(model id, stream)` from `/model/{id}/invoke` or
-/// `/model/{id}/invoke-with-response-stream`, the id percent-decoded.
+/// A Bedrock runtime call: `(model id, stream)` from `/model/{id}/invoke`,
+/// `/model/{id}/invoke-with-response-stream`, `/model/{id}/converse` or
+/// `/model/{id}/converse-stream`, the id percent-decoded.
 pub(crate) fn invoke_method(req: &Request) -> Option<(String, bool)> {
     let rest = req.path().strip_prefix("/model/")?;
     let (id, method) = rest.split_once('/')?;
     let stream = match method {
-        "invoke" => false,
-        "invoke-with-response-stream" => true,
+        "invoke" | "converse" => false,
+        "invoke-with-response-stream" | "converse-stream" => true,
         _ => return None,
     };
     Some((percent_decode(id), stream))
+}
+
+/// Whether `req` is a Converse call (`/converse` or `/converse-stream`).
+pub(crate) fn is_converse(req: &Request) -> bool {
+    let path = req.path();
+    path.starts_with("/model/")
+        && (path.ends_with("/converse") || path.ends_with("/converse-stream"))
 }
 
 fn percent_decode(s: &str) -> String {
@@ -108,6 +117,9 @@ pub(crate) fn gate(req: &Request, body: Option<&Value>, now: SystemTime) -> Opti
     let Some(obj) = body.and_then(Value::as_object) else {
         return validation("Malformed input request: expected a JSON object, please reformat your input and try again.");
     };
+    if is_converse(req) {
+        return super::converse::body_refusal(obj).and_then(|m| validation(&m));
+    }
     for extraneous in ["model", "stream"] {
         if obj.contains_key(extraneous) {
             return validation(&format!(
@@ -123,13 +135,13 @@ pub(crate) fn gate(req: &Request, body: Option<&Value>, now: SystemTime) -> Opti
 }
 
 /// The padding member Bedrock adds to each payload, of a length that varies by event.
-fn padding(n: usize) -> &'static str {
+pub(crate) fn padding(n: usize) -> &'static str {
     const P: &str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     &P[..(n * 7) % P.len()]
 }
 
 /// One event-stream message with string headers.
-fn frame(headers: &[(&str, &str)], payload: Vec<u8>) -> Vec<u8> {
+pub(crate) fn frame(headers: &[(&str, &str)], payload: Vec<u8>) -> Vec<u8> {
     let headers = headers
         .iter()
         .map(|(k, v)| {

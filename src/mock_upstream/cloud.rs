@@ -458,6 +458,7 @@ mod tests {
             extras: super::super::wire::Extras::default(),
             azure: false,
             bedrock: false,
+            converse: false,
         };
         assert_eq!(
             gemini_finish_chunk(&m, 3),

@@ -30,7 +30,12 @@
 //!   token the mock issued and that has not expired (else Google's 401 `UNAUTHENTICATED`);
 //! - `POST .../token` — Google's OAuth2 token endpoint for service-account assertions: the
 //!   RS256 JWT verified against the `token_public_key` knob, tokens of `token_lifetime_s`
-//!   (see [`google`] for what it checks). Token requests are logged like any request.
+//!   (see [`google`] for what it checks). Token requests are logged like any request;
+//! - `POST /model/{id}/invoke`, `/invoke-with-response-stream` (Claude on Bedrock: Messages
+//!   bodies with `anthropic_version: bedrock-2023-05-31`), `/converse` and
+//!   `/converse-stream` (every other Bedrock model, `converse.rs`), streams in AWS's binary
+//!   event-stream framing, every request's SigV4 signature verified ([`sigv4`]; Bedrock's
+//!   403s), Bedrock's errors and in-stream exceptions (`bedrock.rs`).
 //!
 //! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
 //! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI
@@ -63,6 +68,7 @@
 mod bedrock;
 mod behavior;
 mod cloud;
+mod converse;
 mod google;
 mod h1;
 mod record;

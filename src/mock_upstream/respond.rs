@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::bedrock;
 use super::behavior::{Behavior, Split};
 use super::cloud;
+use super::converse;
 use super::google::{self, Publisher};
 use super::h1::{Framing, Out, Request, Wr};
 use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
@@ -471,6 +472,7 @@ pub(crate) fn prepare(
         extras,
         azure,
         bedrock: aws.is_some(),
+        converse: aws.is_some() && bedrock::is_converse(req),
     };
 
     let tokens = if let Some(total) = behavior.total_bytes {
@@ -707,6 +709,9 @@ async fn non_stream(
     }
     let body = match plan.meta.provider {
         Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
+        Provider::Anthropic if plan.meta.converse => {
+            converse::answer(&plan.meta, &wire::anthropic_message(&plan.meta, &text, n))
+        }
         Provider::Anthropic => wire::anthropic_message(&plan.meta, &text, n),
         Provider::Gemini => cloud::gemini_response(&plan.meta, &text, n),
     };
@@ -1081,13 +1086,18 @@ async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After
     let aws = m.bedrock;
     // One event on the wire: SSE, or a Bedrock event-stream `chunk` message.
     let encode = |name: Option<&str>, data: &str| -> Vec<u8> {
-        if aws {
+        if m.converse {
+            converse::stream_messages(m, name, data)
+        } else if aws {
             bedrock_chunk(m, name, data)
         } else {
             wire::encode_event(name, data, style)
         }
     };
-    let ping = if aws {
+    let ping = if m.converse {
+        // ConverseStream has no keepalive event.
+        Vec::new()
+    } else if aws {
         bedrock::chunk_message(wire::ANTHROPIC_PING)
     } else if openai || gemini {
         format!(": ping{}{}", style.eol, style.eol).into_bytes()

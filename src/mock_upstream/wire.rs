@@ -52,6 +52,9 @@ pub(crate) struct ReplyMeta {
     /// A Bedrock invoke request (`/model/{id}/invoke...`): Anthropic's events in AWS's
     /// binary event-stream framing ([`super::bedrock`]).
     pub bedrock: bool,
+    /// A Bedrock Converse request (`/model/{id}/converse...`, with `bedrock`): the answer and
+    /// events in the Converse shape ([`super::converse`]).
+    pub converse: bool,
 }
 
 /// Most characters in one streamed tool-argument fragment (OpenAI `arguments`, Anthropic

@@ -378,10 +378,26 @@ impl ErrorObj<'_> {
     }
 }
 
+/// The `message` (or `Message`) of a Bedrock error body.
+fn bedrock_message(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Body {
+        #[serde(alias = "Message")]
+        message: Option<String>,
+    }
+    serde_json::from_slice::<Body>(body).ok()?.message
+}
+
 pub(crate) fn decode_error_body(dialect: Dialect, status: u16, body: &[u8]) -> (ErrorKind, String) {
     if dialect == Dialect::Gemini {
         if let Some(e) = super::gemini::decode_error_body(status, body) {
             return e;
+        }
+    }
+    // Bedrock's errors are `{"message": ...}`, typed by their status.
+    if dialect == Dialect::Converse {
+        if let Some(message) = bedrock_message(body) {
+            return (ErrorKind::from_status(status), message);
         }
     }
     // Claude behind Google's front end (Vertex AI): the platform's errors are Google's.
@@ -468,7 +484,7 @@ pub(crate) fn error_body(
                 message,
             },
         }),
-        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini => {
+        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini | Dialect::Converse => {
             to_vec(&OpenAiErrorBody {
                 error: OpenAiErrorInner {
                     message,
@@ -511,7 +527,7 @@ pub(crate) fn error_event(
                 },
             },
         ),
-        Dialect::ChatCompletions | Dialect::Gemini => write_sse(
+        Dialect::ChatCompletions | Dialect::Gemini | Dialect::Converse => write_sse(
             out,
             "error",
             &OpenAiErrorBody {

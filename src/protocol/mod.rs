@@ -8,7 +8,8 @@
 //! * one module per wire API ([`Dialect`]), each owning its serde wire types
 //!   and its converters: [`chat`] (OpenAI Chat Completions), [`messages`]
 //!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only),
-//!   [`gemini`] (the Gemini API's `generateContent`, upstream side only);
+//!   [`gemini`] (the Gemini API's `generateContent`, upstream side only), [`converse`]
+//!   (AWS Bedrock's `Converse` / `ConverseStream`, upstream side only);
 //! * the dialect-agnostic entry points the proxy calls ([`decode_request`],
 //!   [`encode_request`], [`decode_response`], [`encode_response`],
 //!   [`decode_error_body`], [`error_body`], [`error_event`], [`heartbeat`], [`merge_usage`],
@@ -47,12 +48,15 @@
 //! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
 //! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
 //! | canonical → Gemini (upstream) | reasoning history and signatures (Gemini's `thoughtSignature` has no canonical carrier), `parallel_tool_calls`, `user`, a tool's `strict`, document `title`; `reasoning` becomes `thinkingConfig.thinkingBudget` (disabled: 0) | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
+//! | canonical → Converse (upstream) | reasoning history and settings (model specific in Converse), `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results; `tool_choice: none` leaves the tools out (or to the model when the history has tool blocks) | `response_format` other than text, image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
+//! | Converse upstream → client | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — |
 //! | Gemini upstream → client | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — |
 //! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
 #![warn(missing_docs)]
 
 pub mod chat;
 pub mod continuation;
+pub mod converse;
 pub mod gemini;
 mod json;
 pub mod messages;
@@ -81,16 +85,20 @@ pub enum Dialect {
     Responses,
     /// The Gemini API (`models/{model}:generateContent`), upstream side only.
     Gemini,
+    /// AWS Bedrock's Converse API (`/model/{modelId}/converse`), upstream side only.
+    Converse,
 }
 
 impl Dialect {
-    /// Short name for logs and metrics labels: `chat`, `messages`, `responses`, `gemini`.
+    /// Short name for logs and metrics labels: `chat`, `messages`, `responses`, `gemini`,
+    /// `converse`.
     pub fn as_str(self) -> &'static str {
         match self {
             Dialect::ChatCompletions => "chat",
             Dialect::Messages => "messages",
             Dialect::Responses => "responses",
             Dialect::Gemini => "gemini",
+            Dialect::Converse => "converse",
         }
     }
 }
@@ -682,9 +690,12 @@ pub struct UpstreamOptions<'a> {
     pub placement: ModelPlacement,
 }
 
-/// Where an upstream's Anthropic Messages body names the model. Anthropic's API takes
-/// `model` in the body; Claude on a cloud platform (Vertex AI's `rawPredict`) is named by the
-/// URL and wants the platform's `anthropic_version` in the body instead.
+/// Where an upstream's Anthropic Messages body names the model, and so its top-level
+/// shape: the one body-shaping mechanism, taken by the protocol encoder (the translated
+/// path) and by [`crate::providers::passthrough_body_placed`] (a client's own body).
+/// Anthropic's API takes `model` in the body; Claude on a cloud platform (Vertex AI's
+/// `rawPredict`, Bedrock's `InvokeModel`) is named by the URL and wants the platform's
+/// `anthropic_version` in the body instead, and on Bedrock no `stream` either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ModelPlacement {
     /// `model` in the body (Anthropic's API).
@@ -694,6 +705,9 @@ pub enum ModelPlacement {
     Path {
         /// The body's `anthropic_version`.
         anthropic_version: &'static str,
+        /// Further top-level members the platform refuses, left out (Bedrock: `stream`,
+        /// `metadata`, `service_tier`; none on Vertex AI).
+        dropped: &'static [&'static str],
     },
 }
 
@@ -703,7 +717,7 @@ pub enum ModelPlacement {
 ///
 /// # Errors
 /// [`ProtocolError::InvalidRequest`]/[`ProtocolError::Unsupported`] naming the field;
-/// [`Dialect::Gemini`] is no client dialect.
+/// [`Dialect::Gemini`] and [`Dialect::Converse`] are no client dialects.
 pub fn decode_request(dialect: Dialect, body: &[u8]) -> Result<Request, ProtocolError> {
     match dialect {
         Dialect::ChatCompletions => chat::decode_request(body),
@@ -712,6 +726,10 @@ pub fn decode_request(dialect: Dialect, body: &[u8]) -> Result<Request, Protocol
         Dialect::Gemini => Err(unsupported(
             "model",
             "the Gemini API is not a client dialect",
+        )),
+        Dialect::Converse => Err(unsupported(
+            "model",
+            "Bedrock's Converse API is not a client dialect",
         )),
     }
 }
@@ -730,6 +748,7 @@ pub fn encode_request(
         Dialect::ChatCompletions => chat::encode_request(req, opts),
         Dialect::Messages => messages::encode_request(req, opts),
         Dialect::Gemini => gemini::encode_request(req, opts),
+        Dialect::Converse => converse::encode_request(req, opts),
         Dialect::Responses => Err(unsupported(
             "model",
             "the Responses API is not an upstream dialect",
@@ -752,6 +771,7 @@ pub fn decode_response(
         Dialect::ChatCompletions => chat::decode_response(body, now_unix_s),
         Dialect::Messages => messages::decode_response(body, now_unix_s),
         Dialect::Gemini => gemini::decode_response(body, now_unix_s),
+        Dialect::Converse => converse::decode_response(body, now_unix_s),
         Dialect::Responses => Err(ProtocolError::InvalidUpstream(
             "the Responses API is not an upstream dialect".into(),
         )),
@@ -764,7 +784,8 @@ pub fn decode_response(
 /// partial and cumulative (`message_start`, then `message_delta`) and replaces only the
 /// fields it carries. Returns false (and leaves `into`) when the bytes are not a usage
 /// object of that dialect. Gemini's `usageMetadata` (cumulative, final in the last chunk)
-/// replaces `into`.
+/// replaces `into`, and so does Converse's `usage` (final, in the answer or the stream's
+/// `metadata` event).
 pub fn merge_usage(dialect: Dialect, usage_json: &[u8], into: &mut Usage) -> bool {
     match dialect {
         Dialect::ChatCompletions => match serde_json::from_slice::<chat::UsageIn>(usage_json) {
@@ -788,16 +809,25 @@ pub fn merge_usage(dialect: Dialect, usage_json: &[u8], into: &mut Usage) -> boo
             }
             Err(_) => false,
         },
+        Dialect::Converse => match serde_json::from_slice::<converse::UsageIn>(usage_json) {
+            Ok(u) => {
+                *into = u.canonical();
+                true
+            }
+            Err(_) => false,
+        },
         Dialect::Responses => false,
     }
 }
 
 /// Encodes the canonical response as a client body of `dialect` (JSON).
-/// The caller sets `resp.model` to the standard model first. Gemini is no client dialect:
-/// it gets the Chat Completions body.
+/// The caller sets `resp.model` to the standard model first. Gemini and Converse are no
+/// client dialects: they get the Chat Completions body.
 pub fn encode_response(dialect: Dialect, resp: &Response) -> Vec<u8> {
     match dialect {
-        Dialect::ChatCompletions | Dialect::Gemini => chat::encode_response(resp),
+        Dialect::ChatCompletions | Dialect::Gemini | Dialect::Converse => {
+            chat::encode_response(resp)
+        }
         Dialect::Messages => messages::encode_response(resp),
         Dialect::Responses => responses::encode_response(resp),
     }
@@ -830,6 +860,8 @@ pub fn error_event(dialect: Dialect, kind: ErrorKind, message: &str, out: &mut B
 pub fn heartbeat(dialect: Dialect) -> &'static [u8] {
     match dialect {
         Dialect::Messages => b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
-        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini => b": keepalive\n\n",
+        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini | Dialect::Converse => {
+            b": keepalive\n\n"
+        }
     }
 }

@@ -4,7 +4,9 @@
 use bytes::BytesMut;
 
 use super::continuation::{Splice, Transcript};
-use super::{chat, gemini, messages, responses, Dialect, ErrorKind, ProtocolError, Usage};
+use super::{
+    chat, converse, gemini, messages, responses, Dialect, ErrorKind, ProtocolError, Usage,
+};
 
 /// What a client stream encoder needs besides the events.
 #[derive(Debug, Clone)]
@@ -23,6 +25,7 @@ enum Decoder {
     Chat(chat::StreamDecoder),
     Messages(messages::StreamDecoder),
     Gemini(gemini::StreamDecoder),
+    Converse(converse::StreamDecoder),
 }
 
 #[derive(Debug)]
@@ -74,8 +77,8 @@ impl StreamTranslator {
     pub fn canonical(upstream: Dialect, client: Dialect, opts: &StreamOptions) -> Option<Self> {
         let decoder = Self::decoder(upstream)?;
         let encoder = match client {
-            // Gemini is no client dialect; a Chat stream is the nearest.
-            Dialect::ChatCompletions | Dialect::Gemini => {
+            // Gemini and Converse are no client dialects; a Chat stream is the nearest.
+            Dialect::ChatCompletions | Dialect::Gemini | Dialect::Converse => {
                 Encoder::Chat(chat::StreamEncoder::new(opts))
             }
             Dialect::Messages => Encoder::Messages(messages::StreamEncoder::new(opts)),
@@ -97,6 +100,7 @@ impl StreamTranslator {
             Dialect::ChatCompletions => Some(Decoder::Chat(chat::StreamDecoder::new())),
             Dialect::Messages => Some(Decoder::Messages(messages::StreamDecoder::new())),
             Dialect::Gemini => Some(Decoder::Gemini(gemini::StreamDecoder::new())),
+            Dialect::Converse => Some(Decoder::Converse(converse::StreamDecoder::new())),
             Dialect::Responses => None,
         }
     }
@@ -182,6 +186,7 @@ impl StreamTranslator {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),
             Decoder::Messages(d) => d.decode(event, data, &mut emit),
             Decoder::Gemini(d) => d.decode(event, data, &mut emit),
+            Decoder::Converse(d) => d.decode(event, data, &mut emit),
         }
     }
 

@@ -8,6 +8,7 @@ use bytes::BytesMut;
 
 use super::bedrock::eventstream::{EventStreamDecoder, EventStreamError};
 use crate::config::{ProviderKind, Route};
+use crate::protocol::Dialect;
 
 /// Why an upstream stream's framing cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,16 +29,21 @@ pub struct Unframer {
 }
 
 impl Unframer {
-    /// The unframer of `route`'s streams (`None`: the provider streams SSE); one event may
-    /// decode to at most `max_event_bytes`.
+    /// The unframer of `route`'s streams (`None`: the provider streams SSE): Bedrock's
+    /// event stream of InvokeModel (Claude) or of ConverseStream (every other model); one
+    /// event may decode to at most `max_event_bytes`.
     pub fn for_route(route: &Route, max_event_bytes: usize) -> Option<Self> {
-        match route.provider.kind {
-            ProviderKind::Bedrock => Some(Self {
-                decoder: EventStreamDecoder::new(max_event_bytes),
-                out: BytesMut::with_capacity(512),
-            }),
-            _ => None,
-        }
+        let decoder = match (route.provider.kind, route.dialect()) {
+            (ProviderKind::Bedrock, Dialect::Converse) => {
+                EventStreamDecoder::converse(max_event_bytes)
+            }
+            (ProviderKind::Bedrock, _) => EventStreamDecoder::new(max_event_bytes),
+            _ => return None,
+        };
+        Some(Self {
+            decoder,
+            out: BytesMut::with_capacity(512),
+        })
     }
 
     /// Decodes `chunk`; the SSE bytes of the messages it completed are then in

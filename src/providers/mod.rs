@@ -222,7 +222,7 @@ pub fn request_path(
         )
         .into(),
         ProviderKind::Gemini => gemini::method_path(upstream_model, stream).into(),
-        ProviderKind::Bedrock => bedrock::invoke_path(upstream_model, stream).into(),
+        ProviderKind::Bedrock => bedrock::method_path(upstream_model, stream).into(),
         ProviderKind::Vertex => match &provider.vertex {
             Some(account) => vertex::method_path(account, upstream_model, stream).into(),
             None => "/".into(),
@@ -230,9 +230,10 @@ pub fn request_path(
     }
 }
 
-/// Where the route's request body names the model ([`ModelPlacement`]): in the URL for
-/// Claude on Vertex AI (whose body carries `anthropic_version` instead), in the body for
-/// every other route.
+/// Where the route's request body names the model, and so its shape ([`ModelPlacement`]):
+/// in the URL for Claude on Vertex AI and on Bedrock (whose bodies carry `anthropic_version`
+/// instead; Bedrock's no `stream`, `metadata` or `service_tier` either), in the body for
+/// every other route (Converse and Gemini bodies name no model at all).
 pub fn model_placement(route: &Route) -> ModelPlacement {
     placement_for(&route.provider, &route.upstream_model)
 }
@@ -241,6 +242,7 @@ pub fn model_placement(route: &Route) -> ModelPlacement {
 pub fn placement_for(provider: &Provider, upstream_model: &str) -> ModelPlacement {
     match provider.kind {
         ProviderKind::Vertex => vertex::model_placement(upstream_model),
+        ProviderKind::Bedrock => bedrock::model_placement(upstream_model),
         _ => ModelPlacement::Body,
     }
 }
@@ -337,68 +339,12 @@ pub async fn exchange(
 /// Request fields that are Sluice's own and never go upstream.
 pub const GATEWAY_FIELDS: &[&str] = &["provider"];
 
-/// How a provider wants the top level of a request body it shares a dialect with: which
-/// members go (the model and the stream choice when the path carries them) and which
-/// constant members come in (a version).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyShape {
-    /// Top-level members left out, besides [`GATEWAY_FIELDS`]; `model` among them means no
-    /// model in the body.
-    pub dropped: &'static [&'static str],
-    /// `(member, string value)` pairs added (replacing a member of that name).
-    pub added: &'static [(&'static str, &'static str)],
-}
-
-impl BodyShape {
-    /// The dialect's own body: `model` set to the upstream model, nothing else changed.
-    pub const AS_IS: BodyShape = BodyShape {
-        dropped: &[],
-        added: &[],
-    };
-
-    /// Whether the body is the dialect's own.
-    pub fn is_as_is(&self) -> bool {
-        self.dropped.is_empty() && self.added.is_empty()
-    }
-}
-
-/// The body shape of `provider`'s requests: Bedrock's Claude models take the Messages body
-/// without `model` and `stream` (the path names both) and with `anthropic_version`
-/// ([`bedrock::ANTHROPIC_VERSION`]); every other kind takes its dialect's body as is.
-pub fn body_shape(provider: &Provider) -> BodyShape {
-    match provider.kind {
-        ProviderKind::Bedrock => BodyShape {
-            dropped: bedrock::DROPPED_MEMBERS,
-            added: &[("anthropic_version", bedrock::ANTHROPIC_VERSION)],
-        },
-        _ => BodyShape::AS_IS,
-    }
-}
-
-/// Re-shapes a body the protocol layer encoded (the translated path) for `shape`; the
-/// body as is when the shape is [`BodyShape::AS_IS`].
-///
-/// # Errors
-/// If the body is no JSON object (the encoders always write one).
-pub fn reshape_body(
-    body: Vec<u8>,
-    upstream_model: &str,
-    shape: &BodyShape,
-) -> serde_json::Result<Vec<u8>> {
-    if shape.is_as_is() {
-        return Ok(body);
-    }
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&body)?;
-    passthrough_body(&map, upstream_model, false, shape)
-}
-
 /// Serializes the client's request for a provider that speaks the client's dialect (the fast
 /// path, any dialect: each names the model in top-level `model`): `model` replaced by the
 /// upstream model, gateway-only fields removed, everything else as sent. With `ask_usage` (a
 /// Chat Completions stream whose client did not ask for usage) `stream_options.include_usage`
 /// is set to `true`, other `stream_options` members kept: metering needs the provider's final
-/// usage chunk, which the stream pipe then removes from the client's stream. `shape` drops
-/// and adds the provider's own top-level members ([`body_shape`]).
+/// usage chunk, which the stream pipe then removes from the client's stream.
 ///
 /// # Errors
 /// Only if serialization fails (it cannot for a parsed `Value`).
@@ -406,20 +352,14 @@ pub fn passthrough_body(
     request: &serde_json::Map<String, serde_json::Value>,
     upstream_model: &str,
     ask_usage: bool,
-    shape: &BodyShape,
 ) -> serde_json::Result<Vec<u8>> {
-    passthrough_body_placed(
-        request,
-        upstream_model,
-        ask_usage,
-        ModelPlacement::Body,
-        shape,
-    )
+    passthrough_body_placed(request, upstream_model, ask_usage, ModelPlacement::Body)
 }
 
 /// [`passthrough_body`] for a provider that names the model where `placement` says: with
-/// [`ModelPlacement::Path`] the body has no `model` and gets the platform's
-/// `anthropic_version` (a client's own `anthropic_version` member is replaced).
+/// [`ModelPlacement::Path`] the body has no `model` nor the placement's `dropped` members and
+/// gets the platform's `anthropic_version` (a client's own `anthropic_version` member is
+/// replaced).
 ///
 /// # Errors
 /// Only if serialization fails (it cannot for a parsed `Value`).
@@ -428,7 +368,6 @@ pub fn passthrough_body_placed(
     upstream_model: &str,
     ask_usage: bool,
     placement: ModelPlacement,
-    shape: &BodyShape,
 ) -> serde_json::Result<Vec<u8>> {
     use serde_json::Value;
     let mut out = Vec::with_capacity(256);
@@ -440,11 +379,12 @@ pub fn passthrough_body_placed(
         o.insert("include_usage".into(), Value::Bool(true));
         Value::Object(o)
     };
+    let dropped = match placement {
+        ModelPlacement::Path { dropped, .. } => dropped,
+        ModelPlacement::Body => &[][..],
+    };
     for (k, v) in request {
-        if GATEWAY_FIELDS.contains(&k.as_str())
-            || shape.dropped.contains(&k.as_str())
-            || shape.added.iter().any(|(a, _)| a == k)
-        {
+        if GATEWAY_FIELDS.contains(&k.as_str()) || dropped.contains(&k.as_str()) {
             continue;
         }
         if k == "model" || k == "anthropic_version" {
@@ -464,10 +404,10 @@ pub fn passthrough_body_placed(
     if ask_usage && !request.contains_key("stream_options") {
         map.serialize_entry("stream_options", &with_usage(None))?;
     }
-    for (k, v) in shape.added {
-        map.serialize_entry(k, v)?;
-    }
-    if let ModelPlacement::Path { anthropic_version } = placement {
+    if let ModelPlacement::Path {
+        anthropic_version, ..
+    } = placement
+    {
         map.serialize_entry("anthropic_version", anthropic_version)?;
     }
     map.end()?;
@@ -637,8 +577,7 @@ mod tests {
             r#"{"model":"acme/x","provider":{"only":["a"]},"stream":true,"messages":[]}"#,
         )
         .unwrap();
-        let out =
-            passthrough_body(v.as_object().unwrap(), "m-1", false, &BodyShape::AS_IS).unwrap();
+        let out = passthrough_body(v.as_object().unwrap(), "m-1", false).unwrap();
         let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(back["model"], "m-1");
         assert!(back.get("provider").is_none());
@@ -650,10 +589,9 @@ mod tests {
         use serde_json::Value;
         let v: Value =
             serde_json::from_str(r#"{"model":"x","stream":true,"messages":[]}"#).unwrap();
-        let back: Value = serde_json::from_slice(
-            &passthrough_body(v.as_object().unwrap(), "m", true, &BodyShape::AS_IS).unwrap(),
-        )
-        .unwrap();
+        let back: Value =
+            serde_json::from_slice(&passthrough_body(v.as_object().unwrap(), "m", true).unwrap())
+                .unwrap();
         assert_eq!(
             back["stream_options"],
             serde_json::json!({"include_usage": true})
@@ -662,10 +600,9 @@ mod tests {
             r#"{"model":"x","stream":true,"stream_options":{"include_usage":false,"include_obfuscation":false}}"#,
         )
         .unwrap();
-        let back: Value = serde_json::from_slice(
-            &passthrough_body(v.as_object().unwrap(), "m", true, &BodyShape::AS_IS).unwrap(),
-        )
-        .unwrap();
+        let back: Value =
+            serde_json::from_slice(&passthrough_body(v.as_object().unwrap(), "m", true).unwrap())
+                .unwrap();
         assert_eq!(
             back["stream_options"],
             serde_json::json!({"include_usage": true, "include_obfuscation": false})

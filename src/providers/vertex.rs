@@ -74,6 +74,7 @@ pub fn model_placement(model: &str) -> ModelPlacement {
     if is_claude(model) {
         ModelPlacement::Path {
             anthropic_version: ANTHROPIC_VERSION,
+            dropped: &[],
         }
     } else {
         ModelPlacement::Body
@@ -119,7 +120,8 @@ mod tests {
         assert_eq!(
             placement,
             ModelPlacement::Path {
-                anthropic_version: "vertex-2023-10-16"
+                anthropic_version: "vertex-2023-10-16",
+                dropped: &[],
             }
         );
         assert_eq!(model_placement("gemini-2.5-pro"), ModelPlacement::Body);
@@ -131,7 +133,6 @@ mod tests {
             "claude-sonnet-4-6",
             false,
             placement,
-            &super::super::BodyShape::AS_IS,
         )
         .expect("body");
         let v: Value = serde_json::from_slice(&out).expect("JSON");

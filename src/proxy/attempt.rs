@@ -428,7 +428,6 @@ fn upstream_body(
             &route.upstream_model,
             ask_usage,
             providers::model_placement(route),
-            &providers::body_shape(&route.provider),
         )
         .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
@@ -446,13 +445,7 @@ fn upstream_body(
         stream_usage: route.provider.stream_usage,
         placement: providers::model_placement(route),
     };
-    let body = protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))?;
-    providers::reshape_body(
-        body,
-        &route.upstream_model,
-        &providers::body_shape(&route.provider),
-    )
-    .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")))
+    protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
 }
 
 /// An attempt that is ready to commit: the upstream answered 2xx and, for a stream, its

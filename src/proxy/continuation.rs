@@ -201,14 +201,7 @@ pub(super) async fn resume<'r>(
             stream_usage: route.provider.stream_usage,
             placement: providers::model_placement(route),
         };
-        let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts).and_then(|b| {
-            providers::reshape_body(
-                b,
-                &route.upstream_model,
-                &providers::body_shape(&route.provider),
-            )
-            .map_err(|e| protocol::ProtocolError::InvalidUpstream(e.to_string()))
-        }) else {
+        let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts) else {
             cand.release_trial();
             continue;
         };

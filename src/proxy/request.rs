@@ -396,7 +396,9 @@ pub fn parse_dialect(
                 ))
             }
         },
-        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini => Map::new(),
+        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini | Dialect::Converse => {
+            Map::new()
+        }
     };
     let preference = preference(map.remove("provider"), preference_header, config)?;
     let models_field = match dialect {

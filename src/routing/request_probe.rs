@@ -46,10 +46,9 @@ pub fn probe_body(
         stream_usage: false,
         placement: providers::placement_for(provider, upstream_model),
     };
-    let body = protocol::encode_request(provider.dialect_for(upstream_model), &req, &opts)?;
-    // The body as the provider takes it (Bedrock: no `model`, its `anthropic_version`).
-    providers::reshape_body(body, upstream_model, &providers::body_shape(provider))
-        .map_err(|e| protocol::ProtocolError::InvalidUpstream(e.to_string()))
+    // The body as the provider takes it (the placement: Bedrock's Claude has no `model`, its
+    // `anthropic_version`).
+    protocol::encode_request(provider.dialect_for(upstream_model), &req, &opts)
 }
 
 /// Sends one request probe to the route `upstream_model` of `provider`, bounded by

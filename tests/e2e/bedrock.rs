@@ -126,14 +126,14 @@ models:
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Client {
+pub(crate) enum Client {
     Chat,
     Messages,
     Responses,
 }
 
 impl Client {
-    fn path(self) -> &'static str {
+    pub(crate) fn path(self) -> &'static str {
         match self {
             Client::Chat => "/v1/chat/completions",
             Client::Messages => "/v1/messages",
@@ -141,7 +141,7 @@ impl Client {
         }
     }
 
-    fn headers(self, id: &str) -> Vec<(&'static str, String)> {
+    pub(crate) fn headers(self, id: &str) -> Vec<(&'static str, String)> {
         let mut h = match self {
             Client::Messages => vec![
                 ("x-api-key", KEY.to_string()),
@@ -153,7 +153,7 @@ impl Client {
         h
     }
 
-    fn body(self, model: &str, stream: bool) -> Value {
+    pub(crate) fn body(self, model: &str, stream: bool) -> Value {
         match self {
             Client::Chat => json!({"model": model, "stream": stream,
                 "messages": [{"role": "system", "content": "be brief"},
@@ -166,19 +166,19 @@ impl Client {
     }
 }
 
-struct Sent {
-    status: u16,
-    provider: Option<String>,
-    bytes: Vec<u8>,
+pub(crate) struct Sent {
+    pub(crate) status: u16,
+    pub(crate) provider: Option<String>,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl Sent {
-    fn shown(&self) -> String {
+    pub(crate) fn shown(&self) -> String {
         String::from_utf8_lossy(&self.bytes).into_owned()
     }
 }
 
-fn send(sluice: &Sluice, client: Client, body: &Value, id: &str) -> Sent {
+pub(crate) fn send(sluice: &Sluice, client: Client, body: &Value, id: &str) -> Sent {
     let owned = client.headers(id);
     let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
     if body["stream"] == true {
@@ -202,7 +202,7 @@ fn send(sluice: &Sluice, client: Client, body: &Value, id: &str) -> Sent {
     }
 }
 
-fn data(bytes: &[u8]) -> Vec<Value> {
+pub(crate) fn data(bytes: &[u8]) -> Vec<Value> {
     sse_events(bytes)
         .iter()
         .flat_map(|e| e.lines())
@@ -212,7 +212,7 @@ fn data(bytes: &[u8]) -> Vec<Value> {
         .collect()
 }
 
-fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String {
+pub(crate) fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String {
     match (client, stream) {
         (Client::Chat, true) => sse_text(bytes),
         (Client::Messages, true) => data(bytes)
@@ -254,7 +254,7 @@ fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String {
 }
 
 /// The JSON access-log record of request `id`.
-fn access(sluice: &Sluice, id: &str) -> Value {
+pub(crate) fn access(sluice: &Sluice, id: &str) -> Value {
     let needle = format!("\"request_id\":\"{id}\"");
     let mut found = None;
     let ok = eventually(Duration::from_secs(5), || {
@@ -269,7 +269,7 @@ fn access(sluice: &Sluice, id: &str) -> Value {
     serde_json::from_str(&found.unwrap_or_default()).expect("access line JSON")
 }
 
-fn header(rec: &Value, name: &str) -> Option<String> {
+pub(crate) fn header(rec: &Value, name: &str) -> Option<String> {
     rec["all_headers"]
         .as_array()
         .into_iter()

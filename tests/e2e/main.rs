@@ -7,6 +7,7 @@ mod anthropic;
 mod api;
 mod backpressure;
 mod bedrock;
+mod bedrock_converse;
 mod budget;
 mod cancellation;
 mod capacity;

@@ -2,7 +2,8 @@
 //! Completions, streamed and not, with tools and with reasoning) against a real Sluice whose
 //! models are served by the cloud kinds `azure_openai` and `gemini` (issue 13), through the
 //! same script as the first-party providers (`tests/sdk/dialects_client.py`; interpreter as
-//! in [`crate::sdk`]): a client cannot tell which kind answered.
+//! in [`crate::sdk`]), and by `kind: bedrock` (Claude through InvokeModel, other models
+//! through Converse): a client cannot tell which kind answered.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -215,6 +216,84 @@ fn official_anthropic_and_openai_sdks_work_on_bedrock() {
                 .flatten()
                 .any(|h| h[0] == "x-amz-security-token"
                     && h[1] == sluice::mock_upstream::sigv4::MOCK_AWS_SESSION_TOKEN)),
+        "{log:?}"
+    );
+}
+
+/// The official SDKs' script (as for the other kinds, `tests/sdk/dialects_client.py`)
+/// against a model Bedrock serves through Converse: text, tools and reasoning, streamed and
+/// not, every dialect.
+#[test]
+fn official_anthropic_and_openai_sdks_work_on_bedrock_converse() {
+    let text = "Hello from Nova: héllo 世界 🚀, twenty tokens or so of text.";
+    let text_behavior = serde_json::json!({"text": text, "split": "arbitrary"}).to_string();
+    let tools = serde_json::json!([
+        {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "c"}},
+        {"name": "get_time", "arguments": {"tz": "Europe/Zurich"}},
+    ]);
+    let tool_text = "Let me check both.";
+    let tools_behavior =
+        serde_json::json!({"text": tool_text, "tool_calls": tools, "split": "arbitrary"})
+            .to_string();
+    let thought = "Höw tö greet: wärmly, 🤝 first.";
+    let reasoning_behavior =
+        serde_json::json!({"text": text, "reasoning": thought, "split": "bytewise"}).to_string();
+    let mock = Mock::start(&text_behavior);
+    let dir = crate::harness::TempDir::new("sdk-converse");
+    let file = crate::bedrock::credentials_file(&dir);
+    let yaml = format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  br:\n    kind: bedrock\n    region: us-east-2\n    base_url: http://{}\n    aws_profile: temp\nmodels:\n  acme/nova:\n    routes:\n      - provider: br\n        upstream_model: \"{}\"\n",
+        mock.addr,
+        crate::bedrock_converse::NOVA
+    );
+    let env = crate::bedrock::env(&file);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sluice = Sluice::start_with_env(&yaml, &env);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/dialects_client.py");
+    let base_url = format!("http://{}", sluice.addr);
+    let mock_url = format!("http://{}", mock.addr);
+    let tools = tools.to_string();
+    let (ok, out) = run_python(
+        &[
+            script.to_str().expect("utf-8 path"),
+            "--base-url",
+            &base_url,
+            "--key",
+            KEY,
+            "--model",
+            "acme/nova",
+            "--mock-url",
+            &mock_url,
+            "--text-behavior",
+            &text_behavior,
+            "--expect-text",
+            text,
+            "--tools-behavior",
+            &tools_behavior,
+            "--expect-tool-text",
+            tool_text,
+            "--expect-tools",
+            &tools,
+            "--reasoning-behavior",
+            &reasoning_behavior,
+            "--expect-reasoning",
+            thought,
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(ok, "the SDK script failed:\n{out}");
+    assert!(out.contains("sdk ok"), "{out}");
+    assert!(
+        !out.contains("nova-pro"),
+        "the upstream model leaked:\n{out}"
+    );
+    let log = mock.log();
+    assert!(!log.is_empty());
+    assert!(
+        log.iter().all(|r| r["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/model/amazon.nova-pro-v1%3A0/converse"))
+            && r["status"] == 200),
         "{log:?}"
     );
 }

@@ -431,7 +431,9 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
         super::ModelPlacement::Body => {
             out.insert("model".into(), opts.model.into());
         }
-        super::ModelPlacement::Path { anthropic_version } => {
+        super::ModelPlacement::Path {
+            anthropic_version, ..
+        } => {
             out.insert("anthropic_version".into(), anthropic_version.into());
         }
     }
@@ -508,6 +510,11 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
     }
     if req.stream {
         out.insert("stream".into(), true.into());
+    }
+    if let super::ModelPlacement::Path { dropped, .. } = opts.placement {
+        for k in dropped {
+            out.remove(*k);
+        }
     }
     Ok(to_vec(&Value::Object(out)))
 }

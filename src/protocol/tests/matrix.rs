@@ -42,7 +42,7 @@ fn expected(client: Dialect, up: Dialect, s: Scenario) -> Seen {
         ChatCompletions => chat.to_owned(),
         Messages => messages.to_owned(),
         Responses => responses.to_owned(),
-        Gemini => unreachable!("Gemini is no client dialect"),
+        Gemini | Converse => unreachable!("no client dialect"),
     };
     let usage = match client {
         Messages => (20, 12, 10),
@@ -221,7 +221,7 @@ fn seen_body(client: Dialect, body: &[u8]) -> Seen {
                 u["input_tokens_details"]["cached_tokens"].as_u64().unwrap(),
             );
         }
-        Dialect::Gemini => unreachable!("Gemini is no client dialect"),
+        Dialect::Gemini | Dialect::Converse => unreachable!("no client dialect"),
     }
     s
 }
@@ -316,7 +316,7 @@ fn client_request(client: Dialect, s: Scenario) -> Value {
             "reasoning": {"effort": "high"}, "input": "1+1?"})
         }
         (Dialect::Responses, _) => json!({"model": "m", "input": "Hi"}),
-        (Dialect::Gemini, _) => unreachable!("Gemini is no client dialect"),
+        (Dialect::Gemini | Dialect::Converse, _) => unreachable!("no client dialect"),
     }
 }
 

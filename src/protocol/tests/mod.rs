@@ -311,6 +311,6 @@ pub(super) fn seen(client: Dialect, bytes: &[u8]) -> Seen {
         Dialect::ChatCompletions => seen_chat(bytes),
         Dialect::Messages => seen_messages(bytes),
         Dialect::Responses => seen_responses(bytes),
-        Dialect::Gemini => unreachable!("Gemini is no client dialect"),
+        Dialect::Gemini | Dialect::Converse => unreachable!("no client dialect"),
     }
 }

@@ -17,6 +17,11 @@
 //!   data JSON; it becomes `event: {type}\ndata: {json}\n\n` (`message_stop` without the
 //!   `amazon-bedrock-invocationMetrics` member Bedrock adds: the client cannot tell
 //!   Bedrock answered).
+//! - `event` of a Converse stream (a decoder made with [`EventStreamDecoder::converse`]):
+//!   the payload is the event's JSON itself (no base64; Bedrock may add a padding member
+//!   `"p"`), named by `:event-type` (`messageStart`, `contentBlockDelta`, `metadata`, ...);
+//!   it becomes `event: {event type}\ndata: {json}\n\n` (the `converse` submodule), read by
+//!   [`crate::protocol::converse::StreamDecoder`].
 //! - `exception` with `:exception-type` (`modelStreamErrorException`,
 //!   `throttlingException`, `internalServerException`, `serviceUnavailableException`,
 //!   `validationException`, `modelTimeoutException`) and a `{"message": ...}` payload: it
@@ -26,6 +31,8 @@
 //!
 //! References: <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html>
 //! (the `chunk` event and the exceptions of the response stream),
+//! <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ConverseStreamOutput.html>
+//! (the Converse stream's events and exceptions),
 //! <https://docs.aws.amazon.com/transcribe/latest/dg/streaming-setting-up.html#streaming-event-stream>
 //! (the event-stream message format), the `aws-smithy-eventstream` crate (its reference
 //! implementation in the Rust SDK).
@@ -34,6 +41,8 @@ use aws_smithy_eventstream::frame::read_message_from;
 use aws_smithy_types::event_stream::{HeaderValue, Message};
 use base64::Engine as _;
 use bytes::{Buf, BytesMut};
+
+mod converse;
 
 /// Bytes of a message's prelude (total length, headers length, prelude CRC).
 const PRELUDE_BYTES: usize = 12;
@@ -74,6 +83,17 @@ pub struct EventStreamDecoder {
     max_message_bytes: usize,
     /// The base64-decoded event JSON of the message being converted.
     json: Vec<u8>,
+    /// What an `event` message carries: an InvokeModel `chunk` or a Converse event.
+    payload: Payload,
+}
+
+/// The payload of a stream's `event` messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Payload {
+    /// `InvokeModelWithResponseStream`: `chunk` events with base64 Anthropic event JSON.
+    Chunk,
+    /// `ConverseStream`: the event JSON itself, named by `:event-type`.
+    Converse,
 }
 
 impl EventStreamDecoder {
@@ -87,6 +107,16 @@ impl EventStreamDecoder {
                 .div_ceil(3)
                 .saturating_add(FRAMING_SLACK_BYTES),
             json: Vec::new(),
+            payload: Payload::Chunk,
+        }
+    }
+
+    /// A decoder of a `ConverseStream` body (see the module docs), events of at most
+    /// `max_event_bytes` each.
+    pub fn converse(max_event_bytes: usize) -> Self {
+        Self {
+            payload: Payload::Converse,
+            ..Self::new(max_event_bytes)
         }
     }
 
@@ -162,6 +192,9 @@ impl EventStreamDecoder {
         }
         match string_header(&msg, ":message-type").unwrap_or("event") {
             "event" => match string_header(&msg, ":event-type") {
+                Some(name) if self.payload == Payload::Converse => {
+                    converse::converse_event(name, msg.payload(), out)
+                }
                 Some("chunk") => self.chunk_event(msg.payload(), out),
                 // Events Bedrock may add later: nothing for the client.
                 _ => Ok(()),

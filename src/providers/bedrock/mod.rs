@@ -1,14 +1,17 @@
 //! Owns how Sluice addresses AWS Bedrock (`kind: bedrock`): the runtime endpoint of the
-//! region, the `InvokeModel` / `InvokeModelWithResponseStream` paths with the model id in
-//! the path, the Anthropic Messages body as Bedrock takes it (no `model`, no `stream`,
-//! `anthropic_version: "bedrock-2023-05-31"`), the SigV4 signer ([`sigv4`]) with the
-//! credentials of the AWS chain ([`credentials`]), the binary stream framing
-//! ([`eventstream`]) and Bedrock's error answers.
+//! region, the `InvokeModel` / `InvokeModelWithResponseStream` and `Converse` /
+//! `ConverseStream` paths with the model id in the path, the Anthropic Messages body as
+//! Bedrock takes it (no `model`, no `stream`, `anthropic_version: "bedrock-2023-05-31"`),
+//! the SigV4 signer ([`sigv4`]) with the credentials of the AWS chain ([`credentials`]), the
+//! binary stream framing ([`eventstream`]) and Bedrock's error answers.
 //!
-//! Which models: Anthropic Claude models (an upstream model id with `anthropic.` in it:
-//! `anthropic.claude-…`, the cross-region profiles `us.anthropic.claude-…`,
-//! `global.anthropic.claude-…`, or their inference-profile ARNs) speak the Messages dialect
-//! through `InvokeModel`. Other models (Converse API) are refused at config load.
+//! Which models ([`dialect`]): Anthropic Claude models (an upstream model id with
+//! `anthropic.` in it: `anthropic.claude-…`, the cross-region profiles
+//! `us.anthropic.claude-…`, `global.anthropic.claude-…`, or their inference-profile ARNs)
+//! speak the Messages dialect through `InvokeModel`; every other model (`amazon.nova-…`,
+//! `meta.llama…`, `mistral.…`, ...) speaks the Converse dialect
+//! ([`crate::protocol::converse`]) through `Converse` / `ConverseStream`, both signed and
+//! framed alike.
 //!
 //! Errors (HTTP, `x-amzn-ErrorType` header, `{"message": ...}` body), as every provider's:
 //! `ThrottlingException` and `ModelNotReadyException` (429), `ServiceUnavailableException`
@@ -19,6 +22,8 @@
 //! errors (403) are the gateway's credentials: fall back, the client gets 502.
 //!
 //! References: <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModel.html>,
+//! <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html>,
+//! <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ConverseStream.html>,
 //! <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html>,
 //! <https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages.html>
 //! (the body), <https://docs.aws.amazon.com/general/latest/gr/bedrock.html> (endpoints).
@@ -28,6 +33,7 @@ pub mod eventstream;
 pub mod sigv4;
 
 use super::azure::push_segment;
+use crate::protocol::{Dialect, ModelPlacement};
 
 /// The `anthropic_version` member Bedrock's Claude models require in the body.
 pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
@@ -35,11 +41,25 @@ pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
 /// The `Accept` of a streamed request: AWS's event-stream framing.
 pub const EVENT_STREAM_CONTENT_TYPE: &str = "application/vnd.amazon.eventstream";
 
-/// Members of a Messages body Bedrock's Claude models do not take (a `ValidationException`
-/// "extraneous key" otherwise): the model (it is in the path), the stream choice (the path
-/// too), and `metadata` / `service_tier`, which only Anthropic's own API has (tracing and
-/// capacity hints, harmless to drop).
-pub const DROPPED_MEMBERS: &[&str] = &["model", "stream", "metadata", "service_tier"];
+/// Members of a Messages body Bedrock's Claude models do not take besides `model` (a
+/// `ValidationException` "extraneous key" otherwise): the stream choice (the path names it,
+/// as it names the model), and `metadata` / `service_tier`, which only Anthropic's own API
+/// has (tracing and capacity hints, harmless to drop).
+pub const DROPPED_MEMBERS: &[&str] = &["stream", "metadata", "service_tier"];
+
+/// The shape of `model`'s request body: a Claude model's Messages body names no model,
+/// carries [`ANTHROPIC_VERSION`] and leaves out [`DROPPED_MEMBERS`]; a Converse body names
+/// no model anyway ([`ModelPlacement::Body`]: nothing to change).
+pub fn model_placement(model: &str) -> ModelPlacement {
+    if is_anthropic(model) {
+        ModelPlacement::Path {
+            anthropic_version: ANTHROPIC_VERSION,
+            dropped: DROPPED_MEMBERS,
+        }
+    } else {
+        ModelPlacement::Body
+    }
+}
 
 /// The runtime endpoint of `region`: `https://bedrock-runtime.{region}.amazonaws.com`.
 pub fn default_base_url(region: &str) -> String {
@@ -63,6 +83,41 @@ pub fn is_anthropic(model: &str) -> bool {
     model.starts_with("anthropic.")
         || model.contains(".anthropic.")
         || model.contains("/anthropic.")
+}
+
+/// The dialect Bedrock serves `model` in: Messages (`InvokeModel`) for an Anthropic model,
+/// Converse for every other.
+pub fn dialect(model: &str) -> Dialect {
+    if is_anthropic(model) {
+        Dialect::Messages
+    } else {
+        Dialect::Converse
+    }
+}
+
+/// The path of the method that serves `model` ([`dialect`]): [`invoke_path`] for an
+/// Anthropic model, [`converse_path`] for every other.
+pub fn method_path(model: &str, stream: bool) -> String {
+    if is_anthropic(model) {
+        invoke_path(model, stream)
+    } else {
+        converse_path(model, stream)
+    }
+}
+
+/// The path of the Converse method for `model`: `/model/{id}/converse-stream` for a
+/// stream, `/model/{id}/converse` otherwise, the id percent-encoded as one segment (as in
+/// [`invoke_path`]).
+pub fn converse_path(model: &str, stream: bool) -> String {
+    let mut p = String::with_capacity(40 + model.len());
+    p.push_str("/model/");
+    push_segment(&mut p, model);
+    p.push_str(if stream {
+        "/converse-stream"
+    } else {
+        "/converse"
+    });
+    p
 }
 
 /// The path of the invoke method for `model`: `/model/{id}/invoke-with-response-stream`
@@ -122,6 +177,79 @@ mod tests {
             invoke_path("arn:aws:bedrock:us-east-1:1:inference-profile/us.anthropic.c", false),
             "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Ainference-profile%2Fus.anthropic.c/invoke"
         );
+    }
+
+    #[test]
+    fn claude_invokes_and_every_other_model_converses() {
+        assert_eq!(
+            method_path("amazon.nova-pro-v1:0", false),
+            "/model/amazon.nova-pro-v1%3A0/converse"
+        );
+        assert_eq!(
+            method_path("meta.llama3-3-70b-instruct-v1:0", true),
+            "/model/meta.llama3-3-70b-instruct-v1%3A0/converse-stream"
+        );
+        assert_eq!(
+            method_path("us.anthropic.claude-sonnet-4-6-v1:0", true),
+            "/model/us.anthropic.claude-sonnet-4-6-v1%3A0/invoke-with-response-stream"
+        );
+        assert_eq!(
+            dialect("mistral.mistral-large-2407-v1:0"),
+            Dialect::Converse
+        );
+        assert_eq!(
+            dialect("anthropic.claude-3-haiku-20240307-v1:0"),
+            Dialect::Messages
+        );
+    }
+
+    #[test]
+    fn claude_bodies_lose_model_and_stream_both_ways() {
+        use crate::protocol::{Message, Part, Request, Role, UpstreamOptions};
+        let placement = model_placement("us.anthropic.claude-sonnet-4-6-v1:0");
+        assert_eq!(
+            model_placement("amazon.nova-pro-v1:0"),
+            ModelPlacement::Body
+        );
+        let check = |body: &[u8]| {
+            let v: serde_json::Value = serde_json::from_slice(body).expect("JSON");
+            assert_eq!(v["anthropic_version"], ANTHROPIC_VERSION, "{v}");
+            for absent in ["model", "stream", "metadata", "service_tier"] {
+                assert!(v.get(absent).is_none(), "{absent}: {v}");
+            }
+            assert_eq!(v["max_tokens"], 5, "{v}");
+        };
+        // A Messages client's own body…
+        let client = serde_json::json!({"model": "acme/c", "stream": true, "max_tokens": 5,
+            "metadata": {"user_id": "u"}, "service_tier": "auto", "anthropic_version": "x",
+            "messages": [{"role": "user", "content": "hi"}]});
+        check(
+            &super::super::passthrough_body_placed(
+                client.as_object().expect("object"),
+                "us.anthropic.claude-sonnet-4-6-v1:0",
+                false,
+                placement,
+            )
+            .expect("body"),
+        );
+        // …and one the protocol layer encodes from another dialect.
+        let req = Request {
+            messages: vec![Message {
+                role: Role::User,
+                parts: vec![Part::Text("hi".into())],
+            }],
+            max_output_tokens: Some(5),
+            user: Some("u".into()),
+            stream: true,
+            ..Request::default()
+        };
+        let opts = UpstreamOptions {
+            model: "us.anthropic.claude-sonnet-4-6-v1:0",
+            default_max_tokens: 5,
+            stream_usage: false,
+            placement,
+        };
+        check(&crate::protocol::encode_request(Dialect::Messages, &req, &opts).expect("encodes"));
     }
 
     #[test]
