@@ -659,6 +659,18 @@ pub fn is_json(data: &[u8]) -> bool {
     scan::Scan::is_one_value(data)
 }
 
+/// Whether `data` has the structure of one JSON object or array: it opens with `{` or `[`
+/// and closes with the matching bracket (whitespace around allowed), every string is
+/// closed, and the brackets outside strings balance with nothing after the outer one.
+/// Literals, numbers, commas and colons are not checked, so it is cheaper than
+/// [`is_json`] (strings are skipped with `memchr`) and catches what a provider's
+/// malformed event usually is: one cut short, or two run together. The stream pipe uses
+/// it on events after the answer is committed, where a malformed event only passes
+/// through and is counted.
+pub fn is_balanced_json(data: &[u8]) -> bool {
+    scan::is_balanced(data)
+}
+
 pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest {
         field: field.into(),

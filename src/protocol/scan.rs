@@ -422,12 +422,86 @@ fn hex4(h: &[u8]) -> Option<u32> {
     u32::from_str_radix(s, 16).ok()
 }
 
+/// See [`super::is_balanced_json`].
+pub(crate) fn is_balanced(data: &[u8]) -> bool {
+    let d = data.trim_ascii();
+    match (d.first(), d.last()) {
+        (Some(b'{'), Some(b'}')) | (Some(b'['), Some(b']')) => {}
+        _ => return false,
+    }
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < d.len() {
+        match d[i] {
+            b'"' => {
+                // To the closing quote, over escapes (`\"` included).
+                let mut j = i + 1;
+                loop {
+                    let Some(k) = memchr::memchr2(b'"', b'\\', &d[j..]) else {
+                        return false;
+                    };
+                    if d[j + k] == b'\\' {
+                        j += k + 2;
+                        if j >= d.len() {
+                            return false;
+                        }
+                    } else {
+                        j += k + 1;
+                        break;
+                    }
+                }
+                i = j;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                if depth == 0 {
+                    return false;
+                }
+                depth -= 1;
+                if depth == 0 && i + 1 != d.len() {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    depth == 0
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
     use serde_json::Value;
 
     use super::Scan;
+
+    #[test]
+    fn balanced_structure_catches_cut_and_run_together_events() {
+        for ok in [
+            r#"{"a":1}"#,
+            r#" {"a":"x}\"]","b":[1,{"c":null}]} "#,
+            r#"[1,2]"#,
+            r#"{"s":"\\"}"#,
+        ] {
+            assert!(super::is_balanced(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "",
+            "[DONE]x",
+            "not json",
+            r#"{"id":"mock-malformed","choices":[{"delta":{"content":"lost"}"#,
+            r#"{"a":1}{"b":2}"#,
+            r#"{"a":"unterminated}"#,
+            r#"{"a":"\"}"#,
+            r#"{"a":1]}"#,
+            r#"{"a":1}}"#,
+            "\"just a string\"",
+        ] {
+            assert!(!super::is_balanced(bad.as_bytes()), "{bad}");
+        }
+    }
 
     /// Skips `text` as one value: Ok exactly when serde_json parses it.
     fn accepts(text: &str) -> bool {

@@ -392,7 +392,16 @@ impl<'r> StreamPipe<'r> {
                     message,
                 });
             }
-            if !protocol::is_json(&data) {
+            // Until an event has committed the answer, each is validated in full (a
+            // malformed one must not commit it); after that a malformed event only passes
+            // through and is counted, and the cheaper structural check finds the usual
+            // ones (cut short, run together) without a validating parse per event.
+            let well_formed = if self.data_events == 0 {
+                protocol::is_json(&data)
+            } else {
+                protocol::is_balanced_json(&data)
+            };
+            if !well_formed {
                 // A malformed event passes through untouched and is counted; like a
                 // comment it does not commit the answer, and it never ends the stream.
                 count_malformed(self.route);

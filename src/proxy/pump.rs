@@ -399,11 +399,15 @@ pub(super) async fn pump_body(
     let heartbeat_timer = sleep_until(last_write + timeouts.heartbeat);
     let first_event_timer = sleep_until(first_event_deadline);
     let max_end_timer = sleep_until(max_end.unwrap_or(first_event_deadline));
+    // Subscribed once per stream, not once per chunk: each subscription registers with
+    // (and its drop unregisters from, under a lock) the shutdown channel's waiters.
+    let shutdown = crate::shutdown::streams_cancelled();
     tokio::pin!(
         idle_timer,
         heartbeat_timer,
         first_event_timer,
-        max_end_timer
+        max_end_timer,
+        shutdown
     );
     // `Ok(last)`: the stream ended cleanly and `last` is its final output, written after the
     // upstream connection went back to the pool; `Err`: it failed.
@@ -433,7 +437,7 @@ pub(super) async fn pump_body(
                     () = &mut idle_timer => Tick::Idle,
                     () = &mut first_event_timer, if waiting_first => Tick::Ev(Ev::FirstEventTimeout),
                     () = &mut max_end_timer, if max_end.is_some() => Tick::Ev(Ev::MaxDuration),
-                    () = crate::shutdown::streams_cancelled() => Tick::Ev(Ev::Shutdown),
+                    () = &mut shutdown => Tick::Ev(Ev::Shutdown),
                     () = &mut heartbeat_timer => Tick::Heartbeat,
                 };
                 match tick {
