@@ -4,11 +4,6 @@
 
 use std::process::ExitCode;
 
-/// The process allocator: mimalloc (see Cargo.toml for why). Only the `sluice` binary sets
-/// it; the library, its tests and the mock upstream keep the system allocator.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use clap::Parser;
 use sluice::cli::{Args, Command, KeyAction, NewKey};
 use sluice::config::Config;
