@@ -257,6 +257,22 @@ pub(super) async fn stream(
         head.remove_header("transfer-encoding");
         session.set_keepalive(None);
     }
+    let first = pipe.take();
+    // The whole answer may already be here (`[DONE]` seen): end the response at once.
+    let complete = ended || pipe.finished();
+    if complete && head.headers.get("transfer-encoding").is_some() {
+        // Its length is known: with `content-length` Pingora does not flush the head on its
+        // own, so head and events leave in one write where they fit the connection's write
+        // buffer (a short answer), else in two, instead of head, chunk and last chunk.
+        head.remove_header("transfer-encoding");
+        if head
+            .insert_header("content-length", first.len().to_string())
+            .is_err()
+        {
+            up.shutdown().await;
+            return Attempt::Final(GatewayError::Internal("content-length header".into()));
+        }
+    }
     ctx.downstream_committed = true;
     if session
         .write_response_header(Box::new(head), false)
@@ -267,12 +283,9 @@ pub(super) async fn stream(
         return Attempt::Gone(ClientGone("writing"));
     }
     super::upstream::trial_answered(route);
-    let first = pipe.take();
     if pipe.first_content {
         ctx.outcome.ttft = Some(ctx.received.elapsed());
     }
-    // The whole answer may already be here (`[DONE]` seen): end the response at once.
-    let complete = ended || pipe.finished();
     ctx.outcome.bytes_out += first.len() as u64;
     let body = (!first.is_empty()).then_some(first);
     if complete {
