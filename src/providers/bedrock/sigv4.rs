@@ -6,16 +6,7 @@
 //! for every service but S3: the model id's `:` travels as `%3A` and is signed as `%253A`.
 //!
 //! The credentials are read once (config load, [`super::credentials`]) into an
-//! [`Identity`] that every request shares: no per-request copy of the keys. So are the
-//! signing settings. The payload's SHA-256 is computed here (`sha2`, SHA-NI where the CPU
-//! has it, hex by table) and handed to the signer precomputed.
-//!
-//! What a signature costs (criterion, `benches/bedrock.rs`; see `benches/README.md`): the
-//! SHA-256 of the body (about 0.5 µs per KiB with SHA-NI, ~5× that without) plus a fixed
-//! part inside `aws-sigv4` (the canonical request built in an `http::HeaderMap` and
-//! formatted strings, the signing key derived anew each request by four HMACs, ~80
-//! allocations); the crate exposes no way to reuse a derived key through its request
-//! signer.
+//! [`Identity`] that every request shares: no per-request copy of the keys.
 //!
 //! Reference: <https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html>.
 
@@ -27,7 +18,6 @@ use aws_sigv4::http_request::{
 };
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
-use sha2::{Digest as _, Sha256};
 
 use super::credentials::AwsCredentials;
 
@@ -42,8 +32,6 @@ pub struct Signer {
     identity: Identity,
     /// The access key id, for logs (never the secret).
     access_key_id: String,
-    /// The signing settings every request uses (built once; cloning them allocates nothing).
-    settings: SigningSettings,
 }
 
 impl std::fmt::Debug for Signer {
@@ -71,17 +59,10 @@ impl Signer {
             None,
             "sluice-config",
         );
-        let mut settings = SigningSettings::default();
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        // The default exclusion list (`authorization`, `user-agent`, `x-amzn-trace-id`,
-        // `transfer-encoding`) names none of the headers `sign` is given, and costs a vector
-        // per clone.
-        settings.excluded_headers = None;
         Self {
             region: region.to_string(),
             identity: creds.into(),
             access_key_id: credentials.access_key_id.clone(),
-            settings,
         }
     }
 
@@ -106,12 +87,14 @@ impl Signer {
         body: &[u8],
         time: SystemTime,
     ) -> Result<Vec<SignedHeader>, String> {
+        let mut settings = SigningSettings::default();
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
         let params = v4::SigningParams::builder()
             .identity(&self.identity)
             .region(&self.region)
             .name(SERVICE)
             .time(time)
-            .settings(self.settings.clone())
+            .settings(settings)
             .build()
             .map_err(|e| e.to_string())?
             .into();
@@ -119,7 +102,7 @@ impl Signer {
             method,
             path,
             headers.iter().copied(),
-            SignableBody::Precomputed(payload_sha256_hex(body)),
+            SignableBody::Bytes(body),
         )
         .map_err(|e| e.to_string())?;
         let (instructions, _signature) = sign(request, &params)
@@ -131,16 +114,6 @@ impl Signer {
             .map(|h| (h.name(), h.value().to_string()))
             .collect())
     }
-}
-
-/// The lowercase hex SHA-256 of `body` (SigV4's `HashedPayload`).
-fn payload_sha256_hex(body: &[u8]) -> String {
-    let mut hex = [0u8; 64];
-    // A 32-byte digest fills the 64 bytes exactly: the only way `encode_to_slice` fails.
-    if hex::encode_to_slice(Sha256::digest(body), &mut hex).is_err() {
-        return String::new();
-    }
-    String::from_utf8_lossy(&hex).into_owned()
 }
 
 #[cfg(test)]
@@ -192,14 +165,6 @@ mod tests {
             "{auth}"
         );
         assert!(!format!("{s:?}").contains("wJalr"));
-    }
-
-    #[test]
-    fn the_payload_hash_is_lowercase_hex_sha256() {
-        assert_eq!(
-            payload_sha256_hex(b""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
     }
 
     #[test]
