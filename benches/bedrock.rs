@@ -17,9 +17,12 @@
 //! and the decoder alone, warm (one decoder and output buffer reused).
 //!
 //! Throughput is printed by criterion, never asserted; under `cargo test --benches` each
-//! case runs once and checks its output. A criterion filter runs one case, e.g. for
-//! callgrind: `valgrind --tool=callgrind <bench binary> --bench --profile-time 3 decode_only`
-//! (under valgrind the SHA-256 of `aws-sigv4` runs in software: valgrind hides SHA-NI).
+//! case runs once and checks its output. `BEDROCK_BENCH_CASE=<case>` (`sigv4/1536`,
+//! `to_chat/4KiB`, `decode_only/4KiB`, ...) runs one case only, setup included, for a
+//! per-case instruction count: under `--test` a stream case runs its pipeline exactly 22
+//! times (one check, 20 counted for allocations, one test run), a signature case 102:
+//! `BEDROCK_BENCH_CASE=to_chat/4KiB valgrind --tool=callgrind <bench binary> --test`
+//! (under valgrind SHA-256 runs in software: valgrind hides SHA-NI).
 #![allow(unsafe_code)] // the counting global allocator must implement `GlobalAlloc`
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -65,6 +68,11 @@ unsafe impl GlobalAlloc for CountingAlloc {
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
+/// Whether the case `name` runs (all unless `BEDROCK_BENCH_CASE` names one).
+fn selected(name: &str) -> bool {
+    std::env::var("BEDROCK_BENCH_CASE").map_or(true, |only| only == name)
+}
+
 /// Allocations `f` makes per call, averaged over `n` calls.
 fn allocs_per_call(n: usize, mut f: impl FnMut()) -> f64 {
     let before = ALLOCS.load(Ordering::Relaxed);
@@ -95,6 +103,9 @@ fn bench_sigv4(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group("bedrock_sigv4");
     for size in [1536usize, 16 * 1024] {
+        if !selected(&format!("sigv4/{size}")) {
+            continue;
+        }
         let mut body = String::from(
             r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":1024,"messages":[{"role":"user","content":""#,
         );
@@ -255,6 +266,10 @@ fn bench_stream(c: &mut Criterion) {
         ("to_chat", Dialect::ChatCompletions),
     ] {
         for big in [false, true] {
+            let label = format!("{name}/{}", if big { "4KiB" } else { "150-300B" });
+            if !selected(&label) {
+                continue;
+            }
             let chunks = chunked(&stream, big);
             let mut p = Pipeline {
                 client,
@@ -263,7 +278,6 @@ fn bench_stream(c: &mut Criterion) {
             let (sent, events) = p.run(&chunks);
             assert_eq!(events, n_events, "{name}");
             assert!(sent > 0);
-            let label = format!("{name}/{}", if big { "4KiB" } else { "150-300B" });
             let per_stream = allocs_per_call(20, || {
                 p.run(&chunks);
             });
@@ -280,35 +294,37 @@ fn bench_stream(c: &mut Criterion) {
         }
     }
     // The decoder alone (event stream → SSE bytes).
-    let chunks = chunked(&stream, true);
-    {
-        let mut d = EventStreamDecoder::new(1 << 20);
-        let mut out = BytesMut::with_capacity(64 * 1024);
-        let mut one_stream = || {
-            out.clear();
-            for c in &chunks {
-                d.push(c, &mut out).expect("decodes");
-            }
-            d.finish().expect("complete");
-        };
-        one_stream();
-        let per_stream = allocs_per_call(20, one_stream);
-        println!(
-            "decode_only/4KiB: {:.2} allocations per message (one decoder, warm)",
-            per_stream / n_events as f64
-        );
-    }
-    group.throughput(Throughput::Bytes(stream.len() as u64));
-    group.bench_function("decode_only/4KiB", |b| {
-        b.iter(|| {
+    if selected("decode_only/4KiB") {
+        let chunks = chunked(&stream, true);
+        {
             let mut d = EventStreamDecoder::new(1 << 20);
             let mut out = BytesMut::with_capacity(64 * 1024);
-            for c in &chunks {
-                d.push(c, &mut out).expect("decodes");
-            }
-            black_box(out.len())
-        })
-    });
+            let mut one_stream = || {
+                out.clear();
+                for c in &chunks {
+                    d.push(c, &mut out).expect("decodes");
+                }
+                d.finish().expect("complete");
+            };
+            one_stream();
+            let per_stream = allocs_per_call(20, one_stream);
+            println!(
+                "decode_only/4KiB: {:.2} allocations per message (one decoder, warm)",
+                per_stream / n_events as f64
+            );
+        }
+        group.throughput(Throughput::Bytes(stream.len() as u64));
+        group.bench_function("decode_only/4KiB", |b| {
+            b.iter(|| {
+                let mut d = EventStreamDecoder::new(1 << 20);
+                let mut out = BytesMut::with_capacity(64 * 1024);
+                for c in &chunks {
+                    d.push(c, &mut out).expect("decodes");
+                }
+                black_box(out.len())
+            })
+        });
+    }
     group.finish();
 }
 
