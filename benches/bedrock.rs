@@ -11,10 +11,23 @@
 //!   Messages client) or the Messages→Chat translator (a Chat client); MB/s of upstream
 //!   event-stream bytes, in 150–300 B and 4 KiB chunks. Target: ≥ 200 MB/s on one core.
 //!
+//! Plus allocations per signature and per event-stream message (a counting global
+//! allocator, this bench binary only), printed before each case: the whole pipeline per
+//! stream (a fresh decoder, normalizer and translator each stream, as the proxy builds them),
+//! and the decoder alone, warm (one decoder and output buffer reused).
+//!
 //! Throughput is printed by criterion, never asserted; under `cargo test --benches` each
-//! case runs once and checks its output.
+//! case runs once and checks its output. `BEDROCK_BENCH_CASE=<case>` (`sigv4/1536`,
+//! `to_chat/4KiB`, `decode_only/4KiB`, ...) runs one case only, setup included, for a
+//! per-case instruction count: under `--test` a stream case runs its pipeline exactly 22
+//! times (one check, 20 counted for allocations, one test run), a signature case 102:
+//! `BEDROCK_BENCH_CASE=to_chat/4KiB valgrind --tool=callgrind <bench binary> --test`
+//! (under valgrind SHA-256 runs in software: valgrind hides SHA-NI).
+#![allow(unsafe_code)] // the counting global allocator must implement `GlobalAlloc`
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use aws_smithy_eventstream::frame::write_message_to;
@@ -28,6 +41,46 @@ use sluice::providers::bedrock::eventstream::EventStreamDecoder;
 use sluice::providers::bedrock::sigv4::Signer;
 use sluice::secret::Secret;
 use sluice::sse::{EchoMemo, ModelPath, ModelRewriter, SseNormalizer};
+
+/// System allocator that counts allocations (alloc + realloc calls).
+struct CountingAlloc;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: defers all work to `System`, only counting calls.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Whether the case `name` runs (all unless `BEDROCK_BENCH_CASE` names one).
+fn selected(name: &str) -> bool {
+    std::env::var("BEDROCK_BENCH_CASE").map_or(true, |only| only == name)
+}
+
+/// Allocations `f` makes per call, averaged over `n` calls.
+fn allocs_per_call(n: usize, mut f: impl FnMut()) -> f64 {
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..n {
+        f();
+    }
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / n as f64
+}
 
 const WORDS: &[&str] = &[
     "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ",", " and",
@@ -50,6 +103,9 @@ fn bench_sigv4(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group("bedrock_sigv4");
     for size in [1536usize, 16 * 1024] {
+        if !selected(&format!("sigv4/{size}")) {
+            continue;
+        }
         let mut body = String::from(
             r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":1024,"messages":[{"role":"user","content":""#,
         );
@@ -62,6 +118,14 @@ fn bench_sigv4(c: &mut Criterion) {
             .sign("POST", path, &headers, body.as_bytes(), now)
             .expect("signs");
         assert!(signed.iter().any(|(n, _)| *n == "authorization"));
+        let allocs = allocs_per_call(100, || {
+            black_box(
+                signer
+                    .sign("POST", path, &headers, body.as_bytes(), now)
+                    .ok(),
+            );
+        });
+        println!("bedrock_sigv4/{size}: {allocs:.1} allocations per signature");
         group.bench_with_input(BenchmarkId::from_parameter(size), &body, |b, body| {
             b.iter(|| {
                 black_box(
@@ -202,6 +266,10 @@ fn bench_stream(c: &mut Criterion) {
         ("to_chat", Dialect::ChatCompletions),
     ] {
         for big in [false, true] {
+            let label = format!("{name}/{}", if big { "4KiB" } else { "150-300B" });
+            if !selected(&label) {
+                continue;
+            }
             let chunks = chunked(&stream, big);
             let mut p = Pipeline {
                 client,
@@ -210,10 +278,14 @@ fn bench_stream(c: &mut Criterion) {
             let (sent, events) = p.run(&chunks);
             assert_eq!(events, n_events, "{name}");
             assert!(sent > 0);
-            let label = format!("{name}/{}", if big { "4KiB" } else { "150-300B" });
+            let per_stream = allocs_per_call(20, || {
+                p.run(&chunks);
+            });
             println!(
-                "{label}: {} B of event stream, {events} events, {sent} B to the client",
-                stream.len()
+                "{label}: {} B of event stream, {events} events, {sent} B to the client; \
+                 {:.2} allocations per message (whole pipeline, fresh per stream)",
+                stream.len(),
+                per_stream / events as f64,
             );
             group.throughput(Throughput::Bytes(stream.len() as u64));
             group.bench_with_input(BenchmarkId::from_parameter(label), &chunks, |b, chunks| {
@@ -222,18 +294,37 @@ fn bench_stream(c: &mut Criterion) {
         }
     }
     // The decoder alone (event stream → SSE bytes).
-    let chunks = chunked(&stream, true);
-    group.throughput(Throughput::Bytes(stream.len() as u64));
-    group.bench_function("decode_only/4KiB", |b| {
-        b.iter(|| {
+    if selected("decode_only/4KiB") {
+        let chunks = chunked(&stream, true);
+        {
             let mut d = EventStreamDecoder::new(1 << 20);
             let mut out = BytesMut::with_capacity(64 * 1024);
-            for c in &chunks {
-                d.push(c, &mut out).expect("decodes");
-            }
-            black_box(out.len())
-        })
-    });
+            let mut one_stream = || {
+                out.clear();
+                for c in &chunks {
+                    d.push(c, &mut out).expect("decodes");
+                }
+                d.finish().expect("complete");
+            };
+            one_stream();
+            let per_stream = allocs_per_call(20, one_stream);
+            println!(
+                "decode_only/4KiB: {:.2} allocations per message (one decoder, warm)",
+                per_stream / n_events as f64
+            );
+        }
+        group.throughput(Throughput::Bytes(stream.len() as u64));
+        group.bench_function("decode_only/4KiB", |b| {
+            b.iter(|| {
+                let mut d = EventStreamDecoder::new(1 << 20);
+                let mut out = BytesMut::with_capacity(64 * 1024);
+                for c in &chunks {
+                    d.push(c, &mut out).expect("decodes");
+                }
+                black_box(out.len())
+            })
+        });
+    }
     group.finish();
 }
 

@@ -415,20 +415,88 @@ pub fn passthrough_body_placed(
 }
 
 /// Forwards the client headers a provider's API defines: `anthropic-beta` (the Messages
-/// API's feature opt-ins) to Anthropic providers; no other provider kind takes one. Called
-/// after [`request_head`], so the attempt loop never branches on the provider kind.
+/// API's feature opt-ins) to Anthropic providers and to Claude on Vertex AI (whose
+/// `rawPredict` takes the header as Anthropic's API does); Bedrock takes them in the body
+/// ([`add_client_betas`]), no other provider kind takes one. Called after
+/// [`request_head`], so the attempt loop never branches on the provider kind.
 ///
 /// # Errors
 /// If a forwarded value is not a valid header value.
 pub fn forward_client_headers(
     provider: &Provider,
+    upstream_model: &str,
     head: &mut RequestHeader,
     anthropic_beta: Option<&str>,
 ) -> pingora::Result<()> {
-    match (provider.kind, anthropic_beta) {
-        (ProviderKind::Anthropic, Some(beta)) => head.insert_header("anthropic-beta", beta),
+    match anthropic_beta {
+        Some(beta) if beta_header_goes_to(provider.kind, upstream_model) => {
+            head.insert_header("anthropic-beta", beta)
+        }
         _ => Ok(()),
     }
+}
+
+/// Whether a route of `kind` serving `upstream_model` takes the `anthropic-beta` header:
+/// Anthropic, and Claude on Vertex AI.
+fn beta_header_goes_to(kind: ProviderKind, upstream_model: &str) -> bool {
+    match kind {
+        ProviderKind::Anthropic => true,
+        ProviderKind::Vertex => vertex::is_claude(upstream_model),
+        _ => false,
+    }
+}
+
+/// Adds the client's `anthropic-beta` opt-ins to the body of a provider that takes them
+/// there: Claude on Bedrock, as the `anthropic_beta` member, a list of strings (the
+/// header's comma-separated values, after those the body already lists). Every other
+/// route gets `body` back as is (Anthropic and Vertex AI take the header,
+/// [`forward_client_headers`]). Runs before the signature, which covers the body.
+///
+/// Reference: <https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages-request-response.html>
+/// (`anthropic_beta`).
+///
+/// # Errors
+/// If the body is no JSON object (the encoders always write one).
+pub fn add_client_betas(
+    provider: &Provider,
+    upstream_model: &str,
+    body: Vec<u8>,
+    anthropic_beta: Option<&str>,
+) -> serde_json::Result<Vec<u8>> {
+    match anthropic_beta {
+        Some(header)
+            if provider.kind == ProviderKind::Bedrock && bedrock::is_anthropic(upstream_model) =>
+        {
+            body_with_betas(body, header)
+        }
+        _ => Ok(body),
+    }
+}
+
+/// `body` with the values of an `anthropic-beta` header (comma-separated, trimmed, empty
+/// ones left out) appended to its `anthropic_beta` list, each once; as is when the header
+/// lists none.
+fn body_with_betas(body: Vec<u8>, header: &str) -> serde_json::Result<Vec<u8>> {
+    use serde_json::Value;
+    let mut betas = header.split(',').map(str::trim).filter(|b| !b.is_empty());
+    let Some(first) = betas.next() else {
+        return Ok(body);
+    };
+    let mut map: serde_json::Map<String, Value> = serde_json::from_slice(&body)?;
+    let member = map
+        .entry("anthropic_beta")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !member.is_array() {
+        *member = Value::Array(Vec::new());
+    }
+    if let Value::Array(list) = member {
+        for beta in std::iter::once(first).chain(betas) {
+            if !list.iter().any(|v| v.as_str() == Some(beta)) {
+                list.push(Value::String(beta.to_string()));
+            }
+        }
+    }
+    serde_json::to_vec(&map)
 }
 
 /// An upstream error answer's `(type, code, message)` in OpenAI's terms for `provider`:
@@ -570,6 +638,42 @@ pub fn scrub_key(provider: &Provider, text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anthropic_beta_goes_in_bedrock_bodies_and_to_claude_headers() {
+        let body = body_with_betas(
+            br#"{"max_tokens":8,"anthropic_beta":["a"]}"#.to_vec(),
+            " a, context-1m-2025-08-07 ,,interleaved-thinking-2025-05-14",
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v["anthropic_beta"],
+            serde_json::json!([
+                "a",
+                "context-1m-2025-08-07",
+                "interleaved-thinking-2025-05-14"
+            ])
+        );
+        assert_eq!(v["max_tokens"], 8);
+        // No values: the body as is, byte for byte.
+        assert_eq!(body_with_betas(b"{ }".to_vec(), " , ").unwrap(), b"{ }");
+        assert!(body_with_betas(b"[]".to_vec(), "a").is_err());
+        assert!(beta_header_goes_to(
+            ProviderKind::Anthropic,
+            "claude-sonnet-4-6"
+        ));
+        assert!(beta_header_goes_to(
+            ProviderKind::Vertex,
+            "claude-sonnet-4-6"
+        ));
+        assert!(!beta_header_goes_to(ProviderKind::Vertex, "gemini-2.5-pro"));
+        assert!(!beta_header_goes_to(
+            ProviderKind::Bedrock,
+            "us.anthropic.claude-sonnet-4-6-v1:0"
+        ));
+        assert!(!beta_header_goes_to(ProviderKind::Openai, "gpt-4o"));
+    }
 
     #[test]
     fn body_gets_upstream_model_and_loses_gateway_fields() {

@@ -405,10 +405,28 @@ fn provider_full(route: &Route) -> GatewayError {
     }
 }
 
+/// Serializes the request for the route's provider ([`dialect_body`]) with the client's
+/// `anthropic-beta` opt-ins where the provider takes them in the body
+/// ([`providers::add_client_betas`]).
+fn upstream_body(
+    req: &InferenceRequest,
+    model: &Model,
+    route: &Route,
+) -> Result<Vec<u8>, GatewayError> {
+    let body = dialect_body(req, model, route)?;
+    providers::add_client_betas(
+        &route.provider,
+        &route.upstream_model,
+        body,
+        req.anthropic_beta.as_deref(),
+    )
+    .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")))
+}
+
 /// Serializes the request for the route's provider: as is (only `model` replaced) when
 /// the provider speaks the client's dialect, else encoded from the canonical request with
 /// the protocol layer.
-fn upstream_body(
+fn dialect_body(
     req: &InferenceRequest,
     model: &Model,
     route: &Route,
@@ -608,8 +626,13 @@ pub(super) async fn prepare<'r>(
             }
         };
     let mut head = head;
-    if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
-        .is_err()
+    if providers::forward_client_headers(
+        provider,
+        &route.upstream_model,
+        &mut head,
+        req.anthropic_beta.as_deref(),
+    )
+    .is_err()
     {
         return Err(Attempt::Final(GatewayError::invalid(
             "the `anthropic-beta` header is not a valid header value",

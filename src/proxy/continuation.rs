@@ -201,7 +201,15 @@ pub(super) async fn resume<'r>(
             stream_usage: route.provider.stream_usage,
             placement: providers::model_placement(route),
         };
-        let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts) else {
+        let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts).and_then(|b| {
+            providers::add_client_betas(
+                &route.provider,
+                &route.upstream_model,
+                b,
+                req.anthropic_beta.as_deref(),
+            )
+            .map_err(|e| protocol::ProtocolError::InvalidUpstream(e.to_string()))
+        }) else {
             cand.release_trial();
             continue;
         };
@@ -388,8 +396,13 @@ async fn open(
             Ok(h) => h,
             Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
         };
-    if providers::forward_client_headers(provider, &mut head, req.anthropic_beta.as_deref())
-        .is_err()
+    if providers::forward_client_headers(
+        provider,
+        &route.upstream_model,
+        &mut head,
+        req.anthropic_beta.as_deref(),
+    )
+    .is_err()
     {
         return Opened::Failed(AttemptFailure::Protocol, "bad anthropic-beta".into());
     }

@@ -4,7 +4,8 @@
 //!   (<https://platform.openai.com/docs/api-reference/chat/create>).
 //! - `POST /v1/messages`: Anthropic Messages, streaming or not
 //!   (<https://docs.anthropic.com/en/api/messages>); auth by `x-api-key` or Bearer,
-//!   `anthropic-version` accepted, `anthropic-beta` forwarded to Anthropic upstreams.
+//!   `anthropic-version` accepted, `anthropic-beta` forwarded to Anthropic upstreams (and
+//!   Claude on Vertex AI; to Claude on Bedrock as the body member `anthropic_beta`).
 //! - `POST /v1/messages/count_tokens`: Anthropic's token count
 //!   (<https://docs.anthropic.com/en/api/messages-count-tokens>), answered by the Anthropic
 //!   provider of the route or estimated locally ([`super::count_tokens`]).

@@ -207,7 +207,8 @@ pub struct InferenceRequest {
     /// refuses what only another dialect cannot carry). Read it with
     /// [`canonical`](Self::canonical).
     pub canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
-    /// The client's `anthropic-beta` header, forwarded to Anthropic upstreams.
+    /// The client's `anthropic-beta` header, forwarded to Anthropic and Claude on Vertex AI
+    /// (the header) and to Claude on Bedrock (the body member `anthropic_beta`).
     pub anthropic_beta: Option<String>,
     /// The standard model asked for.
     pub model: String,

@@ -706,3 +706,50 @@ fn a_client_that_goes_away_closes_the_bedrock_stream() {
     assert!(log[0]["peer_closed_at_ms"].is_u64(), "{:?}", log[0]);
     assert_eq!(log[0]["completed"], false, "{:?}", log[0]);
 }
+
+#[test]
+fn a_clients_anthropic_beta_header_reaches_bedrock_as_the_signed_body_member() {
+    // Anthropic (failing first) gets the header; Bedrock gets `anthropic_beta` in the body,
+    // which the signature covers (the mock verifies it), and no such header.
+    let s = start(&json!({"text": TEXT}), &json!({"status": 429}));
+    let beta = "context-1m-2025-08-07, interleaved-thinking-2025-05-14";
+    for stream in [false, true] {
+        s.good.reset();
+        s.bad.reset();
+        let body = Client::Messages.body("acme/anthropic-then-bedrock", stream);
+        let mut owned = Client::Messages.headers("beta");
+        owned.push(("anthropic-beta", beta.to_string()));
+        let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, shown) = if stream {
+            let mut r =
+                StreamReader::open(s.sluice.addr, "/v1/messages", &headers, &body.to_string());
+            let status = r.status;
+            (
+                status,
+                String::from_utf8_lossy(&r.read_to_end(Duration::from_secs(10))).into_owned(),
+            )
+        } else {
+            let r = post_json(s.sluice.addr, "/v1/messages", &headers, &body.to_string());
+            (r.status, String::from_utf8_lossy(&r.body).into_owned())
+        };
+        assert_eq!(status, 200, "stream={stream}: {shown}");
+        let bad = s.bad.log();
+        assert_eq!(bad.len(), 1, "stream={stream}: {bad:?}");
+        assert_eq!(header(&bad[0], "anthropic-beta").as_deref(), Some(beta));
+        let good = s.good.log();
+        assert_eq!(good.len(), 1, "stream={stream}: {good:?}");
+        assert_eq!(good[0]["status"], 200, "stream={stream}: {}", good[0]);
+        assert!(
+            header(&good[0], "anthropic-beta").is_none(),
+            "stream={stream}"
+        );
+        let sent: Value =
+            serde_json::from_str(good[0]["body"].as_str().expect("body copy")).expect("JSON");
+        assert_eq!(
+            sent["anthropic_beta"],
+            json!(["context-1m-2025-08-07", "interleaved-thinking-2025-05-14"]),
+            "stream={stream}: {sent}"
+        );
+        assert_eq!(sent["anthropic_version"], "bedrock-2023-05-31", "{sent}");
+    }
+}

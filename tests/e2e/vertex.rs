@@ -934,3 +934,35 @@ fn request_probes_reach_each_vertex_model_in_its_own_api_with_the_token() {
     );
     assert!(claude_probe.get("model").is_none(), "{claude_probe}");
 }
+
+#[test]
+fn a_clients_anthropic_beta_header_reaches_claude_on_vertex_not_gemini() {
+    let r = rig(json!({"text": TEXT}), json!({}));
+    let beta = "context-1m-2025-08-07";
+    for (model, claude) in [("acme/claude", true), ("acme/gem", false)] {
+        let before = r.good.log().len();
+        let mut owned = Client::Messages.headers("vx-beta");
+        owned.push(("anthropic-beta", beta.to_string()));
+        let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let body = Client::Messages.body(model, false);
+        let resp = crate::harness::client::post_json(
+            r.sluice.addr,
+            "/v1/messages",
+            &headers,
+            &body.to_string(),
+        );
+        assert_eq!(
+            resp.status,
+            200,
+            "{model}: {}",
+            String::from_utf8_lossy(&resp.body)
+        );
+        let log = r.good.log();
+        let new = calls(&log[before..]);
+        assert_eq!(new.len(), 1, "{model}: {log:?}");
+        let want = claude.then_some(beta);
+        assert_eq!(header(new[0], "anthropic-beta").as_deref(), want, "{model}");
+        // The header, not a body member.
+        assert!(sent_body(new[0]).get("anthropic_beta").is_none(), "{model}");
+    }
+}

@@ -39,7 +39,7 @@
 
 use aws_smithy_eventstream::frame::read_message_from;
 use aws_smithy_types::event_stream::{HeaderValue, Message};
-use base64::Engine as _;
+use base64_simd::AsOut as _;
 use bytes::{Buf, BytesMut};
 
 mod converse;
@@ -74,7 +74,9 @@ pub enum EventStreamError {
 
 /// Incremental decoder of one event-stream body into SSE bytes (see the module docs).
 /// Reused buffers: after warm-up it allocates only what the crate's message parser does
-/// (the headers and the payload of each message).
+/// (`read_message_from`: the header vector, each header's name and value, the payload: 8
+/// allocations per `chunk` message, none of them avoidable from outside the crate, whose
+/// CRC-computing reader copies every `copy_to_bytes` whatever the source buffer).
 #[derive(Debug)]
 pub struct EventStreamDecoder {
     /// Bytes of an incomplete message carried over from earlier chunks.
@@ -127,22 +129,38 @@ impl EventStreamDecoder {
     /// [`EventStreamError::TooLarge`] or [`EventStreamError::Malformed`]; `out` then holds
     /// the events of the messages before the bad one.
     pub fn push(&mut self, chunk: &[u8], out: &mut BytesMut) -> Result<(), EventStreamError> {
-        if self.pending.is_empty() {
-            // Fast path: whole messages straight from the chunk, no copy into `pending`.
-            let mut rest = chunk;
-            while let Some(len) = self.complete_len(rest)? {
-                let (msg, tail) = rest.split_at(len);
-                self.convert(msg, out)?;
-                rest = tail;
+        let mut rest = chunk;
+        if !self.pending.is_empty() {
+            // Complete the carried-over message with only the bytes of `chunk` it lacks;
+            // the messages after it are read from `chunk` itself.
+            if self.pending.len() < 4 {
+                let take = (4 - self.pending.len()).min(rest.len());
+                self.pending.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
             }
-            self.pending.extend_from_slice(rest);
-            return Ok(());
+            let Some(total) = self.announced_len(&self.pending)? else {
+                return Ok(());
+            };
+            let take = (total - self.pending.len()).min(rest.len());
+            self.pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if self.pending.len() < total {
+                return Ok(());
+            }
+            // Lent to `convert` and given back (its capacity kept for the next straddler).
+            let msg = std::mem::take(&mut self.pending);
+            let converted = self.convert(&msg, out);
+            self.pending = msg;
+            self.pending.clear();
+            converted?;
         }
-        self.pending.extend_from_slice(chunk);
-        while let Some(len) = self.complete_len(&self.pending)? {
-            let msg = self.pending.split_to(len);
-            self.convert(&msg, out)?;
+        // Whole messages straight from the chunk, no copy into `pending`.
+        while let Some(len) = self.complete_len(rest)? {
+            let (msg, tail) = rest.split_at(len);
+            self.convert(msg, out)?;
+            rest = tail;
         }
+        self.pending.extend_from_slice(rest);
         Ok(())
     }
 
@@ -160,6 +178,14 @@ impl EventStreamDecoder {
 
     /// The length of the message at the start of `buf` if all of it is there.
     fn complete_len(&self, buf: &[u8]) -> Result<Option<usize>, EventStreamError> {
+        Ok(self
+            .announced_len(buf)?
+            .filter(|&total| buf.len() >= total.max(PRELUDE_BYTES)))
+    }
+
+    /// The length the message at the start of `buf` announces (`None` before its first
+    /// 4 bytes), checked against the minimum and the limit.
+    fn announced_len(&self, buf: &[u8]) -> Result<Option<usize>, EventStreamError> {
         let Some(prefix) = buf.get(..4) else {
             return Ok(None);
         };
@@ -177,7 +203,7 @@ impl EventStreamDecoder {
                 limit: self.max_message_bytes,
             });
         }
-        Ok((buf.len() >= total.max(PRELUDE_BYTES)).then_some(total))
+        Ok(Some(total))
     }
 
     /// Parses one complete message (CRCs checked by the crate) and appends its SSE event.
@@ -219,20 +245,56 @@ impl EventStreamDecoder {
     }
 
     /// A `chunk` event: base64-decodes the event JSON and writes it as an SSE event named
-    /// by its `type`.
+    /// by its `type`. The type is read from the first bytes of the JSON (a prefix of the
+    /// base64 decoded on the stack), then the JSON is decoded straight into `out`; only an
+    /// event whose `type` is not its first member goes through the scratch buffer.
     fn chunk_event(&mut self, payload: &[u8], out: &mut BytesMut) -> Result<(), EventStreamError> {
         let b64 = chunk_bytes(payload)
             .ok_or_else(|| EventStreamError::Malformed("chunk payload has no `bytes`".into()))?;
+        let mut head = [0u8; TYPE_PEEK_BYTES];
+        let head = decoded_head(b64, &mut head)?;
+        let name = match leading_type(head) {
+            Some("message_stop") => {
+                // Bedrock adds `amazon-bedrock-invocationMetrics` (its own token counts and
+                // latencies) to the stop event; Anthropic's has nothing but the type, and the
+                // client must not tell which provider answered.
+                out.extend_from_slice(
+                    b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+                );
+                return Ok(());
+            }
+            Some(name) => name,
+            None => return self.chunk_event_slow(b64, out),
+        };
+        let json_len = BASE64
+            .decoded_length(b64)
+            .map_err(|e| EventStreamError::Malformed(format!("chunk `bytes`: {e}")))?;
+        let event_start = out.len();
+        out.reserve(json_len + name.len() + 16);
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        let json_start = out.len();
+        out.resize(json_start + json_len, 0);
+        if let Err(e) = BASE64.decode(b64, out[json_start..].as_out()) {
+            out.truncate(event_start);
+            return Err(EventStreamError::Malformed(format!("chunk `bytes`: {e}")));
+        }
+        one_line_in_place(&mut out[json_start..]);
+        out.extend_from_slice(b"\n\n");
+        Ok(())
+    }
+
+    /// A `chunk` event whose JSON does not start with its `type`: decoded into the scratch
+    /// buffer, the type read by serde.
+    fn chunk_event_slow(&mut self, b64: &[u8], out: &mut BytesMut) -> Result<(), EventStreamError> {
         self.json.clear();
-        base64::engine::general_purpose::STANDARD
-            .decode_vec(b64, &mut self.json)
+        BASE64
+            .decode_append(b64, &mut self.json)
             .map_err(|e| EventStreamError::Malformed(format!("chunk `bytes`: {e}")))?;
         let name = event_type(&self.json)
             .ok_or_else(|| EventStreamError::Malformed("chunk event JSON has no `type`".into()))?;
         if name == "message_stop" {
-            // Bedrock adds `amazon-bedrock-invocationMetrics` (its own token counts and
-            // latencies) to the stop event; Anthropic's has nothing but the type, and the
-            // client must not tell which provider answered.
             out.extend_from_slice(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
             return Ok(());
         }
@@ -244,6 +306,40 @@ impl EventStreamDecoder {
         out.extend_from_slice(b"\n\n");
         Ok(())
     }
+}
+
+/// The base64 of a `chunk` payload: standard alphabet, padded (decoded with SIMD where
+/// the CPU has it).
+const BASE64: base64_simd::Base64 = base64_simd::STANDARD;
+
+/// Bytes of an event JSON decoded to read its `type`: `{"type":"content_block_delta"` is
+/// 29, the longest of Anthropic's stream events.
+const TYPE_PEEK_BYTES: usize = 36;
+
+/// The first up to [`TYPE_PEEK_BYTES`] bytes of the JSON that `b64` encodes: all of it when
+/// short, else the decoded prefix of whole 4-character groups (no padding in a prefix).
+fn decoded_head<'h>(
+    b64: &[u8],
+    head: &'h mut [u8; TYPE_PEEK_BYTES],
+) -> Result<&'h [u8], EventStreamError> {
+    const PEEK_CHARS: usize = TYPE_PEEK_BYTES / 3 * 4;
+    let src = if b64.len() <= PEEK_CHARS {
+        b64
+    } else {
+        &b64[..PEEK_CHARS]
+    };
+    BASE64
+        .decode(src, head[..].as_out())
+        .map(|h| &*h)
+        .map_err(|e| EventStreamError::Malformed(format!("chunk `bytes`: {e}")))
+}
+
+/// The `type` of an event JSON that starts with it (`{"type":"content_block_delta",...`),
+/// read from its first bytes.
+fn leading_type(head: &[u8]) -> Option<&str> {
+    let rest = head.strip_prefix(br#"{"type":""#)?;
+    let end = memchr::memchr(b'"', rest)?;
+    std::str::from_utf8(&rest[..end]).ok()
 }
 
 /// The value of a string header.
@@ -275,19 +371,17 @@ fn chunk_bytes(payload: &[u8]) -> Option<&[u8]> {
         .map(|c| c.bytes.as_bytes())
 }
 
-/// The `type` of an Anthropic event JSON (`{"type":"content_block_delta",...}` read
-/// without a parse; other member orders through serde).
-fn event_type(json: &[u8]) -> Option<String> {
-    const PREFIX: &[u8] = br#"{"type":""#;
-    if let Some(rest) = json.strip_prefix(PREFIX) {
-        let end = memchr::memchr(b'"', rest)?;
-        return std::str::from_utf8(&rest[..end]).ok().map(str::to_string);
-    }
+/// The `type` of an Anthropic event JSON in any member order (serde; borrowed unless
+/// escaped).
+fn event_type(json: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     #[derive(serde::Deserialize)]
-    struct Typed {
-        r#type: String,
+    struct Typed<'a> {
+        #[serde(borrow)]
+        r#type: std::borrow::Cow<'a, str>,
     }
-    serde_json::from_slice::<Typed>(json).ok().map(|t| t.r#type)
+    serde_json::from_slice::<Typed<'_>>(json)
+        .ok()
+        .map(|t| t.r#type)
 }
 
 /// The `message` (or `Message`) member of an exception payload.
@@ -329,6 +423,16 @@ fn write_error_event(error_type: &str, name: &str, message: &str, out: &mut Byte
     out.extend_from_slice(b"event: error\ndata: ");
     out.extend_from_slice(data.to_string().as_bytes());
     out.extend_from_slice(b"\n\n");
+}
+
+/// Turns the raw CR/LF of a JSON (whitespace between tokens, never inside strings) into
+/// spaces, so that it is one SSE data line.
+fn one_line_in_place(json: &mut [u8]) {
+    if memchr::memchr2(b'\n', b'\r', json).is_some() {
+        for b in json.iter_mut().filter(|b| **b == b'\n' || **b == b'\r') {
+            *b = b' ';
+        }
+    }
 }
 
 /// Appends `json` as one SSE data line: raw CR/LF (JSON whitespace between tokens, never

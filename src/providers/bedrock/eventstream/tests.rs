@@ -180,3 +180,40 @@ fn other_member_orders_and_multi_line_json_are_read() {
     );
     assert_eq!(decode_in(&[&other]).unwrap(), "");
 }
+
+#[test]
+fn the_fast_path_keeps_one_line_long_types_and_the_events_before_a_bad_one() {
+    // `type` first, raw newlines further on: decoded into the output, made one line there.
+    let json = "{\"type\":\"content_block_delta\",\n\"index\":0,\r\n\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}";
+    let mut all = chunk(json);
+    // A type too long for the peeked prefix: read by the scratch-buffer path.
+    let long = r#"{"type":"an_event_type_longer_than_the_peeked_prefix","index":1}"#;
+    all.extend(chunk(long));
+    assert_eq!(
+        decode_in(&[&all]).unwrap(),
+        format!(
+            "event: content_block_delta\ndata: {}\n\nevent: an_event_type_longer_than_the_peeked_prefix\ndata: {long}\n\n",
+            json.replace(['\n', '\r'], " ")
+        )
+    );
+    // Base64 that breaks after the peeked prefix: the good event stays, the bad one is
+    // not half written.
+    let b64 = base64::engine::general_purpose::STANDARD.encode(DELTA);
+    let broken = format!("{}!{}", &b64[..60], &b64[61..]);
+    let bad = message(
+        &[(":event-type", "chunk"), (":message-type", "event")],
+        format!(r#"{{"bytes":"{broken}"}}"#).as_bytes(),
+    );
+    let mut d = EventStreamDecoder::new(64 * 1024);
+    let mut out = BytesMut::new();
+    let mut both = chunk(DELTA);
+    both.extend(bad);
+    assert!(matches!(
+        d.push(&both, &mut out),
+        Err(EventStreamError::Malformed(_))
+    ));
+    assert_eq!(
+        String::from_utf8(out.to_vec()).unwrap(),
+        format!("event: content_block_delta\ndata: {DELTA}\n\n")
+    );
+}
