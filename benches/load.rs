@@ -1026,9 +1026,11 @@ async fn client(
                     st.errors += 1;
                     st.first_error
                         .get_or_insert_with(|| format!("HTTP {}", r.status));
-                } else if stream && !(r.chunked && r.tail.ends_with(DONE)) {
-                    // A 200 whose stream did not end with `[DONE]` (and its chunked
-                    // terminator) is a broken stream, not a completed one.
+                } else if stream && !r.tail.ends_with(DONE) {
+                    // A 200 whose stream did not end with `[DONE]` is a broken stream, not
+                    // a completed one (its framing, chunked to the terminator or a
+                    // `content-length` when the whole answer was there at the commit, was
+                    // read to its end).
                     st.errors += 1;
                     st.first_error.get_or_insert_with(|| {
                         format!(
