@@ -468,7 +468,14 @@ fn dialect_body(
 
 /// An attempt that is ready to commit: the upstream answered 2xx and, for a stream, its
 /// first data event is held ([`pump::Held`]). Nothing was written to the client yet.
-pub(super) struct Ready<'r> {
+///
+/// Boxed: the upstream session and the held event are ~2.3 KiB, and a `Ready` is moved
+/// through the pre-commit, the hedge race and into the commit; every future that holds one
+/// across an `.await` would otherwise carry those bytes, and every move would copy them.
+pub(super) struct Ready<'r>(Box<ReadyParts<'r>>);
+
+/// The parts of a [`Ready`].
+struct ReadyParts<'r> {
     /// The upstream exchange, its response head read.
     up: UpstreamSession,
     /// Where it goes back to the pool.
@@ -482,7 +489,7 @@ pub(super) struct Ready<'r> {
 /// What a [`Ready`] attempt holds beside its head.
 #[expect(
     clippy::large_enum_variant,
-    reason = "moved once from the pre-commit to the commit; a box would be an allocation per stream"
+    reason = "built once in the pre-commit, inside the Ready's one box"
 )]
 enum ReadyBody<'r> {
     /// A stream up to its first data event.
@@ -494,7 +501,7 @@ enum ReadyBody<'r> {
 impl Ready<'_> {
     /// Whether this is a stream committed early (`early_commit_after_ms`), before any event.
     pub(super) fn early_committed(&self) -> bool {
-        matches!(&self.body, ReadyBody::Stream(h) if h.first_event_at.is_none())
+        matches!(&self.0.body, ReadyBody::Stream(h) if h.first_event_at.is_none())
     }
 }
 
@@ -550,6 +557,10 @@ impl Phase {
 /// Commits a [`Ready`] attempt: a stream is committed and pumped, a non-streaming answer is
 /// read whole and written. `candidates[served]` is the route that answered; the candidates
 /// after it are where a broken stream may continue ([`super::continuation`]).
+///
+/// The pump's or the unary exchange's state (~6 KiB) lives in a box of its own, allocated
+/// here once per answered request, so that the callers' futures (the hedge race, the attempt
+/// loop and `request_filter`'s, which Pingora boxes per request) stay small.
 #[expect(
     clippy::too_many_arguments,
     reason = "the attempt's state is passed explicitly, not hidden in the ctx"
@@ -566,21 +577,24 @@ pub(super) async fn commit(
 ) -> Attempt {
     let route = candidates[served].route;
     let rest = &candidates[served + 1..];
-    let Ready {
+    let ReadyParts {
         up,
         peer,
         timeouts,
         body,
-    } = ready;
+    } = *ready.0;
     match body {
         ReadyBody::Stream(held) => {
-            pump::stream(
+            Box::pin(pump::stream(
                 connector, session, ctx, req, model, route, rest, &peer, up, timeouts, held,
-            )
+            ))
             .await
         }
         ReadyBody::Unary(coding) => {
-            unary::unary(connector, session, ctx, route, &peer, up, timeouts, coding).await
+            Box::pin(unary::unary(
+                connector, session, ctx, route, &peer, up, timeouts, coding,
+            ))
+            .await
         }
     }
 }
@@ -792,12 +806,12 @@ pub(super) async fn prepare<'r>(
     } else {
         ReadyBody::Unary(coding)
     };
-    Ok(Ready {
+    Ok(Ready(Box::new(ReadyParts {
         up,
         peer: target.peer,
         timeouts,
         body,
-    })
+    })))
 }
 
 /// Whether a `Content-Type` value names `text/event-stream` (media type compared without

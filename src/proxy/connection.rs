@@ -210,7 +210,9 @@ impl ServerApp for DownstreamApp {
         let stream = match (&self.tls, local_addr) {
             (Some(tls), Some(local)) if tls.serves(local) => {
                 let timeout = self.config.snapshot().server.header_read_timeout;
-                tls.accept(stream, timeout, &peer).await?
+                // Boxed, as is the refusal below: this future lives as long as the
+                // connection, and the handshake's ~7 KiB of state is needed only once.
+                Box::pin(tls.accept(stream, timeout, &peer)).await?
             }
             _ => stream,
         };
@@ -290,7 +292,7 @@ impl ServerApp for DownstreamApp {
                                 target: "sluice::proxy::connection",
                                 "request head refused: {err} peer={peer}"
                             );
-                            head_guard::write_refusal(stream, &err, dialect).await;
+                            Box::pin(head_guard::write_refusal(stream, &err, dialect)).await;
                         }
                     } else {
                         record_cut(cut, timeout, &peer);

@@ -47,7 +47,10 @@ pub async fn handle(
         ("/chat/completions", "POST") => infer(gw, session, ctx, Dialect::ChatCompletions).await,
         ("/messages", "POST") => infer(gw, session, ctx, Dialect::Messages).await,
         ("/responses", "POST") => infer(gw, session, ctx, Dialect::Responses).await,
-        ("/messages/count_tokens", "POST") => count_tokens::handle(gw, session, ctx).await,
+        // Boxed: its ~7 KiB of state would otherwise be part of every request's future.
+        ("/messages/count_tokens", "POST") => {
+            Box::pin(count_tokens::handle(gw, session, ctx)).await
+        }
         ("/chat/completions" | "/messages" | "/messages/count_tokens" | "/responses", _) => {
             ctx.dialect = dialect_of(path);
             Err(GatewayError::MethodNotAllowed(method.clone()).into())
