@@ -278,11 +278,15 @@ fn sluice_yaml(
     tenant: &str,
     extra: &str,
 ) -> String {
+    // `LOAD_WORK_STEALING=true|false` sets `server.work_stealing` (unset: Sluice's default).
+    let stealing = std::env::var("LOAD_WORK_STEALING")
+        .map(|v| format!("\n  work_stealing: {v}"))
+        .unwrap_or_default();
     format!(
         "server:
   listen: {listen}
   admin_listen: {admin}
-  threads: {threads}
+  threads: {threads}{stealing}
 tenants:
   t: {tenant}
 virtual_keys:

@@ -288,6 +288,10 @@ impl Reloader {
                         old.server.admin_listen != new.server.admin_listen,
                     ),
                     ("server.threads", old.server.threads != new.server.threads),
+                    (
+                        "server.work_stealing",
+                        old.server.work_stealing != new.server.work_stealing,
+                    ),
                     // The writer thread and its database are opened once, at startup.
                     ("ledger", old.ledger != new.ledger),
                 ]

@@ -51,6 +51,7 @@ fn server_conf(cfg: &Config, args: &Args) -> ServerConf {
         upgrade_sock: s.upgrade_sock.clone(),
         error_log: s.error_log.clone(),
         threads: s.threads,
+        work_stealing: s.work_stealing,
         ..ServerConf::default()
     };
     // Open streams get `shutdown_grace_ms` (plus a second to write their error events:

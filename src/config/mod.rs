@@ -73,6 +73,8 @@ pub struct ServerSettings {
     pub admin_listen: String,
     /// Pingora worker threads.
     pub threads: usize,
+    /// Whether the worker threads steal each other's tasks (`server.work_stealing`).
+    pub work_stealing: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Request body limit, bytes.

@@ -1000,6 +1000,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         tls,
         admin_listen: server.admin_listen,
         threads,
+        work_stealing: server.work_stealing,
         log_format: server.log_format,
         max_request_body_bytes: server.max_request_body_bytes,
         max_response_body_bytes: server.max_response_body_bytes,
@@ -1469,6 +1470,20 @@ mod tests {
         );
         assert!(c.keys.authenticate("sk-sluice-team-a-0001").is_some());
         assert!(c.server.threads >= 1);
+        assert!(
+            c.server.work_stealing,
+            "Pingora's default runtime unless asked"
+        );
+    }
+
+    #[test]
+    fn work_stealing_can_be_turned_off_and_must_be_a_bool() {
+        let off = MINIMAL.replacen("server:\n", "server:\n  work_stealing: false\n", 1);
+        assert_ne!(off, MINIMAL, "MINIMAL has a server section");
+        assert!(!load_str(&off).unwrap().server.work_stealing);
+        let bad = MINIMAL.replacen("server:\n", "server:\n  work_stealing: sometimes\n", 1);
+        let err = load_str(&bad).unwrap_err().to_string();
+        assert!(err.contains("work_stealing"), "{err}");
     }
 
     #[test]
