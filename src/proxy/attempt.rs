@@ -1,5 +1,6 @@
 //! Owns the attempt loop of the LLM endpoints: try the candidate routes in order over
-//! Pingora's `Connector` (its pool, TLS, H1/H2 client), commit to the client only on a good
+//! the upstream [`Connector`] (Pingora's connect, TLS and H1/H2 client; HTTP/1.1 pooling in
+//! [`super::pool`]), commit to the client only on a good
 //! upstream answer, then pump the stream. The loop runs in stages: the model asked for, then
 //! what [`super::fallback`] adds (other standard models, larger routes after a context-length
 //! rejection); the stages share the retry policy's per-route logic and the fallback metrics.
@@ -29,7 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pingora::connectors::http::Connector;
+use crate::proxy::pool::Connector;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;

@@ -30,8 +30,8 @@
 //! [`OUTCOMES`]. A stream of a model with the feature on goes through the canonical
 //! translator even for the same dialect (see [`super::pipe`]).
 
+use crate::proxy::pool::Connector;
 use bytes::Bytes;
-use pingora::connectors::http::Connector;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 

@@ -38,8 +38,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::proxy::pool::Connector;
 use bytes::Bytes;
-use pingora::connectors::http::Connector;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use serde_json::{Map, Value};

@@ -42,7 +42,7 @@
 
 use std::time::Duration;
 
-use pingora::connectors::http::Connector;
+use crate::proxy::pool::Connector;
 use pingora::proxy::Session;
 use tokio::time::Instant;
 

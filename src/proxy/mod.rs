@@ -33,6 +33,7 @@ pub mod head_guard;
 pub mod hedge;
 pub mod hop_by_hop;
 mod pipe;
+pub mod pool;
 mod pump;
 pub mod request;
 pub mod respond;
@@ -41,9 +42,9 @@ mod upstream;
 
 use std::sync::Arc;
 
+use crate::proxy::pool::Connector;
 use async_trait::async_trait;
 use bytes::Bytes;
-use pingora::connectors::http::Connector;
 use pingora::http::RequestHeader;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
@@ -61,7 +62,7 @@ pub const DOWNSTREAM_KEEPALIVE_S: u64 = 75;
 pub struct Gateway {
     /// Live configuration (hot-reloaded).
     pub config: Arc<ConfigHandle>,
-    /// Pingora's upstream connector: one per process (it owns the connection pools).
+    /// The upstream connector: one per process (it owns the connection pools; [`pool`]).
     pub connector: Connector,
     /// Admission control: global concurrency, queue, tenant limits.
     pub admission: Arc<Admission>,
@@ -81,7 +82,7 @@ impl Gateway {
         let passthrough = Arc::new(crate::passthrough::Router::new(&config.snapshot()));
         Self {
             config,
-            connector: Connector::new(None),
+            connector: Connector::new(),
             admission,
             passthrough,
         }

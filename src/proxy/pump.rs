@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
+use crate::proxy::pool::Connector;
 use bytes::Bytes;
-use pingora::connectors::http::Connector;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};

@@ -3,8 +3,8 @@
 //! rewritten or translated into the client's dialect, and written in one go. Bytes of the
 //! answer were received once it runs, so a broken answer is a 502, never a fallback.
 
+use crate::proxy::pool::Connector;
 use bytes::{Bytes, BytesMut};
-use pingora::connectors::http::Connector;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 

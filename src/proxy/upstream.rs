@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
+use crate::proxy::pool::Connector;
 use bytes::Bytes;
-use pingora::connectors::http::Connector;
 use pingora::http::RequestHeader;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
@@ -279,7 +279,7 @@ mod tests {
     }
 
     async fn send_to(addr: std::net::SocketAddr) -> Result<(), SendError> {
-        let connector = Connector::new(None);
+        let connector = Connector::new();
         let peer = pingora::upstreams::peer::HttpPeer::new(addr, false, String::new());
         let (mut up, _) = connector.get_http_session(&peer).await.unwrap();
         let mut head = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
