@@ -139,8 +139,11 @@ fn keepalives_never_split_an_event_and_stop_at_the_end() {
         (0, token_event(1)),
         // 700 ms of silence between events: 3 keepalives.
         (700, half_a.to_string()),
-        // 700 ms of silence inside an event: 3 keepalives, none inside the event.
-        (700, half_b.to_string()),
+        // 600 ms of silence inside an event: 3 keepalives, none inside the event. The
+        // clock runs on client writes (the last keepalive, at 600 ms), so they fall at 800,
+        // 1000 and 1200 ms and the event completes at 1300, 100 ms from either tick (700 ms
+        // here put the event's end on the 1400 ms tick: a race the test sometimes lost).
+        (600, half_b.to_string()),
         (0, "data: [DONE]\n\n".to_string()),
         // The provider keeps the connection open after [DONE]: no keepalive after it.
         (700, String::new()),
