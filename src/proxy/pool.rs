@@ -290,8 +290,8 @@ mod tests {
         (addr, accepted)
     }
 
-    /// One GET through `c`, read to its end, then released; returns whether it reused.
-    async fn exchange(c: &Connector, peer: &HttpPeer) -> bool {
+    /// One GET through `c`, its answer read to the end; the session is not released.
+    async fn get(c: &Connector, peer: &HttpPeer) -> (HttpSession, bool) {
         let (mut up, reused) = c.get_http_session(peer).await.unwrap();
         let mut head = RequestHeader::build("GET", b"/", None).unwrap();
         head.insert_header("host", "127.0.0.1").unwrap();
@@ -304,6 +304,12 @@ mod tests {
         }
         assert_eq!(body, b"ok");
         assert!(up.response_done());
+        (up, reused)
+    }
+
+    /// One GET through `c`, then released; returns whether it reused a connection.
+    async fn exchange(c: &Connector, peer: &HttpPeer) -> bool {
+        let (up, reused) = get(c, peer).await;
         c.release_http_session(up, peer, Some(Duration::from_secs(60)))
             .await;
         reused
@@ -343,13 +349,7 @@ mod tests {
         let (addr, accepted) = server(usize::MAX, Duration::ZERO).await;
         let c = Connector::new();
         let p = peer(addr);
-        let (mut up, _) = c.get_http_session(&p).await.unwrap();
-        let mut head = RequestHeader::build("GET", b"/", None).unwrap();
-        head.insert_header("host", "127.0.0.1").unwrap();
-        up.write_request_header(Box::new(head)).await.unwrap();
-        up.finish_request_body().await.unwrap();
-        up.read_response_header().await.unwrap();
-        while up.read_response_body().await.unwrap().is_some() {}
+        let (up, _) = get(&c, &p).await;
         c.release_http_session(up, &p, Some(Duration::ZERO)).await;
         assert_eq!(
             c.idle.lock().unwrap().count,
@@ -398,14 +398,8 @@ mod tests {
         let p = peer(addr);
         let mut held = Vec::new();
         for _ in 0..MAX_IDLE + 3 {
-            let (mut up, reused) = c.get_http_session(&p).await.unwrap();
+            let (up, reused) = get(&c, &p).await;
             assert!(!reused, "nothing is idle while every session is held");
-            let mut head = RequestHeader::build("GET", b"/", None).unwrap();
-            head.insert_header("host", "127.0.0.1").unwrap();
-            up.write_request_header(Box::new(head)).await.unwrap();
-            up.finish_request_body().await.unwrap();
-            up.read_response_header().await.unwrap();
-            while up.read_response_body().await.unwrap().is_some() {}
             held.push(up);
         }
         for up in held {
