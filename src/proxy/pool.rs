@@ -106,18 +106,15 @@ impl Connector {
         peer: &HttpPeer,
         idle_timeout: Option<Duration>,
     ) {
-        let HttpSession::H1(mut h1) = session else {
-            return self
-                .pingora
-                .release_http_session(session, peer, idle_timeout)
-                .await;
+        let mut h1 = match session {
+            HttpSession::H1(h1) if h1_only(peer) => h1,
+            other => {
+                return self
+                    .pingora
+                    .release_http_session(other, peer, idle_timeout)
+                    .await
+            }
         };
-        if !h1_only(peer) {
-            return self
-                .pingora
-                .release_http_session(HttpSession::H1(h1), peer, idle_timeout)
-                .await;
-        }
         h1.respect_keepalive();
         let Some(mut stream) = h1.reuse().await else {
             return;
