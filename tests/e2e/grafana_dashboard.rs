@@ -99,6 +99,17 @@ fn grafana_dashboard_parses_and_names_only_exported_metrics() {
             registered.insert(lit.to_string());
         }
     }
+    // The names the dashboard's queries use.
+    let mut qs = Vec::new();
+    queries(&dash, &mut qs);
+    assert!(qs.len() >= 15, "only {} queries", qs.len());
+    let mut used = BTreeSet::new();
+    for q in &qs {
+        let mut names = BTreeSet::new();
+        metric_names(q, &mut names);
+        assert!(!names.is_empty(), "query names no Sluice metric: {q}");
+        used.extend(names.iter().map(|n| base(n, &registered)));
+    }
     // ... and what a live Sluice exports after a fallback and a stream.
     let mock = Mock::start("{}");
     let dead = free_port();
@@ -111,8 +122,10 @@ fn grafana_dashboard_parses_and_names_only_exported_metrics() {
     );
     assert_eq!(s.status, 200);
     while s.next_piece(Duration::from_secs(5)).is_some() {}
+    // The access line records the request's series one after another (the overhead
+    // before the tokens and money), so a scrape can fall between them: wait for all.
     let mut live = BTreeSet::new();
-    crate::harness::eventually(Duration::from_secs(3), || {
+    crate::harness::eventually(Duration::from_secs(5), || {
         live = sluice
             .metrics()
             .lines()
@@ -120,19 +133,10 @@ fn grafana_dashboard_parses_and_names_only_exported_metrics() {
             .filter_map(|l| l.split(' ').next())
             .map(str::to_string)
             .collect();
-        live.contains("sluice_gateway_overhead_seconds")
+        used.iter()
+            .all(|n| PENDING.contains(&n.as_str()) || live.contains(n))
     });
 
-    let mut qs = Vec::new();
-    queries(&dash, &mut qs);
-    assert!(qs.len() >= 15, "only {} queries", qs.len());
-    let mut used = BTreeSet::new();
-    for q in &qs {
-        let mut names = BTreeSet::new();
-        metric_names(q, &mut names);
-        assert!(!names.is_empty(), "query names no Sluice metric: {q}");
-        used.extend(names.iter().map(|n| base(n, &registered)));
-    }
     for name in &used {
         if PENDING.contains(&name.as_str()) {
             assert!(
