@@ -202,6 +202,7 @@ impl Sluice {
 
     /// As [`Sluice::start`], with extra environment variables.
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Sluice {
+        keep_panic_messages();
         for _ in 0..5 {
             let [port, admin_port, tls_port] = free_ports();
             let dir = TempDir::new("sluice");
@@ -378,9 +379,43 @@ impl Drop for Sluice {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!("--- sluice log ---\n{}", self.log());
+            // The log can run to hundreds of lines; the failure is repeated after it so that
+            // the tail of a CI log, which is what gets read, still says what failed.
+            eprintln!(
+                "--- sluice log ---\n{}--- end of sluice log; the test failed: {} ---",
+                self.log(),
+                LAST_PANIC.with(|m| m.borrow().clone()).unwrap_or_default()
+            );
         }
     }
+}
+
+thread_local! {
+    /// The message and place of this thread's last panic, kept by [`keep_panic_messages`].
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Chains a panic hook (once per process) that keeps each panic's message for the dumps
+/// that run while the test unwinds; the default hook still prints it first.
+fn keep_panic_messages() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let text = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            let place = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            LAST_PANIC.with(|m| *m.borrow_mut() = Some(format!("{text}{place}")));
+            default(info);
+        }));
+    });
 }
 
 /// Polls `f` every 10 ms until it holds or `timeout` passes; whether it held.
