@@ -530,16 +530,20 @@ fn big_body(size: usize) -> Vec<u8> {
 
 #[test]
 fn a_hundred_large_uploads_at_once_are_bounded_by_the_request_buffers() {
-    // The provider holds each admitted request 1.5 s, so admitted bodies stay held.
+    // The provider holds each admitted request 1.5 s, so admitted bodies stay held. A fixed
+    // mmap threshold keeps glibc from holding freed body buffers in RSS (see the end).
     let mock = Mock::start(r#"{"first_byte_delay_ms":1500}"#);
     let bound = 32 * MIB;
-    let s = Sluice::start(&basic_config(
-        &mock.base_url(),
-        &format!(
-            "  max_request_body_bytes: {}\n  max_buffered_request_bytes: {bound}\n",
-            8 * MIB
+    let s = Sluice::start_with_env(
+        &basic_config(
+            &mock.base_url(),
+            &format!(
+                "  max_request_body_bytes: {}\n  max_buffered_request_bytes: {bound}\n",
+                8 * MIB
+            ),
         ),
-    ));
+        &[("MALLOC_MMAP_THRESHOLD_", "131072")],
+    );
     assert_eq!(s.chat(&chat_body("warm up", false)).status, 200);
     let base_kib = s.rss_kib();
     let peak_kib = Arc::new(AtomicU64::new(base_kib));
@@ -600,7 +604,10 @@ fn a_hundred_large_uploads_at_once_are_bounded_by_the_request_buffers() {
         "only 200, 503 or a cut: {:?}",
         responses.iter().map(|r| r.status).collect::<Vec<_>>()
     );
-    assert!(ok >= 3, "bodies that fit are served ({ok})");
+    // Every head is admitted while little is held, so the bodies race for the bound and most
+    // are refused mid-way; each refusal frees its bytes, so the last body standing always fits
+    // (3 of 10 MB fit in 32 MiB; 3 were served in every run seen, but nothing promises it).
+    assert!(ok >= 1, "bodies that fit are served ({ok})");
     assert!(refused.len() + cut > 0);
     for r in &refused {
         assert_eq!(
@@ -633,10 +640,12 @@ fn a_hundred_large_uploads_at_once_are_bounded_by_the_request_buffers() {
         peak_kib.load(Ordering::Acquire) / 1024,
         refused.len()
     );
-    // The allocator keeps part of what the refused and served bodies freed (glibc's
-    // per-thread arenas): measured growth 46-69 MiB across runs, alone and beside the rest
-    // of the suite. The bound is what the test proves: far from the ~640 MiB of the
-    // unbounded case, within 3x the request-buffer bound.
+    // With glibc's default, freeing a large buffer raises its mmap threshold, so later body
+    // buffers come from the heap arenas and what the refused ones freed stays in RSS: growth
+    // 46-69 MiB in runs, the likely cause of a CI failure whose message was lost. The fixed
+    // threshold set at the start hands each freed body buffer back at once, so RSS follows
+    // what is held: 34-41 MiB in runs alone and beside the hostile tests. The bound is what
+    // the test proves: far from the ~640 MiB of the unbounded case, within 3x the bound.
     assert!(
         grew_mib < 96,
         "RSS grew by {grew_mib} MiB under a 32 MiB bound"
