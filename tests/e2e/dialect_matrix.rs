@@ -920,11 +920,7 @@ fn every_cell_of_the_translation_matrix() {
                         )
                     }));
                     if let Err(e) = result {
-                        let msg = e
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
+                        let msg = crate::harness::panic_text(&*e).unwrap_or_default();
                         failures.push(format!("{cell}: {msg}"));
                     }
                 }

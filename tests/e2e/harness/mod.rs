@@ -402,12 +402,7 @@ fn keep_panic_messages() {
     ONCE.call_once(|| {
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let text = info
-                .payload()
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| info.payload().downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
+            let text = panic_text(info.payload()).unwrap_or("(no message)");
             let place = info
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
@@ -416,6 +411,15 @@ fn keep_panic_messages() {
             default(info);
         }));
     });
+}
+
+/// The message of a panic payload (`panic!` with arguments gives a `String`, with a literal a
+/// `&str`); `None` for any other payload.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
 }
 
 /// Polls `f` every 10 ms until it holds or `timeout` passes; whether it held.
