@@ -189,70 +189,116 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
     );
 }
 
+/// Stops a daemon if the test fails (only while that pid is still this daemon: the config
+/// path is on its command line).
+struct KillDaemon(u32, std::path::PathBuf);
+
+impl Drop for KillDaemon {
+    fn drop(&mut self) {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
+        let ours = String::from_utf8_lossy(&cmdline).contains(&*self.1.to_string_lossy());
+        if ours {
+            let _ = Command::new("kill")
+                .args(["-KILL", &self.0.to_string()])
+                .status();
+        }
+    }
+}
+
+/// A daemon started with `sluice -d`, listening on its own port.
+struct Daemon {
+    /// Holds the pid file, the error log and the config (removed on drop).
+    _dir: TempDir,
+    error_log: std::path::PathBuf,
+    port: u16,
+    pid: u32,
+    guard: KillDaemon,
+}
+
+/// Runs `sluice -d` on free ports and waits until the daemon listens on its port. A port
+/// taken by a test running in parallel between `free_ports` and the daemon's bind (its error
+/// log says "in use") is retried on new ports, up to 5 times; any other failure panics.
+fn start_daemon(mock: &Mock) -> Daemon {
+    for _ in 0..5 {
+        let dir = TempDir::new("daemon");
+        let pid_file = dir.path().join("sluice.pid");
+        let error_log = dir.path().join("error.log");
+        let [port, admin] = crate::harness::free_ports();
+        let cfg = basic_config(
+            &mock.base_url(),
+            &format!(
+                "  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
+                pid_file.display(),
+                error_log.display(),
+                dir.path().join("upgrade.sock").display()
+            ),
+        )
+        .replace("{listen}", &format!("127.0.0.1:{port}"))
+        .replace("{admin}", &format!("127.0.0.1:{admin}"));
+        let cfg_path = dir.path().join("sluice.yaml");
+        std::fs::write(&cfg_path, cfg).expect("config");
+
+        // `-d`: the command returns once the daemon has forked off.
+        let t = Instant::now();
+        let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .current_dir(dir.path())
+            .arg("-d")
+            .arg("-c")
+            .arg(&cfg_path)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run sluice -d");
+        assert!(status.success(), "sluice -d exited {status:?}");
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
+        // The pid file names a live process other than the one we started.
+        assert!(
+            crate::harness::eventually(Duration::from_secs(10), || std::fs::read_to_string(
+                &pid_file
+            )
+            .is_ok_and(|p| !p.trim().is_empty())),
+            "no pid file"
+        );
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("a pid");
+        let guard = KillDaemon(pid, cfg_path.clone());
+        // The daemon itself listens (a bare connect could reach whoever else holds the port).
+        if crate::harness::eventually(Duration::from_secs(10), || {
+            crate::harness::listens_on(pid, port)
+        }) {
+            return Daemon {
+                _dir: dir,
+                error_log,
+                port,
+                pid,
+                guard,
+            };
+        }
+        let log = std::fs::read_to_string(&error_log).unwrap_or_default();
+        assert!(
+            log.contains("in use"),
+            "the daemon does not listen on {port}; error log:\n{log}"
+        );
+    }
+    panic!("the daemon's port was taken 5 times");
+}
+
 #[test]
 fn daemon_mode_writes_the_pid_file_serves_and_stops() {
     let mock = Mock::start(r#"{"tokens":2}"#);
-    let dir = TempDir::new("daemon");
-    let pid_file = dir.path().join("sluice.pid");
-    let error_log = dir.path().join("error.log");
-    let [port, admin] = crate::harness::free_ports();
-    let cfg = basic_config(
-        &mock.base_url(),
-        &format!(
-            "  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
-            pid_file.display(),
-            error_log.display(),
-            dir.path().join("upgrade.sock").display()
-        ),
-    )
-    .replace("{listen}", &format!("127.0.0.1:{port}"))
-    .replace("{admin}", &format!("127.0.0.1:{admin}"));
-    let cfg_path = dir.path().join("sluice.yaml");
-    std::fs::write(&cfg_path, cfg).expect("config");
-
-    // `-d`: the command returns once the daemon has forked off.
-    let t = Instant::now();
-    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(dir.path())
-        .arg("-d")
-        .arg("-c")
-        .arg(&cfg_path)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("run sluice -d");
-    assert!(status.success(), "sluice -d exited {status:?}");
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-
-    // The pid file names a live process other than the one we started.
-    assert!(
-        crate::harness::eventually(Duration::from_secs(10), || std::fs::read_to_string(
-            &pid_file
-        )
-        .is_ok_and(|p| !p.trim().is_empty())),
-        "no pid file"
-    );
-    let pid: u32 = std::fs::read_to_string(&pid_file)
-        .expect("pid file")
-        .trim()
-        .parse()
-        .expect("a pid");
-    // Stop it if the test fails below (only while that pid is still this daemon).
-    struct Kill(u32, std::path::PathBuf);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
-            let ours = String::from_utf8_lossy(&cmdline).contains(&*self.1.to_string_lossy());
-            if ours {
-                let _ = Command::new("kill")
-                    .args(["-KILL", &self.0.to_string()])
-                    .status();
-            }
-        }
-    }
-    let guard = Kill(pid, cfg_path.clone());
+    let Daemon {
+        _dir,
+        error_log,
+        port,
+        pid,
+        guard,
+    } = start_daemon(&mock);
     assert!(
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "pid {pid} is not running"
