@@ -476,7 +476,7 @@ fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid
     // new process (systemd re-reads it after a reload), which serves, while the old one exits.
     // Not covered here: systemd itself (its PID file and cgroup handling).
     use crate::cancellation::chat_body;
-    use crate::harness::{basic_config, eventually, post_json, Mock, KEY};
+    use crate::harness::{eventually, post_json, Mock, KEY};
     use std::time::{Duration, Instant};
 
     let unit = std::fs::read_to_string(root().join("systemd/sluice.service")).expect("unit");
@@ -494,23 +494,13 @@ fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid
     assert!(dropin.contains("upgrade_sock: /run/sluice/"), "{dropin}");
 
     let mock = Mock::start(r#"{"tokens":2}"#);
-    let dir = TempDir::new("sd-upgrade");
-    let pid_file = dir.path().join("sluice.pid");
-    let error_log = dir.path().join("error.log");
-    let [port, admin] = crate::harness::free_ports();
-    let cfg = basic_config(
-        &mock.base_url(),
-        &format!(
-            "  shutdown_grace_ms: 1000\n  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
-            pid_file.display(),
-            error_log.display(),
-            dir.path().join("upgrade.sock").display()
-        ),
-    )
-    .replace("{listen}", &format!("127.0.0.1:{port}"))
-    .replace("{admin}", &format!("127.0.0.1:{admin}"));
-    let cfg_path = dir.path().join("sluice.yaml");
-    std::fs::write(&cfg_path, cfg).expect("config");
+    let crate::upgrade::DaemonFiles {
+        dir: _dir,
+        pid_file,
+        error_log,
+        cfg_path,
+        port,
+    } = crate::upgrade::DaemonFiles::write("sd-upgrade", &mock, "  shutdown_grace_ms: 1000\n");
     let run = |cmd: &str, mainpid: &str| {
         let cmd = cmd
             .replace("/usr/bin/sluice", env!("CARGO_BIN_EXE_sluice"))

@@ -205,6 +205,49 @@ impl Drop for KillDaemon {
     }
 }
 
+/// The files of a Sluice run as a daemon: a temp folder with its config (the basic config
+/// on free ports, plus `extra` server keys), pid file, error log and upgrade socket.
+pub struct DaemonFiles {
+    /// The folder; removed on drop.
+    pub dir: TempDir,
+    pub pid_file: std::path::PathBuf,
+    pub error_log: std::path::PathBuf,
+    pub cfg_path: std::path::PathBuf,
+    /// The downstream listener's port.
+    pub port: u16,
+}
+
+impl DaemonFiles {
+    /// Writes the config in a new temp folder named after `name`; `extra` is YAML lines under
+    /// `server:` (two-space indented, each ending in a newline).
+    pub fn write(name: &str, mock: &Mock, extra: &str) -> DaemonFiles {
+        let dir = TempDir::new(name);
+        let pid_file = dir.path().join("sluice.pid");
+        let error_log = dir.path().join("error.log");
+        let [port, admin] = crate::harness::free_ports();
+        let cfg = basic_config(
+            &mock.base_url(),
+            &format!(
+                "{extra}  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
+                pid_file.display(),
+                error_log.display(),
+                dir.path().join("upgrade.sock").display()
+            ),
+        )
+        .replace("{listen}", &format!("127.0.0.1:{port}"))
+        .replace("{admin}", &format!("127.0.0.1:{admin}"));
+        let cfg_path = dir.path().join("sluice.yaml");
+        std::fs::write(&cfg_path, cfg).expect("config");
+        DaemonFiles {
+            dir,
+            pid_file,
+            error_log,
+            cfg_path,
+            port,
+        }
+    }
+}
+
 /// A daemon started with `sluice -d`, listening on its own port.
 struct Daemon {
     /// Holds the pid file, the error log and the config (removed on drop).
@@ -220,23 +263,13 @@ struct Daemon {
 /// log says "in use") is retried on new ports, up to 5 times; any other failure panics.
 fn start_daemon(mock: &Mock) -> Daemon {
     for _ in 0..5 {
-        let dir = TempDir::new("daemon");
-        let pid_file = dir.path().join("sluice.pid");
-        let error_log = dir.path().join("error.log");
-        let [port, admin] = crate::harness::free_ports();
-        let cfg = basic_config(
-            &mock.base_url(),
-            &format!(
-                "  pid_file: {}\n  error_log: {}\n  upgrade_sock: {}\n",
-                pid_file.display(),
-                error_log.display(),
-                dir.path().join("upgrade.sock").display()
-            ),
-        )
-        .replace("{listen}", &format!("127.0.0.1:{port}"))
-        .replace("{admin}", &format!("127.0.0.1:{admin}"));
-        let cfg_path = dir.path().join("sluice.yaml");
-        std::fs::write(&cfg_path, cfg).expect("config");
+        let DaemonFiles {
+            dir,
+            pid_file,
+            error_log,
+            cfg_path,
+            port,
+        } = DaemonFiles::write("daemon", mock, "");
 
         // `-d`: the command returns once the daemon has forked off.
         let t = Instant::now();
