@@ -5,7 +5,7 @@
 
 use crate::harness::client::{get, post_json, request, Response};
 use crate::harness::eventually;
-use crate::harness::{basic_config, free_port, Mock, Sluice, KEY};
+use crate::harness::{basic_config, dead_url, Mock, Sluice, KEY};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -439,8 +439,7 @@ fn request_body_over_the_limit_is_413() {
 
 #[test]
 fn upstream_unreachable_is_502() {
-    // A port that was free a moment ago: nothing listens there.
-    let base = format!("http://127.0.0.1:{}/v1", free_port());
+    let base = dead_url();
     let sluice = Sluice::start(&basic_config(&base, ""));
     for stream in [false, true] {
         let e = assert_error(

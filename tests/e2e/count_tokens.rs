@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::client::{post_json, request, Response};
-use crate::harness::{eventually, free_port, Mock, Sluice, KEY};
+use crate::harness::{dead_url, eventually, Mock, Sluice, KEY};
 use crate::sdk::run_python;
 
 const PATH: &str = "/v1/messages/count_tokens";
@@ -23,7 +23,7 @@ const RESTRICTED_KEY: &str = "sk-test-count-restricted-0001";
 /// `gpt-mock-1`, `acme/claude-fallback` → `claude-down` then `claude`. Tenant `t` has a
 /// rate of 2 requests per minute and one concurrent stream.
 fn config(base_url: &str) -> String {
-    let dead = format!("http://127.0.0.1:{}/v1", free_port());
+    let dead = dead_url();
     format!(
         r#"server:
   listen: {{listen}}

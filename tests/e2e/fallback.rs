@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::harness::client::{post_json, sse_events, sse_text, Response};
-use crate::harness::{free_port, Mock, Sluice, KEY};
+use crate::harness::{dead_url, Mock, Sluice, KEY};
 
 /// The standard model every helper config serves.
 pub(crate) const MODEL: &str = "acme/chat";
@@ -64,11 +64,6 @@ pub(crate) fn config_with_routes(server: &str, providers: &[P<'_>], model_body: 
     }
     y.push_str(&format!("models:\n  {MODEL}:\n{model_body}"));
     y
-}
-
-/// A base URL where nothing listens (connections are refused).
-pub(crate) fn dead_url() -> String {
-    format!("http://127.0.0.1:{}/v1", free_port())
 }
 
 /// A chat body for `acme/chat`; `extra` is spliced in as further top-level fields
@@ -337,14 +332,11 @@ fn a_429_with_retry_after_falls_back_without_retry_and_rests_the_route() {
 
 #[test]
 fn refused_connections_fall_back() {
-    let mut dead = Mock::start("{}");
-    let killed_url = dead.base_url();
-    dead.kill();
     let p2 = Mock::start(r#"{"tokens":2}"#);
     let sluice = Sluice::start(&config(
         "",
         &[
-            P("p1", &killed_url, ""),
+            P("p1", &dead_url(), ""),
             P("p3", &dead_url(), ""),
             P("p2", &p2.base_url(), ""),
         ],

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::harness::{free_port, Mock, Sluice, KEY};
+use crate::harness::{dead_port, Mock, Sluice, KEY};
 
 /// Metrics of the billing issue that other branches add (metering, budgets): named by the
 /// dashboard ahead of their merge. Remove each entry when its metric lands in
@@ -112,7 +112,7 @@ fn grafana_dashboard_parses_and_names_only_exported_metrics() {
     }
     // ... and what a live Sluice exports after a fallback and a stream.
     let mock = Mock::start("{}");
-    let dead = free_port();
+    let dead = dead_port();
     let sluice = Sluice::start(&format!(
         "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{budget: {{daily_usd: 100}}}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  dead:\n    kind: openai\n    base_url: http://127.0.0.1:{dead}/v1\n    health_check: {{enabled: false}}\n  p1:\n    kind: openai\n    base_url: {}\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: dead\n        upstream_model: dead-model\n      - provider: p1\n        upstream_model: mock-small-v1\n",
         mock.base_url()

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::fallback::{body, chat_hits, config, eventually, Metrics, P};
-use crate::harness::{Mock, Sluice};
+use crate::harness::{dead_url, Mock, Sluice};
 
 /// The health gauge of `provider`'s route; panics when the series is absent.
 pub(crate) fn gauge(sluice: &Sluice, provider: &str) -> f64 {
@@ -244,9 +244,7 @@ fn active_probes_mark_a_provider_down_without_traffic_and_bring_it_back() {
 
 #[test]
 fn probes_see_a_dead_provider_and_follow_reloads() {
-    let mut dead = Mock::start("{}");
-    let dead_url = dead.base_url();
-    dead.kill();
+    let dead_url = dead_url();
     let p2 = Mock::start(r#"{"tokens":2}"#);
     let probe = |path: &str| {
         format!(

@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fallback::{assert_served_stream, body, chat_hits, config, dead_url, Metrics, P};
-use crate::harness::{Mock, Sluice};
+use crate::fallback::{assert_served_stream, body, chat_hits, config, Metrics, P};
+use crate::harness::{dead_url, Mock, Sluice};
 
 /// The default policy but for the budget (room for every retry here; the budget has its own
 /// test with the default 0.2). The helper turns retries off unless `retry:` is set.

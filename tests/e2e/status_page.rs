@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::fallback::Metrics;
 use crate::harness::get;
-use crate::harness::{free_port, KEY};
+use crate::harness::{dead_port, KEY};
 use crate::harness::{Mock, Sluice, TempDir};
 
 /// `SLUICE_CHROMIUM`, else the first of `chromium`, `chromium-browser` on `PATH`.
@@ -75,7 +75,7 @@ fn health_of(dom: &str, provider: &str) -> Option<String> {
 /// spread by weight, so the first requests might all miss `dead`), then `p1` (the mock);
 /// `dead` turns unhealthy after its first failure and rests for 10 minutes.
 fn config(base_url: &str) -> String {
-    let dead = free_port();
+    let dead = dead_port();
     format!(
         "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\n  b: {{budget: {{daily_usd: 12.5}}}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  dead:\n    kind: openai\n    base_url: http://127.0.0.1:{dead}/v1\n    api_key: sk-dead\n    health_check: {{enabled: false}}\n    health: {{degraded_after_failures: 1, unhealthy_after_failures: 1, cooldown_ms: 600000}}\n  p1:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-p1\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: dead\n        upstream_model: dead-model\n        priority: 1\n      - provider: p1\n        upstream_model: mock-small-v1\n        priority: 2\n"
     )

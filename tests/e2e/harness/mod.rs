@@ -31,6 +31,32 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     std::array::from_fn(|i| held[i].local_addr().expect("port").port())
 }
 
+/// A loopback port that refuses every connection for the life of the test process: a TCP
+/// socket bound to it that never listens, shared by every test. Connecting gets a reset
+/// (`ECONNREFUSED`). Since the socket sets neither `SO_REUSEADDR` nor `SO_REUSEPORT`, no
+/// parallel test's listener can be handed the port, as it could a freed port or a killed
+/// mock's, whose new owner would then answer in the dead provider's place.
+pub fn dead_port() -> u16 {
+    static DEAD: std::sync::OnceLock<socket2::Socket> = std::sync::OnceLock::new();
+    DEAD.get_or_init(|| {
+        use socket2::{Domain, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+        s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .expect("bind the dead port");
+        s
+    })
+    .local_addr()
+    .ok()
+    .and_then(|a| a.as_socket())
+    .expect("the dead port's address")
+    .port()
+}
+
+/// `http://127.0.0.1:{dead_port}/v1`: a provider base URL where connections are refused.
+pub fn dead_url() -> String {
+    format!("http://127.0.0.1:{}/v1", dead_port())
+}
+
 /// The inodes of the sockets process `pid` holds (Linux: its `/proc/PID/fd` links
 /// `socket:[N]`), to match against `/proc/net/tcp{,6}`.
 pub fn socket_inodes(pid: u32) -> Vec<String> {
