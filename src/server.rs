@@ -31,6 +31,13 @@ use crate::tls::CertResolver;
 /// L4 read buffer of a downstream connection, bytes (0 = reads go straight to the socket).
 const DOWNSTREAM_L4_READ_BUFFER: usize = 0;
 
+/// Bytes one read of an HTTP/1.x request body takes, 16 KiB like nginx's
+/// `client_body_buffer_size` on 64-bit platforms. Pingora's default, 64 KiB, is a buffer sized
+/// to what is left of the body, filled, and (as released) kept for the connection's life: with a
+/// 32 KiB prompt that was 32 KiB of RSS per held stream. The patched pingora-core also
+/// releases the buffer when the body ends (`benches/README.md`, fifth round).
+const DOWNSTREAM_BODY_READ_SIZE: usize = 16 * 1024;
+
 /// Errors assembling the server.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -85,11 +92,14 @@ fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
 }
 
 /// The proxy's HTTP server options: h2c with prior knowledge on the plain listener (the TLS
-/// one negotiates by ALPN), idle HTTP/2 connections closed like idle HTTP/1 ones.
+/// one negotiates by ALPN), idle HTTP/2 connections closed like idle HTTP/1 ones, and
+/// HTTP/1.x request bodies read [`DOWNSTREAM_BODY_READ_SIZE`] bytes at a time (the
+/// `h1_body_read_size` option of the patched pingora-core in `.patches/`).
 fn http_server_options() -> HttpServerOptions {
     let mut o = HttpServerOptions::default();
     o.h2c = true;
     o.h2_idle_timeout = Some(Duration::from_secs(crate::proxy::DOWNSTREAM_KEEPALIVE_S));
+    o.h1_body_read_size = Some(DOWNSTREAM_BODY_READ_SIZE);
     o
 }
 

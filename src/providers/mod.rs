@@ -322,9 +322,13 @@ pub async fn exchange(
     head: pingora::http::RequestHeader,
     body: Option<bytes::Bytes>,
 ) -> pingora::Result<()> {
-    up.write_request_header(Box::new(head)).await?;
-    if let Some(body) = body {
-        up.write_request_body(body, true).await?;
+    match body {
+        // One send for head and body on HTTP/1.1 (the patched pingora-core, `.patches/`).
+        Some(body) => {
+            up.write_request_header_and_body(Box::new(head), body)
+                .await?
+        }
+        None => up.write_request_header(Box::new(head)).await?,
     }
     up.finish_request_body().await?;
     loop {

@@ -80,8 +80,9 @@ pub(super) async fn send(
     body: Bytes,
 ) -> Result<(), SendError> {
     let written = async {
-        up.write_request_header(Box::new(head)).await?;
-        up.write_request_body(body, true).await?;
+        // One send for head and body on HTTP/1.1 (the patched pingora-core, `.patches/`).
+        up.write_request_header_and_body(Box::new(head), body)
+            .await?;
         up.finish_request_body().await
     };
     if let Err(error) = written.await {

@@ -89,6 +89,13 @@ pub struct HttpServerOptions {
     ///
     /// Default: `None`
     pub h2_idle_timeout: Option<Duration>,
+
+    /// The most bytes one read of an HTTP/1.x request body takes from the connection, which is
+    /// also the size of the body buffer the session keeps while it reads. The buffer is
+    /// released once the body is read to its end.
+    ///
+    /// Default: `None` (64 KiB)
+    pub h1_body_read_size: Option<usize>,
 }
 
 /// Settings persisted across HTTP/1.x keepalive requests on the same downstream connection.
@@ -356,6 +363,8 @@ where
                 self.server_options()
                     .and_then(|opts| opts.keepalive_request_limit),
             );
+            let body_read_size = self.server_options().and_then(|o| o.h1_body_read_size);
+            session.set_body_read_size(body_read_size);
 
             let mut result = self.process_new_http(session, shutdown).await;
             while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
@@ -363,6 +372,7 @@ where
                 if let Some(persistent_settings) = persistent_settings {
                     persistent_settings.apply_to_session(&mut session);
                 }
+                session.set_body_read_size(body_read_size);
 
                 result = self.process_new_http(session, shutdown).await;
             }

@@ -75,6 +75,31 @@ impl<S: Session> HttpSession<S> {
         }
     }
 
+    /// Write the request header and the whole request body (its end). On HTTP/1.x, header and
+    /// body go out in one send when the body is a `Content-Length` body of at most
+    /// [`super::v1::client::MERGED_BODY_MAX`] bytes; otherwise, and on HTTP/2, this is
+    /// [`Self::write_request_header`] then [`Self::write_request_body`] with `end`.
+    pub async fn write_request_header_and_body(
+        &mut self,
+        req: Box<RequestHeader>,
+        body: Bytes,
+    ) -> Result<()> {
+        match self {
+            HttpSession::H1(h1) => {
+                h1.write_request_header_with_body(req, &body).await?;
+                Ok(())
+            }
+            HttpSession::H2(h2) => {
+                h2.write_request_header(req, false)?;
+                h2.write_request_body(body, true).await
+            }
+            HttpSession::Custom(c) => {
+                c.write_request_header(req, false).await?;
+                c.write_request_body(body, true).await
+            }
+        }
+    }
+
     /// Write a chunk of the request body.
     pub async fn write_request_body(&mut self, data: Bytes, end: bool) -> Result<()> {
         match self {

@@ -335,6 +335,15 @@ impl Session {
 
     /// Set the number of times the upstream connection connection for this
     /// session can be reused via keepalive. Noop for h2 and subrequest
+    /// Sets the most bytes one read of an HTTP/1.x request body takes (`None`: 64 KiB); see
+    /// [`crate::apps::HttpServerOptions::h1_body_read_size`]. No-op for HTTP/2 and custom
+    /// sessions.
+    pub fn set_body_read_size(&mut self, size: Option<usize>) {
+        if let Self::H1(s) = self {
+            s.set_body_read_size(size);
+        }
+    }
+
     pub fn set_keepalive_reuses_remaining(&mut self, reuses: Option<u32>) {
         if let Self::H1(s) = self {
             s.set_keepalive_reuses_remaining(reuses);

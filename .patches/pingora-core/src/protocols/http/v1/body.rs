@@ -165,6 +165,19 @@ impl BodyReader {
         }
     }
 
+    /// Sets the most bytes one read takes (`None`: 64 KiB; at least 1).
+    pub fn set_body_buf_size(&mut self, size: Option<usize>) {
+        self.body_buf_size = size.unwrap_or(BODY_BUFFER_SIZE).max(1);
+    }
+
+    /// Drops the body buffer. Only for a body read to its end whose every [`BufRef`] was
+    /// already resolved: [`Self::get_body`] panics until the buffer is prepared again.
+    /// Bytes read past the body (a pipelined request) are kept.
+    pub fn release_body_buf(&mut self) {
+        debug_assert!(self.body_done());
+        self.body_buf = None;
+    }
+
     pub fn need_init(&self) -> bool {
         matches!(self.body_state, PS::ToStart)
     }

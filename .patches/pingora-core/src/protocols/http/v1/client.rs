@@ -25,7 +25,7 @@ use std::str;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::body::{BodyReader, BodyWriter};
+use super::body::{BodyMode, BodyReader, BodyWriter};
 use super::common::*;
 use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
@@ -153,6 +153,64 @@ impl HttpSession {
         // write was successful
         self.request_written = Some(req);
         Ok(to_wire.len())
+    }
+
+    /// Writes the request header and the whole request body in one send, where
+    /// [`Self::write_request_header`] then [`Self::write_body`] make two (the header is flushed
+    /// on its own). Only a `Content-Length` body of exactly `body.len()` bytes, at most
+    /// [`MERGED_BODY_MAX`], goes out with the header; any other body is written after it as
+    /// `write_body` would. Returns the header's length on the wire, like
+    /// `write_request_header`.
+    pub async fn write_request_header_with_body(
+        &mut self,
+        req: Box<RequestHeader>,
+        body: &[u8],
+    ) -> Result<usize> {
+        self.init_req_body_writer(&req);
+        let whole = matches!(self.body_writer.body_mode,
+            BodyMode::ContentLength(total, 0) if total == body.len() && total > 0 && total <= MERGED_BODY_MAX);
+        if !whole {
+            let n = self.write_request_header(req).await?;
+            if !body.is_empty() {
+                self.write_body(body).await?;
+            }
+            return Ok(n);
+        }
+        let mut to_wire = http_req_header_to_wire(&req).ok_or_else(|| {
+            Error::explain(
+                InvalidHTTPHeader,
+                "request-line contains forbidden delimiter bytes or unsupported HTTP version",
+            )
+        })?;
+        let head_len = to_wire.len();
+        trace!("Writing request header and a {}-byte body: {to_wire:?}", body.len());
+        to_wire.extend_from_slice(body);
+
+        let write_fut = self.underlying_stream.write_all(to_wire.as_ref());
+        match self.write_timeout {
+            Some(t) => match timeout(t, write_fut).await {
+                Ok(res) => res,
+                Err(_) => Err(std::io::Error::from(ErrorKind::TimedOut)),
+            },
+            None => write_fut.await,
+        }
+        .map_err(|e| match e.kind() {
+            ErrorKind::TimedOut => Error::because(
+                WriteTimedout,
+                "while writing request headers and body (timeout)",
+                e,
+            ),
+            _ => Error::because(WriteError, "while writing request headers and body", e),
+        })?;
+        self.underlying_stream
+            .flush()
+            .await
+            .or_err(WriteError, "flushing request header and body")?;
+
+        self.body_writer.body_mode = BodyMode::ContentLength(body.len(), body.len());
+        self.bytes_sent += body.len();
+        self.request_written = Some(req);
+        Ok(head_len)
     }
 
     async fn do_write_body(&mut self, buf: &[u8]) -> Result<Option<usize>> {
@@ -911,6 +969,11 @@ fn parse_resp_buffer<'buf>(
 pub(crate) fn request_target_has_forbidden_byte(path: &[u8]) -> bool {
     path.iter().any(|&b| matches!(b, 0x00 | 0x0a | 0x0d | 0x20))
 }
+
+/// The largest body [`HttpSession::write_request_header_with_body`] copies behind the header
+/// to send both at once; a larger one is its own send, where the copy would cost more than the
+/// send it saves.
+pub const MERGED_BODY_MAX: usize = 64 * 1024;
 
 // TODO: change it to to_buf
 #[inline]

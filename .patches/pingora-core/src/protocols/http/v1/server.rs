@@ -583,16 +583,29 @@ impl HttpSession {
     }
 
     /// Read the request body. `Ok(None)` when there is no (more) body to read.
+    ///
+    /// Every read is copied out of the body buffer, so once the body is read to its end the
+    /// buffer is released rather than kept for the rest of the connection.
     pub async fn read_body_bytes(&mut self) -> Result<Option<Bytes>> {
         let read = self.read_body().await?;
-        Ok(read.map(|b| {
+        let read = read.map(|b| {
             let bytes = Bytes::copy_from_slice(self.get_body(&b));
             self.body_bytes_read += bytes.len();
             if let Some(buffer) = self.retry_buffer.as_mut() {
                 buffer.write_to_buffer(&bytes);
             }
             bytes
-        }))
+        });
+        if self.body_reader.body_done() {
+            self.body_reader.release_body_buf();
+        }
+        Ok(read)
+    }
+
+    /// Sets the most bytes one read of the request body takes from the connection, and so the
+    /// size of the body buffer kept while the body is read (`None`: 64 KiB, at least 1).
+    pub fn set_body_read_size(&mut self, size: Option<usize>) {
+        self.body_reader.set_body_buf_size(size);
     }
 
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
