@@ -94,7 +94,7 @@ fn downstream_listener(addr: &str, write_timeout: Duration) -> ListenerConfig {
 /// The proxy's HTTP server options: h2c with prior knowledge on the plain listener (the TLS
 /// one negotiates by ALPN), idle HTTP/2 connections closed like idle HTTP/1 ones, and
 /// HTTP/1.x request bodies read [`DOWNSTREAM_BODY_READ_SIZE`] bytes at a time (the
-/// `h1_body_read_size` option of the patched pingora-core in `.patches/`).
+/// `h1_body_read_size` option of the patched pingora-core in `vendor/`).
 fn http_server_options() -> HttpServerOptions {
     let mut o = HttpServerOptions::default();
     o.h2c = true;

@@ -323,7 +323,7 @@ pub async fn exchange(
     body: Option<bytes::Bytes>,
 ) -> pingora::Result<()> {
     match body {
-        // One send for head and body on HTTP/1.1 (the patched pingora-core, `.patches/`).
+        // One send for head and body on HTTP/1.1 (the patched pingora-core, `vendor/`).
         Some(body) => {
             up.write_request_header_and_body(Box::new(head), body)
                 .await?

@@ -80,7 +80,7 @@ pub(super) async fn send(
     body: Bytes,
 ) -> Result<(), SendError> {
     let written = async {
-        // One send for head and body on HTTP/1.1 (the patched pingora-core, `.patches/`).
+        // One send for head and body on HTTP/1.1 (the patched pingora-core, `vendor/`).
         up.write_request_header_and_body(Box::new(head), body)
             .await?;
         up.finish_request_body().await
