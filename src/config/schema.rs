@@ -137,12 +137,13 @@ pub struct ServerSection {
     /// Whether idle worker threads steal tasks from busy ones (Pingora's `work_stealing`:
     /// one multi-threaded tokio runtime; default `true`) or each thread runs the
     /// connections it was given start to end (`false`: a current-thread runtime per
-    /// thread, as Nginx's workers do). In `benches/load.rs` on 2 cores, `false` measured
-    /// ~10 % more non-streaming requests/s and 13-15 % less CPU per request, but Pingora
-    /// then hands each released upstream connection's idle watch to a random thread, and a
-    /// request that reuses the connection before that watch lets go opens a new one (logged
-    /// by Pingora as `failed to acquire reusable stream`; 125 in 84,000 requests), so the
-    /// default stays Pingora's.
+    /// thread, as Nginx's workers do). In `benches/load.rs` on 2 cores, `false` once
+    /// measured ~10 % more non-streaming requests/s and 13-15 % less CPU per request; on a
+    /// noisier machine, with LLM routes on Sluice's own pool, the two were within noise of
+    /// each other (`benches/README.md`, fifth round), so the default stays Pingora's. With
+    /// `false`, passthrough routes (on Pingora's pool) used to open a new upstream
+    /// connection and log `failed to acquire reusable stream` for 0.3 % of requests; the
+    /// patched pingora-core (`vendor/README.md`) waits for the idle watch instead.
     #[serde(default = "default_true")]
     pub work_stealing: bool,
     /// Log line format (`text` or `json`).

@@ -183,6 +183,10 @@ pub struct TransportConnector {
 
 const DEFAULT_POOL_SIZE: usize = 128;
 
+/// How often [`TransportConnector::reused_stream`] yields the CPU (`sched_yield`) for the idle
+/// poll of a connection to drop its last reference before it gives the connection up.
+const REUSE_ACQUIRE_YIELDS: usize = 64;
+
 impl TransportConnector {
     /// Create a new [TransportConnector] with the given [ConnectorOptions]
     pub fn new(mut options: Option<ConnectorOptions>) -> Self {
@@ -250,12 +254,30 @@ impl TransportConnector {
     /// Try to find a reusable connection to the given server [Peer]
     pub async fn reused_stream<P: Peer + Send + Sync>(&self, peer: &P) -> Option<Stream> {
         match self.connection_pool.get(&peer.reuse_hash()) {
-            Some(s) => {
+            Some(mut s) => {
                 debug!("find reusable stream, trying to acquire it");
-                {
-                    let _ = s.lock().await;
-                } // wait for the idle poll to release it
-                match Arc::try_unwrap(s) {
+                // Wait for the idle poll to release it. Its guard unlocks (waking this task)
+                // before it drops its `Arc`. When this task runs on another thread (always
+                // possible; every time on a no-steal runtime, whose idle polls are spawned on
+                // a random thread), the wake-up can preempt the idle poll's thread between the
+                // two, so the `Arc` is still shared here. Yield the CPU to that thread until it
+                // has dropped it, rather than give the connection up and open a new one.
+                let mut yields = 0;
+                let s = loop {
+                    {
+                        let _ = s.lock().await;
+                    }
+                    match Arc::try_unwrap(s) {
+                        Ok(l) => break Ok(l),
+                        Err(shared) if yields < REUSE_ACQUIRE_YIELDS => {
+                            yields += 1;
+                            s = shared;
+                            std::thread::yield_now();
+                        }
+                        Err(shared) => break Err(shared),
+                    }
+                };
+                match s {
                     Ok(l) => {
                         let mut stream = l.into_inner();
                         // test_reusable_stream: we assume server would never actively send data
