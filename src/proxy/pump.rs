@@ -274,6 +274,12 @@ pub(super) async fn stream(
         }
     }
     ctx.downstream_committed = true;
+    if !first.is_empty() {
+        // The first events are written right after the head, and their write flushes both:
+        // one send instead of two where they fit the connection's write buffer (the patched
+        // pingora-core, `vendor/`). Early commit writes the head alone, flushed.
+        session.hold_response_header_flush();
+    }
     if session
         .write_response_header(Box::new(head), false)
         .await

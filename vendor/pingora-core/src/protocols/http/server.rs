@@ -335,6 +335,15 @@ impl Session {
 
     /// Set the number of times the upstream connection connection for this
     /// session can be reused via keepalive. Noop for h2 and subrequest
+    /// The next final HTTP/1.x response header without `Content-Length` is not flushed on its
+    /// own, for a caller that writes the first body chunk at once (it flushes both); see
+    /// [`SessionV1::hold_response_header_flush`]. No-op for other sessions.
+    pub fn hold_response_header_flush(&mut self) {
+        if let Self::H1(s) = self {
+            s.hold_response_header_flush();
+        }
+    }
+
     /// Sets the most bytes one read of an HTTP/1.x request body takes (`None`: 64 KiB); see
     /// [`crate::apps::HttpServerOptions::h1_body_read_size`]. No-op for HTTP/2 and custom
     /// sessions.

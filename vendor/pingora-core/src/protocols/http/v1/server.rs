@@ -107,6 +107,9 @@ pub struct HttpSession {
     total_drain_timeout: Option<Duration>,
     /// A copy of the response that is already written to the client
     response_written: Option<Box<ResponseHeader>>,
+    /// Set by [`Self::hold_response_header_flush`]: the final response header is not flushed
+    /// on its own for lack of a `Content-Length`.
+    hold_header_flush: bool,
     /// The parsed request header
     request_header: Option<Box<RequestHeader>>,
     /// An internal buffer that holds a copy of the request body up to a certain size
@@ -185,6 +188,7 @@ impl HttpSession {
             keepalive_timeout: KeepaliveStatus::Off,
             update_resp_headers: true,
             response_written: None,
+            hold_header_flush: false,
             request_header: None,
             read_timeout: Some(Duration::from_secs(60)),
             write_timeout: None,
@@ -674,6 +678,12 @@ impl HttpSession {
             return Ok(());
         };
 
+        // a held flush applies to the final header only: a 1xx header is always flushed
+        let informational = header.status.is_informational();
+        let flush = flush && (informational || !self.hold_header_flush);
+        if !informational {
+            self.hold_header_flush = false;
+        }
         match self.underlying_stream.write_all(&write_buf).await {
             Ok(()) => {
                 // flush the stream if 1xx header or there is no response body
@@ -688,6 +698,15 @@ impl HttpSession {
             }
             Err(e) => Error::e_because(WriteError, "writing response header", e),
         }
+    }
+
+    /// The next final response header is not flushed on its own when it has no
+    /// `Content-Length` (by default it is, since such a response may be generated in real
+    /// time). For a caller that writes the first body chunk right after the header: the
+    /// chunk's write flushes both, in one send where they fit the connection's write buffer.
+    /// A caller that may wait before its first chunk must not use it.
+    pub fn hold_response_header_flush(&mut self) {
+        self.hold_header_flush = true;
     }
 
     /// Return the response header if it is already sent.
