@@ -333,8 +333,6 @@ impl Session {
         }
     }
 
-    /// Set the number of times the upstream connection connection for this
-    /// session can be reused via keepalive. Noop for h2 and subrequest
     /// The next final HTTP/1.x response header without `Content-Length` is not flushed on its
     /// own, for a caller that writes the first body chunk at once (it flushes both); see
     /// [`SessionV1::hold_response_header_flush`]. No-op for other sessions.
@@ -353,6 +351,8 @@ impl Session {
         }
     }
 
+    /// Set the number of times the upstream connection connection for this
+    /// session can be reused via keepalive. Noop for h2 and subrequest
     pub fn set_keepalive_reuses_remaining(&mut self, reuses: Option<u32>) {
         if let Self::H1(s) = self {
             s.set_keepalive_reuses_remaining(reuses);

@@ -122,15 +122,16 @@ impl HttpSession {
         // init body writer
         self.init_req_body_writer(&req);
 
-        let to_wire = http_req_header_to_wire(&req).ok_or_else(|| {
-            Error::explain(
-                InvalidHTTPHeader,
-                "request-line contains forbidden delimiter bytes or unsupported HTTP version",
-            )
-        })?;
+        let to_wire = request_header_to_wire(&req)?;
         trace!("Writing request header: {to_wire:?}");
+        self.send_request_head(req, &to_wire).await?;
+        Ok(to_wire.len())
+    }
 
-        let write_fut = self.underlying_stream.write_all(to_wire.as_ref());
+    /// Writes `wire` (the serialized `req`, possibly followed by its body) within the write
+    /// timeout, flushes it and records `req` as written.
+    async fn send_request_head(&mut self, req: Box<RequestHeader>, wire: &[u8]) -> Result<()> {
+        let write_fut = self.underlying_stream.write_all(wire);
         match self.write_timeout {
             Some(t) => match timeout(t, write_fut).await {
                 Ok(res) => res,
@@ -152,7 +153,7 @@ impl HttpSession {
 
         // write was successful
         self.request_written = Some(req);
-        Ok(to_wire.len())
+        Ok(())
     }
 
     /// Writes the request header and the whole request body in one send, where
@@ -176,40 +177,14 @@ impl HttpSession {
             }
             return Ok(n);
         }
-        let mut to_wire = http_req_header_to_wire(&req).ok_or_else(|| {
-            Error::explain(
-                InvalidHTTPHeader,
-                "request-line contains forbidden delimiter bytes or unsupported HTTP version",
-            )
-        })?;
+        let mut to_wire = request_header_to_wire(&req)?;
         let head_len = to_wire.len();
         trace!("Writing request header and a {}-byte body: {to_wire:?}", body.len());
         to_wire.extend_from_slice(body);
-
-        let write_fut = self.underlying_stream.write_all(to_wire.as_ref());
-        match self.write_timeout {
-            Some(t) => match timeout(t, write_fut).await {
-                Ok(res) => res,
-                Err(_) => Err(std::io::Error::from(ErrorKind::TimedOut)),
-            },
-            None => write_fut.await,
-        }
-        .map_err(|e| match e.kind() {
-            ErrorKind::TimedOut => Error::because(
-                WriteTimedout,
-                "while writing request headers and body (timeout)",
-                e,
-            ),
-            _ => Error::because(WriteError, "while writing request headers and body", e),
-        })?;
-        self.underlying_stream
-            .flush()
-            .await
-            .or_err(WriteError, "flushing request header and body")?;
+        self.send_request_head(req, &to_wire).await?;
 
         self.body_writer.body_mode = BodyMode::ContentLength(body.len(), body.len());
         self.bytes_sent += body.len();
-        self.request_written = Some(req);
         Ok(head_len)
     }
 
@@ -968,6 +943,16 @@ fn parse_resp_buffer<'buf>(
 #[inline]
 pub(crate) fn request_target_has_forbidden_byte(path: &[u8]) -> bool {
     path.iter().any(|&b| matches!(b, 0x00 | 0x0a | 0x0d | 0x20))
+}
+
+/// [`http_req_header_to_wire`], or the error for a request line it cannot write.
+fn request_header_to_wire(req: &RequestHeader) -> Result<BytesMut> {
+    http_req_header_to_wire(req).ok_or_else(|| {
+        Error::explain(
+            InvalidHTTPHeader,
+            "request-line contains forbidden delimiter bytes or unsupported HTTP version",
+        )
+    })
 }
 
 /// The largest body [`HttpSession::write_request_header_with_body`] copies behind the header
