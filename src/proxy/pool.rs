@@ -34,6 +34,22 @@ pub const MAX_IDLE: usize = 128;
 /// How often the sweeper checks idle connections for a close or an expired idle timeout.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
+/// The most bytes one read of an HTTP/1.x response body takes, and so the size of the
+/// buffer each upstream response is read into (the `set_body_read_size` of the patched
+/// pingora-core in `vendor/`; as released, 64 KiB). A held stream keeps this buffer while it
+/// waits for the next event, so it is most of what an idle stream costs; 16 KiB still takes
+/// a burst of 100 events in one read. nginx reads a proxied response into
+/// `proxy_buffer_size` (4 or 8 KiB, one memory page) when `proxy_buffering` is off.
+pub const UPSTREAM_BODY_READ_SIZE: usize = 16 * 1024;
+
+/// An HTTP/1.x client session on `stream` that reads response bodies
+/// [`UPSTREAM_BODY_READ_SIZE`] bytes at a time.
+fn h1_session(stream: Stream, peer: &HttpPeer) -> Http1Session {
+    let mut h1 = Http1Session::new_with_options(stream, peer);
+    h1.set_body_read_size(Some(UPSTREAM_BODY_READ_SIZE));
+    h1
+}
+
 /// One idle connection and when it stops being reusable.
 struct Idle {
     stream: Stream,
@@ -82,19 +98,17 @@ impl Connector {
     /// Pingora's connect errors (refused, timed out, TLS).
     pub async fn get_http_session(&self, peer: &HttpPeer) -> pingora::Result<(HttpSession, bool)> {
         if !h1_only(peer) {
-            return self.pingora.get_http_session(peer).await;
+            let (mut session, reused) = self.pingora.get_http_session(peer).await?;
+            if let HttpSession::H1(h1) = &mut session {
+                h1.set_body_read_size(Some(UPSTREAM_BODY_READ_SIZE));
+            }
+            return Ok((session, reused));
         }
         if let Some(stream) = self.take_idle(peer.reuse_hash()) {
-            return Ok((
-                HttpSession::H1(Http1Session::new_with_options(stream, peer)),
-                true,
-            ));
+            return Ok((HttpSession::H1(h1_session(stream, peer)), true));
         }
         let stream = self.transport.new_stream(peer).await?;
-        Ok((
-            HttpSession::H1(Http1Session::new_with_options(stream, peer)),
-            false,
-        ))
+        Ok((HttpSession::H1(h1_session(stream, peer)), false))
     }
 
     /// Gives `session` back for reuse (kept idle at most `idle_timeout`), or closes it when

@@ -231,7 +231,10 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                     let shutdown = shutdown.clone();
                     current_handle().spawn(async move {
                         let peer_addr = io.peer_addr();
-                        match timeout(Duration::from_secs(60), io.handshake()).await {
+                        // Boxed: the handshake's state (a TLS acceptor's) is only needed until
+                        // the handshake ends, but inline it would size this task for the whole
+                        // life of the connection.
+                        match timeout(Duration::from_secs(60), Box::pin(io.handshake())).await {
                             Ok(handshake) => {
                                 match handshake {
                                     Ok(io) => Self::handle_event(io, app, shutdown).await,

@@ -549,7 +549,10 @@ impl BodyReader {
                             .body_state
                             .partial_chunk_head(expecting_from_io, expecting_from_io);
                         let new_bytes = stream
-                            .take((self.body_buf_size - expecting_from_io) as u64)
+                            // A read size set below PARTIAL_CHUNK_HEAD_LIMIT can be shorter
+                            // than the partial head: read on, at least a byte at a time, until
+                            // the head completes or passes the limit.
+                            .take(self.body_buf_size.saturating_sub(expecting_from_io).max(1) as u64)
                             .read_buf(body_buf)
                             .await
                             .or_err(ReadError, "when reading body")?;

@@ -552,6 +552,15 @@ impl HttpSession {
         self.body_reader.body_done()
     }
 
+    /// Sets the most bytes one response body read takes, and so the size of the buffer a
+    /// response body is read into for the rest of the response (`None`: 64 KiB; at least 1).
+    /// Call it before the response body reader starts, i.e. before the response header is
+    /// read. A smaller buffer costs more reads for a large body; a held stream keeps the
+    /// buffer allocated while it waits for the next bytes.
+    pub fn set_body_read_size(&mut self, size: Option<usize>) {
+        self.body_reader.set_body_buf_size(size);
+    }
+
     pub fn set_allow_h1_response_invalid_content_length(&mut self, allow: bool) {
         self.allow_h1_response_invalid_content_length = allow;
     }
