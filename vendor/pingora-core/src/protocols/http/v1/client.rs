@@ -338,7 +338,9 @@ impl HttpSession {
                             return self.fail_response_header_read(e);
                         }
 
-                        let buf = std::mem::take(&mut self.response_header_read_buf).freeze();
+                        let read_buf = std::mem::take(&mut self.response_header_read_buf);
+                        let allocated = read_buf.capacity();
+                        let buf = compact_head(read_buf, allocated);
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);

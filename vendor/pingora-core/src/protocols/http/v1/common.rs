@@ -31,6 +31,23 @@ pub(super) const MAX_HEADER_SIZE: usize = 1048575;
 
 pub(crate) const BODY_BUF_LIMIT: usize = 1024 * 64;
 
+/// Spare room in a header read buffer past which [`compact_head`] copies the head out.
+pub(super) const COMPACT_HEAD_SLACK: usize = 1024;
+
+/// The bytes of a parsed message head (and whatever was read with it) as the `Bytes` the
+/// session keeps for the rest of the message: header names and values are zero-copy slices
+/// of it. `allocated` is the size of the buffer the head was read into. When that is at
+/// least [`COMPACT_HEAD_SLACK`] more than `head`, the head is copied into an allocation of
+/// its own, so a message that lasts (a held stream) does not keep the whole read buffer
+/// ([`INIT_HEADER_BUF_SIZE`] or more) for a few hundred bytes of head.
+pub(super) fn compact_head(head: bytes::BytesMut, allocated: usize) -> bytes::Bytes {
+    if allocated.saturating_sub(head.len()) >= COMPACT_HEAD_SLACK {
+        bytes::Bytes::copy_from_slice(&head)
+    } else {
+        head.freeze()
+    }
+}
+
 pub const CRLF: &[u8; 2] = b"\r\n";
 /// The empty line that terminates a message's header section.
 pub(super) const HEADER_SECTION_END: &[u8; 4] = b"\r\n\r\n";

@@ -369,6 +369,8 @@ impl HttpSession {
                         // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
                         // allows body parsing and subsequent pipelined sessions to continue
                         // splitting the same allocation instead of copying the shrinking suffix.
+                        // Before split_off, which leaves `buf` the capacity of the head only.
+                        let allocated = buf.capacity();
                         let preread_body = if s == buf.len() {
                             // Keep the common no-body/no-overread path on BytesMut's Vec-backed
                             // representation. split_off() would promote it to shared storage.
@@ -384,7 +386,7 @@ impl HttpSession {
                             }
                             rest
                         };
-                        let buf = buf.freeze();
+                        let buf = compact_head(buf, allocated);
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);
