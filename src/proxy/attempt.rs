@@ -476,15 +476,23 @@ fn dialect_body(
 pub(super) struct Ready<'r>(Box<ReadyParts<'r>>);
 
 /// The parts of a [`Ready`].
-struct ReadyParts<'r> {
+pub(super) struct ReadyParts<'r> {
     /// The upstream exchange, its response head read.
-    up: UpstreamSession,
+    pub(super) up: UpstreamSession,
     /// Where it goes back to the pool.
-    peer: pingora::upstreams::peer::HttpPeer,
+    pub(super) peer: pingora::upstreams::peer::HttpPeer,
     /// The hop's timeouts.
-    timeouts: HopTimeouts,
+    pub(super) timeouts: HopTimeouts,
     /// What is held.
-    body: ReadyBody<'r>,
+    pub(super) body: ReadyBody<'r>,
+}
+
+impl<'r> ReadyParts<'r> {
+    /// The parts moved out of `parts`, whose box is freed on return (a `*parts` in the
+    /// caller would free it only when `parts` goes out of scope: for a stream, at its end).
+    pub(super) fn take(parts: Box<Self>) -> Self {
+        *parts
+    }
 }
 
 /// What a [`Ready`] attempt holds beside its head.
@@ -492,7 +500,7 @@ struct ReadyParts<'r> {
     clippy::large_enum_variant,
     reason = "built once in the pre-commit, inside the Ready's one box"
 )]
-enum ReadyBody<'r> {
+pub(super) enum ReadyBody<'r> {
     /// A stream up to its first data event.
     Stream(pump::Held<'r>),
     /// A non-streaming answer: its body is read whole at the commit, in this coding.
@@ -578,26 +586,38 @@ pub(super) async fn commit(
 ) -> Attempt {
     let route = candidates[served].route;
     let rest = &candidates[served + 1..];
+    let parts = ready.0;
+    if matches!(parts.body, ReadyBody::Stream(_)) {
+        // The parts go to the stream's own boxed future whole and are moved out of their box
+        // there: nothing of them stays in this future, nor the box on the heap, for the
+        // stream's life.
+        return Box::pin(pump::stream(
+            connector, session, ctx, req, model, route, rest, parts,
+        ))
+        .await;
+    }
+    Box::pin(commit_unary(connector, session, ctx, route, parts)).await
+}
+
+/// [`commit`] of a non-streaming answer: its parts are moved out here, in a boxed future of
+/// their own, so that they are not part of [`commit`]'s future, which every held stream keeps.
+async fn commit_unary(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    parts: Box<ReadyParts<'_>>,
+) -> Attempt {
     let ReadyParts {
         up,
         peer,
         timeouts,
         body,
-    } = *ready.0;
-    match body {
-        ReadyBody::Stream(held) => {
-            Box::pin(pump::stream(
-                connector, session, ctx, req, model, route, rest, &peer, up, timeouts, held,
-            ))
-            .await
-        }
-        ReadyBody::Unary(coding) => {
-            Box::pin(unary::unary(
-                connector, session, ctx, route, &peer, up, timeouts, coding,
-            ))
-            .await
-        }
-    }
+    } = ReadyParts::take(parts);
+    let ReadyBody::Unary(coding) = body else {
+        unreachable!("attempt::commit streams a stream's parts")
+    };
+    unary::unary(connector, session, ctx, route, &peer, up, timeouts, coding).await
 }
 
 /// The pre-commit phase of one attempt against one route: connect (a stale pooled

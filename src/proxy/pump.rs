@@ -17,6 +17,7 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
+use super::attempt::{ReadyBody, ReadyParts};
 use super::continuation;
 use super::ctx::RequestCtx;
 use super::pipe::{PipeError, StreamPipe};
@@ -224,17 +225,26 @@ pub(super) async fn stream(
     model: &Model,
     route: &Route,
     rest: &[Candidate<'_>],
-    peer: &pingora::upstreams::peer::HttpPeer,
-    mut up: UpstreamSession,
-    timeouts: HopTimeouts,
-    held: Held<'_>,
+    parts: Box<ReadyParts<'_>>,
 ) -> Attempt {
-    let Held {
-        mut pipe,
-        ended,
-        first_event_deadline,
-        first_event_at,
-    } = held;
+    // Moved out of their box in one statement: the box is freed at once, and only these
+    // locals (not also the parts, the box or a `Held`) are part of the stream's future.
+    let ReadyParts {
+        mut up,
+        peer,
+        timeouts,
+        body:
+            ReadyBody::Stream(Held {
+                mut pipe,
+                ended,
+                first_event_deadline,
+                first_event_at,
+            }),
+    } = ReadyParts::take(parts)
+    else {
+        unreachable!("attempt::commit streams only a stream's parts")
+    };
+    let peer = &peer;
     if first_event_at.is_some() {
         ctx.outcome.upstream_first_event = first_event_at;
     }
