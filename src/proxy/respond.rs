@@ -21,7 +21,8 @@ pub async fn write_json(
     body: Vec<u8>,
     extra_headers: &[(&'static str, String)],
 ) -> pingora::Result<()> {
-    let mut h = ResponseHeader::build(status, Some(6))?;
+    // Without Pingora's case map, as in `proxied_head`.
+    let mut h = ResponseHeader::build_no_case(status, Some(6))?;
     h.insert_header("content-type", "application/json")?;
     h.insert_header("content-length", body.len().to_string())?;
     h.insert_header("x-request-id", &ctx.request_id)?;
@@ -92,7 +93,9 @@ pub fn proxied_head(
     content_length: Option<usize>,
     provider: &str,
 ) -> pingora::Result<ResponseHeader> {
-    let mut h = ResponseHeader::build(status, Some(8))?;
+    // Without Pingora's case map: every name here is lowercase, which is what goes on the
+    // wire either way, and the map would be one more allocation kept for the stream's life.
+    let mut h = ResponseHeader::build_no_case(status, Some(8))?;
     if stream {
         h.insert_header("content-type", "text/event-stream; charset=utf-8")?;
         h.insert_header("cache-control", "no-cache")?;
