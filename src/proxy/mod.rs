@@ -91,18 +91,20 @@ impl Gateway {
 
 #[async_trait]
 impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
+    /// Boxed: Pingora keeps the context in each request's future twice over (as the argument
+    /// of `process_request` and as its local, ~1 KiB each, for the life of a held stream).
+    type CTX = Box<RequestCtx>;
 
-    fn new_ctx(&self) -> RequestCtx {
+    fn new_ctx(&self) -> Box<RequestCtx> {
         // The first hook after the request head: its deadline is met.
         connection::head_complete();
-        RequestCtx::new(self.config.snapshot())
+        Box::new(RequestCtx::new(self.config.snapshot()))
     }
 
     async fn early_request_filter(
         &self,
         session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         ctx.request_id = ctx::request_id(
             session
@@ -123,7 +125,7 @@ impl ProxyHttp for Gateway {
     async fn request_filter(
         &self,
         session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<bool> {
         // Hostile input first, before authentication: head limits, per-IP rate.
         if edge::refuse(session, ctx).await {
@@ -148,7 +150,7 @@ impl ProxyHttp for Gateway {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<Box<HttpPeer>> {
         match ctx.passthrough.as_mut() {
             Some(p) => crate::passthrough::serve::peer(p),
@@ -164,7 +166,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
         e: Box<Error>,
     ) -> Box<Error> {
         match ctx.passthrough.as_ref() {
@@ -178,7 +180,7 @@ impl ProxyHttp for Gateway {
         peer: &HttpPeer,
         session: &mut Session,
         e: Box<Error>,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
         client_reused: bool,
     ) -> Box<Error> {
         crate::passthrough::serve::proxy_failed(
@@ -194,7 +196,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         upstream_request: &mut RequestHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         match ctx.passthrough.as_ref() {
             Some(p) => crate::passthrough::serve::upstream_request(session, p, upstream_request),
@@ -207,7 +209,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         body: &mut Option<Bytes>,
         _end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         crate::passthrough::serve::request_body(ctx, body.as_ref(), session.was_upgraded())
     }
@@ -216,7 +218,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
         if ctx.passthrough.is_some() {
             return crate::passthrough::serve::fail(session, ctx, e).await;
@@ -242,14 +244,19 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    fn suppress_error_log(&self, _session: &Session, ctx: &RequestCtx, _error: &Error) -> bool {
+    fn suppress_error_log(
+        &self,
+        _session: &Session,
+        ctx: &Box<RequestCtx>,
+        _error: &Error,
+    ) -> bool {
         // A client that leaves is normal traffic: counted and access-logged, not an ERROR;
         // so is a passthrough request refused for its body (413, 408).
         ctx.outcome.label == "client_abort"
             || (ctx.passthrough.is_some() && ctx.outcome.label == "rejected")
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         if ctx.passthrough.is_some() {
             crate::passthrough::log::record(session, e, ctx);
             return;
