@@ -473,10 +473,15 @@ fn dialect_body(
 /// Boxed: the upstream session and the held event are ~2.3 KiB, and a `Ready` is moved
 /// through the pre-commit, the hedge race and into the commit; every future that holds one
 /// across an `.await` would otherwise carry those bytes, and every move would copy them.
-pub(super) struct Ready<'r>(Box<ReadyParts<'r>>);
+pub(super) enum Ready<'r> {
+    /// A stream, up to its first data event.
+    Stream(Box<ReadyParts<pump::Held<'r>>>),
+    /// A non-streaming answer: its body is read whole at the commit, in this coding.
+    Unary(Box<ReadyParts<ContentCoding>>),
+}
 
-/// The parts of a [`Ready`].
-pub(super) struct ReadyParts<'r> {
+/// The parts of a [`Ready`], with what it holds beside its head (`B`).
+pub(super) struct ReadyParts<B> {
     /// The upstream exchange, its response head read.
     pub(super) up: UpstreamSession,
     /// Where it goes back to the pool.
@@ -484,33 +489,25 @@ pub(super) struct ReadyParts<'r> {
     /// The hop's timeouts.
     pub(super) timeouts: HopTimeouts,
     /// What is held.
-    pub(super) body: ReadyBody<'r>,
+    pub(super) body: B,
 }
 
-impl<'r> ReadyParts<'r> {
+impl<B> ReadyParts<B> {
     /// The parts moved out of `parts`, whose box is freed on return (a `*parts` in the
     /// caller would free it only when `parts` goes out of scope: for a stream, at its end).
+    #[expect(
+        clippy::boxed_local,
+        reason = "the box is the point: it arrives boxed and is freed here, not later"
+    )]
     pub(super) fn take(parts: Box<Self>) -> Self {
         *parts
     }
 }
 
-/// What a [`Ready`] attempt holds beside its head.
-#[expect(
-    clippy::large_enum_variant,
-    reason = "built once in the pre-commit, inside the Ready's one box"
-)]
-pub(super) enum ReadyBody<'r> {
-    /// A stream up to its first data event.
-    Stream(pump::Held<'r>),
-    /// A non-streaming answer: its body is read whole at the commit, in this coding.
-    Unary(ContentCoding),
-}
-
 impl Ready<'_> {
     /// Whether this is a stream committed early (`early_commit_after_ms`), before any event.
     pub(super) fn early_committed(&self) -> bool {
-        matches!(&self.0.body, ReadyBody::Stream(h) if h.first_event_at.is_none())
+        matches!(self, Ready::Stream(p) if p.body.first_event_at.is_none())
     }
 }
 
@@ -586,17 +583,18 @@ pub(super) async fn commit(
 ) -> Attempt {
     let route = candidates[served].route;
     let rest = &candidates[served + 1..];
-    let parts = ready.0;
-    if matches!(parts.body, ReadyBody::Stream(_)) {
+    match ready {
         // The parts go to the stream's own boxed future whole and are moved out of their box
         // there: nothing of them stays in this future, nor the box on the heap, for the
         // stream's life.
-        return Box::pin(pump::stream(
-            connector, session, ctx, req, model, route, rest, parts,
-        ))
-        .await;
+        Ready::Stream(parts) => {
+            Box::pin(pump::stream(
+                connector, session, ctx, req, model, route, rest, parts,
+            ))
+            .await
+        }
+        Ready::Unary(parts) => Box::pin(commit_unary(connector, session, ctx, route, parts)).await,
     }
-    Box::pin(commit_unary(connector, session, ctx, route, parts)).await
 }
 
 /// [`commit`] of a non-streaming answer: its parts are moved out here, in a boxed future of
@@ -606,17 +604,14 @@ async fn commit_unary(
     session: &mut Session,
     ctx: &mut RequestCtx,
     route: &Route,
-    parts: Box<ReadyParts<'_>>,
+    parts: Box<ReadyParts<ContentCoding>>,
 ) -> Attempt {
     let ReadyParts {
         up,
         peer,
         timeouts,
-        body,
+        body: coding,
     } = ReadyParts::take(parts);
-    let ReadyBody::Unary(coding) = body else {
-        unreachable!("attempt::commit streams a stream's parts")
-    };
     unary::unary(connector, session, ctx, route, &peer, up, timeouts, coding).await
 }
 
@@ -818,19 +813,22 @@ pub(super) async fn prepare<'r>(
             ));
         }
     };
-    let body = if req.stream {
-        phase.set(2);
-        ReadyBody::Stream(
-            pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?,
-        )
-    } else {
-        ReadyBody::Unary(coding)
-    };
-    Ok(Ready(Box::new(ReadyParts {
+    let peer = target.peer;
+    if !req.stream {
+        return Ok(Ready::Unary(Box::new(ReadyParts {
+            up,
+            peer,
+            timeouts,
+            body: coding,
+        })));
+    }
+    phase.set(2);
+    let held = pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?;
+    Ok(Ready::Stream(Box::new(ReadyParts {
         up,
-        peer: target.peer,
+        peer,
         timeouts,
-        body,
+        body: held,
     })))
 }
 

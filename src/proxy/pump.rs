@@ -17,7 +17,7 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
-use super::attempt::{ReadyBody, ReadyParts};
+use super::attempt::ReadyParts;
 use super::continuation;
 use super::ctx::RequestCtx;
 use super::pipe::{PipeError, StreamPipe};
@@ -225,7 +225,7 @@ pub(super) async fn stream(
     model: &Model,
     route: &Route,
     rest: &[Candidate<'_>],
-    parts: Box<ReadyParts<'_>>,
+    parts: Box<ReadyParts<Held<'_>>>,
 ) -> Attempt {
     // Moved out of their box in one statement: the box is freed at once, and only these
     // locals (not also the parts, the box or a `Held`) are part of the stream's future.
@@ -234,16 +234,13 @@ pub(super) async fn stream(
         peer,
         timeouts,
         body:
-            ReadyBody::Stream(Held {
+            Held {
                 mut pipe,
                 ended,
                 first_event_deadline,
                 first_event_at,
-            }),
-    } = ReadyParts::take(parts)
-    else {
-        unreachable!("attempt::commit streams only a stream's parts")
-    };
+            },
+    } = ReadyParts::take(parts);
     let peer = &peer;
     if first_event_at.is_some() {
         ctx.outcome.upstream_first_event = first_event_at;
