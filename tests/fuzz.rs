@@ -510,7 +510,8 @@ fn check_chat(body: &[u8], header: Option<&[u8]>, config: &Config) -> Result<(),
             prop_assert_eq!(v["stream"].as_bool().unwrap_or(false), req.stream);
             prop_assert!(v["messages"].as_array().is_some_and(|a| !a.is_empty()));
             prop_assert!(
-                !req.body.contains_key("provider"),
+                req.payload()
+                    .is_some_and(|p| !p.body.contains_key("provider")),
                 "provider is not forwarded"
             );
             if let Some(p) = &req.preference {

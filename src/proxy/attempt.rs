@@ -433,6 +433,11 @@ fn dialect_body(
     route: &Route,
 ) -> Result<Vec<u8>, GatewayError> {
     let upstream = route.dialect();
+    // Nothing is sent after the commit that releases the payload; a stream that continues
+    // after a break (`continue_on_break`) keeps it.
+    let payload = req
+        .payload()
+        .ok_or_else(|| GatewayError::Internal(super::request::released().to_string()))?;
     if req.dialect == upstream {
         // Metering: a Chat stream always asks for the final usage chunk (stripped from the
         // client's stream when it did not ask; see `StreamPipe`).
@@ -443,7 +448,7 @@ fn dialect_body(
             && upstream == Dialect::ChatCompletions
             && route.provider.stream_usage;
         return providers::passthrough_body_placed(
-            &req.body,
+            &payload.body,
             &route.upstream_model,
             ask_usage,
             providers::model_placement(route),
@@ -457,7 +462,7 @@ fn dialect_body(
             GatewayError::Internal(e.to_string())
         }
     };
-    let canonical = req.canonical().map_err(refused)?;
+    let canonical = payload.canonical().map_err(refused)?;
     let opts = protocol::UpstreamOptions {
         model: &route.upstream_model,
         default_max_tokens: model.default_max_tokens,

@@ -156,9 +156,11 @@ pub(super) async fn resume<'r>(
         ));
     }
     let text = transcript.text().to_string();
-    let canonical = match req.canonical() {
-        Ok(c) => c,
-        Err(_) => {
+    // A model that continues after a break keeps the payload past the commit.
+    let payload = req.payload();
+    let canonical = match payload.as_deref().map(super::request::Payload::canonical) {
+        Some(Ok(c)) => c,
+        Some(Err(_)) | None => {
             return Err(refuse(
                 ctx,
                 "unsupported",

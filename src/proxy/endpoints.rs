@@ -204,8 +204,10 @@ fn body_aborted(ctx: &RequestCtx, reason: &'static str) {
 ///
 /// Order: authenticate (head), the tenant-wide concurrency slot (head, before any body byte
 /// is buffered), the body (bounded in size, in global buffer bytes and in time), parse,
-/// the rest of admission, the attempt loop. The body's buffer reservation is held until the
-/// attempt loop ends, since the parsed request is replayed to every candidate.
+/// the rest of admission, the attempt loop. The body's buffer reservation is held with the
+/// parsed request, which is replayed to every candidate: until a stream commits (nothing is
+/// replayed after it; see [`InferenceRequest::release_payload`](request::InferenceRequest::release_payload)),
+/// else to the end of the attempt loop.
 async fn infer(
     gw: &Gateway,
     session: &mut Session,
@@ -224,10 +226,7 @@ async fn infer(
         .headers
         .get(PREFERENCE_HEADER)
         .map(|v| v.as_bytes().to_vec());
-    let request::HeldBody {
-        bytes,
-        reservation: _reservation,
-    } = held;
+    let request::HeldBody { bytes, reservation } = held;
     let mut req = match dialect {
         Dialect::ChatCompletions => request::parse_chat(&bytes, pref_header.as_deref(), &config)?,
         d => request::parse_dialect(d, &bytes, pref_header.as_deref(), &config)?,
@@ -238,9 +237,10 @@ async fn infer(
         .get("anthropic-beta")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    // The raw bytes go; their reservation stays (to the end of this function) for the
-    // parsed copy every attempt serializes from.
+    // The raw bytes go; their reservation stays with the parsed copy every attempt
+    // serializes from, released with it (at a stream's commit, else at the end).
     drop(bytes);
+    req.hold_reservation(reservation);
     ctx.standard_model = Some(req.model.clone());
     ctx.stream = req.stream;
     let model = config
@@ -311,15 +311,17 @@ async fn infer(
                 return Err(e.into());
             }
         };
-    let affinity = routing::affinity::for_request(
-        model,
-        &caller.tenant,
-        &session.req_header().headers,
-        &req.body,
-        req.canonical.get().and_then(|c| c.as_ref().ok()),
-        req.preference.as_ref(),
-        &mut candidates,
-    );
+    let affinity = req.payload().and_then(|p| {
+        routing::affinity::for_request(
+            model,
+            &caller.tenant,
+            &session.req_header().headers,
+            &p.body,
+            p.decoded(),
+            req.preference.as_ref(),
+            &mut candidates,
+        )
+    });
     ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
     let result = attempt::run(
         &gw.connector,

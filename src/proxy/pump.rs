@@ -4,7 +4,8 @@
 //! event and duration limits, coalesced writes and client-disconnect detection. After the
 //! commit a failure ends the stream with the client's in-stream error event, unless the
 //! model opted in to mid-stream continuation ([`super::continuation`]), which may splice the
-//! rest of the answer from the next candidate into the same stream first.
+//! rest of the answer from the next candidate into the same stream first. At the commit the
+//! request's parsed body is released (nothing is replayed after it; continuation keeps it).
 //!
 //! The pump names no provider kind and no dialect module: the pipe holds the
 //! [`crate::protocol::StreamTranslator`] (or nothing, on the same-dialect fast path).
@@ -281,6 +282,15 @@ pub(super) async fn stream(
         }
     }
     ctx.downstream_committed = true;
+    // Nothing is sent upstream again (fallback ends at the commit), so the parsed body and
+    // its buffer reservation go now, not at the stream's end; a model that continues after
+    // a break (`continue_on_break`) re-encodes it for the next route and keeps it. The
+    // input estimate is taken first (bounded) if the stream may end without the provider's
+    // input figure, or a cancelled hedge is to be metered with it.
+    if !model.continue_on_break {
+        let input_known = pipe.usage.is_some_and(|u| u.input_tokens > 0);
+        req.release_payload(!input_known || !ctx.cancelled_hedges.is_empty());
+    }
     if !first.is_empty() {
         // The first events are written right after the head, and their write flushes both:
         // one send instead of two where they fit the connection's write buffer (the patched

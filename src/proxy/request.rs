@@ -12,10 +12,16 @@
 //! announce large bodies cannot lock other clients out. A body whose announced size
 //! cannot fit in what is left of the bound right now is refused at its head (before
 //! `100 Continue`), without reserving anything.
+//!
+//! The parsed body and its reservation live in the request's [`Payload`], which a stream
+//! lets go of at its commit ([`InferenceRequest::release_payload`]): nothing is replayed
+//! after the first byte, so a held stream keeps neither its prompt nor its share of the
+//! bound (unless its model continues after a break, which re-encodes the request).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::{Map, Value};
@@ -193,20 +199,16 @@ fn grown_capacity(capacity: usize, need: usize, cap: usize) -> usize {
         .min(cap.max(need))
 }
 
-/// A parsed inference request, in any client dialect.
+/// A parsed inference request, in any client dialect: what routing, admission and the
+/// stream need (small, kept for the request's life) and its [`Payload`] (the parsed body,
+/// replayed to every attempt and released once it can no longer be replayed: see
+/// [`release_payload`](Self::release_payload)).
 #[derive(Debug)]
 pub struct InferenceRequest {
     /// The wire API the client spoke (chosen by the endpoint).
     pub dialect: Dialect,
-    /// The request object as sent (forwarded with `model` replaced per attempt when the
-    /// upstream speaks the client's dialect; empty for Responses, which no upstream speaks).
-    pub body: Map<String, Value>,
-    /// The canonical request, decoded once per request (not per attempt) for translation:
-    /// at parse time for Messages and Responses, on the first translated attempt for Chat
-    /// Completions (an OpenAI-compatible route forwards `body` and never needs it, nor
-    /// refuses what only another dialect cannot carry). Read it with
-    /// [`canonical`](Self::canonical).
-    pub canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
+    /// The parsed body, until it is released.
+    payload: ArcSwapOption<Payload>,
     /// The client's `anthropic-beta` header, forwarded to Anthropic and Claude on Vertex AI
     /// (the header) and to Claude on Bedrock (the body member `anthropic_beta`).
     pub anthropic_beta: Option<String>,
@@ -228,30 +230,47 @@ pub struct InferenceRequest {
     /// The input-token estimate, computed on first use: read it with
     /// [`estimated_input_tokens`](Self::estimated_input_tokens).
     input_estimate: OnceLock<u64>,
+    /// What the estimate counts, kept in place of a released payload when the estimate may
+    /// still be asked for ([`release_payload`](Self::release_payload)).
+    input_sample: OnceLock<protocol::tokens::TextSample>,
 }
 
-impl InferenceRequest {
-    /// The request's input tokens as estimated with the `o200k_base` tokenizer (see
-    /// [`protocol::tokens::estimate_input_tokens`]), computed on the first call and cached:
-    /// at most once per request, and only for what needs it (token rate limits, budgets,
-    /// `lowest_cost` routing, the input figure of an answer without the provider's usage).
-    /// Tokenizing is far dearer than relaying a short request, so nothing computes it
-    /// unasked.
-    ///
-    /// A Chat Completions body is estimated through its canonical request (the one already
-    /// decoded for a translated attempt, else a temporary one, so that an
-    /// OpenAI-compatible route does not keep a second copy of the request); one over
-    /// [`CANONICAL_ESTIMATE_BYTES`], or one the protocol layer refuses (it may still go as
-    /// is to an OpenAI-compatible route), from the parsed JSON in place
-    /// ([`estimate_json_tokens`]).
-    pub fn estimated_input_tokens(&self) -> u64 {
-        *self
-            .input_estimate
-            .get_or_init(|| match self.canonical.get() {
-                Some(Ok(c)) => protocol::tokens::estimate_input_tokens(c),
-                Some(Err(_)) => estimate_json_tokens(&self.body),
-                None => estimate_chat_input(self.body_bytes, &self.body),
-            })
+/// What of a request every attempt is built from: the parsed body and its canonical form,
+/// with the share of `server.max_buffered_request_bytes` that accounts for them. Shared
+/// (`Arc`) so that an attempt serializes from it without a lock, and freed, reservation
+/// and all, when the request lets go of it and the last attempt that read it is done.
+#[derive(Debug)]
+pub struct Payload {
+    /// The client's dialect (what `body` is decoded as).
+    dialect: Dialect,
+    /// The request object as sent (forwarded with `model` replaced per attempt when the
+    /// upstream speaks the client's dialect; empty for Responses, which no upstream speaks).
+    pub body: Map<String, Value>,
+    /// The canonical request, decoded once per request (not per attempt) for translation:
+    /// at parse time for Messages and Responses, on the first translated attempt for Chat
+    /// Completions (an OpenAI-compatible route forwards `body` and never needs it, nor
+    /// refuses what only another dialect cannot carry). Read it with
+    /// [`canonical`](Self::canonical).
+    canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
+    /// The body's buffer reservation ([`InferenceRequest::hold_reservation`]), released with
+    /// the payload.
+    reservation: OnceLock<BufferReservation>,
+}
+
+impl Payload {
+    /// The payload slot of a request of `dialect` whose parsed body is `body` (and
+    /// `canonical`, when decoded at parse time).
+    fn slot(
+        dialect: Dialect,
+        body: Map<String, Value>,
+        canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
+    ) -> ArcSwapOption<Payload> {
+        ArcSwapOption::from_pointee(Payload {
+            dialect,
+            body,
+            canonical,
+            reservation: OnceLock::new(),
+        })
     }
 
     /// The canonical request, decoded from `body` on first use.
@@ -267,6 +286,108 @@ impl InferenceRequest {
             })
             .as_ref()
     }
+
+    /// The canonical request if it was decoded already (never decodes).
+    pub fn decoded(&self) -> Option<&protocol::Request> {
+        self.canonical.get().and_then(|c| c.as_ref().ok())
+    }
+
+    /// The input-token estimate of this body ([`protocol::tokens::estimate_input_tokens`]).
+    /// A Chat Completions body is estimated through its canonical request (the one already
+    /// decoded for a translated attempt, else a temporary one, so that an OpenAI-compatible
+    /// route does not keep a second copy of the request); one over
+    /// [`CANONICAL_ESTIMATE_BYTES`], or one the protocol layer refuses (it may still go as is
+    /// to an OpenAI-compatible route), from the parsed JSON in place
+    /// ([`estimate_json_tokens`]).
+    fn estimate(&self, body_bytes: usize) -> u64 {
+        match self.canonical.get() {
+            Some(Ok(c)) => protocol::tokens::estimate_input_tokens(c),
+            Some(Err(_)) => estimate_json_tokens(&self.body),
+            None => estimate_chat_input(body_bytes, &self.body),
+        }
+    }
+
+    /// What the estimate counts of this body, with at most about `budget_bytes` of its text
+    /// kept ([`protocol::tokens::TextSample`]): from the canonical request where it was
+    /// decoded, else from the parsed JSON ([`sample_json`]).
+    fn sample(&self, budget_bytes: usize) -> protocol::tokens::TextSample {
+        let mut sample = protocol::tokens::TextSample::new(budget_bytes);
+        match self.canonical.get() {
+            Some(Ok(c)) => protocol::tokens::sample_input(c, &mut sample),
+            Some(Err(_)) | None => sample_json(&self.body, &mut sample),
+        }
+        sample.shrink_to_fit();
+        sample
+    }
+}
+
+impl InferenceRequest {
+    /// The parsed body, `None` once released ([`release_payload`](Self::release_payload)):
+    /// after a stream's commit, where no attempt is made any more (mid-stream continuation,
+    /// which makes one, keeps it).
+    pub fn payload(&self) -> Option<Arc<Payload>> {
+        self.payload.load_full()
+    }
+
+    /// Makes `reservation` (the body's share of `server.max_buffered_request_bytes`) live
+    /// as long as the payload: released with it. A second reservation is dropped at once.
+    pub fn hold_reservation(&self, reservation: BufferReservation) {
+        if let Some(p) = self.payload.load().as_ref() {
+            let _ = p.reservation.set(reservation);
+        }
+    }
+
+    /// Lets go of the payload (the parsed body, its canonical form and their buffer
+    /// reservation), for a stream that committed: nothing will be sent upstream again, so
+    /// the body is not kept for the stream's life (for a 32 KiB prompt, ~32 KiB of a held
+    /// stream's memory and 64 KiB of the global request-buffer bound).
+    ///
+    /// When the input estimate may still be asked for (`estimate_needed`: the provider has
+    /// not reported the input tokens yet, or a cancelled hedge is to be metered) and was not
+    /// computed already (budgets, token limits and `lowest_cost` routing compute it whole),
+    /// a [`TextSample`](protocol::tokens::TextSample) of the body is kept in its place: at
+    /// most [`RELEASE_SAMPLE_BYTES`](protocol::tokens::RELEASE_SAMPLE_BYTES) of its text,
+    /// copied, not tokenized; the tokenizer runs over it only if the estimate is asked for.
+    pub fn release_payload(&self, estimate_needed: bool) {
+        if estimate_needed && self.input_estimate.get().is_none() {
+            if let Some(p) = self.payload.load().as_ref() {
+                let _ = self
+                    .input_sample
+                    .set(p.sample(protocol::tokens::RELEASE_SAMPLE_BYTES));
+            }
+        }
+        self.payload.store(None);
+    }
+
+    /// The request's input tokens as estimated with the `o200k_base` tokenizer (see
+    /// [`protocol::tokens::estimate_input_tokens`]), computed on the first call and cached:
+    /// at most once per request, and only for what needs it (token rate limits, budgets,
+    /// `lowest_cost` routing, the input figure of an answer without the provider's usage).
+    /// Tokenizing is far dearer than relaying a short request (~1 ms for 32 KiB of prose),
+    /// so nothing computes it unasked. See [`Payload::estimate`] for how each dialect's body
+    /// is counted.
+    ///
+    /// After the payload was released, the figure is counted from the sample kept in its
+    /// place ([`release_payload`](Self::release_payload)); without one (the provider had
+    /// reported the input, so none should be asked for), it is the body's size at four bytes
+    /// a token.
+    pub fn estimated_input_tokens(&self) -> u64 {
+        *self.input_estimate.get_or_init(|| {
+            if let Some(p) = self.payload.load().as_ref() {
+                return p.estimate(self.body_bytes);
+            }
+            self.input_sample.get().map_or(
+                (self.body_bytes / 4) as u64,
+                protocol::tokens::TextSample::tokens,
+            )
+        })
+    }
+}
+
+/// The error of reading a payload that was released (a bug: nothing reads it after the
+/// commit that releases it).
+pub fn released() -> protocol::ProtocolError {
+    protocol::ProtocolError::InvalidUpstream("the request body was released".into())
 }
 
 /// Parses and validates a chat request body.
@@ -349,8 +470,7 @@ pub fn parse_chat(
     };
     Ok(InferenceRequest {
         dialect: Dialect::ChatCompletions,
-        body: map,
-        canonical: OnceLock::new(),
+        payload: Payload::slot(Dialect::ChatCompletions, map, OnceLock::new()),
         anthropic_beta: None,
         model,
         stream,
@@ -360,6 +480,7 @@ pub fn parse_chat(
         models,
         body_bytes: body.len(),
         input_estimate: OnceLock::new(),
+        input_sample: OnceLock::new(),
     })
 }
 
@@ -415,17 +536,17 @@ pub fn parse_dialect(
     let needs = canonical_needs(&canonical);
     Ok(InferenceRequest {
         dialect,
-        body: map,
         model: canonical.model.clone(),
         stream: canonical.stream,
         include_usage: canonical.include_usage,
-        canonical: OnceLock::from(Ok(canonical)),
+        payload: Payload::slot(dialect, map, OnceLock::from(Ok(canonical))),
         anthropic_beta: None,
         needs,
         preference,
         models,
         body_bytes: body.len(),
         input_estimate: OnceLock::new(),
+        input_sample: OnceLock::new(),
     })
 }
 
@@ -488,61 +609,47 @@ fn estimate_chat_input(body_bytes: usize, map: &Map<String, Value>) -> u64 {
 }
 
 /// Tokens of every string value of a Chat request's `messages` and `tools` (keys and
-/// syntax not counted): a `data:` URL counts as an image
-/// ([`IMAGE_TOKENS`](protocol::tokens::IMAGE_TOKENS)) or a PDF
-/// ([`PDF_TOKENS`](protocol::tokens::PDF_TOKENS)), plus the framing tokens per message.
-/// At most [`ESTIMATE_TEXT_BUDGET_BYTES`] of text are tokenized; later text is counted at
-/// the tokens per byte seen so far.
+/// syntax not counted; see [`sample_json`]), with at most [`ESTIMATE_TEXT_BUDGET_BYTES`] of
+/// text tokenized; later text is counted at the tokens per byte of the text tokenized.
 fn estimate_json_tokens(map: &Map<String, Value>) -> u64 {
+    let mut sample = protocol::tokens::TextSample::new(ESTIMATE_TEXT_BUDGET_BYTES);
+    sample_json(map, &mut sample);
+    sample.tokens()
+}
+
+/// Adds what the estimate counts of a Chat request's parsed JSON to `sample`: every string
+/// value of its `messages` and `tools` as text (keys and syntax not counted), a `data:` URL
+/// as an image ([`IMAGE_TOKENS`](protocol::tokens::IMAGE_TOKENS)) or a PDF
+/// ([`PDF_TOKENS`](protocol::tokens::PDF_TOKENS)), plus the framing tokens per message.
+fn sample_json(map: &Map<String, Value>, sample: &mut protocol::tokens::TextSample) {
     use protocol::tokens;
-    struct Walk {
-        tokens: u64,
-        tokenized_bytes: usize,
-        tokenized_tokens: u64,
-    }
-    impl Walk {
-        fn value(&mut self, v: &Value) {
-            match v {
-                Value::String(s) if s.starts_with("data:application/pdf") => {
-                    self.tokens += tokens::PDF_TOKENS;
-                }
-                Value::String(s) if s.starts_with("data:") => self.tokens += tokens::IMAGE_TOKENS,
-                Value::String(s) if self.tokenized_bytes < ESTIMATE_TEXT_BUDGET_BYTES => {
-                    let n = tokens::text_tokens(s);
-                    self.tokens += n;
-                    self.tokenized_bytes += s.len();
-                    self.tokenized_tokens += n;
-                }
-                Value::String(s) => {
-                    let per_byte = self.tokenized_tokens as f64 / self.tokenized_bytes as f64;
-                    self.tokens += (s.len() as f64 * per_byte).ceil() as u64;
-                }
-                Value::Array(a) => a.iter().for_each(|x| self.value(x)),
-                Value::Object(o) => o.values().for_each(|x| self.value(x)),
-                Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    fn value(v: &Value, sample: &mut tokens::TextSample) {
+        match v {
+            Value::String(s) if s.starts_with("data:application/pdf") => {
+                sample.fixed(tokens::PDF_TOKENS);
             }
+            Value::String(s) if s.starts_with("data:") => sample.fixed(tokens::IMAGE_TOKENS),
+            Value::String(s) => sample.text(s),
+            Value::Array(a) => a.iter().for_each(|x| value(x, sample)),
+            Value::Object(o) => o.values().for_each(|x| value(x, sample)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
-    let mut w = Walk {
-        tokens: tokens::REPLY_PRIMING_TOKENS,
-        tokenized_bytes: 0,
-        tokenized_tokens: 0,
-    };
+    sample.fixed(tokens::REPLY_PRIMING_TOKENS);
     if let Some(Value::Array(msgs)) = map.get("messages") {
         for m in msgs {
-            w.tokens += tokens::MESSAGE_OVERHEAD_TOKENS;
+            sample.fixed(tokens::MESSAGE_OVERHEAD_TOKENS);
             if let Some(c) = m.get("content") {
-                w.value(c);
+                value(c, sample);
             }
             if let Some(c) = m.get("tool_calls") {
-                w.value(c);
+                value(c, sample);
             }
         }
     }
     if let Some(t) = map.get("tools") {
-        w.value(t);
+        value(t, sample);
     }
-    w.tokens
 }
 
 /// Capabilities the request uses.
@@ -663,7 +770,7 @@ mod tests {
         assert_eq!(r.estimated_input_tokens(), 8);
         assert_eq!(r.input_estimate.get(), Some(&8));
         assert!(
-            r.canonical.get().is_none(),
+            r.payload().unwrap().decoded().is_none(),
             "the estimate keeps no canonical copy of an OpenAI-compatible request"
         );
         // A request already decoded for a translated attempt is estimated from that copy.
@@ -673,7 +780,7 @@ mod tests {
             &c,
         )
         .unwrap();
-        translated.canonical().unwrap();
+        translated.payload().unwrap().canonical().unwrap();
         assert_eq!(translated.estimated_input_tokens(), 8);
         // Messages: estimated from the canonical request parsed with it.
         let messages = parse_dialect(
@@ -704,6 +811,61 @@ mod tests {
         let n = big.estimated_input_tokens();
         let want = exact_text + protocol::tokens::IMAGE_TOKENS + 6;
         assert!(n.abs_diff(want) * 100 <= want * 3, "{n} vs {want}");
+    }
+
+    #[test]
+    fn a_released_payload_frees_its_reservation_and_keeps_what_the_stream_still_needs() {
+        let c = cfg();
+        let mut text = String::new();
+        for i in 0..3000 {
+            text.push_str(&format!("word{} is number {i}, ", i % 37));
+        }
+        let body = serde_json::json!({"model": "m", "stream": true, "messages": [
+            {"role": "user", "content": text}]})
+        .to_string();
+        let whole = parse_chat(body.as_bytes(), None, &c)
+            .unwrap()
+            .estimated_input_tokens();
+        let buffers = RequestBuffers::new();
+        let reserve = || buffers.reserve(2 * body.len(), usize::MAX).unwrap();
+
+        // The input still unknown: a sample of the body is kept (not tokenized), and the
+        // body goes with its reservation.
+        let r = parse_chat(body.as_bytes(), None, &c).unwrap();
+        r.hold_reservation(reserve());
+        assert_eq!(buffers.held(), 2 * body.len());
+        r.release_payload(true);
+        assert!(r.payload().is_none());
+        assert_eq!(buffers.held(), 0, "the reservation goes with the body");
+        assert!(r.input_estimate.get().is_none(), "nothing tokenized yet");
+        let kept = r.input_sample.get().unwrap().heap_bytes();
+        assert!(
+            kept <= 2 * protocol::tokens::RELEASE_SAMPLE_BYTES,
+            "{kept} bytes kept of a {} byte body",
+            body.len()
+        );
+        let n = r.estimated_input_tokens();
+        assert!(n.abs_diff(whole) * 100 <= whole * 3, "{n} vs {whole}");
+
+        // An attempt still serializing from it keeps it (and the reservation) until done.
+        let r = parse_chat(body.as_bytes(), None, &c).unwrap();
+        r.hold_reservation(reserve());
+        let in_flight = r.payload().unwrap();
+        r.release_payload(false);
+        assert!(r.payload().is_none());
+        assert_eq!(buffers.held(), 2 * body.len());
+        drop(in_flight);
+        assert_eq!(buffers.held(), 0);
+        assert!(
+            r.input_estimate.get().is_none(),
+            "the provider reported the input: nothing is tokenized"
+        );
+
+        // An estimate computed whole before the commit (budgets, token limits) is kept.
+        let r = parse_chat(body.as_bytes(), None, &c).unwrap();
+        assert_eq!(r.estimated_input_tokens(), whole);
+        r.release_payload(true);
+        assert_eq!(r.estimated_input_tokens(), whole);
     }
 
     #[test]
@@ -747,7 +909,7 @@ mod tests {
     fn preference_is_removed_and_checked() {
         let c = cfg();
         let r = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"provider":{"order":["a"]}}"#, None, &c).unwrap();
-        assert!(r.body.get("provider").is_none());
+        assert!(r.payload().unwrap().body.get("provider").is_none());
         assert_eq!(r.preference.unwrap().order, vec!["a".to_string()]);
         let e = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"provider":{"only":["zz"]}}"#, None, &c).unwrap_err();
         assert!(e.to_string().contains("zz"));

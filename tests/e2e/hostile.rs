@@ -810,3 +810,100 @@ fn idle_connections_announcing_large_bodies_hold_no_request_buffers() {
     assert_eq!(r.status, 200, "{}", r.text());
     drop(idle);
 }
+
+/// `words` words of prose (about 6 bytes a word).
+fn long_prompt(words: usize) -> String {
+    let mut text = String::with_capacity(words * 7);
+    for i in 0..words {
+        text.push_str(["gateway ", "streams ", "tokens ", "to ", "a ", "provider, "][i % 6]);
+    }
+    text
+}
+
+#[test]
+fn a_committed_stream_lets_go_of_its_body_and_its_share_of_the_buffer_bound() {
+    // Streams of 40 tokens 100 ms apart: each is held open for ~4 s.
+    let mock = Mock::start(r#"{"tokens": 40, "token_delay_ms": 100}"#);
+    // 48 KiB prompts: ~96 KiB of the bound each while the body is held (parsed + copy), so
+    // at most two at once before the commit.
+    let bound = 256 * 1024;
+    let prompt = long_prompt(8_000);
+    let body = chat_body(&prompt, true);
+    assert!(body.len() > 40 * 1024 && 3 * 2 * body.len() > bound);
+    let s = Sluice::start(&basic_config(
+        &mock.base_url(),
+        &format!(
+            "  max_request_body_bytes: {}\n  max_buffered_request_bytes: {bound}\n",
+            bound / 2
+        ),
+    ));
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        let mut r = s.chat_stream(&body);
+        assert_eq!(r.status, 200, "{:?}", r.headers);
+        assert!(
+            r.next_piece(Duration::from_secs(10)).is_some(),
+            "first event"
+        );
+        open.push(r);
+    }
+    // Five streams are open at once, each past its commit: none holds its body any more.
+    assert_eq!(s.metric("sluice_buffered_request_bytes"), 0.0);
+    assert_eq!(
+        s.metric(r#"sluice_rejected_total{reason="request_buffers_full"}"#),
+        0.0
+    );
+    // A client that leaves mid-stream is metered with the input estimated before its body
+    // went (the provider reports usage only at the end): the prompt's ~8,000 words.
+    drop(open.pop());
+    let input = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("status=200") && l.contains("client_abort"))
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|kv| kv.strip_prefix("input_tokens="))
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || input(&s.log()).is_some()),
+        "{}",
+        s.log()
+    );
+    let n = input(&s.log()).unwrap_or_default();
+    let exact = sluice::protocol::tokens::text_tokens(&prompt);
+    assert!(
+        (exact * 9 / 10..=exact * 11 / 10).contains(&n),
+        "aborted stream metered at {n} input tokens; its prompt has about {exact}"
+    );
+    for mut r in open {
+        r.read_to_end(Duration::from_secs(20));
+    }
+}
+
+#[test]
+fn a_stream_that_may_continue_after_a_break_keeps_its_body_to_the_end() {
+    let mock = Mock::start(r#"{"tokens": 20, "token_delay_ms": 100}"#);
+    let body = chat_body(&long_prompt(4_000), true);
+    let yaml = basic_config(&mock.base_url(), "").replace(
+        "        upstream_model: mock-small-v1\n",
+        "        upstream_model: mock-small-v1\n    continue_on_break: true\n",
+    );
+    let s = Sluice::start(&yaml);
+    let mut r = s.chat_stream(&body);
+    assert_eq!(r.status, 200, "{:?}", r.headers);
+    assert!(
+        r.next_piece(Duration::from_secs(10)).is_some(),
+        "first event"
+    );
+    // Held for the continuation's re-encoded request: the parsed body and its copy.
+    assert!(
+        s.metric("sluice_buffered_request_bytes") >= (2 * body.len()) as f64,
+        "{}",
+        s.metric("sluice_buffered_request_bytes")
+    );
+    r.read_to_end(Duration::from_secs(20));
+    assert!(eventually(Duration::from_secs(5), || s
+        .metric("sluice_buffered_request_bytes")
+        == 0.0));
+}
