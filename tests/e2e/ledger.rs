@@ -537,7 +537,18 @@ fn a_full_queue_drops_and_counts_without_blocking_requests() {
         .iter()
         .filter_map(|r| r["request_id"].as_str())
         .collect();
-    assert_eq!(ids, ["q-0", "q-1", "q-2"]);
+    // Three of the eight were queued, the rest dropped. Which three is the order of the
+    // requests' logging phases, which runs after each answer is written: the client's next
+    // request may be logged first (seen once in a parallel run as q-0, q-1, q-3).
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), 3, "{ids:?}");
+    assert!(
+        ids.iter().all(|id| (0..8).any(|i| *id == format!("q-{i}"))),
+        "{ids:?}"
+    );
 }
 
 /// A throwaway PostgreSQL server: `initdb` into a temp dir, `postgres` on a free loopback
