@@ -36,14 +36,12 @@
 //! `SLUICE_BENCH_WRAPPER="heaptrack -o /tmp/sluice"` runs Sluice under a heap profiler
 //! (the RSS figures are then the wrapper's).
 //!
-//! Measured on the 2-core dev box (Pingora 0.9.1, `threads: 2`): 67.5 KiB per stream at
-//! 1,000 and at 9,936 streams (91 KiB before the connect/drain futures were boxed, the
-//! per-stream buffers shrunk and the downstream L4 read buffer turned off); 2 fds per
-//! stream. The 32 KiB target is not met: per heaptrack, ~45 KiB of each stream is Pingora's
-//! and tokio's per-connection state (the boxed `process_new` future ~14.4 KiB, the tokio
-//! task ~8.6 KiB, header read buffers 2 × 4 KiB, header maps, the L4 stream), which Sluice
-//! cannot shrink through Pingora's API; Sluice's own share (attempt-loop future ~8 KiB,
-//! request JSON, SSE pipe) is ~13 KiB.
+//! Figures, and what changed them round by round, are in `benches/README.md` (latest: 39.0
+//! KiB per held stream with a short prompt, 55.5-56.3 KiB with a 32 KiB one, nginx 17.7 /
+//! 25.7, at 2,000 streams; the same at 9,800). Per heaptrack, most of a held stream is
+//! Pingora's and tokio's per-connection state (the request future, the task, header maps,
+//! the upstream body buffer) plus Sluice's stream future; a long prompt's body is released
+//! at the commit, and what it still adds is glibc's heap keeping the freed buffers.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
