@@ -167,18 +167,24 @@ pub const MIN_SAMPLE_BYTES: usize = 1024;
 /// of the request's text within a budget of bytes. A text within what is left of the budget
 /// is kept whole (counted as [`text_tokens`] counts it: exact up to [`EXACT_BYTES`]); the
 /// text that passes the budget is kept as its first and last halves of what was left (at
-/// least [`MIN_SAMPLE_BYTES`]), counted scaled by length; text after the budget is spent is
-/// counted at the tokens per byte of all the text kept.
+/// least [`MIN_SAMPLE_BYTES`]), counted scaled by length; text after the budget is spent, or
+/// past [`TextSample::new`]'s bound on the number of texts kept, is counted at the tokens per
+/// byte of all the text kept. An unbounded sample (`usize::MAX`) keeps nothing: it counts
+/// each text as it comes, exactly as [`text_tokens`] does.
 ///
 /// With a small budget it is a compact stand-in for the request: a stream that lets go of
-/// its body at the commit keeps one (2 KiB at most, [`RELEASE_SAMPLE_BYTES`]) and tokenizes
-/// it only if the answer ends without the provider's input figure. For prose the figure is
-/// within a few per cent of the whole count; for text that changes character mid-way (code
-/// after prose, another script) it is as good as the sample.
+/// its body at the commit keeps one ([`RELEASE_SAMPLE_BYTES`] of text and at most 64 pieces
+/// of index) and tokenizes it only if the answer ends without the provider's input figure.
+/// For prose the figure is within a few per cent of the whole count; for text that changes
+/// character mid-way (code after prose, another script) it is as good as the sample.
 #[derive(Debug, Clone, Default)]
 pub struct TextSample {
-    fixed: u64,
+    /// Fixed figures, plus the tokens of every text an unbounded sample counted at once.
+    counted: u64,
     left: usize,
+    /// No budget: texts are counted as they come, not kept.
+    eager: bool,
+    max_pieces: usize,
     text: String,
     pieces: Vec<Piece>,
     scaled_bytes: usize,
@@ -195,19 +201,26 @@ struct Piece {
 /// The budget of the [`TextSample`] a stream keeps in place of its released body, bytes.
 pub const RELEASE_SAMPLE_BYTES: usize = 2 * 1024;
 
+/// A bounded sample keeps at most one piece per this many bytes of budget (at least 8
+/// pieces): a request of many tiny texts cannot make its index outgrow its text.
+const BUDGET_BYTES_PER_PIECE: usize = 32;
+
 impl TextSample {
-    /// An empty sample that keeps at most about `budget_bytes` of text (`usize::MAX`: all of
-    /// it, up to [`EXACT_BYTES`] of each text).
+    /// An empty sample that keeps at most about `budget_bytes` of text, in at most
+    /// `budget_bytes / 32` pieces (at least 8); `usize::MAX`: none kept, every text counted
+    /// at once (see the type's doc).
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             left: budget_bytes,
+            eager: budget_bytes == usize::MAX,
+            max_pieces: (budget_bytes / BUDGET_BYTES_PER_PIECE).max(8),
             ..Self::default()
         }
     }
 
     /// Adds a fixed figure, tokens.
     pub fn fixed(&mut self, tokens: u64) {
-        self.fixed += tokens;
+        self.counted += tokens;
     }
 
     /// Adds `text` (see the type's doc for what is kept of it).
@@ -215,10 +228,15 @@ impl TextSample {
         if text.is_empty() {
             return;
         }
-        let keep = if text.len() <= self.left {
+        if self.eager {
+            self.counted += text_tokens(text);
+            return;
+        }
+        let room = self.pieces.len() + 2 <= self.max_pieces;
+        let keep = if text.len() <= self.left && room {
             self.left -= text.len();
             EXACT_BYTES
-        } else if self.left < MIN_SAMPLE_BYTES && !self.pieces.is_empty() {
+        } else if (self.left < MIN_SAMPLE_BYTES || !room) && !self.pieces.is_empty() {
             self.scaled_bytes += text.len();
             return;
         } else {
@@ -270,7 +288,7 @@ impl TextSample {
             // Rounded up: an estimate for budgets should not undercount.
             n += (self.scaled_bytes as f64 * kept_tokens as f64 / kept_bytes as f64).ceil();
         }
-        self.fixed + n.round() as u64
+        self.counted + n.round() as u64
     }
 
     /// Frees the spare capacity of its text and index (for a sample kept a while).
@@ -395,7 +413,8 @@ mod tests {
         assert_eq!(sampled(0, &["hello world"]), 2);
         let n = sampled(0, &[&prose]);
         assert!(n.abs_diff(exact) * 100 <= exact * 10, "{n} vs {exact}");
-        // What a released stream keeps is about its budget, whatever the prompt.
+        // What a released stream keeps is about its budget, whatever the prompt: a few long
+        // texts or many tiny ones (whose index is bounded too).
         let mut s = TextSample::new(RELEASE_SAMPLE_BYTES);
         for _ in 0..100 {
             s.text(&prose);
@@ -404,6 +423,17 @@ mod tests {
             s.heap_bytes() <= 2 * RELEASE_SAMPLE_BYTES,
             "{}",
             s.heap_bytes()
+        );
+        let mut s = TextSample::new(RELEASE_SAMPLE_BYTES);
+        for _ in 0..5000 {
+            s.text("a b");
+        }
+        assert!(s.heap_bytes() <= RELEASE_SAMPLE_BYTES, "{}", s.heap_bytes());
+        let exact = 5000 * text_tokens("a b");
+        assert!(
+            s.tokens().abs_diff(exact) * 100 <= exact,
+            "{} vs {exact}",
+            s.tokens()
         );
     }
 

@@ -45,7 +45,8 @@ pub struct Outcome {
     pub usage_estimated: bool,
     /// The answer ended without any input figure from the provider: `input_tokens` is to be
     /// the request's input estimate, filled in by [`Outcome::fill_input_estimate`] where the
-    /// parsed request is at hand (the tokenizer runs only for such answers).
+    /// request is at hand (the tokenizer runs only for such answers; a committed stream's
+    /// request keeps a sample of its prompt for it).
     pub input_unknown: bool,
     /// The upstream answered, then broke off (mid-stream error, broken body): the route
     /// is charged a failure although a response was written.
@@ -120,7 +121,9 @@ pub struct CancelledHedge {
     /// The request's fallback depth when the pair ran.
     pub fallback_depth: usize,
     /// The request's input-token estimate, filled in by
-    /// [`RequestCtx::fill_cancelled_hedges`] where the parsed request is at hand (0 before).
+    /// [`RequestCtx::fill_cancelled_hedges`] where the request is at hand (0 before): the
+    /// winner's input figure from its provider when it gave one before the commit, else
+    /// Sluice's estimate.
     pub input_tokens: u64,
 }
 

@@ -27,7 +27,10 @@
 //!   sent the prompt and may bill it: its usage is recorded as Sluice's estimate
 //!   ([`CancelledHedge`], priced by [`crate::metering::Metered::cancelled_hedge`]): the
 //!   request's input-token estimate (computed at most once per request, after the attempt
-//!   loop, so never before the winner's first byte) at the loser route's input price,
+//!   loop, so never before the winner's first byte; for a stream whose provider reported
+//!   the input before the commit, that figure, the same prompt counted by a provider; for
+//!   another stream, from the sample of the prompt it keeps past the commit) at the loser
+//!   route's input price,
 //!   output 0, charge 0 (budgets never see it). At the request's end it is its own ledger
 //!   row (`outcome: "hedge_cancelled"`, `estimated: true`, status 0, attempts 1, the
 //!   loser's provider and upstream model; the winner's row is unchanged) and is added to

@@ -282,15 +282,6 @@ pub(super) async fn stream(
         }
     }
     ctx.downstream_committed = true;
-    // Nothing is sent upstream again (fallback ends at the commit), so the parsed body and
-    // its buffer reservation go now, not at the stream's end; a model that continues after
-    // a break (`continue_on_break`) re-encodes it for the next route and keeps it. The
-    // input estimate is taken first (bounded) if the stream may end without the provider's
-    // input figure, or a cancelled hedge is to be metered with it.
-    if !model.continue_on_break {
-        let input_known = pipe.usage.is_some_and(|u| u.input_tokens > 0);
-        req.release_payload(!input_known || !ctx.cancelled_hedges.is_empty());
-    }
     if !first.is_empty() {
         // The first events are written right after the head, and their write flushes both:
         // one send instead of two where they fit the connection's write buffer (the patched
@@ -330,6 +321,15 @@ pub(super) async fn stream(
             up.shutdown().await;
             return Attempt::Gone(ClientGone("streaming"));
         }
+    }
+
+    // Nothing is sent upstream again (fallback ends at the commit), so the parsed body and
+    // its buffer reservation go now, not at the stream's end (after the first write: not on
+    // the first byte's path); a model that continues after a break (`continue_on_break`)
+    // re-encodes it for the next route and keeps it. The input figure stays: the provider's,
+    // if it gave one already, else a small sample of the prompt to estimate it from.
+    if !model.continue_on_break {
+        req.release_payload(pipe.usage.map(|u| u.input_tokens).filter(|&n| n > 0));
     }
 
     // Phase 2: committed. Pump until the end; failures become an SSE error event.

@@ -342,18 +342,27 @@ impl InferenceRequest {
     /// the body is not kept for the stream's life (for a 32 KiB prompt, ~32 KiB of a held
     /// stream's memory and 64 KiB of the global request-buffer bound).
     ///
-    /// When the input estimate may still be asked for (`estimate_needed`: the provider has
-    /// not reported the input tokens yet, or a cancelled hedge is to be metered) and was not
-    /// computed already (budgets, token limits and `lowest_cost` routing compute it whole),
-    /// a [`TextSample`](protocol::tokens::TextSample) of the body is kept in its place: at
-    /// most [`RELEASE_SAMPLE_BYTES`](protocol::tokens::RELEASE_SAMPLE_BYTES) of its text,
-    /// copied, not tokenized; the tokenizer runs over it only if the estimate is asked for.
-    pub fn release_payload(&self, estimate_needed: bool) {
-        if estimate_needed && self.input_estimate.get().is_none() {
-            if let Some(p) = self.payload.load().as_ref() {
-                let _ = self
-                    .input_sample
-                    .set(p.sample(protocol::tokens::RELEASE_SAMPLE_BYTES));
+    /// What [`estimated_input_tokens`](Self::estimated_input_tokens) answers afterwards, if
+    /// it was not computed already (budgets, token limits and `lowest_cost` routing compute
+    /// it whole before the commit): `provider_input`, the input tokens the provider reported
+    /// before the commit (Anthropic's `message_start`), when it did; else a
+    /// [`TextSample`](protocol::tokens::TextSample) of the body kept in its place (at most
+    /// [`RELEASE_SAMPLE_BYTES`](protocol::tokens::RELEASE_SAMPLE_BYTES) of its text, copied,
+    /// not tokenized: the tokenizer runs over it only if the estimate is asked for, for an
+    /// answer that ends without the provider's input figure or a cancelled hedge).
+    pub fn release_payload(&self, provider_input: Option<u64>) {
+        if self.input_estimate.get().is_none() {
+            match provider_input {
+                Some(n) => {
+                    let _ = self.input_estimate.set(n);
+                }
+                None => {
+                    if let Some(p) = self.payload.load().as_ref() {
+                        let _ = self
+                            .input_sample
+                            .set(p.sample(protocol::tokens::RELEASE_SAMPLE_BYTES));
+                    }
+                }
             }
         }
         self.payload.store(None);
@@ -364,13 +373,14 @@ impl InferenceRequest {
     /// at most once per request, and only for what needs it (token rate limits, budgets,
     /// `lowest_cost` routing, the input figure of an answer without the provider's usage).
     /// Tokenizing is far dearer than relaying a short request (~1 ms for 32 KiB of prose),
-    /// so nothing computes it unasked. See [`Payload::estimate`] for how each dialect's body
-    /// is counted.
+    /// so nothing computes it unasked. A Chat Completions body is estimated through its
+    /// canonical request (the one already decoded for a translated attempt, else a temporary
+    /// one); one over 256 KiB, or one the protocol layer refuses, from its parsed JSON.
     ///
-    /// After the payload was released, the figure is counted from the sample kept in its
-    /// place ([`release_payload`](Self::release_payload)); without one (the provider had
-    /// reported the input, so none should be asked for), it is the body's size at four bytes
-    /// a token.
+    /// After the payload was released ([`release_payload`](Self::release_payload)), the
+    /// figure is the provider's input figure from before the commit, else counted from the
+    /// sample kept in the payload's place; without either (a release that kept neither, which
+    /// the pump does not make), the body's size at four bytes a token.
     pub fn estimated_input_tokens(&self) -> u64 {
         *self.input_estimate.get_or_init(|| {
             if let Some(p) = self.payload.load().as_ref() {
@@ -608,47 +618,89 @@ fn estimate_chat_input(body_bytes: usize, map: &Map<String, Value>) -> u64 {
     estimate_json_tokens(map)
 }
 
-/// Tokens of every string value of a Chat request's `messages` and `tools` (keys and
-/// syntax not counted; see [`sample_json`]), with at most [`ESTIMATE_TEXT_BUDGET_BYTES`] of
-/// text tokenized; later text is counted at the tokens per byte of the text tokenized.
+/// The tokens of what [`sample_json`] counts of a Chat request's parsed JSON, with at most
+/// [`ESTIMATE_TEXT_BUDGET_BYTES`] of text tokenized; later text is counted at the tokens per
+/// byte of the text tokenized.
 fn estimate_json_tokens(map: &Map<String, Value>) -> u64 {
     let mut sample = protocol::tokens::TextSample::new(ESTIMATE_TEXT_BUDGET_BYTES);
     sample_json(map, &mut sample);
     sample.tokens()
 }
 
-/// Adds what the estimate counts of a Chat request's parsed JSON to `sample`: every string
-/// value of its `messages` and `tools` as text (keys and syntax not counted), a `data:` URL
-/// as an image ([`IMAGE_TOKENS`](protocol::tokens::IMAGE_TOKENS)) or a PDF
-/// ([`PDF_TOKENS`](protocol::tokens::PDF_TOKENS)), plus the framing tokens per message.
+/// Adds what the estimate counts of a Chat request's parsed JSON to `sample`, as the
+/// canonical request's estimate ([`protocol::tokens::sample_input`]) counts it: framing per
+/// message; text content and `text` parts as text; an `image_url` (or `input_image`) part as
+/// an image ([`IMAGE_TOKENS`](protocol::tokens::IMAGE_TOKENS)) and a `file` part with PDF
+/// data as a PDF ([`PDF_TOKENS`](protocol::tokens::PDF_TOKENS)); a tool call's function name
+/// and arguments, a tool result's `tool_call_id`; each tool as the JSON of its name,
+/// description and parameters. Anything else in a message's content is walked for its
+/// string values (a `data:` URL counted as an image or a PDF).
 fn sample_json(map: &Map<String, Value>, sample: &mut protocol::tokens::TextSample) {
     use protocol::tokens;
-    fn value(v: &Value, sample: &mut tokens::TextSample) {
+    fn strings(v: &Value, sample: &mut tokens::TextSample) {
         match v {
             Value::String(s) if s.starts_with("data:application/pdf") => {
                 sample.fixed(tokens::PDF_TOKENS);
             }
             Value::String(s) if s.starts_with("data:") => sample.fixed(tokens::IMAGE_TOKENS),
             Value::String(s) => sample.text(s),
-            Value::Array(a) => a.iter().for_each(|x| value(x, sample)),
-            Value::Object(o) => o.values().for_each(|x| value(x, sample)),
+            Value::Array(a) => a.iter().for_each(|x| strings(x, sample)),
+            Value::Object(o) => o.values().for_each(|x| strings(x, sample)),
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    fn part(p: &Value, sample: &mut tokens::TextSample) {
+        match p.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                if let Some(Value::String(t)) = p.get("text") {
+                    sample.text(t);
+                }
+            }
+            Some("image_url" | "input_image" | "image") => sample.fixed(tokens::IMAGE_TOKENS),
+            Some("file")
+                if p.pointer("/file/file_data")
+                    .and_then(Value::as_str)
+                    .is_some_and(|d| d.starts_with("data:application/pdf")) =>
+            {
+                sample.fixed(tokens::PDF_TOKENS);
+            }
+            _ => strings(p, sample),
         }
     }
     sample.fixed(tokens::REPLY_PRIMING_TOKENS);
     if let Some(Value::Array(msgs)) = map.get("messages") {
         for m in msgs {
             sample.fixed(tokens::MESSAGE_OVERHEAD_TOKENS);
-            if let Some(c) = m.get("content") {
-                value(c, sample);
+            match m.get("content") {
+                Some(Value::String(t)) => sample.text(t),
+                Some(Value::Array(parts)) => parts.iter().for_each(|p| part(p, sample)),
+                Some(other) => strings(other, sample),
+                None => {}
             }
-            if let Some(c) = m.get("tool_calls") {
-                value(c, sample);
+            if let Some(Value::Array(calls)) = m.get("tool_calls") {
+                for c in calls {
+                    for key in ["/function/name", "/function/arguments"] {
+                        if let Some(Value::String(t)) = c.pointer(key) {
+                            sample.text(t);
+                        }
+                    }
+                }
+            }
+            if let Some(Value::String(id)) = m.get("tool_call_id") {
+                sample.text(id);
             }
         }
     }
-    if let Some(t) = map.get("tools") {
-        value(t, sample);
+    if let Some(Value::Array(tools)) = map.get("tools") {
+        for t in tools {
+            let f = t.get("function").unwrap_or(t);
+            let def = serde_json::json!({
+                "name": f.get("name"),
+                "description": f.get("description"),
+                "parameters": f.get("parameters"),
+            });
+            sample.text(&def.to_string());
+        }
     }
 }
 
@@ -834,7 +886,7 @@ mod tests {
         let r = parse_chat(body.as_bytes(), None, &c).unwrap();
         r.hold_reservation(reserve());
         assert_eq!(buffers.held(), 2 * body.len());
-        r.release_payload(true);
+        r.release_payload(None);
         assert!(r.payload().is_none());
         assert_eq!(buffers.held(), 0, "the reservation goes with the body");
         assert!(r.input_estimate.get().is_none(), "nothing tokenized yet");
@@ -848,24 +900,50 @@ mod tests {
         assert!(n.abs_diff(whole) * 100 <= whole * 3, "{n} vs {whole}");
 
         // An attempt still serializing from it keeps it (and the reservation) until done.
+        // The provider had reported the input: that figure stands, nothing is sampled.
         let r = parse_chat(body.as_bytes(), None, &c).unwrap();
         r.hold_reservation(reserve());
         let in_flight = r.payload().unwrap();
-        r.release_payload(false);
+        r.release_payload(Some(4321));
         assert!(r.payload().is_none());
         assert_eq!(buffers.held(), 2 * body.len());
         drop(in_flight);
         assert_eq!(buffers.held(), 0);
-        assert!(
-            r.input_estimate.get().is_none(),
-            "the provider reported the input: nothing is tokenized"
-        );
+        assert!(r.input_sample.get().is_none());
+        assert_eq!(r.estimated_input_tokens(), 4321);
 
         // An estimate computed whole before the commit (budgets, token limits) is kept.
         let r = parse_chat(body.as_bytes(), None, &c).unwrap();
         assert_eq!(r.estimated_input_tokens(), whole);
-        r.release_payload(true);
+        r.release_payload(None);
         assert_eq!(r.estimated_input_tokens(), whole);
+    }
+
+    #[test]
+    fn the_sample_of_a_chat_body_counts_images_tools_and_calls_as_the_canonical_estimate() {
+        let c = cfg();
+        let body = serde_json::json!({"model": "m", "stream": true,
+            "tools": [{"type": "function", "function": {"name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "What is in this picture, and the weather there?"},
+                    {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]})
+        .to_string();
+        let whole = parse_chat(body.as_bytes(), None, &c)
+            .unwrap()
+            .estimated_input_tokens();
+        assert!(whole > protocol::tokens::IMAGE_TOKENS, "{whole}");
+        let r = parse_chat(body.as_bytes(), None, &c).unwrap();
+        r.release_payload(None);
+        let n = r.estimated_input_tokens();
+        assert!(n.abs_diff(whole) <= 3, "sampled {n}, whole {whole}");
     }
 
     #[test]

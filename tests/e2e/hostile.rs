@@ -822,8 +822,8 @@ fn long_prompt(words: usize) -> String {
 
 #[test]
 fn a_committed_stream_lets_go_of_its_body_and_its_share_of_the_buffer_bound() {
-    // Streams of 40 tokens 100 ms apart: each is held open for ~4 s.
-    let mock = Mock::start(r#"{"tokens": 40, "token_delay_ms": 100}"#);
+    // Streams of 60 tokens 100 ms apart: each is held open for ~6 s.
+    let mock = Mock::start(r#"{"tokens": 60, "token_delay_ms": 100}"#);
     // 48 KiB prompts: ~96 KiB of the bound each while the body is held (parsed + copy), so
     // at most two at once before the commit.
     let bound = 256 * 1024;
@@ -848,7 +848,7 @@ fn a_committed_stream_lets_go_of_its_body_and_its_share_of_the_buffer_bound() {
         open.push(r);
     }
     // Five streams are open at once, each past its commit: none holds its body any more.
-    assert_eq!(s.metric("sluice_buffered_request_bytes"), 0.0);
+    assert_eq!(s.gauge("sluice_buffered_request_bytes"), 0.0);
     assert_eq!(
         s.metric(r#"sluice_rejected_total{reason="request_buffers_full"}"#),
         0.0
@@ -898,9 +898,9 @@ fn a_stream_that_may_continue_after_a_break_keeps_its_body_to_the_end() {
     );
     // Held for the continuation's re-encoded request: the parsed body and its copy.
     assert!(
-        s.metric("sluice_buffered_request_bytes") >= (2 * body.len()) as f64,
+        s.gauge("sluice_buffered_request_bytes") >= (2 * body.len()) as f64,
         "{}",
-        s.metric("sluice_buffered_request_bytes")
+        s.gauge("sluice_buffered_request_bytes")
     );
     r.read_to_end(Duration::from_secs(20));
     assert!(eventually(Duration::from_secs(5), || s
