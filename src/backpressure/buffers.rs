@@ -19,7 +19,8 @@
 //! The reservation is held as long as the request holds the body in any form (the raw bytes,
 //! then the parsed request that every attempt serializes from): until a stream commits
 //! (nothing is replayed after it; see `proxy::request::InferenceRequest::release_payload`),
-//! else until the attempt loop ends. Dropping it releases the bytes. `sluice_buffered_request_bytes` shows the total reserved.
+//! else until the attempt loop ends. Dropping it releases the bytes.
+//! `sluice_buffered_request_bytes` shows the total reserved.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

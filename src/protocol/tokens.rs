@@ -120,12 +120,7 @@ pub fn sample_input(req: &Request, sample: &mut TextSample) {
         }
     }
     for t in &req.tools {
-        let def = serde_json::json!({
-            "name": t.name,
-            "description": t.description,
-            "parameters": t.parameters,
-        });
-        sample.text(&def.to_string());
+        sample.tool(&t.name, &t.description, &t.parameters);
     }
 }
 
@@ -221,6 +216,22 @@ impl TextSample {
     /// Adds a fixed figure, tokens.
     pub fn fixed(&mut self, tokens: u64) {
         self.counted += tokens;
+    }
+
+    /// Adds a tool definition, counted as the text of its JSON
+    /// `{"name","description","parameters"}` (absent members as `null`).
+    pub fn tool(
+        &mut self,
+        name: &impl serde::Serialize,
+        description: &impl serde::Serialize,
+        parameters: &impl serde::Serialize,
+    ) {
+        let def = serde_json::json!({
+            "name": name,
+            "description": description,
+            "parameters": parameters,
+        });
+        self.text(&def.to_string());
     }
 
     /// Adds `text` (see the type's doc for what is kept of it).

@@ -437,7 +437,7 @@ fn dialect_body(
     // after a break (`continue_on_break`) keeps it.
     let payload = req
         .payload()
-        .ok_or_else(|| GatewayError::Internal(super::request::released().to_string()))?;
+        .ok_or_else(|| GatewayError::Internal("the request body was released".into()))?;
     if req.dialect == upstream {
         // Metering: a Chat stream always asks for the final usage chunk (stripped from the
         // client's stream when it did not ask; see `StreamPipe`).

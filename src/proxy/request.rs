@@ -394,12 +394,6 @@ impl InferenceRequest {
     }
 }
 
-/// The error of reading a payload that was released (a bug: nothing reads it after the
-/// commit that releases it).
-pub fn released() -> protocol::ProtocolError {
-    protocol::ProtocolError::InvalidUpstream("the request body was released".into())
-}
-
 /// Parses and validates a chat request body.
 ///
 /// # Errors
@@ -694,12 +688,7 @@ fn sample_json(map: &Map<String, Value>, sample: &mut protocol::tokens::TextSamp
     if let Some(Value::Array(tools)) = map.get("tools") {
         for t in tools {
             let f = t.get("function").unwrap_or(t);
-            let def = serde_json::json!({
-                "name": f.get("name"),
-                "description": f.get("description"),
-                "parameters": f.get("parameters"),
-            });
-            sample.text(&def.to_string());
+            sample.tool(&f.get("name"), &f.get("description"), &f.get("parameters"));
         }
     }
 }
