@@ -52,6 +52,7 @@ pub mod logging;
 pub mod metering;
 pub mod metrics;
 pub mod mock_upstream;
+pub mod outcome;
 pub mod passthrough;
 pub mod protocol;
 pub mod providers;

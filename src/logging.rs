@@ -1,10 +1,71 @@
 //! Owns log output: `env_logger` with `RUST_LOG` (default `info`), formatted as
 //! `timestamp level target message` or, with `server.log_format: json`, one JSON object per
-//! line (`ts`, `level`, `target`, `msg`; access lines carry their fields at the top level).
+//! line (`ts`, `level`, `target`, `msg`; access lines carry their fields at the top level);
+//! and the format of an access line's fields ([`Field`], [`format_line`]).
 
+use std::fmt::Write as _;
 use std::io::Write;
 
 use crate::config::LogFormat;
+
+/// Log target of access lines (`RUST_LOG=sluice::access=info`).
+pub const TARGET: &str = "sluice::access";
+
+/// One access-log value, formatted where the line is written (no string per field).
+pub enum Field<'a> {
+    /// Text as is (quoted and escaped in text lines unless plain ASCII).
+    Text(&'a str),
+    /// A count.
+    Count(u64),
+    /// USD with 9 decimals.
+    Usd(f64),
+}
+
+impl std::fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Text(s) => f.write_str(s),
+            Self::Count(n) => f.write_str(itoa::Buffer::new().format(*n)),
+            Self::Usd(v) => write!(f, "{v:.9}"),
+        }
+    }
+}
+
+/// One access line of `fields` in `format`: `key=value` pairs (a value that is empty or not
+/// plain printable ASCII quoted and escaped, so a client cannot forge or break lines), or a
+/// JSON object of strings. Both access logs use it: the LLM endpoints' (`crate::proxy::access_log`) and the
+/// passthrough routes' ([`crate::passthrough::log`]).
+pub fn format_line(fields: &[(&str, Field<'_>)], format: LogFormat) -> String {
+    if format == LogFormat::Json {
+        let mut obj = serde_json::Map::new();
+        for (k, v) in fields {
+            obj.insert((*k).to_string(), serde_json::Value::String(v.to_string()));
+        }
+        serde_json::Value::Object(obj).to_string()
+    } else {
+        let mut s = String::with_capacity(384);
+        for (i, (k, v)) in fields.iter().enumerate() {
+            if i > 0 {
+                s.push(' ');
+            }
+            s.push_str(k);
+            s.push('=');
+            match v {
+                // Values can carry client text (a model name): anything but plain ASCII is
+                // quoted and escaped, so a client cannot forge or break log lines.
+                Field::Text(v) if v.is_empty() || !v.bytes().all(|b| b.is_ascii_graphic()) => {
+                    s.push('"');
+                    s.extend(v.chars().flat_map(char::escape_default));
+                    s.push('"');
+                }
+                v => {
+                    let _ = write!(s, "{v}");
+                }
+            }
+        }
+        s
+    }
+}
 
 /// Installs the global logger. Safe to call once; later calls are ignored.
 pub fn init(format: LogFormat) {
@@ -30,9 +91,7 @@ pub fn init(format: LogFormat) {
                 obj.insert("level".into(), record.level().as_str().into());
                 obj.insert("target".into(), record.target().into());
                 match serde_json::from_str::<serde_json::Value>(&msg) {
-                    Ok(serde_json::Value::Object(fields))
-                        if record.target() == crate::proxy::access_log::TARGET =>
-                    {
+                    Ok(serde_json::Value::Object(fields)) if record.target() == TARGET => {
                         obj.extend(fields);
                     }
                     _ => {

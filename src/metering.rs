@@ -55,10 +55,11 @@
 
 use memchr::memmem::Finder;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use crate::config::{Config, Model, Route};
+use crate::outcome::Outcome;
 use crate::protocol::{tokens, Dialect, Usage};
-use crate::proxy::ctx::Outcome;
 
 /// One million: prices are per million tokens.
 const MTOK: f64 = 1_000_000.0;
@@ -392,6 +393,40 @@ fn member_string(after_key: &[u8]) -> Option<&[u8]> {
         i = at + 2;
     }
     None
+}
+
+/// An attempt of a hedged pair that the race cancelled before its first event
+/// (`crate::proxy::hedge`). Its provider was sent the prompt, so at the request's end it is
+/// metered apart ([`Metered::cancelled_hedge`]): a `hedge_cancelled` ledger row of its own
+/// and Sluice's cost in the metrics, never the tenant's charge. Built only when a hedge
+/// loses.
+#[derive(Debug, Clone)]
+pub struct CancelledHedge {
+    /// The standard model whose route it was (the stage's model: the one asked for, or a
+    /// fallback model).
+    pub model: String,
+    /// Its provider.
+    pub provider: String,
+    /// Its upstream model.
+    pub upstream_model: String,
+    /// Its route's cost prices, USD per million tokens (only the input price applies).
+    pub prices: Prices,
+    /// Attempt started → cancelled.
+    pub ran: Duration,
+    /// The request's fallback depth when the pair ran.
+    pub fallback_depth: usize,
+    /// The request's input-token estimate, filled in by
+    /// `RequestCtx::fill_cancelled_hedges` where the request is at hand (0 before): the
+    /// winner's input figure from its provider when it gave one before the commit, else
+    /// Sluice's estimate.
+    pub input_tokens: u64,
+}
+
+impl CancelledHedge {
+    /// What it likely cost: its estimated input at its route's input price, charge 0.
+    pub fn metered(&self) -> Metered {
+        Metered::cancelled_hedge(self.input_tokens, &self.prices)
+    }
 }
 
 #[cfg(test)]

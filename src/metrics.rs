@@ -33,7 +33,7 @@ pub struct Metrics {
     /// the first byte of an answer, seconds: request received → first byte written, minus
     /// the upstream's own time (first attempt started → first data event, or the whole
     /// non-stream body, received; failed attempts and fallbacks count as upstream time).
-    /// See [`crate::proxy::ctx::Outcome::overhead_at`].
+    /// See [`crate::outcome::Outcome::overhead_at`].
     pub gateway_overhead_seconds: HistogramVec,
     /// `sluice_upstream_attempts_total{provider,outcome}`: attempts by outcome
     /// (`ok`, or an attempt failure label).

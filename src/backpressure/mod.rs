@@ -78,6 +78,17 @@ pub struct Used {
     pub output_tokens: u64,
 }
 
+impl Used {
+    /// The token use admission settles a finished request's charge with.
+    pub fn of(outcome: &crate::outcome::Outcome) -> Self {
+        Self {
+            answered: outcome.provider.is_some(),
+            input_tokens: outcome.input_tokens,
+            output_tokens: outcome.output_tokens,
+        }
+    }
+}
+
 /// Why admission failed.
 #[derive(Debug)]
 pub enum Rejected {

@@ -1,5 +1,5 @@
 //! Owns what a passthrough request leaves behind: its access line (target
-//! [`crate::proxy::access_log::TARGET`], the same format setting as the LLM endpoints' lines)
+//! [`crate::logging::TARGET`], the same format setting as the LLM endpoints' lines)
 //! and its metrics. Fields, in order:
 //! `request_id route upstream method path status outcome attempts duration_ms bytes_out`
 //! (`path` without its query string, which may carry tokens; `upstream` the address that
@@ -19,8 +19,8 @@ use prometheus::{
     HistogramVec, IntCounterVec, IntGaugeVec,
 };
 
-use crate::proxy::access_log::{self, Field};
-use crate::proxy::ctx::RequestCtx;
+use super::serve::PassCtx;
+use crate::logging::{format_line, Field, TARGET};
 
 /// The passthrough metrics (registered in the default registry `/metrics` renders).
 #[derive(Debug)]
@@ -65,22 +65,19 @@ pub fn metrics() -> &'static Metrics {
 }
 
 /// Writes the access line of a finished passthrough request and counts it.
-pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCtx) {
-    let Some(p) = ctx.passthrough.as_ref() else {
-        return;
-    };
+pub fn record(session: &Session, error: Option<&pingora::Error>, p: &PassCtx) {
     let route = p.route.spec.name.as_str();
-    let status = if ctx.outcome.status != 0 {
-        ctx.outcome.status
+    let status = if p.status != 0 {
+        p.status
     } else {
         session.response_written().map_or(0, |h| h.status.as_u16())
     };
-    let outcome = match (ctx.outcome.label, error) {
+    let outcome = match (p.label, error) {
         ("", None) => "ok",
         ("", Some(_)) => "error",
         (l, _) => l,
     };
-    let duration = ctx.received.elapsed();
+    let duration = p.received.elapsed();
     let m = metrics();
     m.requests_total
         .with_label_values(&[route, &status.to_string()])
@@ -93,7 +90,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     let path: String = req.uri.path().chars().take(1024).collect();
     let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
     let fields: [(&str, Field<'_>); 10] = [
-        ("request_id", Field::Text(&ctx.request_id)),
+        ("request_id", Field::Text(&p.request_id)),
         ("route", Field::Text(route)),
         ("upstream", Field::Text(upstream.as_deref().unwrap_or("-"))),
         ("method", Field::Text(req.method.as_str())),
@@ -104,6 +101,6 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         ("duration_ms", Field::Count(ms)),
         ("bytes_out", Field::Count(session.body_bytes_sent() as u64)),
     ];
-    let line = access_log::format_line(&fields, ctx.config.server.log_format);
-    log::info!(target: access_log::TARGET, "{line}");
+    let line = format_line(&fields, p.log_format());
+    log::info!(target: TARGET, "{line}");
 }

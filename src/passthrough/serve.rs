@@ -18,6 +18,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -27,14 +30,28 @@ use pingora::{Error, ErrorSource, ErrorType};
 
 use super::{Match, Route};
 use crate::config::passthrough::Balance;
-use crate::proxy::ctx::RequestCtx;
+use crate::config::{Config, LogFormat};
 
 /// How long an idle pooled connection to a passthrough upstream is kept.
 const UPSTREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Per-request passthrough state (in [`RequestCtx::passthrough`]).
+/// Per-request passthrough state: the whole context of a request on a passthrough route
+/// (the proxy shell keeps it beside its own and hands it to the hooks below).
 #[derive(Debug)]
 pub struct PassCtx {
+    /// The request id (taken over from the shell, which set it before the route matched).
+    pub request_id: String,
+    /// When the request head arrived.
+    pub received: Instant,
+    /// Final downstream status Sluice wrote itself (0: the upstream's, or nothing written).
+    pub status: u16,
+    /// The access log's outcome label when not plain `ok`/`error`: `redirect`, `rejected`,
+    /// `client_abort`, `no_upstream`, `upstream_error`, `upstream_timeout`.
+    pub label: &'static str,
+    /// `server.body_read_timeout_ms` of the pinned snapshot: the body's deadline from `received`.
+    body_read_timeout: Duration,
+    /// `server.log_format` of the pinned snapshot.
+    log_format: LogFormat,
     /// The route the request matched (pinned: a reload does not change it).
     pub route: Arc<Route>,
     /// Upstreams tried so far, in order.
@@ -52,23 +69,50 @@ pub struct PassCtx {
     body_bytes: usize,
 }
 
+impl PassCtx {
+    /// Whether Pingora's error log should stay quiet about this request's error: a client
+    /// that left, or a request refused for its body (413, 408), is normal traffic (counted
+    /// and access-logged).
+    pub fn quiet_error(&self) -> bool {
+        matches!(self.label, "client_abort" | "rejected")
+    }
+
+    /// `server.log_format` of the snapshot the request was pinned to.
+    pub fn log_format(&self) -> LogFormat {
+        self.log_format
+    }
+}
+
+/// What the proxy shell knows of a request when it matches a passthrough route.
+#[derive(Debug)]
+pub struct Start<'a> {
+    /// The config snapshot pinned for the request.
+    pub config: &'a Config,
+    /// When the request head arrived.
+    pub received: Instant,
+    /// The request id (moved into the [`PassCtx`]).
+    pub request_id: String,
+    /// The client's address as the edge screening resolved it (`None`: not resolved).
+    pub client_ip: Option<IpAddr>,
+}
+
 /// The request's addresses: (the TCP peer, the client). The client is
 /// [`client_ip`](crate::proxy::client_ip::client_ip) with `server.trusted_proxies`: the peer
 /// itself, or the first untrusted `X-Forwarded-For` hop when the peer is a trusted proxy. The
-/// edge screening resolved it into `ctx.client_ip` already (the per-IP limits and the access
+/// edge screening resolved it into `start.client_ip` already (the per-IP limits and the access
 /// log use the same address); it is resolved here only when that did not happen. Both are
 /// `None` for a Unix-socket peer.
-fn addresses(session: &Session, ctx: &RequestCtx) -> (Option<IpAddr>, Option<IpAddr>) {
+fn addresses(session: &Session, start: &Start<'_>) -> (Option<IpAddr>, Option<IpAddr>) {
     let peer = session
         .client_addr()
         .and_then(|a| a.as_inet())
         .map(std::net::SocketAddr::ip);
-    let client = ctx.client_ip.or_else(|| {
+    let client = start.client_ip.or_else(|| {
         peer.map(|p| {
             crate::proxy::client_ip::client_ip(
                 p,
                 &session.req_header().headers,
-                &ctx.config.server.edge.trusted_proxies,
+                &start.config.server.edge.trusted_proxies,
             )
         })
     });
@@ -118,12 +162,17 @@ async fn respond(
     Ok(())
 }
 
-/// `request_filter` of a matched request: `Ok(true)` when answered here (a redirect or a
-/// refusal), `Ok(false)` to proxy it.
+/// `request_filter` of a matched request: fills `slot` with the request's [`PassCtx`]; then
+/// `Ok(true)` when answered here (a redirect or a refusal), `Ok(false)` to proxy it.
 ///
 /// # Errors
 /// A write error toward the client (it left).
-pub async fn admit(session: &mut Session, ctx: &mut RequestCtx, m: Match) -> pingora::Result<bool> {
+pub async fn admit(
+    session: &mut Session,
+    slot: &mut Option<PassCtx>,
+    start: Start<'_>,
+    m: Match,
+) -> pingora::Result<bool> {
     let (route, redirect) = match m {
         Match::Redirect { route, prefix } => (route, Some(prefix)),
         Match::Route(r) => (r, None),
@@ -140,14 +189,20 @@ pub async fn admit(session: &mut Session, ctx: &mut RequestCtx, m: Match) -> pin
                     .map(str::to_string)
             })
     };
-    let (peer_ip, client_ip) = addresses(session, ctx);
+    let (peer_ip, client_ip) = addresses(session, &start);
     let hash_key = hash_key(
         &route.spec.balance,
         &session.req_header().headers,
         client_ip,
     );
     let max = route.spec.max_request_body_bytes;
-    ctx.passthrough = Some(PassCtx {
+    let p = slot.insert(PassCtx {
+        request_id: start.request_id,
+        received: start.received,
+        status: 0,
+        label: "",
+        body_read_timeout: start.config.server.body_read_timeout,
+        log_format: start.config.server.log_format,
         route,
         tried: Vec::new(),
         upstream: None,
@@ -164,8 +219,8 @@ pub async fn admit(session: &mut Session, ctx: &mut RequestCtx, m: Match) -> pin
         if !session.is_body_done() {
             session.set_keepalive(None);
         }
-        ctx.outcome.status = 301;
-        ctx.outcome.label = "redirect";
+        p.status = 301;
+        p.label = "redirect";
         respond(session, 301, "moved permanently", Some(&location))
             .await
             .map_err(|e| e.into_down())?;
@@ -188,8 +243,8 @@ pub async fn admit(session: &mut Session, ctx: &mut RequestCtx, m: Match) -> pin
     if let Some((status, text)) = refusal {
         // The body was not read: the connection cannot carry another request.
         session.set_keepalive(None);
-        ctx.outcome.status = status;
-        ctx.outcome.label = "rejected";
+        p.status = status;
+        p.label = "rejected";
         respond(session, status, text, None)
             .await
             .map_err(|e| e.into_down())?;
@@ -313,19 +368,11 @@ pub fn upstream_request(
 ///
 /// # Errors
 /// 413 past the size limit, 408 past the deadline.
-pub fn request_body(
-    ctx: &mut RequestCtx,
-    body: Option<&Bytes>,
-    upgraded: bool,
-) -> pingora::Result<()> {
+pub fn request_body(p: &mut PassCtx, body: Option<&Bytes>, upgraded: bool) -> pingora::Result<()> {
     if upgraded {
         return Ok(());
     }
-    let deadline = ctx.config.server.body_read_timeout;
-    let late = ctx.received.elapsed() > deadline;
-    let Some(p) = ctx.passthrough.as_mut() else {
-        return Ok(());
-    };
+    let late = p.received.elapsed() > p.body_read_timeout;
     p.body_bytes = p.body_bytes.saturating_add(body.map_or(0, Bytes::len));
     if p.body_bytes > p.route.spec.max_request_body_bytes {
         return Err(Error::explain(
@@ -344,7 +391,7 @@ pub fn request_body(
 
 /// `fail_to_proxy` of a passthrough request: the answer when nothing was written yet, and
 /// the access log's outcome.
-pub async fn fail(session: &mut Session, ctx: &mut RequestCtx, e: &Error) -> FailToProxy {
+pub async fn fail(session: &mut Session, p: &mut PassCtx, e: &Error) -> FailToProxy {
     let downstream = matches!(e.esource(), ErrorSource::Downstream);
     let (status, label, text) = match e.etype() {
         _ if downstream => (0, "client_abort", ""),
@@ -362,14 +409,14 @@ pub async fn fail(session: &mut Session, ctx: &mut RequestCtx, e: &Error) -> Fai
         }
         _ => (500, "error", "the request failed"),
     };
-    ctx.outcome.label = label;
+    p.label = label;
     if status == 0 || session.response_written().is_some() {
         return FailToProxy {
             error_code: 0,
             can_reuse_downstream: false,
         };
     }
-    ctx.outcome.status = status;
+    p.status = status;
     let code = match respond(session, status, text, None).await {
         Ok(()) => status,
         Err(_) => 0,

@@ -16,35 +16,11 @@
 //! apart (`hedge loser metered` on `sluice::proxy::hedge`, its own `hedge_cancelled` ledger
 //! row, and the cost metrics; see [`super::hedge`]).
 
-use std::fmt::Write as _;
-
 use pingora::proxy::Session;
 
 use super::ctx::RequestCtx;
+use crate::logging::{format_line, Field, TARGET};
 use crate::metrics::metrics;
-
-/// Log target of access lines (`RUST_LOG=sluice::access=info`).
-pub const TARGET: &str = "sluice::access";
-
-/// One access-log value, formatted where the line is written (no string per field).
-pub enum Field<'a> {
-    /// Text as is (quoted and escaped in text lines unless plain ASCII).
-    Text(&'a str),
-    /// A count.
-    Count(u64),
-    /// USD with 9 decimals.
-    Usd(f64),
-}
-
-impl std::fmt::Display for Field<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Text(s) => f.write_str(s),
-            Self::Count(n) => f.write_str(itoa::Buffer::new().format(*n)),
-            Self::Usd(v) => write!(f, "{v:.9}"),
-        }
-    }
-}
 
 /// Writes the access line and records request metrics.
 pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCtx) {
@@ -189,42 +165,6 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     ledger_record(ctx, status, outcome);
 }
 
-/// One access line of `fields` in `format`: `key=value` pairs (a value that is empty or not
-/// plain printable ASCII quoted and escaped, so a client cannot forge or break lines), or a
-/// JSON object of strings. The passthrough routes' lines ([`crate::passthrough::log`]) use it
-/// too.
-pub fn format_line(fields: &[(&str, Field<'_>)], format: crate::config::LogFormat) -> String {
-    if format == crate::config::LogFormat::Json {
-        let mut obj = serde_json::Map::new();
-        for (k, v) in fields {
-            obj.insert((*k).to_string(), serde_json::Value::String(v.to_string()));
-        }
-        serde_json::Value::Object(obj).to_string()
-    } else {
-        let mut s = String::with_capacity(384);
-        for (i, (k, v)) in fields.iter().enumerate() {
-            if i > 0 {
-                s.push(' ');
-            }
-            s.push_str(k);
-            s.push('=');
-            match v {
-                // Values can carry client text (a model name): anything but plain ASCII is
-                // quoted and escaped, so a client cannot forge or break log lines.
-                Field::Text(v) if v.is_empty() || !v.bytes().all(|b| b.is_ascii_graphic()) => {
-                    s.push('"');
-                    s.extend(v.chars().flat_map(char::escape_default));
-                    s.push('"');
-                }
-                v => {
-                    let _ = write!(s, "{v}");
-                }
-            }
-        }
-        s
-    }
-}
-
 /// Builds the ledger record of a finished request and queues it ([`crate::ledger::submit`]):
 /// built here, where the access log is written, so the ledger never knows the request
 /// context (ledger -> proxy would be a cycle). `status` and `label` are the access log's status and outcome.
@@ -278,7 +218,7 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
     }
 }
 
-/// The ledger row of an attempt a hedge race cancelled ([`super::ctx::CancelledHedge`]):
+/// The ledger row of an attempt a hedge race cancelled ([`crate::metering::CancelledHedge`]):
 /// the request's ids, arrival `time` (unix ms) and ingress, the loser's model, provider and
 /// upstream model, its estimated input at its route's price, output 0, charge 0,
 /// `estimated`, status 0 (it wrote nothing), outcome `hedge_cancelled`, one attempt, no
@@ -286,7 +226,7 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
 fn cancelled_hedge_record(
     ctx: &RequestCtx,
     caller: &crate::auth::Caller,
-    h: &super::ctx::CancelledHedge,
+    h: &crate::metering::CancelledHedge,
     time: i64,
 ) -> crate::ledger::UsageRecord {
     let m = h.metered();

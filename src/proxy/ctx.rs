@@ -3,136 +3,14 @@
 //! gauge, admission permits), which is how a client abort frees capacity.
 
 use std::sync::Arc;
-use std::time::Duration;
-
 use tokio::time::Instant;
 
 use crate::auth::Caller;
 use crate::config::Config;
 use crate::error::AttemptError;
-use crate::metering::{Metered, Prices};
+use crate::metering::{CancelledHedge, Metered};
+use crate::outcome::Outcome;
 use crate::protocol::Dialect;
-
-/// What finally happened, for the access log and metrics.
-#[derive(Debug, Default, Clone)]
-pub struct Outcome {
-    /// Final downstream status (0 = nothing was written).
-    pub status: u16,
-    /// Provider that answered, if any.
-    pub provider: Option<String>,
-    /// Upstream model that answered, if any.
-    pub upstream_model: Option<String>,
-    /// Label: `ok`, `client_abort`, an error's metric label, or `stream_error`.
-    pub label: &'static str,
-    /// Request received → first content event written downstream.
-    pub ttft: Option<Duration>,
-    /// Body bytes written downstream.
-    pub bytes_out: u64,
-    /// Input tokens, cached ones included (the provider's final `usage`, else the
-    /// admission estimate; see [`crate::metering`]).
-    pub input_tokens: u64,
-    /// Output tokens, reasoning included (the provider's final `usage`, else the tokenizer
-    /// count of the text streamed).
-    pub output_tokens: u64,
-    /// Input tokens read from the provider's prompt cache (part of `input_tokens`).
-    pub cached_input_tokens: u64,
-    /// Input tokens written to the provider's prompt cache (part of `input_tokens`).
-    pub cache_write_tokens: u64,
-    /// Reasoning tokens (part of `output_tokens`), when the provider says.
-    pub reasoning_tokens: u64,
-    /// The token figures are Sluice's estimate: the answer ended without the provider's
-    /// final usage.
-    pub usage_estimated: bool,
-    /// The answer ended without any input figure from the provider: `input_tokens` is to be
-    /// the request's input estimate, filled in by [`Outcome::fill_input_estimate`] where the
-    /// request is at hand (the tokenizer runs only for such answers; a committed stream's
-    /// request keeps a sample of its prompt for it).
-    pub input_unknown: bool,
-    /// The upstream answered, then broke off (mid-stream error, broken body): the route
-    /// is charged a failure although a response was written.
-    pub upstream_broke: bool,
-    /// The request only counted tokens (`/v1/messages/count_tokens`): nothing was generated,
-    /// so it stays out of the generation metrics (durations, TTFT, `sluice_tokens_total`).
-    pub count_only: bool,
-    /// When the first upstream attempt started (before its connect).
-    pub upstream_started: Option<Instant>,
-    /// When Sluice first held upstream output it could send: the read that brought the
-    /// first data event (streams), or the end of the answer body (non-stream answers).
-    pub upstream_first_event: Option<Instant>,
-    /// The time Sluice itself added before the first byte of the answer
-    /// (`sluice_gateway_overhead_seconds`, `x-sluice-overhead-ms`), set when the response
-    /// head is written; see [`Outcome::overhead_at`].
-    pub overhead: Option<Duration>,
-}
-
-impl Outcome {
-    /// Sluice's own share of `elapsed` (request received → now, the first byte being
-    /// written): `elapsed` minus the upstream's time (first upstream attempt started → first
-    /// data event, or the whole non-stream body, received). That leaves admission, request
-    /// parsing and translation before the first attempt, plus the time from holding the
-    /// upstream's first event to writing it; failed attempts and fallbacks count as
-    /// upstream time. `None` before the upstream sent anything.
-    pub fn overhead_at(&self, elapsed: Duration) -> Option<Duration> {
-        let upstream = self
-            .upstream_first_event?
-            .saturating_duration_since(self.upstream_started?);
-        Some(elapsed.saturating_sub(upstream))
-    }
-}
-
-impl Outcome {
-    /// Sets `input_tokens` to `estimate()` (the parsed request's input estimate) when the
-    /// answer ended without the provider's input figure ([`Outcome::input_unknown`]); else
-    /// leaves it and never calls `estimate`.
-    pub fn fill_input_estimate(&mut self, estimate: impl FnOnce() -> u64) {
-        if std::mem::take(&mut self.input_unknown) {
-            self.input_tokens = estimate();
-        }
-    }
-
-    /// The token use admission settles the request's charge with.
-    pub fn used(&self) -> crate::backpressure::Used {
-        crate::backpressure::Used {
-            answered: self.provider.is_some(),
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-        }
-    }
-}
-
-/// An attempt of a hedged pair that the race cancelled before its first event
-/// ([`super::hedge`]). Its provider was sent the prompt, so at the request's end it is
-/// metered apart ([`Metered::cancelled_hedge`]): a `hedge_cancelled` ledger row of its own
-/// and Sluice's cost in the metrics, never the tenant's charge. Built only when a hedge
-/// loses.
-#[derive(Debug, Clone)]
-pub struct CancelledHedge {
-    /// The standard model whose route it was (the stage's model: the one asked for, or a
-    /// fallback model).
-    pub model: String,
-    /// Its provider.
-    pub provider: String,
-    /// Its upstream model.
-    pub upstream_model: String,
-    /// Its route's cost prices, USD per million tokens (only the input price applies).
-    pub prices: Prices,
-    /// Attempt started → cancelled.
-    pub ran: Duration,
-    /// The request's fallback depth when the pair ran.
-    pub fallback_depth: usize,
-    /// The request's input-token estimate, filled in by
-    /// [`RequestCtx::fill_cancelled_hedges`] where the request is at hand (0 before): the
-    /// winner's input figure from its provider when it gave one before the commit, else
-    /// Sluice's estimate.
-    pub input_tokens: u64,
-}
-
-impl CancelledHedge {
-    /// What it likely cost: its estimated input at its route's input price, charge 0.
-    pub fn metered(&self) -> Metered {
-        Metered::cancelled_hedge(self.input_tokens, &self.prices)
-    }
-}
 
 /// Decrements `sluice_active_streams{tenant}` on drop.
 #[derive(Debug)]
@@ -285,6 +163,8 @@ pub fn request_id(from_client: Option<&[u8]>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metering::Prices;
+    use std::time::Duration;
 
     fn ctx() -> RequestCtx {
         let yaml = "tenants:\n  t: {}\nvirtual_keys:\n  - key: sk-test-ctx-000001\n    tenant: t\nproviders:\n  a:\n    kind: openai\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  m:\n    routes:\n      - provider: a\n        upstream_model: x\n";

@@ -307,7 +307,7 @@ async fn infer(
             }
             Err(e) => {
                 // Nothing went upstream: no tokens were used.
-                permit.settle(ctx.outcome.used());
+                permit.settle(crate::backpressure::Used::of(&ctx.outcome));
                 return Err(e.into());
             }
         };
@@ -342,7 +342,7 @@ async fn infer(
     // So is an attempt a hedge race cancelled (the same cached estimate; only if one was).
     ctx.fill_cancelled_hedges(|| req.estimated_input_tokens());
     // Token limits learn the real usage (`ctx.outcome` is final here).
-    permit.settle(ctx.outcome.used());
+    permit.settle(crate::backpressure::Used::of(&ctx.outcome));
     result.map_err(ChatError::Gone)
 }
 

@@ -50,12 +50,13 @@ use pingora::proxy::Session;
 use tokio::time::Instant;
 
 use super::attempt::{commit, prepare, Phase, Ready};
-use super::ctx::{CancelledHedge, RequestCtx};
+use super::ctx::RequestCtx;
 use super::request::InferenceRequest;
 use super::upstream::{client_gone, Attempt, ClientGone};
 use crate::backpressure::provider as provider_cap;
 use crate::config::opt_in::HedgeAfter;
 use crate::config::Model;
+use crate::metering::CancelledHedge;
 use crate::metrics::metrics;
 use crate::routing::health::Health;
 use crate::routing::Candidate;

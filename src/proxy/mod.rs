@@ -132,7 +132,14 @@ impl ProxyHttp for Gateway {
             return Ok(true);
         }
         if let Some(m) = self.passthrough.find(session.req_header()) {
-            return crate::passthrough::serve::admit(session, ctx, m).await;
+            let ctx = &mut **ctx;
+            let start = crate::passthrough::serve::Start {
+                config: &ctx.config,
+                received: ctx.received,
+                request_id: std::mem::take(&mut ctx.request_id),
+                client_ip: ctx.client_ip,
+            };
+            return crate::passthrough::serve::admit(session, &mut ctx.passthrough, start, m).await;
         }
         match endpoints::handle(self, session, ctx).await {
             Ok(()) => Ok(true),
@@ -211,7 +218,12 @@ impl ProxyHttp for Gateway {
         _end_of_stream: bool,
         ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
-        crate::passthrough::serve::request_body(ctx, body.as_ref(), session.was_upgraded())
+        match ctx.passthrough.as_mut() {
+            Some(p) => {
+                crate::passthrough::serve::request_body(p, body.as_ref(), session.was_upgraded())
+            }
+            None => Ok(()),
+        }
     }
 
     async fn fail_to_proxy(
@@ -220,8 +232,8 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
-        if ctx.passthrough.is_some() {
-            return crate::passthrough::serve::fail(session, ctx, e).await;
+        if let Some(p) = ctx.passthrough.as_mut() {
+            return crate::passthrough::serve::fail(session, p, e).await;
         }
         if matches!(e.esource(), pingora::ErrorSource::Downstream) || ctx.downstream_committed {
             return FailToProxy {
@@ -252,13 +264,15 @@ impl ProxyHttp for Gateway {
     ) -> bool {
         // A client that leaves is normal traffic: counted and access-logged, not an ERROR;
         // so is a passthrough request refused for its body (413, 408).
-        ctx.outcome.label == "client_abort"
-            || (ctx.passthrough.is_some() && ctx.outcome.label == "rejected")
+        match ctx.passthrough.as_ref() {
+            Some(p) => p.quiet_error(),
+            None => ctx.outcome.label == "client_abort",
+        }
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
-        if ctx.passthrough.is_some() {
-            crate::passthrough::log::record(session, e, ctx);
+        if let Some(p) = ctx.passthrough.as_ref() {
+            crate::passthrough::log::record(session, e, p);
             return;
         }
         // Metering: the request's usage priced, for the access log, metrics and ledger.

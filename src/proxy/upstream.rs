@@ -240,7 +240,7 @@ pub(super) fn set_usage(ctx: &mut RequestCtx, u: &protocol::Usage, estimated: bo
 /// provider reported so far (`partial`, e.g. Anthropic's `message_start`), and the larger
 /// of its output figure and `streamed_tokens` (the tokenizer count of the text streamed).
 /// When it reported no input, the input is marked unknown: the attempt loop's caller, which
-/// holds the request, fills in its estimate ([`super::ctx::Outcome::fill_input_estimate`]),
+/// holds the request, fills in its estimate ([`crate::outcome::Outcome::fill_input_estimate`]),
 /// so the tokenizer runs only for such answers (over the prompt, or over the sample of it a
 /// committed stream keeps: `InferenceRequest::release_payload`).
 pub(super) fn estimate_usage(

@@ -348,7 +348,7 @@ pub fn for_request(
 
 /// After the request: remembers the candidate that answered it (`outcome`'s provider and
 /// upstream model, a complete answer) as the conversation's route.
-pub fn served(key: ConversationKey, cands: &[Candidate<'_>], outcome: &crate::proxy::ctx::Outcome) {
+pub fn served(key: ConversationKey, cands: &[Candidate<'_>], outcome: &crate::outcome::Outcome) {
     if outcome.status != 200 || outcome.upstream_broke {
         return;
     }
