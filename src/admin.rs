@@ -2,7 +2,7 @@
 //! [`crate::status`]), `/healthz` (the process is up), `/readyz` (config loaded and the
 //! proxy listener bound), `/metrics` (Prometheus text exposition, see [`crate::metrics`]) and
 //! `/admin/usage` (the usage ledger, behind the admin token of `server.admin_token_env`; see
-//! [`crate::ledger::query::admin_usage`]).
+//! [`crate::billing::ledger::query::admin_usage`]).
 //! It never shares a port with client traffic.
 
 use std::sync::Arc;
@@ -77,11 +77,11 @@ impl ServeHttp for AdminApp {
                     .map(|t| t.expose().to_string());
                 // The ledger query blocks (SQLite, or PostgreSQL on its own runtime).
                 let r = tokio::task::spawn_blocking(move || {
-                    crate::ledger::query::admin_usage(
+                    crate::billing::ledger::query::admin_usage(
                         &query,
                         auth.as_deref(),
                         token.as_deref(),
-                        crate::ledger::running(),
+                        crate::billing::ledger::running(),
                     )
                 })
                 .await;

@@ -8,7 +8,7 @@
 //!   line `key_sha256: <64 hex>` to put in the config; needs no config file.
 //! - `sluice usage -c FILE [--since DATE] [--until DATE] [--tenant T] [--model M]
 //!   [--format table|json|csv] [--summary] [--limit N]`: print the usage ledger that `FILE`'s
-//!   `ledger:` section names (only that section is read). See [`crate::ledger::query`]. With
+//!   `ledger:` section names (only that section is read). See [`crate::billing::ledger::query`]. With
 //!   `ledger.enabled: false` it fails (exit 1) saying that the ledger is disabled.
 
 use clap::{Parser, Subcommand};
@@ -69,10 +69,10 @@ pub struct UsageArgs {
     )]
     pub conf: String,
     /// Records at or after this time: `YYYY-MM-DD` (UTC midnight) or RFC 3339.
-    #[arg(long, value_parser = crate::ledger::query::parse_date)]
+    #[arg(long, value_parser = crate::billing::ledger::query::parse_date)]
     pub since: Option<i64>,
     /// Records before this time: `YYYY-MM-DD` (UTC midnight) or RFC 3339.
-    #[arg(long, value_parser = crate::ledger::query::parse_date)]
+    #[arg(long, value_parser = crate::billing::ledger::query::parse_date)]
     pub until: Option<i64>,
     /// Only this tenant.
     #[arg(long)]
@@ -82,7 +82,7 @@ pub struct UsageArgs {
     pub model: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: crate::ledger::query::Format,
+    pub format: crate::billing::ledger::query::Format,
     /// Sums per tenant and standard model instead of records.
     #[arg(long)]
     pub summary: bool,
@@ -93,8 +93,8 @@ pub struct UsageArgs {
 
 impl UsageArgs {
     /// The filter these flags select.
-    pub fn filter(&self) -> crate::ledger::query::Filter {
-        crate::ledger::query::Filter {
+    pub fn filter(&self) -> crate::billing::ledger::query::Filter {
+        crate::billing::ledger::query::Filter {
             since: self.since,
             until: self.until,
             tenant: self.tenant.clone(),
@@ -108,7 +108,7 @@ impl UsageArgs {
     /// # Errors
     /// A config or ledger error, as text.
     pub fn run(&self) -> Result<String, String> {
-        use crate::ledger::query;
+        use crate::billing::ledger::query;
         let settings = crate::config::Config::load_ledger(std::path::Path::new(&self.conf))
             .map_err(|e| format!("config error: {e}"))?
             .absolute();

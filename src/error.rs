@@ -60,7 +60,7 @@ pub enum GatewayError {
     #[error("{0}")]
     RequestTimeout(String),
     /// 402: the tenant's budget has no room for the request's reservation
-    /// ([`crate::budget`]).
+    /// ([`crate::billing::budget`]).
     #[error("{message}")]
     BudgetExceeded {
         /// Which window, its budget, what is left and what the request needs.

@@ -23,10 +23,8 @@
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
-//! | [`budget`] | tenant budgets: reserve at admission, settle with the metered charge, shared through Redis |
-//! | [`ledger`] | the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage` |
+//! | [`billing`] | the billing wing: [`billing::metering`] (per-request token usage by class, estimates, prices: cost and charge), [`billing::budget`] (tenant budgets: reserve at admission, settle with the metered charge, shared through Redis), [`billing::ledger`] (the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage`) |
 //! | [`error`] | client-facing errors and attempt records |
-//! | [`metering`] | per-request token usage by class, estimates, prices (cost and charge) |
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`] |
 //! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
@@ -35,21 +33,19 @@
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::edge`], [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
 //! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
-//! [`metering`], [`proxy::access_log`] → [`ledger`]. Module dependencies point down this path: none of these
+//! [`billing::metering`], [`proxy::access_log`] → [`billing::ledger`]. Module dependencies point down this path: none of these
 //! modules uses one that calls it (config and the protocol layer are at the bottom, next to
 //! metrics and sse).
 
 pub mod admin;
 pub mod auth;
 pub mod backpressure;
-pub mod budget;
+pub mod billing;
 pub mod cli;
 pub mod config;
 pub mod error;
 pub mod fd_limit;
-pub mod ledger;
 pub mod logging;
-pub mod metering;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod outcome;

@@ -72,7 +72,7 @@ pub struct Metrics {
     pub health_probes_total: IntCounterVec,
     /// `sluice_tokens_total{tenant,model,kind}`: metered tokens by class ([`TOKEN_KINDS`]:
     /// `input` (cached included), `output` (reasoning included), `cached_input`,
-    /// `cache_write`, `reasoning`), estimated ones included (see [`crate::metering`]): a
+    /// `cache_write`, `reasoning`), estimated ones included (see [`crate::billing::metering`]): a
     /// stream's estimate when it ended without the provider's usage, and the estimated
     /// input of an attempt a hedge race cancelled.
     pub tokens_total: IntCounterVec,
@@ -85,7 +85,7 @@ pub struct Metrics {
     pub charge_usd_total: CounterVec,
     /// `sluice_budget_remaining_usd{tenant,window}`: what is left of a tenant's budget in a
     /// window (`total`, `monthly`, `daily`), budget minus charged minus reserved by requests in
-    /// flight, USD, as this process knows it (see [`crate::budget`]); only for configured
+    /// flight, USD, as this process knows it (see [`crate::billing::budget`]); only for configured
     /// windows.
     pub budget_remaining_usd: GaugeVec,
     /// `sluice_heartbeats_total`: `: keepalive` comments written.
@@ -501,36 +501,6 @@ pub const TOKEN_KINDS: [&str; 5] = [
     "cache_write",
     "reasoning",
 ];
-
-/// Records one metering (a request's, or a cancelled hedge attempt's): tokens by kind, cost and charge.
-pub fn record_metered(tenant: &str, model: &str, m: &crate::metering::Metered) {
-    let mx = metrics();
-    for (kind, n) in TOKEN_KINDS.into_iter().zip([
-        m.input_tokens,
-        m.output_tokens,
-        m.cached_input_tokens,
-        m.cache_write_tokens,
-        m.reasoning_tokens,
-    ]) {
-        // Adding 0 changes nothing: skip its label lookup (a hash and a lock). The series of
-        // configured models exist from the start ([`init_config_series`]).
-        if n > 0 {
-            mx.tokens_total
-                .with_label_values(&[tenant, model, kind])
-                .inc_by(n);
-        }
-    }
-    if m.cost_usd > 0.0 {
-        mx.cost_usd_total
-            .with_label_values(&[tenant, model])
-            .inc_by(m.cost_usd);
-    }
-    if m.charge_usd > 0.0 {
-        mx.charge_usd_total
-            .with_label_values(&[tenant, model])
-            .inc_by(m.charge_usd);
-    }
-}
 
 /// `sluice_hedges_total` outcomes: the hedge served (`hedge_won`), the first attempt
 /// served and the hedge was cancelled (`primary_won`), neither served (`none`: both

@@ -23,7 +23,7 @@ pub struct Outcome {
     /// Body bytes written downstream.
     pub bytes_out: u64,
     /// Input tokens, cached ones included (the provider's final `usage`, else the
-    /// admission estimate; see `crate::metering`).
+    /// admission estimate; see `crate::billing::metering`).
     pub input_tokens: u64,
     /// Output tokens, reasoning included (the provider's final `usage`, else the tokenizer
     /// count of the text streamed).

@@ -421,7 +421,7 @@ impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
         let ledger = match self.handle.snapshot().ledger.clone().absolute().backend {
-            crate::ledger::Backend::Sqlite { path } => Some(path),
+            crate::billing::ledger::Backend::Sqlite { path } => Some(path),
             _ => None,
         };
         let mut watch = Watch::new(tx, ledger);

@@ -46,7 +46,7 @@ pub enum StartError {
     Pingora(String),
     /// The usage ledger cannot be opened.
     #[error("cannot open the usage ledger: {0}")]
-    Ledger(#[from] crate::ledger::LedgerError),
+    Ledger(#[from] crate::billing::ledger::LedgerError),
 }
 
 /// Pingora's `ServerConf` from our `server:` section.
@@ -129,7 +129,9 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     // Relative ledger paths resolve against the working directory of this start (not the
     // one `-d` moves to); the ledger opens now so that a bad one stops the start.
     let ledger = if cfg.ledger.enabled {
-        Some(crate::ledger::install(&cfg.ledger.clone().absolute())?)
+        Some(crate::billing::ledger::install(
+            &cfg.ledger.clone().absolute(),
+        )?)
     } else {
         log::info!("usage ledger: disabled (ledger.enabled: false); no usage records are kept");
         None
@@ -200,7 +202,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     ));
     server.add_service(background_service(
         "sluice stream shutdown",
-        StreamShutdown::new(handle),
+        StreamShutdown::new(handle).on_exit(crate::billing::ledger::flush_at_exit),
     ));
     server.add_service(proxy);
     server.add_service(admin);

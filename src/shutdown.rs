@@ -5,7 +5,8 @@
 //!
 //! The process exits as soon as no request is in flight ([`InFlight`] counts them), instead of
 //! sleeping through Pingora's whole grace period when there is nothing left to finish. Just
-//! before it exits, the usage ledger writes every queued record ([`crate::ledger::flush`]).
+//! before it exits, the hooks registered with [`StreamShutdown::on_exit`] run (the server
+//! registers the usage ledger's flush), so this module knows nothing of what they write.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -71,22 +72,20 @@ async fn drained_within(limit: Duration) -> bool {
     clippy::exit,
     reason = "Pingora would otherwise sleep out its whole grace period"
 )]
-fn exit_now() -> ! {
-    flush_ledger();
+fn exit_now(hooks: &[ExitHook]) -> ! {
+    run_hooks(hooks);
     log::info!("no requests in flight: exiting");
     std::process::exit(0)
 }
 
-/// How long shutdown waits for the usage ledger to write what is queued.
-const LEDGER_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Work that must be done before the process exits (e.g. writing queued records); run in
+/// registration order, each at most once per exit path.
+pub type ExitHook = Box<dyn Fn() + Send + Sync>;
 
-/// Writes every queued usage record before the process exits.
-fn flush_ledger() {
-    if !crate::ledger::flush(LEDGER_FLUSH_TIMEOUT) {
-        log::error!(
-            "usage ledger: queued records were not all written within {} s of shutdown",
-            LEDGER_FLUSH_TIMEOUT.as_secs()
-        );
+/// Runs every exit hook in order.
+fn run_hooks(hooks: &[ExitHook]) {
+    for h in hooks {
+        h();
     }
 }
 
@@ -102,15 +101,44 @@ pub fn is_cancelled() -> bool {
 }
 
 /// The background service that times the grace period.
-#[derive(Debug)]
 pub struct StreamShutdown {
     config: Arc<ConfigHandle>,
+    hooks: Vec<ExitHook>,
+}
+
+impl std::fmt::Debug for ExitHooks<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} exit hooks", self.0.len())
+    }
+}
+
+/// Debug view of the hooks (closures have no `Debug`).
+struct ExitHooks<'a>(&'a [ExitHook]);
+
+impl std::fmt::Debug for StreamShutdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamShutdown")
+            .field("config", &self.config)
+            .field("hooks", &ExitHooks(&self.hooks))
+            .finish()
+    }
 }
 
 impl StreamShutdown {
     /// Reads the grace period from `config` when shutdown starts.
     pub fn new(config: Arc<ConfigHandle>) -> Self {
-        Self { config }
+        Self {
+            config,
+            hooks: Vec::new(),
+        }
+    }
+
+    /// Adds `hook` to what runs just before the process exits at the end of a shutdown (and,
+    /// when requests outlive the grace period, before Pingora ends the process).
+    #[must_use]
+    pub fn on_exit(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.hooks.push(Box::new(hook));
+        self
     }
 }
 
@@ -128,16 +156,16 @@ impl BackgroundService for StreamShutdown {
         // Give requests accepted just before the signal a moment to register.
         tokio::time::sleep(Duration::from_millis(100)).await;
         if drained_within(grace.saturating_sub(Duration::from_millis(100))).await {
-            exit_now();
+            exit_now(&self.hooks);
         }
         log::info!("shutdown grace period over: cancelling open streams");
         CANCEL.send_replace(true);
         // Cancelled streams write their error events and finish; then nothing is left.
         if drained_within(Duration::from_secs(1)).await {
-            exit_now();
+            exit_now(&self.hooks);
         }
         // Pingora ends the process at the end of its grace period: write what is queued
         // now (a request still finishing after this loses its record at most).
-        flush_ledger();
+        run_hooks(&self.hooks);
     }
 }

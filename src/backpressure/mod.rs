@@ -216,7 +216,7 @@ pub struct Admission {
     local: LocalLimiter,
     redis: Arc<RedisLimiter>,
     buffers: RequestBuffers,
-    budgets: Arc<crate::budget::Budgets>,
+    budgets: Arc<crate::billing::budget::Budgets>,
 }
 
 /// Decrements the queue depth on drop (also when the waiting future is cancelled).
@@ -234,7 +234,7 @@ impl Admission {
     pub fn new(config: &Config) -> Self {
         let cap = config.server.max_concurrent_upstream_requests;
         let redis = Arc::new(RedisLimiter::new(config.redis.as_ref()));
-        let budgets = Arc::new(crate::budget::Budgets::new(redis.clone()));
+        let budgets = Arc::new(crate::billing::budget::Budgets::new(redis.clone()));
         budgets.warm_later(config);
         Self {
             slots: Arc::new(Semaphore::new(cap)),
@@ -248,7 +248,7 @@ impl Admission {
     }
 
     /// The tenants' budgets (sharing this admission's Redis backend).
-    pub fn budgets(&self) -> &crate::budget::Budgets {
+    pub fn budgets(&self) -> &crate::billing::budget::Budgets {
         &self.budgets
     }
 

@@ -1,5 +1,5 @@
 //! The `ledger:` settings after validation (the usage ledger itself, its writer and
-//! backends live in [`crate::ledger`], which re-exports these): kept in config so that config
+//! backends live in [`crate::billing::ledger`], which re-exports these): kept in config so that config
 //! depends on nothing above it.
 
 use std::path::PathBuf;

@@ -418,7 +418,7 @@ pub struct TenantSection {
 
 /// `tenants.<id>.budget`: what the tenant may be charged, USD at the standard models' sell
 /// prices, per UTC calendar window (any subset; absent: unlimited). A contract:
-/// `{total_usd, monthly_usd, daily_usd}`. See [`crate::budget`].
+/// `{total_usd, monthly_usd, daily_usd}`. See [`crate::billing::budget`].
 #[derive(Debug, Deserialize, Clone, Copy, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSection {

@@ -4,14 +4,14 @@
 //! ttft_ms duration_ms bytes_out input_tokens output_tokens cached_input_tokens
 //! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd client answered_model
 //! failures` (the metering fields
-//! are the request's [`Metered`](crate::metering::Metered); USD with 9 decimals). Bodies and
+//! are the request's [`Metered`](crate::billing::metering::Metered); USD with 9 decimals). Bodies and
 //! keys are never logged (the key appears only as its `key_id`). `client` is the client's
 //! address ([`super::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
 //! `answered_model` is the standard model that answered when a model-level fallback
 //! ([`super::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
 //! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,
 //! e.g. `p1:status_5xx,p1:status_5xx,p2:context_length`; `-` when none). The request's usage record
-//! for the ledger ([`crate::ledger::submit`]) is queued here too, from the same facts. The
+//! for the ledger ([`crate::billing::ledger::submit`]) is queued here too, from the same facts. The
 //! line's metering fields are the answer's; an attempt a hedge race cancelled is metered
 //! apart (`hedge loser metered` on `sluice::proxy::hedge`, its own `hedge_cancelled` ledger
 //! row, and the cost metrics; see [`super::hedge`]).
@@ -73,14 +73,14 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
             .answering_model()
             .filter(|m| ctx.config.models.contains_key(*m))
             .unwrap_or(model);
-        crate::metrics::record_metered(&c.tenant, billed, metered);
+        metered.record_metrics(&c.tenant, billed);
     }
     if let Some(c) = caller {
         // Attempts a hedge race cancelled: Sluice's cost under their own model (its route's
         // prices were applied), never a charge.
         for h in &ctx.cancelled_hedges {
             let m = h.metered();
-            crate::metrics::record_metered(&c.tenant, &h.model, &m);
+            m.record_metrics(&c.tenant, &h.model);
             log::info!(
                 target: "sluice::proxy::hedge",
                 "hedge loser metered request_id={} provider={} upstream_model={} input_tokens={} cost_usd={} estimated=true",
@@ -165,11 +165,11 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     ledger_record(ctx, status, outcome);
 }
 
-/// Builds the ledger record of a finished request and queues it ([`crate::ledger::submit`]):
+/// Builds the ledger record of a finished request and queues it ([`crate::billing::ledger::submit`]):
 /// built here, where the access log is written, so the ledger never knows the request
 /// context (ledger -> proxy would be a cycle). `status` and `label` are the access log's status and outcome.
 fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
-    if crate::ledger::running().is_none() {
+    if crate::billing::ledger::running().is_none() {
         return;
     }
     // The model that answered: the one whose prices the record's charge used (the model
@@ -187,7 +187,7 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let to_ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let time = now_ms.saturating_sub(i64::try_from(duration.as_millis()).unwrap_or(0));
-    crate::ledger::submit(crate::ledger::UsageRecord {
+    crate::billing::ledger::submit(crate::billing::ledger::UsageRecord {
         time,
         request_id: ctx.request_id.clone(),
         tenant: caller.tenant.clone(),
@@ -204,7 +204,7 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         cost_usd: m.cost_usd,
         charge_usd: m.charge_usd,
         status,
-        outcome: crate::ledger::outcome_class(label, status).to_string(),
+        outcome: crate::billing::ledger::outcome_class(label, status).to_string(),
         ttft_ms: o.ttft.map(to_ms),
         duration_ms: to_ms(duration),
         fallback_depth: u32::try_from(ctx.fallback_depth()).unwrap_or(u32::MAX),
@@ -212,13 +212,13 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         ingress: ctx.dialect.as_str().to_string(),
     });
     // One row per attempt a hedge race cancelled: Sluice's estimated cost, never a charge;
-    // readers count requests without these rows ([`crate::ledger::HEDGE_CANCELLED`]).
+    // readers count requests without these rows ([`crate::billing::ledger::HEDGE_CANCELLED`]).
     for h in &ctx.cancelled_hedges {
-        crate::ledger::submit(cancelled_hedge_record(ctx, caller, h, time));
+        crate::billing::ledger::submit(cancelled_hedge_record(ctx, caller, h, time));
     }
 }
 
-/// The ledger row of an attempt a hedge race cancelled ([`crate::metering::CancelledHedge`]):
+/// The ledger row of an attempt a hedge race cancelled ([`crate::billing::metering::CancelledHedge`]):
 /// the request's ids, arrival `time` (unix ms) and ingress, the loser's model, provider and
 /// upstream model, its estimated input at its route's price, output 0, charge 0,
 /// `estimated`, status 0 (it wrote nothing), outcome `hedge_cancelled`, one attempt, no
@@ -226,11 +226,11 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
 fn cancelled_hedge_record(
     ctx: &RequestCtx,
     caller: &crate::auth::Caller,
-    h: &crate::metering::CancelledHedge,
+    h: &crate::billing::metering::CancelledHedge,
     time: i64,
-) -> crate::ledger::UsageRecord {
+) -> crate::billing::ledger::UsageRecord {
     let m = h.metered();
-    crate::ledger::UsageRecord {
+    crate::billing::ledger::UsageRecord {
         time,
         request_id: ctx.request_id.clone(),
         tenant: caller.tenant.clone(),
@@ -247,7 +247,7 @@ fn cancelled_hedge_record(
         cost_usd: m.cost_usd,
         charge_usd: m.charge_usd,
         status: 0,
-        outcome: crate::ledger::HEDGE_CANCELLED.to_string(),
+        outcome: crate::billing::ledger::HEDGE_CANCELLED.to_string(),
         ttft_ms: None,
         duration_ms: u64::try_from(h.ran.as_millis()).unwrap_or(u64::MAX),
         fallback_depth: u32::try_from(h.fallback_depth).unwrap_or(u32::MAX),

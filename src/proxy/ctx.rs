@@ -6,9 +6,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::auth::Caller;
+use crate::billing::metering::{CancelledHedge, Metered};
 use crate::config::Config;
 use crate::error::AttemptError;
-use crate::metering::{CancelledHedge, Metered};
 use crate::outcome::Outcome;
 use crate::protocol::Dialect;
 
@@ -79,7 +79,7 @@ pub struct RequestCtx {
     pub cancelled_hedges: Vec<CancelledHedge>,
     /// The money reserved against the tenant's budget, settled in `logging` with the
     /// metered charge (dropped unsettled, it releases the money).
-    pub budget: Option<crate::budget::Reservation>,
+    pub budget: Option<crate::billing::budget::Reservation>,
     /// Counts this request as in flight (graceful shutdown waits for the count to reach 0).
     pub in_flight: crate::shutdown::InFlight,
     /// Set when the request matched a passthrough route (Pingora's native proxy path).
@@ -163,7 +163,7 @@ pub fn request_id(from_client: Option<&[u8]>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metering::Prices;
+    use crate::billing::metering::Prices;
     use std::time::Duration;
 
     fn ctx() -> RequestCtx {

@@ -253,8 +253,8 @@ async fn infer(
 
     // The budget first: a tenant without money left takes no rate-limit or queue place.
     // The tokenizer runs only for a tenant with a budget (the estimate is cached).
-    if crate::budget::Budgets::budget_of(&config, &caller.tenant).is_some() {
-        let reserve = crate::budget::reservation_usd(
+    if crate::billing::budget::Budgets::budget_of(&config, &caller.tenant).is_some() {
+        let reserve = crate::billing::budget::reservation_usd(
             model,
             req.estimated_input_tokens(),
             req.needs.requested_max_output_tokens,

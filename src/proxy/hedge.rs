@@ -25,7 +25,7 @@
 //!   `attempts`) and `sluice_upstream_attempts_total{outcome="hedge_cancelled"}`. It
 //!   delivered no event, so no usage figure came from the provider, but the provider was
 //!   sent the prompt and may bill it: its usage is recorded as Sluice's estimate
-//!   ([`CancelledHedge`], priced by [`crate::metering::Metered::cancelled_hedge`]): the
+//!   ([`CancelledHedge`], priced by [`crate::billing::metering::Metered::cancelled_hedge`]): the
 //!   request's input-token estimate (computed at most once per request, after the attempt
 //!   loop, so never before the winner's first byte; for a stream whose provider reported
 //!   the input before the commit, that figure, the same prompt counted by a provider; for
@@ -54,9 +54,9 @@ use super::ctx::RequestCtx;
 use super::request::InferenceRequest;
 use super::upstream::{client_gone, Attempt, ClientGone};
 use crate::backpressure::provider as provider_cap;
+use crate::billing::metering::CancelledHedge;
 use crate::config::opt_in::HedgeAfter;
 use crate::config::Model;
-use crate::metering::CancelledHedge;
 use crate::metrics::metrics;
 use crate::routing::health::Health;
 use crate::routing::Candidate;
@@ -475,7 +475,7 @@ fn cancelled(ctx: &mut RequestCtx, model: &Model, loser: &Candidate<'_>, started
         model: model.id.clone(),
         provider: route.provider.id.clone(),
         upstream_model: route.upstream_model.clone(),
-        prices: crate::metering::Prices::cost(route),
+        prices: crate::billing::metering::Prices::cost(route),
         ran: started.elapsed(),
         fallback_depth,
         input_tokens: 0,

@@ -276,7 +276,8 @@ impl ProxyHttp for Gateway {
             return;
         }
         // Metering: the request's usage priced, for the access log, metrics and ledger.
-        ctx.metered = crate::metering::meter(&ctx.config, ctx.answering_model(), &ctx.outcome);
+        ctx.metered =
+            crate::billing::metering::meter(&ctx.config, ctx.answering_model(), &ctx.outcome);
         // The budget learns the real charge (an aborted stream: what was streamed).
         if let Some(r) = ctx.budget.take() {
             r.settle(ctx.metered.map_or(0.0, |m| m.charge_usd));

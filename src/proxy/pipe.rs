@@ -28,8 +28,8 @@
 
 use bytes::{Bytes, BytesMut};
 
+use crate::billing::metering::{self, OutputEstimator};
 use crate::config::Route;
-use crate::metering::{self, OutputEstimator};
 use crate::metrics::metrics;
 use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
 use crate::providers;

@@ -188,8 +188,8 @@ pub(super) async fn unary(
         set_usage(ctx, &usage, false);
     } else {
         // No usage in the body: estimated from its text.
-        let mut est = crate::metering::OutputEstimator::default();
-        crate::metering::stream_text(upstream, &body, true, |t| est.push_json(t));
+        let mut est = crate::billing::metering::OutputEstimator::default();
+        crate::billing::metering::stream_text(upstream, &body, true, |t| est.push_json(t));
         estimate_usage(ctx, None, est.tokens());
     }
     ctx.outcome.provider = Some(route.provider.id.clone());

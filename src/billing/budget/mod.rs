@@ -51,10 +51,10 @@ use std::time::Duration;
 pub use window::{Clock, ManualClock, Period, SystemClock, Window};
 
 use crate::backpressure::redis::RedisLimiter;
+use crate::billing::metering::Prices;
 use crate::config::schema::BudgetSection;
 use crate::config::{Config, Model};
 use crate::error::GatewayError;
-use crate::metering::Prices;
 use crate::metrics::metrics;
 
 /// The margin on a reservation: the estimated worst charge × this.
@@ -202,7 +202,7 @@ impl Exceeded {
         let when = match self.resets_at_ms {
             Some(ms) => format!(
                 "; it starts over at {}",
-                crate::ledger::rfc3339_ms::format(ms)
+                crate::billing::ledger::rfc3339_ms::format(ms)
             ),
             None => String::new(),
         };
@@ -520,7 +520,7 @@ fn exceeded(
 
 /// Reads `tenant`'s charges from the running ledger (nothing when no ledger runs).
 async fn load_seed(tenant: &str, now_ms: i64) -> Seed {
-    let Some(settings) = crate::ledger::running().cloned() else {
+    let Some(settings) = crate::billing::ledger::running().cloned() else {
         return Seed {
             at_ms: now_ms,
             spent: [0; 3],
@@ -531,15 +531,15 @@ async fn load_seed(tenant: &str, now_ms: i64) -> Seed {
         let mut spent = [0i64; 3];
         for w in Window::ALL {
             let p = w.period(now_ms);
-            let filter = crate::ledger::query::Filter {
+            let filter = crate::billing::ledger::query::Filter {
                 since: (w != Window::Total).then_some(p.start_ms),
                 tenant: Some(t.clone()),
                 ..Default::default()
             };
-            let rows = crate::ledger::query::summary(&settings, &filter)?;
+            let rows = crate::billing::ledger::query::summary(&settings, &filter)?;
             spent[w.index()] = rows.iter().map(|r| to_nano(r.charge_usd)).sum();
         }
-        Ok::<_, crate::ledger::LedgerError>(spent)
+        Ok::<_, crate::billing::ledger::LedgerError>(spent)
     });
     match tokio::time::timeout(SEED_TIMEOUT, read).await {
         Ok(Ok(Ok(spent))) => Seed {
@@ -547,7 +547,7 @@ async fn load_seed(tenant: &str, now_ms: i64) -> Seed {
             spent,
         },
         // A ledger that holds no file yet has charged nothing.
-        Ok(Ok(Err(crate::ledger::LedgerError::Missing(_)))) => Seed {
+        Ok(Ok(Err(crate::billing::ledger::LedgerError::Missing(_)))) => Seed {
             at_ms: now_ms,
             spent: [0; 3],
         },
@@ -557,8 +557,7 @@ async fn load_seed(tenant: &str, now_ms: i64) -> Seed {
                 Ok(Err(e)) => e.to_string(),
                 _ => format!("no answer within {} s", SEED_TIMEOUT.as_secs()),
             };
-            log::error!(
-                "budget of tenant `{tenant}`: the usage ledger could not be read ({why}); its \
+            log::error!(target: "sluice::budget", "budget of tenant `{tenant}`: the usage ledger could not be read ({why}); its \
                  earlier charges are not counted, only those from now on"
             );
             Seed {

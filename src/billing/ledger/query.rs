@@ -531,7 +531,7 @@ pub fn admin_usage(
             body: body.into_bytes(),
         },
         Err(e) => {
-            log::error!("GET /admin/usage: {e}");
+            log::error!(target: "sluice::ledger::query", "GET /admin/usage: {e}");
             admin_error(
                 503,
                 "ledger_unavailable",
@@ -547,7 +547,7 @@ pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::writer::tests::rec;
+    use crate::billing::ledger::writer::tests::rec;
 
     #[test]
     fn the_summary_names_the_hedge_cancelled_outcome_it_leaves_out_of_request_counts() {

@@ -27,7 +27,7 @@
 //! may lose the last batches too.
 //!
 //! **What a record holds.** Metadata only, never prompt or completion text: the request's
-//! [`Metered`](crate::metering::Metered) usage, cost and charge. `estimated` is `true` when
+//! [`Metered`](crate::billing::metering::Metered) usage, cost and charge. `estimated` is `true` when
 //! the answer ended without the provider's `usage` and Sluice estimated it. Unauthenticated
 //! requests and requests that name no model (bad JSON, `GET /v1/models`) are only in the
 //! access log.
@@ -247,18 +247,21 @@ impl pingora::services::background::BackgroundService for LedgerService {
         match opened {
             Ok(Ok(sink)) => {
                 let s = pending.settings();
-                log::info!(
-                    "usage ledger: {} (flush every {} ms, queue {} records)",
+                log::info!(target: "sluice::ledger", "usage ledger: {} (flush every {} ms, queue {} records)",
                     s.backend,
                     s.flush_interval.as_millis(),
                     s.queue_capacity
                 );
                 if let Err(e) = pending.spawn(sink) {
-                    log::error!("usage ledger: cannot start the writer thread: {e}");
+                    log::error!(target: "sluice::ledger", "usage ledger: cannot start the writer thread: {e}");
                 }
             }
-            Ok(Err(e)) => log::error!("usage ledger: cannot open: {e}; usage is not recorded"),
-            Err(e) => log::error!("usage ledger: cannot open: {e}; usage is not recorded"),
+            Ok(Err(e)) => {
+                log::error!(target: "sluice::ledger", "usage ledger: cannot open: {e}; usage is not recorded")
+            }
+            Err(e) => {
+                log::error!(target: "sluice::ledger", "usage ledger: cannot open: {e}; usage is not recorded")
+            }
         }
         // The writer thread runs on; the service lives as long as it (the final flush is
         // [`crate::shutdown`]'s, just before the process exits).
@@ -276,6 +279,22 @@ pub fn running() -> Option<&'static LedgerSettings> {
 pub fn submit(rec: UsageRecord) {
     if let Some(w) = WRITER.get() {
         w.submit(rec);
+    }
+}
+
+/// How long the exit hook waits for the ledger to write what is queued.
+const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Writes every queued usage record before the process exits (the server registers it as a
+/// shutdown exit hook, [`crate::shutdown::StreamShutdown::on_exit`]); logs an error when
+/// that takes longer than 5 s.
+pub fn flush_at_exit() {
+    if !flush(EXIT_FLUSH_TIMEOUT) {
+        log::error!(
+            target: "sluice::shutdown",
+            "usage ledger: queued records were not all written within {} s of shutdown",
+            EXIT_FLUSH_TIMEOUT.as_secs()
+        );
     }
 }
 

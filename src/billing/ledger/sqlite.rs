@@ -214,7 +214,7 @@ impl SqliteLedger {
                 [i64::try_from(i + 1).unwrap_or(i64::MAX)],
             )
             .map_err(wrap)?;
-            log::info!("usage ledger {path}: schema migrated to version {}", i + 1);
+            log::info!(target: "sluice::ledger::sqlite", "usage ledger {path}: schema migrated to version {}", i + 1);
         }
         tx.commit().map_err(wrap)
     }
@@ -349,7 +349,7 @@ impl Sink for SqliteLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::writer::tests::rec;
+    use crate::billing::ledger::writer::tests::rec;
 
     fn temp(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!(
@@ -433,7 +433,7 @@ mod tests {
         loser.estimated = true;
         loser.cost_usd = 0.25;
         loser.status = 0;
-        loser.outcome = crate::ledger::HEDGE_CANCELLED.into();
+        loser.outcome = crate::billing::ledger::HEDGE_CANCELLED.into();
         loser.ttft_ms = None;
         // Another request, estimated.
         let mut other = rec(1);

@@ -232,8 +232,7 @@ pub fn settle(
             .ratelimit_backend_errors_total
             .with_label_values(&["budget_settle"])
             .inc();
-        log::warn!(
-            "budget settlement of tenant `{tenant}` not written to Redis ({failed}): {} USD \
+        log::warn!(target: "sluice::budget::shared", "budget settlement of tenant `{tenant}` not written to Redis ({failed}): {} USD \
              charged is in the ledger but not in the shared budget",
             super::to_usd(charge)
         );

@@ -81,8 +81,7 @@ fn note_drop(capacity: usize) {
             .is_ok()
     {
         let n = DROPPED_UNLOGGED.swap(0, Ordering::Relaxed);
-        log::warn!(
-            "usage ledger queue full ({capacity} records): dropped {n} usage record(s); \
+        log::warn!(target: "sluice::ledger::writer", "usage ledger queue full ({capacity} records): dropped {n} usage record(s); \
              the writer is behind or failing (see sluice_ledger_dropped_total)"
         );
     }
@@ -276,8 +275,7 @@ fn write(sink: &mut dyn Sink, batch: &mut Vec<UsageRecord>, at: &str, last_log: 
             let now = now_ms();
             if now.saturating_sub(*last_log) >= ERROR_LOG_INTERVAL_MS {
                 *last_log = now;
-                log::error!(
-                    "usage ledger {at}: writing {} record(s) failed, retrying: {e}",
+                log::error!(target: "sluice::ledger::writer", "usage ledger {at}: writing {} record(s) failed, retrying: {e}",
                     batch.len()
                 );
             }

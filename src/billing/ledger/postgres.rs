@@ -127,7 +127,7 @@ impl PostgresLedger {
             let url = redacted_url(&self.url);
             self.rt.spawn(async move {
                 if let Err(e) = conn.await {
-                    log::warn!("usage ledger {url}: connection closed: {e}");
+                    log::warn!(target: "sluice::ledger::postgres", "usage ledger {url}: connection closed: {e}");
                 }
             });
             self.client = Some(client);
@@ -226,7 +226,7 @@ impl PostgresLedger {
                 let next = i64::try_from(i + 1).unwrap_or(i64::MAX);
                 tx.execute("INSERT INTO ledger_schema (version) VALUES ($1)", &[&next])
                     .await?;
-                log::info!("usage ledger {at}: schema migrated to version {next}");
+                log::info!(target: "sluice::ledger::postgres", "usage ledger {at}: schema migrated to version {next}");
             }
             tx.commit().await?;
             Ok(Ok(v))
