@@ -47,6 +47,7 @@
 
 pub mod postgres;
 pub mod query;
+pub mod rows;
 pub mod sqlite;
 pub mod writer;
 
