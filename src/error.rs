@@ -125,6 +125,19 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
+    /// The 404 `model_not_found` for a model id that names no configured standard model
+    /// (echoing at most 256 characters of what the client sent).
+    pub fn model_not_found(id: &str) -> Self {
+        let shown: String = id.chars().take(256).collect();
+        let ellipsis = if shown.len() < id.len() { "…" } else { "" };
+        GatewayError::NotFound {
+            message: format!(
+                "The model `{shown}{ellipsis}` does not exist or you do not have access to it."
+            ),
+            code: "model_not_found",
+        }
+    }
+
     /// A 400 with a parameter name.
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
         Self::InvalidRequest {

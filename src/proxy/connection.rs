@@ -106,8 +106,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::edge::ConnectionCap;
+use super::gateway::Gateway;
 use super::head_guard::{self, HeadLimits, HeadScan};
-use super::Gateway;
 use crate::config::ConfigHandle;
 use crate::error::GatewayError;
 use crate::metrics::metrics;

@@ -37,7 +37,8 @@ use pingora::proxy::Session;
 
 use super::ctx::RequestCtx;
 use super::pipe::StreamPipe;
-use super::pump::{self, Pumped, StreamError};
+use super::pump;
+use super::pump_end::{Pumped, StreamError};
 use super::request::InferenceRequest;
 use super::upstream::{client_gone, Attempt, ClientGone};
 use crate::backpressure::provider as provider_cap;

@@ -45,12 +45,14 @@ use pingora::proxy::Session;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
-use super::attempt::ClientGone;
 use super::ctx::RequestCtx;
-use super::endpoints::{self, ChatError};
+use super::endpoints;
+use super::gateway::Gateway;
 use super::request::{self, PREFERENCE_HEADER};
+use super::respond;
+use super::respond::ChatError;
 use super::upstream::client_gone;
-use super::{respond, Gateway};
+use super::upstream::ClientGone;
 use crate::config::{Model, ProviderKind, Route};
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
@@ -172,7 +174,7 @@ pub(super) async fn handle(
         .models
         .get(&req.canonical.model)
         .filter(|_| caller.may_use_model(&req.canonical.model))
-        .ok_or_else(|| endpoints::model_not_found(&req.canonical.model))?;
+        .ok_or_else(|| GatewayError::model_not_found(&req.canonical.model))?;
     if routing::uses_input_estimate(model, &caller) {
         req.needs.estimated_input_tokens = protocol::tokens::estimate_input_tokens(&req.canonical);
     }

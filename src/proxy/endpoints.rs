@@ -22,8 +22,10 @@ use serde_json::json;
 
 use super::attempt::{self, ClientGone};
 use super::ctx::{ActiveStreamGuard, RequestCtx};
+use super::gateway::Gateway;
 use super::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
-use super::{count_tokens, respond, Gateway};
+use super::respond::ChatError;
+use super::{count_tokens, respond};
 use crate::auth::{presented_key, Caller};
 use crate::backpressure::Admission;
 use crate::error::GatewayError;
@@ -149,7 +151,7 @@ async fn models(
     let body = match one {
         Some(id) => match visible.into_iter().next() {
             Some(m) => m,
-            None => return Err(model_not_found(&id).into()),
+            None => return Err(GatewayError::model_not_found(&id).into()),
         },
         None => json!({"object": "list", "data": visible}),
     };
@@ -157,32 +159,6 @@ async fn models(
     respond::write_json(session, ctx, 200, bytes, &[])
         .await
         .map_err(|_| ChatError::Gone(ClientGone("writing")))
-}
-
-pub(super) fn model_not_found(id: &str) -> GatewayError {
-    // Echo at most 256 characters of what the client sent.
-    let shown: String = id.chars().take(256).collect();
-    let ellipsis = if shown.len() < id.len() { "…" } else { "" };
-    GatewayError::NotFound {
-        message: format!(
-            "The model `{shown}{ellipsis}` does not exist or you do not have access to it."
-        ),
-        code: "model_not_found",
-    }
-}
-
-/// Why a request ended without a proxied answer.
-pub(super) enum ChatError {
-    /// Answer the client this error (in its dialect).
-    Client(GatewayError),
-    /// The client left.
-    Gone(ClientGone),
-}
-
-impl From<GatewayError> for ChatError {
-    fn from(e: GatewayError) -> Self {
-        Self::Client(e)
-    }
 }
 
 /// Counts a request whose body never fully arrived (`sluice_request_read_aborts_total`).
@@ -247,7 +223,7 @@ async fn infer(
         .models
         .get(&req.model)
         .filter(|_| caller.may_use_model(&req.model))
-        .ok_or_else(|| model_not_found(&req.model))?;
+        .ok_or_else(|| GatewayError::model_not_found(&req.model))?;
     // The body's `models` are checked as `model` is (refused before any admission).
     super::fallback::check_body_models(&config, &caller, &req.models)?;
 

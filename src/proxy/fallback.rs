@@ -84,7 +84,7 @@ pub fn check_body_models(
         .iter()
         .find(|m| !config.models.contains_key(*m) || !caller.may_use_model(m))
     {
-        Some(m) => Err(super::endpoints::model_not_found(m)),
+        Some(m) => Err(GatewayError::model_not_found(m)),
         None => Ok(()),
     }
 }

@@ -49,8 +49,8 @@ use crate::proxy::pool::Connector;
 use pingora::proxy::Session;
 use tokio::time::Instant;
 
-use super::attempt::{commit, prepare, Phase, Ready};
 use super::ctx::RequestCtx;
+use super::open::{commit, prepare, Phase, Ready};
 use super::request::InferenceRequest;
 use super::upstream::{client_gone, Attempt, ClientGone};
 use crate::backpressure::provider as provider_cap;

@@ -29,20 +29,20 @@ pub mod ctx;
 pub mod edge;
 pub mod endpoints;
 pub mod fallback;
+pub mod gateway;
 pub mod head_guard;
 pub mod hedge;
 pub mod hop_by_hop;
+pub mod open;
 mod pipe;
 pub mod pool;
 mod pump;
+mod pump_end;
 pub mod request;
 pub mod respond;
 mod unary;
 mod upstream;
 
-use std::sync::Arc;
-
-use crate::proxy::pool::Connector;
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::RequestHeader;
@@ -50,44 +50,9 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
 
-use crate::backpressure::Admission;
-use crate::config::ConfigHandle;
 use crate::error::GatewayError;
 use ctx::RequestCtx;
-
-/// How long an idle downstream keep-alive connection is kept, seconds.
-pub const DOWNSTREAM_KEEPALIVE_S: u64 = 75;
-
-/// The gateway: shared, immutable-per-process state behind the proxy service.
-pub struct Gateway {
-    /// Live configuration (hot-reloaded).
-    pub config: Arc<ConfigHandle>,
-    /// The upstream connector: one per process (it owns the connection pools; [`pool`]).
-    pub connector: Connector,
-    /// Admission control: global concurrency, queue, tenant limits.
-    pub admission: Arc<Admission>,
-    /// The passthrough routes (swapped by hot reload).
-    pub passthrough: Arc<crate::passthrough::Router>,
-}
-
-impl std::fmt::Debug for Gateway {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway").finish_non_exhaustive()
-    }
-}
-
-impl Gateway {
-    /// A gateway over `config`.
-    pub fn new(config: Arc<ConfigHandle>, admission: Arc<Admission>) -> Self {
-        let passthrough = Arc::new(crate::passthrough::Router::new(&config.snapshot()));
-        Self {
-            config,
-            connector: Connector::new(),
-            admission,
-            passthrough,
-        }
-    }
-}
+pub use gateway::{Gateway, DOWNSTREAM_KEEPALIVE_S};
 
 #[async_trait]
 impl ProxyHttp for Gateway {

@@ -18,10 +18,11 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
-use super::attempt::ReadyParts;
 use super::continuation;
 use super::ctx::RequestCtx;
+use super::open::ReadyParts;
 use super::pipe::{PipeError, StreamPipe};
+use super::pump_end::{Pumped, StreamError};
 use super::request::InferenceRequest;
 use super::respond;
 use super::upstream::{
@@ -374,18 +375,6 @@ pub(super) async fn stream(
             end_with_error(session, ctx, &mut pipe, err).await
         }
     }
-}
-
-/// How pumping a committed stream ([`pump_body`]) ended.
-pub(super) enum Pumped {
-    /// The stream ended cleanly; its final output, to be written after the upstream
-    /// connection went back to the pool ([`end_cleanly`]).
-    End(Option<Bytes>),
-    /// It failed; the pipe may hold events completed before the failure, which are the
-    /// client's ([`write_pending`]).
-    Failed(StreamError),
-    /// The client left (the caller closes the upstream and records usage).
-    Gone,
 }
 
 /// Phase 2 of a stream, after the commit: pumps `up` through `pipe` to the client until the
@@ -741,34 +730,6 @@ async fn coalesce_ready(
         }
     }
     ReadyStop::Pending
-}
-
-/// How a committed stream ends badly: the SSE error event's fields.
-pub(super) struct StreamError {
-    /// `sluice_stream_errors_total` reason, and the event's `code`.
-    pub reason: &'static str,
-    /// Canonical kind (types the error event of non-Chat clients).
-    pub kind: protocol::ErrorKind,
-    /// OpenAI error type: the provider's own for an in-band error, else `api_error`.
-    pub error_type: String,
-    /// What the client is told.
-    pub message: String,
-}
-
-impl StreamError {
-    /// An error Sluice itself ends the stream with.
-    fn gateway(reason: &'static str, message: String) -> Self {
-        Self {
-            reason,
-            kind: match reason {
-                "shutdown" => protocol::ErrorKind::Overloaded,
-                "idle_timeout" | "first_event_timeout" => protocol::ErrorKind::Timeout,
-                _ => protocol::ErrorKind::Api,
-            },
-            error_type: "api_error".into(),
-            message,
-        }
-    }
 }
 
 /// The stream error for an upstream read that failed mid-stream.
