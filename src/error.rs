@@ -289,7 +289,7 @@ pub enum AttemptFailure {
     /// (the same `protocol` label; retried under `retry.on: connection_reset`).
     Reset,
     /// The provider rejected the request as too long for the route's context window
-    /// (see [`crate::proxy::fallback::is_context_rejection`]): never retried on the route,
+    /// (see [`crate::engine::fallback::is_context_rejection`]): never retried on the route,
     /// it goes on to a larger route or a `context_fallback_models` model.
     ContextLength,
 }

@@ -21,7 +21,7 @@ use crate::admin::AdminApp;
 use crate::backpressure::Admission;
 use crate::cli::Args;
 use crate::config::{Config, ConfigHandle};
-use crate::proxy::connection::DownstreamApp;
+use crate::edge::connection::DownstreamApp;
 use crate::proxy::Gateway;
 use crate::reload::Reloader;
 use crate::routing::probe::HealthProber;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::backpressure::Admission;
 use crate::config::ConfigHandle;
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 
 /// How long an idle downstream keep-alive connection is kept, seconds.
 pub const DOWNSTREAM_KEEPALIVE_S: u64 = 75;

@@ -38,27 +38,27 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
-use super::ctx::RequestCtx;
-use super::endpoints;
-use super::gateway::Gateway;
-use super::request::{self, PREFERENCE_HEADER};
-use super::respond;
-use super::respond::ChatError;
-use super::upstream::client_gone;
-use super::upstream::ClientGone;
 use crate::config::{Model, ProviderKind, Route};
+use crate::engine::upstream::client_gone;
+use crate::engine::upstream::ClientGone;
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
+use crate::ingress::endpoints;
+use crate::ingress::request::{self, PREFERENCE_HEADER};
+use crate::ingress::respond;
+use crate::ingress::respond::ChatError;
 use crate::metrics::metrics;
 use crate::protocol::{self, messages::count, Dialect};
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::{self, anthropic};
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::gateway::Gateway;
 use crate::routing::health::Health;
 use crate::routing::{self, Preference, RouteNeeds};
 
@@ -147,7 +147,7 @@ enum Counted {
 /// # Errors
 /// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
 /// [`ChatError::Gone`] when the client left.
-pub(super) async fn handle(
+pub(crate) async fn handle(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -230,8 +230,7 @@ pub(super) async fn handle(
             }
             Counted::Gone(g) => return Err(ChatError::Gone(g)),
             Counted::Failed(ae) => {
-                log::info!(
-                    target: "sluice::proxy::count_tokens",
+                log::info!(target: "sluice::proxy::count_tokens",
                     "token count failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
                     ctx.request_id, ae.provider, ae.upstream_model, ae.failure.label(), ae.detail
                 );
@@ -353,7 +352,7 @@ async fn provider_count(
         match exchanged {
             Ok(Ok(())) => break up,
             Ok(Err(e)) if reused && fresh_tries == 0 => {
-                log::debug!("stale pooled upstream connection: {e}");
+                log::debug!(target: "sluice::proxy::count_tokens", "stale pooled upstream connection: {e}");
                 fresh_tries += 1;
             }
             Ok(Err(e)) => {

@@ -3,7 +3,7 @@
 //! pumped through the [`StreamPipe`] with heartbeats in the client's dialect, idle, first
 //! event and duration limits, coalesced writes and client-disconnect detection. After the
 //! commit a failure ends the stream with the client's in-stream error event, unless the
-//! model opted in to mid-stream continuation ([`super::continuation`]), which may splice the
+//! model opted in to mid-stream continuation ([`crate::engine::continuation`]), which may splice the
 //! rest of the answer from the next candidate into the same stream first. At the commit the
 //! request's parsed body is released (nothing is replayed after it; continuation keeps it).
 //!
@@ -12,29 +12,29 @@
 
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
-use super::continuation;
-use super::ctx::RequestCtx;
-use super::open::ReadyParts;
-use super::pipe::{PipeError, StreamPipe};
-use super::pump_end::{Pumped, StreamError};
-use super::request::InferenceRequest;
-use super::respond;
-use super::upstream::{
+use crate::config::{HopTimeouts, Model, Route};
+use crate::engine::continuation;
+use crate::engine::open::ReadyParts;
+use crate::engine::upstream::{
     client_gone, estimate_usage, failed, release_or_close, set_usage, unix_now, Attempt, ClientGone,
 };
-use crate::config::{HopTimeouts, Model, Route};
 use crate::error::{AttemptFailure, GatewayError};
+use crate::ingress::request::InferenceRequest;
+use crate::ingress::respond;
 use crate::metrics::metrics;
 use crate::protocol;
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
+use crate::proxy::ctx::RequestCtx;
 use crate::routing::Candidate;
+use crate::stream::end::{Pumped, StreamError};
+use crate::stream::pipe::{PipeError, StreamPipe};
 
 /// Most output bytes gathered from already-received upstream chunks into one downstream
 /// write (see [`coalesce_ready`]).
@@ -43,16 +43,16 @@ const COALESCE_BYTES: usize = 16 * 1024;
 /// A stream held before its commit: the upstream answered 2xx and its first data event (or
 /// the early-commit deadline) arrived; nothing was written to the client yet. What
 /// [`first_event`] hands to [`stream`].
-pub(super) struct Held<'r> {
+pub(crate) struct Held<'r> {
     /// The pipe, holding the complete events read so far.
-    pub(super) pipe: StreamPipe<'r>,
+    pub(crate) pipe: StreamPipe<'r>,
     /// The upstream body already ended (the whole answer arrived before the commit).
-    pub(super) ended: bool,
+    pub(crate) ended: bool,
     /// When the first data event is due (`first_event_timeout_ms` after the head).
-    pub(super) first_event_deadline: Instant,
+    pub(crate) first_event_deadline: Instant,
     /// When the read that brought the first data event completed (`None`: early commit
     /// before any event).
-    pub(super) first_event_at: Option<Instant>,
+    pub(crate) first_event_at: Option<Instant>,
 }
 
 /// Phase 1 of a streaming answer, before the commit: reads the upstream until its first data
@@ -65,7 +65,7 @@ pub(super) struct Held<'r> {
     clippy::too_many_lines,
     reason = "one linear state machine reads best in one place"
 )]
-pub(super) async fn first_event<'r>(
+pub(crate) async fn first_event<'r>(
     ctx: &RequestCtx,
     req: &InferenceRequest,
     model: &Model,
@@ -219,7 +219,7 @@ pub(super) async fn first_event<'r>(
     clippy::too_many_arguments,
     reason = "the loop's state is passed explicitly, not hidden in the ctx"
 )]
-pub(super) async fn stream(
+pub(crate) async fn stream(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -297,7 +297,7 @@ pub(super) async fn stream(
         up.shutdown().await;
         return Attempt::Gone(ClientGone("writing"));
     }
-    super::upstream::trial_answered(route);
+    crate::engine::upstream::trial_answered(route);
     if pipe.first_content {
         ctx.outcome.ttft = Some(ctx.received.elapsed());
     }
@@ -389,7 +389,7 @@ pub(super) async fn stream(
     clippy::too_many_lines,
     reason = "one linear state machine reads best in one place"
 )]
-pub(super) async fn pump_body(
+pub(crate) async fn pump_body(
     session: &mut Session,
     ctx: &mut RequestCtx,
     up: &mut UpstreamSession,
@@ -596,7 +596,7 @@ pub(super) async fn pump_body(
 /// Ends a stream that completed: the upstream connection goes back to the pool before the
 /// client sees the end (a client that sends its next request on `[DONE]` finds it there),
 /// then `last` is written with the end of the response.
-pub(super) async fn end_cleanly(
+pub(crate) async fn end_cleanly(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -619,7 +619,7 @@ pub(super) async fn end_cleanly(
 ///
 /// # Errors
 /// The [`Attempt`] to return when the client left.
-pub(super) async fn write_pending(
+pub(crate) async fn write_pending(
     session: &mut Session,
     ctx: &mut RequestCtx,
     pipe: &mut StreamPipe<'_>,
@@ -645,7 +645,7 @@ pub(super) async fn write_pending(
 
 /// Ends a committed stream that failed with the client's in-stream error event (the
 /// upstream is closed and the pending events written already).
-pub(super) async fn end_with_error(
+pub(crate) async fn end_with_error(
     session: &mut Session,
     ctx: &mut RequestCtx,
     pipe: &mut StreamPipe<'_>,
@@ -734,8 +734,7 @@ async fn coalesce_ready(
 
 /// The stream error for an upstream read that failed mid-stream.
 fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamError {
-    log::warn!(
-        "upstream stream broke request_id={request_id} provider={} error={e}",
+    log::warn!(target: "sluice::proxy::pump", "upstream stream broke request_id={request_id} provider={} error={e}",
         route.provider.id
     );
     StreamError::gateway(
@@ -759,8 +758,7 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
             message: providers::scrub_key(&route.provider, &message),
         },
         PipeError::Framing { reason, message } => {
-            log::warn!(
-                "upstream stream ended badly provider={} reason={reason} detail={message:?}",
+            log::warn!(target: "sluice::proxy::pump", "upstream stream ended badly provider={} reason={reason} detail={message:?}",
                 route.provider.id
             );
             StreamError::gateway(reason, message)
@@ -770,7 +768,7 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
 
 /// Records usage for a finished stream (metering): the provider's final `usage` when the
 /// stream completed with one, else an estimate (see [`estimate_usage`]).
-pub(super) fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
+pub(crate) fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
     match pipe.final_usage() {
         Some(u) => set_usage(ctx, &u, false),
         None => {

@@ -6,10 +6,10 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-use super::ctx::RequestCtx;
-use super::upstream::ClientGone;
+use crate::engine::upstream::ClientGone;
 use crate::error::{retry_after_header, retry_after_ms_header, GatewayError};
 use crate::protocol::{self, Dialect};
+use crate::proxy::ctx::RequestCtx;
 
 /// Writes a complete JSON response.
 ///

@@ -1,5 +1,5 @@
-//! Owns what the attempt loop ([`super::attempt`]), the unary exchange ([`super::unary`])
-//! and the stream pump ([`super::pump`]) share about one attempt: how it ends ([`Attempt`]),
+//! Owns what the attempt loop ([`crate::engine::attempt`]), the unary exchange ([`crate::stream::unary`])
+//! and the stream pump ([`crate::stream::pump`]) share about one attempt: how it ends ([`Attempt`]),
 //! the client-disconnect signal, sending the request and telling a stale pooled connection
 //! from a provider that may have processed the request ([`send`]), and returning a finished
 //! upstream connection to the pool. It depends on none of them, so each arrow points down:
@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
@@ -18,13 +18,13 @@ use crate::error::{AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
 use crate::protocol;
 
-use super::ctx::RequestCtx;
+use crate::proxy::ctx::RequestCtx;
 
 /// Largest upstream error body read for pass-through (bytes); also the most body bytes
 /// drained after `[DONE]` to pool a connection.
-pub(super) const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 /// Idle time a pooled upstream connection is kept.
-pub(super) const POOL_IDLE: Duration = Duration::from_secs(90);
+pub(crate) const POOL_IDLE: Duration = Duration::from_secs(90);
 /// After `[DONE]`, how long the upstream's end of body is awaited to pool its connection.
 const DONE_DRAIN: Duration = Duration::from_millis(200);
 
@@ -33,7 +33,7 @@ const DONE_DRAIN: Duration = Duration::from_millis(200);
 pub struct ClientGone(pub &'static str);
 
 /// How one attempt ended.
-pub(super) enum Attempt {
+pub(crate) enum Attempt {
     /// The response was written (fully, or ended with an error after the commit).
     Done,
     /// Failed before the commit; the next candidate may be tried.
@@ -47,8 +47,8 @@ pub(super) enum Attempt {
 }
 
 /// Resolves when the downstream closes. Bytes after the body are a pipelined next request:
-/// Pingora keeps them for it and this stays pending (see [`super::connection`]).
-pub(super) async fn client_gone(session: &mut Session) {
+/// Pingora keeps them for it and this stays pending (see [`crate::edge::connection`]).
+pub(crate) async fn client_gone(session: &mut Session) {
     let _ = session.downstream_session.read_body_or_idle(true).await;
 }
 
@@ -58,11 +58,11 @@ pub(super) async fn client_gone(session: &mut Session) {
 /// the peer's kernel resets the write). A request the provider held longer may have been
 /// processed, so it is never sent again on its own: that is an attempt failure for the
 /// retry policy and the fallback to decide.
-pub(super) const STALE_CLOSE_WINDOW: Duration = Duration::from_millis(20);
+pub(crate) const STALE_CLOSE_WINDOW: Duration = Duration::from_millis(20);
 
 /// Sending a request and reading its answer's head failed.
 #[derive(Debug)]
-pub(super) struct SendError {
+pub(crate) struct SendError {
     /// What Pingora reported.
     pub error: pingora::BError,
     /// The provider cannot have processed the request: the write failed, Pingora's HTTP/2
@@ -74,7 +74,7 @@ pub(super) struct SendError {
 
 /// Sends the request head and body and reads the final (non-1xx) response head, saying on
 /// failure whether the request can have been processed ([`SendError::unprocessed`]).
-pub(super) async fn send(
+pub(crate) async fn send(
     up: &mut UpstreamSession,
     head: RequestHeader,
     body: Bytes,
@@ -131,9 +131,8 @@ fn response_bytes_read(e: &pingora::Error) -> bool {
 /// hidden resend of a request whose reused connection turned out stale
 /// ([`SendError::unprocessed`]), and returns the attempt to add to the request's attempts
 /// (`x-sluice-attempts`, the access log and the ledger's `attempts`).
-pub(super) fn stale_resend(ctx: &RequestCtx, route: &Route, e: &SendError) -> AttemptError {
-    log::debug!(
-        target: "sluice::proxy::attempt",
+pub(crate) fn stale_resend(ctx: &RequestCtx, route: &Route, e: &SendError) -> AttemptError {
+    log::debug!(target: "sluice::proxy::attempt",
         "stale pooled upstream connection request_id={} provider={}: {}; sending again on a fresh one",
         ctx.request_id,
         route.provider.id,
@@ -157,7 +156,7 @@ pub(super) fn stale_resend(ctx: &RequestCtx, route: &Route, e: &SendError) -> At
 pub const STALE_CONNECTION: &str = "stale_connection";
 
 /// A failure before the commit on `route`: the next candidate may be tried.
-pub(super) fn failed(
+pub(crate) fn failed(
     route: &Route,
     failure: AttemptFailure,
     detail: String,
@@ -179,7 +178,7 @@ pub(super) fn failed(
 /// answer proves the route serves, so the trial ends as a success now rather than when the
 /// (possibly minutes long) stream ends, and the route's other traffic returns at once. One
 /// registry lookup per committed stream; nothing else when no trial is in flight.
-pub(super) fn trial_answered(route: &Route) {
+pub(crate) fn trial_answered(route: &Route) {
     let health = crate::routing::health::registry().route(&route.provider.id, &route.health_key);
     if health.trial_in_flight() {
         health.record_success(&route.provider.passive_health, None);
@@ -187,7 +186,7 @@ pub(super) fn trial_answered(route: &Route) {
 }
 
 /// Now as Unix seconds (the `created` of translated answers).
-pub(super) fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -197,7 +196,7 @@ pub(super) fn unix_now() -> u64 {
 /// the end (waiting at most [`DONE_DRAIN`] for the terminator after `[DONE]`), else closes
 /// it: a connection with unread body bytes is never reused. Callers box it: its future is
 /// ~4 KiB and would otherwise be part of every held stream's future.
-pub(super) async fn release_or_close(
+pub(crate) async fn release_or_close(
     connector: &Connector,
     mut up: UpstreamSession,
     peer: &pingora::upstreams::peer::HttpPeer,
@@ -225,7 +224,7 @@ pub(super) async fn release_or_close(
 }
 
 /// Records `u` (all classes) as the request's usage.
-pub(super) fn set_usage(ctx: &mut RequestCtx, u: &protocol::Usage, estimated: bool) {
+pub(crate) fn set_usage(ctx: &mut RequestCtx, u: &protocol::Usage, estimated: bool) {
     let o = &mut ctx.outcome;
     o.input_tokens = u.input_tokens;
     o.output_tokens = u.output_tokens;
@@ -243,7 +242,7 @@ pub(super) fn set_usage(ctx: &mut RequestCtx, u: &protocol::Usage, estimated: bo
 /// holds the request, fills in its estimate ([`crate::outcome::Outcome::fill_input_estimate`]),
 /// so the tokenizer runs only for such answers (over the prompt, or over the sample of it a
 /// committed stream keeps: `InferenceRequest::release_payload`).
-pub(super) fn estimate_usage(
+pub(crate) fn estimate_usage(
     ctx: &mut RequestCtx,
     partial: Option<protocol::Usage>,
     streamed_tokens: u64,

@@ -5,26 +5,27 @@
 //! normalizes a refusal into the client's error, and for a stream holds the first data
 //! event ([`Ready`]); [`commit`] then writes the answer (the stream pump or the unary
 //! exchange). `prepare` touches no downstream state, so the attempt loop
-//! ([`super::attempt`]) and the hedge race ([`super::hedge`]) can race and drop it.
+//! ([`crate::engine::attempt`]) and the hedge race ([`crate::engine::hedge`]) can race and drop it.
 
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
-use super::ctx::RequestCtx;
-use super::request::InferenceRequest;
-pub use super::upstream::ClientGone;
-use super::upstream::{failed, send, Attempt, MAX_ERROR_BODY_BYTES};
-use super::{pump, unary};
 use crate::config::{HopTimeouts, Model, Route};
+pub use crate::engine::upstream::ClientGone;
+use crate::engine::upstream::{failed, send, Attempt, MAX_ERROR_BODY_BYTES};
 use crate::error::{upstream_retry_after, AttemptFailure, GatewayError};
+use crate::ingress::request::InferenceRequest;
 use crate::protocol::{self, Dialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::proxy::ctx::RequestCtx;
 use crate::routing::{retryable_status, Candidate};
+use crate::stream::pump;
+use crate::stream::unary;
 
 /// Serializes the request for the route's provider ([`dialect_body`]) with the client's
 /// `anthropic-beta` opt-ins where the provider takes them in the body
@@ -162,8 +163,13 @@ impl Phase {
 
     /// Logs and counts (`sluice_upstream_attempts_total{outcome="stale_connection"}`) the
     /// resend of a request whose reused connection was stale, and keeps it for [`Self::settle`].
-    fn note_stale_resend(&self, ctx: &RequestCtx, route: &Route, e: &super::upstream::SendError) {
-        let ae = super::upstream::stale_resend(ctx, route, e);
+    fn note_stale_resend(
+        &self,
+        ctx: &RequestCtx,
+        route: &Route,
+        e: &crate::engine::upstream::SendError,
+    ) {
+        let ae = crate::engine::upstream::stale_resend(ctx, route, e);
         *self
             .stale_resend
             .lock()
@@ -187,7 +193,7 @@ impl Phase {
 
 /// Commits a [`Ready`] attempt: a stream is committed and pumped, a non-streaming answer is
 /// read whole and written. `candidates[served]` is the route that answered; the candidates
-/// after it are where a broken stream may continue ([`super::continuation`]).
+/// after it are where a broken stream may continue ([`crate::engine::continuation`]).
 ///
 /// The pump's or the unary exchange's state (~6 KiB) lives in a box of its own, allocated
 /// here once per answered request, so that the callers' futures (the hedge race, the attempt

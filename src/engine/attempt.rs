@@ -1,8 +1,8 @@
 //! Owns the attempt loop of the LLM endpoints: try the candidate routes in order over
 //! the upstream [`Connector`] (Pingora's connect, TLS and H1/H2 client; HTTP/1.1 pooling in
-//! [`super::pool`]), commit to the client only on a good
+//! [`crate::engine::pool`]), commit to the client only on a good
 //! upstream answer, then pump the stream. The loop runs in stages: the model asked for, then
-//! what [`super::fallback`] adds (other standard models, larger routes after a context-length
+//! what [`crate::engine::fallback`] adds (other standard models, larger routes after a context-length
 //! rejection); the stages share the retry policy's per-route logic and the fallback metrics.
 //!
 //! Why a loop inside `request_filter` and not Pingora's native retry: the native path replays
@@ -16,33 +16,34 @@
 //! failure ends the stream with an SSE error event; a non-streaming answer whose body broke
 //! gets 502. A request is never sent again after any byte of its response was received.
 //!
-//! One attempt is two phases ([`super::open`]): `prepare` (connect, send, read the head and, for a stream,
+//! One attempt is two phases ([`crate::engine::open`]): `prepare` (connect, send, read the head and, for a stream,
 //! hold its first data event) touches no downstream state and is a future the caller races
 //! against the client's disconnect and shutdown, and, hedged, against another route's
-//! ([`super::hedge`], which runs every attempt of the loop); `commit` then writes the
+//! ([`crate::engine::hedge`], which runs every attempt of the loop); `commit` then writes the
 //! answer. Dropping a `prepare` drops its upstream connection.
 //!
-//! The unary exchange is [`super::unary`], the stream pump [`super::pump`]; what they share
-//! about an attempt's end is [`super::upstream`]. None of them names a provider kind: the
+//! The unary exchange is [`crate::stream::unary`], the stream pump [`crate::stream::pump`]; what they share
+//! about an attempt's end is [`crate::engine::upstream`]. None of them names a provider kind: the
 //! provider's converters ([`crate::protocol`]) and its request head and signer
 //! ([`crate::providers`]) are chosen from the route.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use pingora::proxy::Session;
 
-use super::ctx::RequestCtx;
-use super::request::InferenceRequest;
-use super::respond;
-pub use super::upstream::ClientGone;
-use super::upstream::{client_gone, Attempt};
-use super::{fallback, hedge};
 use crate::backpressure::provider as provider_cap;
 use crate::config::{Model, Route};
+use crate::engine::fallback;
+use crate::engine::hedge;
+pub use crate::engine::upstream::ClientGone;
+use crate::engine::upstream::{client_gone, Attempt};
 use crate::error::{AttemptError, AttemptFailure, GatewayError};
+use crate::ingress::request::InferenceRequest;
+use crate::ingress::respond;
 use crate::metrics::metrics;
+use crate::proxy::ctx::RequestCtx;
 use crate::routing::Candidate;
 
 /// Runs the attempt loop and writes the response: the candidates of `model`, then the
@@ -282,8 +283,7 @@ async fn run_stage(
                     cand.health
                         .record_success(&route.provider.passive_health, None);
                     let reason = AttemptFailure::ContextLength.label();
-                    log::info!(
-                        target: "sluice::proxy::attempt",
+                    log::info!(target: "sluice::proxy::attempt",
                         "attempt rejected request_id={} provider={} upstream_model={} reason={reason}",
                         ctx.request_id, route.provider.id, route.upstream_model
                     );
@@ -330,8 +330,7 @@ async fn run_stage(
                 }
                 Attempt::Failed(ae, err) => {
                     let reason = ae.failure.label();
-                    log::info!(
-                        target: "sluice::proxy::attempt",
+                    log::info!(target: "sluice::proxy::attempt",
                         "attempt failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
                         ctx.request_id, ae.provider, ae.upstream_model, reason, ae.detail
                     );
