@@ -45,6 +45,7 @@ use crate::protocol::continuation::{continuation_request, ContinueStyle, Splice}
 use crate::protocol::{self, tokens};
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
+use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
 use crate::routing::Candidate;
 use crate::stream::end::{Pumped, StreamError};
@@ -377,7 +378,7 @@ enum Opened {
 /// Connects to `route`, sends the continuation request `body` and reads the answer's head
 /// (the connect and first-byte timeouts of the route apply, the client's disconnect is
 /// watched). A stale pooled connection gets one fresh retry under the attempt loop's rule
-/// (only when the request cannot have been processed, [`crate::engine::upstream::send`]); a
+/// (only when the request cannot have been processed, [`crate::providers::exchange::SendError::unprocessed`]); a
 /// non-2xx answer or an unknown content coding is a failure.
 async fn open(
     connector: &Connector,
@@ -409,47 +410,44 @@ async fn open(
     {
         return Opened::Failed(AttemptFailure::Protocol, "bad anthropic-beta".into());
     }
-    let mut fresh_tries = 0;
-    let mut up = loop {
-        let connect = tokio::select! {
-            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
-            () = client_gone(session) => return Opened::Gone(ClientGone("streaming")),
-            () = crate::shutdown::streams_cancelled() => return Opened::Shutdown,
-        };
-        let (mut up, reused) = match connect {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Opened::Failed(AttemptFailure::Connect, e.to_string()),
-            Err(_) => return Opened::Failed(AttemptFailure::Connect, "connect timeout".into()),
-        };
-        let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, crate::engine::upstream::send(&mut up, head.clone(), body.clone())) => r,
-            () = client_gone(session) => {
-                up.shutdown().await;
-                return Opened::Gone(ClientGone("streaming"));
-            }
-            () = crate::shutdown::streams_cancelled() => {
-                up.shutdown().await;
-                return Opened::Shutdown;
-            }
-        };
-        match exchanged {
-            Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
+    let opening = exchange::open(
+        || Box::pin(connector.get_http_session(&target.peer)),
+        exchange::Deadlines {
+            connect: Some(timeouts.connect),
+            first_byte: Some(timeouts.first_byte),
+        },
+        exchange::Resend::Unprocessed,
+        || Ok::<_, std::convert::Infallible>(head.clone()),
+        Some(body.clone()),
+        |step| {
+            if let exchange::Step::Resending(e) = step {
                 // Counted in the metric; the client's head (`x-sluice-attempts`) is long gone.
-                let _ = crate::engine::upstream::stale_resend(ctx, route, &e);
-                fresh_tries += 1;
+                let _ = crate::engine::upstream::stale_resend(ctx, route, e);
             }
-            Ok(Err(e)) => {
-                up.shutdown().await;
-                return Opened::Failed(AttemptFailure::Reset, e.error.to_string());
-            }
-            Err(_) => {
-                up.shutdown().await;
-                return Opened::Failed(
-                    AttemptFailure::FirstByteTimeout,
-                    "first byte timeout".into(),
-                );
-            }
+        },
+    );
+    let opened = tokio::select! {
+        r = opening => r,
+        () = client_gone(session) => return Opened::Gone(ClientGone("streaming")),
+        () = crate::shutdown::streams_cancelled() => return Opened::Shutdown,
+    };
+    let mut up = match opened {
+        Ok(up) => up,
+        Err(OpenError::Head(never)) => match never {},
+        Err(OpenError::Connect(e)) => {
+            return Opened::Failed(AttemptFailure::Connect, e.to_string())
+        }
+        Err(OpenError::ConnectTimeout) => {
+            return Opened::Failed(AttemptFailure::Connect, "connect timeout".into())
+        }
+        Err(OpenError::Send(e)) => {
+            return Opened::Failed(AttemptFailure::Reset, e.error.to_string())
+        }
+        Err(OpenError::FirstByteTimeout) => {
+            return Opened::Failed(
+                AttemptFailure::FirstByteTimeout,
+                "first byte timeout".into(),
+            )
         }
     };
     let Some(resp) = up.response_header() else {

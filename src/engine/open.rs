@@ -16,12 +16,13 @@ use pingora::proxy::Session;
 
 use crate::config::{HopTimeouts, Model, Route};
 pub use crate::engine::upstream::ClientGone;
-use crate::engine::upstream::{failed, send, Attempt, MAX_ERROR_BODY_BYTES};
+use crate::engine::upstream::{failed, Attempt, MAX_ERROR_BODY_BYTES};
 use crate::error::{upstream_retry_after, AttemptFailure, GatewayError};
 use crate::ingress::request::InferenceRequest;
 use crate::protocol::{self, Dialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
 use crate::routing::{retryable_status, Candidate};
 use crate::stream::pump;
@@ -297,95 +298,83 @@ pub(crate) async fn prepare<'r>(
     // Connect, send, read the head. A pooled connection found stale before the request can
     // have been processed gets one resend on a fresh connection, counted as an attempt (by
     // the caller, from `phase`: this future holds the ctx only to read).
-    let mut fresh_tries = 0;
-    let mut up = loop {
-        phase.set(0);
+    let opened = exchange::open(
         // Boxed: Pingora's connect future is ~9 KiB and would otherwise stay inlined in
         // every held stream's future long after the connect (memory per open stream).
-        let connect = tokio::time::timeout(
-            timeouts.connect,
-            Box::pin(connector.get_http_session(&target.peer)),
-        )
-        .await;
-        let (mut up, reused) = match connect {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                // Pingora's own connect timer (the peer's, same length as ours) may win the race.
-                let message = if matches!(e.etype(), pingora::ErrorType::ConnectTimedout) {
-                    format!("connecting to provider `{}` timed out", provider.id)
-                } else {
-                    format!("cannot connect to provider `{}`", provider.id)
-                };
-                let err = GatewayError::UpstreamUnavailable {
-                    message,
-                    retry_after: None,
-                };
-                return Err(failed(route, AttemptFailure::Connect, e.to_string(), err));
-            }
-            Err(_) => {
-                let err = GatewayError::UpstreamUnavailable {
-                    message: format!("connecting to provider `{}` timed out", provider.id),
-                    retry_after: None,
-                };
-                return Err(failed(
-                    route,
-                    AttemptFailure::Connect,
-                    "connect timeout".into(),
-                    err,
-                ));
-            }
-        };
-        phase.set(1);
-        let exchanged = tokio::time::timeout(
-            timeouts.first_byte,
-            send(
-                &mut up,
-                match head.take() {
-                    Some(h) => h,
-                    None => build_head().map_err(HeadRefused::attempt)?,
-                },
-                body.clone(),
-            ),
-        )
-        .await;
-        match exchanged {
-            Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
-                // A pooled connection the provider had closed: not the provider's fault.
-                phase.note_stale_resend(ctx, route, &e);
-                fresh_tries += 1;
-            }
-            Ok(Err(e)) => {
-                up.shutdown().await;
-                let err = GatewayError::UpstreamUnavailable {
-                    message: format!("provider `{}` failed before answering", provider.id),
-                    retry_after: None,
-                };
-                return Err(failed(
-                    route,
-                    AttemptFailure::Reset,
-                    e.error.to_string(),
-                    err,
-                ));
-            }
-            Err(_) => {
-                up.shutdown().await;
-                let err = GatewayError::UpstreamTimeout(format!(
-                    "provider `{}` sent no response head within {} ms",
-                    provider.id,
-                    timeouts.first_byte.as_millis()
-                ));
-                return Err(failed(
-                    route,
-                    AttemptFailure::FirstByteTimeout,
-                    "first byte timeout".into(),
-                    err,
-                ));
-            }
-        }
-    };
+        || Box::pin(connector.get_http_session(&target.peer)),
+        exchange::Deadlines {
+            connect: Some(timeouts.connect),
+            first_byte: Some(timeouts.first_byte),
+        },
+        exchange::Resend::Unprocessed,
+        || match head.take() {
+            Some(h) => Ok(h),
+            None => build_head(),
+        },
+        Some(body.clone()),
+        |step| match step {
+            exchange::Step::Connecting => phase.set(0),
+            exchange::Step::Sending => phase.set(1),
+            exchange::Step::Resending(e) => phase.note_stale_resend(ctx, route, e),
+        },
+    )
+    .await;
     // The upstream session keeps its own copy; ours would live as long as the stream.
     drop(body);
+    let mut up = match opened {
+        Ok(up) => up,
+        Err(OpenError::Head(refused)) => return Err(HeadRefused::attempt(refused)),
+        Err(OpenError::Connect(e)) => {
+            // Pingora's own connect timer (the peer's, same length as ours) may win the race.
+            let message = if matches!(e.etype(), pingora::ErrorType::ConnectTimedout) {
+                format!("connecting to provider `{}` timed out", provider.id)
+            } else {
+                format!("cannot connect to provider `{}`", provider.id)
+            };
+            let err = GatewayError::UpstreamUnavailable {
+                message,
+                retry_after: None,
+            };
+            return Err(failed(route, AttemptFailure::Connect, e.to_string(), err));
+        }
+        Err(OpenError::ConnectTimeout) => {
+            let err = GatewayError::UpstreamUnavailable {
+                message: format!("connecting to provider `{}` timed out", provider.id),
+                retry_after: None,
+            };
+            return Err(failed(
+                route,
+                AttemptFailure::Connect,
+                "connect timeout".into(),
+                err,
+            ));
+        }
+        Err(OpenError::Send(e)) => {
+            let err = GatewayError::UpstreamUnavailable {
+                message: format!("provider `{}` failed before answering", provider.id),
+                retry_after: None,
+            };
+            return Err(failed(
+                route,
+                AttemptFailure::Reset,
+                e.error.to_string(),
+                err,
+            ));
+        }
+        Err(OpenError::FirstByteTimeout) => {
+            let err = GatewayError::UpstreamTimeout(format!(
+                "provider `{}` sent no response head within {} ms",
+                provider.id,
+                timeouts.first_byte.as_millis()
+            ));
+            return Err(failed(
+                route,
+                AttemptFailure::FirstByteTimeout,
+                "first byte timeout".into(),
+                err,
+            ));
+        }
+    };
 
     let Some(resp) = up.response_header() else {
         up.shutdown().await;

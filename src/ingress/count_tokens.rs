@@ -35,6 +35,7 @@
 //! (the rest wait, bounded in memory by the request-buffer bound). Counted in
 //! `sluice_token_counts_total{model,method}`.
 
+use std::sync::atomic::Ordering;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -56,6 +57,7 @@ use crate::ingress::respond::ChatError;
 use crate::metrics::metrics;
 use crate::protocol::{self, messages::count, Dialect};
 use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::providers::exchange::{self, OpenError};
 use crate::providers::{self, anthropic};
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::gateway::Gateway;
@@ -331,42 +333,50 @@ async fn provider_count(
             ));
         }
     }
-    let mut fresh_tries = 0;
-    let mut up = loop {
-        let connect = tokio::select! {
-            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
-            () = client_gone(session) => return Counted::Gone(ClientGone("connecting")),
-        };
-        let (mut up, reused) = match connect {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return failed(route, AttemptFailure::Connect, e.to_string()),
-            Err(_) => return failed(route, AttemptFailure::Connect, "connect timeout".into()),
-        };
-        let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, crate::providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
-            () = client_gone(session) => {
-                up.shutdown().await;
-                return Counted::Gone(ClientGone("waiting_head"));
+    // Which step the client left in (`sluice_client_aborts_total`): connected, waiting for
+    // the response head.
+    let sending = std::sync::atomic::AtomicBool::new(false);
+    let opening = exchange::open(
+        || Box::pin(connector.get_http_session(&target.peer)),
+        exchange::Deadlines {
+            connect: Some(timeouts.connect),
+            first_byte: Some(timeouts.first_byte),
+        },
+        // Nothing is generated: a failure on a pooled connection is tried once more.
+        exchange::Resend::Any,
+        || Ok::<_, std::convert::Infallible>(head.clone()),
+        Some(body.clone()),
+        |step| match step {
+            exchange::Step::Connecting => sending.store(false, Ordering::Relaxed),
+            exchange::Step::Sending => sending.store(true, Ordering::Relaxed),
+            exchange::Step::Resending(e) => {
+                log::debug!(target: "sluice::proxy::count_tokens", "stale pooled upstream connection: {}", e.error);
             }
-        };
-        match exchanged {
-            Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && fresh_tries == 0 => {
-                log::debug!(target: "sluice::proxy::count_tokens", "stale pooled upstream connection: {e}");
-                fresh_tries += 1;
-            }
-            Ok(Err(e)) => {
-                up.shutdown().await;
-                return failed(route, AttemptFailure::Protocol, e.to_string());
-            }
-            Err(_) => {
-                up.shutdown().await;
-                return failed(
-                    route,
-                    AttemptFailure::FirstByteTimeout,
-                    "first byte timeout".into(),
-                );
-            }
+        },
+    );
+    let opened = tokio::select! {
+        r = opening => r,
+        () = client_gone(session) => {
+            let at = if sending.load(Ordering::Relaxed) { "waiting_head" } else { "connecting" };
+            return Counted::Gone(ClientGone(at));
+        }
+    };
+    let mut up = match opened {
+        Ok(up) => up,
+        Err(OpenError::Head(never)) => match never {},
+        Err(OpenError::Connect(e)) => return failed(route, AttemptFailure::Connect, e.to_string()),
+        Err(OpenError::ConnectTimeout) => {
+            return failed(route, AttemptFailure::Connect, "connect timeout".into())
+        }
+        Err(OpenError::Send(e)) => {
+            return failed(route, AttemptFailure::Protocol, e.error.to_string())
+        }
+        Err(OpenError::FirstByteTimeout) => {
+            return failed(
+                route,
+                AttemptFailure::FirstByteTimeout,
+                "first byte timeout".into(),
+            )
         }
     };
     let (status, retry_after, coding) = match up.response_header() {
