@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::pool::Connector;
+use crate::engine::state::AttemptState;
 use pingora::proxy::Session;
 
 use crate::backpressure::provider as provider_cap;
@@ -91,12 +92,14 @@ pub async fn run(
             ctx.answered_model = None;
         }
         let end = run_stage(
-            connector,
-            session,
-            ctx,
-            req,
-            stage_model,
-            cands,
+            AttemptState {
+                connector,
+                session: &mut *session,
+                ctx: &mut *ctx,
+                req,
+                model: stage_model,
+                candidates: cands,
+            },
             entry_reason,
             &mut st,
         )
@@ -184,23 +187,22 @@ enum StageEnd {
 
 /// Tries the candidates of one stage in order (same-route retries per `model.retry`).
 #[expect(
-    clippy::too_many_arguments,
-    reason = "the loop's state is passed explicitly"
-)]
-#[expect(
     clippy::too_many_lines,
     reason = "one attempt's outcomes read best side by side"
 )]
 async fn run_stage(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    candidates: &[Candidate<'_>],
+    s: AttemptState<'_, '_>,
     mut entry_reason: Option<&'static str>,
     st: &mut LoopState,
 ) -> Result<StageEnd, ClientGone> {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates,
+    } = s;
     // The candidate a hedge went to (at most one per request): not tried again.
     let mut hedged: Option<usize> = None;
     for (idx, cand) in candidates.iter().enumerate() {
@@ -245,12 +247,14 @@ async fn run_stage(
             tries_here += 1;
             ctx.attempt_count += 1;
             let tried = hedge::attempt(
-                connector,
-                session,
-                ctx,
-                req,
-                model,
-                candidates,
+                AttemptState {
+                    connector,
+                    session: &mut *session,
+                    ctx: &mut *ctx,
+                    req,
+                    model,
+                    candidates,
+                },
                 idx,
                 hedged.is_none(),
             )

@@ -37,6 +37,7 @@ use pingora::proxy::Session;
 
 use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Route};
+use crate::engine::state::AttemptState;
 use crate::engine::upstream::{client_gone, Attempt, ClientGone};
 use crate::error::AttemptFailure;
 use crate::ingress::request::InferenceRequest;
@@ -47,7 +48,6 @@ use crate::providers;
 use crate::providers::encoding::ContentCoding;
 use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
-use crate::routing::Candidate;
 use crate::stream::end::{Pumped, StreamError};
 use crate::stream::pipe::StreamPipe;
 use crate::stream::pump;
@@ -93,20 +93,19 @@ const CONTINUABLE: [&str; 5] = [
 /// # Errors
 /// The stream error to end the stream with when it is not continued (`err`, its message
 /// saying why not when the break was eligible); `Ok` is how the stream ended otherwise.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the stream's state is passed explicitly, not hidden in the ctx"
-)]
 pub(crate) async fn resume<'r>(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    rest: &[Candidate<'r>],
+    s: AttemptState<'_, 'r>,
     pipe: &mut StreamPipe<'r>,
     err: StreamError,
 ) -> Result<Attempt, StreamError> {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates: rest,
+    } = s;
     if !CONTINUABLE.contains(&err.reason) {
         return Err(err);
     }

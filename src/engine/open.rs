@@ -15,6 +15,7 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
 use crate::config::{HopTimeouts, Model, Route};
+use crate::engine::state::AttemptState;
 pub use crate::engine::upstream::ClientGone;
 use crate::engine::upstream::{failed, Attempt, MAX_ERROR_BODY_BYTES};
 use crate::error::{upstream_retry_after, AttemptFailure, GatewayError};
@@ -24,7 +25,7 @@ use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
-use crate::routing::{retryable_status, Candidate};
+use crate::routing::retryable_status;
 use crate::stream::pump;
 use crate::stream::unary;
 
@@ -199,20 +200,15 @@ impl Phase {
 /// The pump's or the unary exchange's state (~6 KiB) lives in a box of its own, allocated
 /// here once per answered request, so that the callers' futures (the hedge race, the attempt
 /// loop and `request_filter`'s, which Pingora boxes per request) stay small.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
-)]
-pub(crate) async fn commit(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    candidates: &[Candidate<'_>],
-    served: usize,
-    ready: Ready<'_>,
-) -> Attempt {
+pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<'_>) -> Attempt {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates,
+    } = s;
     let route = candidates[served].route;
     let rest = &candidates[served + 1..];
     match ready {
@@ -221,7 +217,16 @@ pub(crate) async fn commit(
         // stream's life.
         Ready::Stream(parts) => {
             Box::pin(pump::stream(
-                connector, session, ctx, req, model, route, rest, parts,
+                AttemptState {
+                    connector,
+                    session,
+                    ctx,
+                    req,
+                    model,
+                    candidates: rest,
+                },
+                route,
+                parts,
             ))
             .await
         }
@@ -238,13 +243,7 @@ async fn commit_unary(
     route: &Route,
     parts: Box<ReadyParts<ContentCoding>>,
 ) -> Attempt {
-    let ReadyParts {
-        up,
-        peer,
-        timeouts,
-        body: coding,
-    } = ReadyParts::take(parts);
-    unary::unary(connector, session, ctx, route, &peer, up, timeouts, coding).await
+    unary::unary(connector, session, ctx, route, ReadyParts::take(parts)).await
 }
 
 /// The pre-commit phase of one attempt against one route: connect (a stale pooled

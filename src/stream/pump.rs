@@ -21,6 +21,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::config::{HopTimeouts, Model, Route};
 use crate::engine::continuation;
 use crate::engine::open::ReadyParts;
+use crate::engine::state::AttemptState;
 use crate::engine::upstream::{
     client_gone, estimate_usage, failed, release_or_close, set_usage, unix_now, Attempt, ClientGone,
 };
@@ -32,7 +33,6 @@ use crate::protocol;
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
 use crate::proxy::ctx::RequestCtx;
-use crate::routing::Candidate;
 use crate::stream::end::{Pumped, StreamError};
 use crate::stream::pipe::{PipeError, StreamPipe};
 
@@ -215,20 +215,19 @@ pub(crate) async fn first_event<'r>(
 /// Phase 2 of a streaming answer: commits the held stream ([`first_event`]) to the client
 /// and pumps it with heartbeats, idle and duration limits, and client-disconnect detection;
 /// a break after the commit may continue on `rest` ([`continuation`], opt-in).
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the loop's state is passed explicitly, not hidden in the ctx"
-)]
 pub(crate) async fn stream(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
+    s: AttemptState<'_, '_>,
     route: &Route,
-    rest: &[Candidate<'_>],
     parts: Box<ReadyParts<Held<'_>>>,
 ) -> Attempt {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates: rest,
+    } = s;
     // Moved out of their box in one statement: the box is freed at once, and only these
     // locals (not also the parts, the box or a `Held`) are part of the stream's future.
     let ReadyParts {
@@ -363,7 +362,16 @@ pub(crate) async fn stream(
             let err = if model.continue_on_break {
                 // Boxed: a rare path, kept out of every held stream's future.
                 let resumed = Box::pin(continuation::resume(
-                    connector, session, ctx, req, model, rest, &mut pipe, err,
+                    AttemptState {
+                        connector,
+                        session: &mut *session,
+                        ctx: &mut *ctx,
+                        req,
+                        model,
+                        candidates: rest,
+                    },
+                    &mut pipe,
+                    err,
                 ));
                 match resumed.await {
                     Ok(done) => return done,

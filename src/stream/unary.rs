@@ -5,10 +5,10 @@
 
 use crate::engine::pool::Connector;
 use bytes::{Bytes, BytesMut};
-use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
-use crate::config::{HopTimeouts, Route};
+use crate::config::Route;
+use crate::engine::open::ReadyParts;
 use crate::engine::upstream::{
     client_gone, estimate_usage, set_usage, unix_now, Attempt, ClientGone, POOL_IDLE,
 };
@@ -32,20 +32,20 @@ enum UnaryBreak {
 }
 
 /// A non-streaming answer: read it all (bounded, decoded), rewrite `model`, write it.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
-)]
 pub(crate) async fn unary(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
     route: &Route,
-    peer: &pingora::upstreams::peer::HttpPeer,
-    mut up: UpstreamSession,
-    timeouts: HopTimeouts,
-    coding: ContentCoding,
+    parts: ReadyParts<ContentCoding>,
 ) -> Attempt {
+    let ReadyParts {
+        mut up,
+        peer,
+        timeouts,
+        body: coding,
+    } = parts;
+    let peer = &peer;
     let limit = ctx.config.server.max_response_body_bytes;
     let mut decoder = match Decoder::new(coding) {
         Ok(d) => d,
