@@ -29,6 +29,7 @@
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
 //! | [`billing`] | the billing wing: [`billing::metering`] (per-request token usage by class, estimates, prices: cost and charge), [`billing::budget`] (tenant budgets: reserve at admission, settle with the metered charge, shared through Redis), [`billing::ledger`] (the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage`) |
+//! | [`redis`] | the process's one Redis connection and its health, shared by distributed limits and budgets |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`] |
@@ -61,6 +62,7 @@ pub mod passthrough;
 pub mod protocol;
 pub mod providers;
 pub mod proxy;
+pub mod redis;
 pub mod reload;
 pub mod routing;
 pub mod secret;

@@ -234,7 +234,7 @@ impl Admission {
     pub fn new(config: &Config) -> Self {
         let cap = config.server.max_concurrent_upstream_requests;
         let redis = Arc::new(RedisLimiter::new(config.redis.as_ref()));
-        let budgets = Arc::new(crate::billing::budget::Budgets::new(redis.clone()));
+        let budgets = Arc::new(crate::billing::budget::Budgets::new(redis.shared().clone()));
         budgets.warm_later(config);
         Self {
             slots: Arc::new(Semaphore::new(cap)),
