@@ -15,7 +15,7 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
 use crate::config::{HopTimeouts, Model, Route};
-use crate::engine::state::AttemptState;
+use crate::engine::state::{AttemptState, ReadyParts};
 pub use crate::engine::upstream::ClientGone;
 use crate::engine::upstream::{failed, Attempt, MAX_ERROR_BODY_BYTES};
 use crate::error::{upstream_retry_after, AttemptFailure, GatewayError};
@@ -106,30 +106,6 @@ pub(crate) enum Ready<'r> {
     Stream(Box<ReadyParts<pump::Held<'r>>>),
     /// A non-streaming answer: its body is read whole at the commit, in this coding.
     Unary(Box<ReadyParts<ContentCoding>>),
-}
-
-/// The parts of a [`Ready`], with what it holds beside its head (`B`).
-pub(crate) struct ReadyParts<B> {
-    /// The upstream exchange, its response head read.
-    pub(crate) up: UpstreamSession,
-    /// Where it goes back to the pool.
-    pub(crate) peer: pingora::upstreams::peer::HttpPeer,
-    /// The hop's timeouts.
-    pub(crate) timeouts: HopTimeouts,
-    /// What is held.
-    pub(crate) body: B,
-}
-
-impl<B> ReadyParts<B> {
-    /// The parts moved out of `parts`, whose box is freed on return (a `*parts` in the
-    /// caller would free it only when `parts` goes out of scope: for a stream, at its end).
-    #[expect(
-        clippy::boxed_local,
-        reason = "the box is the point: it arrives boxed and is freed here, not later"
-    )]
-    pub(crate) fn take(parts: Box<Self>) -> Self {
-        *parts
-    }
 }
 
 impl Ready<'_> {

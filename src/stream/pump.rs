@@ -20,8 +20,8 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::config::{HopTimeouts, Model, Route};
 use crate::engine::continuation;
-use crate::engine::open::ReadyParts;
 use crate::engine::state::AttemptState;
+use crate::engine::state::ReadyParts;
 use crate::engine::upstream::{
     client_gone, estimate_usage, failed, release_or_close, set_usage, unix_now, Attempt, ClientGone,
 };

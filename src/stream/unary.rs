@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
 use crate::config::Route;
-use crate::engine::open::ReadyParts;
+use crate::engine::state::ReadyParts;
 use crate::engine::upstream::{
     client_gone, estimate_usage, set_usage, unix_now, Attempt, ClientGone, POOL_IDLE,
 };
