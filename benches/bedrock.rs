@@ -35,7 +35,7 @@ use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
 use base64::Engine as _;
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice::protocol::{Dialect, StreamOptions, StreamTranslator};
+use sluice::protocol::{ClientDialect, StreamOptions, StreamTranslator, UpstreamDialect};
 use sluice::providers::bedrock::credentials::AwsCredentials;
 use sluice::providers::bedrock::eventstream::EventStreamDecoder;
 use sluice::providers::bedrock::sigv4::Signer;
@@ -213,7 +213,7 @@ fn chunked(stream: &[u8], big: bool) -> Vec<&[u8]> {
 
 /// Decoder + normalizer + (translator to `client`, or the Messages model echo).
 struct Pipeline {
-    client: Dialect,
+    client: ClientDialect,
     out: BytesMut,
 }
 
@@ -228,7 +228,7 @@ impl Pipeline {
             created: 1_700_000_000,
             include_usage: true,
         };
-        let mut translator = StreamTranslator::new(Dialect::Messages, self.client, &opts);
+        let mut translator = StreamTranslator::new(UpstreamDialect::Messages, self.client, &opts);
         let rewriter = ModelRewriter::at(ModelPath::new(&["message", "model"]), "house-model");
         let mut memo = EchoMemo::default();
         let (mut sent, mut events) = (0, 0);
@@ -262,8 +262,8 @@ fn bench_stream(c: &mut Criterion) {
     let (stream, n_events) = bedrock_stream();
     let mut group = c.benchmark_group("bedrock_stream");
     for (name, client) in [
-        ("to_messages", Dialect::Messages),
-        ("to_chat", Dialect::ChatCompletions),
+        ("to_messages", ClientDialect::Messages),
+        ("to_chat", ClientDialect::ChatCompletions),
     ] {
         for big in [false, true] {
             let label = format!("{name}/{}", if big { "4KiB" } else { "150-300B" });

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice::protocol::{Dialect, StreamOptions, StreamTranslator};
+use sluice::protocol::{ClientDialect, StreamOptions, StreamTranslator, UpstreamDialect};
 use sluice::sse::{
     extract_usage, has_content, has_content_anthropic_first, has_finish_reason, EchoMemo,
     ModelPath, ModelRewriter, SseNormalizer,
@@ -195,12 +195,12 @@ fn chunked(stream: &[u8]) -> Vec<&[u8]> {
 struct Pipeline {
     norm: SseNormalizer,
     out: BytesMut,
-    upstream: Dialect,
-    client: Dialect,
+    upstream: UpstreamDialect,
+    client: ClientDialect,
 }
 
 impl Pipeline {
-    fn new(upstream: Dialect, client: Dialect) -> Self {
+    fn new(upstream: UpstreamDialect, client: ClientDialect) -> Self {
         Pipeline {
             norm: SseNormalizer::new(1 << 20),
             out: BytesMut::with_capacity(64 * 1024),
@@ -257,8 +257,8 @@ struct SamePipeline {
 }
 
 impl SamePipeline {
-    fn new(dialect: Dialect) -> Self {
-        let messages = dialect == Dialect::Messages;
+    fn new(dialect: ClientDialect) -> Self {
+        let messages = dialect == ClientDialect::Messages;
         let rewriter = if messages {
             ModelRewriter::at(ModelPath::new(&["message", "model"]), "house-model")
         } else {
@@ -314,10 +314,15 @@ fn bench_same_dialect(c: &mut Criterion) {
     let (chat, c_events) = chat_stream();
     let mut group = c.benchmark_group("protocol_same_dialect");
     for (name, dialect, stream, events) in [
-        ("chat_to_chat", Dialect::ChatCompletions, &chat, c_events),
+        (
+            "chat_to_chat",
+            ClientDialect::ChatCompletions,
+            &chat,
+            c_events,
+        ),
         (
             "messages_to_messages",
-            Dialect::Messages,
+            ClientDialect::Messages,
             &messages,
             m_events,
         ),
@@ -354,29 +359,29 @@ fn bench_translation(c: &mut Criterion) {
     let cases = [
         (
             "messages_to_chat",
-            Dialect::Messages,
-            Dialect::ChatCompletions,
+            UpstreamDialect::Messages,
+            ClientDialect::ChatCompletions,
             &messages,
             m_events,
         ),
         (
             "chat_to_messages",
-            Dialect::ChatCompletions,
-            Dialect::Messages,
+            UpstreamDialect::ChatCompletions,
+            ClientDialect::Messages,
             &chat,
             c_events,
         ),
         (
             "chat_to_responses",
-            Dialect::ChatCompletions,
-            Dialect::Responses,
+            UpstreamDialect::ChatCompletions,
+            ClientDialect::Responses,
             &chat,
             c_events,
         ),
         (
             "messages_to_responses",
-            Dialect::Messages,
-            Dialect::Responses,
+            UpstreamDialect::Messages,
+            ClientDialect::Responses,
             &messages,
             m_events,
         ),

@@ -59,7 +59,7 @@ use std::time::Duration;
 
 use crate::config::{Config, Model, Route};
 use crate::outcome::Outcome;
-use crate::protocol::{tokens, Dialect, Usage};
+use crate::protocol::{tokens, UpstreamDialect, Usage};
 
 /// One million: prices are per million tokens.
 const MTOK: f64 = 1_000_000.0;
@@ -368,24 +368,28 @@ impl JsonText<'_> {
 /// a typical event costs one `memmem` search up to its delta. Anthropic's `tool_use`
 /// `input` object of a non-stream body is not text and is not counted; Responses is not
 /// an upstream dialect and has none.
-pub fn stream_text(dialect: Dialect, data: &[u8], all: bool, mut f: impl FnMut(JsonText<'_>)) {
+pub fn stream_text(
+    dialect: UpstreamDialect,
+    data: &[u8],
+    all: bool,
+    mut f: impl FnMut(JsonText<'_>),
+) {
     static CHAT: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     static MESSAGES: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     static GEMINI: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     static CONVERSE: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
     let finders =
         match dialect {
-            Dialect::Converse => CONVERSE
+            UpstreamDialect::Converse => CONVERSE
                 .get_or_init(|| CONVERSE_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect()),
-            Dialect::Gemini => {
+            UpstreamDialect::Gemini => {
                 GEMINI.get_or_init(|| GEMINI_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
             }
-            Dialect::ChatCompletions => {
+            UpstreamDialect::ChatCompletions => {
                 CHAT.get_or_init(|| CHAT_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
             }
-            Dialect::Messages => MESSAGES
+            UpstreamDialect::Messages => MESSAGES
                 .get_or_init(|| MESSAGES_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect()),
-            Dialect::Responses => return,
         };
     for finder in finders {
         for pos in finder.find_iter(data) {
@@ -616,19 +620,19 @@ mod tests {
     fn stream_text_finds_generated_text_of_both_dialects_and_unescapes_it() {
         let mut got = Vec::new();
         let chat = br#"{"id":"x","choices":[{"index":0,"delta":{"content":"Hel\"lo \u00e9"},"finish_reason":null}]}"#;
-        stream_text(Dialect::ChatCompletions, chat, false, |s| {
+        stream_text(UpstreamDialect::ChatCompletions, chat, false, |s| {
             got.push(s.text().unwrap().into_owned())
         });
         assert_eq!(got, ["Hel\"lo é"]);
         got.clear();
         let args = br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}"#;
-        stream_text(Dialect::ChatCompletions, args, false, |s| {
+        stream_text(UpstreamDialect::ChatCompletions, args, false, |s| {
             got.push(s.text().unwrap().into_owned())
         });
         assert_eq!(got, ["{\"city\":"]);
         got.clear();
         let anthropic = br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi there"}}"#;
-        stream_text(Dialect::Messages, anthropic, false, |s| {
+        stream_text(UpstreamDialect::Messages, anthropic, false, |s| {
             got.push(s.text().unwrap().into_owned())
         });
         assert_eq!(got, ["hi there"]);
@@ -636,20 +640,20 @@ mod tests {
         // Values that are not strings, and the key inside a string, count nothing.
         let none =
             br#"{"type":"message_start","message":{"content":[],"usage":{"input_tokens":3}}}"#;
-        stream_text(Dialect::Messages, none, true, |s| {
+        stream_text(UpstreamDialect::Messages, none, true, |s| {
             got.push(s.text().unwrap().into_owned())
         });
-        stream_text(Dialect::ChatCompletions, none, true, |s| {
+        stream_text(UpstreamDialect::ChatCompletions, none, true, |s| {
             got.push(s.text().unwrap().into_owned())
         });
         let quoted = br#"{"choices":[{"delta":{"role":"assistant"},"x":"say \"content\": no"}]}"#;
-        stream_text(Dialect::ChatCompletions, quoted, true, |s| {
+        stream_text(UpstreamDialect::ChatCompletions, quoted, true, |s| {
             got.push(s.text().unwrap().into_owned())
         });
         assert!(got.is_empty(), "{got:?}");
         // A whole body: every text member.
         let body = br#"{"content":[{"type":"text","text":"one"},{"type":"thinking","thinking":"two"},{"type":"text","text":"three"}]}"#;
-        stream_text(Dialect::Messages, body, true, |s| {
+        stream_text(UpstreamDialect::Messages, body, true, |s| {
             got.push(s.text().unwrap().into_owned())
         });
         assert_eq!(got, ["one", "three", "two"]);

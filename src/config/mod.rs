@@ -318,7 +318,7 @@ impl Provider {
     /// ([`ProviderKind::dialect`]), except on Vertex AI, where Claude models speak Messages
     /// and the others the Gemini dialect, and on Bedrock, where Claude models speak
     /// Messages (`InvokeModel`) and the others Converse.
-    pub fn dialect_for(&self, upstream_model: &str) -> crate::protocol::Dialect {
+    pub fn dialect_for(&self, upstream_model: &str) -> crate::protocol::UpstreamDialect {
         match self.kind {
             ProviderKind::Vertex => crate::providers::vertex::dialect(upstream_model),
             ProviderKind::Bedrock => crate::providers::bedrock::dialect(upstream_model),
@@ -409,7 +409,7 @@ impl Route {
     /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
     /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
     /// it is the kind's one dialect ([`ProviderKind::dialect`]).
-    pub fn dialect(&self) -> crate::protocol::Dialect {
+    pub fn dialect(&self) -> crate::protocol::UpstreamDialect {
         self.provider.dialect_for(&self.upstream_model)
     }
 

@@ -507,14 +507,16 @@ impl ProviderKind {
     /// speak Chat Completions, Anthropic speaks Messages, Gemini its own `contents`/`parts`;
     /// Bedrock's Claude models speak Messages, its other models Converse (a route's
     /// [`crate::config::Route::dialect`] is the one that counts).
-    pub fn dialect(self) -> crate::protocol::Dialect {
+    pub fn dialect(self) -> crate::protocol::UpstreamDialect {
         match self {
             ProviderKind::Openai | ProviderKind::Demo | ProviderKind::AzureOpenai => {
-                crate::protocol::Dialect::ChatCompletions
+                crate::protocol::UpstreamDialect::ChatCompletions
             }
-            ProviderKind::Anthropic | ProviderKind::Bedrock => crate::protocol::Dialect::Messages,
+            ProviderKind::Anthropic | ProviderKind::Bedrock => {
+                crate::protocol::UpstreamDialect::Messages
+            }
             // Vertex AI's own models; its Claude models speak Messages (`Route::dialect`).
-            ProviderKind::Gemini | ProviderKind::Vertex => crate::protocol::Dialect::Gemini,
+            ProviderKind::Gemini | ProviderKind::Vertex => crate::protocol::UpstreamDialect::Gemini,
         }
     }
 }

@@ -110,7 +110,7 @@ use crate::edge::head_guard::{self, HeadLimits, HeadScan};
 use crate::edge::screen::ConnectionCap;
 use crate::error::GatewayError;
 use crate::metrics::metrics;
-use crate::protocol::Dialect;
+use crate::protocol::ClientDialect;
 use crate::proxy::gateway::Gateway;
 
 /// Pingora's keep-alive for the first request of a connection, seconds (as in its own
@@ -348,7 +348,7 @@ const CLOSED: u8 = 2;
 const REFUSED: u8 = 3;
 
 /// A refused head's stream, error and dialect, parked for the connection loop.
-type Parked = (Stream, GatewayError, Dialect);
+type Parked = (Stream, GatewayError, ClientDialect);
 
 /// The head deadline of one connection, shared by its stream wrapper (which reports bytes and
 /// ends) and the race in [`DownstreamApp`] (which waits on it). Both run in the connection's
@@ -485,7 +485,7 @@ impl HeadClock {
     }
 
     /// The parked stream, error and dialect of a refused head (once).
-    pub fn take_refused(&self) -> Option<(Stream, GatewayError, Dialect)> {
+    pub fn take_refused(&self) -> Option<(Stream, GatewayError, ClientDialect)> {
         self.refused
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

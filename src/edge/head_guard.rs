@@ -26,7 +26,7 @@ use pingora::protocols::Stream;
 
 use crate::error::GatewayError;
 use crate::metrics::metrics;
-use crate::protocol::{self, Dialect};
+use crate::protocol::{self, ClientDialect};
 
 /// Room in the request line beyond the target: method, two spaces, `HTTP/1.1`, CRLF.
 const REQUEST_LINE_SLACK: usize = 32;
@@ -162,7 +162,7 @@ impl HeadScan {
     }
 
     /// The dialect the request line's path implies (Anthropic's for `/v1/messages…`).
-    pub fn dialect(&self) -> Dialect {
+    pub fn dialect(&self) -> ClientDialect {
         let line = &self.start[..self.start_len];
         let target = line
             .iter()
@@ -170,9 +170,9 @@ impl HeadScan {
             .map_or(&[][..], |i| &line[i + 1..]);
         let path = target.strip_prefix(b"/v1").unwrap_or(target);
         if path.starts_with(b"/messages") {
-            Dialect::Messages
+            ClientDialect::Messages
         } else {
-            Dialect::ChatCompletions
+            ClientDialect::ChatCompletions
         }
     }
 }
@@ -203,13 +203,13 @@ pub fn overflow_error(o: Overflow, limits: HeadLimits) -> GatewayError {
 /// Answers an oversized head on the raw stream (`Connection: close`, the error in
 /// `dialect`), then reads and discards what the client still sends for a moment, and closes.
 /// Counted in `sluice_rejected_total{reason}`.
-pub async fn write_refusal(mut stream: Stream, err: &GatewayError, dialect: Dialect) {
+pub async fn write_refusal(mut stream: Stream, err: &GatewayError, dialect: ClientDialect) {
     metrics()
         .rejected_total
         .with_label_values(&[err.metric_label()])
         .inc();
     let body = match dialect {
-        Dialect::ChatCompletions => err.to_json(),
+        ClientDialect::ChatCompletions => err.to_json(),
         d => protocol::error_body(d, err.status(), &err.to_string(), None),
     };
     let reason = match err.status() {
@@ -305,9 +305,9 @@ mod tests {
     fn the_dialect_follows_the_path() {
         let mut s = HeadScan::new(true);
         s.feed(b"POST /v1/messages HTTP/1.1\r\n", L);
-        assert_eq!(s.dialect(), Dialect::Messages);
+        assert_eq!(s.dialect(), ClientDialect::Messages);
         let mut s = HeadScan::new(true);
         s.feed(b"POST /v1/chat/completions HTTP/1.1\r\n", L);
-        assert_eq!(s.dialect(), Dialect::ChatCompletions);
+        assert_eq!(s.dialect(), ClientDialect::ChatCompletions);
     }
 }

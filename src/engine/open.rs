@@ -20,7 +20,7 @@ pub use crate::engine::upstream::ClientGone;
 use crate::engine::upstream::{failed, Attempt, MAX_ERROR_BODY_BYTES};
 use crate::error::{upstream_retry_after, AttemptFailure, GatewayError};
 use crate::ingress::request::InferenceRequest;
-use crate::protocol::{self, Dialect};
+use crate::protocol::{self, ClientDialect, UpstreamDialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::exchange::{self, OpenError};
@@ -61,14 +61,14 @@ fn dialect_body(
     let payload = req
         .payload()
         .ok_or_else(|| GatewayError::Internal("the request body was released".into()))?;
-    if req.dialect == upstream {
+    if req.dialect.same_as(upstream) {
         // Metering: a Chat stream always asks for the final usage chunk (stripped from the
         // client's stream when it did not ask; see `StreamPipe`).
         // A provider that rejects `stream_options` (`stream_usage: false`) is metered by
         // estimate instead.
         let ask_usage = req.stream
             && !req.include_usage
-            && upstream == Dialect::ChatCompletions
+            && upstream == UpstreamDialect::ChatCompletions
             && route.provider.stream_usage;
         return providers::passthrough_body_placed(
             &payload.body,
@@ -466,7 +466,7 @@ async fn upstream_error(
     status: u16,
     retry_after: Option<Duration>,
     timeouts: HopTimeouts,
-    client: Dialect,
+    client: ClientDialect,
 ) -> Attempt {
     let provider = &route.provider;
     let mut body = Vec::new();
@@ -527,7 +527,7 @@ fn normalize_upstream_error(
     status: u16,
     body: &[u8],
     retry_after: Option<Duration>,
-    client: Dialect,
+    client: ClientDialect,
 ) -> GatewayError {
     let provider = &route.provider;
     let (error_type, code, message) =
@@ -546,7 +546,7 @@ fn normalize_upstream_error(
         };
     }
     // Anthropic's 529 "overloaded" is a 503 to OpenAI clients.
-    let status = if status == 529 && client != Dialect::Messages {
+    let status = if status == 529 && client != ClientDialect::Messages {
         503
     } else {
         status

@@ -55,7 +55,7 @@ use crate::ingress::request::{self, PREFERENCE_HEADER};
 use crate::ingress::respond;
 use crate::ingress::respond::ChatError;
 use crate::metrics::metrics;
-use crate::protocol::{self, messages::count, Dialect};
+use crate::protocol::{self, messages::count, ClientDialect, UpstreamDialect};
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::exchange::{self, OpenError};
 use crate::providers::{self, anthropic};
@@ -154,7 +154,7 @@ pub(crate) async fn handle(
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> Result<(), ChatError> {
-    ctx.dialect = Dialect::Messages;
+    ctx.dialect = ClientDialect::Messages;
     ctx.outcome.count_only = true;
     let caller = endpoints::authenticate(gw, session, ctx)?;
     let config = ctx.config.clone();
@@ -440,7 +440,7 @@ async fn provider_count(
         }
         return f;
     }
-    let (kind, message) = protocol::decode_error_body(Dialect::Messages, status, &answer);
+    let (kind, message) = protocol::decode_error_body(UpstreamDialect::Messages, status, &answer);
     Counted::Refused(GatewayError::Upstream {
         status,
         error_type: kind.openai_type().to_string(),

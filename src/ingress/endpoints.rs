@@ -28,7 +28,7 @@ use crate::ingress::count_tokens;
 use crate::ingress::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
 use crate::ingress::respond;
 use crate::ingress::respond::ChatError;
-use crate::protocol::Dialect;
+use crate::protocol::ClientDialect;
 use crate::proxy::ctx::{ActiveStreamGuard, RequestCtx};
 use crate::proxy::gateway::Gateway;
 use crate::routing;
@@ -47,9 +47,11 @@ pub async fn handle(
     let path = session.req_header().uri.path().to_string();
     let path = path.strip_prefix("/v1").unwrap_or(&path);
     let result = match (path, method.as_str()) {
-        ("/chat/completions", "POST") => infer(gw, session, ctx, Dialect::ChatCompletions).await,
-        ("/messages", "POST") => infer(gw, session, ctx, Dialect::Messages).await,
-        ("/responses", "POST") => infer(gw, session, ctx, Dialect::Responses).await,
+        ("/chat/completions", "POST") => {
+            infer(gw, session, ctx, ClientDialect::ChatCompletions).await
+        }
+        ("/messages", "POST") => infer(gw, session, ctx, ClientDialect::Messages).await,
+        ("/responses", "POST") => infer(gw, session, ctx, ClientDialect::Responses).await,
         // Boxed: its ~7 KiB of state would otherwise be part of every request's future.
         ("/messages/count_tokens", "POST") => {
             Box::pin(count_tokens::handle(gw, session, ctx)).await
@@ -90,11 +92,11 @@ pub async fn handle(
 }
 
 /// The client dialect of an inference path (after the `/v1` prefix).
-pub(crate) fn dialect_of(path: &str) -> Dialect {
+pub(crate) fn dialect_of(path: &str) -> ClientDialect {
     match path {
-        "/messages" | "/messages/count_tokens" => Dialect::Messages,
-        "/responses" => Dialect::Responses,
-        _ => Dialect::ChatCompletions,
+        "/messages" | "/messages/count_tokens" => ClientDialect::Messages,
+        "/responses" => ClientDialect::Responses,
+        _ => ClientDialect::ChatCompletions,
     }
 }
 
@@ -188,7 +190,7 @@ async fn infer(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
-    dialect: Dialect,
+    dialect: ClientDialect,
 ) -> Result<(), ChatError> {
     ctx.dialect = dialect;
     let caller = authenticate(gw, session, ctx)?;
@@ -204,7 +206,9 @@ async fn infer(
         .map(|v| v.as_bytes().to_vec());
     let request::HeldBody { bytes, reservation } = held;
     let mut req = match dialect {
-        Dialect::ChatCompletions => request::parse_chat(&bytes, pref_header.as_deref(), &config)?,
+        ClientDialect::ChatCompletions => {
+            request::parse_chat(&bytes, pref_header.as_deref(), &config)?
+        }
         d => request::parse_dialect(d, &bytes, pref_header.as_deref(), &config)?,
     };
     req.anthropic_beta = session

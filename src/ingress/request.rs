@@ -31,7 +31,7 @@ use crate::backpressure::buffers::COPIES_PER_BODY_BYTE;
 use crate::backpressure::{BufferReservation, BuffersFull, RequestBuffers};
 use crate::config::{Capability, Config};
 use crate::error::GatewayError;
-use crate::protocol::{self, Dialect};
+use crate::protocol::{self, ClientDialect};
 use crate::routing::{Preference, RouteNeeds};
 
 /// Header carrying the same JSON as the body's `provider` field.
@@ -206,7 +206,7 @@ fn grown_capacity(capacity: usize, need: usize, cap: usize) -> usize {
 #[derive(Debug)]
 pub struct InferenceRequest {
     /// The wire API the client spoke (chosen by the endpoint).
-    pub dialect: Dialect,
+    pub dialect: ClientDialect,
     /// The parsed body, until it is released.
     payload: ArcSwapOption<Payload>,
     /// The client's `anthropic-beta` header, forwarded to Anthropic and Claude on Vertex AI
@@ -242,7 +242,7 @@ pub struct InferenceRequest {
 #[derive(Debug)]
 pub struct Payload {
     /// The client's dialect (what `body` is decoded as).
-    dialect: Dialect,
+    dialect: ClientDialect,
     /// The request object as sent (forwarded with `model` replaced per attempt when the
     /// upstream speaks the client's dialect; empty for Responses, which no upstream speaks).
     pub body: Map<String, Value>,
@@ -261,7 +261,7 @@ impl Payload {
     /// The payload slot of a request of `dialect` whose parsed body is `body` (and
     /// `canonical`, when decoded at parse time).
     fn slot(
-        dialect: Dialect,
+        dialect: ClientDialect,
         body: Map<String, Value>,
         canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
     ) -> ArcSwapOption<Payload> {
@@ -473,8 +473,8 @@ pub fn parse_chat(
         requested_max_output_tokens: requested_max,
     };
     Ok(InferenceRequest {
-        dialect: Dialect::ChatCompletions,
-        payload: Payload::slot(Dialect::ChatCompletions, map, OnceLock::new()),
+        dialect: ClientDialect::ChatCompletions,
+        payload: Payload::slot(ClientDialect::ChatCompletions, map, OnceLock::new()),
         anthropic_beta: None,
         model,
         stream,
@@ -497,7 +497,7 @@ pub fn parse_chat(
 /// refuses (malformed JSON, a missing `model`, `previous_response_id`, `store: true`, ...),
 /// or a bad provider preference.
 pub fn parse_dialect(
-    dialect: Dialect,
+    dialect: ClientDialect,
     body: &[u8],
     preference_header: Option<&[u8]>,
     config: &Config,
@@ -513,7 +513,7 @@ pub fn parse_dialect(
     // The raw object is forwarded as is when the upstream speaks the client's dialect
     // (Messages to Anthropic); no upstream speaks Responses, so it is not kept.
     let mut map = match dialect {
-        Dialect::Messages => match serde_json::from_slice::<Value>(body) {
+        ClientDialect::Messages => match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(m)) => m,
             _ => {
                 return Err(GatewayError::invalid(
@@ -522,14 +522,12 @@ pub fn parse_dialect(
                 ))
             }
         },
-        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini | Dialect::Converse => {
-            Map::new()
-        }
+        ClientDialect::ChatCompletions | ClientDialect::Responses => Map::new(),
     };
     let preference = preference(map.remove("provider"), preference_header, config)?;
     let models_field = match dialect {
         // The Responses body is not kept: read `models` from it only when it names one.
-        Dialect::Responses if memchr::memmem::find(body, b"\"models\"").is_some() => {
+        ClientDialect::Responses if memchr::memmem::find(body, b"\"models\"").is_some() => {
             serde_json::from_slice::<Value>(body)
                 .ok()
                 .and_then(|mut v| v.get_mut("models").map(Value::take))
@@ -604,7 +602,7 @@ fn estimate_chat_input(body_bytes: usize, map: &Map<String, Value>) -> u64 {
     if body_bytes <= CANONICAL_ESTIMATE_BYTES {
         let decoded = serde_json::to_vec(map)
             .ok()
-            .and_then(|b| protocol::decode_request(Dialect::ChatCompletions, &b).ok());
+            .and_then(|b| protocol::decode_request(ClientDialect::ChatCompletions, &b).ok());
         if let Some(c) = decoded {
             return protocol::tokens::estimate_input_tokens(&c);
         }
@@ -825,7 +823,7 @@ mod tests {
         assert_eq!(translated.estimated_input_tokens(), 8);
         // Messages: estimated from the canonical request parsed with it.
         let messages = parse_dialect(
-            Dialect::Messages,
+            ClientDialect::Messages,
             br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hello world"}]}"#,
             None,
             &c,

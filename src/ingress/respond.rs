@@ -8,7 +8,7 @@ use pingora::proxy::Session;
 
 use crate::engine::upstream::ClientGone;
 use crate::error::{retry_after_header, retry_after_ms_header, GatewayError};
-use crate::protocol::{self, Dialect};
+use crate::protocol::{self, ClientDialect};
 use crate::proxy::ctx::RequestCtx;
 
 /// Writes a complete JSON response.
@@ -74,8 +74,10 @@ pub async fn write_error(
     // clients for a budget refusal (its `insufficient_quota` / `budget_exceeded` is what
     // OpenAI's SDKs and tooling branch on); the others get their own dialect's error shape.
     let body = match ctx.dialect {
-        Dialect::ChatCompletions => err.to_json(),
-        Dialect::Responses if matches!(err, GatewayError::BudgetExceeded { .. }) => err.to_json(),
+        ClientDialect::ChatCompletions => err.to_json(),
+        ClientDialect::Responses if matches!(err, GatewayError::BudgetExceeded { .. }) => {
+            err.to_json()
+        }
         d => protocol::error_body(d, err.status(), &err.to_string(), err.param()),
     };
     write_json(session, ctx, err.status(), body, &extra).await

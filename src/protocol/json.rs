@@ -11,7 +11,7 @@ use bytes::{BufMut, BytesMut};
 use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use super::{invalid, Dialect, ErrorKind, ProtocolError};
+use super::{invalid, ClientDialect, ErrorKind, ProtocolError, UpstreamDialect};
 
 /// A JSON string borrowed from the input when it has no escapes, owned
 /// otherwise (`Option<Cow<str>>` with `#[serde(borrow)]` would always own).
@@ -388,20 +388,24 @@ fn bedrock_message(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<Body>(body).ok()?.message
 }
 
-pub(crate) fn decode_error_body(dialect: Dialect, status: u16, body: &[u8]) -> (ErrorKind, String) {
-    if dialect == Dialect::Gemini {
+pub(crate) fn decode_error_body(
+    dialect: UpstreamDialect,
+    status: u16,
+    body: &[u8],
+) -> (ErrorKind, String) {
+    if dialect == UpstreamDialect::Gemini {
         if let Some(e) = super::gemini::decode_error_body(status, body) {
             return e;
         }
     }
     // Bedrock's errors are `{"message": ...}`, typed by their status.
-    if dialect == Dialect::Converse {
+    if dialect == UpstreamDialect::Converse {
         if let Some(message) = bedrock_message(body) {
             return (ErrorKind::from_status(status), message);
         }
     }
     // Claude behind Google's front end (Vertex AI): the platform's errors are Google's.
-    if dialect == Dialect::Messages {
+    if dialect == UpstreamDialect::Messages {
         if let Some(e) = super::gemini::decode_platform_error_body(status, body) {
             return e;
         }
@@ -465,14 +469,14 @@ struct OpenAiErrorInner<'a> {
 }
 
 pub(crate) fn error_body(
-    dialect: Dialect,
+    dialect: ClientDialect,
     status: u16,
     message: &str,
     param: Option<&str>,
 ) -> Vec<u8> {
     let kind = ErrorKind::from_status(status);
     match dialect {
-        Dialect::Messages => to_vec(&AnthropicErrorBody {
+        ClientDialect::Messages => to_vec(&AnthropicErrorBody {
             ty: "error",
             error: AnthropicErrorInner {
                 // Anthropic answers 402 with `billing_error`.
@@ -484,16 +488,14 @@ pub(crate) fn error_body(
                 message,
             },
         }),
-        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini | Dialect::Converse => {
-            to_vec(&OpenAiErrorBody {
-                error: OpenAiErrorInner {
-                    message,
-                    ty: openai_type(kind),
-                    param,
-                    code: None,
-                },
-            })
-        }
+        ClientDialect::ChatCompletions | ClientDialect::Responses => to_vec(&OpenAiErrorBody {
+            error: OpenAiErrorInner {
+                message,
+                ty: openai_type(kind),
+                param,
+                code: None,
+            },
+        }),
     }
 }
 
@@ -509,14 +511,14 @@ struct ResponsesErrorEvent<'a> {
 
 /// Writes the in-stream error event; `sequence_number` is used by Responses.
 pub(crate) fn error_event(
-    dialect: Dialect,
+    dialect: ClientDialect,
     kind: ErrorKind,
     message: &str,
     sequence_number: u64,
     out: &mut BytesMut,
 ) {
     match dialect {
-        Dialect::Messages => write_sse(
+        ClientDialect::Messages => write_sse(
             out,
             "error",
             &AnthropicErrorBody {
@@ -527,7 +529,7 @@ pub(crate) fn error_event(
                 },
             },
         ),
-        Dialect::ChatCompletions | Dialect::Gemini | Dialect::Converse => write_sse(
+        ClientDialect::ChatCompletions => write_sse(
             out,
             "error",
             &OpenAiErrorBody {
@@ -539,7 +541,7 @@ pub(crate) fn error_event(
                 },
             },
         ),
-        Dialect::Responses => write_sse(
+        ClientDialect::Responses => write_sse(
             out,
             "error",
             &ResponsesErrorEvent {

@@ -5,7 +5,7 @@
 //!
 //! * the canonical model: [`Request`], [`Response`], [`StreamEvent`],
 //!   [`Usage`], [`StopReason`] and the conversion error [`ProtocolError`];
-//! * one module per wire API ([`Dialect`]), each owning its serde wire types
+//! * one module per wire API ([`ClientDialect`], [`UpstreamDialect`]), each owning its serde wire types
 //!   and its converters: [`chat`] (OpenAI Chat Completions), [`messages`]
 //!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only),
 //!   [`gemini`] (the Gemini API's `generateContent`, upstream side only), [`converse`]
@@ -74,31 +74,68 @@ use bytes::BytesMut;
 
 pub use translate::{StreamOptions, StreamTranslator};
 
-/// A wire API: what a client speaks to Sluice, or a provider to Sluice.
+/// A client dialect: the wire API a client speaks to Sluice. Only the pairs a client can
+/// send exist: Responses is client side only, and the Gemini API and Converse are no
+/// client dialects at all ([`UpstreamDialect`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dialect {
+pub enum ClientDialect {
     /// OpenAI Chat Completions (`POST /v1/chat/completions`).
     ChatCompletions,
     /// Anthropic Messages (`POST /v1/messages`).
     Messages,
     /// OpenAI Responses (`POST /v1/responses`), client side only.
     Responses,
+}
+
+/// An upstream dialect: the wire API a provider speaks to Sluice. Responses is not one
+/// (no provider is reached through it); the Gemini API and Converse are upstream only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UpstreamDialect {
+    /// OpenAI Chat Completions (`POST /v1/chat/completions`).
+    ChatCompletions,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Messages,
     /// The Gemini API (`models/{model}:generateContent`), upstream side only.
     Gemini,
     /// AWS Bedrock's Converse API (`/model/{modelId}/converse`), upstream side only.
     Converse,
 }
 
-impl Dialect {
-    /// Short name for logs and metrics labels: `chat`, `messages`, `responses`, `gemini`,
-    /// `converse`.
+impl ClientDialect {
+    /// Short name for logs and metrics labels: `chat`, `messages`, `responses`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Dialect::ChatCompletions => "chat",
-            Dialect::Messages => "messages",
-            Dialect::Responses => "responses",
-            Dialect::Gemini => "gemini",
-            Dialect::Converse => "converse",
+            ClientDialect::ChatCompletions => "chat",
+            ClientDialect::Messages => "messages",
+            ClientDialect::Responses => "responses",
+        }
+    }
+
+    /// The upstream dialect that is this very wire API, if a provider can speak it (Chat
+    /// Completions, Messages); `None` for Responses.
+    pub fn as_upstream(self) -> Option<UpstreamDialect> {
+        match self {
+            ClientDialect::ChatCompletions => Some(UpstreamDialect::ChatCompletions),
+            ClientDialect::Messages => Some(UpstreamDialect::Messages),
+            ClientDialect::Responses => None,
+        }
+    }
+
+    /// Whether `upstream` is this same wire API (the pair that is not translated).
+    pub fn same_as(self, upstream: UpstreamDialect) -> bool {
+        self.as_upstream() == Some(upstream)
+    }
+}
+
+impl UpstreamDialect {
+    /// Short name for logs and metrics labels: `chat`, `messages`, `gemini`, `converse`
+    /// (the same label as the [`ClientDialect`] of the same API).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamDialect::ChatCompletions => "chat",
+            UpstreamDialect::Messages => "messages",
+            UpstreamDialect::Gemini => "gemini",
+            UpstreamDialect::Converse => "converse",
         }
     }
 }
@@ -143,7 +180,7 @@ pub struct Request {
     /// `stream_options.include_usage`; always true for Messages and Responses).
     pub include_usage: bool,
     /// The dialect the request came in (names refused fields in its terms).
-    pub source: Option<Dialect>,
+    pub source: Option<ClientDialect>,
 }
 
 /// Who speaks a [`Message`].
@@ -729,42 +766,28 @@ pub enum ModelPlacement {
 ///
 /// # Errors
 /// [`ProtocolError::InvalidRequest`]/[`ProtocolError::Unsupported`] naming the field;
-/// [`Dialect::Gemini`] and [`Dialect::Converse`] are no client dialects.
-pub fn decode_request(dialect: Dialect, body: &[u8]) -> Result<Request, ProtocolError> {
+pub fn decode_request(dialect: ClientDialect, body: &[u8]) -> Result<Request, ProtocolError> {
     match dialect {
-        Dialect::ChatCompletions => chat::decode_request(body),
-        Dialect::Messages => messages::decode_request(body),
-        Dialect::Responses => responses::decode_request(body),
-        Dialect::Gemini => Err(unsupported(
-            "model",
-            "the Gemini API is not a client dialect",
-        )),
-        Dialect::Converse => Err(unsupported(
-            "model",
-            "Bedrock's Converse API is not a client dialect",
-        )),
+        ClientDialect::ChatCompletions => chat::decode_request(body),
+        ClientDialect::Messages => messages::decode_request(body),
+        ClientDialect::Responses => responses::decode_request(body),
     }
 }
 
 /// Encodes the canonical request as an upstream request body of `dialect`.
 ///
 /// # Errors
-/// [`ProtocolError::Unsupported`] for a field the target cannot carry, or for
-/// [`Dialect::Responses`] (not a provider dialect).
+/// [`ProtocolError::Unsupported`] for a field the target cannot carry.
 pub fn encode_request(
-    dialect: Dialect,
+    dialect: UpstreamDialect,
     req: &Request,
     opts: &UpstreamOptions<'_>,
 ) -> Result<Vec<u8>, ProtocolError> {
     match dialect {
-        Dialect::ChatCompletions => chat::encode_request(req, opts),
-        Dialect::Messages => messages::encode_request(req, opts),
-        Dialect::Gemini => gemini::encode_request(req, opts),
-        Dialect::Converse => converse::encode_request(req, opts),
-        Dialect::Responses => Err(unsupported(
-            "model",
-            "the Responses API is not an upstream dialect",
-        )),
+        UpstreamDialect::ChatCompletions => chat::encode_request(req, opts),
+        UpstreamDialect::Messages => messages::encode_request(req, opts),
+        UpstreamDialect::Gemini => gemini::encode_request(req, opts),
+        UpstreamDialect::Converse => converse::encode_request(req, opts),
     }
 }
 
@@ -775,18 +798,15 @@ pub fn encode_request(
 /// [`ProtocolError::InvalidUpstream`] when unparseable,
 /// [`ProtocolError::Upstream`] for an error body.
 pub fn decode_response(
-    dialect: Dialect,
+    dialect: UpstreamDialect,
     body: &[u8],
     now_unix_s: u64,
 ) -> Result<Response, ProtocolError> {
     match dialect {
-        Dialect::ChatCompletions => chat::decode_response(body, now_unix_s),
-        Dialect::Messages => messages::decode_response(body, now_unix_s),
-        Dialect::Gemini => gemini::decode_response(body, now_unix_s),
-        Dialect::Converse => converse::decode_response(body, now_unix_s),
-        Dialect::Responses => Err(ProtocolError::InvalidUpstream(
-            "the Responses API is not an upstream dialect".into(),
-        )),
+        UpstreamDialect::ChatCompletions => chat::decode_response(body, now_unix_s),
+        UpstreamDialect::Messages => messages::decode_response(body, now_unix_s),
+        UpstreamDialect::Gemini => gemini::decode_response(body, now_unix_s),
+        UpstreamDialect::Converse => converse::decode_response(body, now_unix_s),
     }
 }
 
@@ -798,63 +818,74 @@ pub fn decode_response(
 /// object of that dialect. Gemini's `usageMetadata` (cumulative, final in the last chunk)
 /// replaces `into`, and so does Converse's `usage` (final, in the answer or the stream's
 /// `metadata` event).
-pub fn merge_usage(dialect: Dialect, usage_json: &[u8], into: &mut Usage) -> bool {
+pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage) -> bool {
     match dialect {
-        Dialect::ChatCompletions => match serde_json::from_slice::<chat::UsageIn>(usage_json) {
+        UpstreamDialect::ChatCompletions => {
+            match serde_json::from_slice::<chat::UsageIn>(usage_json) {
+                Ok(u) => {
+                    *into = u.canonical();
+                    true
+                }
+                Err(_) => false,
+            }
+        }
+        UpstreamDialect::Messages => {
+            match serde_json::from_slice::<messages::UsageIn>(usage_json) {
+                Ok(u) => {
+                    u.merge_into(into);
+                    true
+                }
+                Err(_) => false,
+            }
+        }
+        UpstreamDialect::Gemini => match serde_json::from_slice::<gemini::UsageIn>(usage_json) {
             Ok(u) => {
                 *into = u.canonical();
                 true
             }
             Err(_) => false,
         },
-        Dialect::Messages => match serde_json::from_slice::<messages::UsageIn>(usage_json) {
-            Ok(u) => {
-                u.merge_into(into);
-                true
+        UpstreamDialect::Converse => {
+            match serde_json::from_slice::<converse::UsageIn>(usage_json) {
+                Ok(u) => {
+                    *into = u.canonical();
+                    true
+                }
+                Err(_) => false,
             }
-            Err(_) => false,
-        },
-        Dialect::Gemini => match serde_json::from_slice::<gemini::UsageIn>(usage_json) {
-            Ok(u) => {
-                *into = u.canonical();
-                true
-            }
-            Err(_) => false,
-        },
-        Dialect::Converse => match serde_json::from_slice::<converse::UsageIn>(usage_json) {
-            Ok(u) => {
-                *into = u.canonical();
-                true
-            }
-            Err(_) => false,
-        },
-        Dialect::Responses => false,
+        }
     }
 }
 
 /// Encodes the canonical response as a client body of `dialect` (JSON).
-/// The caller sets `resp.model` to the standard model first. Gemini and Converse are no
-/// client dialects: they get the Chat Completions body.
-pub fn encode_response(dialect: Dialect, resp: &Response) -> Vec<u8> {
+/// The caller sets `resp.model` to the standard model first.
+pub fn encode_response(dialect: ClientDialect, resp: &Response) -> Vec<u8> {
     match dialect {
-        Dialect::ChatCompletions | Dialect::Gemini | Dialect::Converse => {
-            chat::encode_response(resp)
-        }
-        Dialect::Messages => messages::encode_response(resp),
-        Dialect::Responses => responses::encode_response(resp),
+        ClientDialect::ChatCompletions => chat::encode_response(resp),
+        ClientDialect::Messages => messages::encode_response(resp),
+        ClientDialect::Responses => responses::encode_response(resp),
     }
 }
 
 /// Reads an upstream error body (any status >= 400) of `dialect`: the
 /// canonical kind (the body's type when known, else the status) and message.
-pub fn decode_error_body(dialect: Dialect, status: u16, body: &[u8]) -> (ErrorKind, String) {
+pub fn decode_error_body(
+    dialect: UpstreamDialect,
+    status: u16,
+    body: &[u8],
+) -> (ErrorKind, String) {
     json::decode_error_body(dialect, status, body)
 }
 
 /// The JSON error body a client of `dialect` gets for `status`: Messages
 /// `{"type":"error","error":{"type","message"}}`, Chat/Responses
 /// `{"error":{"message","type","param","code"}}`.
-pub fn error_body(dialect: Dialect, status: u16, message: &str, param: Option<&str>) -> Vec<u8> {
+pub fn error_body(
+    dialect: ClientDialect,
+    status: u16,
+    message: &str,
+    param: Option<&str>,
+) -> Vec<u8> {
     json::error_body(dialect, status, message, param)
 }
 
@@ -863,17 +894,15 @@ pub fn error_body(dialect: Dialect, status: u16, message: &str, param: Option<&s
 /// `event: error` frame; Responses: see [`responses::StreamEncoder::error`].
 /// Prefer [`StreamTranslator::error`] inside a translated stream (it keeps
 /// Responses sequence numbers).
-pub fn error_event(dialect: Dialect, kind: ErrorKind, message: &str, out: &mut BytesMut) {
+pub fn error_event(dialect: ClientDialect, kind: ErrorKind, message: &str, out: &mut BytesMut) {
     json::error_event(dialect, kind, message, 0, out)
 }
 
 /// The idle heartbeat frame for a client of `dialect`: Messages clients get
 /// `event: ping` (what Anthropic sends), the others an SSE comment.
-pub fn heartbeat(dialect: Dialect) -> &'static [u8] {
+pub fn heartbeat(dialect: ClientDialect) -> &'static [u8] {
     match dialect {
-        Dialect::Messages => b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
-        Dialect::ChatCompletions | Dialect::Responses | Dialect::Gemini | Dialect::Converse => {
-            b": keepalive\n\n"
-        }
+        ClientDialect::Messages => b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
+        ClientDialect::ChatCompletions | ClientDialect::Responses => b": keepalive\n\n",
     }
 }

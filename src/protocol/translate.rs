@@ -1,11 +1,12 @@
 //! The dialect-agnostic stream translator: one upstream decoder and one
-//! client encoder, chosen by [`Dialect`], event by event.
+//! client encoder, chosen by the [`UpstreamDialect`] and the [`ClientDialect`], event by event.
 
 use bytes::BytesMut;
 
 use super::continuation::{Splice, Transcript};
 use super::{
-    chat, converse, gemini, messages, responses, Dialect, ErrorKind, ProtocolError, Usage,
+    chat, converse, gemini, messages, responses, ClientDialect, ErrorKind, ProtocolError,
+    UpstreamDialect, Usage,
 };
 
 /// What a client stream encoder needs besides the events.
@@ -48,7 +49,7 @@ enum Encoder {
 pub struct StreamTranslator {
     decoder: Decoder,
     encoder: Encoder,
-    client: Dialect,
+    client: ClientDialect,
     /// Canonical content events seen (text, reasoning, tool call, arguments).
     content_events: u64,
     /// A [`StreamEvent::Stop`](super::StreamEvent::Stop) was translated.
@@ -62,29 +63,33 @@ pub struct StreamTranslator {
 
 impl StreamTranslator {
     /// A translator from `upstream` to `client`. `None` when no translation
-    /// is needed (the same dialect) or `upstream` is not a provider dialect
-    /// (Responses).
-    pub fn new(upstream: Dialect, client: Dialect, opts: &StreamOptions) -> Option<Self> {
-        if upstream == client {
+    /// is needed (the same dialect).
+    pub fn new(
+        upstream: UpstreamDialect,
+        client: ClientDialect,
+        opts: &StreamOptions,
+    ) -> Option<Self> {
+        if client.same_as(upstream) {
             return None;
         }
-        Self::canonical(upstream, client, opts)
+        Some(Self::canonical(upstream, client, opts))
     }
 
     /// A translator from `upstream` to `client` through the canonical model even for the
     /// same dialect (a stream that may be continued on another route needs the client's
-    /// encoder state). `None` when `upstream` is not a provider dialect (Responses).
-    pub fn canonical(upstream: Dialect, client: Dialect, opts: &StreamOptions) -> Option<Self> {
-        let decoder = Self::decoder(upstream)?;
+    /// encoder state).
+    pub fn canonical(
+        upstream: UpstreamDialect,
+        client: ClientDialect,
+        opts: &StreamOptions,
+    ) -> Self {
+        let decoder = Self::decoder(upstream);
         let encoder = match client {
-            // Gemini and Converse are no client dialects; a Chat stream is the nearest.
-            Dialect::ChatCompletions | Dialect::Gemini | Dialect::Converse => {
-                Encoder::Chat(chat::StreamEncoder::new(opts))
-            }
-            Dialect::Messages => Encoder::Messages(messages::StreamEncoder::new(opts)),
-            Dialect::Responses => Encoder::Responses(responses::StreamEncoder::new(opts)),
+            ClientDialect::ChatCompletions => Encoder::Chat(chat::StreamEncoder::new(opts)),
+            ClientDialect::Messages => Encoder::Messages(messages::StreamEncoder::new(opts)),
+            ClientDialect::Responses => Encoder::Responses(responses::StreamEncoder::new(opts)),
         };
-        Some(StreamTranslator {
+        StreamTranslator {
             decoder,
             encoder,
             client,
@@ -92,16 +97,15 @@ impl StreamTranslator {
             stopped: false,
             transcript: None,
             splice: None,
-        })
+        }
     }
 
-    fn decoder(upstream: Dialect) -> Option<Decoder> {
+    fn decoder(upstream: UpstreamDialect) -> Decoder {
         match upstream {
-            Dialect::ChatCompletions => Some(Decoder::Chat(chat::StreamDecoder::new())),
-            Dialect::Messages => Some(Decoder::Messages(messages::StreamDecoder::new())),
-            Dialect::Gemini => Some(Decoder::Gemini(gemini::StreamDecoder::new())),
-            Dialect::Converse => Some(Decoder::Converse(converse::StreamDecoder::new())),
-            Dialect::Responses => None,
+            UpstreamDialect::ChatCompletions => Decoder::Chat(chat::StreamDecoder::new()),
+            UpstreamDialect::Messages => Decoder::Messages(messages::StreamDecoder::new()),
+            UpstreamDialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::new()),
+            UpstreamDialect::Converse => Decoder::Converse(converse::StreamDecoder::new()),
         }
     }
 
@@ -118,18 +122,13 @@ impl StreamTranslator {
 
     /// Switches to a continuation from `upstream`: a fresh decoder for its events, which
     /// reach the same client encoder through `splice` (the stream goes on as one).
-    /// Returns false (and changes nothing) when `upstream` is not a provider dialect.
-    pub fn resume(&mut self, upstream: Dialect, splice: Splice) -> bool {
-        let Some(decoder) = Self::decoder(upstream) else {
-            return false;
-        };
-        self.decoder = decoder;
+    pub fn resume(&mut self, upstream: UpstreamDialect, splice: Splice) {
+        self.decoder = Self::decoder(upstream);
         self.splice = Some(splice);
-        true
     }
 
     /// The client dialect.
-    pub fn client(&self) -> Dialect {
+    pub fn client(&self) -> ClientDialect {
         self.client
     }
 

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 
 use super::bedrock::eventstream::{EventStreamDecoder, EventStreamError};
 use crate::config::{ProviderKind, Route};
-use crate::protocol::Dialect;
+use crate::protocol::UpstreamDialect;
 
 /// Why an upstream stream's framing cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +34,7 @@ impl Unframer {
     /// event may decode to at most `max_event_bytes`.
     pub fn for_route(route: &Route, max_event_bytes: usize) -> Option<Self> {
         let decoder = match (route.provider.kind, route.dialect()) {
-            (ProviderKind::Bedrock, Dialect::Converse) => {
+            (ProviderKind::Bedrock, UpstreamDialect::Converse) => {
                 EventStreamDecoder::converse(max_event_bytes)
             }
             (ProviderKind::Bedrock, _) => EventStreamDecoder::new(max_event_bytes),

@@ -34,7 +34,7 @@ use pingora::protocols::ALPN;
 use pingora::upstreams::peer::HttpPeer;
 
 use crate::config::{Provider, ProviderKind, Route};
-use crate::protocol::{Dialect, ModelPlacement};
+use crate::protocol::{ModelPlacement, UpstreamDialect};
 use crate::secret::Secret;
 
 /// How long a DNS answer is reused.
@@ -481,7 +481,7 @@ fn body_with_betas(body: Vec<u8>, header: &str) -> serde_json::Result<Vec<u8>> {
 /// dialect ([`error_parts`]).
 pub fn provider_error_parts(
     provider: &Provider,
-    upstream: Dialect,
+    upstream: UpstreamDialect,
     status: u16,
     body: &[u8],
 ) -> (String, Option<String>, String) {
@@ -502,12 +502,12 @@ pub fn provider_error_parts(
 /// ([`openai::error_parts`]), the others are decoded by the protocol layer and typed by
 /// their canonical kind.
 pub fn error_parts(
-    upstream: Dialect,
+    upstream: UpstreamDialect,
     status: u16,
     body: &[u8],
 ) -> (String, Option<String>, String) {
     match upstream {
-        Dialect::ChatCompletions => openai::error_parts(status, body),
+        UpstreamDialect::ChatCompletions => openai::error_parts(status, body),
         up => {
             let (kind, message) = crate::protocol::decode_error_body(up, status, body);
             (kind.openai_type().to_string(), None, message)

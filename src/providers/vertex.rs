@@ -22,7 +22,7 @@
 //! errors from Claude itself in Anthropic's; the protocol layer reads both.
 
 use super::azure::push_segment;
-use crate::protocol::{Dialect, ModelPlacement};
+use crate::protocol::{ModelPlacement, UpstreamDialect};
 
 /// The `anthropic_version` body member Claude on Vertex AI requires.
 pub const ANTHROPIC_VERSION: &str = "vertex-2023-10-16";
@@ -60,11 +60,11 @@ pub fn is_claude(model: &str) -> bool {
 }
 
 /// The wire dialect of `model` on Vertex AI: Messages for Claude, Gemini otherwise.
-pub fn dialect(model: &str) -> Dialect {
+pub fn dialect(model: &str) -> UpstreamDialect {
     if is_claude(model) {
-        Dialect::Messages
+        UpstreamDialect::Messages
     } else {
-        Dialect::Gemini
+        UpstreamDialect::Gemini
     }
 }
 
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(v["stream"], true, "{v}");
         // …or translated from another client API.
         let canonical = crate::protocol::decode_request(
-            Dialect::ChatCompletions,
+            crate::protocol::ClientDialect::ChatCompletions,
             br#"{"model":"acme/claude","messages":[{"role":"user","content":"hi"}]}"#,
         )
         .expect("request");
@@ -151,8 +151,8 @@ mod tests {
             stream_usage: true,
             placement,
         };
-        let out =
-            crate::protocol::encode_request(Dialect::Messages, &canonical, &opts).expect("encoded");
+        let out = crate::protocol::encode_request(UpstreamDialect::Messages, &canonical, &opts)
+            .expect("encoded");
         let v: Value = serde_json::from_slice(&out).expect("JSON");
         assert!(v.get("model").is_none(), "{v}");
         assert_eq!(v["anthropic_version"], ANTHROPIC_VERSION, "{v}");
@@ -162,14 +162,14 @@ mod tests {
     #[test]
     fn googles_platform_errors_are_read_for_claude_too() {
         let (kind, message) = crate::protocol::decode_error_body(
-            Dialect::Messages,
+            UpstreamDialect::Messages,
             429,
             br#"{"error":{"code":429,"message":"Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model","status":"RESOURCE_EXHAUSTED"}}"#,
         );
         assert_eq!(kind, crate::protocol::ErrorKind::RateLimit);
         assert!(message.starts_with("Quota exceeded"), "{message}");
         let (kind, _) = crate::protocol::decode_error_body(
-            Dialect::Messages,
+            UpstreamDialect::Messages,
             400,
             br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}"#,
         );
@@ -198,8 +198,8 @@ mod tests {
             method_path(&a, "gemini-2.5-pro", false),
             "/projects/my-project/locations/us-central1/publishers/google/models/gemini-2.5-pro:generateContent"
         );
-        assert_eq!(dialect("claude-opus-4-1"), Dialect::Messages);
-        assert_eq!(dialect("gemini-2.5-flash"), Dialect::Gemini);
+        assert_eq!(dialect("claude-opus-4-1"), UpstreamDialect::Messages);
+        assert_eq!(dialect("gemini-2.5-flash"), UpstreamDialect::Gemini);
         assert_eq!(
             default_base_url("europe-west4"),
             "https://europe-west4-aiplatform.googleapis.com/v1"

@@ -10,7 +10,7 @@ use crate::billing::metering::{CancelledHedge, Metered};
 use crate::config::Config;
 use crate::error::AttemptError;
 use crate::outcome::Outcome;
-use crate::protocol::Dialect;
+use crate::protocol::ClientDialect;
 
 /// Decrements `sluice_active_streams{tenant}` on drop.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ pub struct RequestCtx {
     pub stream: bool,
     /// The wire API the client speaks (set by the endpoint): errors Sluice writes, the
     /// in-stream error event and heartbeats are in it.
-    pub dialect: Dialect,
+    pub dialect: ClientDialect,
     /// Failed attempts in order.
     pub attempts: Vec<AttemptError>,
     /// Number of upstream attempts made (failed or not, same-route retries included).
@@ -99,7 +99,7 @@ impl RequestCtx {
             standard_model: None,
             answered_model: None,
             stream: false,
-            dialect: Dialect::ChatCompletions,
+            dialect: ClientDialect::ChatCompletions,
             attempts: Vec::new(),
             attempt_count: 0,
             failed_routes: 0,

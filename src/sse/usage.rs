@@ -85,7 +85,7 @@ pub fn extract_usage(data: &[u8]) -> Option<Usage> {
 /// Returns whether a usage object was found and merged. As cheap as [`extract_usage`]: one
 /// `memmem` scan, only the usage object's bytes are deserialized.
 pub fn merge_usage(
-    dialect: crate::protocol::Dialect,
+    dialect: crate::protocol::UpstreamDialect,
     data: &[u8],
     into: &mut crate::protocol::Usage,
 ) -> bool {
@@ -280,18 +280,18 @@ fn object_end(s: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod metering_tests {
     use super::*;
-    use crate::protocol::{Dialect, Usage};
+    use crate::protocol::{UpstreamDialect, Usage};
 
     #[test]
     fn chat_usage_is_read_with_every_class_and_replaces() {
         let mut u = Usage::default();
         assert!(!merge_usage(
-            Dialect::ChatCompletions,
+            UpstreamDialect::ChatCompletions,
             br#"{"choices":[{"delta":{"content":"x"}}],"usage":null}"#,
             &mut u
         ));
         let last = br#"{"id":"c","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":9,"total_tokens":49,"prompt_tokens_details":{"cached_tokens":15},"completion_tokens_details":{"reasoning_tokens":3}}}"#;
-        assert!(merge_usage(Dialect::ChatCompletions, last, &mut u));
+        assert!(merge_usage(UpstreamDialect::ChatCompletions, last, &mut u));
         assert_eq!(
             u,
             Usage {
@@ -313,9 +313,9 @@ mod metering_tests {
     fn anthropic_usage_merges_message_start_and_the_cumulative_message_delta() {
         let mut u = Usage::default();
         let start = br#"{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":25,"cache_creation_input_tokens":5,"cache_read_input_tokens":15,"output_tokens":1}}}"#;
-        assert!(merge_usage(Dialect::Messages, start, &mut u));
+        assert!(merge_usage(UpstreamDialect::Messages, start, &mut u));
         let delta = br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#;
-        assert!(merge_usage(Dialect::Messages, delta, &mut u));
+        assert!(merge_usage(UpstreamDialect::Messages, delta, &mut u));
         // Canonical input includes the cache reads and writes.
         assert_eq!(
             u,

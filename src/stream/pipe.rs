@@ -31,7 +31,7 @@ use bytes::{Bytes, BytesMut};
 use crate::billing::metering::{self, OutputEstimator};
 use crate::config::Route;
 use crate::metrics::metrics;
-use crate::protocol::{self, Dialect, ErrorKind, ProtocolError};
+use crate::protocol::{self, ClientDialect, ErrorKind, ProtocolError, UpstreamDialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::framing::Unframer;
@@ -81,7 +81,7 @@ pub(crate) struct StreamPipe<'r> {
     normalizer: SseNormalizer,
     route: &'r Route,
     /// The client's dialect.
-    client: Dialect,
+    client: ClientDialect,
     /// Upstream and client dialects differ: the translator (`None` = the fast path).
     protocol: Option<protocol::StreamTranslator>,
     /// The same-dialect model echo when it is not the route's (Chat) one: Messages
@@ -101,7 +101,7 @@ pub(crate) struct StreamPipe<'r> {
     /// stream's), `None` until the upstream sent some.
     pub usage: Option<protocol::Usage>,
     /// The upstream's dialect (how its usage objects read).
-    upstream: Dialect,
+    upstream: UpstreamDialect,
     /// Same-dialect Chat stream whose client did not ask for usage: Sluice asked for it
     /// (`stream_options.include_usage`); the usage-only chunk is not forwarded and the
     /// `"usage":null` member that ends every other chunk is removed.
@@ -129,7 +129,7 @@ impl<'r> StreamPipe<'r> {
     )]
     pub fn new(
         route: &'r Route,
-        client: Dialect,
+        client: ClientDialect,
         standard_model: &str,
         include_usage: bool,
         coding: ContentCoding,
@@ -146,16 +146,15 @@ impl<'r> StreamPipe<'r> {
         };
         let protocol = match continuable {
             Some(cap) => {
-                protocol::StreamTranslator::canonical(upstream, client, &opts).map(|mut t| {
-                    t.record_transcript(cap);
-                    t
-                })
+                let mut t = protocol::StreamTranslator::canonical(upstream, client, &opts);
+                t.record_transcript(cap);
+                Some(t)
             }
             None => protocol::StreamTranslator::new(upstream, client, &opts),
         };
         let strip_usage =
-            protocol.is_none() && client == Dialect::ChatCompletions && !include_usage;
-        let rewriter = (client == Dialect::Messages && protocol.is_none())
+            protocol.is_none() && client == ClientDialect::ChatCompletions && !include_usage;
+        let rewriter = (client == ClientDialect::Messages && protocol.is_none())
             .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
         let decoder = content_decoder(route, coding)?;
         Ok(Self {
@@ -203,16 +202,13 @@ impl<'r> StreamPipe<'r> {
     ) -> Result<(), PipeError> {
         let decoder = content_decoder(route, coding)?;
         let upstream = route.dialect();
-        let resumed = self
-            .protocol
-            .as_mut()
-            .is_some_and(|t| t.resume(upstream, splice));
-        if !resumed {
+        let Some(t) = self.protocol.as_mut() else {
             return Err(PipeError::Framing {
                 reason: "upstream_error",
                 message: "this stream cannot be continued".into(),
             });
-        }
+        };
+        t.resume(upstream, splice);
         self.decoder = decoder;
         self.unframer = Unframer::for_route(route, self.max_event_bytes);
         self.normalizer = SseNormalizer::new(self.max_event_bytes);
@@ -354,7 +350,7 @@ impl<'r> StreamPipe<'r> {
             if self.done {
                 continue; // nothing after the terminator is for the client
             }
-            let messages = self.client == Dialect::Messages;
+            let messages = self.client == ClientDialect::Messages;
             let terminal = if messages {
                 ev.event_name() == Some("message_stop")
             } else {
@@ -376,7 +372,8 @@ impl<'r> StreamPipe<'r> {
                 continue;
             }
             if messages && ev.event_name() == Some("error") {
-                let (kind, message) = protocol::decode_error_body(Dialect::Messages, 502, &data);
+                let (kind, message) =
+                    protocol::decode_error_body(UpstreamDialect::Messages, 502, &data);
                 return Err(PipeError::Upstream {
                     kind,
                     error_type: String::new(),
@@ -385,7 +382,7 @@ impl<'r> StreamPipe<'r> {
             }
             if !messages && (ev.event_name() == Some("error") || data.starts_with(b"{\"error\"")) {
                 let (error_type, _, message) =
-                    providers::error_parts(Dialect::ChatCompletions, 502, &data);
+                    providers::error_parts(UpstreamDialect::ChatCompletions, 502, &data);
                 return Err(PipeError::Upstream {
                     kind: ErrorKind::Api,
                     error_type,
@@ -483,7 +480,7 @@ impl<'r> StreamPipe<'r> {
             })?,
             None => {
                 self.out
-                    .extend_from_slice(if self.client == Dialect::Messages {
+                    .extend_from_slice(if self.client == ClientDialect::Messages {
                         MESSAGE_STOP_EVENT
                     } else {
                         DONE_EVENT
@@ -503,7 +500,7 @@ impl<'r> StreamPipe<'r> {
         message: &str,
         reason: &str,
     ) -> Bytes {
-        if self.client == Dialect::ChatCompletions {
+        if self.client == ClientDialect::ChatCompletions {
             return sse::openai_error_event(message, error_type, reason);
         }
         let mut out = BytesMut::new();

@@ -149,7 +149,7 @@ pub(crate) async fn unary(
     let mut usage_seen = sse::merge_usage(upstream, &body, &mut usage);
     // Written as is: no copy of the answer between the rewrite and the socket.
     let out: Bytes = match (ctx.dialect, upstream) {
-        (client, up) if client == up => {
+        (client, up) if client.same_as(up) => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
             route.rewriter.rewrite_json(&body, &mut out);
             out.freeze()

@@ -264,7 +264,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     }
     let mut req = Request {
         model: r.model,
-        source: Some(super::Dialect::ChatCompletions),
+        source: Some(super::ClientDialect::ChatCompletions),
         ..Request::default()
     };
     for (i, m) in r.messages.into_iter().enumerate() {

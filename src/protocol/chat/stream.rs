@@ -515,7 +515,7 @@ impl StreamEncoder {
     pub fn error(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
         self.finished = true;
         super::super::json::error_event(
-            super::super::Dialect::ChatCompletions,
+            super::super::ClientDialect::ChatCompletions,
             kind,
             message,
             0,

@@ -56,7 +56,7 @@ pub use stream::StreamDecoder;
 
 use super::json::to_vec;
 use super::{
-    invalid, unsupported, Dialect, OutputItem, Part, ProtocolError, Request, Response, Role,
+    invalid, unsupported, ClientDialect, OutputItem, Part, ProtocolError, Request, Response, Role,
     Source, StopReason, ToolCall, ToolChoice, UpstreamOptions, Usage,
 };
 
@@ -181,7 +181,7 @@ pub fn encode_request(
 /// The client-dialect name of the messages array, for refused fields.
 fn messages_field(req: &Request) -> &'static str {
     match req.source {
-        Some(Dialect::Responses) => "input",
+        Some(ClientDialect::Responses) => "input",
         _ => "messages",
     }
 }
@@ -189,7 +189,7 @@ fn messages_field(req: &Request) -> &'static str {
 /// The client-dialect name of the structured-output field.
 fn response_format_field(req: &Request) -> &'static str {
     match req.source {
-        Some(Dialect::Responses) => "text.format",
+        Some(ClientDialect::Responses) => "text.format",
         _ => "response_format",
     }
 }

@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 
 use super::super::json::decode_error_body;
-use super::super::{Dialect, ProtocolError, StreamEvent};
+use super::super::{ProtocolError, StreamEvent, UpstreamDialect};
 use super::{answer_id, stop_from_wire, UsageIn};
 
 /// Upstream ConverseStream events → canonical events.
@@ -119,7 +119,7 @@ impl StreamDecoder {
             return Ok(());
         }
         if event == Some("error") {
-            let (kind, message) = decode_error_body(Dialect::Messages, 502, data);
+            let (kind, message) = decode_error_body(UpstreamDialect::Messages, 502, data);
             return Err(ProtocolError::Upstream { kind, message });
         }
         let ev: EventIn<'_> = serde_json::from_slice(data)

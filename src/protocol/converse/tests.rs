@@ -5,7 +5,7 @@ use bytes::BytesMut;
 use serde_json::{json, Value};
 
 use super::super::{
-    Dialect, ErrorKind, Message, OutputItem, Part, Request, ResponseFormat, Role, Source,
+    ClientDialect, ErrorKind, Message, OutputItem, Part, Request, ResponseFormat, Role, Source,
     StopReason, StreamEvent, StreamOptions, StreamTranslator, Tool, ToolCall, ToolChoice,
     UpstreamOptions,
 };
@@ -298,7 +298,11 @@ fn response_golden_decode() {
     assert!(decode_response(b"<html>", 0).is_err());
     // The usage of a body, as metering reads it.
     let mut u = crate::protocol::Usage::default();
-    assert!(crate::sse::merge_usage(Dialect::Converse, body, &mut u));
+    assert!(crate::sse::merge_usage(
+        super::super::UpstreamDialect::Converse,
+        body,
+        &mut u
+    ));
     assert_eq!((u.input_tokens, u.cache_read_tokens), (20, 8));
 }
 
@@ -427,11 +431,12 @@ fn every_client_dialect_gets_the_converse_stream() {
         include_usage: true,
     };
     for client in [
-        Dialect::ChatCompletions,
-        Dialect::Messages,
-        Dialect::Responses,
+        ClientDialect::ChatCompletions,
+        ClientDialect::Messages,
+        ClientDialect::Responses,
     ] {
-        let mut t = StreamTranslator::new(Dialect::Converse, client, &opts).expect("translates");
+        let mut t = StreamTranslator::new(super::super::UpstreamDialect::Converse, client, &opts)
+            .expect("translates");
         let mut out = BytesMut::new();
         for (name, data) in stream_events() {
             t.on_event(Some(name), data.as_bytes(), &mut out)
@@ -443,8 +448,8 @@ fn every_client_dialect_gets_the_converse_stream() {
         assert!(text.contains("acme/nova"), "{client:?}: {text}");
         assert!(text.contains("tooluse_1"), "{client:?}: {text}");
         let (stop, done) = match client {
-            Dialect::ChatCompletions => ("\"finish_reason\":\"tool_calls\"", "data: [DONE]"),
-            Dialect::Messages => ("\"stop_reason\":\"tool_use\"", "event: message_stop"),
+            ClientDialect::ChatCompletions => ("\"finish_reason\":\"tool_calls\"", "data: [DONE]"),
+            ClientDialect::Messages => ("\"stop_reason\":\"tool_use\"", "event: message_stop"),
             _ => ("\"type\":\"function_call\"", "response.completed"),
         };
         assert!(text.contains(stop), "{client:?}: {text}");

@@ -48,9 +48,9 @@ pub use stream::StreamDecoder;
 
 use super::json::to_vec;
 use super::{
-    invalid, unsupported, Dialect, ErrorKind, Message, OutputItem, Part, ProtocolError, Request,
-    Response, ResponseFormat, Role, Source, StopReason, ToolCall, ToolChoice, UpstreamOptions,
-    Usage,
+    invalid, unsupported, ClientDialect, ErrorKind, Message, OutputItem, Part, ProtocolError,
+    Request, Response, ResponseFormat, Role, Source, StopReason, ToolCall, ToolChoice,
+    UpstreamOptions, Usage,
 };
 
 // ---------------------------------------------------------------- request
@@ -164,7 +164,7 @@ pub fn encode_request(
 /// The client-dialect name of the messages array, for refused fields.
 fn messages_field(req: &Request) -> &'static str {
     match req.source {
-        Some(Dialect::Responses) => "input",
+        Some(ClientDialect::Responses) => "input",
         _ => "messages",
     }
 }

@@ -25,9 +25,9 @@ pub use stream::{StreamDecoder, StreamEncoder};
 
 use super::json::{decode_client, opt, prefixed, to_vec, ErrorObj, Str};
 use super::{
-    invalid, unsupported, Dialect, ErrorKind, Message, OutputItem, Part, ProtocolError, Reasoning,
-    Request, Response, Role, Source, StopReason, Tool, ToolCall, ToolChoice, UpstreamOptions,
-    Usage,
+    invalid, unsupported, ClientDialect, ErrorKind, Message, OutputItem, Part, ProtocolError,
+    Reasoning, Request, Response, Role, Source, StopReason, Tool, ToolCall, ToolChoice,
+    UpstreamOptions, Usage,
 };
 
 /// Value of the `anthropic-version` header sent upstream.
@@ -216,7 +216,7 @@ fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
     }
     let mut req = Request {
         model: r.model,
-        source: Some(Dialect::Messages),
+        source: Some(ClientDialect::Messages),
         max_output_tokens: r.max_tokens,
         temperature: r.temperature,
         top_p: r.top_p,
@@ -373,7 +373,7 @@ fn blocks(content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolError> {
 /// The client's name for the structured-output field.
 fn response_format_field(req: &Request) -> &'static str {
     match req.source {
-        Some(Dialect::Responses) => "text.format",
+        Some(ClientDialect::Responses) => "text.format",
         _ => "response_format",
     }
 }

@@ -13,7 +13,7 @@ use super::super::json::{
 };
 use super::super::scan::Scan;
 use super::super::{
-    Dialect, ErrorKind, ProtocolError, StopReason, StreamEvent, StreamOptions, Usage,
+    ClientDialect, ErrorKind, ProtocolError, StopReason, StreamEvent, StreamOptions, Usage,
 };
 use super::{stop_from_wire, stop_to_wire, ContentBlockIn, UsageIn};
 
@@ -551,7 +551,7 @@ impl StreamEncoder {
     /// Appends Anthropic's `event: error` and ends the stream.
     pub fn error(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
         self.finished = true;
-        super::super::json::error_event(Dialect::Messages, kind, message, 0, out);
+        super::super::json::error_event(ClientDialect::Messages, kind, message, 0, out);
     }
 
     /// Makes `kind` the open block (opening it with `block()` if needed) and

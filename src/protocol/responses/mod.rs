@@ -23,8 +23,9 @@ pub use stream::StreamEncoder;
 
 use super::json::{decode_client, image_source, parse_data_url, prefixed, to_vec};
 use super::{
-    invalid, unsupported, Dialect, Effort, Message, OutputItem, Part, ProtocolError, Reasoning,
-    Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall, ToolChoice, Usage,
+    invalid, unsupported, ClientDialect, Effort, Message, OutputItem, Part, ProtocolError,
+    Reasoning, Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall,
+    ToolChoice, Usage,
 };
 
 #[derive(Deserialize)]
@@ -241,7 +242,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     }
     let mut req = Request {
         model: r.model,
-        source: Some(Dialect::Responses),
+        source: Some(ClientDialect::Responses),
         max_output_tokens: r.max_output_tokens,
         temperature: r.temperature,
         top_p: r.top_p,

@@ -19,7 +19,7 @@ use super::super::json::{
     error_event, openai_type, prefixed, push_sse_head, push_str, push_u64, write_sse,
 };
 use super::super::{
-    Dialect, ErrorKind, OutputItem, ProtocolError, Response, StopReason, StreamEvent,
+    ClientDialect, ErrorKind, OutputItem, ProtocolError, Response, StopReason, StreamEvent,
     StreamOptions, ToolCall, Usage,
 };
 use super::response_json;
@@ -609,7 +609,7 @@ impl StreamEncoder {
         }
         self.finished = true;
         let seq = self.next_seq();
-        error_event(Dialect::Responses, kind, message, seq, out);
+        error_event(ClientDialect::Responses, kind, message, seq, out);
         let mut r = self.snapshot("final");
         r["status"] = "failed".into();
         r["incomplete_details"] = Value::Null;

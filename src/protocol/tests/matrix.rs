@@ -10,39 +10,39 @@ use super::fixtures::{
 };
 use super::{seen, translate, Seen, STANDARD};
 use crate::protocol::{
-    decode_request, decode_response, encode_request, encode_response, error_body, Dialect,
-    ProtocolError, UpstreamOptions,
+    decode_request, decode_response, encode_request, encode_response, error_body, ClientDialect,
+    ProtocolError, UpstreamDialect, UpstreamOptions,
 };
 
-const CLIENTS: [Dialect; 3] = [
-    Dialect::ChatCompletions,
-    Dialect::Messages,
-    Dialect::Responses,
+const CLIENTS: [ClientDialect; 3] = [
+    ClientDialect::ChatCompletions,
+    ClientDialect::Messages,
+    ClientDialect::Responses,
 ];
-const UPSTREAMS: [Dialect; 2] = [Dialect::ChatCompletions, Dialect::Messages];
+const UPSTREAMS: [UpstreamDialect; 2] =
+    [UpstreamDialect::ChatCompletions, UpstreamDialect::Messages];
 
-fn upstream_stream(up: Dialect, s: Scenario) -> String {
+fn upstream_stream(up: UpstreamDialect, s: Scenario) -> String {
     match up {
-        Dialect::ChatCompletions => chat_stream(s),
+        UpstreamDialect::ChatCompletions => chat_stream(s),
         _ => messages_stream(s),
     }
 }
 
-fn upstream_body(up: Dialect, s: Scenario) -> String {
+fn upstream_body(up: UpstreamDialect, s: Scenario) -> String {
     match up {
-        Dialect::ChatCompletions => chat_body(s),
+        UpstreamDialect::ChatCompletions => chat_body(s),
         _ => messages_body(s),
     }
 }
 
 /// What the client must see, in its own dialect's words (hand-written).
-fn expected(client: Dialect, up: Dialect, s: Scenario) -> Seen {
-    use Dialect::*;
+fn expected(client: ClientDialect, up: UpstreamDialect, s: Scenario) -> Seen {
+    use ClientDialect::*;
     let stop = |chat: &str, messages: &str, responses: &str| match client {
         ChatCompletions => chat.to_owned(),
         Messages => messages.to_owned(),
         Responses => responses.to_owned(),
-        Gemini | Converse => unreachable!("no client dialect"),
     };
     let usage = match client {
         Messages => (20, 12, 10),
@@ -74,7 +74,7 @@ fn expected(client: Dialect, up: Dialect, s: Scenario) -> Seen {
             e.text = "2".into();
             e.reasoning = "Think 1+1.".into();
             e.stop = stop("stop", "end_turn", "completed");
-            if up == Messages && client == Responses {
+            if up == UpstreamDialect::Messages && client == Responses {
                 e.signature = "sig-abc".into();
             }
         }
@@ -104,7 +104,7 @@ fn normalize(mut s: Seen) -> Seen {
 fn stream_matrix() {
     for client in CLIENTS {
         for up in UPSTREAMS {
-            if client == up {
+            if client.same_as(up) {
                 continue;
             }
             for s in ALL {
@@ -125,11 +125,11 @@ fn stream_matrix() {
 }
 
 /// Reassembles a non-stream client body (hand-parsed per dialect).
-fn seen_body(client: Dialect, body: &[u8]) -> Seen {
+fn seen_body(client: ClientDialect, body: &[u8]) -> Seen {
     let v: Value = serde_json::from_slice(body).unwrap();
     let mut s = Seen::default();
     match client {
-        Dialect::ChatCompletions => {
+        ClientDialect::ChatCompletions => {
             if let Some(e) = v.get("error") {
                 s.error = Some(e["type"].as_str().unwrap().into());
                 return s;
@@ -156,7 +156,7 @@ fn seen_body(client: Dialect, body: &[u8]) -> Seen {
                     .unwrap(),
             );
         }
-        Dialect::Messages => {
+        ClientDialect::Messages => {
             if v["type"] == "error" {
                 s.error = Some(v["error"]["type"].as_str().unwrap().into());
                 return s;
@@ -186,7 +186,7 @@ fn seen_body(client: Dialect, body: &[u8]) -> Seen {
                 u["cache_read_input_tokens"].as_u64().unwrap(),
             );
         }
-        Dialect::Responses => {
+        ClientDialect::Responses => {
             if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
                 s.error = Some(e["type"].as_str().unwrap().into());
                 return s;
@@ -221,7 +221,6 @@ fn seen_body(client: Dialect, body: &[u8]) -> Seen {
                 u["input_tokens_details"]["cached_tokens"].as_u64().unwrap(),
             );
         }
-        Dialect::Gemini | Dialect::Converse => unreachable!("no client dialect"),
     }
     s
 }
@@ -230,7 +229,7 @@ fn seen_body(client: Dialect, body: &[u8]) -> Seen {
 fn non_stream_matrix() {
     for client in CLIENTS {
         for up in UPSTREAMS {
-            if client == up {
+            if client.same_as(up) {
                 continue;
             }
             for s in ALL {
@@ -260,34 +259,34 @@ fn non_stream_matrix() {
 }
 
 /// Client request of the scenario in the client's dialect (hand-written).
-fn client_request(client: Dialect, s: Scenario) -> Value {
+fn client_request(client: ClientDialect, s: Scenario) -> Value {
     let img_url = "https://example.com/cat.png";
     match (client, s) {
-        (Dialect::ChatCompletions, Scenario::Image) => json!({"model": "m", "messages": [
+        (ClientDialect::ChatCompletions, Scenario::Image) => json!({"model": "m", "messages": [
             {"role": "user", "content": [{"type": "text", "text": "What is it?"},
              {"type": "image_url", "image_url": {"url": img_url}},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}]}),
-        (Dialect::ChatCompletions, Scenario::Tool) => json!({"model": "m", "messages": [
+        (ClientDialect::ChatCompletions, Scenario::Tool) => json!({"model": "m", "messages": [
             {"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": null, "tool_calls": [
                 {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
             "tool_choice": "required"}),
-        (Dialect::ChatCompletions, Scenario::Reasoning) => {
+        (ClientDialect::ChatCompletions, Scenario::Reasoning) => {
             json!({"model": "m", "reasoning_effort": "high", "max_completion_tokens": 32000,
                    "messages": [{"role": "user", "content": "1+1?"}]})
         }
-        (Dialect::ChatCompletions, _) => {
+        (ClientDialect::ChatCompletions, _) => {
             json!({"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
         }
-        (Dialect::Messages, Scenario::Image) => {
+        (ClientDialect::Messages, Scenario::Image) => {
             json!({"model": "m", "max_tokens": 100, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "What is it?"},
              {"type": "image", "source": {"type": "url", "url": img_url}},
              {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]}]})
         }
-        (Dialect::Messages, Scenario::Tool) => {
+        (ClientDialect::Messages, Scenario::Tool) => {
             json!({"model": "m", "max_tokens": 100, "messages": [
             {"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
@@ -295,56 +294,55 @@ fn client_request(client: Dialect, s: Scenario) -> Value {
             "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
             "tool_choice": {"type": "any"}})
         }
-        (Dialect::Messages, Scenario::Reasoning) => json!({"model": "m", "max_tokens": 32000,
+        (ClientDialect::Messages, Scenario::Reasoning) => json!({"model": "m", "max_tokens": 32000,
             "thinking": {"type": "enabled", "budget_tokens": 24576},
             "messages": [{"role": "user", "content": "1+1?"}]}),
-        (Dialect::Messages, _) => {
+        (ClientDialect::Messages, _) => {
             json!({"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "Hi"}]})
         }
-        (Dialect::Responses, Scenario::Image) => json!({"model": "m", "input": [
+        (ClientDialect::Responses, Scenario::Image) => json!({"model": "m", "input": [
             {"role": "user", "content": [{"type": "input_text", "text": "What is it?"},
              {"type": "input_image", "image_url": img_url},
              {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0K"}]}]}),
-        (Dialect::Responses, Scenario::Tool) => json!({"model": "m", "input": [
+        (ClientDialect::Responses, Scenario::Tool) => json!({"model": "m", "input": [
             {"role": "user", "content": "Weather?"},
             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
             "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
             "tool_choice": "required"}),
-        (Dialect::Responses, Scenario::Reasoning) => {
+        (ClientDialect::Responses, Scenario::Reasoning) => {
             json!({"model": "m", "max_output_tokens": 32000,
             "reasoning": {"effort": "high"}, "input": "1+1?"})
         }
-        (Dialect::Responses, _) => json!({"model": "m", "input": "Hi"}),
-        (Dialect::Gemini | Dialect::Converse, _) => unreachable!("no client dialect"),
+        (ClientDialect::Responses, _) => json!({"model": "m", "input": "Hi"}),
     }
 }
 
 /// The upstream request the scenario must produce (hand-written).
-fn expected_upstream(up: Dialect, s: Scenario, client: Dialect) -> Value {
+fn expected_upstream(up: UpstreamDialect, s: Scenario, client: ClientDialect) -> Value {
     let img_url = "https://example.com/cat.png";
-    let max = if client == Dialect::Messages {
+    let max = if client == ClientDialect::Messages {
         100
     } else {
         4096
     };
     match (up, s) {
-        (Dialect::ChatCompletions, Scenario::Image) => json!({"model": "up", "messages": [
+        (UpstreamDialect::ChatCompletions, Scenario::Image) => json!({"model": "up", "messages": [
             {"role": "user", "content": [{"type": "text", "text": "What is it?"},
              {"type": "image_url", "image_url": {"url": img_url}},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}],
              "max_completion_tokens": 100}),
-        (Dialect::ChatCompletions, Scenario::Tool) => json!({"model": "up", "messages": [
+        (UpstreamDialect::ChatCompletions, Scenario::Tool) => json!({"model": "up", "messages": [
             {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
             {"role": "assistant", "content": null, "tool_calls": [
                 {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
             "tool_choice": "required", "max_completion_tokens": 100}),
-        (Dialect::ChatCompletions, Scenario::Reasoning) => json!({"model": "up",
+        (UpstreamDialect::ChatCompletions, Scenario::Reasoning) => json!({"model": "up",
             "messages": [{"role": "user", "content": [{"type": "text", "text": "1+1?"}]}],
             "max_completion_tokens": 32000, "reasoning_effort": "high"}),
-        (Dialect::ChatCompletions, _) => json!({"model": "up",
+        (UpstreamDialect::ChatCompletions, _) => json!({"model": "up",
             "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
             "max_completion_tokens": 100}),
         (_, Scenario::Image) => json!({"model": "up", "max_tokens": max, "messages": [
@@ -369,7 +367,7 @@ fn expected_upstream(up: Dialect, s: Scenario, client: Dialect) -> Value {
 fn request_matrix() {
     for client in CLIENTS {
         for up in UPSTREAMS {
-            if client == up {
+            if client.same_as(up) {
                 continue;
             }
             for s in ALL {
@@ -385,8 +383,8 @@ fn request_matrix() {
                 let got: Value = serde_json::from_slice(&out).unwrap();
                 let mut want = expected_upstream(up, s, client);
                 // Only a Messages client sends max_tokens (100) in the plain cells.
-                if up == Dialect::ChatCompletions
-                    && client != Dialect::Messages
+                if up == UpstreamDialect::ChatCompletions
+                    && client != ClientDialect::Messages
                     && s != Scenario::Reasoning
                 {
                     want.as_object_mut()

@@ -15,7 +15,7 @@ mod streams;
 use bytes::BytesMut;
 use serde_json::Value;
 
-use super::{Dialect, StreamOptions, StreamTranslator};
+use super::{ClientDialect, StreamOptions, StreamTranslator, UpstreamDialect};
 use crate::sse::SseNormalizer;
 
 /// Standard model echoed to clients in the tests (differs from every
@@ -34,8 +34,8 @@ pub(super) fn opts(include_usage: bool) -> StreamOptions {
 /// of `piece` bytes (0 = one piece) and the translator; returns the client
 /// bytes.
 pub(super) fn translate(
-    upstream: Dialect,
-    client: Dialect,
+    upstream: UpstreamDialect,
+    client: ClientDialect,
     wire: &[u8],
     piece: usize,
     include_usage: bool,
@@ -306,11 +306,10 @@ pub(super) fn seen_responses(bytes: &[u8]) -> Seen {
 }
 
 /// Reassembles a client stream of any dialect.
-pub(super) fn seen(client: Dialect, bytes: &[u8]) -> Seen {
+pub(super) fn seen(client: ClientDialect, bytes: &[u8]) -> Seen {
     match client {
-        Dialect::ChatCompletions => seen_chat(bytes),
-        Dialect::Messages => seen_messages(bytes),
-        Dialect::Responses => seen_responses(bytes),
-        Dialect::Gemini | Dialect::Converse => unreachable!("no client dialect"),
+        ClientDialect::ChatCompletions => seen_chat(bytes),
+        ClientDialect::Messages => seen_messages(bytes),
+        ClientDialect::Responses => seen_responses(bytes),
     }
 }

@@ -3,7 +3,8 @@
 use serde_json::{json, Value};
 
 use crate::protocol::{
-    decode_request, encode_request, error_body, Dialect, ProtocolError, UpstreamOptions,
+    decode_request, encode_request, error_body, ClientDialect, ProtocolError, UpstreamDialect,
+    UpstreamOptions,
 };
 
 const OPTS: UpstreamOptions<'static> = UpstreamOptions {
@@ -13,13 +14,17 @@ const OPTS: UpstreamOptions<'static> = UpstreamOptions {
     placement: crate::protocol::ModelPlacement::Body,
 };
 
-fn translate(from: Dialect, to: Dialect, body: Value) -> Result<Value, ProtocolError> {
+fn translate(
+    from: ClientDialect,
+    to: UpstreamDialect,
+    body: Value,
+) -> Result<Value, ProtocolError> {
     let req = decode_request(from, body.to_string().as_bytes())?;
     let out = encode_request(to, &req, &OPTS)?;
     Ok(serde_json::from_slice(&out).unwrap())
 }
 
-fn refused(from: Dialect, to: Dialect, body: Value) -> (String, bool) {
+fn refused(from: ClientDialect, to: UpstreamDialect, body: Value) -> (String, bool) {
     let e = translate(from, to, body).unwrap_err();
     assert!(e.is_client_error(), "{e}");
     assert_eq!(e.status(), 400);
@@ -32,8 +37,8 @@ fn refused(from: Dialect, to: Dialect, body: Value) -> (String, bool) {
 #[test]
 fn chat_to_messages_golden() {
     let got = translate(
-        Dialect::ChatCompletions,
-        Dialect::Messages,
+        ClientDialect::ChatCompletions,
+        UpstreamDialect::Messages,
         json!({
             "model": "house", "stream": true, "stream_options": {"include_usage": true},
             "temperature": 1.5, "top_p": 0.9, "stop": "END", "user": "u-1", "seed": 7,
@@ -84,8 +89,8 @@ fn chat_to_messages_golden() {
 #[test]
 fn messages_to_chat_golden() {
     let got = translate(
-        Dialect::Messages,
-        Dialect::ChatCompletions,
+        ClientDialect::Messages,
+        UpstreamDialect::ChatCompletions,
         json!({
             "model": "house", "max_tokens": 64, "stream": true, "top_k": 5,
             "system": [{"type": "text", "text": "Sys", "cache_control": {"type": "ephemeral"}}],
@@ -126,8 +131,8 @@ fn messages_to_chat_golden() {
 #[test]
 fn responses_to_chat_golden() {
     let got = translate(
-        Dialect::Responses,
-        Dialect::ChatCompletions,
+        ClientDialect::Responses,
+        UpstreamDialect::ChatCompletions,
         json!({
             "model": "house", "instructions": "Be kind.", "store": false, "max_output_tokens": 77,
             "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": true}},
@@ -168,8 +173,8 @@ fn responses_to_chat_golden() {
 #[test]
 fn responses_reasoning_history_keeps_signature_for_messages() {
     let got = translate(
-        Dialect::Responses,
-        Dialect::Messages,
+        ClientDialect::Responses,
+        UpstreamDialect::Messages,
         json!({"model": "m", "input": [
             {"role": "user", "content": "Q"},
             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "t"}], "encrypted_content": "sig-1"},
@@ -193,8 +198,8 @@ fn responses_reasoning_history_keeps_signature_for_messages() {
 #[test]
 fn chat_reasoning_history_without_signature_is_dropped_for_messages() {
     let got = translate(
-        Dialect::ChatCompletions,
-        Dialect::Messages,
+        ClientDialect::ChatCompletions,
+        UpstreamDialect::Messages,
         json!({"model": "m", "messages": [
             {"role": "user", "content": "Q"},
             {"role": "assistant", "content": "A", "reasoning_content": "unsigned"},
@@ -210,8 +215,8 @@ fn chat_reasoning_history_without_signature_is_dropped_for_messages() {
 #[test]
 fn thinking_budget_is_capped_below_max_tokens() {
     let got = translate(
-        Dialect::ChatCompletions,
-        Dialect::Messages,
+        ClientDialect::ChatCompletions,
+        UpstreamDialect::Messages,
         json!({"model": "m", "reasoning_effort": "high", "max_tokens": 4000,
                "messages": [{"role": "user", "content": "Q"}]}),
     )
@@ -221,8 +226,8 @@ fn thinking_budget_is_capped_below_max_tokens() {
         json!({"type": "enabled", "budget_tokens": 3999})
     );
     let got = translate(
-        Dialect::Messages,
-        Dialect::ChatCompletions,
+        ClientDialect::Messages,
+        UpstreamDialect::ChatCompletions,
         json!({"model": "m", "max_tokens": 9000, "thinking": {"type": "enabled", "budget_tokens": 2000},
                "messages": [{"role": "user", "content": "Q"}]}),
     )
@@ -232,7 +237,6 @@ fn thinking_budget_is_capped_below_max_tokens() {
 
 #[test]
 fn refused_fields_name_the_field() {
-    use Dialect::*;
     let m = |extra: Value| {
         let mut b = json!({"model": "m", "messages": [{"role": "user", "content": "Q"}]});
         b.as_object_mut()
@@ -241,33 +245,41 @@ fn refused_fields_name_the_field() {
         b
     };
     assert_eq!(
-        refused(ChatCompletions, Messages, m(json!({"n": 2}))),
+        refused(
+            ClientDialect::ChatCompletions,
+            UpstreamDialect::Messages,
+            m(json!({"n": 2}))
+        ),
         ("n".into(), true)
     );
     assert_eq!(
-        refused(ChatCompletions, Messages, m(json!({"logprobs": true}))),
+        refused(
+            ClientDialect::ChatCompletions,
+            UpstreamDialect::Messages,
+            m(json!({"logprobs": true}))
+        ),
         ("logprobs".into(), true)
     );
     assert_eq!(
         refused(
-            ChatCompletions,
-            Messages,
+            ClientDialect::ChatCompletions,
+            UpstreamDialect::Messages,
             m(json!({"functions": [{"name": "f"}]}))
         ),
         ("functions".into(), true)
     );
     assert_eq!(
         refused(
-            ChatCompletions,
-            Messages,
+            ClientDialect::ChatCompletions,
+            UpstreamDialect::Messages,
             m(json!({"response_format": {"type": "json_object"}}))
         ),
         ("response_format".into(), true)
     );
     assert_eq!(
         refused(
-            ChatCompletions,
-            Messages,
+            ClientDialect::ChatCompletions,
+            UpstreamDialect::Messages,
             m(json!({"tools": [{"type": "custom", "custom": {}}]}))
         ),
         ("tools[0].type".into(), true)
@@ -294,33 +306,41 @@ fn refused_fields_name_the_field() {
         ),
     ] {
         assert_eq!(
-            refused(Responses, Messages, r(extra)),
+            refused(
+                ClientDialect::Responses,
+                UpstreamDialect::Messages,
+                r(extra)
+            ),
             (field.into(), true),
             "{field}"
         );
     }
-    let e = decode_request(Responses, br#"{"model":"m","input":"Q","store":true}"#).unwrap_err();
+    let e = decode_request(
+        ClientDialect::Responses,
+        br#"{"model":"m","input":"Q","store":true}"#,
+    )
+    .unwrap_err();
     assert!(
         e.to_string().contains("there is no response storage"),
         "{e}"
     );
     // Malformed input names the path.
     let e = decode_request(
-        Messages,
+        ClientDialect::Messages,
         br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
     )
     .unwrap_err();
     assert!(e.to_string().contains("max_tokens"), "{e}");
     let e = decode_request(
-        Messages,
+        ClientDialect::Messages,
         br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
     )
     .unwrap_err();
     assert_eq!(e.field(), Some("messages[0].content"));
     assert_eq!(
         refused(
-            Messages,
-            ChatCompletions,
+            ClientDialect::Messages,
+            UpstreamDialect::ChatCompletions,
             json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
                    "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
         ),
@@ -342,20 +362,26 @@ fn error_bodies_per_dialect() {
     ];
     for (status, ty) in cases {
         let v: Value =
-            serde_json::from_slice(&error_body(Dialect::Messages, status, "m", None)).unwrap();
+            serde_json::from_slice(&error_body(ClientDialect::Messages, status, "m", None))
+                .unwrap();
         assert_eq!(
             v,
             json!({"type": "error", "error": {"type": ty, "message": "m"}})
         );
     }
-    let v: Value =
-        serde_json::from_slice(&error_body(Dialect::Responses, 400, "bad", Some("store"))).unwrap();
+    let v: Value = serde_json::from_slice(&error_body(
+        ClientDialect::Responses,
+        400,
+        "bad",
+        Some("store"),
+    ))
+    .unwrap();
     assert_eq!(
         v,
         json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "store", "code": null}})
     );
     let (kind, msg) = crate::protocol::decode_error_body(
-        Dialect::Messages,
+        UpstreamDialect::Messages,
         529,
         br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
     );
@@ -363,7 +389,8 @@ fn error_bodies_per_dialect() {
         (kind, msg.as_str()),
         (crate::protocol::ErrorKind::Overloaded, "Overloaded")
     );
-    let (kind, msg) = crate::protocol::decode_error_body(Dialect::ChatCompletions, 502, b"");
+    let (kind, msg) =
+        crate::protocol::decode_error_body(UpstreamDialect::ChatCompletions, 502, b"");
     assert_eq!(
         (kind, msg.as_str()),
         (

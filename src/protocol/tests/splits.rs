@@ -8,7 +8,7 @@ use bytes::BytesMut;
 
 use super::fixtures::{chat_stream, messages_stream, Scenario};
 use super::{opts, seen, translate};
-use crate::protocol::{Dialect, StreamTranslator};
+use crate::protocol::{ClientDialect, StreamTranslator, UpstreamDialect};
 use crate::sse::SseNormalizer;
 
 const CITY: &str = "Zürich ✓";
@@ -16,9 +16,9 @@ const THOUGHT: &str = "Thïnk 🤔 ";
 
 /// The fixture stream of `s` from `up`, with multi-byte text where the
 /// arguments and the reasoning are.
-fn wire(up: Dialect, s: Scenario) -> String {
+fn wire(up: UpstreamDialect, s: Scenario) -> String {
     let w = match up {
-        Dialect::ChatCompletions => chat_stream(s),
+        UpstreamDialect::ChatCompletions => chat_stream(s),
         _ => messages_stream(s),
     };
     let w = w.replace("Paris", CITY).replace("Think ", THOUGHT);
@@ -27,7 +27,7 @@ fn wire(up: Dialect, s: Scenario) -> String {
 }
 
 /// Translates `bytes` fed as the given pieces.
-fn translate_cut(up: Dialect, client: Dialect, pieces: &[&[u8]]) -> Vec<u8> {
+fn translate_cut(up: UpstreamDialect, client: ClientDialect, pieces: &[&[u8]]) -> Vec<u8> {
     let mut t = StreamTranslator::new(up, client, &opts(true)).unwrap();
     let mut norm = SseNormalizer::new(1 << 20);
     let mut out = BytesMut::new();
@@ -50,13 +50,13 @@ fn translate_cut(up: Dialect, client: Dialect, pieces: &[&[u8]]) -> Vec<u8> {
 
 #[test]
 fn multi_byte_arguments_and_reasoning_survive_every_cut() {
-    for up in [Dialect::ChatCompletions, Dialect::Messages] {
+    for up in [UpstreamDialect::ChatCompletions, UpstreamDialect::Messages] {
         for client in [
-            Dialect::ChatCompletions,
-            Dialect::Messages,
-            Dialect::Responses,
+            ClientDialect::ChatCompletions,
+            ClientDialect::Messages,
+            ClientDialect::Responses,
         ] {
-            if up == client {
+            if client.same_as(up) {
                 continue;
             }
             for s in [Scenario::Tool, Scenario::Reasoning] {

@@ -6,19 +6,19 @@ use bytes::BytesMut;
 
 use super::fixtures::{chat_stream, messages_stream, Scenario, ALL};
 use super::{frames, opts, translate};
-use crate::protocol::{heartbeat, Dialect, ProtocolError, StreamTranslator};
+use crate::protocol::{heartbeat, ClientDialect, ProtocolError, StreamTranslator, UpstreamDialect};
 
 #[test]
 fn every_byte_split_gives_the_same_output() {
     for (up, client) in [
-        (Dialect::Messages, Dialect::ChatCompletions),
-        (Dialect::Messages, Dialect::Responses),
-        (Dialect::ChatCompletions, Dialect::Messages),
-        (Dialect::ChatCompletions, Dialect::Responses),
+        (UpstreamDialect::Messages, ClientDialect::ChatCompletions),
+        (UpstreamDialect::Messages, ClientDialect::Responses),
+        (UpstreamDialect::ChatCompletions, ClientDialect::Messages),
+        (UpstreamDialect::ChatCompletions, ClientDialect::Responses),
     ] {
         for s in ALL {
             let wire = match up {
-                Dialect::ChatCompletions => chat_stream(s),
+                UpstreamDialect::ChatCompletions => chat_stream(s),
                 _ => messages_stream(s),
             };
             let whole = translate(up, client, wire.as_bytes(), 0, true);
@@ -55,8 +55,8 @@ fn every_byte_split_gives_the_same_output() {
 #[test]
 fn messages_to_chat_golden_bytes() {
     let out = translate(
-        Dialect::Messages,
-        Dialect::ChatCompletions,
+        UpstreamDialect::Messages,
+        ClientDialect::ChatCompletions,
         messages_stream(Scenario::Text).as_bytes(),
         0,
         false,
@@ -78,8 +78,8 @@ fn messages_to_chat_golden_bytes() {
 #[test]
 fn chat_to_messages_golden_bytes() {
     let out = translate(
-        Dialect::ChatCompletions,
-        Dialect::Messages,
+        UpstreamDialect::ChatCompletions,
+        ClientDialect::Messages,
         chat_stream(Scenario::Tool).as_bytes(),
         0,
         true,
@@ -110,8 +110,8 @@ fn chat_to_messages_golden_bytes() {
 #[test]
 fn chat_to_responses_event_sequence() {
     let out = translate(
-        Dialect::ChatCompletions,
-        Dialect::Responses,
+        UpstreamDialect::ChatCompletions,
+        ClientDialect::Responses,
         chat_stream(Scenario::Tool).as_bytes(),
         0,
         false,
@@ -158,8 +158,8 @@ fn chat_to_responses_event_sequence() {
 fn max_tokens_stream_is_incomplete_for_responses() {
     let wire = messages_stream(Scenario::Text).replace("end_turn", "max_tokens");
     let out = translate(
-        Dialect::Messages,
-        Dialect::Responses,
+        UpstreamDialect::Messages,
+        ClientDialect::Responses,
         wire.as_bytes(),
         0,
         true,
@@ -174,8 +174,12 @@ fn max_tokens_stream_is_incomplete_for_responses() {
 
 #[test]
 fn upstream_error_event_maps_to_client_error_frames() {
-    let mut t =
-        StreamTranslator::new(Dialect::Messages, Dialect::ChatCompletions, &opts(false)).unwrap();
+    let mut t = StreamTranslator::new(
+        UpstreamDialect::Messages,
+        ClientDialect::ChatCompletions,
+        &opts(false),
+    )
+    .unwrap();
     let mut out = BytesMut::new();
     let e = t
         .on_event(
@@ -198,8 +202,12 @@ fn upstream_error_event_maps_to_client_error_frames() {
     );
     assert!(t.is_finished());
     // Messages clients get Anthropic's shape.
-    let mut t =
-        StreamTranslator::new(Dialect::ChatCompletions, Dialect::Messages, &opts(false)).unwrap();
+    let mut t = StreamTranslator::new(
+        UpstreamDialect::ChatCompletions,
+        ClientDialect::Messages,
+        &opts(false),
+    )
+    .unwrap();
     let mut out = BytesMut::new();
     t.error(crate::protocol::ErrorKind::Overloaded, "busy", &mut out);
     assert_eq!(
@@ -210,19 +218,31 @@ fn upstream_error_event_maps_to_client_error_frames() {
 
 #[test]
 fn same_dialect_is_not_translated_and_heartbeats_are_per_dialect() {
-    assert!(StreamTranslator::new(Dialect::Messages, Dialect::Messages, &opts(true)).is_none());
-    assert!(StreamTranslator::new(Dialect::Responses, Dialect::Messages, &opts(true)).is_none());
+    assert!(StreamTranslator::new(
+        UpstreamDialect::Messages,
+        ClientDialect::Messages,
+        &opts(true)
+    )
+    .is_none());
+    // A Responses upstream (refused here at run time before) is no `UpstreamDialect`.
     assert_eq!(
-        heartbeat(Dialect::Messages),
+        heartbeat(ClientDialect::Messages),
         b"event: ping\ndata: {\"type\":\"ping\"}\n\n"
     );
-    assert_eq!(heartbeat(Dialect::ChatCompletions), b": keepalive\n\n");
+    assert_eq!(
+        heartbeat(ClientDialect::ChatCompletions),
+        b": keepalive\n\n"
+    );
 }
 
 #[test]
 fn garbage_upstream_data_is_an_upstream_fault() {
-    let mut t =
-        StreamTranslator::new(Dialect::ChatCompletions, Dialect::Messages, &opts(true)).unwrap();
+    let mut t = StreamTranslator::new(
+        UpstreamDialect::ChatCompletions,
+        ClientDialect::Messages,
+        &opts(true),
+    )
+    .unwrap();
     let mut out = BytesMut::new();
     let e = t.on_event(None, b"{not json", &mut out).unwrap_err();
     assert!(matches!(e, ProtocolError::InvalidUpstream(_)));
@@ -232,8 +252,12 @@ fn garbage_upstream_data_is_an_upstream_fault() {
 
 #[test]
 fn content_events_count_generated_output_only() {
-    let mut t =
-        StreamTranslator::new(Dialect::Messages, Dialect::ChatCompletions, &opts(false)).unwrap();
+    let mut t = StreamTranslator::new(
+        UpstreamDialect::Messages,
+        ClientDialect::ChatCompletions,
+        &opts(false),
+    )
+    .unwrap();
     let mut norm = crate::sse::SseNormalizer::new(1 << 20);
     let mut out = BytesMut::new();
     norm.push(messages_stream(Scenario::Tool).as_bytes())
@@ -267,8 +291,8 @@ fn a_stream_stopped_without_its_terminator_is_finished_once() {
     let cut = wire
         .find("event: message_stop")
         .expect("message_stop in the fixture");
-    for client in [Dialect::ChatCompletions, Dialect::Responses] {
-        let mut t = StreamTranslator::new(Dialect::Messages, client, &opts(true)).unwrap();
+    for client in [ClientDialect::ChatCompletions, ClientDialect::Responses] {
+        let mut t = StreamTranslator::new(UpstreamDialect::Messages, client, &opts(true)).unwrap();
         let mut norm = crate::sse::SseNormalizer::new(1 << 20);
         let mut out = BytesMut::new();
         norm.push(&wire.as_bytes()[..cut]).unwrap();
@@ -283,7 +307,7 @@ fn a_stream_stopped_without_its_terminator_is_finished_once() {
         t.finish(&mut out).unwrap();
         assert_eq!(out.len(), len, "{client:?}: finish is idempotent");
         // The same bytes as the whole stream with its terminator.
-        let whole = translate(Dialect::Messages, client, wire.as_bytes(), 0, true);
+        let whole = translate(UpstreamDialect::Messages, client, wire.as_bytes(), 0, true);
         assert_eq!(out.to_vec(), whole, "{client:?}");
     }
 }

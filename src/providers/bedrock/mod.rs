@@ -33,7 +33,7 @@ pub mod eventstream;
 pub mod sigv4;
 
 use super::azure::push_segment;
-use crate::protocol::{Dialect, ModelPlacement};
+use crate::protocol::{ModelPlacement, UpstreamDialect};
 
 /// The `anthropic_version` member Bedrock's Claude models require in the body.
 pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
@@ -87,11 +87,11 @@ pub fn is_anthropic(model: &str) -> bool {
 
 /// The dialect Bedrock serves `model` in: Messages (`InvokeModel`) for an Anthropic model,
 /// Converse for every other.
-pub fn dialect(model: &str) -> Dialect {
+pub fn dialect(model: &str) -> UpstreamDialect {
     if is_anthropic(model) {
-        Dialect::Messages
+        UpstreamDialect::Messages
     } else {
-        Dialect::Converse
+        UpstreamDialect::Converse
     }
 }
 
@@ -195,11 +195,11 @@ mod tests {
         );
         assert_eq!(
             dialect("mistral.mistral-large-2407-v1:0"),
-            Dialect::Converse
+            UpstreamDialect::Converse
         );
         assert_eq!(
             dialect("anthropic.claude-3-haiku-20240307-v1:0"),
-            Dialect::Messages
+            UpstreamDialect::Messages
         );
     }
 
@@ -249,7 +249,10 @@ mod tests {
             stream_usage: false,
             placement,
         };
-        check(&crate::protocol::encode_request(Dialect::Messages, &req, &opts).expect("encodes"));
+        check(
+            &crate::protocol::encode_request(UpstreamDialect::Messages, &req, &opts)
+                .expect("encodes"),
+        );
     }
 
     #[test]
