@@ -25,11 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice::protocol::{ClientDialect, StreamOptions, StreamTranslator, UpstreamDialect};
-use sluice::sse::{
-    extract_usage, has_content, has_content_anthropic_first, has_finish_reason, EchoMemo,
-    ModelPath, ModelRewriter, SseNormalizer,
-};
+use sluice::protocol::{ClientDialect, FastPath, StreamOptions, StreamTranslator, UpstreamDialect};
+use sluice::sse::{extract_usage, EchoMemo, ModelRewriter, SseNormalizer};
 
 /// Whether the case `name` runs (all unless `PROTOCOL_BENCH_CASE` names one).
 fn selected(name: &str) -> bool {
@@ -246,30 +243,26 @@ impl Pipeline {
     }
 }
 
-/// The same-dialect path as `proxy::pipe` runs it per event: normalize,
-/// `has_content`, the finish check, `extract_usage`, the model echo.
+/// The same-dialect path as `stream::pipe` runs it per event, from the dialect's
+/// [`FastPath`]: normalize, the content probe, the finish check, `extract_usage`, the
+/// model echo.
 struct SamePipeline {
     norm: SseNormalizer,
+    fast: &'static FastPath,
     rewriter: ModelRewriter,
     memo: EchoMemo,
     out: BytesMut,
-    messages: bool,
 }
 
 impl SamePipeline {
     fn new(dialect: ClientDialect) -> Self {
-        let messages = dialect == ClientDialect::Messages;
-        let rewriter = if messages {
-            ModelRewriter::at(ModelPath::new(&["message", "model"]), "house-model")
-        } else {
-            ModelRewriter::new("house-model")
-        };
+        let fast = dialect.wire().fast_path.expect("a same-dialect pair");
         SamePipeline {
             norm: SseNormalizer::new(1 << 20),
-            rewriter,
+            fast,
+            rewriter: fast.rewriter(true, "house-model"),
             memo: EchoMemo::default(),
             out: BytesMut::with_capacity(64 * 1024),
-            messages,
         }
     }
 
@@ -286,17 +279,8 @@ impl SamePipeline {
             while let Some(ev) = self.norm.next_event() {
                 events += 1;
                 if let Some(data) = ev.data() {
-                    content += usize::from(if self.messages {
-                        has_content_anthropic_first(&data)
-                    } else {
-                        has_content(&data)
-                    });
-                    let finish = if self.messages {
-                        ev.event_name() == Some("message_delta")
-                    } else {
-                        has_finish_reason(&data)
-                    };
-                    black_box(finish);
+                    content += usize::from((self.fast.has_content)(&data));
+                    black_box(self.fast.is_finish(ev.event_name(), &data));
                     black_box(extract_usage(&data));
                 }
                 self.rewriter

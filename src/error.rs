@@ -257,6 +257,23 @@ impl GatewayError {
         }
     }
 
+    /// The body this error takes for a client of `dialect`: OpenAI's full body
+    /// ([`to_json`](Self::to_json), `code` included) where the dialect keeps it for the
+    /// gateway's errors ([`crate::protocol::GatewayErrorBody`]), else the dialect's own
+    /// error body with `param`.
+    pub fn body_for(
+        &self,
+        dialect: crate::protocol::ClientDialect,
+        param: Option<&str>,
+    ) -> Vec<u8> {
+        let budget = matches!(self, GatewayError::BudgetExceeded { .. });
+        if dialect.wire().gateway_error_body.openai(budget) {
+            self.to_json()
+        } else {
+            crate::protocol::error_body(dialect, self.status(), &self.to_string(), param)
+        }
+    }
+
     /// The OpenAI-style JSON body.
     pub fn to_json(&self) -> Vec<u8> {
         let body = serde_json::json!({

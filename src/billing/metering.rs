@@ -313,27 +313,6 @@ impl OutputEstimator {
     }
 }
 
-/// Keys whose string value is generated text: Chat Completions chunks and bodies
-/// (`content`, `reasoning_content`, `reasoning`, `refusal`, tool-call `arguments`), most
-/// frequent first.
-const CHAT_TEXT_KEYS: [&[u8]; 5] = [
-    b"\"content\"",
-    b"\"reasoning_content\"",
-    b"\"arguments\"",
-    b"\"reasoning\"",
-    b"\"refusal\"",
-];
-
-/// The same for Anthropic Messages events and bodies (`text`, `thinking`, `partial_json`).
-const MESSAGES_TEXT_KEYS: [&[u8]; 3] = [b"\"text\"", b"\"thinking\"", b"\"partial_json\""];
-/// Gemini parts carry text (answer and thoughts) in `text`; `functionCall.args` is an
-/// object, not counted.
-const GEMINI_TEXT_KEYS: [&[u8]; 1] = [b"\"text\""];
-/// Converse carries answer and reasoning text in `text`, a streamed tool call's argument
-/// fragments in `input` (a string there; the non-stream `toolUse.input` is an object, not
-/// counted).
-const CONVERSE_TEXT_KEYS: [&[u8]; 2] = [b"\"text\"", b"\"input\""];
-
 /// One JSON string value as it is in the JSON text (quotes and escapes included).
 #[derive(Debug, Clone, Copy)]
 pub struct JsonText<'a>(&'a [u8]);
@@ -366,31 +345,31 @@ impl JsonText<'_> {
 /// found with `memchr2`). Without `all` (a stream
 /// event, which carries one delta) the scan stops at the first non-empty text member, so
 /// a typical event costs one `memmem` search up to its delta. Anthropic's `tool_use`
-/// `input` object of a non-stream body is not text and is not counted; Responses is not
-/// an upstream dialect and has none.
+/// `input` object of a non-stream body is not text and is not counted. The keys are the
+/// dialect's own ([`UpstreamDialect::text_keys`]).
 pub fn stream_text(
     dialect: UpstreamDialect,
     data: &[u8],
     all: bool,
     mut f: impl FnMut(JsonText<'_>),
 ) {
-    static CHAT: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
-    static MESSAGES: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
-    static GEMINI: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
-    static CONVERSE: OnceLock<Vec<Finder<'static>>> = OnceLock::new();
-    let finders =
-        match dialect {
-            UpstreamDialect::Converse => CONVERSE
-                .get_or_init(|| CONVERSE_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect()),
-            UpstreamDialect::Gemini => {
-                GEMINI.get_or_init(|| GEMINI_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
-            }
-            UpstreamDialect::ChatCompletions => {
-                CHAT.get_or_init(|| CHAT_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect())
-            }
-            UpstreamDialect::Messages => MESSAGES
-                .get_or_init(|| MESSAGES_TEXT_KEYS.iter().map(|k| Finder::new(*k)).collect()),
-        };
+    // One finder set per upstream dialect (its own text keys), built on first use.
+    static FINDERS: [OnceLock<Vec<Finder<'static>>>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
+    let Some(cell) = FINDERS.get(dialect as usize) else {
+        return;
+    };
+    let finders = cell.get_or_init(|| {
+        dialect
+            .text_keys()
+            .iter()
+            .map(|k| Finder::new(*k))
+            .collect()
+    });
     for finder in finders {
         for pos in finder.find_iter(data) {
             let rest = data.get(pos + finder.needle().len()..).unwrap_or_default();

@@ -26,7 +26,7 @@ use pingora::protocols::Stream;
 
 use crate::error::GatewayError;
 use crate::metrics::metrics;
-use crate::protocol::{self, ClientDialect};
+use crate::protocol::ClientDialect;
 
 /// Room in the request line beyond the target: method, two spaces, `HTTP/1.1`, CRLF.
 const REQUEST_LINE_SLACK: usize = 32;
@@ -208,10 +208,7 @@ pub async fn write_refusal(mut stream: Stream, err: &GatewayError, dialect: Clie
         .rejected_total
         .with_label_values(&[err.metric_label()])
         .inc();
-    let body = match dialect {
-        ClientDialect::ChatCompletions => err.to_json(),
-        d => protocol::error_body(d, err.status(), &err.to_string(), None),
-    };
+    let body = err.body_for(dialect, None);
     let reason = match err.status() {
         414 => "URI Too Long",
         _ => "Request Header Fields Too Large",

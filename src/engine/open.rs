@@ -20,7 +20,7 @@ pub use crate::engine::upstream::ClientGone;
 use crate::engine::upstream::{failed, Attempt, MAX_ERROR_BODY_BYTES};
 use crate::error::{upstream_retry_after, AttemptFailure, GatewayError};
 use crate::ingress::request::InferenceRequest;
-use crate::protocol::{self, ClientDialect, UpstreamDialect};
+use crate::protocol::{self, ClientDialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::exchange::{self, OpenError};
@@ -68,7 +68,11 @@ fn dialect_body(
         // estimate instead.
         let ask_usage = req.stream
             && !req.include_usage
-            && upstream == UpstreamDialect::ChatCompletions
+            && req
+                .dialect
+                .wire()
+                .fast_path
+                .is_some_and(|f| f.requested_usage.is_some())
             && route.provider.stream_usage;
         return providers::passthrough_body_placed(
             &payload.body,
@@ -206,7 +210,12 @@ pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<
             ))
             .await
         }
-        Ready::Unary(parts) => Box::pin(commit_unary(connector, session, ctx, route, parts)).await,
+        Ready::Unary(parts) => {
+            Box::pin(commit_unary(
+                connector, session, ctx, route, &model.id, parts,
+            ))
+            .await
+        }
     }
 }
 
@@ -217,9 +226,18 @@ async fn commit_unary(
     session: &mut Session,
     ctx: &mut RequestCtx,
     route: &Route,
+    standard_model: &str,
     parts: Box<ReadyParts<ContentCoding>>,
 ) -> Attempt {
-    unary::unary(connector, session, ctx, route, ReadyParts::take(parts)).await
+    unary::unary(
+        connector,
+        session,
+        ctx,
+        route,
+        standard_model,
+        ReadyParts::take(parts),
+    )
+    .await
 }
 
 /// The pre-commit phase of one attempt against one route: connect (a stale pooled
@@ -546,7 +564,7 @@ fn normalize_upstream_error(
         };
     }
     // Anthropic's 529 "overloaded" is a 503 to OpenAI clients.
-    let status = if status == 529 && client != ClientDialect::Messages {
+    let status = if status == 529 && !client.wire().keeps_529 {
         503
     } else {
         status

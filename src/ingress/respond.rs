@@ -8,7 +8,6 @@ use pingora::proxy::Session;
 
 use crate::engine::upstream::ClientGone;
 use crate::error::{retry_after_header, retry_after_ms_header, GatewayError};
-use crate::protocol::{self, ClientDialect};
 use crate::proxy::ctx::RequestCtx;
 
 /// Writes a complete JSON response.
@@ -71,15 +70,9 @@ pub async fn write_error(
         extra.push(("allow", if get { "GET" } else { "POST" }.to_string()));
     }
     // Chat Completions clients keep the full OpenAI body (with `code`), and so do Responses
-    // clients for a budget refusal (its `insufficient_quota` / `budget_exceeded` is what
-    // OpenAI's SDKs and tooling branch on); the others get their own dialect's error shape.
-    let body = match ctx.dialect {
-        ClientDialect::ChatCompletions => err.to_json(),
-        ClientDialect::Responses if matches!(err, GatewayError::BudgetExceeded { .. }) => {
-            err.to_json()
-        }
-        d => protocol::error_body(d, err.status(), &err.to_string(), err.param()),
-    };
+    // clients for a budget refusal; the others get their own dialect's error shape (each
+    // dialect's `ClientWire` says which).
+    let body = err.body_for(ctx.dialect, err.param());
     write_json(session, ctx, err.status(), body, &extra).await
 }
 

@@ -5,6 +5,8 @@
 //!
 //! * the canonical model: [`Request`], [`Response`], [`StreamEvent`],
 //!   [`Usage`], [`StopReason`] and the conversion error [`ProtocolError`];
+//! * the two sides' dialects as two types, [`ClientDialect`] (what a client speaks) and
+//!   [`UpstreamDialect`] (what a provider speaks), so an impossible pair does not exist;
 //! * one module per wire API ([`ClientDialect`], [`UpstreamDialect`]), each owning its serde wire types
 //!   and its converters: [`chat`] (OpenAI Chat Completions), [`messages`]
 //!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only),
@@ -24,8 +26,10 @@
 //! dialect*; a stream translation does that event by event (a text delta goes
 //! out as soon as it comes in, so TTFT is kept). A new dialect adds two
 //! converters, never one per pair. The same dialect in and out is not
-//! translated at all (the proxy's fast path: normalize + model rewrite), so
-//! nothing here handles it.
+//! translated at all (the proxy's fast path: normalize + model rewrite); each
+//! dialect module describes its own fast path and what its clients get from
+//! Sluice itself ([`wire`]: [`FastPath`], [`ClientWire`]), so the layers above
+//! read those descriptions instead of matching on a dialect.
 //!
 //! Canonical conventions: [`Usage::input_tokens`] is the *total* prompt size
 //! (OpenAI's meaning, cached tokens included); Anthropic's `input_tokens`
@@ -64,6 +68,7 @@ pub mod responses;
 mod scan;
 pub mod tokens;
 mod translate;
+pub mod wire;
 
 #[cfg(test)]
 mod tests;
@@ -73,6 +78,7 @@ use std::borrow::Cow;
 use bytes::BytesMut;
 
 pub use translate::{StreamOptions, StreamTranslator};
+pub use wire::{ClientWire, FastPath, GatewayErrorBody, InBandError};
 
 /// A client dialect: the wire API a client speaks to Sluice. Only the pairs a client can
 /// send exist: Responses is client side only, and the Gemini API and Converse are no
@@ -128,6 +134,17 @@ impl ClientDialect {
 }
 
 impl UpstreamDialect {
+    /// The members that carry generated text in this dialect's events and bodies, most
+    /// frequent first (quoted keys; the output estimate of an answer without usage).
+    pub fn text_keys(self) -> &'static [&'static [u8]] {
+        match self {
+            UpstreamDialect::ChatCompletions => chat::TEXT_KEYS,
+            UpstreamDialect::Messages => messages::TEXT_KEYS,
+            UpstreamDialect::Gemini => gemini::TEXT_KEYS,
+            UpstreamDialect::Converse => converse::TEXT_KEYS,
+        }
+    }
+
     /// Short name for logs and metrics labels: `chat`, `messages`, `gemini`, `converse`
     /// (the same label as the [`ClientDialect`] of the same API).
     pub fn as_str(self) -> &'static str {
@@ -901,8 +918,12 @@ pub fn error_event(dialect: ClientDialect, kind: ErrorKind, message: &str, out: 
 /// The idle heartbeat frame for a client of `dialect`: Messages clients get
 /// `event: ping` (what Anthropic sends), the others an SSE comment.
 pub fn heartbeat(dialect: ClientDialect) -> &'static [u8] {
-    match dialect {
-        ClientDialect::Messages => b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
-        ClientDialect::ChatCompletions | ClientDialect::Responses => b": keepalive\n\n",
-    }
+    dialect.wire().heartbeat
+}
+
+/// Merges the usage of one upstream JSON text of `dialect` (an SSE event's data or a whole
+/// non-stream body) into `into` ([`merge_usage`] on its `usage` object, found with one byte
+/// scan, see [`crate::sse::usage_object`]). Returns whether a usage object was merged.
+pub fn merge_chunk_usage(dialect: UpstreamDialect, data: &[u8], into: &mut Usage) -> bool {
+    crate::sse::usage_object(data, |usage| merge_usage(dialect, usage, into))
 }

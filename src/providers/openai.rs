@@ -3,54 +3,19 @@
 //! reading an OpenAI-shaped error body
 //! (<https://platform.openai.com/docs/guides/error-codes>).
 
-use serde_json::Value;
-
 /// Path of the endpoint under the base URL.
 pub const CHAT_COMPLETIONS_PATH: &str = "/chat/completions";
 
 /// Extracts `(type, code, message)` from an upstream error body in OpenAI's shape
-/// (`{"error":{"message","type","code"}}`), or a plain-text/other-JSON body.
+/// (`{"error":{"message","type","code"}}`), or a plain-text/other-JSON body. The shape is
+/// the Chat Completions dialect's: [`crate::protocol::chat::error_parts`].
 pub fn error_parts(status: u16, body: &[u8]) -> (String, Option<String>, String) {
-    if let Ok(v) = serde_json::from_slice::<Value>(body) {
-        let err = v.get("error").unwrap_or(&v);
-        let message = err
-            .get("message")
-            .and_then(Value::as_str)
-            .or_else(|| err.as_str())
-            .map(str::to_string);
-        if let Some(message) = message {
-            let etype = err
-                .get("type")
-                .and_then(Value::as_str)
-                .map_or_else(|| default_type(status).to_string(), str::to_string);
-            let code = err.get("code").and_then(|c| match c {
-                Value::String(s) => Some(s.clone()),
-                Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            });
-            return (etype, code, message);
-        }
-    }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    let cut: String = text.chars().take(512).collect();
-    let message = if cut.is_empty() {
-        format!("upstream returned HTTP {status}")
-    } else {
-        format!("upstream returned HTTP {status}: {cut}")
-    };
-    (default_type(status).to_string(), None, message)
+    crate::protocol::chat::error_parts(status, body)
 }
 
-/// The OpenAI error type for a status.
+/// The OpenAI error type for a status ([`crate::protocol::chat::default_type`]).
 pub fn default_type(status: u16) -> &'static str {
-    match status {
-        400 | 404 | 409 | 413 | 422 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        429 => "rate_limit_error",
-        _ => "api_error",
-    }
+    crate::protocol::chat::default_type(status)
 }
 
 #[cfg(test)]

@@ -12,6 +12,9 @@
 //!   located by a structural byte scan, not a JSON parse.
 //! * [`extract_usage`] / [`Usage`] — cheap token-usage extraction from a
 //!   chunk's JSON (OpenAI and Anthropic field names).
+//! * [`usage_object`] — the provider's `usage` objects of a chunk, found by one byte
+//!   scan; the protocol layer reads them in the upstream dialect's terms
+//!   (`protocol::merge_chunk_usage`).
 //! * [`has_content`] — a cheap "does this chunk carry generated output" check
 //!   (used for time-to-first-token and output-event counting);
 //!   [`has_finish_reason`] — "does this chunk end the answer" (a stream that
@@ -41,7 +44,7 @@ pub use normalize::{SseError, SseEvent, SseNormalizer};
 pub use rewrite::{EchoMemo, ModelPath, ModelRewriter};
 pub use usage::{
     extract_usage, has_content, has_content_anthropic_first, has_finish_reason,
-    is_usage_only_chunk, merge_usage, Usage,
+    is_usage_only_chunk, usage_object, Usage,
 };
 
 use bytes::Bytes;

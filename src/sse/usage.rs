@@ -79,16 +79,12 @@ pub fn extract_usage(data: &[u8]) -> Option<Usage> {
     None
 }
 
-/// Merges the usage of one chunk's JSON data (an SSE data payload or a whole non-streaming
-/// body) in the upstream's `dialect` into `into`, with all token classes (cache reads and
-/// writes, reasoning; see [`protocol::merge_usage`](crate::protocol::merge_usage)).
-/// Returns whether a usage object was found and merged. As cheap as [`extract_usage`]: one
-/// `memmem` scan, only the usage object's bytes are deserialized.
-pub fn merge_usage(
-    dialect: crate::protocol::UpstreamDialect,
-    data: &[u8],
-    into: &mut crate::protocol::Usage,
-) -> bool {
+/// Hands each `usage` member's object of one chunk's JSON data (an SSE data payload or a
+/// whole non-streaming body) to `merge`, in order, until `merge` takes one (returns true);
+/// returns whether one was taken. Dialect-free: the caller reads the object in its
+/// dialect's terms (see `protocol::merge_chunk_usage`). As cheap as [`extract_usage`]: one
+/// `memmem` scan, `null` usage members skipped, only the object's bytes handed on.
+pub fn usage_object(data: &[u8], mut merge: impl FnMut(&[u8]) -> bool) -> bool {
     static USAGE: OnceLock<Finder<'static>> = OnceLock::new();
     let usage = finder(&USAGE, b"\"usage\"");
     for pos in usage.find_iter(data) {
@@ -104,7 +100,7 @@ pub fn merge_usage(
         let Some(end) = object_end(value) else {
             continue;
         };
-        if crate::protocol::merge_usage(dialect, value.get(..end).unwrap_or_default(), into) {
+        if merge(value.get(..end).unwrap_or_default()) {
             return true;
         }
     }
@@ -280,6 +276,7 @@ fn object_end(s: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod metering_tests {
     use super::*;
+    use crate::protocol::merge_chunk_usage as merge_usage;
     use crate::protocol::{UpstreamDialect, Usage};
 
     #[test]

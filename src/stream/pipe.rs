@@ -4,9 +4,11 @@
 //! body ended.
 //!
 //! Two paths: the same dialect in and out (the fast path: events forwarded with the model
-//! echo rewritten, Chat Completions chunks' top-level `model`, Messages `message.model`),
-//! or any other pair through [`protocol::StreamTranslator`]. The pipe names no provider
-//! kind and no dialect module: it only chooses these objects.
+//! echo rewritten), or any other pair through [`protocol::StreamTranslator`]. The fast path
+//! follows the dialect's own description ([`protocol::FastPath`]: terminal event and
+//! terminator, keepalive, in-band error, content, finish and usage probes, where the model
+//! sits). The pipe names no provider kind, no dialect and no dialect module: it only
+//! chooses these objects.
 //!
 //! A stream that may be continued on another route (`models.<id>.continue_on_break`)
 //! always takes the translator, the same dialect included: the client's encoder and the
@@ -31,20 +33,12 @@ use bytes::{Bytes, BytesMut};
 use crate::billing::metering::{self, OutputEstimator};
 use crate::config::Route;
 use crate::metrics::metrics;
-use crate::protocol::{self, ClientDialect, ErrorKind, ProtocolError, UpstreamDialect};
+use crate::protocol::wire::RequestedUsage;
+use crate::protocol::{self, ClientDialect, ErrorKind, FastPath, ProtocolError, UpstreamDialect};
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::framing::Unframer;
-use crate::sse::{self, ModelPath, ModelRewriter, SseError, SseNormalizer};
-
-/// The client-facing stream terminator.
-const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
-/// The Messages stream terminator (added when an Anthropic stream stopped without it).
-const MESSAGE_STOP_EVENT: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
-
-/// The end of a Chat chunk event when `stream_options.include_usage` is on and the chunk
-/// carries no usage (OpenAI writes the member last).
-const NULL_USAGE_END: &[u8] = b",\"usage\":null}\n\n";
+use crate::sse::{self, ModelRewriter, SseError, SseNormalizer};
 
 /// Why a stream cannot go on.
 #[derive(Debug)]
@@ -84,9 +78,9 @@ pub(crate) struct StreamPipe<'r> {
     client: ClientDialect,
     /// Upstream and client dialects differ: the translator (`None` = the fast path).
     protocol: Option<protocol::StreamTranslator>,
-    /// The same-dialect model echo when it is not the route's (Chat) one: Messages
-    /// streams name the model in `message_start`'s `message.model`.
-    rewriter: Option<ModelRewriter>,
+    /// The same dialect in and out: the dialect's own fast path and its model echo (`Some`
+    /// exactly when `protocol` is `None`).
+    fast: Option<Fast>,
     /// Where this stream's events name the model (see [`sse::EchoMemo`]).
     echo: sse::EchoMemo,
     /// Output for the client, taken with [`take`](Self::take).
@@ -102,16 +96,22 @@ pub(crate) struct StreamPipe<'r> {
     pub usage: Option<protocol::Usage>,
     /// The upstream's dialect (how its usage objects read).
     upstream: UpstreamDialect,
-    /// Same-dialect Chat stream whose client did not ask for usage: Sluice asked for it
-    /// (`stream_options.include_usage`); the usage-only chunk is not forwarded and the
+    /// Same-dialect stream whose client did not ask for usage that Sluice asked for (Chat's
+    /// `stream_options.include_usage`): the usage-only chunk is not forwarded and the
     /// `"usage":null` member that ends every other chunk is removed.
-    strip_usage: bool,
+    strip_usage: Option<RequestedUsage>,
     /// Output-token estimate of the text streamed, for a stream that ends without usage.
     pub estimator: OutputEstimator,
-    /// A finish reason was seen (OpenAI path; the translator tracks its own).
+    /// A finish reason was seen (fast path; the translator tracks its own).
     finish_seen: bool,
-    /// The OpenAI terminal `data: [DONE]` event went into `out`.
+    /// The fast path's terminal event went into `out`.
     done: bool,
+}
+
+/// The fast path of one stream: the dialect's description and its model echo.
+struct Fast {
+    path: &'static FastPath,
+    rewriter: ModelRewriter,
 }
 
 impl<'r> StreamPipe<'r> {
@@ -144,18 +144,28 @@ impl<'r> StreamPipe<'r> {
             created: created_unix_s,
             include_usage,
         };
-        let protocol = match continuable {
-            Some(cap) => {
+        let fast = client
+            .wire()
+            .fast_path
+            .filter(|_| continuable.is_none() && client.same_as(upstream))
+            .map(|path| Fast {
+                path,
+                rewriter: path.rewriter(true, standard_model),
+            });
+        let protocol = match (&fast, continuable) {
+            (Some(_), _) => None,
+            (None, cap) => {
                 let mut t = protocol::StreamTranslator::canonical(upstream, client, &opts);
-                t.record_transcript(cap);
+                if let Some(cap) = cap {
+                    t.record_transcript(cap);
+                }
                 Some(t)
             }
-            None => protocol::StreamTranslator::new(upstream, client, &opts),
         };
-        let strip_usage =
-            protocol.is_none() && client == ClientDialect::ChatCompletions && !include_usage;
-        let rewriter = (client == ClientDialect::Messages && protocol.is_none())
-            .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
+        let strip_usage = fast
+            .as_ref()
+            .and_then(|f| f.path.requested_usage)
+            .filter(|_| !include_usage);
         let decoder = content_decoder(route, coding)?;
         Ok(Self {
             decoder,
@@ -166,7 +176,7 @@ impl<'r> StreamPipe<'r> {
             route,
             client,
             protocol,
-            rewriter,
+            fast,
             echo: sse::EchoMemo::default(),
             // Small: thousands of held streams each own one; it grows with the events.
             out: BytesMut::with_capacity(512),
@@ -347,21 +357,20 @@ impl<'r> StreamPipe<'r> {
                 }
                 continue;
             }
+            let Some(fast) = self.fast.as_ref() else {
+                continue; // unreachable: no translator means the fast path
+            };
+            let path = fast.path;
             if self.done {
                 continue; // nothing after the terminator is for the client
             }
-            let messages = self.client == ClientDialect::Messages;
-            let terminal = if messages {
-                ev.event_name() == Some("message_stop")
-            } else {
-                ev.is_done()
-            };
-            if terminal {
+            let name = ev.event_name();
+            if path.is_terminal(name, ev.is_done()) {
                 self.out.extend_from_slice(ev.raw());
                 self.done = true;
                 continue;
             }
-            if messages && ev.event_name() == Some("ping") {
+            if path.is_keepalive(name) {
                 // Keepalive chatter, not the answer: it never commits the response (a ping
                 // before `message_start` followed by a failure must still fall back), and
                 // before the first data event it is dropped (the client's stream opens with
@@ -371,22 +380,12 @@ impl<'r> StreamPipe<'r> {
                 }
                 continue;
             }
-            if messages && ev.event_name() == Some("error") {
-                let (kind, message) =
-                    protocol::decode_error_body(UpstreamDialect::Messages, 502, &data);
+            if path.is_error(name, &data) {
+                let e = (path.decode_error)(&data);
                 return Err(PipeError::Upstream {
-                    kind,
-                    error_type: String::new(),
-                    message,
-                });
-            }
-            if !messages && (ev.event_name() == Some("error") || data.starts_with(b"{\"error\"")) {
-                let (error_type, _, message) =
-                    providers::error_parts(UpstreamDialect::ChatCompletions, 502, &data);
-                return Err(PipeError::Upstream {
-                    kind: ErrorKind::Api,
-                    error_type,
-                    message,
+                    kind: e.kind,
+                    error_type: e.error_type,
+                    message: e.message,
                 });
             }
             // Until an event has committed the answer, each is validated in full (a
@@ -408,44 +407,37 @@ impl<'r> StreamPipe<'r> {
             // Usage (all classes) from the upstream's own object; only a chunk with a usage
             // object is looked at twice (`"usage":null` chunks are skipped by one scan).
             let mut u = self.usage.unwrap_or_default();
-            if sse::merge_usage(self.upstream, &data, &mut u) {
+            if protocol::merge_chunk_usage(self.upstream, &data, &mut u) {
                 self.usage = Some(u);
-                if self.strip_usage && sse::is_usage_only_chunk(&data) {
+                if self
+                    .strip_usage
+                    .is_some_and(|r| (r.usage_only_chunk)(&data))
+                {
                     continue; // Sluice asked for it, the client did not
                 }
             }
             self.data_events += 1;
-            let content = if messages {
-                sse::has_content_anthropic_first(&data)
-            } else {
-                sse::has_content(&data)
-            };
-            if content {
+            if (path.has_content)(&data) {
                 self.content_events += 1;
                 self.first_content = true;
                 metering::stream_text(self.upstream, &data, false, |s| {
                     self.estimator.push_json(s);
                 });
             }
-            if !self.finish_seen
-                && if messages {
-                    ev.event_name() == Some("message_delta")
-                } else {
-                    sse::has_finish_reason(&data)
-                }
-            {
+            if !self.finish_seen && path.is_finish(name, &data) {
                 self.finish_seen = true;
             }
-            self.rewriter
-                .as_ref()
-                .unwrap_or(&self.route.rewriter)
+            fast.rewriter
                 .rewrite_event(&ev, &mut self.echo, &mut self.out);
-            if self.strip_usage && self.out.ends_with(NULL_USAGE_END) {
-                // With `include_usage` every chunk ends `"usage":null` (OpenAI's format):
-                // removed, so the client gets the chunks it would have got without it.
-                let keep = self.out.len() - NULL_USAGE_END.len();
-                self.out.truncate(keep);
-                self.out.extend_from_slice(b"}\n\n");
+            if let Some(r) = self.strip_usage {
+                if self.out.ends_with(r.null_usage_end) {
+                    // With `include_usage` every chunk ends `"usage":null` (OpenAI's
+                    // format): removed, so the client gets the chunks it would have got
+                    // without it.
+                    let keep = self.out.len() - r.null_usage_end.len();
+                    self.out.truncate(keep);
+                    self.out.extend_from_slice(b"}\n\n");
+                }
             }
         }
         Ok(())
@@ -479,12 +471,9 @@ impl<'r> StreamPipe<'r> {
                 ),
             })?,
             None => {
-                self.out
-                    .extend_from_slice(if self.client == ClientDialect::Messages {
-                        MESSAGE_STOP_EVENT
-                    } else {
-                        DONE_EVENT
-                    });
+                if let Some(fast) = &self.fast {
+                    self.out.extend_from_slice(fast.path.terminator);
+                }
                 self.done = true;
             }
         }
@@ -500,7 +489,7 @@ impl<'r> StreamPipe<'r> {
         message: &str,
         reason: &str,
     ) -> Bytes {
-        if self.client == ClientDialect::ChatCompletions {
+        if self.client.wire().openai_error_frame {
             return sse::openai_error_event(message, error_type, reason);
         }
         let mut out = BytesMut::new();

@@ -37,6 +37,7 @@ pub(crate) async fn unary(
     session: &mut Session,
     ctx: &mut RequestCtx,
     route: &Route,
+    standard_model: &str,
     parts: ReadyParts<ContentCoding>,
 ) -> Attempt {
     let ReadyParts {
@@ -146,15 +147,18 @@ pub(crate) async fn unary(
     // Metering: the provider's usage object, read from the upstream body with all classes
     // (the translated path's decoded usage is the same figures).
     let mut usage = protocol::Usage::default();
-    let mut usage_seen = sse::merge_usage(upstream, &body, &mut usage);
+    let mut usage_seen = protocol::merge_chunk_usage(upstream, &body, &mut usage);
     // Written as is: no copy of the answer between the rewrite and the socket.
-    let out: Bytes = match (ctx.dialect, upstream) {
-        (client, up) if client.same_as(up) => {
+    let client = ctx.dialect;
+    let fast = client.wire().fast_path.filter(|_| client.same_as(upstream));
+    let out: Bytes = match fast {
+        Some(fast) => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
-            route.rewriter.rewrite_json(&body, &mut out);
+            fast.rewriter(false, standard_model)
+                .rewrite_json(&body, &mut out);
             out.freeze()
         }
-        (client, up) => match protocol::decode_response(up, &body, unix_now()) {
+        None => match protocol::decode_response(upstream, &body, unix_now()) {
             Ok(mut resp) => {
                 // The model that answered (a fallback model names itself).
                 resp.model = ctx.answering_model().unwrap_or_default().to_string();

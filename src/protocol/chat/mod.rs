@@ -16,6 +16,9 @@
 
 mod response;
 pub mod stream;
+mod wire;
+
+pub use wire::{default_type, error_parts, FAST_PATH, TEXT_KEYS, WIRE};
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};

@@ -54,6 +54,11 @@ use serde_json::{json, Map, Value};
 
 pub use stream::StreamDecoder;
 
+/// The members that carry generated text: Converse carries answer and reasoning text in
+/// `text`, a streamed tool call's argument fragments in `input` (a string there; the
+/// non-stream `toolUse.input` is an object, not counted).
+pub const TEXT_KEYS: &[&[u8]] = &[b"\"text\"", b"\"input\""];
+
 use super::json::to_vec;
 use super::{
     invalid, unsupported, ClientDialect, OutputItem, Part, ProtocolError, Request, Response, Role,

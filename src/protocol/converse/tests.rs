@@ -298,7 +298,7 @@ fn response_golden_decode() {
     assert!(decode_response(b"<html>", 0).is_err());
     // The usage of a body, as metering reads it.
     let mut u = crate::protocol::Usage::default();
-    assert!(crate::sse::merge_usage(
+    assert!(crate::protocol::merge_chunk_usage(
         super::super::UpstreamDialect::Converse,
         body,
         &mut u

@@ -46,6 +46,10 @@ use serde_json::{json, Map, Value};
 
 pub use stream::StreamDecoder;
 
+/// The members that carry generated text: Gemini parts carry text (answer and thoughts) in
+/// `text`; `functionCall.args` is an object, not counted.
+pub const TEXT_KEYS: &[&[u8]] = &[b"\"text\""];
+
 use super::json::to_vec;
 use super::{
     invalid, unsupported, ClientDialect, ErrorKind, Message, OutputItem, Part, ProtocolError,

@@ -17,6 +17,9 @@
 
 pub mod count;
 pub mod stream;
+mod wire;
+
+pub use wire::{FAST_PATH, TEXT_KEYS, WIRE};
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};

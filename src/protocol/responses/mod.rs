@@ -15,6 +15,9 @@
 //! `previous_response_id`, `store: true` and `conversation` are refused.
 
 pub mod stream;
+mod wire;
+
+pub use wire::WIRE;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
