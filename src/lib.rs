@@ -19,7 +19,7 @@
 //! | [`passthrough`] | routes to plain upstreams on Pingora's native path: the table hot reload swaps, load balancing and health checks, forwarding headers |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
-//! | [`providers`] | peers, upstream request heads and signers (bearer tokens refreshed in the background for Vertex AI), content decoding, the demo provider |
+//! | [`providers`] | peers, upstream request heads and signers (bearer tokens refreshed in the background for Vertex AI), content decoding, the demo provider: the mock provider of tests and benches (the workspace crate `sluice_mock_upstream`, `crates/mock-upstream`) run in demo mode, in process |
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
@@ -30,7 +30,6 @@
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`] |
 //! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
-//! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
 //!
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::edge`], [`proxy::endpoints`] →
 //! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
@@ -51,7 +50,6 @@ pub mod ledger;
 pub mod logging;
 pub mod metering;
 pub mod metrics;
-pub mod mock_upstream;
 pub mod passthrough;
 pub mod protocol;
 pub mod providers;

@@ -31,9 +31,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestCaseError, TestError, TestRunner};
 
 use sluice::config::Config;
-use sluice::mock_upstream::{decode_request, DecodedRequest};
 use sluice::proxy::request::parse_chat;
 use sluice::sse::SseNormalizer;
+use sluice_mock_upstream::{decode_request, DecodedRequest};
 
 // ---------------------------------------------------------------- the harness
 
