@@ -6,7 +6,7 @@
 //! failures` (the metering fields
 //! are the request's [`Metered`](crate::billing::metering::Metered); USD with 9 decimals). Bodies and
 //! keys are never logged (the key appears only as its `key_id`). `client` is the client's
-//! address ([`crate::edge::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
+//! address ([`crate::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
 //! `answered_model` is the standard model that answered when a model-level fallback
 //! ([`crate::engine::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
 //! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,

@@ -84,7 +84,7 @@ pub struct RequestCtx {
     pub in_flight: crate::shutdown::InFlight,
     /// Set when the request matched a passthrough route (Pingora's native proxy path).
     pub passthrough: Option<crate::passthrough::PassCtx>,
-    /// The client's address ([`crate::edge::client_ip::client_ip`]), once the head is screened.
+    /// The client's address ([`crate::client_ip::client_ip`]), once the head is screened.
     pub client_ip: Option<std::net::IpAddr>,
 }
 

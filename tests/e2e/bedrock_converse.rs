@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::mock_upstream::sigv4::MOCK_AWS_ACCESS_KEY_ID;
+use sluice_mock_upstream::sigv4::MOCK_AWS_ACCESS_KEY_ID;
 
 use crate::bedrock::{access, answer_text, data, header, send, Client};
 use crate::harness::client::StreamReader;

@@ -215,7 +215,7 @@ fn official_anthropic_and_openai_sdks_work_on_bedrock() {
                 .into_iter()
                 .flatten()
                 .any(|h| h[0] == "x-amz-security-token"
-                    && h[1] == sluice::mock_upstream::sigv4::MOCK_AWS_SESSION_TOKEN)),
+                    && h[1] == sluice_mock_upstream::sigv4::MOCK_AWS_SESSION_TOKEN)),
         "{log:?}"
     );
 }
