@@ -93,6 +93,10 @@ const CONTINUABLE: [&str; 5] = [
 /// # Errors
 /// The stream error to end the stream with when it is not continued (`err`, its message
 /// saying why not when the break was eligible); `Ok` is how the stream ended otherwise.
+#[expect(
+    clippy::too_many_lines,
+    reason = "eligibility, re-encoding and the splice are one linear sequence"
+)]
 pub(crate) async fn resume<'r>(
     s: AttemptState<'_, 'r>,
     pipe: &mut StreamPipe<'r>,

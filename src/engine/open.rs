@@ -227,6 +227,10 @@ async fn commit_unary(
 /// event. It touches no downstream state and nothing of `ctx` but reads, so a caller may
 /// race it against the client's disconnect and against another route's (a hedge); dropping
 /// it drops its upstream connection. `phase` follows where it is.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one attempt's steps in order: encode, sign, open, judge the head, hold the first event"
+)]
 pub(crate) async fn prepare<'r>(
     connector: &Connector,
     ctx: &RequestCtx,

@@ -149,6 +149,10 @@ enum Counted {
 /// # Errors
 /// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
 /// [`ChatError::Gone`] when the client left.
+#[expect(
+    clippy::too_many_lines,
+    reason = "authentication, body, plan and the provider-or-estimate decision in request order"
+)]
 pub(crate) async fn handle(
     gw: &Gateway,
     session: &mut Session,
@@ -299,6 +303,10 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
 /// One count against one Anthropic route: connect (a stale pooled connection gets one
 /// fresh retry), send, read the head and the (bounded, decoded) body, each step within the
 /// route's `connect` and `first_byte` timeouts.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one upstream exchange and the normalization of its answer, in order"
+)]
 async fn provider_count(
     connector: &Connector,
     session: &mut Session,

@@ -215,6 +215,10 @@ pub(crate) async fn first_event<'r>(
 /// Phase 2 of a streaming answer: commits the held stream ([`first_event`]) to the client
 /// and pumps it with heartbeats, idle and duration limits, and client-disconnect detection;
 /// a break after the commit may continue on `rest` ([`continuation`], opt-in).
+#[expect(
+    clippy::too_many_lines,
+    reason = "the commit, the pump and each way a stream ends (clean, broken, continued) in order"
+)]
 pub(crate) async fn stream(
     s: AttemptState<'_, '_>,
     route: &Route,

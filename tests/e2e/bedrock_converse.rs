@@ -186,6 +186,10 @@ fn every_client_dialect_gets_converse_answers_signed_streamed_or_not() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn tools_and_images_go_through_converse_in_every_direction() {
     let s = start(
         &json!({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}],
