@@ -222,7 +222,7 @@ pub(crate) async fn resume<'r>(
             cand.release_trial();
             continue;
         };
-        ctx.attempt_count += 1;
+        ctx.attempts.count += 1;
         let timeouts = ctx.config.timeouts_for(&route.provider, model);
         match open(
             connector,
@@ -306,7 +306,7 @@ pub(crate) async fn resume<'r>(
     }
     ctx.outcome.provider = Some(route.provider.id.clone());
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
-    ctx.failed_routes += 1;
+    ctx.attempts.failed_routes += 1;
     log::info!(target: "sluice::proxy::continuation",
         "stream continued request_id={} reason={} provider={} text_bytes={}",
         ctx.request_id, err.reason, route.provider.id, text.len()

@@ -163,8 +163,8 @@ impl Phase {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         if let Some(ae) = taken {
-            ctx.attempt_count += 1;
-            ctx.attempts.push(ae);
+            ctx.attempts.count += 1;
+            ctx.attempts.failed.push(ae);
         }
     }
 }

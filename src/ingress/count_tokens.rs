@@ -207,7 +207,7 @@ pub(crate) async fn handle(
         };
         // Encoded per route: the upstream model differs.
         let body = Bytes::from(count::encode_request(&req.body, &route.upstream_model));
-        ctx.attempt_count += 1;
+        ctx.attempts.count += 1;
         match provider_count(
             &gw.connector,
             session,
@@ -240,8 +240,8 @@ pub(crate) async fn handle(
                     "token count failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
                     ctx.request_id, ae.provider, ae.upstream_model, ae.failure.label(), ae.detail
                 );
-                ctx.attempts.push(ae);
-                ctx.failed_routes += 1;
+                ctx.attempts.failed.push(ae);
+                ctx.attempts.failed_routes += 1;
             }
         }
     }

@@ -285,7 +285,7 @@ pub(crate) async fn stream(
             return Attempt::Final(GatewayError::Internal("content-length header".into()));
         }
     }
-    ctx.downstream_committed = true;
+    ctx.attempts.downstream_committed = true;
     if !first.is_empty() {
         // The first events are written right after the head, and their write flushes both:
         // one send instead of two where they fit the connection's write buffer (the patched
