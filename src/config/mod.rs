@@ -11,6 +11,7 @@ pub mod ledger;
 mod model_fallback;
 pub mod opt_in;
 pub mod passthrough;
+pub mod retry;
 pub mod schema;
 pub mod tls;
 mod validate;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::ConfigError;
+pub use retry::RetryPolicy;
 pub use schema::{Capability, LogFormat, ProviderKind, Strategy};
 pub(crate) use validate::expand_include;
 
@@ -122,7 +124,7 @@ pub struct ServerSettings {
     /// Deadline for a whole request body (`server.body_read_timeout_ms`).
     pub body_read_timeout: Duration,
     /// `server.retry`.
-    pub retry: crate::routing::retry::RetryPolicy,
+    pub retry: RetryPolicy,
     /// Head limits, per-IP limits, trusted proxies.
     pub edge: edge::EdgeSettings,
 }
@@ -345,7 +347,7 @@ pub struct Model {
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
     /// Same-route retries (`server.retry` with `models.<id>.retry` over it).
-    pub retry: crate::routing::retry::RetryPolicy,
+    pub retry: RetryPolicy,
     /// `models.<id>.hedge_after_ms`: when a hedge starts (`None`: never).
     pub hedge_after: Option<opt_in::HedgeAfter>,
     /// `models.<id>.affinity`.

@@ -1023,7 +1023,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         max_buffered_request_bytes: server.max_buffered_request_bytes,
         header_read_timeout: ms(server.header_read_timeout_ms),
         body_read_timeout: ms(server.body_read_timeout_ms),
-        retry: crate::routing::retry::RetryPolicy::from_section(&server.retry),
+        retry: super::RetryPolicy::from_section(&server.retry),
         edge,
     };
     let server_retry = server.retry.clone();
@@ -1168,7 +1168,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
                 continue_on_break: m.continue_on_break.unwrap_or(false),
                 default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 retry: {
-                    let mut p = crate::routing::retry::RetryPolicy::from_section(&server_retry);
+                    let mut p = super::RetryPolicy::from_section(&server_retry);
                     if let Some(r) = &m.retry {
                         p.apply(r);
                     }
