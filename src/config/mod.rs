@@ -30,7 +30,6 @@ pub use schema::{Capability, LogFormat, ProviderKind, Strategy};
 pub(crate) use validate::expand_include;
 
 use crate::secret::Secret;
-use crate::sse::ModelRewriter;
 use keys::KeyTable;
 
 /// How many times a request body byte counts against `server.max_buffered_request_bytes`: the
@@ -397,8 +396,6 @@ pub struct Route {
     pub capabilities: Option<Vec<Capability>>,
     /// `routes[].supports_prefill`: a continuation on this route rides assistant prefill.
     pub supports_prefill: bool,
-    /// The model echo: puts the standard id in responses, whatever model id the provider answered.
-    pub rewriter: ModelRewriter,
     /// Stable health key, `provider/upstream_model`.
     pub health_key: String,
     /// Context window, tokens (`routes[].context_window_tokens`, else the model's); `None`:

@@ -16,7 +16,6 @@ use super::{
     Provider, Route, ServerSettings, Tenant,
 };
 use crate::secret::Secret;
-use crate::sse::ModelRewriter;
 
 /// `models.<id>.default_max_tokens` when not set, tokens.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -1144,7 +1143,6 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
             }
             routes.push(Route {
                 health_key: format!("{}/{}", provider.id, r.upstream_model),
-                rewriter: ModelRewriter::new(&id),
                 provider,
                 upstream_model: r.upstream_model,
                 priority: r.priority,

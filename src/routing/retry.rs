@@ -124,6 +124,7 @@ impl RetryBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::schema::{RetryCondition, RetrySection};
 
     #[test]
     fn the_policy_retries_what_it_lists_and_backs_off_doubling() {
