@@ -75,5 +75,4 @@ impl RetryPolicy {
             self.budget_ratio = r;
         }
     }
-
 }

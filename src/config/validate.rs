@@ -520,10 +520,10 @@ fn build_provider(
     } else {
         None
     };
-    let aws = bedrock_signer(kind, bedrock_region, aws_profile.as_deref(), &key)
+    let aws = bedrock_account(kind, bedrock_region, aws_profile.as_deref(), &key)
         .map_err(|(k, m)| sources.err(fidx, &k, m))?;
     let api_version = match (kind, api_version) {
-        (ProviderKind::AzureOpenai, Some(v)) if crate::providers::azure::valid_api_version(&v) => {
+        (ProviderKind::AzureOpenai, Some(v)) if super::kinds::valid_api_version(&v) => {
             Some(v)
         }
         (ProviderKind::AzureOpenai, Some(_)) => {
@@ -562,12 +562,12 @@ fn build_provider(
             return Err(sources.err(fidx, &key("base_url"), "the demo provider has no base_url"))
         }
         (ProviderKind::Gemini, None) => Some(
-            parse_base_url(crate::providers::gemini::DEFAULT_BASE_URL)
+            parse_base_url(super::kinds::GEMINI_BASE_URL)
                 .map_err(|m| sources.err(fidx, &key("base_url"), m))?,
         ),
         (ProviderKind::Bedrock, None) => Some(
-            parse_base_url(&crate::providers::bedrock::default_base_url(
-                aws.as_ref().map_or("", |s| s.region()),
+            parse_base_url(&super::aws::default_base_url(
+                aws.as_ref().map_or("", |a| a.region.as_str()),
             ))
             .map_err(|m| sources.err(fidx, &key("base_url"), m))?,
         ),
@@ -639,32 +639,27 @@ fn build_provider(
             return Err(sources.err(fidx, &key(name), "must be greater than 0"));
         }
     }
-    let (vertex, bearer, endpoint) = if kind == ProviderKind::Vertex {
-        let parts = super::vertex::build(
-            id,
-            vertex_section,
-            parse_base_url,
-            (timeouts.connect, timeouts.first_byte),
-        )
-        .map_err(|(k, m)| {
-            let path = if k.is_empty() {
-                format!("providers.{id}")
-            } else {
-                key(k)
-            };
-            sources.err(fidx, &path, m)
-        })?;
+    let (vertex, token_source, endpoint) = if kind == ProviderKind::Vertex {
+        let parts =
+            super::vertex::build(id, vertex_section, parse_base_url).map_err(|(k, m)| {
+                let path = if k.is_empty() {
+                    format!("providers.{id}")
+                } else {
+                    key(k)
+                };
+                sources.err(fidx, &path, m)
+            })?;
         let endpoint = match endpoint {
             Some(e) => e,
             None => parse_base_url(&parts.default_base_url)
                 .map_err(|m| sources.err(fidx, &key("region"), m))?,
         };
-        (Some(parts.account), Some(parts.bearer), Some(endpoint))
+        (Some(parts.account), Some(parts.token), Some(endpoint))
     } else {
         (None, None, endpoint)
     };
     // The probe's default path is the kind's model list (Azure's needs its `api-version`).
-    let default_path = || crate::providers::health_path(kind, api_version.as_deref());
+    let default_path = || super::kinds::health_path(kind, api_version.as_deref());
     let health_check = match (kind, health_check) {
         (ProviderKind::Demo, _) => None,
         // The runtime API has no cheap read to probe (no model list): passive health only,
@@ -757,22 +752,22 @@ fn build_provider(
         api_version,
         aws,
         vertex,
-        bearer,
+        token_source,
     })
 }
 
-/// The SigV4 signer of a `bedrock` provider: `region` required and well-formed, the
+/// The AWS account of a `bedrock` provider: `region` required and well-formed, the
 /// credentials of `aws_profile` or of the environment chain. Other kinds may set neither.
 ///
 /// # Errors
 /// `(key path, message)` of the offending key.
-fn bedrock_signer(
+fn bedrock_account(
     kind: ProviderKind,
     region: Option<&str>,
     aws_profile: Option<&str>,
     key: &dyn Fn(&str) -> String,
-) -> Result<Option<crate::providers::bedrock::sigv4::Signer>, (String, String)> {
-    use crate::providers::bedrock::{credentials, sigv4::Signer, valid_region};
+) -> Result<Option<super::aws::AwsAccount>, (String, String)> {
+    use super::aws::{self as credentials, valid_region, AwsAccount};
     if kind != ProviderKind::Bedrock {
         return match (region, aws_profile) {
             (Some(_), _) => Err((key("region"), "region is only for kind bedrock".into())),
@@ -815,7 +810,10 @@ fn bedrock_signer(
         None => credentials::from_env(&env)
             .map_err(|e| (key("").trim_end_matches('.').to_string(), e.0))?,
     };
-    Ok(Some(Signer::new(region, &creds)))
+    Ok(Some(AwsAccount {
+        region: region.to_string(),
+        credentials: creds,
+    }))
 }
 
 /// Checks one `retry` section (`key` names it in errors).

@@ -108,8 +108,8 @@ use tokio::time::Instant;
 use super::edge::ConnectionCap;
 use super::head_guard::{self, HeadLimits, HeadScan};
 use super::Gateway;
-use crate::config::ConfigHandle;
 use crate::error::GatewayError;
+use crate::live::ConfigHandle;
 use crate::metrics::metrics;
 use crate::protocol::Dialect;
 

@@ -51,7 +51,7 @@ use super::endpoints::{self, ChatError};
 use super::request::{self, PREFERENCE_HEADER};
 use super::upstream::client_gone;
 use super::{respond, Gateway};
-use crate::config::{Model, ProviderKind, Route};
+use crate::config::{Model, Route};
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
 use crate::metrics::metrics;
 use crate::protocol::{self, messages::count, Dialect};
@@ -189,7 +189,7 @@ pub(super) async fn handle(
             continue;
         }
         let route = cand.route;
-        if route.provider.kind != ProviderKind::Anthropic {
+        if !providers::adapter(route.provider.kind).counts_tokens() {
             // Generation would take this route: its count is the estimate.
             break;
         }
@@ -307,12 +307,14 @@ async fn provider_count(
 ) -> Counted {
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
-    let target = match providers::target(provider).await {
+    let resolved = ctx.registry.upstream(provider);
+    let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
         Err(m) => return failed(route, AttemptFailure::Connect, m),
     };
     let mut head = match providers::request_head(
         provider,
+        &resolved,
         &target,
         anthropic::COUNT_TOKENS_PATH,
         &body,

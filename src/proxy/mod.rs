@@ -51,8 +51,8 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
 
 use crate::backpressure::Admission;
-use crate::config::ConfigHandle;
 use crate::error::GatewayError;
+use crate::live::ConfigHandle;
 use ctx::RequestCtx;
 
 /// How long an idle downstream keep-alive connection is kept, seconds.
@@ -98,7 +98,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Box<RequestCtx> {
         // The first hook after the request head: its deadline is met.
         connection::head_complete();
-        Box::new(RequestCtx::new(self.config.snapshot()))
+        Box::new(RequestCtx::pinned(&self.config.pinned()))
     }
 
     async fn early_request_filter(

@@ -443,7 +443,8 @@ impl<'r> StreamPipe<'r> {
             {
                 self.finish_seen = true;
             }
-            self.rewriter.rewrite_event(&ev, &mut self.echo, &mut self.out);
+            self.rewriter
+                .rewrite_event(&ev, &mut self.echo, &mut self.out);
             if self.strip_usage && self.out.ends_with(NULL_USAGE_END) {
                 // With `include_usage` every chunk ends `"usage":null` (OpenAI's format):
                 // removed, so the client gets the chunks it would have got without it.
