@@ -125,6 +125,19 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
+    /// The 404 `model_not_found` for a model id that names no configured standard model
+    /// (echoing at most 256 characters of what the client sent).
+    pub fn model_not_found(id: &str) -> Self {
+        let shown: String = id.chars().take(256).collect();
+        let ellipsis = if shown.len() < id.len() { "…" } else { "" };
+        GatewayError::NotFound {
+            message: format!(
+                "The model `{shown}{ellipsis}` does not exist or you do not have access to it."
+            ),
+            code: "model_not_found",
+        }
+    }
+
     /// A 400 with a parameter name.
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
         Self::InvalidRequest {
@@ -276,7 +289,7 @@ pub enum AttemptFailure {
     /// (the same `protocol` label; retried under `retry.on: connection_reset`).
     Reset,
     /// The provider rejected the request as too long for the route's context window
-    /// (see [`crate::proxy::fallback::is_context_rejection`]): never retried on the route,
+    /// (see [`crate::engine::fallback::is_context_rejection`]): never retried on the route,
     /// it goes on to a larger route or a `context_fallback_models` model.
     ContextLength,
 }

@@ -16,7 +16,12 @@
 //! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
 //! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
-//! | [`proxy`] | the downstream connection loop, the edge screening (head limits, per-IP limits, client IP), the one `ProxyHttp` impl, endpoints, the attempt loop, the unary exchange, the stream pump and its per-stream pipe, mid-stream continuation |
+//! | [`proxy`] | the one `ProxyHttp` impl (a thin shell), the per-request context, the access log |
+//! | [`edge`] | the downstream connection loop, the head guard, the client IP, the screening of each request (head limits, per-IP limits) |
+//! | [`ingress`] | endpoints, virtual key, body reading and dialect decode, count_tokens, every answer Sluice writes in the client's dialect |
+//! | [`engine`] | the attempt loop, one attempt's upstream request and commit, hedging, model-level fallback, mid-stream continuation, upstream pools |
+//! | [`stream`] | the stream pump and its per-stream pipe, the unary exchange |
+//! | [`outcome`] | the record of how a request ended, read by billing, routing, admission and the access log |
 //! | [`passthrough`] | routes to plain upstreams on Pingora's native path: the table hot reload swaps, load balancing and health checks, forwarding headers |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
@@ -31,9 +36,9 @@
 //! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
 //! | [`mock_upstream`] | the mock provider used by tests and benches, and (in demo mode) the demo |
 //!
-//! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`proxy::edge`], [`proxy::endpoints`] →
-//! [`auth`], [`proxy::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
-//! [`proxy::attempt`] (which calls [`providers`], [`protocol`] and [`sse`]); `logging` →
+//! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`edge::screen`], [`ingress::endpoints`] →
+//! [`auth`], [`ingress::request`] (which calls [`protocol`]), [`backpressure`], [`routing`],
+//! [`engine::attempt`] (which calls [`providers`], [`protocol`], [`stream`] and [`sse`]); `logging` →
 //! [`billing::metering`], [`proxy::access_log`] → [`billing::ledger`]. Module dependencies point down this path: none of these
 //! modules uses one that calls it (config and the protocol layer are at the bottom, next to
 //! metrics and sse).
@@ -44,8 +49,11 @@ pub mod backpressure;
 pub mod billing;
 pub mod cli;
 pub mod config;
+pub mod edge;
+pub mod engine;
 pub mod error;
 pub mod fd_limit;
+pub mod ingress;
 pub mod live;
 pub mod logging;
 pub mod metrics;
@@ -62,4 +70,5 @@ pub mod server;
 pub mod shutdown;
 pub mod sse;
 pub mod status;
+pub mod stream;
 pub mod tls;

@@ -97,7 +97,7 @@ pub struct Metrics {
     pub stream_errors_total: IntCounterVec,
     /// `sluice_stream_continuations_total{model,outcome}`: committed streams that broke with
     /// `models.<id>.continue_on_break` on, by what became of them (`continued` and the
-    /// refusals, see `crate::proxy::continuation::OUTCOMES`).
+    /// refusals, see `crate::engine::continuation::OUTCOMES`).
     pub stream_continuations_total: IntCounterVec,
     /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream
     /// answers, each replaced with U+FFFD before it reached the client: in SSE events

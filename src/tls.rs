@@ -13,7 +13,7 @@
 //! from ...`: on port 443 that is every scanner, bot and plain-HTTP client), and ahead of the
 //! per-IP connection cap. No option changes any of the three. So the TLS port is a plain TCP
 //! listener of the proxy service, and Sluice's connection app
-//! ([`crate::proxy::connection`]) hands its connections to [`TlsListener::accept`] after the
+//! ([`crate::edge::connection`]) hands its connections to [`TlsListener::accept`] after the
 //! per-IP cap: the handshake must finish within `server.header_read_timeout_ms` (the same
 //! deadline a plain connection has for its first head), and a failed or timed-out one is
 //! counted in `sluice_tls_handshake_failures_total{reason}` and logged at DEBUG. The handshake

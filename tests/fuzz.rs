@@ -31,8 +31,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestCaseError, TestError, TestRunner};
 
 use sluice::config::Config;
+use sluice::ingress::request::parse_chat;
 use sluice::mock_upstream::{decode_request, DecodedRequest};
-use sluice::proxy::request::parse_chat;
 use sluice::sse::SseNormalizer;
 
 // ---------------------------------------------------------------- the harness

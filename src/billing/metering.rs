@@ -47,7 +47,7 @@
 //!
 //! # Cancelled hedges
 //!
-//! An attempt that a hedge race cancelled (see `crate::proxy::hedge`) delivered no event,
+//! An attempt that a hedge race cancelled (see `crate::engine::hedge`) delivered no event,
 //! but its provider was sent the prompt and may bill it: it is metered apart from the
 //! request's answer ([`Metered::cancelled_hedge`]), as `estimated` input tokens (the same
 //! admission estimate, computed at most once per request) at its own route's input price,
@@ -427,7 +427,7 @@ fn member_string(after_key: &[u8]) -> Option<&[u8]> {
 }
 
 /// An attempt of a hedged pair that the race cancelled before its first event
-/// (`crate::proxy::hedge`). Its provider was sent the prompt, so at the request's end it is
+/// (`crate::engine::hedge`). Its provider was sent the prompt, so at the request's end it is
 /// metered apart ([`Metered::cancelled_hedge`]): a `hedge_cancelled` ledger row of its own
 /// and Sluice's cost in the metrics, never the tenant's charge. Built only when a hedge
 /// loses.

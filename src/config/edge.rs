@@ -2,8 +2,8 @@
 //! (`max_request_header_bytes`, `max_request_headers`, `max_uri_bytes`), the per-client-IP
 //! limits (`per_ip:`) and the proxies whose `X-Forwarded-For` is believed
 //! (`trusted_proxies:`). The YAML fields are in [`super::schema::ServerSection`]; the checks
-//! that use them live in `crate::proxy::edge` (head limits, per-IP rate),
-//! `crate::proxy::connection` (per-IP connection cap) and `crate::proxy::client_ip`.
+//! that use them live in `crate::edge::screen` (head limits, per-IP rate),
+//! `crate::edge::connection` (per-IP connection cap) and `crate::edge::client_ip`.
 
 use std::net::IpAddr;
 

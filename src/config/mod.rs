@@ -327,7 +327,7 @@ pub struct Model {
     /// Early-commit opt-in.
     pub early_commit_after: Option<Duration>,
     /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
-    /// is continued on the next candidate route (see `crate::proxy::continuation`).
+    /// is continued on the next candidate route (see `crate::engine::continuation`).
     pub continue_on_break: bool,
     /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
     /// the upstream API requires one (Anthropic Messages), tokens.

@@ -1,5 +1,5 @@
 //! Owns the checks of the model-level fallback keys, `models.<id>.fallback_models` and
-//! `models.<id>.context_fallback_models` (see [`crate::proxy::fallback`] for what they do):
+//! `models.<id>.context_fallback_models` (see [`crate::engine::fallback`] for what they do):
 //! every id names a configured standard model, none names the model itself, none is listed
 //! twice, and the context fallbacks form no cycle (each step is meant to go to a larger
 //! context window, so a way back is a mistake in the file).

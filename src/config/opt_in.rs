@@ -1,7 +1,7 @@
 //! Owns the YAML shapes and validated forms of two per-model opt-ins of the resilience
 //! issue: hedged requests (`models.<id>.hedge_after_ms`) and prompt-cache affinity
 //! (`models.<id>.affinity`). Both are off unless set. What they do at request time lives in
-//! [`crate::proxy::hedge`] and [`crate::routing::affinity`].
+//! [`crate::engine::hedge`] and [`crate::routing::affinity`].
 
 use std::time::Duration;
 

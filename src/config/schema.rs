@@ -687,7 +687,7 @@ pub struct ModelSection {
     pub retry: Option<RetrySection>,
     /// Opt in to mid-stream continuation: a stream that breaks after text reached the client
     /// is continued on the next candidate route and spliced into the same client stream
-    /// (default false; see `crate::proxy::continuation`).
+    /// (default false; see `crate::engine::continuation`).
     #[serde(default)]
     pub continue_on_break: Option<bool>,
     /// Opt-in hedged requests: a number of ms, or `auto` (see [`super::opt_in`]).
@@ -697,7 +697,7 @@ pub struct ModelSection {
     #[serde(default)]
     pub affinity: Option<super::opt_in::Affinity>,
     /// Standard models tried, in order, after every route of this model failed before the
-    /// first byte (a contract key; see [`crate::proxy::fallback`]). Not followed further:
+    /// first byte (a contract key; see [`crate::engine::fallback`]). Not followed further:
     /// a fallback model's own `fallback_models` apply only to requests for it.
     #[serde(default)]
     pub fallback_models: Option<Vec<String>>,

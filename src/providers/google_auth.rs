@@ -30,6 +30,7 @@ use pingora::protocols::ALPN;
 use pingora::upstreams::peer::HttpPeer;
 use serde::{Deserialize, Serialize};
 
+use super::exchange::OpenError;
 use super::token::{FetchFuture, IssuedToken, TokenFetcher};
 pub use crate::config::vertex::ServiceAccount;
 use crate::config::Endpoint;
@@ -135,16 +136,32 @@ impl ServiceAccountFetcher {
         peer.options.total_connection_timeout = Some(self.connect_timeout);
         peer.options.alpn = ALPN::H1;
         let connector = self.connector.get_or_init(|| Connector::new(None));
-        let (mut up, _) = connector
-            .get_http_session(&peer)
-            .await
-            .map_err(|e| format!("cannot connect to the token endpoint {}: {e}", ep.host))?;
-        let head = self.head(body.len()).map_err(|e| e.to_string())?;
-        let sent = super::exchange(&mut up, head, Some(body)).await;
-        if let Err(e) = sent {
-            up.shutdown().await;
-            return Err(format!("token endpoint {}: {e}", ep.host));
-        }
+        let mut head = Some(self.head(body.len()).map_err(|e| e.to_string())?);
+        let opened = super::exchange::open(
+            || connector.get_http_session(&peer),
+            super::exchange::Deadlines::default(),
+            super::exchange::Resend::Never,
+            || head.take().ok_or("no second head"),
+            Some(body),
+            |_| {},
+        )
+        .await;
+        let mut up = match opened {
+            Ok(up) => up,
+            Err(OpenError::Connect(e)) => {
+                return Err(format!(
+                    "cannot connect to the token endpoint {}: {e}",
+                    ep.host
+                ))
+            }
+            Err(OpenError::Send(e)) => {
+                return Err(format!("token endpoint {}: {}", ep.host, e.error))
+            }
+            // No deadlines here (the peer's own connect timeout applies), no resend.
+            Err(OpenError::ConnectTimeout | OpenError::FirstByteTimeout | OpenError::Head(_)) => {
+                return Err(format!("token endpoint {}: no answer", ep.host))
+            }
+        };
         let status = up.response_header().map_or(0, |h| h.status.as_u16());
         let mut answer = Vec::new();
         loop {

@@ -18,6 +18,7 @@ pub mod azure;
 pub mod bedrock;
 pub mod demo;
 pub mod encoding;
+pub mod exchange;
 pub mod framing;
 pub mod gemini;
 pub mod google_auth;
@@ -318,34 +319,6 @@ pub fn request_head(
     target.apply_bearer(&mut req)?;
     apply_auth(provider, up, &mut req, body)?;
     Ok(req)
-}
-
-/// Sends the request head and body (none for a `GET`) and reads the final (non-1xx)
-/// response head. Used by the attempt loop and the active health probes.
-///
-/// # Errors
-/// Pingora's write/read errors (connection closed, reset, protocol).
-pub async fn exchange(
-    up: &mut pingora::protocols::http::client::HttpSession,
-    head: pingora::http::RequestHeader,
-    body: Option<bytes::Bytes>,
-) -> pingora::Result<()> {
-    match body {
-        // One send for head and body on HTTP/1.1 (the patched pingora-core, `vendor/`).
-        Some(body) => {
-            up.write_request_header_and_body(Box::new(head), body)
-                .await?
-        }
-        None => up.write_request_header(Box::new(head)).await?,
-    }
-    up.finish_request_body().await?;
-    loop {
-        up.read_response_header().await?;
-        match up.response_header() {
-            Some(h) if h.status.as_u16() < 200 => {}
-            _ => return Ok(()),
-        }
-    }
 }
 
 /// Request fields that are Sluice's own and never go upstream.

@@ -6,15 +6,15 @@
 //! failures` (the metering fields
 //! are the request's [`Metered`](crate::billing::metering::Metered); USD with 9 decimals). Bodies and
 //! keys are never logged (the key appears only as its `key_id`). `client` is the client's
-//! address ([`super::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
+//! address ([`crate::edge::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
 //! `answered_model` is the standard model that answered when a model-level fallback
-//! ([`super::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
+//! ([`crate::engine::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
 //! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,
 //! e.g. `p1:status_5xx,p1:status_5xx,p2:context_length`; `-` when none). The request's usage record
 //! for the ledger ([`crate::billing::ledger::submit`]) is queued here too, from the same facts. The
 //! line's metering fields are the answer's; an attempt a hedge race cancelled is metered
-//! apart (`hedge loser metered` on `sluice::proxy::hedge`, its own `hedge_cancelled` ledger
-//! row, and the cost metrics; see [`super::hedge`]).
+//! apart (`hedge loser metered` on `sluice::engine::hedge`, its own `hedge_cancelled` ledger
+//! row, and the cost metrics; see [`crate::engine::hedge`]).
 
 use pingora::proxy::Session;
 

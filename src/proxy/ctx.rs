@@ -49,7 +49,7 @@ pub struct RequestCtx {
     /// The standard model asked for; `None` before the body is parsed (or for `/v1/models`).
     pub standard_model: Option<String>,
     /// The standard model whose route is serving (or last tried) when it is not
-    /// `standard_model`: a model-level fallback ([`super::fallback`]). `None` otherwise.
+    /// `standard_model`: a model-level fallback ([`crate::engine::fallback`]). `None` otherwise.
     pub answered_model: Option<String>,
     /// Whether the client asked for a stream.
     pub stream: bool,
@@ -86,7 +86,7 @@ pub struct RequestCtx {
     pub in_flight: crate::shutdown::InFlight,
     /// Set when the request matched a passthrough route (Pingora's native proxy path).
     pub passthrough: Option<crate::passthrough::PassCtx>,
-    /// The client's address ([`super::client_ip::client_ip`]), once the head is screened.
+    /// The client's address ([`crate::edge::client_ip::client_ip`]), once the head is screened.
     pub client_ip: Option<std::net::IpAddr>,
 }
 

@@ -1,48 +1,26 @@
-//! Owns [`Gateway`], Sluice's one `ProxyHttp` implementation. Every phase is a few lines that
-//! delegate to the module owning the decision:
+//! Owns [`Gateway`]'s `ProxyHttp` implementation: the thin shell Pingora calls. Every phase is
+//! a few lines that delegate to the step of the request path owning the decision; the steps
+//! are folders beside this one, and the arrows point down the path:
 //!
-//! Around it, [`connection`] owns the downstream connection: the keep-alive loop, the
-//! deadline on each request head, HTTP/1.1 pipelining.
+//! [`crate::edge`] (connection loop, head guard, client IP, screening) → [`crate::ingress`]
+//! (endpoints, body, dialect decode, token count, answers Sluice writes) → [`crate::engine`]
+//! (attempt loop, one attempt's upstream request, hedge, fallback, continuation, pools) →
+//! [`crate::stream`] (pump, per-stream pipe, unary exchange). Billing ([`crate::billing`])
+//! is called from here, at the request's end.
 //!
 //! | phase | does | owner |
 //! |---|---|---|
-//! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`connection`], [`ctx`] |
+//! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`crate::edge::connection`], [`ctx`] |
 //! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
-//! | `request_filter` | head limits and per-IP rate; a passthrough route's request goes on to the native path; else route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`edge`], [`crate::passthrough`], [`endpoints`], [`attempt`], [`count_tokens`] |
-//! | `upstream_peer`, `fail_to_connect`, `error_while_proxy`, `upstream_request_filter`, `request_body_filter` | passthrough requests only (Pingora's native path): upstream selection, forwarding headers, body limits | [`crate::passthrough::serve`] |
-//! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped (plain text for passthrough) | [`respond`], [`crate::passthrough::serve`] |
-//! | `logging` | access log line, request metrics | [`access_log`], [`crate::passthrough::log`] |
-//!
-//! Inside the attempt loop the arrows point down the request path: [`attempt`] (candidates,
-//! fallback, the upstream request) → `unary` (a non-streaming answer) or `pump` (a stream,
-//! through `pipe`'s per-stream transform) → `upstream` (how an attempt ends, shared by all).
-//! A committed stream that breaks may be handed to `continuation` (opt-in per model), which
-//! splices the rest of the answer from the next candidate through the same pipe.
+//! | `request_filter` | head limits and per-IP rate; a passthrough route's request goes on to the native path; else route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`crate::edge::screen`], [`crate::passthrough`], [`crate::ingress::endpoints`], [`crate::engine::attempt`], [`crate::ingress::count_tokens`] |
+//! | `upstream_peer`, `fail_to_connect`, `error_while_proxy`, `upstream_request_filter`, `request_body_filter` | passthrough requests only (Pingora's native path, with their own [`crate::passthrough::PassCtx`]): upstream selection, forwarding headers, body limits | [`crate::passthrough::serve`] |
+//! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped (plain text for passthrough) | [`crate::ingress::respond`], [`crate::passthrough::serve`] |
+//! | `logging` | metering and budget settlement, access log line, request metrics | [`crate::billing`], [`access_log`], [`crate::passthrough::log`] |
 
 pub mod access_log;
-pub mod attempt;
-pub mod client_ip;
-pub mod connection;
-mod continuation;
-pub mod count_tokens;
 pub mod ctx;
-pub mod edge;
-pub mod endpoints;
-pub mod fallback;
-pub mod head_guard;
-pub mod hedge;
-pub mod hop_by_hop;
-mod pipe;
-pub mod pool;
-mod pump;
-pub mod request;
-pub mod respond;
-mod unary;
-mod upstream;
+pub mod gateway;
 
-use std::sync::Arc;
-
-use crate::proxy::pool::Connector;
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::RequestHeader;
@@ -50,44 +28,12 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
 
-use crate::backpressure::Admission;
+use crate::edge::{connection, screen as edge};
+use crate::engine::upstream::ClientGone;
 use crate::error::GatewayError;
-use crate::live::ConfigHandle;
+use crate::ingress::{endpoints, respond};
 use ctx::RequestCtx;
-
-/// How long an idle downstream keep-alive connection is kept, seconds.
-pub const DOWNSTREAM_KEEPALIVE_S: u64 = 75;
-
-/// The gateway: shared, immutable-per-process state behind the proxy service.
-pub struct Gateway {
-    /// Live configuration (hot-reloaded).
-    pub config: Arc<ConfigHandle>,
-    /// The upstream connector: one per process (it owns the connection pools; [`pool`]).
-    pub connector: Connector,
-    /// Admission control: global concurrency, queue, tenant limits.
-    pub admission: Arc<Admission>,
-    /// The passthrough routes (swapped by hot reload).
-    pub passthrough: Arc<crate::passthrough::Router>,
-}
-
-impl std::fmt::Debug for Gateway {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway").finish_non_exhaustive()
-    }
-}
-
-impl Gateway {
-    /// A gateway over `config`.
-    pub fn new(config: Arc<ConfigHandle>, admission: Arc<Admission>) -> Self {
-        let passthrough = Arc::new(crate::passthrough::Router::new(&config.snapshot()));
-        Self {
-            config,
-            connector: Connector::new(),
-            admission,
-            passthrough,
-        }
-    }
-}
+pub use gateway::{Gateway, DOWNSTREAM_KEEPALIVE_S};
 
 #[async_trait]
 impl ProxyHttp for Gateway {
@@ -143,7 +89,7 @@ impl ProxyHttp for Gateway {
         }
         match endpoints::handle(self, session, ctx).await {
             Ok(()) => Ok(true),
-            Err(attempt::ClientGone(phase)) => {
+            Err(ClientGone(phase)) => {
                 crate::metrics::metrics()
                     .client_aborts_total
                     .with_label_values(&[phase])

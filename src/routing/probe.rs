@@ -28,6 +28,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::connectors::http::Connector;
+
+use crate::providers::exchange::{self, OpenError};
 use pingora::http::RequestHeader;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -142,30 +144,45 @@ pub(super) async fn exchange(
     head: RequestHeader,
     body: Option<bytes::Bytes>,
 ) -> ProbeOutcome {
-    let mut up = match connector.get_http_session(&target.peer).await {
-        Ok((up, _reused)) => up,
-        Err(e) => return down(format!("connect: {e}")),
-    };
-    let exchanged = crate::providers::exchange(&mut up, head, body).await;
-    let outcome = match exchanged {
-        Err(e) => down(format!("request: {e}")),
-        Ok(()) => match up.response_header() {
-            None => down("no response head".into()),
-            Some(h) => {
-                let status = h.status.as_u16();
-                if crate::routing::retryable_status(status) {
-                    ProbeOutcome::Down {
-                        reason: format!("HTTP {status}"),
-                        retry_after: h
-                            .headers
-                            .get("retry-after")
-                            .and_then(|v| parse_retry_after(v.as_bytes())),
-                    }
-                } else {
-                    ProbeOutcome::Up { status }
-                }
-            }
+    let mut head = Some(head);
+    let opened = exchange::open(
+        || connector.get_http_session(&target.peer),
+        exchange::Deadlines::default(),
+        exchange::Resend::Never,
+        || {
+            head.take()
+                .ok_or("the probe's request head was sent already")
         },
+        body,
+        |_| {},
+    )
+    .await;
+    let mut up = match opened {
+        Ok(up) => up,
+        Err(OpenError::Connect(e)) => return down(format!("connect: {e}")),
+        Err(OpenError::Send(e)) => return down(format!("request: {}", e.error)),
+        // No deadlines (the caller bounds the whole probe), no resend (no second head).
+        Err(OpenError::ConnectTimeout | OpenError::FirstByteTimeout) => {
+            return down("timeout".into())
+        }
+        Err(OpenError::Head(e)) => return down(e.into()),
+    };
+    let outcome = match up.response_header() {
+        None => down("no response head".into()),
+        Some(h) => {
+            let status = h.status.as_u16();
+            if crate::routing::retryable_status(status) {
+                ProbeOutcome::Down {
+                    reason: format!("HTTP {status}"),
+                    retry_after: h
+                        .headers
+                        .get("retry-after")
+                        .and_then(|v| parse_retry_after(v.as_bytes())),
+                }
+            } else {
+                ProbeOutcome::Up { status }
+            }
+        }
     };
     up.shutdown().await;
     outcome

@@ -1,5 +1,5 @@
 //! Owns a route's recent time-to-first-event samples and their p95, which
-//! `models.<id>.hedge_after_ms: auto` hedges after ([`crate::proxy::hedge`]).
+//! `models.<id>.hedge_after_ms: auto` hedges after ([`crate::engine::hedge`]).
 //!
 //! Bounded and lock-free: a ring of the last [`TTFT_SAMPLES`] samples (microseconds, as
 //! `u32`, so at most ~71 minutes each), written with one atomic store; the p95 is the

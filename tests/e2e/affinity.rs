@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::billing::ledger::wait_records;
 use crate::fallback::{chat_hits, chat_with_headers, config_with_routes, Metrics, MODEL, P};
 use crate::harness::{eventually, Mock, Sluice};
+use crate::ledger::wait_records;
 
 const CACHING: &str = r#"{"prompt_cache":true,"tokens":2}"#;
 

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::billing::ledger::wait_records;
 use crate::harness::client::{post_json, Response, StreamReader};
 use crate::harness::{eventually, Mock, Sluice, KEY};
+use crate::ledger::wait_records;
 use crate::redis_limits::RedisServer;
 
 /// One request's charge and reservation, USD.

@@ -262,7 +262,7 @@ fn a_cancelled_loser_is_recorded_as_sluices_cost_in_the_ledger_and_the_metrics_n
     assert_eq!(peer_closed_phase(&p1, 0), "after_head");
 
     let (dir, cfg) = (sluice.dir.path(), &sluice.config_path);
-    let recs = crate::billing::ledger::wait_records(dir, cfg, 2);
+    let recs = crate::ledger::wait_records(dir, cfg, 2);
     assert_eq!(recs.len(), 2, "{recs:#?}");
     let row = |provider: &str| {
         recs.iter()
@@ -335,7 +335,7 @@ fn a_cancelled_loser_is_recorded_as_sluices_cost_in_the_ledger_and_the_metrics_n
     assert_eq!(f(&l["charge_usd"]), 0.0, "{l:#}");
 
     // Read back: one request, whose cost includes the loser's; the charge is the winner's.
-    let sum = crate::billing::ledger::records(dir, cfg, &["--summary"]);
+    let sum = crate::ledger::records(dir, cfg, &["--summary"]);
     assert_eq!(sum.len(), 1, "{sum:#?}");
     let s = &sum[0];
     assert_eq!(

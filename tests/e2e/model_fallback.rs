@@ -207,7 +207,7 @@ fn a_cross_model_fallback_answers_under_the_model_that_answered() {
         assert!(line.contains(want), "{want} in {line}");
     }
     // The ledger records the model that answered (the one whose prices were applied).
-    let recs = crate::billing::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 2);
+    let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 2);
     let rec = recs
         .iter()
         .find(|r| r["request_id"] == "xmodel-1")

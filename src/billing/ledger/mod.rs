@@ -33,7 +33,7 @@
 //! access log.
 //!
 //! **Cancelled hedges.** A hedged request (`models.<id>.hedge_after_ms`) whose race cancelled
-//! an attempt ([`crate::proxy::hedge`]) leaves a second row under the same `request_id`
+//! an attempt ([`crate::engine::hedge`]) leaves a second row under the same `request_id`
 //! (rows have their own id; a request may have several): `outcome` [`HEDGE_CANCELLED`], the
 //! same `tenant`, `virtual_key`, `ingress` and `time`, the `model`, `provider` and
 //! `upstream_model` of the cancelled attempt, `input_tokens` the request's input estimate,
@@ -47,6 +47,7 @@
 
 pub mod postgres;
 pub mod query;
+pub mod rows;
 pub mod sqlite;
 pub mod writer;
 

@@ -16,8 +16,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
-use super::query::{Filter, Param, SummaryRow, COLUMNS, SUMMARY_COLUMNS};
-use super::writer::Sink;
+use super::rows::{Filter, Param, Sink, SummaryRow, COLUMNS, SUMMARY_COLUMNS};
 use super::{LedgerError, UsageRecord};
 
 /// Schema migrations, as in [`super::sqlite`]: entry `i` brings version `i` to `i + 1`.

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use rusqlite::{params_from_iter, Connection, OpenFlags};
 
-use super::query::{Filter, Param, SummaryRow, COLUMNS, SUMMARY_COLUMNS};
-use super::writer::Sink;
+use super::rows::{Filter, Param, Sink, SummaryRow, COLUMNS, SUMMARY_COLUMNS};
 use super::{LedgerError, UsageRecord};
 
 /// Schema migrations: entry `i` brings the schema from version `i` to `i + 1`. Append, never

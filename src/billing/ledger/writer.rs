@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use super::rows::Sink;
 use super::{Backend, LedgerError, LedgerSettings, UsageRecord};
 use crate::metrics::metrics;
 
@@ -22,15 +23,6 @@ const DROP_LOG_INTERVAL_MS: u64 = 10_000;
 
 /// Shortest gap between two "write failed" errors in the log, ms.
 const ERROR_LOG_INTERVAL_MS: u64 = 10_000;
-
-/// A backend the writer thread owns.
-pub trait Sink: Send {
-    /// Writes `batch` in one transaction (all or nothing).
-    ///
-    /// # Errors
-    /// The backend's; the caller keeps the batch and retries.
-    fn write_batch(&mut self, batch: &[UsageRecord]) -> Result<(), LedgerError>;
-}
 
 /// Opens the backend of `settings` for writing (creating or migrating its schema).
 ///

@@ -2012,6 +2012,27 @@ mod tests {
         }
     }
 
+    // The large phases (the upstream phase, the cache, stale-if-error, finishing, error
+    // handling) are boxed, so a request's future is not sized for them from the start: also a
+    // request that `request_filter` answers, and may hold for minutes, without an upstream.
+    // Inline, the request's future was larger than the upstream phase alone.
+    #[tokio::test]
+    async fn request_future_is_not_sized_for_the_large_phases() {
+        let proxy = Arc::new(HttpProxy::new(
+            DefaultRetryProxy,
+            Arc::new(ServerConf::default()),
+        ));
+        let request = b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n";
+        let mut session = new_request_session(request, Arc::new(Mutex::new(Vec::new()))).await;
+        let upstream_phase = std::mem::size_of_val(&proxy.proxy_to_upstream(&mut session, &mut ()));
+        let request_future = std::mem::size_of_val(&proxy.process_request(session, ()));
+        assert!(
+            request_future < upstream_phase,
+            "request {request_future} bytes, upstream phase {upstream_phase} bytes"
+        );
+        assert!(request_future <= 8 * 1024, "request {request_future} bytes");
+    }
+
     fn default_policy_would_retry_for_session(
         session: &mut Session,
         retry: RetryType,

@@ -388,7 +388,90 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::mpsc;
     use tokio_test::io::Builder;
+
+    /// Reads each request's body and records the size of every read, then answers with an
+    /// empty 200 and keeps the connection. Says on `head_read` when a request head is read.
+    struct BodyReadSizes {
+        options: HttpServerOptions,
+        reads: std::sync::Mutex<Vec<usize>>,
+        head_read: mpsc::UnboundedSender<()>,
+    }
+
+    #[async_trait]
+    impl HttpServerApp for BodyReadSizes {
+        async fn process_new_http(
+            self: &Arc<Self>,
+            mut session: ServerSession,
+            _shutdown: &ShutdownWatch,
+        ) -> Option<ReusedHttpStream> {
+            if !session.read_request().await.ok()? {
+                return None;
+            }
+            self.head_read.send(()).unwrap();
+            while let Some(chunk) = session.read_request_body().await.unwrap() {
+                self.reads.lock().unwrap().push(chunk.len());
+            }
+            let mut resp = pingora_http::ResponseHeader::build(200, None).unwrap();
+            resp.insert_header("Content-Length", "0").unwrap();
+            session.write_response_header(Box::new(resp)).await.unwrap();
+            let persistent_settings = HttpPersistentSettings::for_session(&session);
+            let reusable = session.finish().await.unwrap()?;
+            Some(ReusedHttpStream::from_reusable_stream(
+                reusable,
+                persistent_settings,
+            ))
+        }
+
+        fn server_options(&self) -> Option<&HttpServerOptions> {
+            Some(&self.options)
+        }
+    }
+
+    // `h1_body_read_size` bounds every read of an HTTP/1.x request body, on the connection's
+    // first request and after each keep-alive reuse. (As released, a read takes up to 64 KiB.)
+    #[tokio::test]
+    async fn test_h1_body_read_size_applies_to_every_request() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let (head_read, mut head_read_rx) = mpsc::unbounded_channel();
+        let app = Arc::new(BodyReadSizes {
+            options: HttpServerOptions {
+                h1_body_read_size: Some(4),
+                ..Default::default()
+            },
+            reads: Default::default(),
+            head_read,
+        });
+        let (_shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+        let serving = app.clone();
+        let serve = tokio::spawn(async move { serving.process_new(Box::new(server), &shutdown).await });
+
+        for _ in 0..2 {
+            client
+                .write_all(b"POST / HTTP/1.1\r\nHost: pingora.org\r\nContent-Length: 10\r\n\r\n")
+                .await
+                .unwrap();
+            // the body after the head is parsed, so that no body byte is read with the head
+            head_read_rx.recv().await.unwrap();
+            client.write_all(b"0123456789").await.unwrap();
+            let mut resp = Vec::new();
+            while !resp.ends_with(b"\r\n\r\n") {
+                let mut buf = [0; 256];
+                let n = client.read(&mut buf).await.unwrap();
+                assert!(n > 0, "connection closed");
+                resp.extend_from_slice(&buf[..n]);
+            }
+            assert!(resp.starts_with(b"HTTP/1.1 200"));
+
+            let reads = std::mem::take(&mut *app.reads.lock().unwrap());
+            assert_eq!(reads.iter().sum::<usize>(), 10, "{reads:?}");
+            assert!(reads.iter().all(|&n| n <= 4), "{reads:?}");
+        }
+        drop(client);
+        serve.await.unwrap();
+    }
 
     #[test]
     fn test_persistent_settings_user_context_roundtrip() {

@@ -183,9 +183,18 @@ pub struct TransportConnector {
 
 const DEFAULT_POOL_SIZE: usize = 128;
 
-/// How often [`TransportConnector::reused_stream`] yields the CPU (`sched_yield`) for the idle
-/// poll of a connection to drop its last reference before it gives the connection up.
+/// How often [`TransportConnector::reused_stream`] yields to the runtime
+/// (`tokio::task::yield_now`) for the idle poll of a connection to drop its last reference.
+/// Enough for an idle poll that is running on another core.
 const REUSE_ACQUIRE_YIELDS: usize = 64;
+
+/// Then how often it sleeps [`REUSE_ACQUIRE_SLEEP`] before it gives the connection up. A yield
+/// keeps this worker thread running; a sleep parks it, so the OS can run an idle poll whose
+/// thread was preempted (on this core) between its unlock and its drop.
+const REUSE_ACQUIRE_SLEEPS: usize = 8;
+
+/// The sleep of [`REUSE_ACQUIRE_SLEEPS`]: a tick of tokio's timer.
+const REUSE_ACQUIRE_SLEEP: Duration = Duration::from_millis(1);
 
 impl TransportConnector {
     /// Create a new [TransportConnector] with the given [ConnectorOptions]
@@ -260,19 +269,24 @@ impl TransportConnector {
                 // before it drops its `Arc`. When this task runs on another thread (always
                 // possible; every time on a no-steal runtime, whose idle polls are spawned on
                 // a random thread), the wake-up can preempt the idle poll's thread between the
-                // two, so the `Arc` is still shared here. Yield the CPU to that thread until it
-                // has dropped it, rather than give the connection up and open a new one.
-                let mut yields = 0;
+                // two, so the `Arc` is still shared here. Wait for that thread to drop it,
+                // yielding to the runtime and then sleeping (never blocking this worker),
+                // rather than give the connection up and open a new one.
+                let mut tries = 0;
                 let s = loop {
                     {
                         let _ = s.lock().await;
                     }
                     match Arc::try_unwrap(s) {
                         Ok(l) => break Ok(l),
-                        Err(shared) if yields < REUSE_ACQUIRE_YIELDS => {
-                            yields += 1;
+                        Err(shared) if tries < REUSE_ACQUIRE_YIELDS + REUSE_ACQUIRE_SLEEPS => {
                             s = shared;
-                            std::thread::yield_now();
+                            if tries < REUSE_ACQUIRE_YIELDS {
+                                tokio::task::yield_now().await;
+                            } else {
+                                tokio::time::sleep(REUSE_ACQUIRE_SLEEP).await;
+                            }
+                            tries += 1;
                         }
                         Err(shared) => break Err(shared),
                     }
@@ -829,6 +843,72 @@ mod tests {
             .connect_local_addr()
             .expect("TLS handshake failure should retain the assigned local address");
         assert_ne!(local_addr.port(), 0);
+    }
+
+    /// Puts a loopback connection to `peer` in `connector`'s pool, as `release_stream` does but
+    /// without its idle poll: the returned clone of the pooled `Arc` stands in for the one the
+    /// idle poll holds until it drops it.
+    async fn pool_loopback_stream(
+        connector: &TransportConnector,
+        peer: &BasicPeer,
+        listener: &tokio::net::TcpListener,
+    ) -> (
+        Arc<Mutex<Stream>>,
+        tokio::net::TcpStream,
+        (Arc<tokio::sync::Notify>, tokio::sync::oneshot::Receiver<bool>),
+    ) {
+        let stream = connector.new_stream(peer).await.unwrap();
+        let (server_side, _) = listener.accept().await.unwrap();
+        let meta = ConnectionMeta::new(peer.reuse_hash(), stream.id());
+        let pooled = Arc::new(Mutex::new(stream));
+        let held = pooled.clone();
+        let watch = connector.connection_pool.put(&meta, pooled);
+        (held, server_side, watch)
+    }
+
+    // The idle poll's guard unlocks the pooled connection (waking the task that reuses it)
+    // before it drops its `Arc`. On this single-threaded runtime a spawned task stands in for an
+    // idle poll stuck between the two: it only runs, and lets go, while `reused_stream` awaits.
+    // As released, `reused_stream` gave such a connection up at once; with a blocking spin it
+    // would never let the holder run.
+    #[tokio::test]
+    async fn test_reused_stream_waits_for_idle_poll_to_let_go() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = BasicPeer::new(&listener.local_addr().unwrap().to_string());
+        let connector = TransportConnector::new(None);
+
+        // lets go at its first turn: the yields
+        let (held, _server_side, _watch) =
+            pool_loopback_stream(&connector, &peer, &listener).await;
+        tokio::spawn(async move { drop(held) });
+        assert!(connector.reused_stream(&peer).await.is_some());
+
+        // lets go after longer than all the yields take: the sleeps
+        let (held, _server_side, _watch) =
+            pool_loopback_stream(&connector, &peer, &listener).await;
+        tokio::spawn(async move {
+            tokio::time::sleep(REUSE_ACQUIRE_SLEEP * 2).await;
+            drop(held)
+        });
+        assert!(connector.reused_stream(&peer).await.is_some());
+    }
+
+    // The wait is bounded: a connection whose other reference is never dropped is given up
+    // (and a new one would be made), after the yields and sleeps.
+    #[tokio::test]
+    async fn test_reused_stream_gives_up_a_connection_still_shared() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = BasicPeer::new(&listener.local_addr().unwrap().to_string());
+        let connector = TransportConnector::new(None);
+        let (held, _server_side, _watch) =
+            pool_loopback_stream(&connector, &peer, &listener).await;
+
+        let start = Instant::now();
+        assert!(connector.reused_stream(&peer).await.is_none());
+        let waited = start.elapsed();
+        assert!(waited >= REUSE_ACQUIRE_SLEEP * REUSE_ACQUIRE_SLEEPS as u32);
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        drop(held);
     }
 
     #[tokio::test]

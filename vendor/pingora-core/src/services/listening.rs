@@ -24,6 +24,7 @@ use crate::listeners::tls::TlsSettings;
 use crate::listeners::AcceptAllFilter;
 use crate::listeners::{
     ConnectionFilter, ListenerConfig, Listeners, ServerAddress, TcpSocketOptions, TransportStack,
+    UninitializedStream,
 };
 use crate::protocols::Stream;
 #[cfg(unix)]
@@ -188,6 +189,31 @@ impl<A> Service<A> {
 }
 
 impl<A: ServerApp + Send + Sync + 'static> Service<A> {
+    /// The task of one accepted connection: its handshake, then [`Self::handle_event`].
+    async fn handle_connection(io: UninitializedStream, app: Arc<A>, shutdown: ShutdownWatch) {
+        let peer_addr = io.peer_addr();
+        // Boxed: the handshake's state (a TLS acceptor's) is only needed until the handshake
+        // ends, but inline it would size this task for the whole life of the connection.
+        match timeout(Duration::from_secs(60), Box::pin(io.handshake())).await {
+            Ok(handshake) => {
+                match handshake {
+                    Ok(io) => Self::handle_event(io, app, shutdown).await,
+                    Err(e) => {
+                        // TODO: Maybe IOApp trait needs a fn to handle/filter out this error
+                        if let Some(addr) = peer_addr {
+                            error!("Downstream handshake error from {}: {e}", addr);
+                        } else {
+                            error!("Downstream handshake error: {e}");
+                        }
+                    }
+                }
+            }
+            Err(_) => {
+                error!("Downstream handshake timeout");
+            }
+        }
+    }
+
     pub async fn handle_event(event: Stream, app_logic: Arc<A>, shutdown: ShutdownWatch) {
         debug!("new event!");
         let mut reuse_event = app_logic.process_new(event, &shutdown).await;
@@ -229,30 +255,7 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                 Ok(io) => {
                     let app = app_logic.clone();
                     let shutdown = shutdown.clone();
-                    current_handle().spawn(async move {
-                        let peer_addr = io.peer_addr();
-                        // Boxed: the handshake's state (a TLS acceptor's) is only needed until
-                        // the handshake ends, but inline it would size this task for the whole
-                        // life of the connection.
-                        match timeout(Duration::from_secs(60), Box::pin(io.handshake())).await {
-                            Ok(handshake) => {
-                                match handshake {
-                                    Ok(io) => Self::handle_event(io, app, shutdown).await,
-                                    Err(e) => {
-                                        // TODO: Maybe IOApp trait needs a fn to handle/filter out this error
-                                        if let Some(addr) = peer_addr {
-                                            error!("Downstream handshake error from {}: {e}", addr);
-                                        } else {
-                                            error!("Downstream handshake error: {e}");
-                                        }
-                                    }
-                                }
-                            }
-                            Err(_) => {
-                                error!("Downstream handshake timeout");
-                            }
-                        }
-                    });
+                    current_handle().spawn(Self::handle_connection(io, app, shutdown));
                 }
                 Err(e) => {
                     error!("Accept() failed {e}");
@@ -338,5 +341,44 @@ impl<A: ServerApp + Send + Sync + 'static> ServiceTrait for Service<A> {
 
     fn listen_addresses(&self) -> Option<Vec<String>> {
         Some(self.listeners.addresses())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoopApp;
+
+    #[async_trait]
+    impl ServerApp for NoopApp {
+        async fn process_new(
+            self: &Arc<Self>,
+            _session: Stream,
+            _shutdown: &ShutdownWatch,
+        ) -> Option<Stream> {
+            None
+        }
+    }
+
+    /// The size of the future that `f` returns, without calling it.
+    fn future_size<A1, A2, A3, Fut>(_f: impl FnOnce(A1, A2, A3) -> Fut) -> usize {
+        std::mem::size_of::<Fut>()
+    }
+
+    // The accept loop spawns one task per connection, which lives as long as the connection.
+    // Its handshake (a TLS acceptor's, up to several KiB) is boxed, so the task is not sized
+    // for it: as released, the task was larger than the handshake it runs.
+    #[test]
+    fn test_connection_task_is_not_sized_for_the_handshake() {
+        let task = future_size(Service::<NoopApp>::handle_connection);
+        let handshake = {
+            fn size<Fut>(_f: impl FnOnce(UninitializedStream) -> Fut) -> usize {
+                std::mem::size_of::<Fut>()
+            }
+            size(UninitializedStream::handshake)
+        };
+        assert!(task < handshake, "task {task} bytes, handshake {handshake} bytes");
+        assert!(task <= 2048, "task {task} bytes");
     }
 }

@@ -2992,3 +2992,130 @@ mod test_sync {
         assert!(request_target_has_forbidden_byte(b"/a\r\nb")); // CR/LF
     }
 }
+
+#[cfg(test)]
+mod test_request_header_with_body {
+    //! `write_request_header_with_body` sends the head and a `Content-Length` body of at most
+    //! `MERGED_BODY_MAX` bytes in one send; `write_request_header` then `write_body` are two.
+
+    use super::*;
+    use crate::protocols::http::v1::test_util::send_log_stream;
+
+    fn post(body_len: usize) -> Box<RequestHeader> {
+        let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
+        req.insert_header("Host", "pingora.org").unwrap();
+        req.insert_header("Content-Length", body_len.to_string())
+            .unwrap();
+        Box::new(req)
+    }
+
+    #[rstest::rstest]
+    #[case::fits_the_write_buffer(100)]
+    #[case::larger_than_the_write_buffer(8 * 1024)]
+    #[case::largest_merged(MERGED_BODY_MAX)]
+    #[tokio::test]
+    async fn body_goes_out_with_the_header(#[case] body_len: usize) {
+        let (stream, sends) = send_log_stream(b"");
+        let mut http_stream = HttpSession::new(stream);
+        let body = vec![b'x'; body_len];
+        let head_len = http_stream
+            .write_request_header_with_body(post(body_len), &body)
+            .await
+            .unwrap();
+        let sends = sends.lock().unwrap();
+        assert_eq!(sends.len(), 1);
+        assert_eq!(sends[0].len(), head_len + body_len);
+        assert!(sends[0].starts_with(b"POST /v1/chat/completions HTTP/1.1\r\n"));
+        assert!(sends[0].ends_with(&body));
+        // the whole body is written: the request is complete
+        assert!(http_stream.body_writer.finished());
+        assert_eq!(http_stream.body_bytes_sent(), body_len);
+    }
+
+    #[tokio::test]
+    async fn separate_writes_are_two_sends() {
+        let (stream, sends) = send_log_stream(b"");
+        let mut http_stream = HttpSession::new(stream);
+        http_stream.write_request_header(post(100)).await.unwrap();
+        http_stream.write_body(&[b'x'; 100]).await.unwrap();
+        assert_eq!(sends.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn larger_body_is_its_own_send() {
+        let (stream, sends) = send_log_stream(b"");
+        let mut http_stream = HttpSession::new(stream);
+        let body = vec![b'x'; MERGED_BODY_MAX + 1];
+        let head_len = http_stream
+            .write_request_header_with_body(post(body.len()), &body)
+            .await
+            .unwrap();
+        let sends = sends.lock().unwrap();
+        assert_eq!(sends[0].len(), head_len);
+        assert_eq!(sends[1..].concat(), body);
+        assert!(http_stream.body_writer.finished());
+    }
+
+    #[tokio::test]
+    async fn chunked_body_is_written_after_the_header() {
+        let (stream, sends) = send_log_stream(b"");
+        let mut http_stream = HttpSession::new(stream);
+        let mut req = RequestHeader::build("POST", b"/", None).unwrap();
+        req.insert_header("Host", "pingora.org").unwrap();
+        req.insert_header("Transfer-Encoding", "chunked").unwrap();
+        let head_len = http_stream
+            .write_request_header_with_body(Box::new(req), b"abc")
+            .await
+            .unwrap();
+        let sends = sends.lock().unwrap();
+        assert_eq!(sends[0].len(), head_len);
+        assert_eq!(sends[1..].concat(), b"3\r\nabc\r\n");
+    }
+}
+
+#[cfg(test)]
+mod test_body_read_size {
+    //! `set_body_read_size` bounds every read of a response body (as released: 64 KiB).
+
+    use super::*;
+    use tokio_test::io::Builder;
+
+    async fn read_whole_body(http_stream: &mut HttpSession) -> (Vec<u8>, Vec<usize>) {
+        let (mut body, mut reads) = (Vec::new(), Vec::new());
+        while let Some(b) = http_stream.read_body_bytes().await.unwrap() {
+            reads.push(b.len());
+            body.extend_from_slice(&b);
+        }
+        (body, reads)
+    }
+
+    #[tokio::test]
+    async fn response_body_reads_are_bounded() {
+        let header = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n";
+        let mock_io = Builder::new().read(header).read(b"0123456789").build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.set_body_read_size(Some(4));
+        http_stream.read_response().await.unwrap();
+        let (body, reads) = read_whole_body(&mut http_stream).await;
+        assert_eq!(body, b"0123456789");
+        assert!(reads.iter().all(|&n| n <= 4), "{reads:?}");
+    }
+
+    // A read size shorter than a chunk head split across reads: the head is read on, a byte at
+    // a time, until it completes (as released, the next read's size was `read size - head so
+    // far`, which underflowed).
+    #[tokio::test]
+    async fn chunk_head_longer_than_read_size() {
+        let header = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mock_io = Builder::new()
+            .read(header)
+            .read(b"a;name=value\r\n0123456789\r\n")
+            .read(b"0\r\n\r\n")
+            .build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.set_body_read_size(Some(4));
+        http_stream.read_response().await.unwrap();
+        let (body, _) = read_whole_body(&mut http_stream).await;
+        assert_eq!(body, b"0123456789");
+    }
+}

@@ -458,6 +458,34 @@ mod test {
     };
     use rstest::rstest;
 
+    const HEAD: &[u8] = b"GET / HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+
+    // A head read into a roomy buffer (the 4 KiB a header read starts with) is copied into an
+    // allocation of its own, so the session does not keep the whole buffer for it.
+    #[test]
+    fn test_compact_head_copies_head_out_of_roomy_buffer() {
+        let mut buf = bytes::BytesMut::with_capacity(INIT_HEADER_BUF_SIZE);
+        buf.extend_from_slice(HEAD);
+        let (read_buf, allocated) = (buf.as_ptr(), buf.capacity());
+        let head = compact_head(buf, allocated);
+        assert_eq!(head, HEAD);
+        assert_ne!(head.as_ptr(), read_buf);
+        let copy = head.try_into_mut().expect("the copy is not shared");
+        assert_eq!(copy.capacity(), HEAD.len());
+    }
+
+    // With less than COMPACT_HEAD_SLACK to spare, the buffer is kept as is: no copy.
+    #[test]
+    fn test_compact_head_keeps_nearly_full_buffer() {
+        let allocated = HEAD.len() + COMPACT_HEAD_SLACK - 1;
+        let mut buf = bytes::BytesMut::with_capacity(allocated);
+        buf.extend_from_slice(HEAD);
+        let read_buf = buf.as_ptr();
+        let head = compact_head(buf, allocated);
+        assert_eq!(head, HEAD);
+        assert_eq!(head.as_ptr(), read_buf);
+    }
+
     #[test]
     fn test_validate_content_length() {
         let mut headers = HMap::new();

@@ -123,4 +123,75 @@ pub(crate) mod test_util {
         }
     }
     impl Peek for FlushTrackingMock {}
+
+    /// A virtual socket that reads `input` and records every write that reaches it, one entry
+    /// per write: under an L4 stream, one entry per send.
+    #[derive(Debug)]
+    struct SendLogSocket {
+        input: Vec<u8>,
+        read_pos: usize,
+        sends: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl AsyncRead for SendLogSocket {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let this = self.get_mut();
+            let n = (this.input.len() - this.read_pos).min(buf.remaining());
+            buf.put_slice(&this.input[this.read_pos..this.read_pos + n]);
+            this.read_pos += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for SendLogSocket {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.sends.lock().unwrap().push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl crate::protocols::l4::virt::VirtualSocket for SendLogSocket {
+        fn set_socket_option(
+            &self,
+            _opt: crate::protocols::l4::virt::VirtualSockOpt,
+        ) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// An L4 stream with the default buffers (as an accepted or connected one has: a 1,460-byte
+    /// write buffer) over a socket that reads `input`, and the log of what it sends: one entry
+    /// per send.
+    pub(crate) fn send_log_stream(
+        input: &[u8],
+    ) -> (crate::protocols::Stream, Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+        use crate::protocols::l4::stream::{L4BufferSettings, Stream};
+        use crate::protocols::l4::virt::VirtualSocketStream;
+
+        let sends = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let socket = SendLogSocket {
+            input: input.to_vec(),
+            read_pos: 0,
+            sends: sends.clone(),
+        };
+        let mut stream = Stream::from(VirtualSocketStream::new(Box::new(socket)));
+        stream.set_buffer(L4BufferSettings::default());
+        (Box::new(stream), sends)
+    }
 }

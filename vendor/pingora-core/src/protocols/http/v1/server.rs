@@ -4627,3 +4627,148 @@ mod test_pipelining {
         assert!(prefix.is_empty());
     }
 }
+
+#[cfg(test)]
+mod test_body_buf_release {
+    //! The request body buffer is released once the body is read to its end, rather than kept
+    //! for the rest of the connection. Bytes read past the body (a pipelined request) are kept.
+
+    use super::*;
+    use tokio_test::io::Builder;
+
+    #[tokio::test]
+    async fn body_buf_released_at_end_of_content_length_body() {
+        let head = b"POST / HTTP/1.1\r\nHost: pingora.org\r\nContent-Length: 6\r\n\r\n";
+        let mock_io = Builder::new().read(head).read(b"abc").read(b"def").build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_request().await.unwrap();
+        let res = http_stream.read_body_bytes().await.unwrap().unwrap();
+        assert_eq!(res, b"abc".as_slice());
+        // mid-body the buffer is kept for the next read
+        assert!(http_stream.body_reader.body_buf.is_some());
+        let res = http_stream.read_body_bytes().await.unwrap().unwrap();
+        assert_eq!(res, b"def".as_slice());
+        assert!(http_stream.body_reader.body_buf.is_none());
+        assert!(http_stream.read_body_bytes().await.unwrap().is_none());
+        assert!(http_stream.body_reader.body_buf.is_none());
+        assert_eq!(http_stream.body_bytes_read(), 6);
+    }
+
+    #[tokio::test]
+    async fn body_buf_released_at_end_of_chunked_body() {
+        let head = b"POST / HTTP/1.1\r\nHost: pingora.org\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mock_io = Builder::new()
+            .read(head)
+            .read(b"3\r\nabc\r\n")
+            .read(b"0\r\n\r\n")
+            .build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_request().await.unwrap();
+        let res = http_stream.read_body_bytes().await.unwrap().unwrap();
+        assert_eq!(res, b"abc".as_slice());
+        assert!(http_stream.body_reader.body_buf.is_some());
+        assert!(http_stream.read_body_bytes().await.unwrap().is_none());
+        assert!(http_stream.body_reader.body_buf.is_none());
+    }
+
+    #[tokio::test]
+    async fn body_buf_release_keeps_pipelined_request() {
+        let head = b"POST /one HTTP/1.1\r\nHost: pingora.org\r\nContent-Length: 3\r\n\r\n";
+        let next = b"GET /two HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+        // read with the head: the body's buffer holds the next request too
+        let mut input = head.to_vec();
+        input.extend_from_slice(b"abc");
+        input.extend_from_slice(next);
+        let mock_io = Builder::new().read(&input).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.set_pipelining_enabled(true);
+        http_stream.read_request().await.unwrap();
+        let res = http_stream.read_body_bytes().await.unwrap().unwrap();
+        assert_eq!(res, b"abc".as_slice());
+        assert!(http_stream.body_reader.body_buf.is_none());
+
+        let reused = http_stream.reuse().await.unwrap().expect("connection reusable");
+        let (_stream, prefix) = reused.into_parts();
+        assert_eq!(prefix.expect("pipelined request kept").as_ref(), next);
+    }
+}
+
+#[cfg(test)]
+mod test_hold_response_header_flush {
+    //! A held response header without `Content-Length` is not flushed on its own: it goes out
+    //! with the first body chunk, in one send where both fit the write buffer (1,460 bytes).
+
+    use super::*;
+    use crate::protocols::http::v1::test_util::send_log_stream;
+
+    const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+    const CHUNK: &[u8] = b"data: 1\n\n";
+    /// CHUNK as a chunk on the wire
+    const WIRE_CHUNK: &[u8] = b"9\r\ndata: 1\n\n\r\n";
+
+    fn streamed_header() -> Box<ResponseHeader> {
+        let mut resp = ResponseHeader::build(200, None).unwrap();
+        resp.insert_header("Content-Type", "text/event-stream")
+            .unwrap();
+        resp.insert_header("Transfer-Encoding", "chunked").unwrap();
+        Box::new(resp)
+    }
+
+    /// The sends of a streamed response's header and first chunk.
+    async fn sends_of_header_and_first_chunk(hold: bool) -> Vec<Vec<u8>> {
+        let (stream, sends) = send_log_stream(REQUEST);
+        let mut http_stream = HttpSession::new(stream);
+        http_stream.read_request().await.unwrap();
+        if hold {
+            http_stream.hold_response_header_flush();
+        }
+        http_stream
+            .write_response_header(streamed_header())
+            .await
+            .unwrap();
+        http_stream.write_body(CHUNK).await.unwrap();
+        let sends = sends.lock().unwrap().clone();
+        sends
+    }
+
+    #[tokio::test]
+    async fn held_header_goes_out_with_the_first_chunk() {
+        let sends = sends_of_header_and_first_chunk(true).await;
+        assert_eq!(sends.len(), 1);
+        assert!(sends[0].starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(sends[0].ends_with(WIRE_CHUNK));
+    }
+
+    #[tokio::test]
+    async fn header_is_flushed_on_its_own_by_default() {
+        let sends = sends_of_header_and_first_chunk(false).await;
+        assert_eq!(sends.len(), 2);
+        assert!(sends[0].ends_with(b"\r\n\r\n"));
+        assert_eq!(sends[1], WIRE_CHUNK);
+    }
+
+    // a 1xx header is flushed even when the flush is held; the hold applies to the final header
+    #[tokio::test]
+    async fn held_flush_still_flushes_informational_headers() {
+        let (stream, sends) = send_log_stream(REQUEST);
+        let mut http_stream = HttpSession::new(stream);
+        http_stream.read_request().await.unwrap();
+        http_stream.hold_response_header_flush();
+        let early_hints = ResponseHeader::build(103, None).unwrap();
+        http_stream
+            .write_response_header(Box::new(early_hints))
+            .await
+            .unwrap();
+        assert_eq!(sends.lock().unwrap().len(), 1);
+        http_stream
+            .write_response_header(streamed_header())
+            .await
+            .unwrap();
+        assert_eq!(sends.lock().unwrap().len(), 1);
+        http_stream.write_body(CHUNK).await.unwrap();
+        let sends = sends.lock().unwrap();
+        assert_eq!(sends.len(), 2);
+        assert!(sends[1].starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(sends[1].ends_with(WIRE_CHUNK));
+    }
+}

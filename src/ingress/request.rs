@@ -223,7 +223,7 @@ pub struct InferenceRequest {
     /// The client's provider preference.
     pub preference: Option<Preference>,
     /// The body's `models` (OpenRouter style: tried after `model`, see
-    /// [`super::fallback`]), removed from the body; empty when absent.
+    /// [`crate::engine::fallback`]), removed from the body; empty when absent.
     pub models: Vec<String>,
     /// Size of the body as received, bytes (chooses how the input estimate is computed).
     pub body_bytes: usize,
@@ -459,7 +459,7 @@ pub fn parse_chat(
         .unwrap_or(false);
 
     let preference = preference(map.remove("provider"), preference_header, config)?;
-    let models = super::fallback::body_models(map.remove("models"))?;
+    let models = crate::engine::fallback::body_models(map.remove("models"))?;
 
     let requested_max = map
         .get("max_completion_tokens")
@@ -536,7 +536,7 @@ pub fn parse_dialect(
         }
         _ => map.remove("models"),
     };
-    let models = super::fallback::body_models(models_field)?;
+    let models = crate::engine::fallback::body_models(models_field)?;
     let needs = canonical_needs(&canonical);
     Ok(InferenceRequest {
         dialect,

@@ -1,6 +1,6 @@
 //! Owns model-level fallbacks: which *other* standard models a request may go to after the
 //! model it asked for could not answer, and the context-window fallback. The attempt loop
-//! ([`super::attempt`]) runs one [`Stage`] (a model and its candidate routes) at a time and
+//! ([`crate::engine::attempt`]) runs one [`Stage`] (a model and its candidate routes) at a time and
 //! asks the [`Chain`] for the next.
 //!
 //! - **`models.<id>.fallback_models`**: after every route of the model asked for failed
@@ -84,7 +84,7 @@ pub fn check_body_models(
         .iter()
         .find(|m| !config.models.contains_key(*m) || !caller.may_use_model(m))
     {
-        Some(m) => Err(super::endpoints::model_not_found(m)),
+        Some(m) => Err(GatewayError::model_not_found(m)),
         None => Ok(()),
     }
 }
@@ -149,7 +149,7 @@ fn context_rejection(status: u16, code: Option<&str>, message: &str) -> bool {
 }
 
 /// One model of a request's fallback chain and its candidate routes.
-pub(super) struct Stage<'c> {
+pub(crate) struct Stage<'c> {
     /// The model.
     pub model: &'c Model,
     /// Its candidates, planned for the request.
@@ -159,7 +159,7 @@ pub(super) struct Stage<'c> {
 }
 
 /// The models a request may still go to, in order, and the ones it went to.
-pub(super) struct Chain<'c> {
+pub(crate) struct Chain<'c> {
     config: &'c Config,
     caller: Option<&'c Caller>,
     /// Models not tried yet, in order (a slice of the config or of the request).
@@ -266,8 +266,7 @@ impl<'c> Chain<'c> {
                         reason: self.reason,
                     })
                 }
-                Err(e) => log::debug!(
-                    target: "sluice::proxy::fallback",
+                Err(e) => log::debug!(target: "sluice::proxy::fallback",
                     "fallback model skipped model={id} reason={e}"
                 ),
             }

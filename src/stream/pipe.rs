@@ -11,7 +11,7 @@
 //! A stream that may be continued on another route (`models.<id>.continue_on_break`)
 //! always takes the translator, the same dialect included: the client's encoder and the
 //! transcript of what it wrote must outlive the first upstream ([`StreamPipe::resume`],
-//! [`super::continuation`]). Fields without a canonical equivalent (Chat `logprobs`,
+//! [`crate::engine::continuation`]). Fields without a canonical equivalent (Chat `logprobs`,
 //! `system_fingerprint`) are then dropped, as for any translated pair.
 //!
 //! Only data events of the answer count toward the commit ([`StreamPipe::data_events`]):
@@ -20,7 +20,7 @@
 //! neither commits nor ends the stream: it passes through untouched on the fast path, is
 //! skipped by the translator, and is counted (`sluice_sse_malformed_events_total`).
 //!
-//! The pump ([`super::pump`]) feeds it upstream chunks and writes what lands in its output;
+//! The pump ([`crate::stream::pump`]) feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
 //! `[DONE]` (forwarded or translated), or with a finish reason and no `[DONE]` (then
 //! exactly one `data: [DONE]` is added); a body that ends without a finish reason, or in the
@@ -48,7 +48,7 @@ const NULL_USAGE_END: &[u8] = b",\"usage\":null}\n\n";
 
 /// Why a stream cannot go on.
 #[derive(Debug)]
-pub(super) enum PipeError {
+pub(crate) enum PipeError {
     /// The upstream sent an in-band error event (error type already OpenAI-shaped).
     Upstream {
         /// Canonical kind (the client's in-stream error event is typed by it).
@@ -70,7 +70,7 @@ pub(super) enum PipeError {
 
 /// Per-stream transform state: decoder, normalizer, model rewrite or the dialect translator,
 /// counters. Reused buffers: no allocation per event in the steady state.
-pub(super) struct StreamPipe<'r> {
+pub(crate) struct StreamPipe<'r> {
     decoder: Option<Decoder>,
     /// Most bytes one compressed chunk may decode to.
     max_decoded: usize,

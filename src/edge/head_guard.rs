@@ -1,5 +1,5 @@
 //! Owns the head limits *before* Pingora parses the head: [`HeadScan`] watches the bytes of a
-//! request head as the connection's stream wrapper ([`super::connection`]) reads them, and
+//! request head as the connection's stream wrapper ([`crate::edge::connection`]) reads them, and
 //! stops the read as soon as the head passes `server.max_uri_bytes` (414),
 //! `server.max_request_headers` or `server.max_request_header_bytes` (431);
 //! [`write_refusal`] then answers on the raw stream and closes it.
@@ -8,7 +8,7 @@
 //! over its own ceilings (256 fields, 1 MiB) with a bare 400. Stopping at the configured
 //! limit keeps a head's memory at that limit (32 KiB by default, not 1 MiB) and gives the
 //! right status in the client's dialect for every oversized head. The exact checks on the
-//! parsed head ([`super::edge::check_head`]) still run for every request. This scan counts
+//! parsed head ([`crate::edge::screen::check_head`]) still run for every request. This scan counts
 //! raw bytes and lines (with 32 bytes of slack for the request line's method and version),
 //! so at the margin it can differ from the exact check (a head padded with extra whitespace,
 //! a method longer than 20 bytes).

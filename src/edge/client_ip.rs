@@ -1,6 +1,6 @@
 //! Owns who the client is: [`client_ip`] resolves the address a request comes from, taking
 //! `X-Forwarded-For` into account only when the socket peer is one of
-//! `server.trusted_proxies`. The per-IP limits ([`super::edge`]), the access log (`client=`)
+//! `server.trusted_proxies`. The per-IP limits ([`crate::edge::screen`]), the access log (`client=`)
 //! and the `X-Forwarded-For` Sluice sends to passthrough upstreams all use it.
 //!
 //! The rule is Nginx's `real_ip_recursive on` (and RFC 7239 §5.2's advice): walk the

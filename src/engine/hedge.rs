@@ -5,7 +5,7 @@
 //! and is committed to the client; the other is cancelled at once (its future dropped, so
 //! its upstream connection is closed before the winner's first byte is written).
 //!
-//! What "ready" means is [`super::attempt::prepare`]'s: for a stream, the first upstream
+//! What "ready" means is [`crate::engine::attempt::prepare`]'s: for a stream, the first upstream
 //! SSE data event is held; for a non-streaming answer, its 2xx response head has arrived
 //! (providers send it when the answer is ready), and the body is read after the race.
 //!
@@ -45,31 +45,31 @@
 
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use pingora::proxy::Session;
 use tokio::time::Instant;
 
-use super::attempt::{commit, prepare, Phase, Ready};
-use super::ctx::RequestCtx;
-use super::request::InferenceRequest;
-use super::upstream::{client_gone, Attempt, ClientGone};
 use crate::backpressure::provider as provider_cap;
 use crate::billing::metering::CancelledHedge;
 use crate::config::opt_in::HedgeAfter;
 use crate::config::Model;
+use crate::engine::open::{commit, prepare, Phase, Ready};
+use crate::engine::upstream::{client_gone, Attempt, ClientGone};
+use crate::ingress::request::InferenceRequest;
 use crate::metrics::metrics;
+use crate::proxy::ctx::RequestCtx;
 use crate::routing::health::Health;
 use crate::routing::Candidate;
 
 /// What one call of [`attempt`] did.
-pub(super) struct Tried {
+pub(crate) struct Tried {
     /// How the request's attempt (or hedged pair) ended, for the attempt loop.
-    pub(super) outcome: Attempt,
+    pub(crate) outcome: Attempt,
     /// The candidate `outcome` is about (the hedge's when it served or failed last).
-    pub(super) served: usize,
+    pub(crate) served: usize,
     /// The candidate that was started as a hedge, if any: the attempt loop skips it later
     /// and does not retry after the pair.
-    pub(super) hedge: Option<usize>,
+    pub(crate) hedge: Option<usize>,
 }
 
 /// One attempt on `candidates[idx]`, hedged onto a later candidate when the model asks for
@@ -78,7 +78,7 @@ pub(super) struct Tried {
     clippy::too_many_arguments,
     reason = "the attempt's state is passed explicitly, not hidden in the ctx"
 )]
-pub(super) async fn attempt(
+pub(crate) async fn attempt(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -230,8 +230,7 @@ async fn attempt_phased(
 
     // Phase B: both race; the first ready wins.
     let hedge = &candidates[j];
-    log::info!(
-        target: "sluice::proxy::hedge",
+    log::info!(target: "sluice::proxy::hedge",
         "hedge started request_id={} model={} primary={} hedge={} after_ms={}",
         ctx.request_id,
         model.id,
@@ -463,8 +462,7 @@ fn cancelled(ctx: &mut RequestCtx, model: &Model, loser: &Candidate<'_>, started
         .upstream_attempts_total
         .with_label_values(&[route.provider.id.as_str(), "hedge_cancelled"])
         .inc();
-    log::info!(
-        target: "sluice::proxy::hedge",
+    log::info!(target: "sluice::proxy::hedge",
         "hedge loser cancelled request_id={} provider={} upstream_model={}",
         ctx.request_id,
         route.provider.id,
@@ -499,8 +497,7 @@ fn record_failed(
     let cand = &candidates[failed];
     let provider = cand.route.provider.id.as_str();
     let reason = ae.failure.label();
-    log::info!(
-        target: "sluice::proxy::attempt",
+    log::info!(target: "sluice::proxy::attempt",
         "attempt failed request_id={} provider={} upstream_model={} reason={} detail={:?} hedged=true",
         ctx.request_id, ae.provider, ae.upstream_model, reason, ae.detail
     );

@@ -2,7 +2,7 @@
 //! request head (`server.max_request_header_bytes` and `server.max_request_headers`: 431,
 //! `server.max_uri_bytes`: 414), the per-client-IP request rate (`server.per_ip`: 429 with
 //! `Retry-After`) and the per-IP connection cap ([`ConnectionCap`], used by
-//! [`super::connection`]). Every refusal is counted in `sluice_rejected_total{reason}`
+//! [`crate::edge::connection`]). Every refusal is counted in `sluice_rejected_total{reason}`
 //! (`header_too_large`, `too_many_headers`, `uri_too_long`, `per_ip_rate`,
 //! `per_ip_connections`).
 //!
@@ -13,7 +13,7 @@
 //! is refused too), never too low. IPv6 clients count per /64 (one subscriber's usual
 //! allocation), IPv4 per address.
 //!
-//! Head limits are checked twice: as the head arrives, by [`super::head_guard`] (raw bytes
+//! Head limits are checked twice: as the head arrives, by [`crate::edge::head_guard`] (raw bytes
 //! and lines, before Pingora buffers or parses more: Pingora's own ceilings, 256 fields and
 //! 1 MiB answered with a bare 400, are never reached), and exactly here, on the parsed head
 //! (the target as sent, the field count, the head's wire size), with the 431/414 in the
@@ -29,11 +29,11 @@ use pingora_limits::rate::{Rate, RateComponents, PROPORTIONAL_RATE_ESTIMATE_CALC
 
 use pingora::proxy::Session;
 
-use super::client_ip::client_ip;
-use super::ctx::RequestCtx;
 use crate::config::edge::{EdgeSettings, PerIpSettings};
+use crate::edge::client_ip::client_ip;
 use crate::error::GatewayError;
 use crate::metrics::metrics;
+use crate::proxy::ctx::RequestCtx;
 
 /// Screens one request before anything else reads it: resolves the client's address into
 /// `ctx.client_ip`, then checks the head limits and the per-IP rate. A refused request is
@@ -57,10 +57,10 @@ pub async fn refuse(session: &mut Session, ctx: &mut RequestCtx) -> bool {
         return false;
     };
     let path = req.uri.path();
-    ctx.dialect = super::endpoints::dialect_of(path.strip_prefix("/v1").unwrap_or(path));
+    ctx.dialect = crate::ingress::endpoints::dialect_of(path.strip_prefix("/v1").unwrap_or(path));
     session.set_keepalive(None);
     // A write failure means the client left; nothing more to do either way.
-    let _ = super::respond::write_error(session, ctx, &err).await;
+    let _ = crate::ingress::respond::write_error(session, ctx, &err).await;
     true
 }
 

@@ -105,13 +105,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::edge::ConnectionCap;
-use super::head_guard::{self, HeadLimits, HeadScan};
-use super::Gateway;
+use crate::edge::head_guard::{self, HeadLimits, HeadScan};
+use crate::edge::screen::ConnectionCap;
 use crate::error::GatewayError;
 use crate::live::ConfigHandle;
 use crate::metrics::metrics;
 use crate::protocol::Dialect;
+use crate::proxy::gateway::Gateway;
 
 /// Pingora's keep-alive for the first request of a connection, seconds (as in its own
 /// HTTP/1 loop): also the per-read limit while that request's head arrives.
@@ -198,8 +198,7 @@ impl ServerApp for DownstreamApp {
             Some(a) => match self.cap.admit(a.ip(), &self.config.snapshot().server.edge) {
                 Some(slot) => Some(slot),
                 None => {
-                    log::debug!(
-                        target: "sluice::proxy::connection",
+                    log::debug!(target: "sluice::proxy::connection",
                         "connection refused: over server.per_ip.max_connections peer={peer}"
                     );
                     return None;
@@ -247,8 +246,7 @@ impl ServerApp for DownstreamApp {
                 }
                 // ALPN said h2 but the client speaks something else: a protocol error.
                 Ok(false) if h2_alpn => {
-                    log::debug!(
-                        target: "sluice::proxy::connection",
+                    log::debug!(target: "sluice::proxy::connection",
                         "ALPN h2 without the HTTP/2 preface, connection closed: peer={peer}"
                     );
                     return None;
@@ -288,8 +286,7 @@ impl ServerApp for DownstreamApp {
                 cut = clock.cut(timeout) => {
                     if cut == Cut::Refused {
                         if let Some((stream, err, dialect)) = clock.take_refused() {
-                            log::debug!(
-                                target: "sluice::proxy::connection",
+                            log::debug!(target: "sluice::proxy::connection",
                                 "request head refused: {err} peer={peer}"
                             );
                             Box::pin(head_guard::write_refusal(stream, &err, dialect)).await;
@@ -338,8 +335,7 @@ fn record_cut(cut: Cut, timeout: Duration, peer: &str) {
         .request_read_aborts_total
         .with_label_values(&["head", reason])
         .inc();
-    log::debug!(
-        target: "sluice::proxy::connection",
+    log::debug!(target: "sluice::proxy::connection",
         "request head not received, connection closed: reason={reason} header_read_timeout_ms={} peer={peer}",
         timeout.as_millis()
     );

@@ -3,7 +3,7 @@
 //! pumped through the [`StreamPipe`] with heartbeats in the client's dialect, idle, first
 //! event and duration limits, coalesced writes and client-disconnect detection. After the
 //! commit a failure ends the stream with the client's in-stream error event, unless the
-//! model opted in to mid-stream continuation ([`super::continuation`]), which may splice the
+//! model opted in to mid-stream continuation ([`crate::engine::continuation`]), which may splice the
 //! rest of the answer from the next candidate into the same stream first. At the commit the
 //! request's parsed body is released (nothing is replayed after it; continuation keeps it).
 //!
@@ -12,28 +12,29 @@
 
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
-use super::attempt::ReadyParts;
-use super::continuation;
-use super::ctx::RequestCtx;
-use super::pipe::{PipeError, StreamPipe};
-use super::request::InferenceRequest;
-use super::respond;
-use super::upstream::{
+use crate::config::{HopTimeouts, Model, Route};
+use crate::engine::continuation;
+use crate::engine::open::ReadyParts;
+use crate::engine::upstream::{
     client_gone, estimate_usage, failed, release_or_close, set_usage, unix_now, Attempt, ClientGone,
 };
-use crate::config::{HopTimeouts, Model, Route};
 use crate::error::{AttemptFailure, GatewayError};
+use crate::ingress::request::InferenceRequest;
+use crate::ingress::respond;
 use crate::metrics::metrics;
 use crate::protocol;
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
+use crate::proxy::ctx::RequestCtx;
 use crate::routing::Candidate;
+use crate::stream::end::{Pumped, StreamError};
+use crate::stream::pipe::{PipeError, StreamPipe};
 
 /// Most output bytes gathered from already-received upstream chunks into one downstream
 /// write (see [`coalesce_ready`]).
@@ -42,16 +43,16 @@ const COALESCE_BYTES: usize = 16 * 1024;
 /// A stream held before its commit: the upstream answered 2xx and its first data event (or
 /// the early-commit deadline) arrived; nothing was written to the client yet. What
 /// [`first_event`] hands to [`stream`].
-pub(super) struct Held<'r> {
+pub(crate) struct Held<'r> {
     /// The pipe, holding the complete events read so far.
-    pub(super) pipe: StreamPipe<'r>,
+    pub(crate) pipe: StreamPipe<'r>,
     /// The upstream body already ended (the whole answer arrived before the commit).
-    pub(super) ended: bool,
+    pub(crate) ended: bool,
     /// When the first data event is due (`first_event_timeout_ms` after the head).
-    pub(super) first_event_deadline: Instant,
+    pub(crate) first_event_deadline: Instant,
     /// When the read that brought the first data event completed (`None`: early commit
     /// before any event).
-    pub(super) first_event_at: Option<Instant>,
+    pub(crate) first_event_at: Option<Instant>,
 }
 
 /// Phase 1 of a streaming answer, before the commit: reads the upstream until its first data
@@ -64,7 +65,7 @@ pub(super) struct Held<'r> {
     clippy::too_many_lines,
     reason = "one linear state machine reads best in one place"
 )]
-pub(super) async fn first_event<'r>(
+pub(crate) async fn first_event<'r>(
     ctx: &RequestCtx,
     req: &InferenceRequest,
     model: &Model,
@@ -218,7 +219,7 @@ pub(super) async fn first_event<'r>(
     clippy::too_many_arguments,
     reason = "the loop's state is passed explicitly, not hidden in the ctx"
 )]
-pub(super) async fn stream(
+pub(crate) async fn stream(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -296,7 +297,7 @@ pub(super) async fn stream(
         up.shutdown().await;
         return Attempt::Gone(ClientGone("writing"));
     }
-    super::upstream::trial_answered(route);
+    crate::engine::upstream::trial_answered(route);
     if pipe.first_content {
         ctx.outcome.ttft = Some(ctx.received.elapsed());
     }
@@ -376,18 +377,6 @@ pub(super) async fn stream(
     }
 }
 
-/// How pumping a committed stream ([`pump_body`]) ended.
-pub(super) enum Pumped {
-    /// The stream ended cleanly; its final output, to be written after the upstream
-    /// connection went back to the pool ([`end_cleanly`]).
-    End(Option<Bytes>),
-    /// It failed; the pipe may hold events completed before the failure, which are the
-    /// client's ([`write_pending`]).
-    Failed(StreamError),
-    /// The client left (the caller closes the upstream and records usage).
-    Gone,
-}
-
 /// Phase 2 of a stream, after the commit: pumps `up` through `pipe` to the client until the
 /// end, with heartbeats, the idle, first event (`first_event_deadline`, while no data event
 /// came) and duration limits, coalesced writes and client-disconnect detection. `since`: the
@@ -400,7 +389,7 @@ pub(super) enum Pumped {
     clippy::too_many_lines,
     reason = "one linear state machine reads best in one place"
 )]
-pub(super) async fn pump_body(
+pub(crate) async fn pump_body(
     session: &mut Session,
     ctx: &mut RequestCtx,
     up: &mut UpstreamSession,
@@ -607,7 +596,7 @@ pub(super) async fn pump_body(
 /// Ends a stream that completed: the upstream connection goes back to the pool before the
 /// client sees the end (a client that sends its next request on `[DONE]` finds it there),
 /// then `last` is written with the end of the response.
-pub(super) async fn end_cleanly(
+pub(crate) async fn end_cleanly(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -630,7 +619,7 @@ pub(super) async fn end_cleanly(
 ///
 /// # Errors
 /// The [`Attempt`] to return when the client left.
-pub(super) async fn write_pending(
+pub(crate) async fn write_pending(
     session: &mut Session,
     ctx: &mut RequestCtx,
     pipe: &mut StreamPipe<'_>,
@@ -656,7 +645,7 @@ pub(super) async fn write_pending(
 
 /// Ends a committed stream that failed with the client's in-stream error event (the
 /// upstream is closed and the pending events written already).
-pub(super) async fn end_with_error(
+pub(crate) async fn end_with_error(
     session: &mut Session,
     ctx: &mut RequestCtx,
     pipe: &mut StreamPipe<'_>,
@@ -743,38 +732,9 @@ async fn coalesce_ready(
     ReadyStop::Pending
 }
 
-/// How a committed stream ends badly: the SSE error event's fields.
-pub(super) struct StreamError {
-    /// `sluice_stream_errors_total` reason, and the event's `code`.
-    pub reason: &'static str,
-    /// Canonical kind (types the error event of non-Chat clients).
-    pub kind: protocol::ErrorKind,
-    /// OpenAI error type: the provider's own for an in-band error, else `api_error`.
-    pub error_type: String,
-    /// What the client is told.
-    pub message: String,
-}
-
-impl StreamError {
-    /// An error Sluice itself ends the stream with.
-    fn gateway(reason: &'static str, message: String) -> Self {
-        Self {
-            reason,
-            kind: match reason {
-                "shutdown" => protocol::ErrorKind::Overloaded,
-                "idle_timeout" | "first_event_timeout" => protocol::ErrorKind::Timeout,
-                _ => protocol::ErrorKind::Api,
-            },
-            error_type: "api_error".into(),
-            message,
-        }
-    }
-}
-
 /// The stream error for an upstream read that failed mid-stream.
 fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamError {
-    log::warn!(
-        "upstream stream broke request_id={request_id} provider={} error={e}",
+    log::warn!(target: "sluice::proxy::pump", "upstream stream broke request_id={request_id} provider={} error={e}",
         route.provider.id
     );
     StreamError::gateway(
@@ -798,8 +758,7 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
             message: providers::scrub_key(&route.provider, &message),
         },
         PipeError::Framing { reason, message } => {
-            log::warn!(
-                "upstream stream ended badly provider={} reason={reason} detail={message:?}",
+            log::warn!(target: "sluice::proxy::pump", "upstream stream ended badly provider={} reason={reason} detail={message:?}",
                 route.provider.id
             );
             StreamError::gateway(reason, message)
@@ -809,7 +768,7 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
 
 /// Records usage for a finished stream (metering): the provider's final `usage` when the
 /// stream completed with one, else an estimate (see [`estimate_usage`]).
-pub(super) fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
+pub(crate) fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
     match pipe.final_usage() {
         Some(u) => set_usage(ctx, &u, false),
         None => {

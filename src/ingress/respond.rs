@@ -6,9 +6,10 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-use super::ctx::RequestCtx;
+use crate::engine::upstream::ClientGone;
 use crate::error::{retry_after_header, retry_after_ms_header, GatewayError};
 use crate::protocol::{self, Dialect};
+use crate::proxy::ctx::RequestCtx;
 
 /// Writes a complete JSON response.
 ///
@@ -123,4 +124,18 @@ pub fn proxied_head(
         }
     }
     Ok(h)
+}
+
+/// Why a request ended without a proxied answer.
+pub(crate) enum ChatError {
+    /// Answer the client this error (in its dialect).
+    Client(GatewayError),
+    /// The client left.
+    Gone(ClientGone),
+}
+
+impl From<GatewayError> for ChatError {
+    fn from(e: GatewayError) -> Self {
+        Self::Client(e)
+    }
 }

@@ -5,13 +5,13 @@
 //! same client stream.
 //!
 //! * **Where it hooks in**: the stream pump's post-commit failure path
-//!   ([`super::pump::stream`]), after the events completed before the failure were written.
+//!   ([`crate::stream::pump::stream`]), after the events completed before the failure were written.
 //!   The candidates are the routes after the one that broke, in the attempt loop's order
 //!   (health admission applies); each gets one try, until one answers 2xx.
 //! * **What the next route is asked**: the canonical request with the text so far, as a
 //!   trailing user message or as assistant prefill where the route declares
 //!   `supports_prefill: true` ([`crate::protocol::continuation`]).
-//! * **The splice**: the client's encoder ([`super::pipe::StreamPipe::resume`]) keeps
+//! * **The splice**: the client's encoder ([`crate::stream::pipe::StreamPipe::resume`]) keeps
 //!   running, so ids, content block indices and sequence numbers continue, and no second
 //!   `message_start` / `response.created` / role chunk is written. Before the continuation's
 //!   first event the client gets the SSE comment `: sluice-continued provider=<id>
@@ -28,27 +28,29 @@
 //!
 //! `sluice_stream_continuations_total{model,outcome}` counts each eligible break by
 //! [`OUTCOMES`]. A stream of a model with the feature on goes through the canonical
-//! translator even for the same dialect (see [`super::pipe`]).
+//! translator even for the same dialect (see [`crate::stream::pipe`]).
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
-use super::ctx::RequestCtx;
-use super::pipe::StreamPipe;
-use super::pump::{self, Pumped, StreamError};
-use super::request::InferenceRequest;
-use super::upstream::{client_gone, Attempt, ClientGone};
 use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Route};
+use crate::engine::upstream::{client_gone, Attempt, ClientGone};
 use crate::error::AttemptFailure;
+use crate::ingress::request::InferenceRequest;
 use crate::metrics::metrics;
 use crate::protocol::continuation::{continuation_request, ContinueStyle, Splice};
 use crate::protocol::{self, tokens};
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
+use crate::providers::exchange::{self, OpenError};
+use crate::proxy::ctx::RequestCtx;
 use crate::routing::Candidate;
+use crate::stream::end::{Pumped, StreamError};
+use crate::stream::pipe::StreamPipe;
+use crate::stream::pump;
 
 /// Most bytes of answer text a continuable stream records (its transcript); a stream
 /// whose text grew past it is not continued (outcome `too_long`).
@@ -95,7 +97,7 @@ const CONTINUABLE: [&str; 5] = [
     clippy::too_many_arguments,
     reason = "the stream's state is passed explicitly, not hidden in the ctx"
 )]
-pub(super) async fn resume<'r>(
+pub(crate) async fn resume<'r>(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -112,8 +114,7 @@ pub(super) async fn resume<'r>(
     ctx.outcome.upstream_broke = true;
     let refuse = |ctx: &RequestCtx, outcome: &'static str, why: &str, mut err: StreamError| {
         count(model, outcome);
-        log::info!(
-            target: "sluice::proxy::continuation",
+        log::info!(target: "sluice::proxy::continuation",
             "stream not continued request_id={} reason={} outcome={outcome}",
             ctx.request_id, err.reason
         );
@@ -158,7 +159,10 @@ pub(super) async fn resume<'r>(
     let text = transcript.text().to_string();
     // A model that continues after a break keeps the payload past the commit.
     let payload = req.payload();
-    let canonical = match payload.as_deref().map(super::request::Payload::canonical) {
+    let canonical = match payload
+        .as_deref()
+        .map(crate::ingress::request::Payload::canonical)
+    {
         Some(Ok(c)) => c,
         Some(Err(_)) | None => {
             return Err(refuse(
@@ -234,8 +238,7 @@ pub(super) async fn resume<'r>(
                 break;
             }
             Opened::Failed(failure, detail) => {
-                log::info!(
-                    target: "sluice::proxy::continuation",
+                log::info!(target: "sluice::proxy::continuation",
                     "continuation attempt failed request_id={} provider={} reason={} detail={detail:?}",
                     ctx.request_id, route.provider.id, failure.label()
                 );
@@ -301,8 +304,7 @@ pub(super) async fn resume<'r>(
     ctx.outcome.provider = Some(route.provider.id.clone());
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
     ctx.failed_routes += 1;
-    log::info!(
-        target: "sluice::proxy::continuation",
+    log::info!(target: "sluice::proxy::continuation",
         "stream continued request_id={} reason={} provider={} text_bytes={}",
         ctx.request_id, err.reason, route.provider.id, text.len()
     );
@@ -376,7 +378,7 @@ enum Opened {
 /// Connects to `route`, sends the continuation request `body` and reads the answer's head
 /// (the connect and first-byte timeouts of the route apply, the client's disconnect is
 /// watched). A stale pooled connection gets one fresh retry under the attempt loop's rule
-/// (only when the request cannot have been processed, [`super::upstream::send`]); a
+/// (only when the request cannot have been processed, [`crate::providers::exchange::SendError::unprocessed`]); a
 /// non-2xx answer or an unknown content coding is a failure.
 async fn open(
     connector: &Connector,
@@ -416,47 +418,44 @@ async fn open(
     {
         return Opened::Failed(AttemptFailure::Protocol, "bad anthropic-beta".into());
     }
-    let mut fresh_tries = 0;
-    let mut up = loop {
-        let connect = tokio::select! {
-            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
-            () = client_gone(session) => return Opened::Gone(ClientGone("streaming")),
-            () = crate::shutdown::streams_cancelled() => return Opened::Shutdown,
-        };
-        let (mut up, reused) = match connect {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Opened::Failed(AttemptFailure::Connect, e.to_string()),
-            Err(_) => return Opened::Failed(AttemptFailure::Connect, "connect timeout".into()),
-        };
-        let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, super::upstream::send(&mut up, head.clone(), body.clone())) => r,
-            () = client_gone(session) => {
-                up.shutdown().await;
-                return Opened::Gone(ClientGone("streaming"));
-            }
-            () = crate::shutdown::streams_cancelled() => {
-                up.shutdown().await;
-                return Opened::Shutdown;
-            }
-        };
-        match exchanged {
-            Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && e.unprocessed && fresh_tries == 0 => {
+    let opening = exchange::open(
+        || Box::pin(connector.get_http_session(&target.peer)),
+        exchange::Deadlines {
+            connect: Some(timeouts.connect),
+            first_byte: Some(timeouts.first_byte),
+        },
+        exchange::Resend::Unprocessed,
+        || Ok::<_, std::convert::Infallible>(head.clone()),
+        Some(body.clone()),
+        |step| {
+            if let exchange::Step::Resending(e) = step {
                 // Counted in the metric; the client's head (`x-sluice-attempts`) is long gone.
-                let _ = super::upstream::stale_resend(ctx, route, &e);
-                fresh_tries += 1;
+                let _ = crate::engine::upstream::stale_resend(ctx, route, e);
             }
-            Ok(Err(e)) => {
-                up.shutdown().await;
-                return Opened::Failed(AttemptFailure::Reset, e.error.to_string());
-            }
-            Err(_) => {
-                up.shutdown().await;
-                return Opened::Failed(
-                    AttemptFailure::FirstByteTimeout,
-                    "first byte timeout".into(),
-                );
-            }
+        },
+    );
+    let opened = tokio::select! {
+        r = opening => r,
+        () = client_gone(session) => return Opened::Gone(ClientGone("streaming")),
+        () = crate::shutdown::streams_cancelled() => return Opened::Shutdown,
+    };
+    let mut up = match opened {
+        Ok(up) => up,
+        Err(OpenError::Head(never)) => match never {},
+        Err(OpenError::Connect(e)) => {
+            return Opened::Failed(AttemptFailure::Connect, e.to_string())
+        }
+        Err(OpenError::ConnectTimeout) => {
+            return Opened::Failed(AttemptFailure::Connect, "connect timeout".into())
+        }
+        Err(OpenError::Send(e)) => {
+            return Opened::Failed(AttemptFailure::Reset, e.error.to_string())
+        }
+        Err(OpenError::FirstByteTimeout) => {
+            return Opened::Failed(
+                AttemptFailure::FirstByteTimeout,
+                "first byte timeout".into(),
+            )
         }
     };
     let Some(resp) = up.response_header() else {

@@ -242,7 +242,7 @@ fn still_open(stream: &mut Stream) -> bool {
         Poll::Pending => true,
         Poll::Ready(Ok(0)) => false,
         Poll::Ready(Ok(_)) => {
-            log::warn!("upstream sent bytes on an idle connection; closing it");
+            log::warn!(target: "sluice::proxy::pool", "upstream sent bytes on an idle connection; closing it");
             false
         }
         Poll::Ready(Err(_)) => false,

@@ -3,22 +3,22 @@
 //! rewritten or translated into the client's dialect, and written in one go. Bytes of the
 //! answer were received once it runs, so a broken answer is a 502, never a fallback.
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::{Bytes, BytesMut};
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
-use super::ctx::RequestCtx;
-use super::respond;
-use super::upstream::{
+use crate::config::{HopTimeouts, Route};
+use crate::engine::upstream::{
     client_gone, estimate_usage, set_usage, unix_now, Attempt, ClientGone, POOL_IDLE,
 };
-use crate::config::{HopTimeouts, Route};
 use crate::error::GatewayError;
+use crate::ingress::respond;
 use crate::metrics::metrics;
 use crate::protocol;
 use crate::providers;
 use crate::providers::encoding::{ContentCoding, DecodeError, Decoder};
+use crate::proxy::ctx::RequestCtx;
 use crate::sse;
 
 /// Why a non-streaming answer could not be read whole.
@@ -36,7 +36,7 @@ enum UnaryBreak {
     clippy::too_many_arguments,
     reason = "the attempt's state is passed explicitly, not hidden in the ctx"
 )]
-pub(super) async fn unary(
+pub(crate) async fn unary(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -88,8 +88,7 @@ pub(super) async fn unary(
         let provider = &route.provider.id;
         let err = match why {
             UnaryBreak::Broken(detail) => {
-                log::warn!(
-                    "upstream body broke request_id={} provider={provider} detail={detail:?}",
+                log::warn!(target: "sluice::proxy::unary", "upstream body broke request_id={} provider={provider} detail={detail:?}",
                     ctx.request_id
                 );
                 GatewayError::UpstreamUnavailable {
@@ -98,8 +97,7 @@ pub(super) async fn unary(
                 }
             }
             UnaryBreak::TooLarge => {
-                log::warn!(
-                    "upstream answer too large request_id={} provider={provider} limit_bytes={limit}",
+                log::warn!(target: "sluice::proxy::unary", "upstream answer too large request_id={} provider={provider} limit_bytes={limit}",
                     ctx.request_id
                 );
                 GatewayError::Upstream {
@@ -114,8 +112,7 @@ pub(super) async fn unary(
                 }
             }
             UnaryBreak::Encoding(e) => {
-                log::warn!(
-                    "upstream answer undecodable request_id={} provider={provider} error={e}",
+                log::warn!(target: "sluice::proxy::unary", "upstream answer undecodable request_id={} provider={provider} error={e}",
                     ctx.request_id
                 );
                 GatewayError::UpstreamUnavailable {

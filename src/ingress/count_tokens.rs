@@ -35,28 +35,32 @@
 //! (the rest wait, bounded in memory by the request-buffer bound). Counted in
 //! `sluice_token_counts_total{model,method}`.
 
+use std::sync::atomic::Ordering;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::proxy::pool::Connector;
+use crate::engine::pool::Connector;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
-use super::attempt::ClientGone;
-use super::ctx::RequestCtx;
-use super::endpoints::{self, ChatError};
-use super::request::{self, PREFERENCE_HEADER};
-use super::upstream::client_gone;
-use super::{respond, Gateway};
 use crate::config::{Model, Route};
+use crate::engine::upstream::client_gone;
+use crate::engine::upstream::ClientGone;
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
+use crate::ingress::endpoints;
+use crate::ingress::request::{self, PREFERENCE_HEADER};
+use crate::ingress::respond;
+use crate::ingress::respond::ChatError;
 use crate::metrics::metrics;
 use crate::protocol::{self, messages::count, Dialect};
 use crate::providers::encoding::{ContentCoding, Decoder};
+use crate::providers::exchange::{self, OpenError};
 use crate::providers::{self, anthropic};
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::gateway::Gateway;
 use crate::routing::health::Health;
 use crate::routing::{self, Preference, RouteNeeds};
 
@@ -145,7 +149,7 @@ enum Counted {
 /// # Errors
 /// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
 /// [`ChatError::Gone`] when the client left.
-pub(super) async fn handle(
+pub(crate) async fn handle(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -172,7 +176,7 @@ pub(super) async fn handle(
         .models
         .get(&req.canonical.model)
         .filter(|_| caller.may_use_model(&req.canonical.model))
-        .ok_or_else(|| endpoints::model_not_found(&req.canonical.model))?;
+        .ok_or_else(|| GatewayError::model_not_found(&req.canonical.model))?;
     if routing::uses_input_estimate(model, &caller) {
         req.needs.estimated_input_tokens = protocol::tokens::estimate_input_tokens(&req.canonical);
     }
@@ -228,8 +232,7 @@ pub(super) async fn handle(
             }
             Counted::Gone(g) => return Err(ChatError::Gone(g)),
             Counted::Failed(ae) => {
-                log::info!(
-                    target: "sluice::proxy::count_tokens",
+                log::info!(target: "sluice::proxy::count_tokens",
                     "token count failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
                     ctx.request_id, ae.provider, ae.upstream_model, ae.failure.label(), ae.detail
                 );
@@ -332,42 +335,50 @@ async fn provider_count(
             ));
         }
     }
-    let mut fresh_tries = 0;
-    let mut up = loop {
-        let connect = tokio::select! {
-            r = tokio::time::timeout(timeouts.connect, Box::pin(connector.get_http_session(&target.peer))) => r,
-            () = client_gone(session) => return Counted::Gone(ClientGone("connecting")),
-        };
-        let (mut up, reused) = match connect {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return failed(route, AttemptFailure::Connect, e.to_string()),
-            Err(_) => return failed(route, AttemptFailure::Connect, "connect timeout".into()),
-        };
-        let exchanged = tokio::select! {
-            r = tokio::time::timeout(timeouts.first_byte, crate::providers::exchange(&mut up, head.clone(), Some(body.clone()))) => r,
-            () = client_gone(session) => {
-                up.shutdown().await;
-                return Counted::Gone(ClientGone("waiting_head"));
+    // Which step the client left in (`sluice_client_aborts_total`): connected, waiting for
+    // the response head.
+    let sending = std::sync::atomic::AtomicBool::new(false);
+    let opening = exchange::open(
+        || Box::pin(connector.get_http_session(&target.peer)),
+        exchange::Deadlines {
+            connect: Some(timeouts.connect),
+            first_byte: Some(timeouts.first_byte),
+        },
+        // Nothing is generated: a failure on a pooled connection is tried once more.
+        exchange::Resend::Any,
+        || Ok::<_, std::convert::Infallible>(head.clone()),
+        Some(body.clone()),
+        |step| match step {
+            exchange::Step::Connecting => sending.store(false, Ordering::Relaxed),
+            exchange::Step::Sending => sending.store(true, Ordering::Relaxed),
+            exchange::Step::Resending(e) => {
+                log::debug!(target: "sluice::proxy::count_tokens", "stale pooled upstream connection: {}", e.error);
             }
-        };
-        match exchanged {
-            Ok(Ok(())) => break up,
-            Ok(Err(e)) if reused && fresh_tries == 0 => {
-                log::debug!("stale pooled upstream connection: {e}");
-                fresh_tries += 1;
-            }
-            Ok(Err(e)) => {
-                up.shutdown().await;
-                return failed(route, AttemptFailure::Protocol, e.to_string());
-            }
-            Err(_) => {
-                up.shutdown().await;
-                return failed(
-                    route,
-                    AttemptFailure::FirstByteTimeout,
-                    "first byte timeout".into(),
-                );
-            }
+        },
+    );
+    let opened = tokio::select! {
+        r = opening => r,
+        () = client_gone(session) => {
+            let at = if sending.load(Ordering::Relaxed) { "waiting_head" } else { "connecting" };
+            return Counted::Gone(ClientGone(at));
+        }
+    };
+    let mut up = match opened {
+        Ok(up) => up,
+        Err(OpenError::Head(never)) => match never {},
+        Err(OpenError::Connect(e)) => return failed(route, AttemptFailure::Connect, e.to_string()),
+        Err(OpenError::ConnectTimeout) => {
+            return failed(route, AttemptFailure::Connect, "connect timeout".into())
+        }
+        Err(OpenError::Send(e)) => {
+            return failed(route, AttemptFailure::Protocol, e.error.to_string())
+        }
+        Err(OpenError::FirstByteTimeout) => {
+            return failed(
+                route,
+                AttemptFailure::FirstByteTimeout,
+                "first byte timeout".into(),
+            )
         }
     };
     let (status, retry_after, coding) = match up.response_header() {

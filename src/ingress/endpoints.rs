@@ -8,7 +8,7 @@
 //!   Claude on Vertex AI; to Claude on Bedrock as the body member `anthropic_beta`).
 //! - `POST /v1/messages/count_tokens`: Anthropic's token count
 //!   (<https://docs.anthropic.com/en/api/messages-count-tokens>), answered by the Anthropic
-//!   provider of the route or estimated locally ([`super::count_tokens`]).
+//!   provider of the route or estimated locally ([`crate::ingress::count_tokens`]).
 //! - `POST /v1/responses`: OpenAI Responses, stateless, streaming or not
 //!   (<https://platform.openai.com/docs/api-reference/responses/create>).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,
@@ -20,14 +20,17 @@
 use pingora::proxy::Session;
 use serde_json::json;
 
-use super::attempt::{self, ClientGone};
-use super::ctx::{ActiveStreamGuard, RequestCtx};
-use super::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
-use super::{count_tokens, respond, Gateway};
 use crate::auth::{presented_key, Caller};
 use crate::backpressure::Admission;
+use crate::engine::attempt::{self, ClientGone};
 use crate::error::GatewayError;
+use crate::ingress::count_tokens;
+use crate::ingress::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
+use crate::ingress::respond;
+use crate::ingress::respond::ChatError;
 use crate::protocol::Dialect;
+use crate::proxy::ctx::{ActiveStreamGuard, RequestCtx};
+use crate::proxy::gateway::Gateway;
 use crate::routing;
 
 /// Handles one downstream request end to end (the response is written when this returns
@@ -87,7 +90,7 @@ pub async fn handle(
 }
 
 /// The client dialect of an inference path (after the `/v1` prefix).
-pub(super) fn dialect_of(path: &str) -> Dialect {
+pub(crate) fn dialect_of(path: &str) -> Dialect {
     match path {
         "/messages" | "/messages/count_tokens" => Dialect::Messages,
         "/responses" => Dialect::Responses,
@@ -97,7 +100,7 @@ pub(super) fn dialect_of(path: &str) -> Dialect {
 
 /// Authenticates the presented virtual key (and attaches the tenant's rate-limit status for the
 /// `x-ratelimit-*` headers).
-pub(super) fn authenticate(
+pub(crate) fn authenticate(
     gw: &Gateway,
     session: &Session,
     ctx: &mut RequestCtx,
@@ -149,7 +152,7 @@ async fn models(
     let body = match one {
         Some(id) => match visible.into_iter().next() {
             Some(m) => m,
-            None => return Err(model_not_found(&id).into()),
+            None => return Err(GatewayError::model_not_found(&id).into()),
         },
         None => json!({"object": "list", "data": visible}),
     };
@@ -159,40 +162,13 @@ async fn models(
         .map_err(|_| ChatError::Gone(ClientGone("writing")))
 }
 
-pub(super) fn model_not_found(id: &str) -> GatewayError {
-    // Echo at most 256 characters of what the client sent.
-    let shown: String = id.chars().take(256).collect();
-    let ellipsis = if shown.len() < id.len() { "…" } else { "" };
-    GatewayError::NotFound {
-        message: format!(
-            "The model `{shown}{ellipsis}` does not exist or you do not have access to it."
-        ),
-        code: "model_not_found",
-    }
-}
-
-/// Why a request ended without a proxied answer.
-pub(super) enum ChatError {
-    /// Answer the client this error (in its dialect).
-    Client(GatewayError),
-    /// The client left.
-    Gone(ClientGone),
-}
-
-impl From<GatewayError> for ChatError {
-    fn from(e: GatewayError) -> Self {
-        Self::Client(e)
-    }
-}
-
 /// Counts a request whose body never fully arrived (`sluice_request_read_aborts_total`).
 fn body_aborted(ctx: &RequestCtx, reason: &'static str) {
     crate::metrics::metrics()
         .request_read_aborts_total
         .with_label_values(&["body", reason])
         .inc();
-    log::debug!(
-        target: "sluice::proxy::request",
+    log::debug!(target: "sluice::proxy::request",
         "request body not received request_id={} reason={reason}",
         ctx.request_id
     );
@@ -247,9 +223,9 @@ async fn infer(
         .models
         .get(&req.model)
         .filter(|_| caller.may_use_model(&req.model))
-        .ok_or_else(|| model_not_found(&req.model))?;
+        .ok_or_else(|| GatewayError::model_not_found(&req.model))?;
     // The body's `models` are checked as `model` is (refused before any admission).
-    super::fallback::check_body_models(&config, &caller, &req.models)?;
+    crate::engine::fallback::check_body_models(&config, &caller, &req.models)?;
 
     // The budget first: a tenant without money left takes no rate-limit or queue place.
     // The tokenizer runs only for a tenant with a budget (the estimate is cached).
@@ -301,7 +277,7 @@ async fn infer(
             // its fallback models may; the reason stays the answer if none does.
             Err(e)
                 if e.status() == 503
-                    && super::fallback::has_model_fallbacks(model, &req.models) =>
+                    && crate::engine::fallback::has_model_fallbacks(model, &req.models) =>
             {
                 (Vec::new(), Some(e))
             }
@@ -348,7 +324,7 @@ async fn infer(
 
 /// Reads the request body within the configured bounds (size, global buffer bytes, time),
 /// answering 413, 503, 408 or 400 (malformed framing) in the client's dialect.
-pub(super) async fn read_body(
+pub(crate) async fn read_body(
     gw: &Gateway,
     session: &mut Session,
     ctx: &RequestCtx,
