@@ -18,6 +18,30 @@ pub fn valid_api_version(v: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
+/// `providers.<id>.api_version`: required and well-formed for `azure_openai`, refused on
+/// other kinds.
+///
+/// # Errors
+/// `(key, message)`: the member that is wrong (`None`: the provider itself).
+pub fn api_version(
+    kind: ProviderKind,
+    api_version: Option<String>,
+) -> Result<Option<String>, (Option<&'static str>, &'static str)> {
+    match (kind, api_version) {
+        (ProviderKind::AzureOpenai, Some(v)) if valid_api_version(&v) => Ok(Some(v)),
+        (ProviderKind::AzureOpenai, Some(_)) => Err((
+            Some("api_version"),
+            "must be an Azure OpenAI API version such as \"2024-10-21\" (letters, digits, `-`, `.`)",
+        )),
+        (ProviderKind::AzureOpenai, None) => Err((
+            None,
+            "api_version is required for kind azure_openai (e.g. \"2024-10-21\")",
+        )),
+        (_, Some(_)) => Err((Some("api_version"), "api_version is only for kind azure_openai")),
+        (_, None) => Ok(None),
+    }
+}
+
 /// The Azure OpenAI health probe's default path: its model list, which needs the API
 /// version.
 pub fn azure_health_path(api_version: &str) -> String {

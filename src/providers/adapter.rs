@@ -3,7 +3,7 @@
 //! the model, the credential it signs with, the client headers it takes, how its error
 //! answers read and how its stream is framed. Each kind implements it in its own file
 //! (`openai.rs`, `anthropic.rs`, `azure.rs`, `gemini.rs`, `vertex.rs`, `bedrock/`,
-//! `demo.rs`) and registers it in [`adapter`]; the provider registry
+//! `demo.rs`) and registers it in `providers::adapter`; the provider registry
 //! ([`super::registry::Registry`]) resolves it once per provider at load, with the
 //! provider's live credential.
 
@@ -14,7 +14,7 @@ use pingora::connectors::L4Connect;
 use pingora::http::RequestHeader;
 
 use super::bedrock::eventstream::EventStreamDecoder;
-use crate::config::{Provider, ProviderKind};
+use crate::config::Provider;
 use crate::protocol::{Dialect, ModelPlacement};
 
 /// What one provider kind does at run time. The defaults are an SSE provider that names
@@ -143,18 +143,5 @@ impl Credential {
             Self::Token(c) => Some(c),
             _ => None,
         }
-    }
-}
-
-/// The adapter of `kind`: the registration of every provider kind.
-pub fn adapter(kind: ProviderKind) -> &'static dyn Adapter {
-    match kind {
-        ProviderKind::Openai => &super::openai::OpenAi,
-        ProviderKind::Demo => &super::demo::Demo,
-        ProviderKind::Anthropic => &super::anthropic::Anthropic,
-        ProviderKind::AzureOpenai => &super::azure::AzureOpenAi,
-        ProviderKind::Gemini => &super::gemini::Gemini,
-        ProviderKind::Vertex => &super::vertex::Vertex,
-        ProviderKind::Bedrock => &super::bedrock::Bedrock,
     }
 }

@@ -29,7 +29,7 @@ pub mod vertex;
 
 mod adapter;
 
-pub use adapter::{adapter, Adapter, Credential};
+pub use adapter::{Adapter, Credential};
 pub use registry::{Registry, Upstream};
 
 use std::collections::HashMap;
@@ -44,6 +44,19 @@ use pingora::upstreams::peer::HttpPeer;
 use crate::config::{Provider, ProviderKind, Route};
 use crate::protocol::{Dialect, ModelPlacement};
 use crate::secret::Secret;
+
+/// The adapter of `kind`: the registration of every provider kind.
+pub fn adapter(kind: ProviderKind) -> &'static dyn Adapter {
+    match kind {
+        ProviderKind::Openai => &openai::OpenAi,
+        ProviderKind::Demo => &demo::Demo,
+        ProviderKind::Anthropic => &anthropic::Anthropic,
+        ProviderKind::AzureOpenai => &azure::AzureOpenAi,
+        ProviderKind::Gemini => &gemini::Gemini,
+        ProviderKind::Vertex => &vertex::Vertex,
+        ProviderKind::Bedrock => &bedrock::Bedrock,
+    }
+}
 
 /// How long a DNS answer is reused.
 const DNS_TTL: Duration = Duration::from_secs(30);

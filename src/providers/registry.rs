@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::adapter::{adapter, Adapter, Credential};
+use super::{adapter, Adapter, Credential};
 use crate::config::{Config, Provider};
 
 /// One provider resolved: its adapter and its live credential.

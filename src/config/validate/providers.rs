@@ -263,40 +263,17 @@ fn check_kind_keys(
     Ok(vertex_section)
 }
 
-/// `api_version`: required and well-formed for `azure_openai`, refused on other kinds.
+/// `api_version` checked by the kind's rule ([`crate::config::kinds::api_version`]).
 fn checked_api_version(
     loc: &Loc<'_>,
     kind: ProviderKind,
     api_version: Option<String>,
 ) -> Result<Option<String>, ConfigError> {
-    let (fidx, sources, id) = (loc.fidx, loc.sources, loc.id);
-    let key = |k: &str| loc.key(k);
-    Ok(match (kind, api_version) {
-        (ProviderKind::AzureOpenai, Some(v)) if crate::config::kinds::valid_api_version(&v) => {
-            Some(v)
-        }
-        (ProviderKind::AzureOpenai, Some(_)) => {
-            return Err(sources.err(
-                fidx,
-                &key("api_version"),
-                "must be an Azure OpenAI API version such as \"2024-10-21\" (letters, digits, `-`, `.`)",
-            ))
-        }
-        (ProviderKind::AzureOpenai, None) => {
-            return Err(sources.err(
-                fidx,
-                &format!("providers.{id}"),
-                "api_version is required for kind azure_openai (e.g. \"2024-10-21\")",
-            ))
-        }
-        (_, Some(_)) => {
-            return Err(sources.err(
-                fidx,
-                &key("api_version"),
-                "api_version is only for kind azure_openai",
-            ))
-        }
-        (_, None) => None,
+    crate::config::kinds::api_version(kind, api_version).map_err(|(k, m)| match k {
+        Some(k) => loc.err(k, m),
+        None => loc
+            .sources
+            .err(loc.fidx, &format!("providers.{}", loc.id), m),
     })
 }
 
