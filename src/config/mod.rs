@@ -70,7 +70,7 @@ pub struct ServerSettings {
     /// Downstream TLS listener address (`host:port`), if any.
     pub tls_listen: Option<String>,
     /// Its certificates, loaded and checked (present iff `tls_listen` is).
-    pub tls: Option<Arc<crate::tls::CertSet>>,
+    pub tls: Option<Arc<crate::tls::certs::CertSet>>,
     /// Admin listener address (`host:port`).
     pub admin_listen: String,
     /// Pingora worker threads.
@@ -285,7 +285,7 @@ pub struct Provider {
     /// The provider key, if any.
     pub api_key: Option<Secret>,
     /// Trust anchors of its TLS certificate (`ca_file`); `None`: the system store.
-    pub ca: Option<crate::tls::UpstreamCa>,
+    pub ca: Option<crate::tls::certs::UpstreamCa>,
     /// Receive window of one HTTP/2 stream to it, bytes (`server.max_buffered_bytes_per_stream`).
     pub h2_stream_window: usize,
     /// Hop timeouts.

@@ -318,7 +318,7 @@ fn upstream_ca(
     loc: &Loc<'_>,
     ca_file: Option<String>,
     endpoint: Option<&Endpoint>,
-) -> Result<Option<crate::tls::UpstreamCa>, ConfigError> {
+) -> Result<Option<crate::tls::certs::UpstreamCa>, ConfigError> {
     let (fidx, sources) = (loc.fidx, loc.sources);
     let key = |k: &str| loc.key(k);
     Ok(match (ca_file, endpoint) {
@@ -336,7 +336,7 @@ fn upstream_ca(
                 .parent()
                 .unwrap_or_else(|| Path::new("."));
             Some(
-                crate::tls::load_ca_file(&base.join(f))
+                crate::tls::certs::load_ca_file(&base.join(f))
                     .map_err(|e| sources.err(fidx, &key("ca_file"), e.to_string()))?,
             )
         }
