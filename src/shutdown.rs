@@ -95,11 +95,6 @@ pub async fn streams_cancelled() {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-/// Whether the process is shutting down and the grace period is over.
-pub fn is_cancelled() -> bool {
-    *CANCEL.borrow()
-}
-
 /// The background service that times the grace period.
 pub struct StreamShutdown {
     config: Arc<ConfigHandle>,

@@ -27,23 +27,21 @@
 //! `redis::aio::ConnectionManager`, which reconnects by itself; a changed `redis.url` takes
 //! effect on the next request.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use pingora::server::ShutdownWatch;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::mpsc;
 
 use super::status::{LimitState, RateLimitStatus};
 use super::tenant::{LimitKind, Plan, PlanItem, Refusal};
 use crate::config::schema::RedisSection;
 use crate::metrics::metrics;
+pub use crate::redis::{BackendError, SharedRedis};
 
 /// How often a down backend is probed.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
-/// Bound of one settlement batch write or probe.
+/// Bound of one settlement batch write.
 const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most queued settlements; more are dropped (and counted) while Redis is slow.
 const SETTLE_QUEUE: usize = 8192;
@@ -162,30 +160,6 @@ pub struct RemoteVerdict {
     pub status: RateLimitStatus,
 }
 
-/// Why a check did not get an answer.
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    /// No answer within `redis.timeout_ms`.
-    #[error("no answer within {0} ms")]
-    Timeout(u128),
-    /// Connection or protocol error.
-    #[error("{0}")]
-    Redis(#[from] redis::RedisError),
-    /// The script answered something unexpected.
-    #[error("unexpected script answer")]
-    Malformed,
-}
-
-impl BackendError {
-    /// `sluice_ratelimit_backend_errors_total{kind}` label.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Timeout(_) => "timeout",
-            Self::Redis(_) | Self::Malformed => "error",
-        }
-    }
-}
-
 /// One queued settlement (or refund) of an admitted request.
 #[derive(Debug)]
 pub struct Settle {
@@ -197,100 +171,63 @@ pub struct Settle {
     pub actual: Option<u64>,
 }
 
-struct Conn {
-    url: String,
-    manager: ConnectionManager,
-}
-
-/// The Redis backend of one process. Shared by the admission path (checks) and the
-/// background service (probes, settlement batches). Its `Debug` hides URL credentials.
+/// The Redis rate limiter of one process: admission checks on the request path, and the
+/// background service that writes settlement batches and probes a down backend. The
+/// connection and its health are the process's one [`SharedRedis`], which tenant budgets
+/// use too.
 pub struct RedisLimiter {
-    /// The configured section (`None`: Redis not configured); updated on reload.
-    settings: ArcSwapOption<RedisSection>,
-    conn: ArcSwapOption<Conn>,
-    create: Mutex<()>,
-    up: AtomicBool,
+    shared: Arc<SharedRedis>,
     settle_tx: mpsc::Sender<Settle>,
     settle_rx: Mutex<Option<mpsc::Receiver<Settle>>>,
-    id_prefix: u64,
-    seq: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field(
-                "url",
-                &self.settings.load().as_ref().map(|s| redact(&s.url)),
-            )
-            .field("up", &self.is_up())
+            .field("shared", &self.shared)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisLimiter {
-    /// A backend for `settings` (nothing connects until the first check or probe).
+    /// A limiter for `settings` (nothing connects until the first check or probe).
     pub fn new(settings: Option<&RedisSection>) -> Self {
         let (settle_tx, settle_rx) = mpsc::channel(SETTLE_QUEUE);
         Self {
-            settings: ArcSwapOption::from(settings.cloned().map(Arc::new)),
-            conn: ArcSwapOption::empty(),
-            create: Mutex::new(()),
-            up: AtomicBool::new(true),
+            shared: Arc::new(SharedRedis::new(settings)),
             settle_tx,
             settle_rx: Mutex::new(Some(settle_rx)),
-            id_prefix: fastrand::u64(..),
-            seq: AtomicU64::new(0),
         }
+    }
+
+    /// The process's Redis connection and its health (shared with tenant budgets).
+    pub fn shared(&self) -> &Arc<SharedRedis> {
+        &self.shared
     }
 
     /// Applies a reloaded `redis:` section.
     pub fn reconfigure(&self, settings: Option<&RedisSection>) {
-        self.settings.store(settings.cloned().map(Arc::new));
+        self.shared.reconfigure(settings);
     }
 
     /// The configured `redis:` section, if any.
     pub fn settings(&self) -> Option<Arc<RedisSection>> {
-        self.settings.load_full()
+        self.shared.settings()
     }
 
     /// Whether checks go to Redis (configured and not marked down).
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
+        self.shared.is_up()
     }
 
     /// A unique request id for the window logs.
     pub fn next_member(&self) -> String {
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        format!("{:x}-{n:x}", self.id_prefix)
+        self.shared.next_member()
     }
 
-    /// The connection manager for `url`, created (lazily connecting) when missing or when
-    /// the URL changed. Must run inside a Tokio runtime.
-    pub(crate) fn connection(&self, url: &str) -> Result<ConnectionManager, BackendError> {
-        if let Some(c) = self.conn.load().as_ref().filter(|c| c.url == url) {
-            return Ok(c.manager.clone());
-        }
-        let _g = self
-            .create
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(c) = self.conn.load().as_ref().filter(|c| c.url == url) {
-            return Ok(c.manager.clone());
-        }
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500))
-            .set_connection_timeout(Some(BACKGROUND_TIMEOUT))
-            .set_response_timeout(None);
-        let manager = ConnectionManager::new_lazy_with_config(client, config)?;
-        self.conn.store(Some(Arc::new(Conn {
-            url: url.to_string(),
-            manager: manager.clone(),
-        })));
-        Ok(manager)
+    /// Marks the backend down after a failed check; logs once per outage.
+    pub fn mark_down(&self, e: &BackendError) {
+        self.shared.mark_down(e);
     }
 
     /// Checks one request (`cost` estimated tokens) against every scope of `plan` in one
@@ -307,7 +244,7 @@ impl RedisLimiter {
         cost: u64,
     ) -> Result<RemoteVerdict, BackendError> {
         let timeout = Duration::from_millis(settings.timeout_ms.max(1));
-        let mut conn = self.connection(&settings.url)?;
+        let mut conn = self.shared.connection(&settings.url)?;
         let items: Vec<&PlanItem> = plan.items().filter(|i| i.limits.has_rates()).collect();
         let mut inv = CHECK.prepare_invoke();
         inv.arg(u64::try_from(window.as_millis()).unwrap_or(u64::MAX))
@@ -345,54 +282,13 @@ impl RedisLimiter {
         }
     }
 
-    /// Marks the backend down after a failed check; logs once per outage.
-    pub fn mark_down(&self, e: &BackendError) {
-        metrics()
-            .ratelimit_backend_errors_total
-            .with_label_values(&[e.kind()])
-            .inc();
-        if self.up.swap(false, Ordering::AcqRel) {
-            let s = self.settings.load();
-            let (url, replicas) = s
-                .as_ref()
-                .map_or(("-".into(), 1), |s| (redact(&s.url), s.replicas));
-            log::warn!(
-                "rate-limit backend {url} unavailable ({e}); failing open to local limits (limit / {replicas} replicas) until it answers again"
-            );
-        }
-    }
-
-    fn mark_up(&self) {
-        if !self.up.swap(true, Ordering::AcqRel) {
-            log::info!("rate-limit backend recovered; shared limits apply again");
-        }
-    }
-
-    /// One probe of a down backend: `PING`; success marks it up.
-    pub async fn probe(&self) {
-        let Some(s) = self.settings.load_full() else {
-            return;
-        };
-        if self.is_up() {
-            return;
-        }
-        let Ok(mut conn) = self.connection(&s.url) else {
-            return;
-        };
-        let ping = redis::cmd("PING");
-        let bound = Duration::from_millis(s.timeout_ms.max(1)).max(Duration::from_millis(200));
-        if let Ok(Ok(())) = tokio::time::timeout(bound, ping.exec_async(&mut conn)).await {
-            self.mark_up();
-        }
-    }
-
     /// Writes a batch of settlements in one script call (bounded).
     async fn flush(&self, batch: &mut Vec<Settle>) {
-        let Some(s) = self.settings.load_full() else {
+        let Some(s) = self.shared.settings() else {
             batch.clear();
             return;
         };
-        let Ok(mut conn) = self.connection(&s.url) else {
+        let Ok(mut conn) = self.shared.connection(&s.url) else {
             batch.clear();
             return;
         };
@@ -450,7 +346,7 @@ impl RedisLimiter {
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tick.tick() => self.probe().await,
+                _ = tick.tick() => self.shared.probe().await,
                 n = rx.recv_many(&mut batch, SETTLE_BATCH) => {
                     if n == 0 {
                         return;
@@ -464,14 +360,6 @@ impl RedisLimiter {
 
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// `redis://user:secret@host` → `redis://host` for logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}{}", &url[..s + 3], &url[at + 1..]),
-        _ => url.to_string(),
-    }
 }
 
 fn parse_verdict(
@@ -525,18 +413,4 @@ fn parse_verdict(
         }
     }
     Ok(RemoteVerdict { refused, status })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_credentials() {
-        assert_eq!(
-            redact("redis://u:pw@127.0.0.1:6379/0"),
-            "redis://127.0.0.1:6379/0"
-        );
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-    }
 }

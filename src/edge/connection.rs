@@ -182,6 +182,10 @@ pub enum Cut {
 
 #[async_trait]
 impl ServerApp for DownstreamApp {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the keep-alive loop's states (head deadline, pipelining, shutdown) read best in one place"
+    )]
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::pool::Connector;
+use crate::engine::state::AttemptState;
 use pingora::proxy::Session;
 
 use crate::backpressure::provider as provider_cap;
@@ -91,12 +92,14 @@ pub async fn run(
             ctx.answered_model = None;
         }
         let end = run_stage(
-            connector,
-            session,
-            ctx,
-            req,
-            stage_model,
-            cands,
+            AttemptState {
+                connector,
+                session: &mut *session,
+                ctx: &mut *ctx,
+                req,
+                model: stage_model,
+                candidates: cands,
+            },
             entry_reason,
             &mut st,
         )
@@ -184,23 +187,22 @@ enum StageEnd {
 
 /// Tries the candidates of one stage in order (same-route retries per `model.retry`).
 #[expect(
-    clippy::too_many_arguments,
-    reason = "the loop's state is passed explicitly"
-)]
-#[expect(
     clippy::too_many_lines,
     reason = "one attempt's outcomes read best side by side"
 )]
 async fn run_stage(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    candidates: &[Candidate<'_>],
+    s: AttemptState<'_, '_>,
     mut entry_reason: Option<&'static str>,
     st: &mut LoopState,
 ) -> Result<StageEnd, ClientGone> {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates,
+    } = s;
     // The candidate a hedge went to (at most one per request): not tried again.
     let mut hedged: Option<usize> = None;
     for (idx, cand) in candidates.iter().enumerate() {
@@ -243,14 +245,16 @@ async fn run_stage(
         let mut tries_here = 0u32;
         loop {
             tries_here += 1;
-            ctx.attempt_count += 1;
+            ctx.attempts.count += 1;
             let tried = hedge::attempt(
-                connector,
-                session,
-                ctx,
-                req,
-                model,
-                candidates,
+                AttemptState {
+                    connector,
+                    session: &mut *session,
+                    ctx: &mut *ctx,
+                    req,
+                    model,
+                    candidates,
+                },
                 idx,
                 hedged.is_none(),
             )
@@ -291,14 +295,14 @@ async fn run_stage(
                         .upstream_attempts_total
                         .with_label_values(&[route.provider.id.as_str(), reason])
                         .inc();
-                    ctx.attempts.push(AttemptError {
+                    ctx.attempts.failed.push(AttemptError {
                         provider: route.provider.id.clone(),
                         upstream_model: route.upstream_model.clone(),
                         failure: AttemptFailure::ContextLength,
                         detail: format!("HTTP {}", err.status()),
                         retry_after: None,
                     });
-                    ctx.failed_routes += 1;
+                    ctx.attempts.failed_routes += 1;
                     st.previous = Some((route.provider.id.clone(), reason));
                     st.rejected_by = Some(route.provider.id.clone());
                     return Ok(StageEnd::Context {
@@ -360,7 +364,7 @@ async fn run_stage(
                         ae.failure,
                         if wait.is_some() { None } else { ae.retry_after },
                     );
-                    ctx.attempts.push(ae);
+                    ctx.attempts.failed.push(ae);
                     st.last_error = Some(err);
                     st.rejected_by = None;
                     // A route that just started resting (turned unhealthy, or its half-open
@@ -378,7 +382,7 @@ async fn run_stage(
                         continue;
                     }
                     st.previous = Some((route.provider.id.clone(), reason));
-                    ctx.failed_routes += 1;
+                    ctx.attempts.failed_routes += 1;
                     break;
                 }
             }

@@ -37,6 +37,7 @@ use pingora::proxy::Session;
 
 use crate::backpressure::provider as provider_cap;
 use crate::config::{HopTimeouts, Model, Route};
+use crate::engine::state::AttemptState;
 use crate::engine::upstream::{client_gone, Attempt, ClientGone};
 use crate::error::AttemptFailure;
 use crate::ingress::request::InferenceRequest;
@@ -47,7 +48,6 @@ use crate::providers;
 use crate::providers::encoding::ContentCoding;
 use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
-use crate::routing::Candidate;
 use crate::stream::end::{Pumped, StreamError};
 use crate::stream::pipe::StreamPipe;
 use crate::stream::pump;
@@ -94,19 +94,22 @@ const CONTINUABLE: [&str; 5] = [
 /// The stream error to end the stream with when it is not continued (`err`, its message
 /// saying why not when the break was eligible); `Ok` is how the stream ended otherwise.
 #[expect(
-    clippy::too_many_arguments,
-    reason = "the stream's state is passed explicitly, not hidden in the ctx"
+    clippy::too_many_lines,
+    reason = "eligibility, re-encoding and the splice are one linear sequence"
 )]
 pub(crate) async fn resume<'r>(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    rest: &[Candidate<'r>],
+    s: AttemptState<'_, 'r>,
     pipe: &mut StreamPipe<'r>,
     err: StreamError,
 ) -> Result<Attempt, StreamError> {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates: rest,
+    } = s;
     if !CONTINUABLE.contains(&err.reason) {
         return Err(err);
     }
@@ -219,7 +222,7 @@ pub(crate) async fn resume<'r>(
             cand.release_trial();
             continue;
         };
-        ctx.attempt_count += 1;
+        ctx.attempts.count += 1;
         let timeouts = ctx.config.timeouts_for(&route.provider, model);
         match open(
             connector,
@@ -303,7 +306,7 @@ pub(crate) async fn resume<'r>(
     }
     ctx.outcome.provider = Some(route.provider.id.clone());
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
-    ctx.failed_routes += 1;
+    ctx.attempts.failed_routes += 1;
     log::info!(target: "sluice::proxy::continuation",
         "stream continued request_id={} reason={} provider={} text_bytes={}",
         ctx.request_id, err.reason, route.provider.id, text.len()

@@ -45,7 +45,6 @@
 
 use std::time::Duration;
 
-use crate::engine::pool::Connector;
 use pingora::proxy::Session;
 use tokio::time::Instant;
 
@@ -54,8 +53,8 @@ use crate::billing::metering::CancelledHedge;
 use crate::config::opt_in::HedgeAfter;
 use crate::config::Model;
 use crate::engine::open::{commit, prepare, Phase, Ready};
+use crate::engine::state::AttemptState;
 use crate::engine::upstream::{client_gone, Attempt, ClientGone};
-use crate::ingress::request::InferenceRequest;
 use crate::metrics::metrics;
 use crate::proxy::ctx::RequestCtx;
 use crate::routing::health::Health;
@@ -74,23 +73,28 @@ pub(crate) struct Tried {
 
 /// One attempt on `candidates[idx]`, hedged onto a later candidate when the model asks for
 /// it and `may_hedge` (no hedge yet in this request); see the module docs.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
-)]
-pub(crate) async fn attempt(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    candidates: &[Candidate<'_>],
-    idx: usize,
-    may_hedge: bool,
-) -> Tried {
+pub(crate) async fn attempt(s: AttemptState<'_, '_>, idx: usize, may_hedge: bool) -> Tried {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates,
+    } = s;
     let phases = [Phase::default(), Phase::default()];
     let tried = attempt_phased(
-        connector, session, ctx, req, model, candidates, idx, may_hedge, &phases,
+        AttemptState {
+            connector,
+            session: &mut *session,
+            ctx: &mut *ctx,
+            req,
+            model,
+            candidates,
+        },
+        idx,
+        may_hedge,
+        &phases,
     )
     .await;
     // Stale-connection resends of attempts that did not commit (failed or cancelled).
@@ -100,24 +104,23 @@ pub(crate) async fn attempt(
 
 /// [`attempt`] with the primary's and the hedge's [`Phase`].
 #[expect(
-    clippy::too_many_arguments,
-    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
-)]
-#[expect(
     clippy::too_many_lines,
     reason = "the hedge's phases read best in one place"
 )]
 async fn attempt_phased(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    candidates: &[Candidate<'_>],
+    s: AttemptState<'_, '_>,
     idx: usize,
     may_hedge: bool,
     phases: &[Phase; 2],
 ) -> Tried {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates,
+    } = s;
     let primary = &candidates[idx];
     ctx.outcome
         .upstream_started
@@ -151,7 +154,19 @@ async fn attempt_phased(
                 sample(primary, started, &ready);
                 {
                     settle(ctx, phases);
-                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                    commit(
+                        AttemptState {
+                            connector,
+                            session: &mut *session,
+                            ctx: &mut *ctx,
+                            req,
+                            model,
+                            candidates,
+                        },
+                        idx,
+                        ready,
+                    )
+                    .await
                 }
             }
             Err(a) => a,
@@ -175,7 +190,19 @@ async fn attempt_phased(
                 sample(primary, started, &ready);
                 {
                     settle(ctx, phases);
-                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                    commit(
+                        AttemptState {
+                            connector,
+                            session: &mut *session,
+                            ctx: &mut *ctx,
+                            req,
+                            model,
+                            candidates,
+                        },
+                        idx,
+                        ready,
+                    )
+                    .await
                 }
             }
             Err(a) => a,
@@ -221,7 +248,19 @@ async fn attempt_phased(
                 sample(primary, started, &ready);
                 {
                     settle(ctx, phases);
-                    commit(connector, session, ctx, req, model, candidates, idx, ready).await
+                    commit(
+                        AttemptState {
+                            connector,
+                            session: &mut *session,
+                            ctx: &mut *ctx,
+                            req,
+                            model,
+                            candidates,
+                        },
+                        idx,
+                        ready,
+                    )
+                    .await
                 }
             }
             Err(a) => a,
@@ -257,7 +296,7 @@ async fn attempt_phased(
         hedge: Some(j),
     };
     // The extra upstream request is one of the request's attempts.
-    ctx.attempt_count += 1;
+    ctx.attempts.count += 1;
     let side = |s: Side| if s == Side::Primary { idx } else { j };
     let start_of = |s: Side| {
         if s == Side::Primary {
@@ -301,7 +340,16 @@ async fn attempt_phased(
             );
             settle(ctx, phases);
             let outcome = commit(
-                connector, session, ctx, req, model, candidates, served, ready,
+                AttemptState {
+                    connector,
+                    session: &mut *session,
+                    ctx: &mut *ctx,
+                    req,
+                    model,
+                    candidates,
+                },
+                served,
+                ready,
             )
             .await;
             tried(outcome, served)
@@ -469,7 +517,7 @@ fn cancelled(ctx: &mut RequestCtx, model: &Model, loser: &Candidate<'_>, started
         route.upstream_model
     );
     let fallback_depth = ctx.fallback_depth();
-    ctx.cancelled_hedges.push(CancelledHedge {
+    ctx.billing.cancelled_hedges.push(CancelledHedge {
         model: model.id.clone(),
         provider: route.provider.id.clone(),
         upstream_model: route.upstream_model.clone(),
@@ -507,10 +555,10 @@ fn record_failed(
         .inc();
     cand.health
         .record_failure(&cand.route.provider.passive_health, ae.retry_after);
-    ctx.attempts.push(ae);
+    ctx.attempts.failed.push(ae);
     if failed < then {
         // The first attempt failed and the hedge carried on: a fallback.
-        ctx.failed_routes += 1;
+        ctx.attempts.failed_routes += 1;
         metrics()
             .fallback_total
             .with_label_values(&[

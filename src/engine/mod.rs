@@ -8,4 +8,5 @@ pub mod fallback;
 pub mod hedge;
 pub mod open;
 pub mod pool;
+pub(crate) mod state;
 pub(crate) mod upstream;

@@ -15,6 +15,7 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
 use crate::config::{HopTimeouts, Model, Route};
+use crate::engine::state::{AttemptState, ReadyParts};
 pub use crate::engine::upstream::ClientGone;
 use crate::engine::upstream::{failed, Attempt, MAX_ERROR_BODY_BYTES};
 use crate::error::{upstream_retry_after, AttemptFailure, GatewayError};
@@ -24,7 +25,7 @@ use crate::providers;
 use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
-use crate::routing::{retryable_status, Candidate};
+use crate::routing::retryable_status;
 use crate::stream::pump;
 use crate::stream::unary;
 
@@ -107,30 +108,6 @@ pub(crate) enum Ready<'r> {
     Unary(Box<ReadyParts<ContentCoding>>),
 }
 
-/// The parts of a [`Ready`], with what it holds beside its head (`B`).
-pub(crate) struct ReadyParts<B> {
-    /// The upstream exchange, its response head read.
-    pub(crate) up: UpstreamSession,
-    /// Where it goes back to the pool.
-    pub(crate) peer: pingora::upstreams::peer::HttpPeer,
-    /// The hop's timeouts.
-    pub(crate) timeouts: HopTimeouts,
-    /// What is held.
-    pub(crate) body: B,
-}
-
-impl<B> ReadyParts<B> {
-    /// The parts moved out of `parts`, whose box is freed on return (a `*parts` in the
-    /// caller would free it only when `parts` goes out of scope: for a stream, at its end).
-    #[expect(
-        clippy::boxed_local,
-        reason = "the box is the point: it arrives boxed and is freed here, not later"
-    )]
-    pub(crate) fn take(parts: Box<Self>) -> Self {
-        *parts
-    }
-}
-
 impl Ready<'_> {
     /// Whether this is a stream committed early (`early_commit_after_ms`), before any event.
     pub(crate) fn early_committed(&self) -> bool {
@@ -186,8 +163,8 @@ impl Phase {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         if let Some(ae) = taken {
-            ctx.attempt_count += 1;
-            ctx.attempts.push(ae);
+            ctx.attempts.count += 1;
+            ctx.attempts.failed.push(ae);
         }
     }
 }
@@ -199,20 +176,15 @@ impl Phase {
 /// The pump's or the unary exchange's state (~6 KiB) lives in a box of its own, allocated
 /// here once per answered request, so that the callers' futures (the hedge race, the attempt
 /// loop and `request_filter`'s, which Pingora boxes per request) stay small.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
-)]
-pub(crate) async fn commit(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
-    candidates: &[Candidate<'_>],
-    served: usize,
-    ready: Ready<'_>,
-) -> Attempt {
+pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<'_>) -> Attempt {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates,
+    } = s;
     let route = candidates[served].route;
     let rest = &candidates[served + 1..];
     match ready {
@@ -221,7 +193,16 @@ pub(crate) async fn commit(
         // stream's life.
         Ready::Stream(parts) => {
             Box::pin(pump::stream(
-                connector, session, ctx, req, model, route, rest, parts,
+                AttemptState {
+                    connector,
+                    session,
+                    ctx,
+                    req,
+                    model,
+                    candidates: rest,
+                },
+                route,
+                parts,
             ))
             .await
         }
@@ -238,13 +219,7 @@ async fn commit_unary(
     route: &Route,
     parts: Box<ReadyParts<ContentCoding>>,
 ) -> Attempt {
-    let ReadyParts {
-        up,
-        peer,
-        timeouts,
-        body: coding,
-    } = ReadyParts::take(parts);
-    unary::unary(connector, session, ctx, route, &peer, up, timeouts, coding).await
+    unary::unary(connector, session, ctx, route, ReadyParts::take(parts)).await
 }
 
 /// The pre-commit phase of one attempt against one route: connect (a stale pooled
@@ -252,6 +227,10 @@ async fn commit_unary(
 /// event. It touches no downstream state and nothing of `ctx` but reads, so a caller may
 /// race it against the client's disconnect and against another route's (a hedge); dropping
 /// it drops its upstream connection. `phase` follows where it is.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one attempt's steps in order: encode, sign, open, judge the head, hold the first event"
+)]
 pub(crate) async fn prepare<'r>(
     connector: &Connector,
     ctx: &RequestCtx,

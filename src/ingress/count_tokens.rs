@@ -149,6 +149,10 @@ enum Counted {
 /// # Errors
 /// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
 /// [`ChatError::Gone`] when the client left.
+#[expect(
+    clippy::too_many_lines,
+    reason = "authentication, body, plan and the provider-or-estimate decision in request order"
+)]
 pub(crate) async fn handle(
     gw: &Gateway,
     session: &mut Session,
@@ -203,7 +207,7 @@ pub(crate) async fn handle(
         };
         // Encoded per route: the upstream model differs.
         let body = Bytes::from(count::encode_request(&req.body, &route.upstream_model));
-        ctx.attempt_count += 1;
+        ctx.attempts.count += 1;
         match provider_count(
             &gw.connector,
             session,
@@ -236,8 +240,8 @@ pub(crate) async fn handle(
                     "token count failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
                     ctx.request_id, ae.provider, ae.upstream_model, ae.failure.label(), ae.detail
                 );
-                ctx.attempts.push(ae);
-                ctx.failed_routes += 1;
+                ctx.attempts.failed.push(ae);
+                ctx.attempts.failed_routes += 1;
             }
         }
     }
@@ -299,6 +303,10 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
 /// One count against one Anthropic route: connect (a stale pooled connection gets one
 /// fresh retry), send, read the head and the (bounded, decoded) body, each step within the
 /// route's `connect` and `first_byte` timeouts.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one upstream exchange and the normalization of its answer, in order"
+)]
 async fn provider_count(
     connector: &Connector,
     session: &mut Session,

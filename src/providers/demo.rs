@@ -15,7 +15,7 @@ use pingora::protocols::l4::socket::SocketAddr;
 use pingora::protocols::l4::stream::Stream;
 use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
 
-use crate::mock_upstream::{serve_stream, MockState};
+use sluice_mock_upstream::{serve_stream, MockState};
 
 /// Bytes buffered in each direction of one in-process demo connection (like a socket
 /// buffer: the writer waits when the reader is this far behind).

@@ -257,6 +257,9 @@ pub fn token_answer(status: u16, body: &[u8]) -> Result<IssuedToken, String> {
 }
 
 #[cfg(test)]
+mod against_mock;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

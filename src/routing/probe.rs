@@ -398,7 +398,7 @@ impl BackgroundService for HealthProber {
 mod tests {
     use super::*;
     use crate::config::{Endpoint, HopTimeouts, PassiveHealth, ProviderKind};
-    use crate::mock_upstream::{Behavior, MockServer, MockState};
+    use sluice_mock_upstream::{Behavior, MockServer, MockState};
 
     fn provider(port: u16, path_key: Option<&str>) -> Provider {
         let t = Duration::from_secs(1);

@@ -20,7 +20,8 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::config::{HopTimeouts, Model, Route};
 use crate::engine::continuation;
-use crate::engine::open::ReadyParts;
+use crate::engine::state::AttemptState;
+use crate::engine::state::ReadyParts;
 use crate::engine::upstream::{
     client_gone, estimate_usage, failed, release_or_close, set_usage, unix_now, Attempt, ClientGone,
 };
@@ -32,7 +33,6 @@ use crate::protocol;
 use crate::providers;
 use crate::providers::encoding::ContentCoding;
 use crate::proxy::ctx::RequestCtx;
-use crate::routing::Candidate;
 use crate::stream::end::{Pumped, StreamError};
 use crate::stream::pipe::{PipeError, StreamPipe};
 
@@ -216,19 +216,22 @@ pub(crate) async fn first_event<'r>(
 /// and pumps it with heartbeats, idle and duration limits, and client-disconnect detection;
 /// a break after the commit may continue on `rest` ([`continuation`], opt-in).
 #[expect(
-    clippy::too_many_arguments,
-    reason = "the loop's state is passed explicitly, not hidden in the ctx"
+    clippy::too_many_lines,
+    reason = "the commit, the pump and each way a stream ends (clean, broken, continued) in order"
 )]
 pub(crate) async fn stream(
-    connector: &Connector,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &InferenceRequest,
-    model: &Model,
+    s: AttemptState<'_, '_>,
     route: &Route,
-    rest: &[Candidate<'_>],
     parts: Box<ReadyParts<Held<'_>>>,
 ) -> Attempt {
+    let AttemptState {
+        connector,
+        session,
+        ctx,
+        req,
+        model,
+        candidates: rest,
+    } = s;
     // Moved out of their box in one statement: the box is freed at once, and only these
     // locals (not also the parts, the box or a `Held`) are part of the stream's future.
     let ReadyParts {
@@ -282,7 +285,7 @@ pub(crate) async fn stream(
             return Attempt::Final(GatewayError::Internal("content-length header".into()));
         }
     }
-    ctx.downstream_committed = true;
+    ctx.attempts.downstream_committed = true;
     if !first.is_empty() {
         // The first events are written right after the head, and their write flushes both:
         // one send instead of two where they fit the connection's write buffer (the patched
@@ -363,7 +366,16 @@ pub(crate) async fn stream(
             let err = if model.continue_on_break {
                 // Boxed: a rare path, kept out of every held stream's future.
                 let resumed = Box::pin(continuation::resume(
-                    connector, session, ctx, req, model, rest, &mut pipe, err,
+                    AttemptState {
+                        connector,
+                        session: &mut *session,
+                        ctx: &mut *ctx,
+                        req,
+                        model,
+                        candidates: rest,
+                    },
+                    &mut pipe,
+                    err,
                 ));
                 match resumed.await {
                     Ok(done) => return done,

@@ -5,10 +5,10 @@
 
 use crate::engine::pool::Connector;
 use bytes::{Bytes, BytesMut};
-use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
-use crate::config::{HopTimeouts, Route};
+use crate::config::Route;
+use crate::engine::state::ReadyParts;
 use crate::engine::upstream::{
     client_gone, estimate_usage, set_usage, unix_now, Attempt, ClientGone, POOL_IDLE,
 };
@@ -33,19 +33,23 @@ enum UnaryBreak {
 
 /// A non-streaming answer: read it all (bounded, decoded), rewrite `model`, write it.
 #[expect(
-    clippy::too_many_arguments,
-    reason = "the attempt's state is passed explicitly, not hidden in the ctx"
+    clippy::too_many_lines,
+    reason = "read, decode, translate and write one answer, with each way it can fail"
 )]
 pub(crate) async fn unary(
     connector: &Connector,
     session: &mut Session,
     ctx: &mut RequestCtx,
     route: &Route,
-    peer: &pingora::upstreams::peer::HttpPeer,
-    mut up: UpstreamSession,
-    timeouts: HopTimeouts,
-    coding: ContentCoding,
+    parts: ReadyParts<ContentCoding>,
 ) -> Attempt {
+    let ReadyParts {
+        mut up,
+        peer,
+        timeouts,
+        body: coding,
+    } = parts;
+    let peer = &peer;
     let limit = ctx.config.server.max_response_body_bytes;
     let mut decoder = match Decoder::new(coding) {
         Ok(d) => d,
@@ -200,7 +204,7 @@ pub(crate) async fn unary(
         Ok(h) => h,
         Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
     };
-    ctx.downstream_committed = true;
+    ctx.attempts.downstream_committed = true;
     ctx.outcome.status = 200;
     ctx.outcome.bytes_out = out.len() as u64;
     if session

@@ -114,6 +114,10 @@ impl Client {
     }
 
     /// The request body of a cell, in the client's own dialect.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one request body per scenario and client, side by side"
+    )]
     fn body(self, s: Scenario, model: &str, stream: bool) -> Value {
         let weather_schema = json!({"type": "object",
             "properties": {"city": {"type": "string"}}, "required": ["city"]});
@@ -402,6 +406,10 @@ fn messages_nonstream(v: &Value, out: &mut Seen) {
     out.cached_tokens = v["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check per field of the transcript, in wire order"
+)]
 fn messages_stream(raw: &str, body: &[u8], out: &mut Seen) {
     // index -> (type, text/thinking/json, signature, id, name, stopped)
     #[derive(Default)]
@@ -742,6 +750,10 @@ fn text_of(content: &Value) -> String {
 }
 
 /// Checks what the provider received for the input-side cells.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check per field of the transcript, in wire order"
+)]
 fn check_upstream(cell: &str, scenario: Scenario, client: Client, anthropic: bool, sent: &Value) {
     let msgs = sent["messages"].as_array().expect("messages");
     match scenario {
@@ -937,6 +949,10 @@ fn every_cell_of_the_translation_matrix() {
 }
 
 #[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check per field of the transcript, in wire order"
+)]
 fn check_cell(
     sluice: &Sluice,
     mock: &Mock,

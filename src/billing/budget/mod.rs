@@ -50,12 +50,12 @@ use std::time::Duration;
 
 pub use window::{Clock, ManualClock, Period, SystemClock, Window};
 
-use crate::backpressure::redis::RedisLimiter;
 use crate::billing::metering::Prices;
 use crate::config::schema::BudgetSection;
 use crate::config::{Config, Model};
 use crate::error::GatewayError;
 use crate::metrics::metrics;
+use crate::redis::SharedRedis;
 
 /// The margin on a reservation: the estimated worst charge × this.
 pub const RESERVATION_MARGIN: f64 = 1.2;
@@ -226,7 +226,7 @@ impl Exceeded {
 pub struct Budgets {
     clock: Arc<dyn Clock>,
     tenants: Mutex<HashMap<Box<str>, Arc<TenantBudget>>>,
-    redis: Arc<RedisLimiter>,
+    redis: Arc<SharedRedis>,
     /// Tenants whose figures [`Budgets::warm`] should read from the ledger.
     to_warm: Mutex<Vec<(Box<str>, BudgetSection)>>,
 }
@@ -244,18 +244,18 @@ pub struct Reservation {
     periods: [Period; 3],
     /// With `redis:` configured: the backend and the reservation's member name (which Redis
     /// holds only when it admitted the reservation).
-    remote: Option<(Arc<RedisLimiter>, String)>,
+    remote: Option<(Arc<SharedRedis>, String)>,
     done: bool,
 }
 
 impl Budgets {
     /// Budgets on the system clock, sharing `redis` (the rate limits' backend) for `redis:`.
-    pub fn new(redis: Arc<RedisLimiter>) -> Self {
+    pub fn new(redis: Arc<SharedRedis>) -> Self {
         Self::with_clock(Arc::new(SystemClock), redis)
     }
 
     /// Budgets on `clock` (tests inject a [`ManualClock`]).
-    pub fn with_clock(clock: Arc<dyn Clock>, redis: Arc<RedisLimiter>) -> Self {
+    pub fn with_clock(clock: Arc<dyn Clock>, redis: Arc<SharedRedis>) -> Self {
         Self {
             clock,
             tenants: Mutex::new(HashMap::new()),

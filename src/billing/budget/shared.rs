@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use super::window::{Period, Window};
 use super::{configured, RESERVATION_TTL};
-use crate::backpressure::redis::{BackendError, RedisLimiter};
 use crate::config::schema::{BudgetSection, RedisSection};
 use crate::metrics::metrics;
+use crate::redis::{BackendError, SharedRedis};
 
 /// Bound of one settlement write.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -148,7 +148,7 @@ fn spend_expiry_s(window: Window, period: &Period) -> i64 {
 /// # Errors
 /// [`BackendError`] when Redis did not answer in time or failed (the caller fails open).
 pub async fn reserve(
-    redis: &RedisLimiter,
+    redis: &SharedRedis,
     settings: &RedisSection,
     call: &Call<'_>,
 ) -> Result<Answer, BackendError> {
@@ -192,7 +192,7 @@ pub async fn reserve(
 /// `sluice_ratelimit_backend_errors_total{kind="budget_settle"}` and logged (its charge is
 /// then missing from Redis, still in the ledger).
 pub fn settle(
-    redis: Arc<RedisLimiter>,
+    redis: Arc<SharedRedis>,
     tenant: &str,
     budget: &BudgetSection,
     periods: &[Period; 3],

@@ -11,7 +11,7 @@ fn config(budget: &str) -> Config {
 fn budgets(clock: Arc<ManualClock>) -> Arc<Budgets> {
     Arc::new(Budgets::with_clock(
         clock,
-        Arc::new(RedisLimiter::new(None)),
+        Arc::new(crate::redis::SharedRedis::new(None)),
     ))
 }
 

@@ -117,6 +117,9 @@ impl Signer {
 }
 
 #[cfg(test)]
+mod against_mock;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::secret::Secret;

@@ -158,6 +158,10 @@ fn bulk_chunk() -> String {
 }
 
 /// Build the plan for a provider request and append its record to the log.
+#[expect(
+    clippy::too_many_lines,
+    reason = "every behaviour knob of the mock is decided here, in the order a request meets them"
+)]
 pub(crate) fn prepare(
     state: &MockState,
     req: &Request,
@@ -1044,6 +1048,10 @@ impl Wire {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "each provider's stream wire format, event by event, in one place"
+)]
 async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Result<After> {
     let b = &plan.behavior;
     let m = &plan.meta;
