@@ -101,7 +101,7 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
         status: u16,
         body: &[u8],
     ) -> (String, Option<String>, String) {
-        super::error_parts(upstream, status, body)
+        error_parts(upstream, status, body)
     }
 
     /// The decoder of the provider's stream framing for a stream in `dialect`, when it is
@@ -142,6 +142,24 @@ impl Credential {
         match self {
             Self::Token(c) => Some(c),
             _ => None,
+        }
+    }
+}
+
+/// An upstream error body's `(type, code, message)` in OpenAI's terms, whatever dialect the
+/// provider speaks: OpenAI-compatible bodies keep their own type and code
+/// ([`super::openai::error_parts`]), the others are decoded by the protocol layer and typed by
+/// their canonical kind.
+pub fn error_parts(
+    upstream: Dialect,
+    status: u16,
+    body: &[u8],
+) -> (String, Option<String>, String) {
+    match upstream {
+        Dialect::ChatCompletions => super::openai::error_parts(status, body),
+        up => {
+            let (kind, message) = crate::protocol::decode_error_body(up, status, body);
+            (kind.openai_type().to_string(), None, message)
         }
     }
 }

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use pingora::http::RequestHeader;
 
 use super::adapter::{Adapter, Credential};
-use super::azure::push_segment;
+use crate::config::kinds::push_segment;
 use crate::config::Provider;
 use crate::protocol::Dialect;
 

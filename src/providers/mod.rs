@@ -29,7 +29,7 @@ pub mod vertex;
 
 mod adapter;
 
-pub use adapter::{Adapter, Credential};
+pub use adapter::{error_parts, Adapter, Credential};
 pub use registry::{Registry, Upstream};
 
 use std::collections::HashMap;
@@ -499,24 +499,6 @@ pub fn provider_error_parts(
     body: &[u8],
 ) -> (String, Option<String>, String) {
     adapter(provider.kind).error_parts(upstream, status, body)
-}
-
-/// An upstream error body's `(type, code, message)` in OpenAI's terms, whatever dialect the
-/// provider speaks: OpenAI-compatible bodies keep their own type and code
-/// ([`openai::error_parts`]), the others are decoded by the protocol layer and typed by
-/// their canonical kind.
-pub fn error_parts(
-    upstream: Dialect,
-    status: u16,
-    body: &[u8],
-) -> (String, Option<String>, String) {
-    match upstream {
-        Dialect::ChatCompletions => openai::error_parts(status, body),
-        up => {
-            let (kind, message) = crate::protocol::decode_error_body(up, status, body);
-            (kind.openai_type().to_string(), None, message)
-        }
-    }
 }
 
 /// Adds the provider's credential to a request whose body is `body` (the exact bytes

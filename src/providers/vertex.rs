@@ -26,9 +26,9 @@ use std::borrow::Cow;
 use pingora::http::RequestHeader;
 
 use super::adapter::{Adapter, Credential};
-use super::azure::push_segment;
 use super::google_auth::ServiceAccountFetcher;
 use super::token::TokenCache;
+use crate::config::kinds::push_segment;
 pub use crate::config::vertex::{default_base_url, valid_name, VertexAccount};
 use crate::config::Provider;
 use crate::protocol::{Dialect, ModelPlacement};

@@ -38,7 +38,7 @@ use std::borrow::Cow;
 use pingora::http::RequestHeader;
 
 use super::adapter::{Adapter, Credential};
-use super::azure::push_segment;
+use crate::config::kinds::push_segment;
 use crate::config::Provider;
 use crate::protocol::{Dialect, ModelPlacement};
 use eventstream::EventStreamDecoder;
@@ -229,7 +229,7 @@ impl Adapter for Bedrock {
                 None,
                 message,
             ),
-            None => super::error_parts(upstream, status, body),
+            None => super::adapter::error_parts(upstream, status, body),
         }
     }
 
