@@ -16,7 +16,6 @@ use sluice::config::{
     Capability, HopTimeouts, Model, PassiveHealth, Provider, ProviderKind, Route, Strategy,
 };
 use sluice::routing::{plan, Preference, RouteNeeds};
-use sluice::sse::ModelRewriter;
 
 const MODEL: &str = "acme/bench-chat";
 
@@ -41,7 +40,7 @@ fn provider(id: &str) -> Arc<Provider> {
         api_version: None,
         aws: None,
         vertex: None,
-        bearer: None,
+        token_source: None,
     })
 }
 
@@ -54,7 +53,6 @@ fn model(n: usize, strategy: Strategy) -> Model {
             let upstream = format!("upstream-model-{i}");
             Route {
                 health_key: format!("{id}/{upstream}"),
-                rewriter: ModelRewriter::new(MODEL),
                 provider: provider(&id),
                 upstream_model: upstream,
                 priority: i32::try_from(i / 2).unwrap_or(0),

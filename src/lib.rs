@@ -12,6 +12,7 @@
 //! |---|---|
 //! | [`cli`] | the command line contract (`-c`, `-t`, `-d`, `-u`; `key new`) |
 //! | [`config`] | YAML schema, validation with file:line:key errors, the virtual key table of a snapshot |
+//! | [`live`] | the live pair a request pins: the config snapshot and the provider registry built from it, swapped together |
 //! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
 //! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
@@ -25,7 +26,7 @@
 //! | [`passthrough`] | routes to plain upstreams on Pingora's native path: the table hot reload swaps, load balancing and health checks, forwarding headers |
 //! | [`routing`] | candidate lists (capabilities, policy, preference, strategy) and health |
 //! | [`protocol`] | the wire APIs (Chat Completions, Messages, Responses) and the one canonical model every request, answer and stream event is translated through |
-//! | [`providers`] | peers, upstream request heads and signers (bearer tokens refreshed in the background for Vertex AI), content decoding, the demo provider: the mock provider of tests and benches (the workspace crate `sluice_mock_upstream`, `crates/mock-upstream`) run in demo mode, in process |
+//! | [`providers`] | one [`providers::Adapter`] per provider kind, the registry of resolved providers (adapter and live credential), peers, upstream request heads and signers (bearer tokens refreshed in the background for Vertex AI), content decoding, the demo provider: the mock provider of tests and benches (the workspace crate `sluice_mock_upstream`, `crates/mock-upstream`) run in demo mode, in process |
 //! | [`sse`] | the SSE hot path: normalizer (UTF-8 repair, truncation), model echo, usage |
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
@@ -56,6 +57,7 @@ pub mod engine;
 pub mod error;
 pub mod fd_limit;
 pub mod ingress;
+pub mod live;
 pub mod logging;
 pub mod metrics;
 pub mod outcome;

@@ -547,7 +547,7 @@ pub fn init_config_series(cfg: &crate::config::Config) {
                     .with_label_values(&[p, check.mode.as_str(), result]);
             }
         }
-        if provider.bearer.is_some() {
+        if provider.token_source.is_some() {
             for result in ["ok", "error"] {
                 m.provider_token_fetches_total
                     .with_label_values(&[p, result]);

@@ -18,7 +18,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::sync::watch;
 
-use crate::config::ConfigHandle;
+use crate::live::ConfigHandle;
 
 static CANCEL: LazyLock<watch::Sender<bool>> = LazyLock::new(|| watch::channel(false).0);
 

@@ -105,10 +105,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::config::ConfigHandle;
 use crate::edge::head_guard::{self, HeadLimits, HeadScan};
 use crate::edge::screen::ConnectionCap;
 use crate::error::GatewayError;
+use crate::live::ConfigHandle;
 use crate::metrics::metrics;
 use crate::protocol::Dialect;
 use crate::proxy::gateway::Gateway;

@@ -393,16 +393,24 @@ async fn open(
     timeouts: HopTimeouts,
 ) -> Opened {
     let provider = &route.provider;
-    let target = match providers::target(provider).await {
+    let resolved = ctx.registry.upstream(provider);
+    let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
         Err(m) => return Opened::Failed(AttemptFailure::Connect, m),
     };
     let path = providers::request_path(provider, &route.upstream_model, true);
-    let mut head =
-        match providers::request_head(provider, &target, &path, &body, true, &ctx.request_id) {
-            Ok(h) => h,
-            Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
-        };
+    let mut head = match providers::request_head(
+        provider,
+        &resolved,
+        &target,
+        &path,
+        &body,
+        true,
+        &ctx.request_id,
+    ) {
+        Ok(h) => h,
+        Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
+    };
     if providers::forward_client_headers(
         provider,
         &route.upstream_model,

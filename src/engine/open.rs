@@ -245,7 +245,8 @@ pub(crate) async fn prepare<'r>(
         Ok(b) => Bytes::from(b),
         Err(e) => return Err(Attempt::Final(e)),
     };
-    let target = match providers::target(provider).await {
+    let resolved = ctx.registry.upstream(provider);
+    let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
         Err(m) => {
             let err = GatewayError::UpstreamUnavailable {
@@ -260,9 +261,16 @@ pub(crate) async fn prepare<'r>(
     // resend rather than cloned for every request: the resend is rare, the clone was ~16
     // allocations per request.
     let build_head = || -> Result<pingora::http::RequestHeader, HeadRefused> {
-        let mut head =
-            providers::request_head(provider, &target, &path, &body, req.stream, &ctx.request_id)
-                .map_err(HeadRefused::Bad)?;
+        let mut head = providers::request_head(
+            provider,
+            &resolved,
+            &target,
+            &path,
+            &body,
+            req.stream,
+            &ctx.request_id,
+        )
+        .map_err(HeadRefused::Bad)?;
         providers::forward_client_headers(
             provider,
             &route.upstream_model,
@@ -369,9 +377,16 @@ pub(crate) async fn prepare<'r>(
             resp.headers.get("retry-after-ms").map(|v| v.as_bytes()),
             resp.headers.get("retry-after").map(|v| v.as_bytes()),
         );
-        return Err(
-            upstream_error(&mut up, route, status, retry_after, timeouts, ctx.dialect).await,
-        );
+        return Err(upstream_error(
+            &mut up,
+            route,
+            &ctx.registry.upstream(&route.provider),
+            status,
+            retry_after,
+            timeouts,
+            ctx.dialect,
+        )
+        .await);
     }
     if !req.stream && is_event_stream(resp.headers.get("content-type").map(|v| v.as_bytes())) {
         // A provider that ignored `stream: false`: its events are no chat completion object,
@@ -467,12 +482,12 @@ fn is_event_stream(content_type: Option<&[u8]>) -> bool {
 async fn upstream_error(
     up: &mut UpstreamSession,
     route: &Route,
+    resolved: &providers::Upstream,
     status: u16,
     retry_after: Option<Duration>,
     timeouts: HopTimeouts,
     client: Dialect,
 ) -> Attempt {
-    let provider = &route.provider;
     let mut body = Vec::new();
     // A compressed error body is decoded (bounded) like any answer; an unknown or broken
     // coding leaves what was decoded so far (the status still speaks).
@@ -509,7 +524,7 @@ async fn upstream_error(
     };
     let _ = tokio::time::timeout(timeouts.first_byte, read_all).await;
     up.shutdown().await;
-    let status = providers::error_status(provider, status, &body);
+    let status = providers::error_status(resolved, status, &body);
     let err = normalize_upstream_error(route, status, &body, retry_after, client);
     if retryable_status(status) {
         failed(

@@ -46,7 +46,7 @@ use pingora::proxy::Session;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
-use crate::config::{Model, ProviderKind, Route};
+use crate::config::{Model, Route};
 use crate::engine::upstream::client_gone;
 use crate::engine::upstream::ClientGone;
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
@@ -197,7 +197,7 @@ pub(crate) async fn handle(
             continue;
         }
         let route = cand.route;
-        if route.provider.kind != ProviderKind::Anthropic {
+        if !providers::adapter(route.provider.kind).counts_tokens() {
             // Generation would take this route: its count is the estimate.
             break;
         }
@@ -318,12 +318,14 @@ async fn provider_count(
 ) -> Counted {
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
-    let target = match providers::target(provider).await {
+    let resolved = ctx.registry.upstream(provider);
+    let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
         Err(m) => return failed(route, AttemptFailure::Connect, m),
     };
     let mut head = match providers::request_head(
         provider,
+        &resolved,
         &target,
         anthropic::COUNT_TOKENS_PATH,
         &body,

@@ -95,3 +95,36 @@ impl L4Connect for DemoConnector {
         ))))
     }
 }
+/// The adapter of `kind: demo`: an OpenAI-compatible provider served in-process
+/// ([`connector`]), no key.
+#[derive(Debug)]
+pub struct Demo;
+
+impl super::Adapter for Demo {
+    fn base_dialect(&self) -> crate::protocol::Dialect {
+        crate::protocol::Dialect::ChatCompletions
+    }
+
+    fn path(
+        &self,
+        _: &crate::config::Provider,
+        _: &str,
+        _: bool,
+    ) -> std::borrow::Cow<'static, str> {
+        super::openai::CHAT_COMPLETIONS_PATH.into()
+    }
+
+    fn authorize(
+        &self,
+        provider: &crate::config::Provider,
+        _: &super::Credential,
+        req: &mut pingora::http::RequestHeader,
+        _: &[u8],
+    ) -> pingora::Result<()> {
+        super::openai::authorize_bearer(provider, req)
+    }
+
+    fn connector(&self) -> Option<Arc<dyn L4Connect + Send + Sync>> {
+        Some(connector())
+    }
+}

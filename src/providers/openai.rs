@@ -3,7 +3,14 @@
 //! reading an OpenAI-shaped error body
 //! (<https://platform.openai.com/docs/guides/error-codes>).
 
+use std::borrow::Cow;
+
+use pingora::http::RequestHeader;
 use serde_json::Value;
+
+use super::adapter::{Adapter, Credential};
+use crate::config::Provider;
+use crate::protocol::Dialect;
 
 /// Path of the endpoint under the base URL.
 pub const CHAT_COMPLETIONS_PATH: &str = "/chat/completions";
@@ -51,6 +58,42 @@ pub fn default_type(status: u16) -> &'static str {
         429 => "rate_limit_error",
         _ => "api_error",
     }
+}
+
+/// The adapter of `kind: openai`: OpenAI-compatible Chat Completions, `Authorization:
+/// Bearer` with the provider key.
+#[derive(Debug)]
+pub struct OpenAi;
+
+impl Adapter for OpenAi {
+    fn base_dialect(&self) -> Dialect {
+        Dialect::ChatCompletions
+    }
+
+    fn path(&self, _: &Provider, _: &str, _: bool) -> Cow<'static, str> {
+        CHAT_COMPLETIONS_PATH.into()
+    }
+
+    fn authorize(
+        &self,
+        provider: &Provider,
+        _: &Credential,
+        req: &mut RequestHeader,
+        _: &[u8],
+    ) -> pingora::Result<()> {
+        authorize_bearer(provider, req)
+    }
+}
+
+/// `Authorization: Bearer` with the provider key, when it has one.
+///
+/// # Errors
+/// If the key is not a valid header value.
+pub fn authorize_bearer(provider: &Provider, req: &mut RequestHeader) -> pingora::Result<()> {
+    if let Some(k) = &provider.api_key {
+        req.insert_header("authorization", format!("Bearer {}", k.expose()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

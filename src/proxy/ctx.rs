@@ -78,6 +78,8 @@ pub struct Billing {
 pub struct RequestCtx {
     /// Config snapshot pinned for the whole request (reloads never change it mid-request).
     pub config: Arc<Config>,
+    /// The providers of `config`, resolved (adapters, live credentials), pinned with it.
+    pub registry: Arc<crate::providers::Registry>,
     /// When the request arrived.
     pub received: Instant,
     /// Request id (from a sane `x-request-id` or generated), echoed as `x-request-id`.
@@ -111,10 +113,18 @@ pub struct RequestCtx {
 }
 
 impl RequestCtx {
-    /// A fresh context pinned to `config`.
+    /// A fresh context pinned to `config`, with a registry built from it (for a snapshot
+    /// not loaded through [`crate::live::ConfigHandle`]: tests and tools).
     pub fn new(config: Arc<Config>) -> Self {
+        let registry = Arc::new(crate::providers::Registry::build(&config));
+        Self::pinned(&crate::live::Live { config, registry })
+    }
+
+    /// A fresh context pinned to `live`: its config snapshot and registry.
+    pub fn pinned(live: &crate::live::Live) -> Self {
         Self {
-            config,
+            config: live.config.clone(),
+            registry: live.registry.clone(),
             received: Instant::now(),
             request_id: String::new(),
             caller: None,

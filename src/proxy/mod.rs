@@ -44,7 +44,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Box<RequestCtx> {
         // The first hook after the request head: its deadline is met.
         connection::head_complete();
-        Box::new(RequestCtx::new(self.config.snapshot()))
+        Box::new(RequestCtx::pinned(&self.config.pinned()))
     }
 
     async fn early_request_filter(

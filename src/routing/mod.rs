@@ -312,7 +312,6 @@ fn order_by_strategy(cands: &mut [Candidate<'_>], strategy: Strategy, needs: &Ro
 mod tests {
     use super::*;
     use crate::config::{HopTimeouts, PassiveHealth, Provider, ProviderKind};
-    use crate::sse::ModelRewriter;
     use std::time::Duration;
 
     fn provider(id: &str) -> Arc<Provider> {
@@ -336,7 +335,7 @@ mod tests {
             api_version: None,
             aws: None,
             vertex: None,
-            bearer: None,
+            token_source: None,
         })
     }
 
@@ -352,7 +351,6 @@ mod tests {
             cache_write_usd_per_mtok: None,
             capabilities: caps,
             supports_prefill: false,
-            rewriter: ModelRewriter::new(model),
             health_key: format!("{model}|{p}/{p}-m"),
             context_window_tokens: None,
         }

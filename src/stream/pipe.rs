@@ -84,9 +84,10 @@ pub(crate) struct StreamPipe<'r> {
     client: Dialect,
     /// Upstream and client dialects differ: the translator (`None` = the fast path).
     protocol: Option<protocol::StreamTranslator>,
-    /// The same-dialect model echo when it is not the route's (Chat) one: Messages
-    /// streams name the model in `message_start`'s `message.model`.
-    rewriter: Option<ModelRewriter>,
+    /// The same-dialect model echo: puts the standard id in the events, whatever model id
+    /// the provider answered (Chat: top-level `model`; Messages: `message_start`'s
+    /// `message.model`).
+    rewriter: ModelRewriter,
     /// Where this stream's events name the model (see [`sse::EchoMemo`]).
     echo: sse::EchoMemo,
     /// Output for the client, taken with [`take`](Self::take).
@@ -155,8 +156,11 @@ impl<'r> StreamPipe<'r> {
         };
         let strip_usage =
             protocol.is_none() && client == Dialect::ChatCompletions && !include_usage;
-        let rewriter = (client == Dialect::Messages && protocol.is_none())
-            .then(|| ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model));
+        let rewriter = if client == Dialect::Messages && protocol.is_none() {
+            ModelRewriter::at(ModelPath::new(&["message", "model"]), standard_model)
+        } else {
+            ModelRewriter::new(standard_model)
+        };
         let decoder = content_decoder(route, coding)?;
         Ok(Self {
             decoder,
@@ -440,8 +444,6 @@ impl<'r> StreamPipe<'r> {
                 self.finish_seen = true;
             }
             self.rewriter
-                .as_ref()
-                .unwrap_or(&self.route.rewriter)
                 .rewrite_event(&ev, &mut self.echo, &mut self.out);
             if self.strip_usage && self.out.ends_with(NULL_USAGE_END) {
                 // With `include_usage` every chunk ends `"usage":null` (OpenAI's format):

@@ -155,7 +155,9 @@ pub(crate) async fn unary(
     let out: Bytes = match (ctx.dialect, upstream) {
         (client, up) if client == up => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
-            route.rewriter.rewrite_json(&body, &mut out);
+            // The model that answered (a fallback model names itself, as its routes do).
+            sse::ModelRewriter::new(ctx.answering_model().unwrap_or_default())
+                .rewrite_json(&body, &mut out);
             out.freeze()
         }
         (client, up) => match protocol::decode_response(up, &body, unix_now()) {
