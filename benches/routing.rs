@@ -40,7 +40,7 @@ fn provider(id: &str) -> Arc<Provider> {
         api_version: None,
         aws: None,
         vertex: None,
-        bearer: None,
+        token_source: None,
     })
 }
 

@@ -11,7 +11,7 @@ bash scripts/install-deps.sh
 export SLUICE_PYTHON="$PWD/.venv/bin/python"
 cargo build --locked --bins
 # Unit, e2e and fuzz (quick round) tests. The fuzz budget below is not applied here.
-SLUICE_FUZZ_SECS=0 cargo test --locked --lib --bins --tests -- --test-threads "${SLUICE_TEST_THREADS:-4}"
+SLUICE_FUZZ_SECS=0 cargo test --locked --workspace --lib --bins --tests -- --test-threads "${SLUICE_TEST_THREADS:-4}"
 bash scripts/test-vendor.sh # The patched Pingora crates' own tests and each patch's test (vendor/README.md).
 # Each bench once in test mode (criterion runs every case once; the process benches run a
 # short sanity pass), so a bench that no longer works fails CI.

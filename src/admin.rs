@@ -12,7 +12,7 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use crate::config::ConfigHandle;
+use crate::live::ConfigHandle;
 
 /// The admin HTTP app.
 #[derive(Debug)]

@@ -34,7 +34,8 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::backpressure::Admission;
-use crate::config::{expand_include, Config, ConfigError, ConfigHandle};
+use crate::config::{expand_include, Config, ConfigError};
+use crate::live::ConfigHandle;
 use crate::metrics::metrics;
 use crate::tls::CertResolver;
 

@@ -18,7 +18,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::sync::watch;
 
-use crate::config::ConfigHandle;
+use crate::live::ConfigHandle;
 
 static CANCEL: LazyLock<watch::Sender<bool>> = LazyLock::new(|| watch::channel(false).0);
 
@@ -93,11 +93,6 @@ fn run_hooks(hooks: &[ExitHook]) {
 pub async fn streams_cancelled() {
     let mut rx = CANCEL.subscribe();
     let _ = rx.wait_for(|v| *v).await;
-}
-
-/// Whether the process is shutting down and the grace period is over.
-pub fn is_cancelled() -> bool {
-    *CANCEL.borrow()
 }
 
 /// The background service that times the grace period.

@@ -32,8 +32,8 @@ use proptest::test_runner::{Config as PtConfig, TestCaseError, TestError, TestRu
 
 use sluice::config::Config;
 use sluice::ingress::request::parse_chat;
-use sluice::mock_upstream::{decode_request, DecodedRequest};
 use sluice::sse::SseNormalizer;
+use sluice_mock_upstream::{decode_request, DecodedRequest};
 
 // ---------------------------------------------------------------- the harness
 

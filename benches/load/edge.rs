@@ -390,6 +390,10 @@ fn negotiated(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> Result<String, Strin
 /// Adds the targets `LOAD_TARGETS` asks for (`tls`, `h2`, `passthrough`): starts the edge
 /// Sluice and, when nginx is installed and `o.sanity` is off, the edge nginx. Notes what
 /// was skipped and the negotiated cipher suite of each TLS server (and a mismatch).
+#[expect(
+    clippy::too_many_lines,
+    reason = "the nginx and the Sluice configs of a row are written side by side, field for field"
+)]
 pub(super) fn start(
     dir: &Path,
     o: &Opts,

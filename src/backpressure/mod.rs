@@ -417,24 +417,8 @@ impl Admission {
         Some(self.local.windows().status(&plan, share))
     }
 
-    /// Steps 1 and 2: tenant concurrency and rates (through Redis when configured and up).
-    /// Writes the status to report into `status`.
-    ///
-    /// # Errors
-    /// A 429 [`GatewayError::RateLimited`] naming the limit.
-    pub async fn admit_tenant(
-        &self,
-        config: &Config,
-        tenant: Option<&str>,
-        model: Option<&str>,
-        cost: u64,
-        status: &mut Option<RateLimitStatus>,
-    ) -> Result<TenantPermit, GatewayError> {
-        self.admit_tenant_holding(config, tenant, model, cost, status, TenantSlot::default())
-            .await
-    }
-
-    /// [`Self::admit_tenant`] keeping a tenant slot already taken.
+    /// Steps 1 and 2: tenant concurrency and rates (through Redis when configured and up),
+    /// keeping a tenant slot already taken. Writes the status to report into `status`.
     async fn admit_tenant_holding(
         &self,
         config: &Config,

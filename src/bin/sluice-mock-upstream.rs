@@ -1,5 +1,5 @@
 //! `sluice-mock-upstream`: a standalone mock model provider (OpenAI Chat Completions and
-//! Anthropic Messages wire formats) for Sluice's tests; see `sluice::mock_upstream`.
+//! Anthropic Messages wire formats) for Sluice's tests; see `sluice_mock_upstream`.
 //!
 //! Prints exactly one line `listening on ADDR` to stdout after binding, logs to stderr
 //! (`RUST_LOG`), and runs until SIGINT/SIGTERM.
@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice::mock_upstream::{serve, Behavior, MockState};
+use sluice_mock_upstream::{serve, Behavior, MockState};
 
 /// Command line arguments.
 #[derive(Debug, Parser)]
@@ -20,7 +20,7 @@ struct Args {
     /// Address to listen on (port 0 picks an ephemeral port).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
-    /// Process-wide default behaviour as JSON (see `sluice::mock_upstream::Behavior`).
+    /// Process-wide default behaviour as JSON (see `sluice_mock_upstream::Behavior`).
     #[arg(long)]
     behavior: Option<String>,
 }

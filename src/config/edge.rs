@@ -3,7 +3,7 @@
 //! limits (`per_ip:`) and the proxies whose `X-Forwarded-For` is believed
 //! (`trusted_proxies:`). The YAML fields are in [`super::schema::ServerSection`]; the checks
 //! that use them live in `crate::edge::screen` (head limits, per-IP rate),
-//! `crate::edge::connection` (per-IP connection cap) and `crate::edge::client_ip`.
+//! `crate::edge::connection` (per-IP connection cap) and `crate::client_ip`.
 
 use std::net::IpAddr;
 

@@ -1,22 +1,24 @@
 //! Owns the configuration: loading YAML (with `include:`), validating it into the immutable
-//! [`Config`] snapshot every request pins, and the process-wide [`ConfigHandle`] that hot
-//! reload swaps.
+//! [`Config`] snapshot every request pins (with the provider registry built from it, see
+//! `crate::live`). The snapshot is data only: nothing here depends on the modules above it.
 //!
 //! Errors come back as [`ConfigError`] naming file, line, column and key path.
 
+pub mod aws;
 pub mod edge;
 pub mod error;
 pub mod keys;
+pub mod kinds;
 pub mod ledger;
 mod model_fallback;
 pub mod opt_in;
 pub mod passthrough;
+pub mod retry;
 pub mod schema;
 pub mod tls;
 mod validate;
-mod vertex;
+pub mod vertex;
 
-use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::ConfigError;
+pub use retry::RetryPolicy;
 pub use schema::{Capability, LogFormat, ProviderKind, Strategy};
 pub(crate) use validate::expand_include;
 
@@ -67,7 +70,7 @@ pub struct ServerSettings {
     /// Downstream TLS listener address (`host:port`), if any.
     pub tls_listen: Option<String>,
     /// Its certificates, loaded and checked (present iff `tls_listen` is).
-    pub tls: Option<Arc<crate::tls::CertSet>>,
+    pub tls: Option<Arc<crate::tls::certs::CertSet>>,
     /// Admin listener address (`host:port`).
     pub admin_listen: String,
     /// Pingora worker threads.
@@ -121,7 +124,7 @@ pub struct ServerSettings {
     /// Deadline for a whole request body (`server.body_read_timeout_ms`).
     pub body_read_timeout: Duration,
     /// `server.retry`.
-    pub retry: crate::routing::retry::RetryPolicy,
+    pub retry: RetryPolicy,
     /// Head limits, per-IP limits, trusted proxies.
     pub edge: edge::EdgeSettings,
 }
@@ -282,7 +285,7 @@ pub struct Provider {
     /// The provider key, if any.
     pub api_key: Option<Secret>,
     /// Trust anchors of its TLS certificate (`ca_file`); `None`: the system store.
-    pub ca: Option<crate::tls::UpstreamCa>,
+    pub ca: Option<crate::tls::certs::UpstreamCa>,
     /// Receive window of one HTTP/2 stream to it, bytes (`server.max_buffered_bytes_per_stream`).
     pub h2_stream_window: usize,
     /// Hop timeouts.
@@ -300,30 +303,16 @@ pub struct Provider {
     /// `providers.<id>.api_version`: Azure OpenAI's `api-version` query parameter (set for
     /// `azure_openai`, `None` for every other kind).
     pub api_version: Option<String>,
-    /// `bedrock`: the SigV4 signer (region and credentials, read at load); `None` for every
-    /// other kind.
-    pub aws: Option<crate::providers::bedrock::sigv4::Signer>,
+    /// `bedrock`: the region and the AWS credentials read at load (the registry's SigV4
+    /// signer is built from them); `None` for every other kind.
+    pub aws: Option<aws::AwsAccount>,
     /// `providers.<id>.project` and `.region` of a Vertex AI provider (`None` for every
     /// other kind).
-    pub vertex: Option<crate::providers::vertex::VertexAccount>,
-    /// The bearer token the provider's credential is exchanged for at run time (Vertex AI's
-    /// service-account key), shared by its requests and refreshed in the background; sent
-    /// as `Authorization: Bearer` ([`crate::providers::target`]). `None`: a static key or none.
-    pub bearer: Option<Arc<crate::providers::token::TokenCache>>,
-}
-
-impl Provider {
-    /// The wire API the provider serves `upstream_model` in: the kind's one dialect
-    /// ([`ProviderKind::dialect`]), except on Vertex AI, where Claude models speak Messages
-    /// and the others the Gemini dialect, and on Bedrock, where Claude models speak
-    /// Messages (`InvokeModel`) and the others Converse.
-    pub fn dialect_for(&self, upstream_model: &str) -> crate::protocol::UpstreamDialect {
-        match self.kind {
-            ProviderKind::Vertex => crate::providers::vertex::dialect(upstream_model),
-            ProviderKind::Bedrock => crate::providers::bedrock::dialect(upstream_model),
-            kind => kind.dialect(),
-        }
-    }
+    pub vertex: Option<vertex::VertexAccount>,
+    /// Where the provider's credential is exchanged for a bearer token at run time (Vertex
+    /// AI's service-account key and token URL); the registry's token cache, shared by its
+    /// requests and refreshed in the background, uses it. `None`: a static key or none.
+    pub token_source: Option<vertex::TokenSource>,
 }
 
 /// A standard model: what clients ask for and see.
@@ -344,7 +333,7 @@ pub struct Model {
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
     /// Same-route retries (`server.retry` with `models.<id>.retry` over it).
-    pub retry: crate::routing::retry::RetryPolicy,
+    pub retry: RetryPolicy,
     /// `models.<id>.hedge_after_ms`: when a hedge starts (`None`: never).
     pub hedge_after: Option<opt_in::HedgeAfter>,
     /// `models.<id>.affinity`.
@@ -402,14 +391,6 @@ pub struct Route {
 }
 
 impl Route {
-    /// The wire API this route's requests are sent in. Per route, not per provider kind, so
-    /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
-    /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
-    /// it is the kind's one dialect ([`ProviderKind::dialect`]).
-    pub fn dialect(&self) -> crate::protocol::UpstreamDialect {
-        self.provider.dialect_for(&self.upstream_model)
-    }
-
     /// Whether the route supports `cap`.
     pub fn supports(&self, cap: Capability) -> bool {
         self.capabilities.as_ref().is_none_or(|c| c.contains(&cap))
@@ -456,30 +437,5 @@ impl Config {
             t.first_event = fe;
         }
         t
-    }
-}
-
-/// The live configuration, swapped atomically by hot reload.
-#[derive(Debug)]
-pub struct ConfigHandle {
-    current: ArcSwap<Config>,
-}
-
-impl ConfigHandle {
-    /// Wraps an initial snapshot.
-    pub fn new(cfg: Config) -> Self {
-        Self {
-            current: ArcSwap::from_pointee(cfg),
-        }
-    }
-
-    /// The current snapshot (pin it for a whole request).
-    pub fn snapshot(&self) -> Arc<Config> {
-        self.current.load_full()
-    }
-
-    /// Replaces the snapshot.
-    pub fn store(&self, cfg: Config) {
-        self.current.store(Arc::new(cfg));
     }
 }

@@ -502,25 +502,6 @@ pub enum ProviderKind {
     Vertex,
 }
 
-impl ProviderKind {
-    /// The wire API the provider speaks: OpenAI-compatible, Azure OpenAI and demo providers
-    /// speak Chat Completions, Anthropic speaks Messages, Gemini its own `contents`/`parts`;
-    /// Bedrock's Claude models speak Messages, its other models Converse (a route's
-    /// [`crate::config::Route::dialect`] is the one that counts).
-    pub fn dialect(self) -> crate::protocol::UpstreamDialect {
-        match self {
-            ProviderKind::Openai | ProviderKind::Demo | ProviderKind::AzureOpenai => {
-                crate::protocol::UpstreamDialect::ChatCompletions
-            }
-            ProviderKind::Anthropic | ProviderKind::Bedrock => {
-                crate::protocol::UpstreamDialect::Messages
-            }
-            // Vertex AI's own models; its Claude models speak Messages (`Route::dialect`).
-            ProviderKind::Gemini | ProviderKind::Vertex => crate::protocol::UpstreamDialect::Gemini,
-        }
-    }
-}
-
 /// `providers.<id>`: one provider endpoint and account.
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::error::ConfigError;
-use crate::tls::{load_certified_key, CertEntry, CertFile, CertSet, CertSetError};
+use crate::tls::certs::{load_certified_key, CertEntry, CertFile, CertSet, CertSetError};
 
 /// `server.tls:`: the downstream TLS listener's certificates.
 #[derive(Debug, Deserialize, Clone, Default)]

@@ -105,10 +105,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::config::ConfigHandle;
 use crate::edge::head_guard::{self, HeadLimits, HeadScan};
 use crate::edge::screen::ConnectionCap;
 use crate::error::GatewayError;
+use crate::live::ConfigHandle;
 use crate::metrics::metrics;
 use crate::protocol::ClientDialect;
 use crate::proxy::gateway::Gateway;
@@ -182,6 +182,10 @@ pub enum Cut {
 
 #[async_trait]
 impl ServerApp for DownstreamApp {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the keep-alive loop's states (head deadline, pipelining, shutdown) read best in one place"
+    )]
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,

@@ -29,8 +29,8 @@ use pingora_limits::rate::{Rate, RateComponents, PROPORTIONAL_RATE_ESTIMATE_CALC
 
 use pingora::proxy::Session;
 
+use crate::client_ip::client_ip;
 use crate::config::edge::{EdgeSettings, PerIpSettings};
-use crate::edge::client_ip::client_ip;
 use crate::error::GatewayError;
 use crate::metrics::metrics;
 use crate::proxy::ctx::RequestCtx;

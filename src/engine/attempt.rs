@@ -245,7 +245,7 @@ async fn run_stage(
         let mut tries_here = 0u32;
         loop {
             tries_here += 1;
-            ctx.attempt_count += 1;
+            ctx.attempts.count += 1;
             let tried = hedge::attempt(
                 AttemptState {
                     connector,
@@ -295,14 +295,14 @@ async fn run_stage(
                         .upstream_attempts_total
                         .with_label_values(&[route.provider.id.as_str(), reason])
                         .inc();
-                    ctx.attempts.push(AttemptError {
+                    ctx.attempts.failed.push(AttemptError {
                         provider: route.provider.id.clone(),
                         upstream_model: route.upstream_model.clone(),
                         failure: AttemptFailure::ContextLength,
                         detail: format!("HTTP {}", err.status()),
                         retry_after: None,
                     });
-                    ctx.failed_routes += 1;
+                    ctx.attempts.failed_routes += 1;
                     st.previous = Some((route.provider.id.clone(), reason));
                     st.rejected_by = Some(route.provider.id.clone());
                     return Ok(StageEnd::Context {
@@ -364,7 +364,7 @@ async fn run_stage(
                         ae.failure,
                         if wait.is_some() { None } else { ae.retry_after },
                     );
-                    ctx.attempts.push(ae);
+                    ctx.attempts.failed.push(ae);
                     st.last_error = Some(err);
                     st.rejected_by = None;
                     // A route that just started resting (turned unhealthy, or its half-open
@@ -382,7 +382,7 @@ async fn run_stage(
                         continue;
                     }
                     st.previous = Some((route.provider.id.clone(), reason));
-                    ctx.failed_routes += 1;
+                    ctx.attempts.failed_routes += 1;
                     break;
                 }
             }

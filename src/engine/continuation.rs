@@ -93,6 +93,10 @@ const CONTINUABLE: [&str; 5] = [
 /// # Errors
 /// The stream error to end the stream with when it is not continued (`err`, its message
 /// saying why not when the break was eligible); `Ok` is how the stream ended otherwise.
+#[expect(
+    clippy::too_many_lines,
+    reason = "eligibility, re-encoding and the splice are one linear sequence"
+)]
 pub(crate) async fn resume<'r>(
     s: AttemptState<'_, 'r>,
     pipe: &mut StreamPipe<'r>,
@@ -218,7 +222,7 @@ pub(crate) async fn resume<'r>(
             cand.release_trial();
             continue;
         };
-        ctx.attempt_count += 1;
+        ctx.attempts.count += 1;
         let timeouts = ctx.config.timeouts_for(&route.provider, model);
         match open(
             connector,
@@ -302,7 +306,7 @@ pub(crate) async fn resume<'r>(
     }
     ctx.outcome.provider = Some(route.provider.id.clone());
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
-    ctx.failed_routes += 1;
+    ctx.attempts.failed_routes += 1;
     log::info!(target: "sluice::proxy::continuation",
         "stream continued request_id={} reason={} provider={} text_bytes={}",
         ctx.request_id, err.reason, route.provider.id, text.len()
@@ -389,16 +393,24 @@ async fn open(
     timeouts: HopTimeouts,
 ) -> Opened {
     let provider = &route.provider;
-    let target = match providers::target(provider).await {
+    let resolved = ctx.registry.upstream(provider);
+    let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
         Err(m) => return Opened::Failed(AttemptFailure::Connect, m),
     };
     let path = providers::request_path(provider, &route.upstream_model, true);
-    let mut head =
-        match providers::request_head(provider, &target, &path, &body, true, &ctx.request_id) {
-            Ok(h) => h,
-            Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
-        };
+    let mut head = match providers::request_head(
+        provider,
+        &resolved,
+        &target,
+        &path,
+        &body,
+        true,
+        &ctx.request_id,
+    ) {
+        Ok(h) => h,
+        Err(e) => return Opened::Failed(AttemptFailure::Protocol, e.to_string()),
+    };
     if providers::forward_client_headers(
         provider,
         &route.upstream_model,

@@ -296,7 +296,7 @@ async fn attempt_phased(
         hedge: Some(j),
     };
     // The extra upstream request is one of the request's attempts.
-    ctx.attempt_count += 1;
+    ctx.attempts.count += 1;
     let side = |s: Side| if s == Side::Primary { idx } else { j };
     let start_of = |s: Side| {
         if s == Side::Primary {
@@ -517,7 +517,7 @@ fn cancelled(ctx: &mut RequestCtx, model: &Model, loser: &Candidate<'_>, started
         route.upstream_model
     );
     let fallback_depth = ctx.fallback_depth();
-    ctx.cancelled_hedges.push(CancelledHedge {
+    ctx.billing.cancelled_hedges.push(CancelledHedge {
         model: model.id.clone(),
         provider: route.provider.id.clone(),
         upstream_model: route.upstream_model.clone(),
@@ -555,10 +555,10 @@ fn record_failed(
         .inc();
     cand.health
         .record_failure(&cand.route.provider.passive_health, ae.retry_after);
-    ctx.attempts.push(ae);
+    ctx.attempts.failed.push(ae);
     if failed < then {
         // The first attempt failed and the hedge carried on: a fallback.
-        ctx.failed_routes += 1;
+        ctx.attempts.failed_routes += 1;
         metrics()
             .fallback_total
             .with_label_values(&[

@@ -167,8 +167,8 @@ impl Phase {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         if let Some(ae) = taken {
-            ctx.attempt_count += 1;
-            ctx.attempts.push(ae);
+            ctx.attempts.count += 1;
+            ctx.attempts.failed.push(ae);
         }
     }
 }
@@ -245,6 +245,10 @@ async fn commit_unary(
 /// event. It touches no downstream state and nothing of `ctx` but reads, so a caller may
 /// race it against the client's disconnect and against another route's (a hedge); dropping
 /// it drops its upstream connection. `phase` follows where it is.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one attempt's steps in order: encode, sign, open, judge the head, hold the first event"
+)]
 pub(crate) async fn prepare<'r>(
     connector: &Connector,
     ctx: &RequestCtx,
@@ -259,7 +263,8 @@ pub(crate) async fn prepare<'r>(
         Ok(b) => Bytes::from(b),
         Err(e) => return Err(Attempt::Final(e)),
     };
-    let target = match providers::target(provider).await {
+    let resolved = ctx.registry.upstream(provider);
+    let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
         Err(m) => {
             let err = GatewayError::UpstreamUnavailable {
@@ -274,9 +279,16 @@ pub(crate) async fn prepare<'r>(
     // resend rather than cloned for every request: the resend is rare, the clone was ~16
     // allocations per request.
     let build_head = || -> Result<pingora::http::RequestHeader, HeadRefused> {
-        let mut head =
-            providers::request_head(provider, &target, &path, &body, req.stream, &ctx.request_id)
-                .map_err(HeadRefused::Bad)?;
+        let mut head = providers::request_head(
+            provider,
+            &resolved,
+            &target,
+            &path,
+            &body,
+            req.stream,
+            &ctx.request_id,
+        )
+        .map_err(HeadRefused::Bad)?;
         providers::forward_client_headers(
             provider,
             &route.upstream_model,
@@ -383,9 +395,16 @@ pub(crate) async fn prepare<'r>(
             resp.headers.get("retry-after-ms").map(|v| v.as_bytes()),
             resp.headers.get("retry-after").map(|v| v.as_bytes()),
         );
-        return Err(
-            upstream_error(&mut up, route, status, retry_after, timeouts, ctx.dialect).await,
-        );
+        return Err(upstream_error(
+            &mut up,
+            route,
+            &ctx.registry.upstream(&route.provider),
+            status,
+            retry_after,
+            timeouts,
+            ctx.dialect,
+        )
+        .await);
     }
     if !req.stream && is_event_stream(resp.headers.get("content-type").map(|v| v.as_bytes())) {
         // A provider that ignored `stream: false`: its events are no chat completion object,
@@ -481,12 +500,12 @@ fn is_event_stream(content_type: Option<&[u8]>) -> bool {
 async fn upstream_error(
     up: &mut UpstreamSession,
     route: &Route,
+    resolved: &providers::Upstream,
     status: u16,
     retry_after: Option<Duration>,
     timeouts: HopTimeouts,
     client: ClientDialect,
 ) -> Attempt {
-    let provider = &route.provider;
     let mut body = Vec::new();
     // A compressed error body is decoded (bounded) like any answer; an unknown or broken
     // coding leaves what was decoded so far (the status still speaks).
@@ -523,7 +542,7 @@ async fn upstream_error(
     };
     let _ = tokio::time::timeout(timeouts.first_byte, read_all).await;
     up.shutdown().await;
-    let status = providers::error_status(provider, status, &body);
+    let status = providers::error_status(resolved, status, &body);
     let err = normalize_upstream_error(route, status, &body, retry_after, client);
     if retryable_status(status) {
         failed(

@@ -46,7 +46,7 @@ use pingora::proxy::Session;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
-use crate::config::{Model, ProviderKind, Route};
+use crate::config::{Model, Route};
 use crate::engine::upstream::client_gone;
 use crate::engine::upstream::ClientGone;
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
@@ -149,6 +149,10 @@ enum Counted {
 /// # Errors
 /// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
 /// [`ChatError::Gone`] when the client left.
+#[expect(
+    clippy::too_many_lines,
+    reason = "authentication, body, plan and the provider-or-estimate decision in request order"
+)]
 pub(crate) async fn handle(
     gw: &Gateway,
     session: &mut Session,
@@ -193,7 +197,7 @@ pub(crate) async fn handle(
             continue;
         }
         let route = cand.route;
-        if route.provider.kind != ProviderKind::Anthropic {
+        if !providers::adapter(route.provider.kind).counts_tokens() {
             // Generation would take this route: its count is the estimate.
             break;
         }
@@ -203,7 +207,7 @@ pub(crate) async fn handle(
         };
         // Encoded per route: the upstream model differs.
         let body = Bytes::from(count::encode_request(&req.body, &route.upstream_model));
-        ctx.attempt_count += 1;
+        ctx.attempts.count += 1;
         match provider_count(
             &gw.connector,
             session,
@@ -236,8 +240,8 @@ pub(crate) async fn handle(
                     "token count failed request_id={} provider={} upstream_model={} reason={} detail={:?}",
                     ctx.request_id, ae.provider, ae.upstream_model, ae.failure.label(), ae.detail
                 );
-                ctx.attempts.push(ae);
-                ctx.failed_routes += 1;
+                ctx.attempts.failed.push(ae);
+                ctx.attempts.failed_routes += 1;
             }
         }
     }
@@ -299,6 +303,10 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
 /// One count against one Anthropic route: connect (a stale pooled connection gets one
 /// fresh retry), send, read the head and the (bounded, decoded) body, each step within the
 /// route's `connect` and `first_byte` timeouts.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one upstream exchange and the normalization of its answer, in order"
+)]
 async fn provider_count(
     connector: &Connector,
     session: &mut Session,
@@ -310,12 +318,14 @@ async fn provider_count(
 ) -> Counted {
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
-    let target = match providers::target(provider).await {
+    let resolved = ctx.registry.upstream(provider);
+    let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
         Err(m) => return failed(route, AttemptFailure::Connect, m),
     };
     let mut head = match providers::request_head(
         provider,
+        &resolved,
         &target,
         anthropic::COUNT_TOKENS_PATH,
         &body,

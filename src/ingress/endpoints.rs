@@ -123,7 +123,7 @@ pub(crate) fn authenticate(
         .authenticate(&key)
         .cloned()
         .ok_or_else(|| GatewayError::InvalidVirtualKey("invalid API key".into()))?;
-    ctx.rate_limit = gw.admission.status(&ctx.config, &caller.tenant, None);
+    ctx.admission.rate_limit = gw.admission.status(&ctx.config, &caller.tenant, None);
     ctx.caller = Some(caller.clone());
     Ok(caller)
 }
@@ -195,9 +195,9 @@ async fn infer(
     ctx.dialect = dialect;
     let caller = authenticate(gw, session, ctx)?;
     let config = ctx.config.clone();
-    let slot = gw
-        .admission
-        .take_tenant_slot(&config, &caller.tenant, &mut ctx.rate_limit)?;
+    let slot =
+        gw.admission
+            .take_tenant_slot(&config, &caller.tenant, &mut ctx.admission.rate_limit)?;
     let held = read_body(gw, session, ctx, &config).await?;
     let pref_header = session
         .req_header()
@@ -239,7 +239,7 @@ async fn infer(
             req.estimated_input_tokens(),
             req.needs.requested_max_output_tokens,
         );
-        ctx.budget = gw
+        ctx.billing.budget = gw
             .admission
             .budgets()
             .reserve(&config, &caller.tenant, reserve)
@@ -262,7 +262,13 @@ async fn infer(
     };
     let permit = match gw
         .admission
-        .admit(session, &config, demand, &mut ctx.rate_limit, slot)
+        .admit(
+            session,
+            &config,
+            demand,
+            &mut ctx.admission.rate_limit,
+            slot,
+        )
         .await
     {
         Ok(p) => p,
@@ -302,7 +308,7 @@ async fn infer(
             &mut candidates,
         )
     });
-    ctx.active = Some(ActiveStreamGuard::new(&caller.tenant));
+    ctx.admission.active = Some(ActiveStreamGuard::new(&caller.tenant));
     let result = attempt::run(
         &gw.connector,
         session,

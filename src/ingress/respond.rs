@@ -29,12 +29,12 @@ pub async fn write_json(
     for (k, v) in extra_headers {
         h.insert_header(*k, v)?;
     }
-    for (k, v) in ctx.rate_limit.iter().flat_map(|s| s.headers()) {
+    for (k, v) in ctx.admission.rate_limit.iter().flat_map(|s| s.headers()) {
         h.insert_header(k, v)?;
     }
     ctx.outcome.status = status;
     ctx.outcome.bytes_out += body.len() as u64;
-    ctx.downstream_committed = true;
+    ctx.attempts.downstream_committed = true;
     session.write_response_header(Box::new(h), false).await?;
     session
         .write_response_body(Some(Bytes::from(body)), true)
@@ -60,9 +60,9 @@ pub async fn write_error(
         extra.push(("retry-after", retry_after_header(ra)));
         extra.push(("retry-after-ms", retry_after_ms_header(ra)));
     }
-    if ctx.attempt_count > 0 && ctx.config.server.emit_route_headers {
+    if ctx.attempts.count > 0 && ctx.config.server.emit_route_headers {
         // How many upstream attempts the failure took (retries and fallbacks included).
-        extra.push(("x-sluice-attempts", ctx.attempt_count.to_string()));
+        extra.push(("x-sluice-attempts", ctx.attempts.count.to_string()));
     }
     if err.status() == 405 {
         // The model list is read with GET; everything else Sluice serves takes POST.
@@ -104,13 +104,13 @@ pub fn proxied_head(
         }
     }
     h.insert_header("x-request-id", &ctx.request_id)?;
-    for (k, v) in ctx.rate_limit.iter().flat_map(|s| s.headers()) {
+    for (k, v) in ctx.admission.rate_limit.iter().flat_map(|s| s.headers()) {
         h.insert_header(k, v)?;
     }
     if ctx.config.server.emit_route_headers {
         h.insert_header("x-sluice-provider", provider)?;
         h.insert_header("x-sluice-fallback-depth", ctx.fallback_depth().to_string())?;
-        h.insert_header("x-sluice-attempts", ctx.attempt_count.to_string())?;
+        h.insert_header("x-sluice-attempts", ctx.attempts.count.to_string())?;
         if let Some(o) = ctx.outcome.overhead {
             h.insert_header(
                 "x-sluice-overhead-ms",

@@ -97,7 +97,7 @@ pub struct Start<'a> {
 }
 
 /// The request's addresses: (the TCP peer, the client). The client is
-/// [`client_ip`](crate::edge::client_ip::client_ip) with `server.trusted_proxies`: the peer
+/// [`client_ip`](crate::client_ip::client_ip) with `server.trusted_proxies`: the peer
 /// itself, or the first untrusted `X-Forwarded-For` hop when the peer is a trusted proxy. The
 /// edge screening resolved it into `start.client_ip` already (the per-IP limits and the access
 /// log use the same address); it is resolved here only when that did not happen. Both are
@@ -109,7 +109,7 @@ fn addresses(session: &Session, start: &Start<'_>) -> (Option<IpAddr>, Option<Ip
         .map(std::net::SocketAddr::ip);
     let client = start.client_ip.or_else(|| {
         peer.map(|p| {
-            crate::edge::client_ip::client_ip(
+            crate::client_ip::client_ip(
                 p,
                 &session.req_header().headers,
                 &start.config.server.edge.trusted_proxies,

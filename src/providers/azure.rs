@@ -15,7 +15,15 @@
 //! member is not read by Azure (the deployment in the path picks the model); Sluice sends
 //! the deployment name there.
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
+
+use pingora::http::RequestHeader;
+
+use super::adapter::{Adapter, Credential};
+use crate::config::Provider;
+use crate::protocol::UpstreamDialect;
+
+pub use crate::config::kinds::{azure_health_path as health_path, push_segment, valid_api_version};
 
 /// The request header carrying an Azure OpenAI key.
 pub const API_KEY_HEADER: &str = "api-key";
@@ -32,31 +40,35 @@ pub fn chat_path(deployment: &str, api_version: &str) -> String {
     p
 }
 
-/// The health probe's default path: Azure's model list, which needs the API version.
-pub fn health_path(api_version: &str) -> String {
-    let mut p = String::from("/openai/models?api-version=");
-    push_segment(&mut p, api_version);
-    p
-}
+/// The adapter of `kind: azure_openai`: Chat Completions at the deployment's URL, the key
+/// in `api-key`.
+#[derive(Debug)]
+pub struct AzureOpenAi;
 
-/// Whether `v` looks like an Azure API version (`2024-10-21`, `2025-01-01-preview`):
-/// non-empty, letters, digits, `-` and `.` only (it goes into the URL as is).
-pub fn valid_api_version(v: &str) -> bool {
-    !v.is_empty()
-        && v.len() <= 64
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-}
+impl Adapter for AzureOpenAi {
+    fn base_dialect(&self) -> UpstreamDialect {
+        UpstreamDialect::ChatCompletions
+    }
 
-/// Appends `s` percent-encoded as one URL path segment (RFC 3986 unreserved characters
-/// kept).
-pub(crate) fn push_segment(out: &mut String, s: &str) {
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
+    fn path(&self, provider: &Provider, upstream_model: &str, _: bool) -> Cow<'static, str> {
+        chat_path(
+            upstream_model,
+            provider.api_version.as_deref().unwrap_or(""),
+        )
+        .into()
+    }
+
+    fn authorize(
+        &self,
+        provider: &Provider,
+        _: &Credential,
+        req: &mut RequestHeader,
+        _: &[u8],
+    ) -> pingora::Result<()> {
+        if let Some(k) = &provider.api_key {
+            req.insert_header(API_KEY_HEADER, k.expose())?;
         }
+        Ok(())
     }
 }
 

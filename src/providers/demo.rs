@@ -15,7 +15,7 @@ use pingora::protocols::l4::socket::SocketAddr;
 use pingora::protocols::l4::stream::Stream;
 use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
 
-use crate::mock_upstream::{serve_stream, MockState};
+use sluice_mock_upstream::{serve_stream, MockState};
 
 /// Bytes buffered in each direction of one in-process demo connection (like a socket
 /// buffer: the writer waits when the reader is this far behind).
@@ -93,5 +93,38 @@ impl L4Connect for DemoConnector {
         Ok(Stream::from(VirtualSocketStream::new(Box::new(
             DemoSocket(gateway_end),
         ))))
+    }
+}
+/// The adapter of `kind: demo`: an OpenAI-compatible provider served in-process
+/// ([`connector`]), no key.
+#[derive(Debug)]
+pub struct Demo;
+
+impl super::Adapter for Demo {
+    fn base_dialect(&self) -> crate::protocol::UpstreamDialect {
+        crate::protocol::UpstreamDialect::ChatCompletions
+    }
+
+    fn path(
+        &self,
+        _: &crate::config::Provider,
+        _: &str,
+        _: bool,
+    ) -> std::borrow::Cow<'static, str> {
+        super::openai::CHAT_COMPLETIONS_PATH.into()
+    }
+
+    fn authorize(
+        &self,
+        provider: &crate::config::Provider,
+        _: &super::Credential,
+        req: &mut pingora::http::RequestHeader,
+        _: &[u8],
+    ) -> pingora::Result<()> {
+        super::openai::authorize_bearer(provider, req)
+    }
+
+    fn connector(&self) -> Option<Arc<dyn L4Connect + Send + Sync>> {
+        Some(connector())
     }
 }

@@ -165,7 +165,7 @@ impl Codec {
 }
 
 /// Streaming decoder of one answer body in one [`ContentCoding`]; `Identity` passes
-/// bytes through (the caller normally skips it, see [`is_identity`](Self::is_identity)).
+/// bytes through.
 pub struct Decoder {
     coding: ContentCoding,
     codec: Option<Codec>,
@@ -201,11 +201,6 @@ impl Decoder {
             )),
         };
         Ok(Decoder { coding, codec })
-    }
-
-    /// Whether this decoder passes bytes through unchanged.
-    pub fn is_identity(&self) -> bool {
-        self.codec.is_none()
     }
 
     /// Decodes the next piece of the body (`end`: it is the last; `input` may be empty),

@@ -7,8 +7,7 @@
 use bytes::BytesMut;
 
 use super::bedrock::eventstream::{EventStreamDecoder, EventStreamError};
-use crate::config::{ProviderKind, Route};
-use crate::protocol::UpstreamDialect;
+use crate::config::Route;
 
 /// Why an upstream stream's framing cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,13 +32,8 @@ impl Unframer {
     /// event stream of InvokeModel (Claude) or of ConverseStream (every other model); one
     /// event may decode to at most `max_event_bytes`.
     pub fn for_route(route: &Route, max_event_bytes: usize) -> Option<Self> {
-        let decoder = match (route.provider.kind, route.dialect()) {
-            (ProviderKind::Bedrock, UpstreamDialect::Converse) => {
-                EventStreamDecoder::converse(max_event_bytes)
-            }
-            (ProviderKind::Bedrock, _) => EventStreamDecoder::new(max_event_bytes),
-            _ => return None,
-        };
+        let decoder =
+            super::adapter(route.provider.kind).unframer(route.dialect(), max_event_bytes)?;
         Some(Self {
             decoder,
             out: BytesMut::with_capacity(512),

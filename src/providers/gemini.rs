@@ -10,10 +10,17 @@
 //! <https://ai.google.dev/gemini-api/docs/troubleshooting> and
 //! <https://cloud.google.com/apis/design/errors> (error model, `ErrorInfo.reason`).
 
-use super::azure::push_segment;
+use std::borrow::Cow;
+
+use pingora::http::RequestHeader;
+
+use super::adapter::{Adapter, Credential};
+use crate::config::kinds::push_segment;
+use crate::config::Provider;
+use crate::protocol::UpstreamDialect;
 
 /// The default `base_url` of `kind: gemini`.
-pub const DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com/v1beta";
+pub const DEFAULT_BASE_URL: &str = crate::config::kinds::GEMINI_BASE_URL;
 
 /// The request header carrying a Gemini API key.
 pub const API_KEY_HEADER: &str = "x-goog-api-key";
@@ -39,6 +46,42 @@ pub fn method_path(model: &str, stream: bool) -> String {
 /// client's request, so it is treated as a 401.
 pub fn key_rejected(body: &[u8]) -> bool {
     memchr::memmem::find(body, b"API_KEY_INVALID").is_some()
+}
+
+/// The adapter of `kind: gemini`: the Gemini dialect at the model's method, the key in
+/// `x-goog-api-key`; a rejected key (400 `API_KEY_INVALID`) counts as a 401.
+#[derive(Debug)]
+pub struct Gemini;
+
+impl Adapter for Gemini {
+    fn base_dialect(&self) -> UpstreamDialect {
+        UpstreamDialect::Gemini
+    }
+
+    fn path(&self, _: &Provider, upstream_model: &str, stream: bool) -> Cow<'static, str> {
+        method_path(upstream_model, stream).into()
+    }
+
+    fn authorize(
+        &self,
+        provider: &Provider,
+        _: &Credential,
+        req: &mut RequestHeader,
+        _: &[u8],
+    ) -> pingora::Result<()> {
+        if let Some(k) = &provider.api_key {
+            req.insert_header(API_KEY_HEADER, k.expose())?;
+        }
+        Ok(())
+    }
+
+    fn error_status(&self, status: u16, body: &[u8]) -> u16 {
+        if status == 400 && key_rejected(body) {
+            401
+        } else {
+            status
+        }
+    }
 }
 
 #[cfg(test)]

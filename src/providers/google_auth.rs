@@ -1,4 +1,4 @@
-//! Owns Google service-account authentication (Vertex AI): reading the JSON key file, the
+//! Owns Google service-account authentication (Vertex AI): the
 //! RS256 JWT assertion the key signs, and its exchange at the token endpoint for an OAuth2
 //! access token ([`ServiceAccountFetcher`], cached by [`super::token::TokenCache`]).
 //!
@@ -16,7 +16,8 @@
 //! The key file (<https://cloud.google.com/iam/docs/keys-create-delete>) has `type:
 //! "service_account"`, `client_email`, `private_key` (PEM, PKCS#8 RSA), `private_key_id` and
 //! `token_uri` (usually `https://oauth2.googleapis.com/token`). The private key stays in a
-//! [`Secret`]; neither it nor a token is ever logged or put in an error.
+//! [`Secret`]; neither it nor a token is ever logged or put in an error. The key file is
+//! read and checked at config load ([`ServiceAccount`], configuration data).
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::exchange::OpenError;
 use super::token::{FetchFuture, IssuedToken, TokenFetcher};
+pub use crate::config::vertex::ServiceAccount;
 use crate::config::Endpoint;
 use crate::secret::Secret;
 
@@ -45,83 +47,8 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Longest error text kept from a token endpoint answer, characters.
 const MAX_ERROR_CHARS: usize = 200;
 
-/// A service-account key, as read from its JSON key file.
-#[derive(Clone)]
-pub struct ServiceAccount {
-    /// `client_email`: the account (the JWT's `iss`).
-    pub client_email: String,
-    /// `private_key_id`: the key's id (the JWT header's `kid`).
-    pub private_key_id: String,
-    /// `private_key`: the PEM RSA key (never printed).
-    pub private_key: Secret,
-    /// `token_uri`: where assertions are exchanged for tokens, if the file names one.
-    pub token_uri: Option<String>,
-}
-
-impl std::fmt::Debug for ServiceAccount {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServiceAccount")
-            .field("client_email", &self.client_email)
-            .field("private_key_id", &self.private_key_id)
-            .field("private_key", &self.private_key)
-            .field("token_uri", &self.token_uri)
-            .finish()
-    }
-}
-
-#[derive(Deserialize)]
-struct KeyFile {
-    #[serde(rename = "type")]
-    ty: Option<String>,
-    client_email: Option<String>,
-    private_key: Option<String>,
-    private_key_id: Option<String>,
-    token_uri: Option<String>,
-}
-
+/// Signing with the service-account key read at load ([`crate::config::vertex`]).
 impl ServiceAccount {
-    /// Parses a key file's contents (`text`, held as a secret because it is one).
-    ///
-    /// # Errors
-    /// A message naming what is wrong (not JSON, not `type: service_account`, a member
-    /// missing, a private key that is no PEM RSA key); never the key itself.
-    pub fn parse(text: &Secret) -> Result<ServiceAccount, String> {
-        let f: KeyFile = serde_json::from_str(text.expose()).map_err(|e| {
-            // serde's message may quote input: keep only its position.
-            format!(
-                "is not a service-account JSON key (line {}, column {})",
-                e.line(),
-                e.column()
-            )
-        })?;
-        match f.ty.as_deref() {
-            Some("service_account") => {}
-            Some(other) => {
-                return Err(format!(
-                    "has `type: {other}`; Vertex AI needs a service-account key (`type: service_account`)"
-                ))
-            }
-            None => return Err("has no `type` (expected `service_account`)".into()),
-        }
-        let need = |v: Option<String>, name: &str| {
-            v.filter(|s| !s.is_empty())
-                .ok_or_else(|| format!("has no `{name}`"))
-        };
-        let account = ServiceAccount {
-            client_email: need(f.client_email, "client_email")?,
-            private_key_id: need(f.private_key_id, "private_key_id")?,
-            private_key: Secret::new(need(f.private_key, "private_key")?),
-            token_uri: f.token_uri.filter(|s| !s.is_empty()),
-        };
-        account.encoding_key()?;
-        Ok(account)
-    }
-
-    fn encoding_key(&self) -> Result<jsonwebtoken::EncodingKey, String> {
-        jsonwebtoken::EncodingKey::from_rsa_pem(self.private_key.expose().as_bytes())
-            .map_err(|e| format!("has a `private_key` that is no PEM RSA private key ({e})"))
-    }
-
     /// The signed assertion for `audience` (the token URL) issued at `now_unix_s`.
     ///
     /// # Errors
@@ -328,6 +255,9 @@ pub fn token_answer(status: u16, body: &[u8]) -> Result<IssuedToken, String> {
         lifetime: Duration::from_secs(lifetime),
     })
 }
+
+#[cfg(test)]
+mod against_mock;
 
 #[cfg(test)]
 mod tests {

@@ -1,10 +1,12 @@
 //! Owns how Sluice talks to a provider: the `HttpPeer` for an attempt (address, TLS, SNI,
 //! ALPN, connect timeout) and the upstream request head (path, `Host`, provider auth). Each
-//! kind is a dialect ([`ProviderKind::dialect`]) plus an address ([`request_path`],
-//! [`health_path`]) plus a signer ([`apply_auth`], and for a credential exchanged for a
-//! token at run time the provider's [`token::TokenCache`], read by [`target`]); the
-//! kind-specific pieces live in [`anthropic`], [`openai`], [`azure`], [`gemini`] and
-//! [`vertex`] (with [`google_auth`]), and the attempt loop only calls the functions here. The
+//! kind is one [`Adapter`] in its own file ([`openai`], [`anthropic`], [`azure`],
+//! [`gemini`], [`vertex`] with [`google_auth`], [`bedrock`], [`demo`]), registered in
+//! [`adapter()`]: a dialect per model plus an address ([`request_path`]) plus a signer
+//! ([`apply_auth`], and for a credential exchanged for a token at run time the provider's
+//! [`token::TokenCache`], read by [`target`]). The [`registry`] resolves each provider's
+//! adapter and live credential once per config snapshot; the attempt loop only calls the
+//! functions here, which call the adapter and never branch on the kind. The
 //! request body is the protocol layer's ([`crate::protocol`]): as is with the upstream model
 //! when the provider speaks the client's dialect, else translated.
 //!
@@ -21,8 +23,14 @@ pub mod framing;
 pub mod gemini;
 pub mod google_auth;
 pub mod openai;
+pub mod registry;
 pub mod token;
 pub mod vertex;
+
+mod adapter;
+
+pub use adapter::{error_parts, Adapter, Credential};
+pub use registry::{Registry, Upstream};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,6 +44,19 @@ use pingora::upstreams::peer::HttpPeer;
 use crate::config::{Provider, ProviderKind, Route};
 use crate::protocol::{ModelPlacement, UpstreamDialect};
 use crate::secret::Secret;
+
+/// The adapter of `kind`: the registration of every provider kind.
+pub fn adapter(kind: ProviderKind) -> &'static dyn Adapter {
+    match kind {
+        ProviderKind::Openai => &openai::OpenAi,
+        ProviderKind::Demo => &demo::Demo,
+        ProviderKind::Anthropic => &anthropic::Anthropic,
+        ProviderKind::AzureOpenai => &azure::AzureOpenAi,
+        ProviderKind::Gemini => &gemini::Gemini,
+        ProviderKind::Vertex => &vertex::Vertex,
+        ProviderKind::Bedrock => &bedrock::Bedrock,
+    }
+}
 
 /// How long a DNS answer is reused.
 const DNS_TTL: Duration = Duration::from_secs(30);
@@ -113,15 +134,16 @@ impl Target {
     }
 }
 
-/// Builds the peer for `provider`, with its bearer token when it has a token cache (waiting
+/// Builds the peer for `provider` (resolved as `up`), with its bearer token when it has a
+/// token cache (waiting
 /// at most the connect timeout for one: a failed or slow token fetch fails the attempt
 /// like a connect error, so the request falls back).
 ///
 /// # Errors
 /// A message when the provider's address cannot be resolved (DNS failure), a non-demo
 /// provider has no endpoint, or no access token could be had.
-pub async fn target(provider: &Provider) -> Result<Target, String> {
-    let bearer = match &provider.bearer {
+pub async fn target(provider: &Provider, up: &Upstream) -> Result<Target, String> {
+    let bearer = match up.credential.token_cache() {
         Some(cache) => Some(
             cache
                 .bearer(provider.timeouts.connect)
@@ -130,7 +152,8 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
         ),
         None => None,
     };
-    let (addr, tls, sni, host_header, base_path) = match (&provider.endpoint, provider.kind) {
+    let connector = up.adapter.connector();
+    let (addr, tls, sni, host_header, base_path) = match (&provider.endpoint, &connector) {
         (Some(ep), _) => {
             let addr = match ep.ip {
                 Some(ip) => SocketAddr::new(ip, ep.port),
@@ -144,7 +167,7 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
                 ep.base_path.clone(),
             )
         }
-        (None, ProviderKind::Demo) => (
+        (None, Some(_)) => (
             // Never dialled: the demo peer's custom connector opens an in-process pipe.
             SocketAddr::from(([127, 0, 0, 1], 0)),
             false,
@@ -161,8 +184,8 @@ pub async fn target(provider: &Provider) -> Result<Target, String> {
         peer.options.ca = Some(ca.roots.clone());
         peer.group_key = ca.fingerprint;
     }
-    if provider.endpoint.is_none() && provider.kind == ProviderKind::Demo {
-        peer.options.custom_l4 = Some(demo::connector());
+    if provider.endpoint.is_none() {
+        peer.options.custom_l4 = connector;
     }
     let t = provider.timeouts;
     peer.options.connection_timeout = Some(t.connect);
@@ -214,21 +237,7 @@ pub fn request_path(
     upstream_model: &str,
     stream: bool,
 ) -> std::borrow::Cow<'static, str> {
-    match provider.kind {
-        ProviderKind::Anthropic => anthropic::MESSAGES_PATH.into(),
-        ProviderKind::Openai | ProviderKind::Demo => openai::CHAT_COMPLETIONS_PATH.into(),
-        ProviderKind::AzureOpenai => azure::chat_path(
-            upstream_model,
-            provider.api_version.as_deref().unwrap_or(""),
-        )
-        .into(),
-        ProviderKind::Gemini => gemini::method_path(upstream_model, stream).into(),
-        ProviderKind::Bedrock => bedrock::method_path(upstream_model, stream).into(),
-        ProviderKind::Vertex => match &provider.vertex {
-            Some(account) => vertex::method_path(account, upstream_model, stream).into(),
-            None => "/".into(),
-        },
-    }
+    adapter(provider.kind).path(provider, upstream_model, stream)
 }
 
 /// Where the route's request body names the model, and so its shape ([`ModelPlacement`]):
@@ -241,19 +250,34 @@ pub fn model_placement(route: &Route) -> ModelPlacement {
 
 /// [`model_placement`] for `upstream_model` of `provider` (without a route: the probes).
 pub fn placement_for(provider: &Provider, upstream_model: &str) -> ModelPlacement {
-    match provider.kind {
-        ProviderKind::Vertex => vertex::model_placement(upstream_model),
-        ProviderKind::Bedrock => bedrock::model_placement(upstream_model),
-        _ => ModelPlacement::Body,
-    }
+    adapter(provider.kind).placement(upstream_model)
 }
 
 /// The active health probe's default path for a kind (appended to the base path): the
 /// model list (`/models`; Azure's `/openai/models?api-version=...`).
 pub fn health_path(kind: ProviderKind, api_version: Option<&str>) -> String {
-    match (kind, api_version) {
-        (ProviderKind::AzureOpenai, Some(v)) => azure::health_path(v),
-        _ => "/models".to_string(),
+    crate::config::kinds::health_path(kind, api_version)
+}
+
+/// The wire APIs of a provider and of a route. Defined here, not in `config`, because the
+/// dialect of a model is its provider kind's ([`Adapter::dialect`]); config holds data only.
+impl Provider {
+    /// The wire API the provider serves `upstream_model` in: the kind's one dialect, except
+    /// on Vertex AI, where Claude models speak Messages and the others the Gemini dialect,
+    /// and on Bedrock, where Claude models speak Messages (`InvokeModel`) and the others
+    /// Converse.
+    pub fn dialect_for(&self, upstream_model: &str) -> UpstreamDialect {
+        adapter(self.kind).dialect(upstream_model)
+    }
+}
+
+impl Route {
+    /// The wire API this route's requests are sent in. Per route, not per provider kind, so
+    /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
+    /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
+    /// it is the kind's one dialect.
+    pub fn dialect(&self) -> UpstreamDialect {
+        self.provider.dialect_for(&self.upstream_model)
     }
 }
 
@@ -263,15 +287,11 @@ pub fn health_path(kind: ProviderKind, api_version: Option<&str>) -> String {
 /// fall back), every other answer keeps its status. A 401 to a provider that
 /// authenticates with a cached token also drops that token (revoked, or the clocks
 /// disagree), so the next request gets a new one.
-pub fn error_status(provider: &Provider, status: u16, body: &[u8]) -> u16 {
-    if let (401, Some(cache)) = (status, &provider.bearer) {
+pub fn error_status(up: &Upstream, status: u16, body: &[u8]) -> u16 {
+    if let (401, Some(cache)) = (status, up.credential.token_cache()) {
         cache.invalidate();
     }
-    match provider.kind {
-        ProviderKind::Gemini if status == 400 && gemini::key_rejected(body) => 401,
-        ProviderKind::Bedrock => bedrock::error_status(status),
-        _ => status,
-    }
+    up.adapter.error_status(status, body)
 }
 
 /// Builds the upstream request head for `body` (the final bytes that will be sent):
@@ -284,6 +304,7 @@ pub fn error_status(provider: &Provider, status: u16, body: &[u8]) -> u16 {
 /// cannot be signed.
 pub fn request_head(
     provider: &Provider,
+    up: &Upstream,
     target: &Target,
     path: &str,
     body: &[u8],
@@ -297,10 +318,10 @@ pub fn request_head(
     req.insert_header("content-length", body.len().to_string())?;
     req.insert_header(
         "accept",
-        match (stream, provider.kind) {
-            (true, ProviderKind::Bedrock) => bedrock::EVENT_STREAM_CONTENT_TYPE,
-            (true, _) => "text/event-stream",
-            (false, _) => "application/json",
+        if stream {
+            up.adapter.stream_accept()
+        } else {
+            "application/json"
         },
     )?;
     // Honest: exactly the codings `encoding::Decoder` decodes (without this header a
@@ -309,7 +330,7 @@ pub fn request_head(
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
     req.insert_header("x-request-id", request_id)?;
     target.apply_bearer(&mut req)?;
-    apply_auth(provider, &mut req, body)?;
+    apply_auth(provider, up, &mut req, body)?;
     Ok(req)
 }
 
@@ -416,11 +437,7 @@ pub fn forward_client_headers(
 /// Whether a route of `kind` serving `upstream_model` takes the `anthropic-beta` header:
 /// Anthropic, and Claude on Vertex AI.
 fn beta_header_goes_to(kind: ProviderKind, upstream_model: &str) -> bool {
-    match kind {
-        ProviderKind::Anthropic => true,
-        ProviderKind::Vertex => vertex::is_claude(upstream_model),
-        _ => false,
-    }
+    adapter(kind).takes_beta_header(upstream_model)
 }
 
 /// Adds the client's `anthropic-beta` opt-ins to the body of a provider that takes them
@@ -441,19 +458,15 @@ pub fn add_client_betas(
     anthropic_beta: Option<&str>,
 ) -> serde_json::Result<Vec<u8>> {
     match anthropic_beta {
-        Some(header)
-            if provider.kind == ProviderKind::Bedrock && bedrock::is_anthropic(upstream_model) =>
-        {
-            body_with_betas(body, header)
-        }
-        _ => Ok(body),
+        Some(header) => adapter(provider.kind).add_client_betas(upstream_model, body, header),
+        None => Ok(body),
     }
 }
 
 /// `body` with the values of an `anthropic-beta` header (comma-separated, trimmed, empty
 /// ones left out) appended to its `anthropic_beta` list, each once; as is when the header
 /// lists none.
-fn body_with_betas(body: Vec<u8>, header: &str) -> serde_json::Result<Vec<u8>> {
+pub(crate) fn body_with_betas(body: Vec<u8>, header: &str) -> serde_json::Result<Vec<u8>> {
     use serde_json::Value;
     let mut betas = header.split(',').map(str::trim).filter(|b| !b.is_empty());
     let Some(first) = betas.next() else {
@@ -485,34 +498,7 @@ pub fn provider_error_parts(
     status: u16,
     body: &[u8],
 ) -> (String, Option<String>, String) {
-    match (provider.kind, bedrock::error_message(body)) {
-        (ProviderKind::Bedrock, Some(message)) => (
-            crate::protocol::ErrorKind::from_status(status)
-                .openai_type()
-                .to_string(),
-            None,
-            message,
-        ),
-        _ => error_parts(upstream, status, body),
-    }
-}
-
-/// An upstream error body's `(type, code, message)` in OpenAI's terms, whatever dialect the
-/// provider speaks: OpenAI-compatible bodies keep their own type and code
-/// ([`openai::error_parts`]), the others are decoded by the protocol layer and typed by
-/// their canonical kind.
-pub fn error_parts(
-    upstream: UpstreamDialect,
-    status: u16,
-    body: &[u8],
-) -> (String, Option<String>, String) {
-    match upstream {
-        UpstreamDialect::ChatCompletions => openai::error_parts(status, body),
-        up => {
-            let (kind, message) = crate::protocol::decode_error_body(up, status, body);
-            (kind.openai_type().to_string(), None, message)
-        }
-    }
+    adapter(provider.kind).error_parts(upstream, status, body)
 }
 
 /// Adds the provider's credential to a request whose body is `body` (the exact bytes
@@ -520,85 +506,19 @@ pub fn error_parts(
 /// `anthropic-version` (Anthropic), `api-key` (Azure OpenAI), `x-goog-api-key` (Gemini),
 /// or a SigV4 signature over the method, path, `host`, `content-type` and body (Bedrock,
 /// [`bedrock::sigv4`]); nothing for Vertex AI, whose bearer token comes with the
-/// [`Target`] ([`Target::apply_bearer`]). The signer seam: a kind whose credential is
-/// computed per request adds its arm here; it runs after every other header is set.
+/// [`Target`] ([`Target::apply_bearer`]). The signer seam: each kind's
+/// [`Adapter::authorize`], with the credential the registry resolved; it runs after every
+/// other header is set.
 ///
 /// # Errors
 /// If the key is not a valid header value, or the request cannot be signed.
 pub fn apply_auth(
     provider: &Provider,
+    up: &Upstream,
     req: &mut RequestHeader,
     body: &[u8],
 ) -> pingora::Result<()> {
-    match provider.kind {
-        ProviderKind::Bedrock => {
-            if let Some(signer) = &provider.aws {
-                sign_aws(signer, req, body)?;
-            }
-        }
-        ProviderKind::Anthropic => {
-            if let Some(k) = &provider.api_key {
-                req.insert_header("x-api-key", k.expose())?;
-            }
-            req.insert_header("anthropic-version", anthropic::ANTHROPIC_VERSION)?;
-        }
-        ProviderKind::Openai | ProviderKind::Demo => {
-            if let Some(k) = &provider.api_key {
-                req.insert_header("authorization", format!("Bearer {}", k.expose()))?;
-            }
-        }
-        ProviderKind::AzureOpenai => {
-            if let Some(k) = &provider.api_key {
-                req.insert_header(azure::API_KEY_HEADER, k.expose())?;
-            }
-        }
-        ProviderKind::Gemini => {
-            if let Some(k) = &provider.api_key {
-                req.insert_header(gemini::API_KEY_HEADER, k.expose())?;
-            }
-        }
-        ProviderKind::Vertex => {}
-    }
-    Ok(())
-}
-
-/// Signs `req` with SigV4 and adds the signature's headers.
-fn sign_aws(
-    signer: &bedrock::sigv4::Signer,
-    req: &mut RequestHeader,
-    body: &[u8],
-) -> pingora::Result<()> {
-    let path = req
-        .uri
-        .path_and_query()
-        .map_or("/", http::uri::PathAndQuery::as_str);
-    let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
-    let mut signed: [(&str, &str); 2] = [("host", ""), ("content-type", "")];
-    let mut n = 0;
-    for name in ["host", "content-type"] {
-        if let Some(v) = header(name) {
-            signed[n] = (name, v);
-            n += 1;
-        }
-    }
-    let headers = signer
-        .sign(
-            req.method.as_str(),
-            path,
-            &signed[..n],
-            body,
-            std::time::SystemTime::now(),
-        )
-        .map_err(|e| {
-            pingora::Error::explain(
-                pingora::ErrorType::InternalError,
-                format!("cannot sign the Bedrock request: {e}"),
-            )
-        })?;
-    for (name, value) in headers {
-        req.insert_header(name, value)?;
-    }
-    Ok(())
+    up.adapter.authorize(provider, &up.credential, req, body)
 }
 
 /// Removes every occurrence of the provider's key from `text` (upstream error messages may

@@ -3,6 +3,14 @@
 //! reading an OpenAI-shaped error body
 //! (<https://platform.openai.com/docs/guides/error-codes>).
 
+use std::borrow::Cow;
+
+use pingora::http::RequestHeader;
+
+use super::adapter::{Adapter, Credential};
+use crate::config::Provider;
+use crate::protocol::UpstreamDialect;
+
 /// Path of the endpoint under the base URL.
 pub const CHAT_COMPLETIONS_PATH: &str = "/chat/completions";
 
@@ -16,6 +24,42 @@ pub fn error_parts(status: u16, body: &[u8]) -> (String, Option<String>, String)
 /// The OpenAI error type for a status ([`crate::protocol::chat::default_type`]).
 pub fn default_type(status: u16) -> &'static str {
     crate::protocol::chat::default_type(status)
+}
+
+/// The adapter of `kind: openai`: OpenAI-compatible Chat Completions, `Authorization:
+/// Bearer` with the provider key.
+#[derive(Debug)]
+pub struct OpenAi;
+
+impl Adapter for OpenAi {
+    fn base_dialect(&self) -> UpstreamDialect {
+        UpstreamDialect::ChatCompletions
+    }
+
+    fn path(&self, _: &Provider, _: &str, _: bool) -> Cow<'static, str> {
+        CHAT_COMPLETIONS_PATH.into()
+    }
+
+    fn authorize(
+        &self,
+        provider: &Provider,
+        _: &Credential,
+        req: &mut RequestHeader,
+        _: &[u8],
+    ) -> pingora::Result<()> {
+        authorize_bearer(provider, req)
+    }
+}
+
+/// `Authorization: Bearer` with the provider key, when it has one.
+///
+/// # Errors
+/// If the key is not a valid header value.
+pub fn authorize_bearer(provider: &Provider, req: &mut RequestHeader) -> pingora::Result<()> {
+    if let Some(k) = &provider.api_key {
+        req.insert_header("authorization", format!("Bearer {}", k.expose()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -21,38 +21,20 @@
 //! (`{"error":{"code","message","status"}}`, <https://cloud.google.com/apis/design/errors>),
 //! errors from Claude itself in Anthropic's; the protocol layer reads both.
 
-use super::azure::push_segment;
+use std::borrow::Cow;
+
+use pingora::http::RequestHeader;
+
+use super::adapter::{Adapter, Credential};
+use super::google_auth::ServiceAccountFetcher;
+use super::token::TokenCache;
+use crate::config::kinds::push_segment;
+pub use crate::config::vertex::{default_base_url, valid_name, VertexAccount};
+use crate::config::Provider;
 use crate::protocol::{ModelPlacement, UpstreamDialect};
 
 /// The `anthropic_version` body member Claude on Vertex AI requires.
 pub const ANTHROPIC_VERSION: &str = "vertex-2023-10-16";
-
-/// Where a Vertex AI provider lives: its Google Cloud project and region.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VertexAccount {
-    /// `providers.<id>.project`: the Google Cloud project id (or number).
-    pub project: String,
-    /// `providers.<id>.region`: the Vertex AI location, e.g. `us-central1`, or `global`.
-    pub region: String,
-}
-
-/// The default `base_url` for `region`.
-pub fn default_base_url(region: &str) -> String {
-    if region == "global" {
-        "https://aiplatform.googleapis.com/v1".to_string()
-    } else {
-        format!("https://{region}-aiplatform.googleapis.com/v1")
-    }
-}
-
-/// Whether `s` can be a project id or a region: non-empty, at most 63 characters of ASCII
-/// lowercase letters, digits and `-` (it goes into the host name and the URL as is).
-pub fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
 
 /// Whether Vertex AI serves `model` as an Anthropic publisher model (Claude).
 pub fn is_claude(model: &str) -> bool {
@@ -107,6 +89,72 @@ pub fn method_path(account: &VertexAccount, model: &str, stream: bool) -> String
     }
     p.push_str(method);
     p
+}
+
+/// The adapter of `kind: vertex`: Claude models in Messages (the model in the URL, the
+/// `anthropic-beta` header taken), the others in the Gemini dialect, under the project and
+/// region; the credential is a bearer token from the service-account key, cached and
+/// refreshed in the background ([`super::token::TokenCache`]).
+#[derive(Debug)]
+pub struct Vertex;
+
+impl Adapter for Vertex {
+    fn base_dialect(&self) -> UpstreamDialect {
+        UpstreamDialect::Gemini
+    }
+
+    fn dialect(&self, upstream_model: &str) -> UpstreamDialect {
+        dialect(upstream_model)
+    }
+
+    fn path(&self, provider: &Provider, upstream_model: &str, stream: bool) -> Cow<'static, str> {
+        match &provider.vertex {
+            Some(account) => method_path(account, upstream_model, stream).into(),
+            None => "/".into(),
+        }
+    }
+
+    fn placement(&self, upstream_model: &str) -> ModelPlacement {
+        model_placement(upstream_model)
+    }
+
+    /// One cache per account (see [`crate::config::vertex::TokenSource::cache_key`]): the
+    /// same key at the same endpoint keeps its token, and its refresh task, across reloads.
+    fn credential(&self, provider: &Provider) -> Credential {
+        let Some(src) = &provider.token_source else {
+            return Credential::None;
+        };
+        let (connect, first_byte) = (provider.timeouts.connect, provider.timeouts.first_byte);
+        Credential::Token(TokenCache::shared(&src.cache_key, || {
+            TokenCache::new(
+                &provider.id,
+                Box::new(ServiceAccountFetcher::new(
+                    src.account.clone(),
+                    src.url.clone(),
+                    src.endpoint.clone(),
+                    src.path.clone(),
+                    connect,
+                )),
+                connect + first_byte,
+            )
+        }))
+    }
+
+    /// Nothing here: the bearer token comes with the [`super::Target`]
+    /// ([`super::Target::apply_bearer`]).
+    fn authorize(
+        &self,
+        _: &Provider,
+        _: &Credential,
+        _: &mut RequestHeader,
+        _: &[u8],
+    ) -> pingora::Result<()> {
+        Ok(())
+    }
+
+    fn takes_beta_header(&self, upstream_model: &str) -> bool {
+        is_claude(upstream_model)
+    }
 }
 
 #[cfg(test)]

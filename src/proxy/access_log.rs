@@ -6,7 +6,7 @@
 //! failures` (the metering fields
 //! are the request's [`Metered`](crate::billing::metering::Metered); USD with 9 decimals). Bodies and
 //! keys are never logged (the key appears only as its `key_id`). `client` is the client's
-//! address ([`crate::edge::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
+//! address ([`crate::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
 //! `answered_model` is the standard model that answered when a model-level fallback
 //! ([`crate::engine::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
 //! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,
@@ -23,6 +23,10 @@ use crate::logging::{format_line, Field, TARGET};
 use crate::metrics::metrics;
 
 /// Writes the access line and records request metrics.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the access line's fields and the request metrics come from the same facts in one pass"
+)]
 pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCtx) {
     let o = &ctx.outcome;
     let status = if o.status != 0 {
@@ -67,7 +71,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         }
     }
     let caller = ctx.caller.as_ref();
-    if let (Some(metered), Some(c)) = (&ctx.metered, caller) {
+    if let (Some(metered), Some(c)) = (&ctx.billing.metered, caller) {
         // Tokens and money under the model that answered (its prices were applied).
         let billed = ctx
             .answering_model()
@@ -78,7 +82,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     if let Some(c) = caller {
         // Attempts a hedge race cancelled: Sluice's cost under their own model (its route's
         // prices were applied), never a charge.
-        for h in &ctx.cancelled_hedges {
+        for h in &ctx.billing.cancelled_hedges {
             let m = h.metered();
             m.record_metrics(&c.tenant, &h.model);
             log::info!(
@@ -92,12 +96,12 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
             );
         }
     }
-    let metered = ctx.metered.unwrap_or_default();
+    let metered = ctx.billing.metered.unwrap_or_default();
     let client = ctx.client_ip.map(|ip| ip.to_string());
     // Built only for a request with failed attempts.
-    let failures = (!ctx.attempts.is_empty()).then(|| {
-        let mut s = String::with_capacity(ctx.attempts.len() * 24);
-        for (i, a) in ctx.attempts.iter().enumerate() {
+    let failures = (!ctx.attempts.failed.is_empty()).then(|| {
+        let mut s = String::with_capacity(ctx.attempts.failed.len() * 24);
+        for (i, a) in ctx.attempts.failed.iter().enumerate() {
             if i > 0 {
                 s.push(',');
             }
@@ -127,7 +131,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
             Field::Text(o.upstream_model.as_deref().unwrap_or("-")),
         ),
         ("provider", Field::Text(provider)),
-        ("attempts", Field::Count(ctx.attempt_count as u64)),
+        ("attempts", Field::Count(ctx.attempts.count as u64)),
         ("status", Field::Count(u64::from(status))),
         ("outcome", Field::Text(outcome)),
         (
@@ -180,7 +184,7 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
     let o = &ctx.outcome;
     // Metered in `logging` just before; a request that was never metered (no provider
     // answered) records zeros.
-    let m = ctx.metered.unwrap_or_default();
+    let m = ctx.billing.metered.unwrap_or_default();
     let duration = ctx.received.elapsed();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -208,12 +212,12 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         ttft_ms: o.ttft.map(to_ms),
         duration_ms: to_ms(duration),
         fallback_depth: u32::try_from(ctx.fallback_depth()).unwrap_or(u32::MAX),
-        attempts: u32::try_from(ctx.attempt_count).unwrap_or(u32::MAX),
+        attempts: u32::try_from(ctx.attempts.count).unwrap_or(u32::MAX),
         ingress: ctx.dialect.as_str().to_string(),
     });
     // One row per attempt a hedge race cancelled: Sluice's estimated cost, never a charge;
     // readers count requests without these rows ([`crate::billing::ledger::HEDGE_CANCELLED`]).
-    for h in &ctx.cancelled_hedges {
+    for h in &ctx.billing.cancelled_hedges {
         crate::billing::ledger::submit(cancelled_hedge_record(ctx, caller, h, time));
     }
 }

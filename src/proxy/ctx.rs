@@ -33,11 +33,53 @@ impl Drop for ActiveStreamGuard {
     }
 }
 
+/// What admission granted a request; dropping it releases everything (that is how a client
+/// abort frees capacity).
+#[derive(Debug, Default)]
+pub struct Admission {
+    /// Held while the request is proxied (`sluice_active_streams`).
+    pub active: Option<ActiveStreamGuard>,
+    /// Held admission permits (global concurrency, tenant concurrency); dropped with the ctx.
+    pub permits: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    /// The tenant's request/token limit status for the `x-ratelimit-*` headers; `None` before
+    /// authentication or when the tenant has no such limit.
+    pub rate_limit: Option<crate::backpressure::RateLimitStatus>,
+}
+
+/// The upstream attempts of a request.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    /// Failed attempts in order.
+    pub failed: Vec<AttemptError>,
+    /// Number of upstream attempts made (failed or not, same-route retries included).
+    pub count: usize,
+    /// Candidate routes that failed before the current one (same-route retries not counted).
+    pub failed_routes: usize,
+    /// Whether the response head has been written downstream (no fallback after this).
+    pub downstream_committed: bool,
+}
+
+/// What a request costs.
+#[derive(Debug, Default)]
+pub struct Billing {
+    /// The money reserved against the tenant's budget, settled in `logging` with the
+    /// metered charge (dropped unsettled, it releases the money).
+    pub budget: Option<crate::billing::budget::Reservation>,
+    /// What the request used and costs, filled at its end (`logging`); `None` when no
+    /// provider answered.
+    pub metered: Option<Metered>,
+    /// The attempts hedge races cancelled (at most one per attempt stage; empty, without an
+    /// allocation, unless a hedge lost).
+    pub cancelled_hedges: Vec<CancelledHedge>,
+}
+
 /// Per-request state.
 #[derive(Debug)]
 pub struct RequestCtx {
     /// Config snapshot pinned for the whole request (reloads never change it mid-request).
     pub config: Arc<Config>,
+    /// The providers of `config`, resolved (adapters, live credentials), pinned with it.
+    pub registry: Arc<crate::providers::Registry>,
     /// When the request arrived.
     pub received: Instant,
     /// Request id (from a sane `x-request-id` or generated), echoed as `x-request-id`.
@@ -54,45 +96,35 @@ pub struct RequestCtx {
     /// The wire API the client speaks (set by the endpoint): errors Sluice writes, the
     /// in-stream error event and heartbeats are in it.
     pub dialect: ClientDialect,
-    /// Failed attempts in order.
-    pub attempts: Vec<AttemptError>,
-    /// Number of upstream attempts made (failed or not, same-route retries included).
-    pub attempt_count: usize,
-    /// Candidate routes that failed before the current one (same-route retries not counted).
-    pub failed_routes: usize,
-    /// Whether the response head has been written downstream (no fallback after this).
-    pub downstream_committed: bool,
-    /// Held while the request is proxied.
-    pub active: Option<ActiveStreamGuard>,
-    /// Held admission permits (global concurrency, tenant concurrency); dropped with the ctx.
-    pub permits: Vec<Box<dyn std::any::Any + Send + Sync>>,
-    /// The tenant's request/token limit status for the `x-ratelimit-*` headers; `None` before
-    /// authentication or when the tenant has no such limit.
-    pub rate_limit: Option<crate::backpressure::RateLimitStatus>,
+    /// What admission granted the request, held while it is proxied.
+    pub admission: Admission,
+    /// The upstream attempts made for it.
+    pub attempts: Attempts,
     /// The result.
     pub outcome: Outcome,
-    /// What the request used and costs, filled at its end (`logging`); `None` when no
-    /// provider answered.
-    pub metered: Option<Metered>,
-    /// The attempts hedge races cancelled (at most one per attempt stage; empty, without an
-    /// allocation, unless a hedge lost).
-    pub cancelled_hedges: Vec<CancelledHedge>,
-    /// The money reserved against the tenant's budget, settled in `logging` with the
-    /// metered charge (dropped unsettled, it releases the money).
-    pub budget: Option<crate::billing::budget::Reservation>,
+    /// What it costs: the budget reservation, the metered usage, the cancelled hedges.
+    pub billing: Billing,
     /// Counts this request as in flight (graceful shutdown waits for the count to reach 0).
     pub in_flight: crate::shutdown::InFlight,
     /// Set when the request matched a passthrough route (Pingora's native proxy path).
     pub passthrough: Option<crate::passthrough::PassCtx>,
-    /// The client's address ([`crate::edge::client_ip::client_ip`]), once the head is screened.
+    /// The client's address ([`crate::client_ip::client_ip`]), once the head is screened.
     pub client_ip: Option<std::net::IpAddr>,
 }
 
 impl RequestCtx {
-    /// A fresh context pinned to `config`.
+    /// A fresh context pinned to `config`, with a registry built from it (for a snapshot
+    /// not loaded through [`crate::live::ConfigHandle`]: tests and tools).
     pub fn new(config: Arc<Config>) -> Self {
+        let registry = Arc::new(crate::providers::Registry::build(&config));
+        Self::pinned(&crate::live::Live { config, registry })
+    }
+
+    /// A fresh context pinned to `live`: its config snapshot and registry.
+    pub fn pinned(live: &crate::live::Live) -> Self {
         Self {
-            config,
+            config: live.config.clone(),
+            registry: live.registry.clone(),
             received: Instant::now(),
             request_id: String::new(),
             caller: None,
@@ -100,17 +132,10 @@ impl RequestCtx {
             answered_model: None,
             stream: false,
             dialect: ClientDialect::ChatCompletions,
-            attempts: Vec::new(),
-            attempt_count: 0,
-            failed_routes: 0,
-            downstream_committed: false,
-            active: None,
-            permits: Vec::new(),
-            rate_limit: None,
+            admission: Admission::default(),
+            attempts: Attempts::default(),
             outcome: Outcome::default(),
-            metered: None,
-            cancelled_hedges: Vec::new(),
-            budget: None,
+            billing: Billing::default(),
             in_flight: crate::shutdown::InFlight::new(),
             passthrough: None,
             client_ip: None,
@@ -121,17 +146,17 @@ impl RequestCtx {
     /// the first candidate served, even after a same-route retry; retries are counted in
     /// `sluice_upstream_retries_total` and the access log's `attempts`).
     pub fn fallback_depth(&self) -> usize {
-        self.failed_routes
+        self.attempts.failed_routes
     }
 
     /// Gives every cancelled hedge attempt the request's input estimate (`estimate()`, the
     /// parsed request's cached estimate); never calls `estimate` when no hedge lost.
     pub fn fill_cancelled_hedges(&mut self, estimate: impl FnOnce() -> u64) {
-        if self.cancelled_hedges.is_empty() {
+        if self.billing.cancelled_hedges.is_empty() {
             return;
         }
         let input = estimate();
-        for h in &mut self.cancelled_hedges {
+        for h in &mut self.billing.cancelled_hedges {
             h.input_tokens = input;
         }
     }
@@ -180,7 +205,7 @@ mod tests {
             input: 2.0,
             ..Prices::default()
         };
-        c.cancelled_hedges.push(CancelledHedge {
+        c.billing.cancelled_hedges.push(CancelledHedge {
             model: "m".into(),
             provider: "p1".into(),
             upstream_model: "u".into(),
@@ -195,7 +220,7 @@ mod tests {
             500
         });
         assert_eq!(calls, 1);
-        let m = c.cancelled_hedges[0].metered();
+        let m = c.billing.cancelled_hedges[0].metered();
         assert_eq!(
             (m.input_tokens, m.output_tokens, m.estimated),
             (500, 0, true)

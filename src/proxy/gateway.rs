@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use crate::backpressure::Admission;
-use crate::config::ConfigHandle;
 use crate::engine::pool::Connector;
+use crate::live::ConfigHandle;
 
 /// How long an idle downstream keep-alive connection is kept, seconds.
 pub const DOWNSTREAM_KEEPALIVE_S: u64 = 75;

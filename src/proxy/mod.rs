@@ -44,7 +44,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Box<RequestCtx> {
         // The first hook after the request head: its deadline is met.
         connection::head_complete();
-        Box::new(RequestCtx::new(self.config.snapshot()))
+        Box::new(RequestCtx::pinned(&self.config.pinned()))
     }
 
     async fn early_request_filter(
@@ -181,7 +181,9 @@ impl ProxyHttp for Gateway {
         if let Some(p) = ctx.passthrough.as_mut() {
             return crate::passthrough::serve::fail(session, p, e).await;
         }
-        if matches!(e.esource(), pingora::ErrorSource::Downstream) || ctx.downstream_committed {
+        if matches!(e.esource(), pingora::ErrorSource::Downstream)
+            || ctx.attempts.downstream_committed
+        {
             return FailToProxy {
                 error_code: 0,
                 can_reuse_downstream: false,
@@ -222,11 +224,11 @@ impl ProxyHttp for Gateway {
             return;
         }
         // Metering: the request's usage priced, for the access log, metrics and ledger.
-        ctx.metered =
+        ctx.billing.metered =
             crate::billing::metering::meter(&ctx.config, ctx.answering_model(), &ctx.outcome);
         // The budget learns the real charge (an aborted stream: what was streamed).
-        if let Some(r) = ctx.budget.take() {
-            r.settle(ctx.metered.map_or(0.0, |m| m.charge_usd));
+        if let Some(r) = ctx.billing.budget.take() {
+            r.settle(ctx.billing.metered.map_or(0.0, |m| m.charge_usd));
         }
         access_log::record(session, e, ctx);
     }

@@ -335,7 +335,7 @@ mod tests {
             api_version: None,
             aws: None,
             vertex: None,
-            bearer: None,
+            token_source: None,
         })
     }
 

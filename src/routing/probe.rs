@@ -37,10 +37,11 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep_until, Instant};
 
 use super::health::{registry, FailureScope, RouteHealth};
-use crate::config::{ActiveHealthCheck, Config, ConfigHandle, ProbeMode, Provider};
+use crate::config::{ActiveHealthCheck, Config, ProbeMode, Provider};
 use crate::error::parse_retry_after;
+use crate::live::ConfigHandle;
 use crate::metrics::metrics;
-use crate::providers;
+use crate::providers::{self, Upstream};
 
 /// Longest sleep between rounds: how quickly a reload's probe changes are noticed.
 pub const MAX_ROUND: Duration = Duration::from_secs(1);
@@ -85,13 +86,24 @@ impl HealthProber {
     }
 }
 
-/// Sends one probe to `provider`, bounded by `check.timeout`.
+/// Sends one probe to `provider`, bounded by `check.timeout` (the provider resolved on the
+/// spot; the prober passes its registry's, [`probe_resolved`]).
 pub async fn probe(
     connector: &Connector,
     provider: &Provider,
     check: &ActiveHealthCheck,
 ) -> ProbeOutcome {
-    match tokio::time::timeout(check.timeout, probe_inner(connector, provider, check)).await {
+    probe_resolved(connector, provider, &Upstream::resolve(provider), check).await
+}
+
+/// [`probe`] of `provider` resolved as `up` (its adapter and live credential).
+pub async fn probe_resolved(
+    connector: &Connector,
+    provider: &Provider,
+    up: &Upstream,
+    check: &ActiveHealthCheck,
+) -> ProbeOutcome {
+    match tokio::time::timeout(check.timeout, probe_inner(connector, provider, up, check)).await {
         Ok(outcome) => outcome,
         Err(_) => ProbeOutcome::Down {
             reason: format!("no answer within {} ms", check.timeout.as_millis()),
@@ -103,13 +115,14 @@ pub async fn probe(
 async fn probe_inner(
     connector: &Connector,
     provider: &Provider,
+    up: &Upstream,
     check: &ActiveHealthCheck,
 ) -> ProbeOutcome {
-    let target = match providers::target(provider).await {
+    let target = match providers::target(provider, up).await {
         Ok(t) => t,
         Err(m) => return down(m),
     };
-    match probe_head(provider, &target, check) {
+    match probe_head(provider, up, &target, check) {
         Ok(head) => exchange(connector, &target, head, None).await,
         Err(e) => down(format!("bad probe request: {e}")),
     }
@@ -178,6 +191,7 @@ pub(super) async fn exchange(
 /// `GET {base_path}{path}` with `Host`, the provider's credential and no body.
 fn probe_head(
     provider: &Provider,
+    up: &Upstream,
     target: &providers::Target,
     check: &ActiveHealthCheck,
 ) -> pingora::Result<RequestHeader> {
@@ -187,7 +201,7 @@ fn probe_head(
     req.insert_header("accept", "application/json")?;
     req.insert_header("user-agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))?;
     target.apply_bearer(&mut req)?;
-    providers::apply_auth(provider, &mut req, &[])?;
+    providers::apply_auth(provider, up, &mut req, &[])?;
     Ok(req)
 }
 
@@ -273,15 +287,21 @@ fn record(provider: &Provider, routes: &[(String, Arc<RouteHealth>)], outcome: &
 async fn probe_routes(
     connector: Arc<Connector>,
     provider: Arc<Provider>,
+    up: Arc<Upstream>,
     check: ActiveHealthCheck,
     routes: Vec<(String, Arc<RouteHealth>)>,
 ) {
     let mut probes = JoinSet::new();
     for (model, health) in routes {
-        let (connector, provider, check) = (connector.clone(), provider.clone(), check.clone());
+        let (connector, provider, up, check) = (
+            connector.clone(),
+            provider.clone(),
+            up.clone(),
+            check.clone(),
+        );
         probes.spawn(async move {
             let outcome =
-                super::request_probe::probe_route(&connector, &provider, &model, &check).await;
+                super::request_probe::probe_route(&connector, &provider, &up, &model, &check).await;
             count(&provider, ProbeMode::Request, &outcome);
             match outcome {
                 ProbeOutcome::Up { .. } => health.record_success(&provider.passive_health, None),
@@ -310,7 +330,8 @@ impl BackgroundService for HealthProber {
         let mut in_flight: HashMap<tokio::task::Id, String> = HashMap::new();
         let mut tasks: JoinSet<()> = JoinSet::new();
         loop {
-            let cfg = self.config.snapshot();
+            let live = self.config.pinned();
+            let cfg = live.config.clone();
             sweep(&cfg);
             let now = Instant::now();
             let mut wake = now + MAX_ROUND;
@@ -334,14 +355,15 @@ impl BackgroundService for HealthProber {
                 let due = if due <= now {
                     let routes = routes_of(&cfg, &provider.id);
                     let p = provider.clone();
+                    let up = live.registry.upstream(provider);
                     let connector = self.connector.clone();
                     let task = match check.mode {
                         ProbeMode::List => tasks.spawn(async move {
-                            let outcome = probe(&connector, &p, &check).await;
+                            let outcome = probe_resolved(&connector, &p, &up, &check).await;
                             record(&p, &routes, &outcome);
                         }),
                         ProbeMode::Request => {
-                            tasks.spawn(probe_routes(connector, p, check, routes))
+                            tasks.spawn(probe_routes(connector, p, up, check, routes))
                         }
                     };
                     in_flight.insert(task.id(), provider.id.clone());
@@ -353,6 +375,7 @@ impl BackgroundService for HealthProber {
                 wake = wake.min(due);
             }
             drop(cfg);
+            drop(live);
             tokio::select! {
                 _ = shutdown.changed() => {
                     tasks.abort_all();
@@ -375,7 +398,7 @@ impl BackgroundService for HealthProber {
 mod tests {
     use super::*;
     use crate::config::{Endpoint, HopTimeouts, PassiveHealth, ProviderKind};
-    use crate::mock_upstream::{Behavior, MockServer, MockState};
+    use sluice_mock_upstream::{Behavior, MockServer, MockState};
 
     fn provider(port: u16, path_key: Option<&str>) -> Provider {
         let t = Duration::from_secs(1);
@@ -404,7 +427,7 @@ mod tests {
             api_version: None,
             aws: None,
             vertex: None,
-            bearer: None,
+            token_source: None,
         }
     }
 

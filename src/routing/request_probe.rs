@@ -52,15 +52,17 @@ pub fn probe_body(
 }
 
 /// Sends one request probe to the route `upstream_model` of `provider`, bounded by
-/// `check.timeout` (connect, request and response head together).
+/// `check.timeout` (connect, request and response head together); `up` is the provider
+/// resolved (its adapter and live credential).
 pub async fn probe_route(
     connector: &Connector,
     provider: &Provider,
+    up: &providers::Upstream,
     upstream_model: &str,
     check: &ActiveHealthCheck,
 ) -> ProbeOutcome {
     let run = async {
-        let target = match providers::target(provider).await {
+        let target = match providers::target(provider, up).await {
             Ok(t) => t,
             Err(m) => return down(m),
         };
@@ -68,7 +70,7 @@ pub async fn probe_route(
             Ok(b) => Bytes::from(b),
             Err(e) => return down(format!("cannot encode the probe request: {e}")),
         };
-        match probe_head(provider, &target, upstream_model, &body) {
+        match probe_head(provider, up, &target, upstream_model, &body) {
             Ok(head) => exchange(connector, &target, head, Some(body)).await,
             Err(e) => down(format!("bad probe request: {e}")),
         }
@@ -83,12 +85,14 @@ pub async fn probe_route(
 /// client request gets (auth, framing).
 fn probe_head(
     provider: &Provider,
+    up: &providers::Upstream,
     target: &providers::Target,
     upstream_model: &str,
     body: &[u8],
 ) -> pingora::Result<RequestHeader> {
     providers::request_head(
         provider,
+        up,
         target,
         &providers::request_path(provider, upstream_model, false),
         body,
@@ -119,7 +123,7 @@ mod tests {
             stream_usage: true,
             max_concurrent_requests: None,
             vertex: None,
-            bearer: None,
+            token_source: None,
         }
     }
 

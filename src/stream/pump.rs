@@ -215,6 +215,10 @@ pub(crate) async fn first_event<'r>(
 /// Phase 2 of a streaming answer: commits the held stream ([`first_event`]) to the client
 /// and pumps it with heartbeats, idle and duration limits, and client-disconnect detection;
 /// a break after the commit may continue on `rest` ([`continuation`], opt-in).
+#[expect(
+    clippy::too_many_lines,
+    reason = "the commit, the pump and each way a stream ends (clean, broken, continued) in order"
+)]
 pub(crate) async fn stream(
     s: AttemptState<'_, '_>,
     route: &Route,
@@ -281,7 +285,7 @@ pub(crate) async fn stream(
             return Attempt::Final(GatewayError::Internal("content-length header".into()));
         }
     }
-    ctx.downstream_committed = true;
+    ctx.attempts.downstream_committed = true;
     if !first.is_empty() {
         // The first events are written right after the head, and their write flushes both:
         // one send instead of two where they fit the connection's write buffer (the patched

@@ -202,7 +202,7 @@ pub(crate) async fn unary(
         Ok(h) => h,
         Err(e) => return Attempt::Final(GatewayError::Internal(e.to_string())),
     };
-    ctx.downstream_committed = true;
+    ctx.attempts.downstream_committed = true;
     ctx.outcome.status = 200;
     ctx.outcome.bytes_out = out.len() as u64;
     if session

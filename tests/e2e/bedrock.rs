@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::mock_upstream::sigv4::{
+use sluice_mock_upstream::sigv4::{
     MOCK_AWS_ACCESS_KEY_ID, MOCK_AWS_SECRET_ACCESS_KEY, MOCK_AWS_SESSION_TOKEN,
     MOCK_AWS_TEMP_ACCESS_KEY_ID, MOCK_AWS_TEMP_SECRET_ACCESS_KEY,
 };

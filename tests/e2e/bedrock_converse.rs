@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::mock_upstream::sigv4::MOCK_AWS_ACCESS_KEY_ID;
+use sluice_mock_upstream::sigv4::MOCK_AWS_ACCESS_KEY_ID;
 
 use crate::bedrock::{access, answer_text, data, header, send, Client};
 use crate::harness::client::StreamReader;
@@ -186,6 +186,10 @@ fn every_client_dialect_gets_converse_answers_signed_streamed_or_not() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn tools_and_images_go_through_converse_in_every_direction() {
     let s = start(
         &json!({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}],

@@ -351,6 +351,10 @@ fn both_kinds_answer_chat_and_messages_clients_streamed_or_not_with_the_model_ec
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn tool_calls_go_both_ways_for_both_kinds() {
     let (good, _bad, sluice) = start(
         &json!({"api_key": CLOUD_KEY, "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}),

@@ -11,6 +11,9 @@
 //! reasoning, tool names and arguments, stop reason, usage, model ids, error shape) and
 //! compares it with what the mock sent; the input-side cells (images, tool calls and tool
 //! results in the history, reasoning settings) also check what the provider received.
+//!
+//! The request bodies and the per-dialect readers ([`run_cell`]) are shared with the provider
+//! battery (`provider_battery.rs`), which runs cells like these over every provider kind.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -49,14 +52,14 @@ fn config(base_url: &str) -> String {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Client {
+pub(crate) enum Client {
     Chat,
     Messages,
     Responses,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Scenario {
+pub(crate) enum Scenario {
     Text,
     Tool,
     /// Parallel tool calls and no text (OpenAI names the role in the first tool chunk).
@@ -114,7 +117,11 @@ impl Client {
     }
 
     /// The request body of a cell, in the client's own dialect.
-    fn body(self, s: Scenario, model: &str, stream: bool) -> Value {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one request body per scenario and client, side by side"
+    )]
+    pub(crate) fn body(self, s: Scenario, model: &str, stream: bool) -> Value {
         let weather_schema = json!({"type": "object",
             "properties": {"city": {"type": "string"}}, "required": ["city"]});
         let b = match self {
@@ -271,21 +278,21 @@ fn events(body: &[u8]) -> Vec<(Option<String>, Value)> {
 
 /// What a client reassembles from one answer.
 #[derive(Debug, Default)]
-struct Seen {
-    text: String,
-    reasoning: String,
+pub(crate) struct Seen {
+    pub(crate) text: String,
+    pub(crate) reasoning: String,
     /// Thinking signature / Responses `encrypted_content`, when the dialect carries one.
-    signature: String,
+    pub(crate) signature: String,
     /// (call id, name, arguments text) in order.
-    tools: Vec<(String, String, String)>,
-    stop: String,
-    input_tokens: u64,
-    output_tokens: u64,
-    reasoning_tokens: u64,
-    cached_tokens: u64,
-    models: Vec<String>,
+    pub(crate) tools: Vec<(String, String, String)>,
+    pub(crate) stop: String,
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+    pub(crate) reasoning_tokens: u64,
+    pub(crate) cached_tokens: u64,
+    pub(crate) models: Vec<String>,
     /// (error type, message) of an error body or in-stream error event.
-    error: Option<(String, String)>,
+    pub(crate) error: Option<(String, String)>,
 }
 
 fn s(v: &Value) -> String {
@@ -321,6 +328,11 @@ fn chat_stream(raw: &str, body: &[u8], out: &mut Seen) {
     for (name, d) in events(body) {
         if let Some(e) = d.get("error") {
             out.error = Some((s(&e["type"]), s(&e["message"])));
+            continue;
+        }
+        // Azure OpenAI's prompt annotation chunk (no choices, `object: ""`), relayed as
+        // Azure sends it: the OpenAI SDKs skip it, so does the reader.
+        if d.get("prompt_filter_results").is_some() && d["choices"] == json!([]) {
             continue;
         }
         assert!(name.is_none(), "chat chunks carry no event name: {raw}");
@@ -402,6 +414,10 @@ fn messages_nonstream(v: &Value, out: &mut Seen) {
     out.cached_tokens = v["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check per field of the transcript, in wire order"
+)]
 fn messages_stream(raw: &str, body: &[u8], out: &mut Seen) {
     // index -> (type, text/thinking/json, signature, id, name, stopped)
     #[derive(Default)]
@@ -643,7 +659,12 @@ fn responses_stream(raw: &str, body: &[u8], out: &mut Seen) {
 }
 
 /// Sends one cell's request; returns status, body and what the client reassembled.
-fn run_cell(sluice: &Sluice, client: Client, body: &Value, stream: bool) -> (u16, String, Seen) {
+pub(crate) fn run_cell(
+    sluice: &Sluice,
+    client: Client,
+    body: &Value,
+    stream: bool,
+) -> (u16, String, Seen) {
     let owned = client.headers();
     let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let text = body.to_string();
@@ -742,6 +763,10 @@ fn text_of(content: &Value) -> String {
 }
 
 /// Checks what the provider received for the input-side cells.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check per field of the transcript, in wire order"
+)]
 fn check_upstream(cell: &str, scenario: Scenario, client: Client, anthropic: bool, sent: &Value) {
     let msgs = sent["messages"].as_array().expect("messages");
     match scenario {
@@ -937,6 +962,10 @@ fn every_cell_of_the_translation_matrix() {
 }
 
 #[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check per field of the transcript, in wire order"
+)]
 fn check_cell(
     sluice: &Sluice,
     mock: &Mock,

@@ -235,6 +235,10 @@ fn a_client_that_leaves_during_the_race_cancels_both_attempts() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn a_cancelled_loser_is_recorded_as_sluices_cost_in_the_ledger_and_the_metrics_never_charged() {
     // p1 (the first route) holds its first event 3 s and loses to the hedge on p2. The loser
     // was sent the prompt: its input, estimated, is Sluice's cost at p1's input price.

@@ -529,6 +529,10 @@ fn big_body(size: usize) -> Vec<u8> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn a_hundred_large_uploads_at_once_are_bounded_by_the_request_buffers() {
     // The provider holds each admitted request 1.5 s, so admitted bodies stay held. A fixed
     // mmap threshold keeps glibc from holding freed body buffers in RSS (see the end).

@@ -79,6 +79,10 @@ fn by_id<'a>(recs: &'a [Value], id: &str) -> &'a Value {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
     let mock = Mock::start("{}");
     // No `ledger:` section: the default SQLite file in the working directory.

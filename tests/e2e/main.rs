@@ -35,6 +35,7 @@ mod metering;
 mod model_fallback;
 mod passthrough;
 mod ping_commit;
+mod provider_battery;
 mod readme;
 mod redis_limits;
 mod reload;

@@ -469,6 +469,10 @@ fn unit_values(unit: &str, dropin: &str, key: &str) -> Vec<String> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid_file() {
     // What systemd runs with systemd/graceful-upgrade.conf, replayed outside systemd: the
     // ExecStartPre/ExecStart commands, then the ExecReload commands in order with $MAINPID

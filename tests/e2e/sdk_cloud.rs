@@ -19,6 +19,10 @@ fn config(mock: &Mock) -> String {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn official_anthropic_and_openai_sdks_work_on_azure_and_gemini() {
     let text = "Hello from the cloud: héllo 世界 🚀, twenty tokens or so of text.";
     let answered = "upstream-dated-2026-01-01";
@@ -215,7 +219,7 @@ fn official_anthropic_and_openai_sdks_work_on_bedrock() {
                 .into_iter()
                 .flatten()
                 .any(|h| h[0] == "x-amz-security-token"
-                    && h[1] == sluice::mock_upstream::sigv4::MOCK_AWS_SESSION_TOKEN)),
+                    && h[1] == sluice_mock_upstream::sigv4::MOCK_AWS_SESSION_TOKEN)),
         "{log:?}"
     );
 }

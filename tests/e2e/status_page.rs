@@ -106,6 +106,10 @@ fn page_until(
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn status_page_in_chromium_shows_the_traffic_sent() {
     let Some(browser) = chromium() else {
         assert!(

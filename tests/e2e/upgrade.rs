@@ -34,6 +34,10 @@ fn access_lines(log: &str) -> usize {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
     let mock = Mock::start(r#"{"tokens":1}"#);
     let sock_dir = TempDir::new("upgrade");

@@ -228,6 +228,10 @@ fn sent_body(rec: &Value) -> Value {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn claude_and_gemini_on_vertex_answer_chat_and_messages_clients_with_a_bearer_token() {
     let r = rig(
         json!({"text": TEXT, "prompt_tokens": 17, "cached_tokens": 4}),

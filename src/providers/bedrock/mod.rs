@@ -28,12 +28,20 @@
 //! <https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages.html>
 //! (the body), <https://docs.aws.amazon.com/general/latest/gr/bedrock.html> (endpoints).
 
-pub mod credentials;
+pub use crate::config::aws as credentials;
+pub use crate::config::aws::{default_base_url, valid_region};
 pub mod eventstream;
 pub mod sigv4;
 
-use super::azure::push_segment;
+use std::borrow::Cow;
+
+use pingora::http::RequestHeader;
+
+use super::adapter::{Adapter, Credential};
+use crate::config::kinds::push_segment;
+use crate::config::Provider;
 use crate::protocol::{ModelPlacement, UpstreamDialect};
+use eventstream::EventStreamDecoder;
 
 /// The `anthropic_version` member Bedrock's Claude models require in the body.
 pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
@@ -59,22 +67,6 @@ pub fn model_placement(model: &str) -> ModelPlacement {
     } else {
         ModelPlacement::Body
     }
-}
-
-/// The runtime endpoint of `region`: `https://bedrock-runtime.{region}.amazonaws.com`.
-pub fn default_base_url(region: &str) -> String {
-    format!("https://bedrock-runtime.{region}.amazonaws.com")
-}
-
-/// Whether `region` looks like an AWS region (`us-east-2`, `eu-central-1`,
-/// `us-gov-west-1`): lower-case letters, digits and `-`, starting with a letter. It goes
-/// into the host name and the signature's scope as is.
-pub fn valid_region(region: &str) -> bool {
-    region.len() <= 32
-        && region.starts_with(|c: char| c.is_ascii_lowercase())
-        && region
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// Whether an upstream model id names an Anthropic model (served by `InvokeModel` in
@@ -157,6 +149,135 @@ pub fn error_message(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<Body>(body)
         .ok()
         .and_then(|b| b.message)
+}
+
+/// The adapter of `kind: bedrock`: Claude models in Messages (`InvokeModel`, the model in
+/// the URL, the client's betas in the body), the others in Converse; every request signed
+/// with SigV4; streams in AWS's binary event stream, unframed to SSE.
+#[derive(Debug)]
+pub struct Bedrock;
+
+impl Adapter for Bedrock {
+    fn base_dialect(&self) -> UpstreamDialect {
+        UpstreamDialect::Messages
+    }
+
+    fn dialect(&self, upstream_model: &str) -> UpstreamDialect {
+        dialect(upstream_model)
+    }
+
+    fn path(&self, _: &Provider, upstream_model: &str, stream: bool) -> Cow<'static, str> {
+        method_path(upstream_model, stream).into()
+    }
+
+    fn placement(&self, upstream_model: &str) -> ModelPlacement {
+        model_placement(upstream_model)
+    }
+
+    fn stream_accept(&self) -> &'static str {
+        EVENT_STREAM_CONTENT_TYPE
+    }
+
+    fn credential(&self, provider: &Provider) -> Credential {
+        match &provider.aws {
+            Some(a) => Credential::Sigv4(sigv4::Signer::new(&a.region, &a.credentials)),
+            None => Credential::None,
+        }
+    }
+
+    fn authorize(
+        &self,
+        _: &Provider,
+        credential: &Credential,
+        req: &mut RequestHeader,
+        body: &[u8],
+    ) -> pingora::Result<()> {
+        match credential {
+            Credential::Sigv4(signer) => sign_aws(signer, req, body),
+            _ => Ok(()),
+        }
+    }
+
+    fn add_client_betas(
+        &self,
+        upstream_model: &str,
+        body: Vec<u8>,
+        anthropic_beta: &str,
+    ) -> serde_json::Result<Vec<u8>> {
+        if is_anthropic(upstream_model) {
+            super::body_with_betas(body, anthropic_beta)
+        } else {
+            Ok(body)
+        }
+    }
+
+    fn error_status(&self, status: u16, _: &[u8]) -> u16 {
+        error_status(status)
+    }
+
+    fn error_parts(
+        &self,
+        upstream: UpstreamDialect,
+        status: u16,
+        body: &[u8],
+    ) -> (String, Option<String>, String) {
+        match error_message(body) {
+            Some(message) => (
+                crate::protocol::ErrorKind::from_status(status)
+                    .openai_type()
+                    .to_string(),
+                None,
+                message,
+            ),
+            None => super::adapter::error_parts(upstream, status, body),
+        }
+    }
+
+    fn unframer(
+        &self,
+        dialect: UpstreamDialect,
+        max_event_bytes: usize,
+    ) -> Option<EventStreamDecoder> {
+        Some(match dialect {
+            UpstreamDialect::Converse => EventStreamDecoder::converse(max_event_bytes),
+            _ => EventStreamDecoder::new(max_event_bytes),
+        })
+    }
+}
+
+/// Signs `req` with SigV4 and adds the signature's headers.
+fn sign_aws(signer: &sigv4::Signer, req: &mut RequestHeader, body: &[u8]) -> pingora::Result<()> {
+    let path = req
+        .uri
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+    let mut signed: [(&str, &str); 2] = [("host", ""), ("content-type", "")];
+    let mut n = 0;
+    for name in ["host", "content-type"] {
+        if let Some(v) = header(name) {
+            signed[n] = (name, v);
+            n += 1;
+        }
+    }
+    let headers = signer
+        .sign(
+            req.method.as_str(),
+            path,
+            &signed[..n],
+            body,
+            std::time::SystemTime::now(),
+        )
+        .map_err(|e| {
+            pingora::Error::explain(
+                pingora::ErrorType::InternalError,
+                format!("cannot sign the Bedrock request: {e}"),
+            )
+        })?;
+    for (name, value) in headers {
+        req.insert_header(name, value)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

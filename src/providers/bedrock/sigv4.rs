@@ -19,7 +19,7 @@ use aws_sigv4::http_request::{
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 
-use super::credentials::AwsCredentials;
+use crate::config::aws::AwsCredentials;
 
 /// The SigV4 service name of the Bedrock runtime API.
 pub const SERVICE: &str = "bedrock";
@@ -115,6 +115,9 @@ impl Signer {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod against_mock;
 
 #[cfg(test)]
 mod tests {

@@ -1,15 +1,17 @@
-//! The mock's Google OAuth2 token endpoint and Vertex AI gate over a real socket, driven by
-//! the gateway's own service-account signer and token fetcher
+//! The mock's Google OAuth2 token endpoint and Vertex AI gate ([`sluice_mock_upstream`]) over
+//! a real socket, driven by the gateway's own service-account signer and token fetcher
 //! ([`crate::providers::google_auth`]): assertions signed with a key made by the `openssl`
 //! command line are verified independently, wrong keys, scopes and grants are refused as
 //! Google refuses them, and the model paths take only unexpired tokens the mock issued.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use sluice_mock_upstream::{Behavior, MockServer, MockState};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
-use super::{server, Client, Resp};
-use crate::mock_upstream::Behavior;
 use crate::providers::google_auth::{ServiceAccount, ServiceAccountFetcher};
 use crate::providers::token::TokenFetcher;
 use crate::secret::Secret;
@@ -75,7 +77,7 @@ fn now() -> u64 {
         .as_secs()
 }
 
-async fn raw(srv: &super::MockServer, head: &str, body: &str) -> Resp {
+async fn raw(srv: &MockServer, head: &str, body: &str) -> Resp {
     let mut c = Client::connect(srv.addr()).await;
     let req = format!(
         "{head}\r\nHost: mock\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -85,7 +87,7 @@ async fn raw(srv: &super::MockServer, head: &str, body: &str) -> Resp {
     c.read_response().await
 }
 
-async fn token_request(srv: &super::MockServer, assertion: &str, grant: &str) -> Resp {
+async fn token_request(srv: &MockServer, assertion: &str, grant: &str) -> Resp {
     raw(
         srv,
         "POST /token HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded",
@@ -98,7 +100,7 @@ const GRANT: &str = "urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer";
 const CLAUDE: &str =
     "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-6:rawPredict";
 
-async fn claude(srv: &super::MockServer, auth: Option<&str>, body: &Value) -> Resp {
+async fn claude(srv: &MockServer, auth: Option<&str>, body: &Value) -> Resp {
     let auth = auth
         .map(|t| format!("\r\nAuthorization: Bearer {t}"))
         .unwrap_or_default();
@@ -202,4 +204,136 @@ async fn assertions_are_verified_tokens_issued_and_only_live_tokens_accepted() {
 fn base64_claims(v: &Value) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+}
+
+// The mock crate's own loopback test client, the part these tests use.
+
+const T: Duration = Duration::from_secs(10);
+
+async fn server(b: Behavior) -> MockServer {
+    MockServer::start("127.0.0.1:0", Arc::new(MockState::new(b)))
+        .await
+        .expect("bind")
+}
+
+/// A parsed HTTP response as seen by a client.
+#[derive(Debug, Default)]
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    /// De-chunked body.
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    fn text(&self) -> String {
+        String::from_utf8(self.body.clone()).expect("utf8 body")
+    }
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("json body")
+    }
+}
+
+/// Buffered reader over a client stream.
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    async fn connect(addr: std::net::SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).await.expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        Client { s, buf: Vec::new() }
+    }
+
+    async fn fill(&mut self) -> bool {
+        let mut tmp = vec![0u8; 65536];
+        match tokio::time::timeout(T, self.s.read(&mut tmp)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => false,
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&tmp[..n]);
+                true
+            }
+            Err(_) => panic!("client read timed out"),
+        }
+    }
+
+    async fn send(&mut self, data: &[u8]) {
+        self.s.write_all(data).await.expect("write");
+    }
+
+    async fn line(&mut self) -> Option<Vec<u8>> {
+        loop {
+            if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let l = self.buf[..i].to_vec();
+                self.buf.drain(..i + 2);
+                return Some(l);
+            }
+            if !self.fill().await {
+                return None;
+            }
+        }
+    }
+
+    async fn read_response(&mut self) -> Resp {
+        let mut r = Resp::default();
+        let status_line = self.line().await.expect("status line");
+        let sl = String::from_utf8(status_line).expect("status utf8");
+        r.status = sl.split(' ').nth(1).expect("status").parse().expect("num");
+        loop {
+            let l = self.line().await.expect("header line");
+            if l.is_empty() {
+                break;
+            }
+            let l = String::from_utf8(l).expect("header utf8");
+            let (k, v) = l.split_once(':').expect("colon");
+            r.headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        if r.status == 100 {
+            return Box::pin(self.read_response()).await;
+        }
+        if r.header("transfer-encoding")
+            .is_some_and(|v| v.contains("chunked"))
+        {
+            loop {
+                let Some(l) = self.line().await else { return r };
+                let size =
+                    usize::from_str_radix(std::str::from_utf8(&l).expect("size"), 16).expect("hex");
+                if size == 0 {
+                    let _ = self.line().await;
+                    return r;
+                }
+                while self.buf.len() < size + 2 {
+                    if !self.fill().await {
+                        return r;
+                    }
+                }
+                let c = self.buf[..size].to_vec();
+                assert_eq!(&self.buf[size..size + 2], b"\r\n");
+                self.buf.drain(..size + 2);
+                r.body.extend_from_slice(&c);
+            }
+        } else {
+            let n: usize = r
+                .header("content-length")
+                .expect("content-length")
+                .parse()
+                .expect("cl");
+            while self.buf.len() < n {
+                if !self.fill().await {
+                    r.body = std::mem::take(&mut self.buf);
+                    return r;
+                }
+            }
+            r.body = self.buf.drain(..n).collect();
+            r
+        }
+    }
 }

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use super::{post, server, Client, Resp};
-use crate::mock_upstream::Behavior;
+use crate::Behavior;
 
 async fn send(srv: &super::MockServer, path: &str, body: &Value, headers: &str) -> Resp {
     let mut c = Client::connect(srv.addr()).await;

@@ -1,6 +1,6 @@
 //! Mock model provider ("mock upstream") for Sluice's tests and its built-in demo provider.
 //!
-//! This module owns a small raw HTTP/1.1 server on tokio that speaks the provider wire
+//! This crate owns a small raw HTTP/1.1 server on tokio that speaks the provider wire
 //! formats byte for byte:
 //!
 //! - `POST {prefix}/chat/completions` — OpenAI Chat Completions, non-stream
@@ -56,8 +56,10 @@
 //! that half-closes (shuts down its write side) after sending a request gets its response
 //! aborted. Malformed requests (400/413/431 answered by the HTTP layer) are not logged.
 //!
-//! The module is self-contained (only external crates), so it can be embedded by the
-//! gateway (demo provider, see [`MockState::demo`]) and by the `sluice-mock-upstream` binary.
+//! The crate is self-contained (it does not depend on the gateway), so the gateway embeds
+//! it (demo provider, see [`MockState::demo`]) and so does the `sluice-mock-upstream` binary
+//! (a bin of the `sluice` package). Sluice's own tests check its signers against the
+//! independent verifiers here ([`sigv4`], the token endpoint).
 //!
 //! Demo mode ([`MockState::demo`], what the gateway's built-in demo provider runs) is not
 //! scriptable and keeps nothing: no request log, no control endpoints (`/_mock/*` is a 404

@@ -1,4 +1,5 @@
-//! Owns where a Bedrock provider's AWS credentials come from: the standard environment
+//! Owns a Bedrock provider's AWS account as configuration data: its region ([`AwsAccount`])
+//! and where its AWS credentials come from: the standard environment
 //! chain (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, optional `AWS_SESSION_TOKEN`) or,
 //! with `aws_profile: NAME`, that profile of the shared credentials file
 //! (`AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`). Read at config load (and
@@ -8,6 +9,7 @@
 //! Reference: <https://docs.aws.amazon.com/sdkref/latest/guide/file-format.html> (the
 //! INI-style shared credentials file: `[name]` sections, `key = value` lines, `#`/`;`
 //! comments) and <https://docs.aws.amazon.com/sdkref/latest/guide/environment-variables.html>.
+//! The signer built from them is the provider registry's (`providers::bedrock::sigv4`).
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +24,31 @@ pub struct AwsCredentials {
     pub secret_access_key: Secret,
     /// The session token of temporary credentials, sent as `x-amz-security-token`.
     pub session_token: Option<Secret>,
+}
+
+/// A `kind: bedrock` provider's account: its region and the credentials read at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsAccount {
+    /// `providers.<id>.region`, checked with [`valid_region`].
+    pub region: String,
+    /// The credentials of `aws_profile` or of the environment chain.
+    pub credentials: AwsCredentials,
+}
+
+/// The runtime endpoint of `region`: `https://bedrock-runtime.{region}.amazonaws.com`.
+pub fn default_base_url(region: &str) -> String {
+    format!("https://bedrock-runtime.{region}.amazonaws.com")
+}
+
+/// Whether `region` looks like an AWS region (`us-east-2`, `eu-central-1`,
+/// `us-gov-west-1`): lower-case letters, digits and `-`, starting with a letter. It goes
+/// into the host name and the signature's scope as is.
+pub fn valid_region(region: &str) -> bool {
+    region.len() <= 32
+        && region.starts_with(|c: char| c.is_ascii_lowercase())
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// Why no credentials could be read; the message names the variable, file or profile.

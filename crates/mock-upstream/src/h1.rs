@@ -87,6 +87,10 @@ async fn fill(rd: &mut Rd, buf: &mut BytesMut, idle: bool) -> Result<usize, Read
 }
 
 /// Read one request from `rd` (buffered in `buf`, which may hold pipelined bytes).
+#[expect(
+    clippy::too_many_lines,
+    reason = "one HTTP/1.1 request parser, step by step as RFC 9112 reads"
+)]
 pub(crate) async fn read_request(
     rd: &mut Rd,
     wr: &mut Wr,
