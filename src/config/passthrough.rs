@@ -294,6 +294,10 @@ fn check_host(host: &str) -> Result<String, String> {
 ///
 /// # Errors
 /// The first problem, as a [`ConfigError`] naming `passthrough[i].key`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one passthrough route's checks after another, each naming its key path"
+)]
 pub fn build(
     sections: Vec<PassthroughSection>,
     default_connect: Duration,

@@ -132,7 +132,7 @@ pub(super) struct VertexSection {
 
 impl VertexSection {
     /// Whether any Vertex-only key is set (an error on another kind).
-    pub fn first_set(&self) -> Option<&'static str> {
+    pub(super) fn first_set(&self) -> Option<&'static str> {
         [
             ("project", self.project.is_some()),
             ("region", self.region.is_some()),

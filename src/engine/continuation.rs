@@ -54,7 +54,7 @@ use crate::stream::pump;
 
 /// Most bytes of answer text a continuable stream records (its transcript); a stream
 /// whose text grew past it is not continued (outcome `too_long`).
-pub const TRANSCRIPT_CAP_BYTES: usize = 256 * 1024;
+pub(crate) const TRANSCRIPT_CAP_BYTES: usize = 256 * 1024;
 
 /// Every `outcome` of `sluice_stream_continuations_total`: `continued` (the rest was
 /// spliced in and the stream completed), `failed` (spliced, then the continuation broke
@@ -63,7 +63,7 @@ pub const TRANSCRIPT_CAP_BYTES: usize = 256 * 1024;
 /// `unsupported` (the request cannot be re-encoded), `no_route` (no candidate left),
 /// `rejected` (every remaining route failed or refused before answering, or shutdown began
 /// meanwhile).
-pub const OUTCOMES: [&str; 10] = [
+pub(crate) const OUTCOMES: [&str; 10] = [
     "continued",
     "failed",
     "client_abort",

@@ -176,7 +176,7 @@ pub(crate) struct Chain<'c> {
 impl<'c> Chain<'c> {
     /// The chain of a request for `first` (its `fallback_models`, or `body_models` when the
     /// body listed some); `caller` may be `None` only when neither list has an entry.
-    pub fn new(
+    pub(crate) fn new(
         config: &'c Config,
         caller: Option<&'c Caller>,
         first: &'c Model,
@@ -210,14 +210,18 @@ impl<'c> Chain<'c> {
 
     /// After `model` rejected the request as too long: the rest of the chain is
     /// `model`'s `context_fallback_models` (the regular fallbacks are dropped).
-    pub fn context_rejected(&mut self, model: &'c Model) {
+    pub(crate) fn context_rejected(&mut self, model: &'c Model) {
         self.queue = &model.context_fallback_models;
         self.reason = "context_length";
     }
 
     /// The untried candidates `rest` of a stage whose declared context window is larger
     /// than `window` (the rejecting route's); none when that route declared none.
-    pub fn larger_routes(&self, rest: &[Candidate<'c>], window: Option<u64>) -> Vec<Candidate<'c>> {
+    pub(crate) fn larger_routes(
+        &self,
+        rest: &[Candidate<'c>],
+        window: Option<u64>,
+    ) -> Vec<Candidate<'c>> {
         let Some(w) = window.filter(|_| !self.no_fallbacks) else {
             return Vec::new();
         };
@@ -230,7 +234,7 @@ impl<'c> Chain<'c> {
     /// The next model to try with its candidates: the first queued model not tried yet
     /// that the key may use and that has a candidate for the request (a model with none,
     /// lacking a capability say, is skipped). `None` when the chain is done.
-    pub fn next_stage(
+    pub(crate) fn next_stage(
         &mut self,
         needs: &RouteNeeds,
         estimate: impl Fn() -> u64,

@@ -77,7 +77,7 @@ pub(crate) fn stale_resend(ctx: &RequestCtx, route: &Route, e: &SendError) -> At
 
 /// The `outcome` of `sluice_upstream_attempts_total` for a request sent again because its
 /// pooled connection was stale.
-pub const STALE_CONNECTION: &str = "stale_connection";
+pub(crate) const STALE_CONNECTION: &str = "stale_connection";
 
 /// A failure before the commit on `route`: the next candidate may be tried.
 pub(crate) fn failed(

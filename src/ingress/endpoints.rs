@@ -186,6 +186,10 @@ fn body_aborted(ctx: &RequestCtx, reason: &'static str) {
 /// parsed request, which is replayed to every candidate: until a stream commits (nothing is
 /// replayed after it; see [`InferenceRequest::release_payload`](request::InferenceRequest::release_payload)),
 /// else to the end of the attempt loop.
+#[expect(
+    clippy::too_many_lines,
+    reason = "authentication, body, admission, plan and the attempt loop in request order"
+)]
 async fn infer(
     gw: &Gateway,
     session: &mut Session,

@@ -127,7 +127,7 @@ impl<'r> StreamPipe<'r> {
         clippy::too_many_arguments,
         reason = "the stream's parameters are passed explicitly"
     )]
-    pub fn new(
+    pub(crate) fn new(
         route: &'r Route,
         client: ClientDialect,
         standard_model: &str,
@@ -193,7 +193,7 @@ impl<'r> StreamPipe<'r> {
     }
 
     /// The transcript of what the client stream carried, for a continuable stream.
-    pub fn transcript(&self) -> Option<&protocol::continuation::Transcript> {
+    pub(crate) fn transcript(&self) -> Option<&protocol::continuation::Transcript> {
         self.protocol.as_ref().and_then(|t| t.transcript())
     }
 
@@ -204,7 +204,7 @@ impl<'r> StreamPipe<'r> {
     /// # Errors
     /// [`PipeError::Framing`] when the stream is not continuable (no translator) or the
     /// decoder cannot be set up; the pipe is unchanged then.
-    pub fn resume(
+    pub(crate) fn resume(
         &mut self,
         route: &'r Route,
         coding: ContentCoding,
@@ -233,7 +233,7 @@ impl<'r> StreamPipe<'r> {
     /// # Errors
     /// [`PipeError`] when the stream cannot go on; `out` may hold the events completed
     /// before the failure in the same chunk.
-    pub fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), PipeError> {
+    pub(crate) fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), PipeError> {
         let r = self.push(chunk);
         let invalid = self.normalizer.take_invalid_utf8();
         if invalid > 0 {
@@ -303,6 +303,10 @@ impl<'r> StreamPipe<'r> {
     }
 
     /// Moves the complete events into `out`.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the per-event hot path stays one loop: no call per event that the compiler may not inline"
+    )]
     fn drain(&mut self) -> Result<(), PipeError> {
         while let Some(ev) = self.normalizer.next_event() {
             let Some(data) = ev.data() else {
@@ -482,7 +486,7 @@ impl<'r> StreamPipe<'r> {
 
     /// The in-stream error event that ends the client's stream, in its dialect (Chat
     /// Completions: OpenAI's `event: error` frame with `code` = `reason`).
-    pub fn error_event(
+    pub(crate) fn error_event(
         &mut self,
         kind: ErrorKind,
         error_type: &str,
@@ -502,7 +506,7 @@ impl<'r> StreamPipe<'r> {
 
     /// Whether the client-facing stream is complete (`[DONE]` forwarded or translated):
     /// nothing after it is for the client, so no heartbeat may follow it.
-    pub fn finished(&self) -> bool {
+    pub(crate) fn finished(&self) -> bool {
         self.done
             || self
                 .protocol
@@ -512,12 +516,12 @@ impl<'r> StreamPipe<'r> {
 
     /// The provider's final usage: the last reported, if the stream completed (a stream
     /// that broke off or was abandoned has not reported its final figures).
-    pub fn final_usage(&self) -> Option<protocol::Usage> {
+    pub(crate) fn final_usage(&self) -> Option<protocol::Usage> {
         self.usage.filter(|_| self.finished())
     }
 
     /// The output gathered so far, for one downstream write.
-    pub fn take(&mut self) -> Bytes {
+    pub(crate) fn take(&mut self) -> Bytes {
         self.out.split().freeze()
     }
 }

@@ -32,6 +32,10 @@ enum UnaryBreak {
 }
 
 /// A non-streaming answer: read it all (bounded, decoded), rewrite `model`, write it.
+#[expect(
+    clippy::too_many_lines,
+    reason = "read, decode, translate and write one answer, with each way it can fail"
+)]
 pub(crate) async fn unary(
     connector: &Connector,
     session: &mut Session,

@@ -20,12 +20,12 @@ use crate::harness::client::{post_json, sse_events, sse_text, StreamReader};
 use crate::harness::{eventually, Mock, Sluice, TempDir, KEY};
 
 /// The Bedrock model id every route uses; its `:` travels as `%3A`.
-pub const BEDROCK_MODEL: &str = "us.anthropic.claude-sonnet-4-6-v1:0";
+pub(crate) const BEDROCK_MODEL: &str = "us.anthropic.claude-sonnet-4-6-v1:0";
 const TEXT: &str = "héllo from Bedröck, über the event stream";
 
 /// A shared credentials file with the mock's identities: `mock` (long-term), `temp`
 /// (temporary, with a session token) and `wrong` (the right key id, a wrong secret).
-pub fn credentials_file(dir: &TempDir) -> String {
+pub(crate) fn credentials_file(dir: &TempDir) -> String {
     let path = dir.path().join("credentials");
     std::fs::write(
         &path,
@@ -39,7 +39,7 @@ pub fn credentials_file(dir: &TempDir) -> String {
 
 /// The environment Sluice runs with: the env chain holds the long-term identity, the
 /// shared file the profiles.
-pub fn env(file: &str) -> Vec<(&'static str, String)> {
+pub(crate) fn env(file: &str) -> Vec<(&'static str, String)> {
     vec![
         ("AWS_ACCESS_KEY_ID", MOCK_AWS_ACCESS_KEY_ID.to_string()),
         (

@@ -16,7 +16,7 @@ use crate::harness::client::StreamReader;
 use crate::harness::{Mock, Sluice, TempDir, KEY};
 
 /// The Converse model of the routes; its `:` travels as `%3A`.
-pub const NOVA: &str = "amazon.nova-pro-v1:0";
+pub(crate) const NOVA: &str = "amazon.nova-pro-v1:0";
 const LLAMA: &str = "meta.llama3-3-70b-instruct-v1:0";
 const TEXT: &str = "héllo from Növa, über the Converse stream";
 

@@ -211,7 +211,7 @@ impl Drop for KillDaemon {
 
 /// The files of a Sluice run as a daemon: a temp folder with its config (the basic config
 /// on free ports, plus `extra` server keys), pid file, error log and upgrade socket.
-pub struct DaemonFiles {
+pub(crate) struct DaemonFiles {
     /// The folder; removed on drop.
     pub dir: TempDir,
     pub pid_file: std::path::PathBuf,
@@ -224,7 +224,7 @@ pub struct DaemonFiles {
 impl DaemonFiles {
     /// Writes the config in a new temp folder named after `name`; `extra` is YAML lines under
     /// `server:` (two-space indented, each ending in a newline).
-    pub fn write(name: &str, mock: &Mock, extra: &str) -> DaemonFiles {
+    pub(crate) fn write(name: &str, mock: &Mock, extra: &str) -> DaemonFiles {
         let dir = TempDir::new(name);
         let pid_file = dir.path().join("sluice.pid");
         let error_log = dir.path().join("error.log");

@@ -36,7 +36,7 @@ pub(crate) struct Request {
 
 impl Request {
     /// First value of a header (name lowercase).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -44,7 +44,7 @@ impl Request {
     }
 
     /// Path without the query string.
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.target.split('?').next().unwrap_or("")
     }
 }
@@ -301,7 +301,7 @@ pub(crate) struct Out<'a> {
 
 impl<'a> Out<'a> {
     /// New writer.
-    pub fn new(
+    pub(crate) fn new(
         wr: &'a mut Wr,
         rec: &'a RecordHandle,
         start: Instant,
@@ -334,7 +334,7 @@ impl<'a> Out<'a> {
     }
 
     /// Write the status line and headers.
-    pub async fn head(
+    pub(crate) async fn head(
         &mut self,
         status: u16,
         headers: &[(String, String)],
@@ -372,7 +372,7 @@ impl<'a> Out<'a> {
     }
 
     /// Write one body piece as its own write (and its own HTTP chunk when chunked).
-    pub async fn piece(&mut self, data: &[u8]) -> io::Result<()> {
+    pub(crate) async fn piece(&mut self, data: &[u8]) -> io::Result<()> {
         if data.is_empty() {
             return Ok(());
         }
@@ -394,12 +394,12 @@ impl<'a> Out<'a> {
     }
 
     /// Body bytes written so far.
-    pub fn body_written(&self) -> u64 {
+    pub(crate) fn body_written(&self) -> u64 {
         lock(self.rec).bytes_written
     }
 
     /// Finish the response (chunked terminator if chunked) and mark it completed.
-    pub async fn finish(&mut self) -> io::Result<()> {
+    pub(crate) async fn finish(&mut self) -> io::Result<()> {
         if self.chunked {
             self.raw(b"0\r\n\r\n").await?;
         }

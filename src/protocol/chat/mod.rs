@@ -229,6 +229,10 @@ struct JsonSchemaIn {
 /// [`ProtocolError::Unsupported`] for `n` > 1, `logprobs: true`, audio,
 /// `functions`/`function_call`, the `function` role, `web_search_options`,
 /// non-function tools, `input_audio` parts and `file_id` files.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one field of the Chat Completions request after another, as OpenAI's API reference lists them"
+)]
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let r: RequestIn = decode_client(body)?;
     match r.n {
@@ -520,6 +524,10 @@ fn content_parts(content: Option<ContentIn>, path: &str) -> Result<Vec<Part>, Pr
 /// # Errors
 /// [`ProtocolError::Unsupported`] for images inside tool results and URL
 /// documents (Chat has neither).
+#[expect(
+    clippy::too_many_lines,
+    reason = "one field of the canonical request after another into Chat Completions' shape"
+)]
 pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
     let mut messages = Vec::with_capacity(req.messages.len() + req.system.len());
     for s in &req.system {

@@ -74,6 +74,10 @@ use super::{
 /// [`ProtocolError::Unsupported`] for URL images or documents, a media type Converse does
 /// not take, or a structured `response_format`; [`ProtocolError::InvalidRequest`] for a
 /// conversation with no message.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one field of the canonical request after another into Converse's shape"
+)]
 pub fn encode_request(
     req: &Request,
     _opts: &UpstreamOptions<'_>,

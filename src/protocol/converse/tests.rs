@@ -112,6 +112,10 @@ fn request_golden_body() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one case per tool choice, document and refusal, each checked the same way"
+)]
 fn tool_choices_errors_documents_and_refusals() {
     let tool = Tool {
         name: "f".into(),

@@ -394,6 +394,10 @@ fn response_format_field(req: &Request) -> &'static str {
 /// [`ProtocolError::Unsupported`] for a structured output format (no
 /// equivalent) and [`ProtocolError::InvalidRequest`] for tool-call arguments
 /// that are not a JSON object.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one field of the canonical request after another into Anthropic Messages' shape"
+)]
 pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
     if req.response_format.is_some() {
         return Err(unsupported(

@@ -217,6 +217,10 @@ enum FormatIn {
 /// `conversation` (there is no response storage), `background: true`,
 /// `prompt`, `item_reference`, non-function tools and `file_id` inputs;
 /// [`ProtocolError::InvalidRequest`] naming the field otherwise.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one field of the Responses request after another, as OpenAI's API reference lists them"
+)]
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let v = add_message_types(body)?;
     let bytes = serde_json::to_vec(&v).map_err(|e| invalid("body", e.to_string()))?;

@@ -485,6 +485,10 @@ impl StreamEncoder {
     /// # Errors
     /// [`ProtocolError::InvalidUpstream`] for arguments of an already closed
     /// function call.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one arm per canonical stream event, each writing its Responses events"
+    )]
     pub fn encode(
         &mut self,
         ev: &StreamEvent<'_>,
@@ -708,6 +712,10 @@ impl StreamEncoder {
         self.open = true;
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "closing an output item writes the done events of each item type, in wire order"
+    )]
     fn close_item(&mut self, out: &mut BytesMut) {
         if !self.open {
             return;

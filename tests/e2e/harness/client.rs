@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 /// A complete response.
 #[derive(Debug, Clone)]
-pub struct Response {
+pub(crate) struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -15,16 +15,16 @@ pub struct Response {
 
 impl Response {
     /// First value of header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
@@ -89,7 +89,7 @@ fn connect(addr: SocketAddr) -> TcpStream {
 }
 
 /// Sends a request and reads the whole response (content-length, chunked or close-delimited).
-pub fn request(
+pub(crate) fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -105,16 +105,21 @@ pub fn request(
     }
 }
 
-pub fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+pub(crate) fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
     request(addr, "GET", path, headers, b"")
 }
 
-pub fn post_json(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+pub(crate) fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Response {
     request(addr, "POST", path, headers, body.as_bytes())
 }
 
 /// An open response whose body is read piece by piece.
-pub struct StreamReader {
+pub(crate) struct StreamReader {
     reader: BufReader<TcpStream>,
     pub status: u16,
     pub headers: Vec<(String, String)>,
@@ -135,7 +140,7 @@ fn eof(what: &str) -> std::io::Error {
 }
 
 impl StreamReader {
-    pub fn open(
+    pub(crate) fn open(
         addr: SocketAddr,
         path: &str,
         headers: &[(&str, &str)],
@@ -144,7 +149,7 @@ impl StreamReader {
         Self::open_raw(addr, "POST", path, headers, body.as_bytes())
     }
 
-    pub fn open_raw(
+    pub(crate) fn open_raw(
         addr: SocketAddr,
         method: &str,
         path: &str,
@@ -177,7 +182,7 @@ impl StreamReader {
         }
     }
 
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -187,14 +192,14 @@ impl StreamReader {
     /// The next piece of body (one HTTP chunk, or whatever bytes arrived), `None` at the end.
     /// Panics if nothing arrives within `timeout`, or if the body is cut (EOF before the
     /// chunked terminator or the full Content-Length).
-    pub fn next_piece(&mut self, timeout: Duration) -> Option<Vec<u8>> {
+    pub(crate) fn next_piece(&mut self, timeout: Duration) -> Option<Vec<u8>> {
         self.try_next_piece(timeout)
             .unwrap_or_else(|e| panic!("reading body: {e}"))
     }
 
     /// As [`next_piece`], returning the I/O error (timeouts are `WouldBlock`/`TimedOut`; a
     /// cut body is `UnexpectedEof`, after which [`is_cut`](Self::is_cut) holds).
-    pub fn try_next_piece(&mut self, timeout: Duration) -> std::io::Result<Option<Vec<u8>>> {
+    pub(crate) fn try_next_piece(&mut self, timeout: Duration) -> std::io::Result<Option<Vec<u8>>> {
         if self.done {
             return Ok(None);
         }
@@ -273,7 +278,7 @@ impl StreamReader {
 
     /// Reads the rest of the body (each read bounded by `per_read`). Panics if the body is
     /// cut (EOF before the chunked terminator or the full Content-Length).
-    pub fn read_to_end(&mut self, per_read: Duration) -> Vec<u8> {
+    pub(crate) fn read_to_end(&mut self, per_read: Duration) -> Vec<u8> {
         let mut out = Vec::new();
         while let Some(p) = self.next_piece(per_read) {
             out.extend_from_slice(&p);
@@ -283,7 +288,7 @@ impl StreamReader {
 
     /// Reads the rest of a body that may be cut: everything read, and whether it ended
     /// cleanly (`true`) or was cut by EOF (`false`). Other errors (timeouts) panic.
-    pub fn read_to_end_or_cut(&mut self, per_read: Duration) -> (Vec<u8>, bool) {
+    pub(crate) fn read_to_end_or_cut(&mut self, per_read: Duration) -> (Vec<u8>, bool) {
         let mut out = Vec::new();
         loop {
             match self.try_next_piece(per_read) {
@@ -299,7 +304,7 @@ impl StreamReader {
     }
 
     /// Reads until the body contains `needle` or ends; returns everything read.
-    pub fn read_until(&mut self, needle: &[u8], per_read: Duration) -> Vec<u8> {
+    pub(crate) fn read_until(&mut self, needle: &[u8], per_read: Duration) -> Vec<u8> {
         let mut out = Vec::new();
         while !out.windows(needle.len()).any(|w| w == needle) {
             match self.next_piece(per_read) {
@@ -313,29 +318,29 @@ impl StreamReader {
     /// Whether the body ended cleanly: the chunked terminator (`0` chunk and the empty
     /// line after it) or the full Content-Length was read, or a close-delimited body hit
     /// EOF. A body cut by EOF before its end is not done (see [`is_cut`](Self::is_cut)).
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done && !self.cut
     }
 
     /// Whether the body was cut: EOF before the chunked terminator or the full length.
-    pub fn is_cut(&self) -> bool {
+    pub(crate) fn is_cut(&self) -> bool {
         self.cut
     }
 
     /// Hangs up (closes the socket).
-    pub fn close(self) {
+    pub(crate) fn close(self) {
         let s = self.reader.into_inner();
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
 
     /// The underlying socket (e.g. to stop reading and let buffers fill).
-    pub fn socket(&self) -> &TcpStream {
+    pub(crate) fn socket(&self) -> &TcpStream {
         self.reader.get_ref()
     }
 }
 
 /// Splits an SSE body into events (each without its trailing blank line).
-pub fn sse_events(body: &[u8]) -> Vec<String> {
+pub(crate) fn sse_events(body: &[u8]) -> Vec<String> {
     String::from_utf8_lossy(body)
         .split("\n\n")
         .filter(|e| !e.is_empty())
@@ -344,7 +349,7 @@ pub fn sse_events(body: &[u8]) -> Vec<String> {
 }
 
 /// Concatenates `delta.content` of every OpenAI chunk in an SSE body.
-pub fn sse_text(body: &[u8]) -> String {
+pub(crate) fn sse_text(body: &[u8]) -> String {
     let mut out = String::new();
     for ev in sse_events(body) {
         for line in ev.lines() {

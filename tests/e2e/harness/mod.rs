@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-pub mod client;
-pub mod tls;
+pub(crate) mod client;
+pub(crate) mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub use client::{get, post_json, Response, StreamReader};
+pub(crate) use client::{get, post_json, Response, StreamReader};
 
 /// A free loopback port (bind :0, read, release; the small race is retried by callers).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -24,7 +24,7 @@ pub fn free_port() -> u16 {
 
 /// `N` distinct free loopback ports: all are held bound until every one is chosen, so two
 /// calls to [`free_port`] can not hand out the same port twice.
-pub fn free_ports<const N: usize>() -> [u16; N] {
+pub(crate) fn free_ports<const N: usize>() -> [u16; N] {
     let held: Vec<TcpListener> = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
         .collect();
@@ -36,7 +36,7 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
 /// (`ECONNREFUSED`). Since the socket sets neither `SO_REUSEADDR` nor `SO_REUSEPORT`, no
 /// parallel test's listener can be handed the port, as it could a freed port or a killed
 /// mock's, whose new owner would then answer in the dead provider's place.
-pub fn dead_port() -> u16 {
+pub(crate) fn dead_port() -> u16 {
     static DEAD: std::sync::OnceLock<socket2::Socket> = std::sync::OnceLock::new();
     DEAD.get_or_init(|| {
         use socket2::{Domain, Socket, Type};
@@ -53,13 +53,13 @@ pub fn dead_port() -> u16 {
 }
 
 /// `http://127.0.0.1:{dead_port}/v1`: a provider base URL where connections are refused.
-pub fn dead_url() -> String {
+pub(crate) fn dead_url() -> String {
     format!("http://127.0.0.1:{}/v1", dead_port())
 }
 
 /// The inodes of the sockets process `pid` holds (Linux: its `/proc/PID/fd` links
 /// `socket:[N]`), to match against `/proc/net/tcp{,6}`.
-pub fn socket_inodes(pid: u32) -> Vec<String> {
+pub(crate) fn socket_inodes(pid: u32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|dir| {
             dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -74,7 +74,7 @@ pub fn socket_inodes(pid: u32) -> Vec<String> {
 
 /// Whether process `pid` holds a listening TCP socket on loopback `port` (Linux: the socket
 /// inodes among `/proc/PID/fd` matched against `/proc/net/tcp{,6}`).
-pub fn listens_on(pid: u32, port: u16) -> bool {
+pub(crate) fn listens_on(pid: u32, port: u16) -> bool {
     let inodes = socket_inodes(pid);
     let port_hex = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
@@ -94,10 +94,10 @@ pub fn listens_on(pid: u32, port: u16) -> bool {
 }
 
 /// A scratch directory removed on drop.
-pub struct TempDir(pub PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    pub fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         let p = std::env::temp_dir().join(format!(
             "sluice-e2e-{tag}-{}-{}",
             std::process::id(),
@@ -106,7 +106,7 @@ impl TempDir {
         std::fs::create_dir_all(&p).expect("tempdir");
         Self(p)
     }
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
@@ -118,14 +118,14 @@ impl Drop for TempDir {
 }
 
 /// A running mock upstream process.
-pub struct Mock {
+pub(crate) struct Mock {
     child: Child,
     pub addr: SocketAddr,
 }
 
 impl Mock {
     /// Starts `sluice-mock-upstream` with a default behaviour (JSON object, `{}` for none).
-    pub fn start(behavior: &str) -> Mock {
+    pub(crate) fn start(behavior: &str) -> Mock {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-mock-upstream"))
             .args(["--listen", "127.0.0.1:0", "--behavior", behavior])
             .env("RUST_LOG", "warn")
@@ -147,35 +147,35 @@ impl Mock {
     }
 
     /// `http://ADDR/v1`, the provider `base_url`.
-    pub fn base_url(&self) -> String {
+    pub(crate) fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }
 
     /// The mock's request log (`GET /_mock/log`), as JSON records.
-    pub fn log(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn log(&self) -> Vec<serde_json::Value> {
         let r = get(self.addr, "/_mock/log", &[]);
         let v: serde_json::Value = serde_json::from_slice(&r.body).expect("mock log json");
         v["requests"].as_array().cloned().unwrap_or_default()
     }
 
     /// Number of recorded chat requests.
-    pub fn hits(&self) -> usize {
+    pub(crate) fn hits(&self) -> usize {
         self.log().len()
     }
 
     /// Replaces the default behaviour.
-    pub fn set_behavior(&self, behavior: &str) {
+    pub(crate) fn set_behavior(&self, behavior: &str) {
         let r = post_json(self.addr, "/_mock/behavior", &[], behavior);
         assert_eq!(r.status, 200, "set behavior: {}", r.text());
     }
 
     /// Clears the log and counters.
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         post_json(self.addr, "/_mock/reset", &[], "{}");
     }
 
     /// Polls the log until `pred` holds or `timeout` passes; returns the last log.
-    pub fn wait_log(
+    pub(crate) fn wait_log(
         &self,
         timeout: Duration,
         pred: impl Fn(&[serde_json::Value]) -> bool,
@@ -191,7 +191,7 @@ impl Mock {
     }
 
     /// Kills the process (the port then refuses connections).
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -204,7 +204,7 @@ impl Drop for Mock {
 }
 
 /// A running Sluice process on its own ports.
-pub struct Sluice {
+pub(crate) struct Sluice {
     child: Child,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
@@ -216,18 +216,18 @@ pub struct Sluice {
 }
 
 /// The virtual key the helper configs use.
-pub const KEY: &str = "sk-sluice-test-0001";
+pub(crate) const KEY: &str = "sk-sluice-test-0001";
 
 impl Sluice {
     /// Writes `yaml` (with `{listen}`, `{admin}` and `{tls_listen}` placeholders filled) and
     /// starts Sluice.
     /// Retries with new ports if one was taken meanwhile.
-    pub fn start(yaml: &str) -> Sluice {
+    pub(crate) fn start(yaml: &str) -> Sluice {
         Self::start_with_env(yaml, &[])
     }
 
     /// As [`Sluice::start`], with extra environment variables.
-    pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Sluice {
+    pub(crate) fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Sluice {
         keep_panic_messages();
         for _ in 0..5 {
             let [port, admin_port, tls_port] = free_ports();
@@ -299,36 +299,36 @@ impl Sluice {
     }
 
     /// The process log so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     /// `GET /metrics` text.
-    pub fn metrics(&self) -> String {
+    pub(crate) fn metrics(&self) -> String {
         get(self.admin, "/metrics", &[]).text()
     }
 
     /// Value of one counter sample line (exact name with labels, e.g.
     /// `sluice_requests_total{model="m",status="200"}`), 0 when the series is absent (a
     /// labelled counter appears with its first event). For gauges use [`Sluice::gauge`].
-    pub fn metric(&self, sample: &str) -> f64 {
+    pub(crate) fn metric(&self, sample: &str) -> f64 {
         self.metric_opt(sample).unwrap_or(0.0)
     }
 
     /// Value of one sample line, `None` when the series is absent.
-    pub fn metric_opt(&self, sample: &str) -> Option<f64> {
+    pub(crate) fn metric_opt(&self, sample: &str) -> Option<f64> {
         parse_metric(&self.metrics(), sample)
     }
 
     /// Value of one gauge sample line; panics when the series is absent (an absent gauge
     /// is not 0).
-    pub fn gauge(&self, sample: &str) -> f64 {
+    pub(crate) fn gauge(&self, sample: &str) -> f64 {
         let text = self.metrics();
         parse_metric(&text, sample).unwrap_or_else(|| panic!("no series {sample} in:\n{text}"))
     }
 
     /// POST a chat completion with the test key.
-    pub fn chat(&self, body: &str) -> Response {
+    pub(crate) fn chat(&self, body: &str) -> Response {
         post_json(
             self.addr,
             "/v1/chat/completions",
@@ -338,7 +338,7 @@ impl Sluice {
     }
 
     /// Open a streaming chat completion; returns the reader after the response head.
-    pub fn chat_stream(&self, body: &str) -> StreamReader {
+    pub(crate) fn chat_stream(&self, body: &str) -> StreamReader {
         StreamReader::open(
             self.addr,
             "/v1/chat/completions",
@@ -348,7 +348,7 @@ impl Sluice {
     }
 
     /// Rewrites the config file (placeholders filled with this process's ports).
-    pub fn rewrite_config(&self, yaml: &str) {
+    pub(crate) fn rewrite_config(&self, yaml: &str) {
         let cfg = yaml
             .replace("{listen}", &self.addr.to_string())
             .replace("{admin}", &self.admin.to_string())
@@ -357,7 +357,7 @@ impl Sluice {
     }
 
     /// Sends a signal (`"HUP"`, `"TERM"`, ...).
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([&format!("-{sig}"), &self.child.id().to_string()])
             .status()
@@ -367,12 +367,12 @@ impl Sluice {
     }
 
     /// The OS pid.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Waits for exit up to `timeout`; `Some(status)` if it exited.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let end = Instant::now() + timeout;
         while Instant::now() < end {
             if let Ok(Some(s)) = self.child.try_wait() {
@@ -384,7 +384,7 @@ impl Sluice {
     }
 
     /// Resident set size in KiB (from /proc).
-    pub fn rss_kib(&self) -> u64 {
+    pub(crate) fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default();
         status
@@ -395,7 +395,7 @@ impl Sluice {
             .unwrap_or(0)
     }
 
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -441,7 +441,7 @@ fn keep_panic_messages() {
 
 /// The message of a panic payload (`panic!` with arguments gives a `String`, with a literal a
 /// `&str`); `None` for any other payload.
-pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
     payload
         .downcast_ref::<String>()
         .map(String::as_str)
@@ -449,7 +449,7 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
 }
 
 /// Polls `f` every 10 ms until it holds or `timeout` passes; whether it held.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub(crate) fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
     loop {
         if f() {
@@ -464,7 +464,7 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// Reads one sample value from Prometheus text: `None` when no line has exactly that
 /// series (name and labels), so an absent series is not mistaken for 0.
-pub fn parse_metric(text: &str, sample: &str) -> Option<f64> {
+pub(crate) fn parse_metric(text: &str, sample: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| {
             l.strip_prefix(sample)
@@ -479,7 +479,7 @@ pub fn parse_metric(text: &str, sample: &str) -> Option<f64> {
 
 /// A one-provider config: test key, tenant `t`, provider `p1` at `base_url`, model `acme/chat`
 /// → `mock-small-v1`. `extra_server` is inserted under `server:` (indented lines).
-pub fn basic_config(base_url: &str, extra_server: &str) -> String {
+pub(crate) fn basic_config(base_url: &str, extra_server: &str) -> String {
     format!(
         "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n{extra_server}\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p1:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-provider-secret-p1\n    health_check: {{enabled: false}}\nmodels:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n"
     )

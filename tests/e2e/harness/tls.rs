@@ -19,7 +19,7 @@ use tokio_rustls::TlsConnector;
 use super::{TempDir, KEY};
 
 /// A test certificate authority and the folder its issued files go to.
-pub struct Pki {
+pub(crate) struct Pki {
     pub dir: TempDir,
     issuer: Issuer<'static, KeyPair>,
     pub ca: CertificateDer<'static>,
@@ -29,7 +29,7 @@ pub struct Pki {
 
 impl Pki {
     /// A fresh CA (ECDSA P-256) in a new temporary folder.
-    pub fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let key = KeyPair::generate().expect("CA key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -46,14 +46,14 @@ impl Pki {
     }
 
     /// `<stem>.pem` / `<stem>.key` in the folder.
-    pub fn path(&self, stem: &str, ext: &str) -> PathBuf {
+    pub(crate) fn path(&self, stem: &str, ext: &str) -> PathBuf {
         self.dir.path().join(format!("{stem}.{ext}"))
     }
 
     /// Issues a leaf certificate for `names` and writes its chain and key as `<stem>.pem`
     /// and `<stem>.key` (each written to a temporary name and renamed, as a renewal tool
     /// would); returns the leaf's DER.
-    pub fn issue(&self, stem: &str, names: &[&str]) -> Vec<u8> {
+    pub(crate) fn issue(&self, stem: &str, names: &[&str]) -> Vec<u8> {
         let key = KeyPair::generate().expect("leaf key");
         let mut params =
             CertificateParams::new(names.iter().map(|n| (*n).to_string()).collect::<Vec<_>>())
@@ -66,14 +66,14 @@ impl Pki {
     }
 
     /// Writes `<stem>.<ext>` atomically (temporary file, then rename).
-    pub fn write(&self, stem: &str, ext: &str, text: &str) {
+    pub(crate) fn write(&self, stem: &str, ext: &str, text: &str) {
         let tmp = self.path(&format!(".{stem}.tmp"), ext);
         std::fs::write(&tmp, text).expect("write pem");
         std::fs::rename(&tmp, self.path(stem, ext)).expect("rename pem");
     }
 
     /// A client config trusting this CA only, offering `alpn` and `versions`.
-    pub fn client(
+    pub(crate) fn client(
         &self,
         alpn: &[&[u8]],
         versions: &[&'static SupportedProtocolVersion],
@@ -93,7 +93,7 @@ impl Pki {
 
 /// A multi-thread runtime with one worker: spawned connection tasks keep running while the
 /// test's own future blocks on the harness's synchronous helpers.
-pub fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -102,7 +102,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// An established TLS connection and what the handshake chose.
-pub struct Tls {
+pub(crate) struct Tls {
     pub stream: tokio_rustls::client::TlsStream<TcpStream>,
     /// The server's end-entity certificate, DER.
     pub peer_cert: Vec<u8>,
@@ -116,7 +116,11 @@ pub struct Tls {
 ///
 /// # Errors
 /// The TLS handshake error (e.g. a refused protocol version).
-pub async fn connect(addr: SocketAddr, sni: &str, cfg: Arc<ClientConfig>) -> std::io::Result<Tls> {
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    sni: &str,
+    cfg: Arc<ClientConfig>,
+) -> std::io::Result<Tls> {
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     let name = ServerName::try_from(sni.to_string()).expect("server name");
@@ -138,13 +142,13 @@ pub async fn connect(addr: SocketAddr, sni: &str, cfg: Arc<ClientConfig>) -> std
 }
 
 /// An HTTP/2 client connection (its driver runs as a spawned task).
-pub struct H2 {
+pub(crate) struct H2 {
     pub send: h2::client::SendRequest<Bytes>,
     pub authority: String,
 }
 
 /// HTTP/2 over `io` (TLS after ALPN h2, or plain TCP for h2c with prior knowledge).
-pub async fn h2_handshake<T>(io: T, authority: &str) -> H2
+pub(crate) async fn h2_handshake<T>(io: T, authority: &str) -> H2
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -160,7 +164,7 @@ where
 
 /// One HTTP/2 exchange in progress: the response head and the request's send half (to
 /// reset the stream).
-pub struct H2Exchange {
+pub(crate) struct H2Exchange {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body: h2::RecvStream,
@@ -170,7 +174,7 @@ pub struct H2Exchange {
 impl H2 {
     /// Sends `method path` with the test key and `body` (JSON, may be empty), and waits for
     /// the response head.
-    pub async fn request(&mut self, method: &str, path: &str, body: &str) -> H2Exchange {
+    pub(crate) async fn request(&mut self, method: &str, path: &str, body: &str) -> H2Exchange {
         let req = http::Request::builder()
             .method(method)
             .uri(format!("https://{}{path}", self.authority))
@@ -204,7 +208,7 @@ impl H2 {
 
 impl H2Exchange {
     /// The next DATA frame (`None` at the end of the stream), with its arrival time.
-    pub async fn next_frame(&mut self, timeout: Duration) -> Option<(Instant, Bytes)> {
+    pub(crate) async fn next_frame(&mut self, timeout: Duration) -> Option<(Instant, Bytes)> {
         let data = tokio::time::timeout(timeout, self.body.data())
             .await
             .expect("a DATA frame in time")?
@@ -214,7 +218,7 @@ impl H2Exchange {
     }
 
     /// Every DATA frame to the end of the stream, each with its arrival time.
-    pub async fn frames(&mut self, timeout: Duration) -> Vec<(Instant, Bytes)> {
+    pub(crate) async fn frames(&mut self, timeout: Duration) -> Vec<(Instant, Bytes)> {
         let end = Instant::now() + timeout;
         let mut out = Vec::new();
         while let Some(f) = self
@@ -228,6 +232,6 @@ impl H2Exchange {
 }
 
 /// The concatenated body of `frames`.
-pub fn concat(frames: &[(Instant, Bytes)]) -> Vec<u8> {
+pub(crate) fn concat(frames: &[(Instant, Bytes)]) -> Vec<u8> {
     frames.iter().flat_map(|(_, b)| b.iter().copied()).collect()
 }
