@@ -198,6 +198,79 @@ pub struct Request {
     pub include_usage: bool,
     /// The dialect the request came in (names refused fields in its terms).
     pub source: Option<ClientDialect>,
+    /// What the decoder could not carry into the canonical request: the client's JSON
+    /// paths (`thinking.display`, `tools[2]`, …), each with why, in the order met. A
+    /// translated request reports them ([`Dropped`]); the same dialect in and out is
+    /// forwarded whole and drops nothing.
+    pub dropped: Vec<Dropped>,
+}
+
+/// A member or value of a client's request that a translation leaves out: unknown to
+/// Sluice, or without a counterpart on the target. The client sees it (response header
+/// `x-sluice-dropped`), and so do the metrics and the log; a model configured with
+/// `unsupported: refuse` answers 400 naming it instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// JSON path in the client's dialect (`tools[1]`, `output_config.format`, …).
+    pub field: String,
+    /// Why, in a few words (`hosted tool \`web_search\``, `unknown member`, …).
+    pub reason: String,
+}
+
+/// The tools of a request that were not plain functions in the client's request, by
+/// their canonical (flattened) name: what a client encoder needs to give their calls back in
+/// the client's form. `None` (the common case, no allocation) when every tool is a function.
+pub type ToolOrigins = Option<std::sync::Arc<[(String, ToolOrigin)]>>;
+
+/// The origin of the tool named `name` in `origins` ([`ToolOrigin::Function`] when not
+/// listed).
+pub fn origin_of<'a>(origins: &'a ToolOrigins, name: &str) -> &'a ToolOrigin {
+    static FUNCTION: ToolOrigin = ToolOrigin::Function;
+    origins
+        .as_deref()
+        .and_then(|o| o.iter().find(|(n, _)| n == name))
+        .map_or(&FUNCTION, |(_, o)| o)
+}
+
+/// What of a client's request its translated answer reflects: the form of its tools and
+/// whether it wants reasoning text. Default (nothing to reflect) for a request that is not
+/// translated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClientEcho {
+    /// The client's tool forms (Responses custom and namespaced tools).
+    pub tool_origins: ToolOrigins,
+    /// The client asked for no reasoning text (Anthropic `thinking.display: omitted`):
+    /// reasoning reaches it as signatures only.
+    pub omit_reasoning_text: bool,
+}
+
+impl Request {
+    /// What the answer to this request reflects of it.
+    pub fn echo(&self) -> ClientEcho {
+        ClientEcho {
+            tool_origins: self.tool_origins(),
+            omit_reasoning_text: self.reasoning.is_some_and(|r| r.omit_text),
+        }
+    }
+
+    /// The request's [`ToolOrigins`].
+    pub fn tool_origins(&self) -> ToolOrigins {
+        let v: Vec<(String, ToolOrigin)> = self
+            .tools
+            .iter()
+            .filter(|t| t.origin != ToolOrigin::Function)
+            .map(|t| (t.name.clone(), t.origin.clone()))
+            .collect();
+        (!v.is_empty()).then(|| v.into())
+    }
+
+    /// Records that `field` was left out, and why.
+    pub fn drop_field(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.dropped.push(Dropped {
+            field: field.into(),
+            reason: reason.into(),
+        });
+    }
 }
 
 /// Who speaks a [`Message`].
@@ -280,8 +353,28 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// What form a canonical function tool had in the client's request, when not a plain
+/// function: answers give its calls back in that form (Responses `custom_tool_call`, a
+/// namespaced `function_call`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolOrigin {
+    /// A function tool.
+    #[default]
+    Function,
+    /// A Responses `custom` tool (free-form text input): a function with one string
+    /// parameter, `input`.
+    Custom,
+    /// A function of a Responses `namespace` tool, flattened to `{namespace}__{name}`.
+    Namespaced {
+        /// The namespace's name.
+        namespace: String,
+        /// The function's own name.
+        name: String,
+    },
+}
+
 /// A function tool.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Tool {
     /// Function name.
     pub name: String,
@@ -291,6 +384,8 @@ pub struct Tool {
     pub parameters: serde_json::Value,
     /// OpenAI `strict` (structured outputs for arguments).
     pub strict: Option<bool>,
+    /// The tool's form in the client's request.
+    pub origin: ToolOrigin,
 }
 
 /// How the model must use tools.
@@ -306,10 +401,16 @@ pub enum ToolChoice {
     Function(String),
 }
 
-/// Reasoning effort levels (OpenAI `reasoning_effort` / `reasoning.effort`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Reasoning effort levels: OpenAI's `reasoning_effort` / `reasoning.effort` (`none`,
+/// `minimal`, `low`, `medium`, `high`, `xhigh`;
+/// <https://platform.openai.com/docs/api-reference/chat/create#chat-create-reasoning_effort>)
+/// and Anthropic's `output_config.effort` (`low`, `medium`, `high`, `xhigh`, `max`;
+/// <https://platform.claude.com/docs/en/build-with-claude/effort>), in ascending order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Effort {
-    /// `minimal`.
+    /// `none` (OpenAI): no reasoning.
+    None,
+    /// `minimal` (OpenAI).
     Minimal,
     /// `low`.
     Low,
@@ -317,64 +418,107 @@ pub enum Effort {
     Medium,
     /// `high`.
     High,
+    /// `xhigh` (OpenAI's GPT-5.1-Codex-Max and later; Anthropic's Opus 4.7 and later).
+    XHigh,
+    /// `max` (Anthropic).
+    Max,
 }
 
 impl Effort {
     /// Wire name.
     pub fn as_str(self) -> &'static str {
         match self {
+            Effort::None => "none",
             Effort::Minimal => "minimal",
             Effort::Low => "low",
             Effort::Medium => "medium",
             Effort::High => "high",
+            Effort::XHigh => "xhigh",
+            Effort::Max => "max",
         }
     }
 
-    /// Parses a wire name.
+    /// Parses a wire name of either vendor; `None` for a value Sluice does not know (the
+    /// decoders record it as dropped, never refuse it).
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
-            "minimal" | "none" => Effort::Minimal,
+            "none" => Effort::None,
+            "minimal" => Effort::Minimal,
             "low" => Effort::Low,
             "medium" => Effort::Medium,
             "high" => Effort::High,
+            "xhigh" => Effort::XHigh,
+            "max" => Effort::Max,
             _ => return None,
         })
     }
 
-    /// Anthropic thinking budget for this effort, in tokens (Anthropic's
-    /// minimum budget is 1024).
+    /// The value for OpenAI's `reasoning_effort` / `reasoning.effort`: `max` (Anthropic's
+    /// alone) becomes `xhigh`, OpenAI's highest.
+    pub fn openai(self) -> &'static str {
+        match self {
+            Effort::Max => Effort::XHigh.as_str(),
+            e => e.as_str(),
+        }
+    }
+
+    /// The value for Anthropic's `output_config.effort`, `None` for `none` (thinking is
+    /// turned off instead): `minimal` becomes `low`, Anthropic's lowest.
+    pub fn anthropic(self) -> Option<&'static str> {
+        match self {
+            Effort::None => None,
+            Effort::Minimal => Some("low"),
+            e => Some(e.as_str()),
+        }
+    }
+
+    /// Anthropic thinking budget for this effort, in tokens (Anthropic's minimum budget is
+    /// 1024; `none` is 0, thinking off).
     pub fn budget_tokens(self) -> u64 {
         match self {
+            Effort::None => 0,
             Effort::Minimal | Effort::Low => 1024,
             Effort::Medium => 8192,
             Effort::High => 24576,
+            Effort::XHigh => 32768,
+            Effort::Max => 63999,
         }
     }
 
     /// The effort closest to an Anthropic thinking budget in tokens.
     pub fn from_budget(budget_tokens: u64) -> Self {
         match budget_tokens {
-            0..=2048 => Effort::Low,
+            0 => Effort::None,
+            1..=2048 => Effort::Low,
             2049..=12288 => Effort::Medium,
-            _ => Effort::High,
+            12289..=28672 => Effort::High,
+            _ => Effort::XHigh,
         }
     }
 }
 
-/// Reasoning settings: an OpenAI effort or an Anthropic budget (one of them
-/// is set), or explicitly disabled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Reasoning settings: an effort (OpenAI's, or Anthropic's `output_config.effort`), an
+/// Anthropic budget, Anthropic's adaptive thinking, or reasoning explicitly disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Reasoning {
-    /// OpenAI effort, if the client gave one.
+    /// The effort, if the client gave one.
     pub effort: Option<Effort>,
     /// Anthropic `thinking.budget_tokens`, if the client gave one.
     pub budget_tokens: Option<u64>,
     /// Anthropic `thinking.type: disabled`.
     pub disabled: bool,
+    /// Anthropic `thinking.type: adaptive`: the model decides when and how much to think
+    /// (<https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking>).
+    pub adaptive: bool,
+    /// Anthropic `thinking.display: omitted`: the client wants no reasoning text (thinking
+    /// blocks keep their signature, their text is empty).
+    pub omit_text: bool,
 }
 
 impl Reasoning {
-    /// The effort to send to an OpenAI-style provider.
+    /// The effort to send to an OpenAI-style provider: the client's, else the one closest
+    /// to its budget; none when reasoning is disabled or adaptive without an effort (the
+    /// provider's default).
     pub fn effort(&self) -> Option<Effort> {
         if self.disabled {
             return None;
@@ -382,13 +526,20 @@ impl Reasoning {
         self.effort.or(self.budget_tokens.map(Effort::from_budget))
     }
 
-    /// The thinking budget to send to Anthropic.
+    /// The thinking budget to send to a provider that takes one (Anthropic's `enabled`
+    /// form, Gemini's `thinkingBudget`): the client's, else its effort's; none when
+    /// disabled, for effort `none`, or adaptive without an effort.
     pub fn budget(&self) -> Option<u64> {
-        if self.disabled {
+        if self.disabled || self.effort == Some(Effort::None) {
             return None;
         }
         self.budget_tokens
             .or(self.effort.map(Effort::budget_tokens))
+    }
+
+    /// Whether the client turned reasoning off (`thinking.type: disabled`, effort `none`).
+    pub fn off(&self) -> bool {
+        self.disabled || self.effort == Some(Effort::None)
     }
 }
 
@@ -754,6 +905,51 @@ pub struct UpstreamOptions<'a> {
     pub stream_usage: bool,
     /// Where a Messages body names the model (ignored by the other dialects).
     pub placement: ModelPlacement,
+    /// The form of Claude thinking settings (Messages, and Claude on Converse); `None`: by
+    /// the model id ([`ThinkingForm::for_model`]).
+    pub thinking: Option<ThinkingForm>,
+}
+
+/// The form a Claude model takes its thinking settings in
+/// (<https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking>).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThinkingForm {
+    /// `thinking: {type: adaptive}` with `output_config.effort`: Claude 4.6 and later
+    /// (required from Opus 4.7, where `type: enabled` is a 400).
+    Adaptive,
+    /// `thinking: {type: enabled, budget_tokens}`: Claude 4.5 and earlier.
+    Budget,
+}
+
+impl ThinkingForm {
+    /// The form a Claude model id takes: `budget` for the Claude 3 family and Claude 4
+    /// up to 4.5 (`claude-3-7-sonnet-…`, `claude-sonnet-4-5-…`, `claude-opus-4-20250514`,
+    /// their Bedrock `anthropic.` and Vertex `@` forms), `adaptive` for every later or
+    /// unknown id (current models).
+    pub fn for_model(model: &str) -> Self {
+        let id = model.rsplit('/').next().unwrap_or(model);
+        let Some(at) = id.find("claude-") else {
+            return ThinkingForm::Adaptive;
+        };
+        let rest = &id[at + "claude-".len()..];
+        if rest.starts_with("3") || rest.starts_with("instant") || rest.starts_with("2") {
+            return ThinkingForm::Budget;
+        }
+        // `claude-{family}-{major}[-{minor}]…`: the minor is one or two digits (a date is
+        // eight).
+        let mut parts = rest.split(['-', '@', ':', '.']).skip(1);
+        let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+        let minor = parts
+            .next()
+            .filter(|p| p.len() <= 2)
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0);
+        match major {
+            Some(m) if m < 4 || (m == 4 && minor < 6) => ThinkingForm::Budget,
+            _ => ThinkingForm::Adaptive,
+        }
+    }
 }
 
 /// Where an upstream's Anthropic Messages body names the model, and so its top-level
@@ -789,6 +985,57 @@ pub fn decode_request(dialect: ClientDialect, body: &[u8]) -> Result<Request, Pr
         ClientDialect::Messages => messages::decode_request(body),
         ClientDialect::Responses => responses::decode_request(body),
     }
+}
+
+/// What a translation of `req` to `upstream` leaves out: what the client's decoder could
+/// not carry ([`Request::dropped`]) and what the target has no counterpart for (reasoning
+/// settings toward a Converse model that is not Claude: they are model specific there).
+/// Empty when nothing is left out.
+pub fn dropped_toward(
+    upstream: UpstreamDialect,
+    req: &Request,
+    opts: &UpstreamOptions<'_>,
+) -> Vec<Dropped> {
+    let mut out = req.dropped.clone();
+    if upstream == UpstreamDialect::Converse
+        && req.reasoning.is_some()
+        && !converse::takes_claude_thinking(opts.model)
+    {
+        let field = match req.source {
+            Some(ClientDialect::Messages) => "thinking",
+            Some(ClientDialect::Responses) => "reasoning",
+            _ => "reasoning_effort",
+        };
+        out.push(Dropped {
+            field: field.into(),
+            reason: "reasoning settings are model specific on Converse".into(),
+        });
+    }
+    out
+}
+
+/// The `x-sluice-dropped` header value of `dropped`: the fields, comma-separated, at most
+/// about 1 KiB (then `…`).
+pub fn dropped_header(dropped: &[Dropped]) -> String {
+    let mut s = String::new();
+    for d in dropped {
+        if s.len() > 1024 {
+            s.push_str(", …");
+            break;
+        }
+        if !s.is_empty() {
+            s.push_str(", ");
+        }
+        // Header values are visible ASCII: a member name outside it is escaped.
+        s.extend(d.field.chars().flat_map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                vec![c]
+            } else {
+                c.escape_unicode().collect()
+            }
+        }));
+    }
+    s
 }
 
 /// Encodes the canonical request as an upstream request body of `dialect`.
@@ -877,10 +1124,20 @@ pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage
 /// Encodes the canonical response as a client body of `dialect` (JSON).
 /// The caller sets `resp.model` to the standard model first.
 pub fn encode_response(dialect: ClientDialect, resp: &Response) -> Vec<u8> {
+    encode_response_for(dialect, resp, &None)
+}
+
+/// [`encode_response`] with the request's [`ToolOrigins`]: tool calls go back in the form
+/// the client's request gave the tool (Responses custom and namespaced tools).
+pub fn encode_response_for(
+    dialect: ClientDialect,
+    resp: &Response,
+    origins: &ToolOrigins,
+) -> Vec<u8> {
     match dialect {
         ClientDialect::ChatCompletions => chat::encode_response(resp),
         ClientDialect::Messages => messages::encode_response(resp),
-        ClientDialect::Responses => responses::encode_response(resp),
+        ClientDialect::Responses => responses::encode_response_for(resp, origins),
     }
 }
 

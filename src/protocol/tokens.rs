@@ -514,6 +514,7 @@ mod tests {
             description: Some("Weather for a city".into()),
             parameters: serde_json::json!({"type":"object","properties":{"city":{"type":"string"}}}),
             strict: None,
+            origin: Default::default(),
         });
         assert!(estimate_input_tokens(&tools) > n0 + 10);
 

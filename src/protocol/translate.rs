@@ -19,6 +19,8 @@ pub struct StreamOptions {
     /// Whether the client asked for usage in the stream (Chat
     /// `stream_options.include_usage`; ignored by dialects that always send it).
     pub include_usage: bool,
+    /// What of the client's request its answer reflects ([`super::ClientEcho`]).
+    pub echo: super::ClientEcho,
 }
 
 #[derive(Debug)]

@@ -198,6 +198,7 @@ mod tests {
             default_max_tokens: 64,
             stream_usage: true,
             placement,
+            thinking: None,
         };
         let out = crate::protocol::encode_request(UpstreamDialect::Messages, &canonical, &opts)
             .expect("encoded");

@@ -80,6 +80,10 @@ struct RequestIn {
     audio: Option<Value>,
     #[serde(default)]
     web_search_options: Option<Value>,
+    /// Every other member: none has a canonical counterpart (recorded as dropped when
+    /// translated).
+    #[serde(flatten)]
+    rest: Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -195,7 +199,11 @@ struct ToolFunctionIn {
 #[serde(untagged)]
 enum ToolChoiceIn {
     Mode(String),
-    Named { function: NamedFunction },
+    Named {
+        function: NamedFunction,
+    },
+    /// A form Sluice does not translate (`allowed_tools`, `custom`, …).
+    Other(Value),
 }
 
 #[derive(Deserialize)]
@@ -263,27 +271,30 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     {
         return Err(unsupported("audio", "audio output is not supported"));
     }
-    if r.web_search_options.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported(
-            "web_search_options",
-            "web search is not supported by the provider",
-        ));
-    }
     let mut req = Request {
         model: r.model,
         source: Some(super::ClientDialect::ChatCompletions),
         ..Request::default()
     };
+    if r.web_search_options.as_ref().is_some_and(|v| !v.is_null()) {
+        req.drop_field("web_search_options", "hosted web search is not translated");
+    }
+    for (k, v) in &r.rest {
+        if !v.is_null() {
+            req.drop_field(k.as_str(), "no counterpart in the translation");
+        }
+    }
     for (i, m) in r.messages.into_iter().enumerate() {
         decode_message(&mut req, m, i)?;
     }
     if let Some(tools) = r.tools {
         for (i, t) in tools.into_iter().enumerate() {
-            if t.ty.as_deref().unwrap_or("function") != "function" {
-                return Err(unsupported(
-                    format!("tools[{i}].type"),
-                    "only function tools are supported",
-                ));
+            if let Some(ty) = t.ty.as_deref().filter(|t| *t != "function") {
+                req.drop_field(
+                    format!("tools[{i}]"),
+                    format!("tool type `{ty}` is not translated; only function tools"),
+                );
+                continue;
             }
             let f = t
                 .function
@@ -295,23 +306,30 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
                     .parameters
                     .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
                 strict: f.strict,
+                origin: super::ToolOrigin::Function,
             });
         }
     }
     req.tool_choice = match r.tool_choice {
         None => None,
-        Some(ToolChoiceIn::Mode(m)) => Some(match m.as_str() {
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            "none" => ToolChoice::None,
+        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
+            "auto" => Some(ToolChoice::Auto),
+            "required" => Some(ToolChoice::Required),
+            "none" => Some(ToolChoice::None),
             other => {
-                return Err(invalid(
-                    "tool_choice",
-                    format!("unknown value `{other}` (expected auto, required or none)"),
-                ))
+                req.drop_field("tool_choice", format!("unknown value `{other}`"));
+                None
             }
-        }),
+        },
         Some(ToolChoiceIn::Named { function }) => Some(ToolChoice::Function(function.name)),
+        Some(ToolChoiceIn::Other(v)) => {
+            let ty = v.get("type").and_then(Value::as_str).unwrap_or("?");
+            req.drop_field(
+                "tool_choice",
+                format!("tool choice `{ty}` is not translated"),
+            );
+            None
+        }
     };
     req.parallel_tool_calls = r.parallel_tool_calls;
     req.max_output_tokens = r.max_completion_tokens.or(r.max_tokens);
@@ -329,13 +347,15 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
         .unwrap_or(false);
     req.user = r.user;
     if let Some(e) = r.reasoning_effort {
-        let effort = Effort::parse(&e)
-            .ok_or_else(|| invalid("reasoning_effort", format!("unknown effort `{e}`")))?;
-        req.reasoning = Some(Reasoning {
-            effort: Some(effort),
-            budget_tokens: None,
-            disabled: false,
-        });
+        match Effort::parse(&e) {
+            Some(effort) => {
+                req.reasoning = Some(Reasoning {
+                    effort: Some(effort),
+                    ..Reasoning::default()
+                });
+            }
+            None => req.drop_field("reasoning_effort", format!("unknown effort `{e}`")),
+        }
     }
     req.response_format = match r.response_format {
         None | Some(ResponseFormatIn::Text) => None,
@@ -654,7 +674,7 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
         out.insert("user".into(), u.as_str().into());
     }
     if let Some(e) = req.reasoning.as_ref().and_then(Reasoning::effort) {
-        out.insert("reasoning_effort".into(), e.as_str().into());
+        out.insert("reasoning_effort".into(), e.openai().into());
     }
     match &req.response_format {
         None => {}

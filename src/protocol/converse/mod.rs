@@ -78,10 +78,7 @@ use super::{
     clippy::too_many_lines,
     reason = "one field of the canonical request after another into Converse's shape"
 )]
-pub fn encode_request(
-    req: &Request,
-    _opts: &UpstreamOptions<'_>,
-) -> Result<Vec<u8>, ProtocolError> {
+pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
     if req.response_format.is_some() {
         return Err(unsupported(
             response_format_field(req),
@@ -184,7 +181,39 @@ pub fn encode_request(
         }
         out.insert("toolConfig".into(), Value::Object(config));
     }
+    if let Some(fields) = claude_reasoning(req, opts) {
+        out.insert("additionalModelRequestFields".into(), fields);
+    }
     Ok(to_vec(&Value::Object(out)))
+}
+
+/// Whether a Bedrock model id is Claude's, which takes Anthropic's thinking settings in
+/// `additionalModelRequestFields`
+/// (<https://docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-extended-thinking.html>).
+pub fn takes_claude_thinking(model: &str) -> bool {
+    model.contains("anthropic.claude") || model.contains("claude-")
+}
+
+/// The `additionalModelRequestFields` of a request's reasoning settings toward a Claude
+/// model: Anthropic's `thinking` (and `output_config.effort`) in the form the model takes
+/// ([`super::ThinkingForm`]); `None` without reasoning settings or for another model
+/// (recorded as dropped by [`super::dropped_toward`]).
+fn claude_reasoning(req: &Request, opts: &UpstreamOptions<'_>) -> Option<Value> {
+    let r = req.reasoning.as_ref()?;
+    if !takes_claude_thinking(opts.model) {
+        return None;
+    }
+    let form = opts
+        .thinking
+        .unwrap_or_else(|| super::ThinkingForm::for_model(opts.model));
+    let max_tokens = req.max_output_tokens.unwrap_or(opts.default_max_tokens);
+    let (thinking, effort) = super::messages::thinking_json(r, max_tokens, form);
+    let mut fields = Map::new();
+    fields.insert("thinking".into(), thinking?);
+    if let Some(e) = effort {
+        fields.insert("output_config".into(), json!({ "effort": e }));
+    }
+    Some(Value::Object(fields))
 }
 
 /// The client-dialect name of the messages array, for refused fields.

@@ -17,6 +17,7 @@ fn opts() -> UpstreamOptions<'static> {
         default_max_tokens: 4096,
         stream_usage: true,
         placement: crate::protocol::ModelPlacement::Body,
+        thinking: None,
     }
 }
 
@@ -75,6 +76,7 @@ fn request_golden_body() {
             description: Some("Look closer".into()),
             parameters: json!({"type":"object","properties":{"zoom":{"type":"integer"}}}),
             strict: Some(true),
+            origin: Default::default(),
         }],
         tool_choice: Some(ToolChoice::Function("look".into())),
         max_output_tokens: Some(100),
@@ -122,6 +124,7 @@ fn tool_choices_errors_documents_and_refusals() {
         description: None,
         parameters: Value::Null,
         strict: None,
+        origin: Default::default(),
     };
     let base = Request {
         messages: vec![user(vec![Part::Text("hi".into())])],
@@ -433,6 +436,7 @@ fn every_client_dialect_gets_the_converse_stream() {
         model: "acme/nova".into(),
         created: 1,
         include_usage: true,
+        echo: Default::default(),
     };
     for client in [
         ClientDialect::ChatCompletions,

@@ -66,10 +66,7 @@ use super::{
 /// [`ProtocolError::Unsupported`] for URL images or documents and for a tool result whose
 /// call is not in the conversation; [`ProtocolError::InvalidRequest`] for a conversation
 /// with no message.
-pub fn encode_request(
-    req: &Request,
-    _opts: &UpstreamOptions<'_>,
-) -> Result<Vec<u8>, ProtocolError> {
+pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
     let mut contents = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
         let mut parts = Vec::with_capacity(m.parts.len());
@@ -153,16 +150,45 @@ pub fn encode_request(
         }
     }
     if let Some(r) = &req.reasoning {
-        if r.disabled {
-            gen.insert("thinkingConfig".into(), json!({"thinkingBudget": 0}));
-        } else if let Some(b) = r.budget() {
-            gen.insert("thinkingConfig".into(), json!({"thinkingBudget": b}));
+        if let Some(t) = thinking_config(r, opts.model) {
+            gen.insert("thinkingConfig".into(), t);
         }
     }
     if !gen.is_empty() {
         out.insert("generationConfig".into(), Value::Object(gen));
     }
     Ok(to_vec(&Value::Object(out)))
+}
+
+/// Gemini's `thinkingConfig` for canonical reasoning `r`
+/// (<https://ai.google.dev/gemini-api/docs/thinking>): Gemini 3 models take a
+/// `thinkingLevel` (`minimal`, `low`, `medium`, `high`: `none` becomes `minimal`, `xhigh`
+/// and `max` `high`); earlier ones a `thinkingBudget` in tokens (reasoning off: 0; adaptive
+/// without an effort: -1, the model decides).
+fn thinking_config(r: &super::Reasoning, model: &str) -> Option<Value> {
+    use super::Effort;
+    if model.contains("gemini-3") {
+        let effort = if r.off() {
+            Some(Effort::None)
+        } else {
+            r.effort()
+        }?;
+        let level = match effort {
+            Effort::None | Effort::Minimal => "minimal",
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High | Effort::XHigh | Effort::Max => "high",
+        };
+        return Some(json!({ "thinkingLevel": level }));
+    }
+    if r.off() {
+        return Some(json!({"thinkingBudget": 0}));
+    }
+    match r.budget() {
+        Some(b) => Some(json!({ "thinkingBudget": b })),
+        None if r.adaptive => Some(json!({"thinkingBudget": -1})),
+        None => None,
+    }
 }
 
 /// The client-dialect name of the messages array, for refused fields.

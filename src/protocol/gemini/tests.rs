@@ -14,6 +14,7 @@ fn opts() -> UpstreamOptions<'static> {
         default_max_tokens: 4096,
         stream_usage: true,
         placement: crate::protocol::ModelPlacement::Body,
+        thinking: None,
     }
 }
 
@@ -59,6 +60,7 @@ fn request_golden_body() {
             description: Some("Look closer".into()),
             parameters: json!({"type":"object","properties":{"zoom":{"type":"integer"}}}),
             strict: None,
+            origin: Default::default(),
         }],
         tool_choice: Some(ToolChoice::Function("look".into())),
         max_output_tokens: Some(100),

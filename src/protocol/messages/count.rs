@@ -106,8 +106,8 @@ mod tests {
             (&br#"{"model":"m"}"#[..], "body"),
             (br#"{"model":"m","messages":[]}"#, "messages"),
             (
-                br#"{"model":"m","messages":[{"role":"user","content":[{"type":"nope"}]}]}"#,
-                "messages[0].content",
+                br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
+                "messages[0].content[0]",
             ),
             (
                 br#"{"model":"m","messages":[{"role":"robot","content":"x"}]}"#,

@@ -28,9 +28,9 @@ pub use stream::{StreamDecoder, StreamEncoder};
 
 use super::json::{decode_client, opt, prefixed, to_vec, ErrorObj, Str};
 use super::{
-    invalid, unsupported, ClientDialect, ErrorKind, Message, OutputItem, Part, ProtocolError,
-    Reasoning, Request, Response, Role, Source, StopReason, Tool, ToolCall, ToolChoice,
-    UpstreamOptions, Usage,
+    invalid, unsupported, ClientDialect, Effort, ErrorKind, Message, OutputItem, Part,
+    ProtocolError, Reasoning, Request, Response, Role, Source, StopReason, Tool, ToolCall,
+    ToolChoice, UpstreamOptions, Usage,
 };
 
 /// Value of the `anthropic-version` header sent upstream.
@@ -65,12 +65,21 @@ struct RequestIn {
     tools: Option<Vec<ToolIn>>,
     #[serde(default)]
     tool_choice: Option<ToolChoiceIn>,
+    /// Read tolerantly ([`decode_thinking`]): a form Sluice does not know is dropped, not
+    /// refused.
     #[serde(default)]
-    thinking: Option<ThinkingIn>,
+    thinking: Option<Value>,
+    /// `effort` read here ([`decode_output_config`]); other members are recorded.
+    #[serde(default)]
+    output_config: Option<Value>,
     #[serde(default)]
     mcp_servers: Option<Value>,
     #[serde(default)]
     container: Option<Value>,
+    /// Every other member: none has a canonical counterpart (recorded as dropped when
+    /// translated).
+    #[serde(flatten)]
+    rest: Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +105,9 @@ struct MetadataIn {
 enum RoleIn {
     User,
     Assistant,
+    /// A system message inside `messages` (current Anthropic SDKs type it; Claude takes it
+    /// after a user turn): its text joins the system prompt when translated.
+    System,
 }
 
 #[derive(Deserialize)]
@@ -108,8 +120,22 @@ struct MessageIn {
 #[serde(untagged)]
 enum ContentIn {
     Text(String),
-    Blocks(Vec<BlockIn>),
+    /// Blocks as JSON values: each is decoded on its own ([`blocks`]), so that one of a type
+    /// Sluice does not know is dropped with a record instead of failing the request.
+    Blocks(Vec<Value>),
 }
+
+/// The block types Sluice translates: one of these that does not decode is malformed (a
+/// 400); any other type is dropped with a record.
+const KNOWN_BLOCKS: &[&str] = &[
+    "text",
+    "image",
+    "document",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+];
 
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -149,9 +175,19 @@ enum BlockIn {
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum SourceIn {
-    Base64 { media_type: String, data: String },
-    Url { url: String },
-    Text { data: String },
+    Base64 {
+        media_type: String,
+        data: String,
+    },
+    Url {
+        url: String,
+    },
+    Text {
+        data: String,
+    },
+    /// A source Sluice does not translate (`file`, `content`, …): the block is dropped.
+    #[serde(other)]
+    Other,
 }
 
 #[derive(Deserialize)]
@@ -182,21 +218,17 @@ enum ToolChoiceIn {
         disable_parallel_tool_use: Option<bool>,
     },
     None {},
-}
-
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum ThinkingIn {
-    Enabled { budget_tokens: u64 },
-    Disabled {},
+    /// A choice Sluice does not know: dropped with a record.
+    #[serde(other)]
+    Other,
 }
 
 /// Decodes a Messages client request into the canonical request.
 ///
 /// # Errors
-/// [`ProtocolError::InvalidRequest`] naming the field (missing `max_tokens`,
-/// unknown block types, …); [`ProtocolError::Unsupported`] for server tools,
-/// `mcp_servers` and `container`.
+/// [`ProtocolError::InvalidRequest`] naming the field (missing `max_tokens`, a malformed
+/// block of a known type, …). Nothing the canonical model cannot carry is refused: it is
+/// recorded in [`Request::dropped`].
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let r: RequestIn = decode_client(body)?;
     if r.max_tokens.is_none() {
@@ -206,17 +238,14 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
 }
 
 /// The canonical request of decoded wire fields (`max_tokens` optional here: a
-/// token-count request has none).
+/// token-count request has none). Tolerant: what has no canonical counterpart (server
+/// tools, MCP servers, containers, unknown members, blocks and values) is recorded in
+/// [`Request::dropped`], never refused.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one field of the Messages request after another, as Anthropic's API reference lists them"
+)]
 fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
-    if r.mcp_servers.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported(
-            "mcp_servers",
-            "MCP connectors are not supported",
-        ));
-    }
-    if r.container.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported("container", "containers are not supported"));
-    }
     let mut req = Request {
         model: r.model,
         source: Some(ClientDialect::Messages),
@@ -229,6 +258,17 @@ fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
         user: r.metadata.and_then(|m| m.user_id),
         ..Request::default()
     };
+    if r.mcp_servers.as_ref().is_some_and(|v| !v.is_null()) {
+        req.drop_field("mcp_servers", "MCP connectors are Anthropic's own");
+    }
+    if r.container.as_ref().is_some_and(|v| !v.is_null()) {
+        req.drop_field("container", "containers are Anthropic's own");
+    }
+    for (k, v) in &r.rest {
+        if !v.is_null() {
+            req.drop_field(k.as_str(), "no counterpart in the translation");
+        }
+    }
     match r.system {
         None => {}
         Some(SystemIn::Text(s)) if s.is_empty() => {}
@@ -238,11 +278,23 @@ fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
             .extend(b.into_iter().map(|b| b.text).filter(|t| !t.is_empty())),
     }
     for (i, m) in r.messages.into_iter().enumerate() {
+        let path = format!("messages[{i}].content");
         let role = match m.role {
             RoleIn::User => Role::User,
             RoleIn::Assistant => Role::Assistant,
+            RoleIn::System => {
+                // Hoisted into the system prompt: the translation targets take system text
+                // only ahead of the conversation.
+                for p in blocks(&mut req, m.content, &path)? {
+                    match p {
+                        Part::Text(t) => req.system.push(t),
+                        _ => req.drop_field(path.clone(), "only text is kept of a system message"),
+                    }
+                }
+                continue;
+            }
         };
-        let parts = blocks(m.content, &format!("messages[{i}].content"))?;
+        let parts = blocks(&mut req, m.content, &path)?;
         if parts.is_empty() {
             continue;
         }
@@ -255,10 +307,11 @@ fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
         match t.ty.as_deref() {
             None | Some("custom") => {}
             Some(other) => {
-                return Err(unsupported(
-                    format!("tools[{i}].type"),
-                    format!("server tool `{other}` is not supported; only custom tools"),
-                ))
+                req.drop_field(
+                    format!("tools[{i}]"),
+                    format!("server tool `{other}` is Anthropic's own"),
+                );
+                continue;
             }
         }
         req.tools.push(Tool {
@@ -268,70 +321,144 @@ fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
                 .input_schema
                 .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
             strict: None,
+            origin: super::ToolOrigin::Function,
         });
     }
     if let Some(c) = r.tool_choice {
         let (choice, disable) = match c {
             ToolChoiceIn::Auto {
                 disable_parallel_tool_use: d,
-            } => (ToolChoice::Auto, d),
+            } => (Some(ToolChoice::Auto), d),
             ToolChoiceIn::Any {
                 disable_parallel_tool_use: d,
-            } => (ToolChoice::Required, d),
+            } => (Some(ToolChoice::Required), d),
             ToolChoiceIn::Tool {
                 name,
                 disable_parallel_tool_use: d,
-            } => (ToolChoice::Function(name), d),
-            ToolChoiceIn::None {} => (ToolChoice::None, None),
+            } => (Some(ToolChoice::Function(name)), d),
+            ToolChoiceIn::None {} => (Some(ToolChoice::None), None),
+            ToolChoiceIn::Other => {
+                req.drop_field("tool_choice.type", "unknown tool choice");
+                (None, None)
+            }
         };
-        req.tool_choice = Some(choice);
+        req.tool_choice = choice;
         if disable == Some(true) {
             req.parallel_tool_calls = Some(false);
         }
     }
-    req.reasoning = match r.thinking {
-        None => None,
-        Some(ThinkingIn::Enabled { budget_tokens }) => Some(Reasoning {
-            effort: None,
-            budget_tokens: Some(budget_tokens),
-            disabled: false,
-        }),
-        Some(ThinkingIn::Disabled {}) => Some(Reasoning {
-            effort: None,
-            budget_tokens: None,
-            disabled: true,
-        }),
-    };
+    req.reasoning = decode_thinking(&mut req, r.thinking.as_ref());
+    if let Some(config) = r.output_config.as_ref() {
+        decode_output_config(&mut req, config);
+    }
     Ok(req)
 }
 
-fn source(s: SourceIn) -> Source {
-    match s {
-        SourceIn::Base64 { media_type, data } => Source::Base64 { media_type, data },
-        SourceIn::Url { url } => Source::Url(url),
-        SourceIn::Text { data } => Source::Text(data),
+/// Reads Messages' `thinking` (<https://platform.claude.com/docs/en/build-with-claude/extended-thinking>,
+/// <https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking>): `enabled` with
+/// `budget_tokens`, `disabled`, `adaptive` (with `display: omitted` or `summarized`). A
+/// type Sluice does not know, or a member it does not read, is recorded as dropped.
+fn decode_thinking(req: &mut Request, thinking: Option<&Value>) -> Option<Reasoning> {
+    let t = thinking.filter(|t| !t.is_null())?;
+    let mut out = Reasoning::default();
+    match t.get("type").and_then(Value::as_str) {
+        Some("enabled") => match t.get("budget_tokens").and_then(Value::as_u64) {
+            Some(b) => out.budget_tokens = Some(b),
+            None => out.adaptive = true,
+        },
+        Some("disabled") => out.disabled = true,
+        Some("adaptive") => out.adaptive = true,
+        other => {
+            req.drop_field(
+                "thinking.type",
+                format!("unknown thinking type `{}`", other.unwrap_or("")),
+            );
+            return None;
+        }
+    }
+    match t.get("display").and_then(Value::as_str) {
+        None | Some("summarized") => {}
+        Some("omitted") => out.omit_text = true,
+        Some(other) => req.drop_field("thinking.display", format!("unknown display `{other}`")),
+    }
+    Some(out)
+}
+
+/// Reads Messages' `output_config` (<https://platform.claude.com/docs/en/build-with-claude/effort>):
+/// its `effort` joins the reasoning settings (every level, `xhigh` and `max` included; an
+/// unknown one is recorded as dropped). Members not read here are recorded as dropped.
+fn decode_output_config(req: &mut Request, config: &Value) {
+    let Some(config) = config.as_object() else {
+        return;
+    };
+    for (k, v) in config {
+        match k.as_str() {
+            "effort" => match v.as_str().and_then(Effort::parse) {
+                Some(effort) => {
+                    req.reasoning.get_or_insert_with(Reasoning::default).effort = Some(effort);
+                }
+                None if v.is_null() => {}
+                None => req.drop_field("output_config.effort", format!("unknown effort {v}")),
+            },
+            // Structured output: read by the structured-output decoder.
+            "format" => {}
+            other => req.drop_field(
+                format!("output_config.{other}"),
+                "no counterpart in the translation",
+            ),
+        }
     }
 }
 
-fn blocks(content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolError> {
+fn source(s: SourceIn) -> Option<Source> {
+    Some(match s {
+        SourceIn::Base64 { media_type, data } => Source::Base64 { media_type, data },
+        SourceIn::Url { url } => Source::Url(url),
+        SourceIn::Text { data } => Source::Text(data),
+        SourceIn::Other => return None,
+    })
+}
+
+/// The canonical parts of a message's (or tool result's) content at `path`. A block of a
+/// type Sluice does not translate ([`KNOWN_BLOCKS`]), or with a source it does not know, is
+/// recorded as dropped; a known block that does not decode is a 400.
+fn blocks(req: &mut Request, content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolError> {
     let list = match content {
         ContentIn::Text(s) if s.is_empty() => return Ok(Vec::new()),
         ContentIn::Text(s) => return Ok(vec![Part::Text(s)]),
         ContentIn::Blocks(b) => b,
     };
     let mut out = Vec::with_capacity(list.len());
-    for (j, b) in list.into_iter().enumerate() {
+    for (j, v) in list.into_iter().enumerate() {
+        let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
+        if !KNOWN_BLOCKS.contains(&ty) {
+            let reason = format!("content block type `{ty}` is not translated");
+            req.drop_field(format!("{path}[{j}]"), reason);
+            continue;
+        }
+        let b: BlockIn = serde_json::from_value(v)
+            .map_err(|e| invalid(format!("{path}[{j}]"), e.to_string()))?;
         match b {
             BlockIn::Text { text } => {
                 if !text.is_empty() {
                     out.push(Part::Text(text));
                 }
             }
-            BlockIn::Image { source: s } => out.push(Part::Image(source(s))),
-            BlockIn::Document { source: s, title } => out.push(Part::Document {
-                source: source(s),
-                title,
-            }),
+            BlockIn::Image { source: s } => match source(s) {
+                Some(s) => out.push(Part::Image(s)),
+                None => {
+                    req.drop_field(format!("{path}[{j}].source"), "image source not translated")
+                }
+            },
+            BlockIn::Document { source: s, title } => match source(s) {
+                Some(source) => out.push(Part::Document { source, title }),
+                None => {
+                    req.drop_field(
+                        format!("{path}[{j}].source"),
+                        "document source not translated",
+                    );
+                }
+            },
             BlockIn::ToolUse { id, name, input } => {
                 let input = input.unwrap_or_else(|| json!({}));
                 if !input.is_object() {
@@ -350,7 +477,7 @@ fn blocks(content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolError> {
             } => {
                 let content = match content {
                     None => Vec::new(),
-                    Some(c) => blocks(c, &format!("{path}[{j}].content"))?,
+                    Some(c) => blocks(req, c, &format!("{path}[{j}].content"))?,
                 };
                 out.push(Part::ToolResult {
                     call_id: tool_use_id,
@@ -503,16 +630,15 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
         out.insert("metadata".into(), json!({"user_id": u}));
     }
     if let Some(r) = &req.reasoning {
-        if r.disabled {
-            out.insert("thinking".into(), json!({"type": "disabled"}));
-        } else if let Some(b) = r.budget() {
-            let b = b.min(max_tokens.saturating_sub(1));
-            if b >= MIN_THINKING_BUDGET {
-                out.insert(
-                    "thinking".into(),
-                    json!({"type": "enabled", "budget_tokens": b}),
-                );
-            }
+        let form = opts
+            .thinking
+            .unwrap_or_else(|| super::ThinkingForm::for_model(opts.model));
+        let (thinking, effort) = thinking_json(r, max_tokens, form);
+        if let Some(t) = thinking {
+            out.insert("thinking".into(), t);
+        }
+        if let Some(e) = effort {
+            output_config(&mut out).insert("effort".into(), e.into());
         }
     }
     if req.stream {
@@ -524,6 +650,61 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
         }
     }
     Ok(to_vec(&Value::Object(out)))
+}
+
+/// Claude's thinking settings for canonical reasoning `r`, in `form`: the `thinking`
+/// member and the `output_config.effort` value.
+///
+/// * adaptive form: reasoning off (`disabled`, effort `none`) is `{"type":"disabled"}`;
+///   anything else is `{"type":"adaptive"}` (`"display":"omitted"` when the client asked
+///   for no reasoning text) with the effort (the client's, else the one closest to its
+///   budget; `minimal` becomes `low`);
+/// * budget form: `{"type":"enabled","budget_tokens"}` from the budget or the effort
+///   ([`Effort::budget_tokens`]; adaptive without either: `medium`'s), capped below
+///   `max_tokens` and left out under Anthropic's minimum of 1024.
+pub(crate) fn thinking_json(
+    r: &Reasoning,
+    max_tokens: u64,
+    form: super::ThinkingForm,
+) -> (Option<Value>, Option<&'static str>) {
+    if r.off() {
+        return (Some(json!({"type": "disabled"})), None);
+    }
+    match form {
+        super::ThinkingForm::Adaptive => {
+            let mut t = Map::new();
+            t.insert("type".into(), "adaptive".into());
+            if r.omit_text {
+                t.insert("display".into(), "omitted".into());
+            }
+            let effort = r.effort().and_then(Effort::anthropic);
+            (Some(Value::Object(t)), effort)
+        }
+        super::ThinkingForm::Budget => {
+            let b = r
+                .budget()
+                .unwrap_or_else(|| Effort::Medium.budget_tokens())
+                .min(max_tokens.saturating_sub(1));
+            let thinking =
+                (b >= MIN_THINKING_BUDGET).then(|| json!({"type": "enabled", "budget_tokens": b}));
+            (thinking, None)
+        }
+    }
+}
+
+/// The `output_config` object of a Messages body under construction, created empty when
+/// absent (its members: `effort`, `format`).
+fn output_config(out: &mut Map<String, Value>) -> &mut Map<String, Value> {
+    let v = out
+        .entry("output_config")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !v.is_object() {
+        *v = Value::Object(Map::new());
+    }
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!("set to an object above"),
+    }
 }
 
 fn source_json(s: &Source) -> Value {

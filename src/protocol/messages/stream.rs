@@ -411,6 +411,9 @@ pub struct StreamEncoder {
     next_block: u32,
     started: bool,
     finished: bool,
+    /// The client asked for no reasoning text (`thinking.display: omitted`): thinking
+    /// blocks carry their signature only.
+    omit_reasoning_text: bool,
 }
 
 impl StreamEncoder {
@@ -425,6 +428,7 @@ impl StreamEncoder {
             next_block: 0,
             started: false,
             finished: false,
+            omit_reasoning_text: opts.echo.omit_reasoning_text,
         }
     }
 
@@ -491,7 +495,9 @@ impl StreamEncoder {
                     thinking: "",
                     signature: "",
                 });
-                self.delta(out, i, DeltaOut::ThinkingDelta { thinking: t });
+                if !self.omit_reasoning_text {
+                    self.delta(out, i, DeltaOut::ThinkingDelta { thinking: t });
+                }
             }
             StreamEvent::ReasoningSignature(s) => {
                 let i = self.ensure(Open::Thinking, out, || BlockOut::Thinking {

@@ -28,7 +28,7 @@ use super::json::{decode_client, image_source, parse_data_url, prefixed, to_vec}
 use super::{
     invalid, unsupported, ClientDialect, Effort, Message, OutputItem, Part, ProtocolError,
     Reasoning, Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall,
-    ToolChoice, Usage,
+    ToolChoice, ToolOrigin, Usage,
 };
 
 #[derive(Deserialize)]
@@ -68,6 +68,9 @@ struct RequestIn {
     background: Option<bool>,
     #[serde(default)]
     prompt: Option<Value>,
+    /// Every other member: none has a canonical counterpart (recorded as dropped).
+    #[serde(flatten)]
+    rest: serde_json::Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -87,8 +90,21 @@ enum ItemIn {
     FunctionCall {
         call_id: String,
         name: String,
+        /// The namespace of a namespaced function (flattened as its tool was).
+        #[serde(default)]
+        namespace: Option<String>,
         #[serde(default)]
         arguments: Option<String>,
+    },
+    CustomToolCall {
+        call_id: String,
+        name: String,
+        #[serde(default)]
+        input: String,
+    },
+    CustomToolCallOutput {
+        call_id: String,
+        output: ContentIn,
     },
     FunctionCallOutput {
         call_id: String,
@@ -101,6 +117,9 @@ enum ItemIn {
         encrypted_content: Option<String>,
     },
     ItemReference {},
+    /// An item type Sluice does not translate (`web_search_call`, `local_shell_call`, …).
+    #[serde(other)]
+    Other,
 }
 
 /// An item without `type` is a message (the easy input form
@@ -159,6 +178,9 @@ enum PartIn {
         #[serde(default)]
         file_id: Option<String>,
     },
+    /// A part type Sluice does not translate (`input_audio`, …).
+    #[serde(other)]
+    Other,
 }
 
 #[derive(Deserialize)]
@@ -173,13 +195,23 @@ struct ToolIn {
     parameters: Option<Value>,
     #[serde(default)]
     strict: Option<bool>,
+    /// A namespace's functions.
+    #[serde(default)]
+    tools: Option<Vec<ToolIn>>,
+    /// A custom tool's input format (`text`, or a `grammar` with `syntax`, `definition`).
+    #[serde(default)]
+    format: Option<Value>,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum ToolChoiceIn {
     Mode(String),
-    Named { name: String },
+    Named {
+        name: String,
+    },
+    /// A form Sluice does not translate (`allowed_tools`, a hosted tool, …).
+    Other(Value),
 }
 
 #[derive(Deserialize)]
@@ -273,42 +305,45 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
             }
         }
     }
-    for (i, t) in r.tools.unwrap_or_default().into_iter().enumerate() {
-        if t.ty != "function" {
-            return Err(unsupported(
-                format!("tools[{i}].type"),
-                format!("tool type `{}` is not supported; only function tools", t.ty),
-            ));
+    for (k, v) in &r.rest {
+        if !v.is_null() {
+            req.drop_field(k.as_str(), "no counterpart in the translation");
         }
-        req.tools.push(Tool {
-            name: t
-                .name
-                .ok_or_else(|| invalid(format!("tools[{i}].name"), "missing"))?,
-            description: t.description,
-            parameters: t
-                .parameters
-                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            strict: t.strict,
-        });
+    }
+    for (i, t) in r.tools.unwrap_or_default().into_iter().enumerate() {
+        decode_tool(&mut req, t, &format!("tools[{i}]"), None)?;
     }
     req.tool_choice = match r.tool_choice {
         None => None,
-        Some(ToolChoiceIn::Mode(m)) => Some(match m.as_str() {
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            "none" => ToolChoice::None,
-            other => return Err(invalid("tool_choice", format!("unknown value `{other}`"))),
-        }),
+        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
+            "auto" => Some(ToolChoice::Auto),
+            "required" => Some(ToolChoice::Required),
+            "none" => Some(ToolChoice::None),
+            other => {
+                req.drop_field("tool_choice", format!("unknown value `{other}`"));
+                None
+            }
+        },
         Some(ToolChoiceIn::Named { name }) => Some(ToolChoice::Function(name)),
+        Some(ToolChoiceIn::Other(v)) => {
+            let ty = v.get("type").and_then(Value::as_str).unwrap_or("?");
+            req.drop_field(
+                "tool_choice",
+                format!("tool choice `{ty}` is not translated"),
+            );
+            None
+        }
     };
     if let Some(e) = r.reasoning.and_then(|r| r.effort) {
-        let effort = Effort::parse(&e)
-            .ok_or_else(|| invalid("reasoning.effort", format!("unknown effort `{e}`")))?;
-        req.reasoning = Some(Reasoning {
-            effort: Some(effort),
-            budget_tokens: None,
-            disabled: false,
-        });
+        match Effort::parse(&e) {
+            Some(effort) => {
+                req.reasoning = Some(Reasoning {
+                    effort: Some(effort),
+                    ..Reasoning::default()
+                });
+            }
+            None => req.drop_field("reasoning.effort", format!("unknown effort `{e}`")),
+        }
     }
     req.response_format = match r.text.and_then(|t| t.format) {
         None | Some(FormatIn::Text) => None,
@@ -328,6 +363,88 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     Ok(req)
 }
 
+/// The separator of a namespaced function's flattened name (`{namespace}__{name}`).
+const NAMESPACE_SEPARATOR: &str = "__";
+
+/// Adds tool `t` (at `path`; `namespace`: the namespace it is a function of) to `req`:
+///
+/// * `function`: as it is;
+/// * `namespace`: each of its functions, named `{namespace}__{name}` (calls go back under
+///   their own name with the `namespace`, [`ToolOrigin::Namespaced`]);
+/// * `custom` (free-form input, <https://platform.openai.com/docs/guides/function-calling#custom-tools>):
+///   a function with one string parameter, `input`, its grammar (if any) in the
+///   description (calls go back as `custom_tool_call` items, [`ToolOrigin::Custom`]);
+/// * a hosted tool (`web_search`, `file_search`, `code_interpreter`, …): dropped with a
+///   record (the providers behind a translation run no OpenAI-hosted tools).
+fn decode_tool(
+    req: &mut Request,
+    t: ToolIn,
+    path: &str,
+    namespace: Option<&str>,
+) -> Result<(), ProtocolError> {
+    let flat = |name: String| match namespace {
+        Some(ns) => format!("{ns}{NAMESPACE_SEPARATOR}{name}"),
+        None => name,
+    };
+    let origin = |name: &str| match namespace {
+        Some(ns) => ToolOrigin::Namespaced {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        },
+        None => ToolOrigin::Function,
+    };
+    match t.ty.as_str() {
+        "function" => {
+            let name = t
+                .name
+                .ok_or_else(|| invalid(format!("{path}.name"), "missing"))?;
+            req.tools.push(Tool {
+                origin: origin(&name),
+                name: flat(name),
+                description: t.description,
+                parameters: t
+                    .parameters
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                strict: t.strict,
+            });
+        }
+        "namespace" if namespace.is_none() => {
+            let ns = t
+                .name
+                .ok_or_else(|| invalid(format!("{path}.name"), "missing"))?;
+            for (j, f) in t.tools.unwrap_or_default().into_iter().enumerate() {
+                decode_tool(req, f, &format!("{path}.tools[{j}]"), Some(&ns))?;
+            }
+        }
+        "custom" if namespace.is_none() => {
+            let name = t
+                .name
+                .ok_or_else(|| invalid(format!("{path}.name"), "missing"))?;
+            let mut description = t.description.unwrap_or_default();
+            if let Some(f) = t.format.as_ref().filter(|f| f["type"] == "grammar") {
+                let syntax = f["syntax"].as_str().unwrap_or("grammar");
+                let definition = f["definition"].as_str().unwrap_or("");
+                description.push_str(&format!(
+                    "\n\nThe input must follow this {syntax} grammar:\n{definition}"
+                ));
+            }
+            req.tools.push(Tool {
+                name,
+                description: (!description.is_empty()).then_some(description),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {CUSTOM_INPUT: {"type": "string", "description": "The tool's free-form input."}},
+                    "required": [CUSTOM_INPUT]
+                }),
+                strict: None,
+                origin: ToolOrigin::Custom,
+            });
+        }
+        other => req.drop_field(path, format!("hosted tool `{other}` is not translated")),
+    }
+    Ok(())
+}
+
 fn push(req: &mut Request, role: Role, parts: Vec<Part>) {
     if parts.is_empty() {
         return;
@@ -342,19 +459,17 @@ fn decode_item(req: &mut Request, item: ItemIn, i: usize) -> Result<(), Protocol
     let path = format!("input[{i}]");
     match item {
         ItemIn::Message { role, content } => {
-            let parts = content_parts(content, &format!("{path}.content"))?;
+            let parts = content_parts(req, content, &format!("{path}.content"))?;
             match role.as_str() {
                 "system" | "developer" => {
                     let mut text = String::new();
                     for p in parts {
                         match p {
                             Part::Text(t) => text.push_str(&t),
-                            _ => {
-                                return Err(unsupported(
-                                    format!("{path}.content"),
-                                    "only text is allowed in system messages",
-                                ))
-                            }
+                            _ => req.drop_field(
+                                format!("{path}.content"),
+                                "only text is kept of a system message",
+                            ),
                         }
                     }
                     if !text.is_empty() {
@@ -363,19 +478,22 @@ fn decode_item(req: &mut Request, item: ItemIn, i: usize) -> Result<(), Protocol
                 }
                 "user" => push(req, Role::User, parts),
                 "assistant" => push(req, Role::Assistant, parts),
-                other => {
-                    return Err(invalid(
-                        format!("{path}.role"),
-                        format!("unknown role `{other}`"),
-                    ))
-                }
+                other => req.drop_field(
+                    format!("{path}.role"),
+                    format!("a message of role `{other}` is not translated"),
+                ),
             }
         }
         ItemIn::FunctionCall {
             call_id,
             name,
+            namespace,
             arguments,
         } => {
+            let name = match namespace {
+                Some(ns) => format!("{ns}{NAMESPACE_SEPARATOR}{name}"),
+                None => name,
+            };
             let args = arguments.unwrap_or_default();
             push(
                 req,
@@ -391,8 +509,22 @@ fn decode_item(req: &mut Request, item: ItemIn, i: usize) -> Result<(), Protocol
                 })],
             );
         }
-        ItemIn::FunctionCallOutput { call_id, output } => {
-            let content = content_parts(output, &format!("{path}.output"))?;
+        ItemIn::CustomToolCall {
+            call_id,
+            name,
+            input,
+        } => push(
+            req,
+            Role::Assistant,
+            vec![Part::ToolCall(ToolCall {
+                id: call_id,
+                name,
+                arguments: json!({ CUSTOM_INPUT: input }).to_string(),
+            })],
+        ),
+        ItemIn::FunctionCallOutput { call_id, output }
+        | ItemIn::CustomToolCallOutput { call_id, output } => {
+            let content = content_parts(req, output, &format!("{path}.output"))?;
             push(
                 req,
                 Role::User,
@@ -427,11 +559,16 @@ fn decode_item(req: &mut Request, item: ItemIn, i: usize) -> Result<(), Protocol
                 "there is no response storage; item references cannot be resolved",
             ))
         }
+        ItemIn::Other => req.drop_field(path, "an item of this type is not translated"),
     }
     Ok(())
 }
 
-fn content_parts(content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolError> {
+fn content_parts(
+    req: &mut Request,
+    content: ContentIn,
+    path: &str,
+) -> Result<Vec<Part>, ProtocolError> {
     let parts = match content {
         ContentIn::Text(t) if t.is_empty() => return Ok(Vec::new()),
         ContentIn::Text(t) => return Ok(vec![Part::Text(t)]),
@@ -491,6 +628,7 @@ fn content_parts(content: ContentIn, path: &str) -> Result<Vec<Part>, ProtocolEr
                     title: filename,
                 });
             }
+            PartIn::Other => req.drop_field(ppath, "a content part of this type is not translated"),
         }
     }
     Ok(out)
@@ -516,8 +654,78 @@ pub(crate) fn status_of(stop: StopReason) -> (&'static str, Value) {
     }
 }
 
-/// One output item as Responses JSON; `n` numbers the items for their ids.
-pub(crate) fn item_json(resp_id: &str, n: usize, item: &OutputItem) -> Value {
+/// How a tool call goes back to a Responses client: the form its request gave the tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CallForm {
+    /// A `function_call`, named as called.
+    Function,
+    /// A `function_call` of a namespace's function: its own name and the `namespace`.
+    Namespaced {
+        /// The namespace.
+        namespace: String,
+        /// The function's own name.
+        name: String,
+    },
+    /// A `custom_tool_call`, its `input` the canonical call's `input` argument.
+    Custom,
+}
+
+impl CallForm {
+    /// The form of a call to the tool `name`.
+    pub(crate) fn of(origins: &super::ToolOrigins, name: &str) -> Self {
+        match super::origin_of(origins, name) {
+            ToolOrigin::Function => CallForm::Function,
+            ToolOrigin::Custom => CallForm::Custom,
+            ToolOrigin::Namespaced { namespace, name } => CallForm::Namespaced {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            },
+        }
+    }
+}
+
+/// The free-form input of a custom tool call whose canonical arguments are `arguments`
+/// (`{"input": "…"}`; anything else is given as it is).
+pub(crate) fn custom_input(arguments: &str) -> std::borrow::Cow<'_, str> {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(mut o)) => match o.remove(CUSTOM_INPUT) {
+            Some(Value::String(s)) => s.into(),
+            _ => arguments.into(),
+        },
+        _ => arguments.into(),
+    }
+}
+
+/// The one parameter of the function a Responses `custom` tool becomes.
+const CUSTOM_INPUT: &str = "input";
+
+/// One output item as Responses JSON; `n` numbers the items for their ids. A call to a
+/// custom or a namespaced tool goes back in its own form (`origins`).
+pub(crate) fn item_json_for(
+    resp_id: &str,
+    n: usize,
+    item: &OutputItem,
+    origins: &super::ToolOrigins,
+) -> Value {
+    if let OutputItem::ToolCall(c) = item {
+        match CallForm::of(origins, &c.name) {
+            CallForm::Function => {}
+            CallForm::Namespaced { namespace, name } => {
+                return json!({
+                    "id": format!("fc_{}", c.id), "type": "function_call", "status": "completed",
+                    "call_id": c.id, "name": name, "namespace": namespace,
+                    "arguments": c.arguments
+                })
+            }
+            CallForm::Custom => {
+                return json!({
+                    "id": format!("ctc_{}", c.id), "type": "custom_tool_call",
+                    "status": "completed", "call_id": c.id, "name": c.name,
+                    "input": custom_input(&c.arguments)
+                })
+            }
+        }
+    }
     match item {
         OutputItem::Text(t) => json!({
             "id": format!("msg_{resp_id}_{n}"), "type": "message", "status": "completed",
@@ -545,13 +753,18 @@ pub(crate) fn item_json(resp_id: &str, n: usize, item: &OutputItem) -> Value {
 /// The full Responses `response` object (shared by the body and the
 /// stream's final event).
 pub(crate) fn response_json(resp: &Response, id: &str) -> Value {
+    response_json_for(resp, id, &None)
+}
+
+/// [`response_json`] with the request's tool origins ([`item_json_for`]).
+pub(crate) fn response_json_for(resp: &Response, id: &str, origins: &super::ToolOrigins) -> Value {
     let (status, incomplete) = status_of(resp.stop_reason);
     let bare = id.strip_prefix("resp_").unwrap_or(id);
     let output: Vec<Value> = resp
         .output
         .iter()
         .enumerate()
-        .map(|(n, it)| item_json(bare, n, it))
+        .map(|(n, it)| item_json_for(bare, n, it, origins))
         .collect();
     json!({
         "id": id,
@@ -584,5 +797,15 @@ pub(crate) fn response_json(resp: &Response, id: &str) -> Value {
 /// `max_output_tokens`; reasoning as reasoning items whose signature is
 /// `encrypted_content`; tool calls as `function_call` items).
 pub fn encode_response(resp: &Response) -> Vec<u8> {
-    to_vec(&response_json(resp, &prefixed("resp_", &resp.id)))
+    encode_response_for(resp, &None)
+}
+
+/// [`encode_response`] with the request's tool origins: calls to custom tools are
+/// `custom_tool_call` items, calls to a namespace's function name it and its `namespace`.
+pub fn encode_response_for(resp: &Response, origins: &super::ToolOrigins) -> Vec<u8> {
+    to_vec(&response_json_for(
+        resp,
+        &prefixed("resp_", &resp.id),
+        origins,
+    ))
 }

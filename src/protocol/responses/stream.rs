@@ -22,7 +22,7 @@ use super::super::{
     ClientDialect, ErrorKind, OutputItem, ProtocolError, Response, StopReason, StreamEvent,
     StreamOptions, ToolCall, Usage,
 };
-use super::response_json;
+use super::{response_json, CallForm};
 
 /// Appends one per-token delta event, byte for byte what serde_json writes
 /// for `{"type":name,"sequence_number":seq,"item_id":…,"output_index":n,
@@ -124,13 +124,24 @@ enum ItemOut<'a> {
         call_id: &'a str,
         id: &'a str,
         name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        namespace: Option<&'a str>,
+        status: &'static str,
+        #[serde(rename = "type")]
+        ty: &'static str,
+    },
+    Custom {
+        call_id: &'a str,
+        id: &'a str,
+        input: std::borrow::Cow<'a, str>,
+        name: &'a str,
         status: &'static str,
         #[serde(rename = "type")]
         ty: &'static str,
     },
 }
 
-fn item_out<'a>(id: &'a str, item: &'a OutputItem, done: bool) -> ItemOut<'a> {
+fn item_out<'a>(id: &'a str, item: &'a OutputItem, form: &'a CallForm, done: bool) -> ItemOut<'a> {
     let status = if done { "completed" } else { "in_progress" };
     match item {
         OutputItem::Text(t) => ItemOut::Message {
@@ -154,13 +165,37 @@ fn item_out<'a>(id: &'a str, item: &'a OutputItem, done: bool) -> ItemOut<'a> {
             })),
             ty: "reasoning",
         },
-        OutputItem::ToolCall(c) => ItemOut::Call {
-            arguments: &c.arguments,
-            call_id: &c.id,
-            id,
-            name: &c.name,
-            status,
-            ty: "function_call",
+        OutputItem::ToolCall(c) => match form {
+            CallForm::Custom => ItemOut::Custom {
+                call_id: &c.id,
+                id,
+                input: if done {
+                    super::custom_input(&c.arguments)
+                } else {
+                    "".into()
+                },
+                name: &c.name,
+                status,
+                ty: "custom_tool_call",
+            },
+            CallForm::Function => ItemOut::Call {
+                arguments: &c.arguments,
+                call_id: &c.id,
+                id,
+                name: &c.name,
+                namespace: None,
+                status,
+                ty: "function_call",
+            },
+            CallForm::Namespaced { namespace, name } => ItemOut::Call {
+                arguments: &c.arguments,
+                call_id: &c.id,
+                id,
+                name,
+                namespace: Some(namespace),
+                status,
+                ty: "function_call",
+            },
         },
     }
 }
@@ -234,7 +269,11 @@ struct ItemsOut<'a>(&'a [Item]);
 
 impl Serialize for ItemsOut<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|i| item_out(&i.id, &i.item, true)))
+        s.collect_seq(
+            self.0
+                .iter()
+                .map(|i| item_out(&i.id, &i.item, &i.form, true)),
+        )
     }
 }
 
@@ -323,6 +362,8 @@ struct Item {
     item: OutputItem,
     /// Tool-call index for function calls.
     tool_index: Option<u32>,
+    /// The form a tool call goes back in (the client's tool).
+    form: CallForm,
 }
 
 /// Canonical events → Responses client events, with a `sequence_number` on
@@ -341,6 +382,8 @@ pub struct StreamEncoder {
     stop: StopReason,
     started: bool,
     finished: bool,
+    /// The client's tool forms.
+    origins: crate::protocol::ToolOrigins,
 }
 
 impl StreamEncoder {
@@ -358,6 +401,7 @@ impl StreamEncoder {
             stop: StopReason::EndTurn,
             started: false,
             finished: false,
+            origins: opts.echo.tool_origins.clone(),
         }
     }
 
@@ -575,11 +619,17 @@ impl StreamEncoder {
                         "arguments for function call {index} after it was closed"
                     )));
                 }
-                let seq = self.next_seq();
                 let item = &mut self.items[n];
                 if let OutputItem::ToolCall(c) = &mut item.item {
                     c.arguments.push_str(fragment);
                 }
+                if item.form == CallForm::Custom {
+                    // A custom tool's input is the `input` argument's text: given whole
+                    // when the call is done.
+                    return Ok(());
+                }
+                let seq = self.next_seq();
+                let item = &self.items[n];
                 write_delta(
                     out,
                     "response.function_call_arguments.delta",
@@ -650,13 +700,17 @@ impl StreamEncoder {
             OutputItem::Reasoning { .. } => format!("rs_{}_{n}", self.bare_id()),
             OutputItem::ToolCall(c) => format!("fc_{}", c.id),
         };
+        let form = match &item {
+            OutputItem::ToolCall(c) => CallForm::of(&self.origins, &c.name),
+            _ => CallForm::Function,
+        };
         let name = "response.output_item.added";
         let sequence_number = self.next_seq();
         write_sse(
             out,
             name,
             &ItemEventOut {
-                item: item_out(&id, &item, false),
+                item: item_out(&id, &item, &form, false),
                 output_index: n,
                 sequence_number,
                 ty: name,
@@ -708,6 +762,7 @@ impl StreamEncoder {
             id,
             item,
             tool_index,
+            form,
         });
         self.open = true;
     }
@@ -727,7 +782,7 @@ impl StreamEncoder {
             seq += 1;
             seq - 1
         };
-        let Item { id, item, .. } = &self.items[n];
+        let Item { id, item, form, .. } = &self.items[n];
         match item {
             OutputItem::Text(t) => {
                 let name = "response.output_text.done";
@@ -793,6 +848,24 @@ impl StreamEncoder {
                     },
                 );
             }
+            OutputItem::ToolCall(c) if *form == CallForm::Custom => {
+                let input = super::custom_input(&c.arguments);
+                for name in [
+                    "response.custom_tool_call_input.delta",
+                    "response.custom_tool_call_input.done",
+                ] {
+                    let key = if name.ends_with("delta") {
+                        "delta"
+                    } else {
+                        "input"
+                    };
+                    let mut v = json!({
+                        "item_id": id, "output_index": n, "sequence_number": next(), "type": name
+                    });
+                    v[key] = Value::String(input.to_string());
+                    write_sse(out, name, &v);
+                }
+            }
             OutputItem::ToolCall(c) => {
                 let name = "response.function_call_arguments.done";
                 write_sse(
@@ -813,7 +886,7 @@ impl StreamEncoder {
             out,
             name,
             &ItemEventOut {
-                item: item_out(id, item, true),
+                item: item_out(id, item, form, true),
                 output_index: n,
                 sequence_number: next(),
                 ty: name,

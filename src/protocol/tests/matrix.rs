@@ -356,7 +356,7 @@ fn expected_upstream(up: UpstreamDialect, s: Scenario, client: ClientDialect) ->
             "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
             "tool_choice": {"type": "any"}}),
         (_, Scenario::Reasoning) => json!({"model": "up", "max_tokens": 32000,
-            "thinking": {"type": "enabled", "budget_tokens": 24576},
+            "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
             "messages": [{"role": "user", "content": [{"type": "text", "text": "1+1?"}]}]}),
         (_, _) => json!({"model": "up", "max_tokens": max,
             "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}),
@@ -378,6 +378,7 @@ fn request_matrix() {
                     default_max_tokens: 4096,
                     stream_usage: true,
                     placement: crate::protocol::ModelPlacement::Body,
+                    thinking: None,
                 };
                 let out = encode_request(up, &req, &opts).unwrap();
                 let got: Value = serde_json::from_slice(&out).unwrap();

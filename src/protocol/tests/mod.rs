@@ -27,6 +27,7 @@ pub(super) fn opts(include_usage: bool) -> StreamOptions {
         model: STANDARD.into(),
         created: 1_700_000_000,
         include_usage,
+        echo: Default::default(),
     }
 }
 

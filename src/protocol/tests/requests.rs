@@ -12,6 +12,7 @@ const OPTS: UpstreamOptions<'static> = UpstreamOptions {
     default_max_tokens: 4096,
     stream_usage: true,
     placement: crate::protocol::ModelPlacement::Body,
+    thinking: None,
 };
 
 fn translate(
@@ -223,6 +224,21 @@ fn thinking_budget_is_capped_below_max_tokens() {
     .unwrap();
     assert_eq!(
         got["thinking"],
+        json!({"type": "adaptive"}),
+        "a current Claude model takes adaptive thinking"
+    );
+    assert_eq!(got["output_config"], json!({"effort": "high"}));
+    let req = decode_request(
+        ClientDialect::ChatCompletions,
+        br#"{"model":"m","reasoning_effort":"high","max_tokens":4000,"messages":[{"role":"user","content":"Q"}]}"#,
+    )
+    .unwrap();
+    let got: Value = serde_json::from_slice(
+        &encode_request(UpstreamDialect::Messages, &req, &BUDGET_OPTS).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["thinking"],
         json!({"type": "enabled", "budget_tokens": 3999})
     );
     let got = translate(
@@ -280,14 +296,6 @@ fn refused_fields_name_the_field() {
         ),
         ("response_format".into(), true)
     );
-    assert_eq!(
-        refused(
-            ClientDialect::ChatCompletions,
-            UpstreamDialect::Messages,
-            m(json!({"tools": [{"type": "custom", "custom": {}}]}))
-        ),
-        ("tools[0].type".into(), true)
-    );
     let r = |extra: Value| {
         let mut b = json!({"model": "m", "input": "Q"});
         b.as_object_mut()
@@ -303,7 +311,6 @@ fn refused_fields_name_the_field() {
         (json!({"store": true}), "store"),
         (json!({"conversation": "conv_1"}), "conversation"),
         (json!({"background": true}), "background"),
-        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
         (
             json!({"text": {"format": {"type": "json_object"}}}),
             "text.format",
@@ -340,16 +347,330 @@ fn refused_fields_name_the_field() {
         br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
     )
     .unwrap_err();
-    assert_eq!(e.field(), Some("messages[0].content"));
+    assert_eq!(e.field(), Some("messages[0].content[0]"));
+}
+
+/// The dropped fields of a request of `from` (decoded, nothing refused).
+fn dropped(from: ClientDialect, body: &Value) -> Vec<String> {
+    let req = decode_request(from, body.to_string().as_bytes()).unwrap();
+    req.dropped.into_iter().map(|d| d.field).collect()
+}
+
+#[test]
+fn what_has_no_counterpart_is_dropped_with_a_record_never_refused() {
+    // Messages: server tools, MCP servers, containers, unknown blocks, sources, members,
+    // thinking types and efforts.
+    let got = dropped(
+        ClientDialect::Messages,
+        &json!({"model": "m", "max_tokens": 5,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "x"},
+                {"type": "search_result", "source": "s", "title": "t", "content": []},
+                {"type": "image", "source": {"type": "file", "file_id": "f"}}]}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"},
+                      {"name": "f", "input_schema": {"type": "object"}}],
+            "mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}],
+            "container": "c", "context_management": {"edits": []},
+            "output_config": {"effort": "ultra", "task_budget": 5},
+            "tool_choice": {"type": "sometimes"}}),
+    );
     assert_eq!(
-        refused(
+        got,
+        [
+            "mcp_servers",
+            "container",
+            "context_management",
+            "messages[0].content[1]",
+            "messages[0].content[2].source",
+            "tools[0]",
+            "tool_choice.type",
+            "output_config.effort",
+            "output_config.task_budget"
+        ]
+    );
+    let got = dropped(
+        ClientDialect::Messages,
+        &json!({"model": "m", "max_tokens": 5, "thinking": {"type": "sometimes"},
+            "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(got, ["thinking.type"]);
+    // Chat: non-function tools, hosted search, unknown efforts and members.
+    let got = dropped(
+        ClientDialect::ChatCompletions,
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "custom", "custom": {"name": "c"}}],
+            "web_search_options": {}, "reasoning_effort": "ultra", "seed": 1,
+            "tool_choice": {"type": "allowed_tools", "allowed_tools": {}}}),
+    );
+    assert_eq!(
+        got,
+        [
+            "web_search_options",
+            "seed",
+            "tools[0]",
+            "tool_choice",
+            "reasoning_effort"
+        ]
+    );
+    // Responses: hosted tools, unknown items, parts and members.
+    let got = dropped(
+        ClientDialect::Responses,
+        &json!({"model": "m", "include": ["reasoning.encrypted_content"],
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "x"},
+                                                   {"type": "input_audio", "input_audio": {}}]},
+                      {"type": "web_search_call", "id": "ws_1", "status": "completed"}],
+            "tools": [{"type": "web_search", "external_web_access": false}],
+            "reasoning": {"effort": "ultra"}}),
+    );
+    assert_eq!(
+        got,
+        [
+            "input[0].content[1]",
+            "input[1]",
+            "include",
+            "tools[0]",
+            "reasoning.effort"
+        ]
+    );
+}
+
+const BUDGET_OPTS: UpstreamOptions<'static> = UpstreamOptions {
+    thinking: Some(crate::protocol::ThinkingForm::Budget),
+    ..OPTS
+};
+
+#[test]
+fn claude_thinking_takes_the_form_of_the_model() {
+    use crate::protocol::ThinkingForm;
+    for (id, form) in [
+        ("claude-opus-4-7", ThinkingForm::Adaptive),
+        ("claude-sonnet-4-6", ThinkingForm::Adaptive),
+        ("claude-opus-4-6@20260101", ThinkingForm::Adaptive),
+        (
+            "us.anthropic.claude-sonnet-4-6-v1:0",
+            ThinkingForm::Adaptive,
+        ),
+        ("claude-sonnet-5", ThinkingForm::Adaptive),
+        ("house-model", ThinkingForm::Adaptive),
+        ("claude-sonnet-4-5-20250929", ThinkingForm::Budget),
+        ("claude-opus-4-1", ThinkingForm::Budget),
+        ("claude-opus-4-20250514", ThinkingForm::Budget),
+        (
+            "anthropic.claude-3-7-sonnet-20250219-v1:0",
+            ThinkingForm::Budget,
+        ),
+        ("claude-3-5-haiku@20241022", ThinkingForm::Budget),
+        ("claude-haiku-4-5", ThinkingForm::Budget),
+    ] {
+        assert_eq!(ThinkingForm::for_model(id), form, "{id}");
+    }
+}
+
+#[test]
+fn adaptive_thinking_and_every_effort_cross_every_direction() {
+    // Claude Code's first request: adaptive thinking with an effort, display omitted.
+    let claude_code = json!({"model": "m", "max_tokens": 32000,
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "output_config": {"effort": "high"},
+        "messages": [{"role": "user", "content": "Q"}]});
+    let got = translate(
+        ClientDialect::Messages,
+        UpstreamDialect::ChatCompletions,
+        claude_code.clone(),
+    )
+    .unwrap();
+    assert_eq!(got["reasoning_effort"], "high");
+    // Toward a current Claude model (adaptive by default): adaptive with the effort.
+    let got = translate(
+        ClientDialect::Messages,
+        UpstreamDialect::Messages,
+        claude_code.clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["thinking"],
+        json!({"type": "adaptive", "display": "omitted"})
+    );
+    assert_eq!(got["output_config"], json!({"effort": "high"}));
+    // Every effort level, both vendors' names.
+    for (effort, chat, claude) in [
+        ("none", Some("none"), None),
+        ("minimal", Some("minimal"), Some("low")),
+        ("low", Some("low"), Some("low")),
+        ("medium", Some("medium"), Some("medium")),
+        ("high", Some("high"), Some("high")),
+        ("xhigh", Some("xhigh"), Some("xhigh")),
+        ("max", Some("xhigh"), Some("max")),
+    ] {
+        let body = json!({"model": "m", "max_tokens": 64000,
+            "thinking": {"type": "adaptive"}, "output_config": {"effort": effort},
+            "messages": [{"role": "user", "content": "Q"}]});
+        let got = translate(
             ClientDialect::Messages,
             UpstreamDialect::ChatCompletions,
-            json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
-        ),
-        ("tools[0].type".into(), true)
+            body,
+        )
+        .unwrap();
+        assert_eq!(got["reasoning_effort"].as_str(), chat, "{effort}");
+        for from in [ClientDialect::ChatCompletions, ClientDialect::Responses] {
+            let body = match from {
+                ClientDialect::Responses => {
+                    json!({"model": "m", "input": "Q", "reasoning": {"effort": effort}})
+                }
+                _ => json!({"model": "m", "reasoning_effort": effort,
+                            "messages": [{"role": "user", "content": "Q"}]}),
+            };
+            let got = translate(from, UpstreamDialect::Messages, body).unwrap();
+            assert_eq!(
+                got["output_config"]["effort"].as_str(),
+                claude,
+                "{effort} from {from:?}"
+            );
+            let thinking = if claude.is_some() {
+                json!({"type": "adaptive"})
+            } else {
+                json!({"type": "disabled"})
+            };
+            assert_eq!(got["thinking"], thinking, "{effort} from {from:?}");
+        }
+    }
+    // An older Claude model takes a budget.
+    let req = decode_request(
+        ClientDialect::Responses,
+        br#"{"model":"m","input":"Q","reasoning":{"effort":"xhigh"},"max_output_tokens":40000}"#,
+    )
+    .unwrap();
+    let got: Value = serde_json::from_slice(
+        &encode_request(UpstreamDialect::Messages, &req, &BUDGET_OPTS).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["thinking"],
+        json!({"type": "enabled", "budget_tokens": 32768})
     );
+    assert!(got.get("output_config").is_none());
+    // Gemini: a level for Gemini 3, a budget before it.
+    let req = decode_request(ClientDialect::Messages, claude_code.to_string().as_bytes()).unwrap();
+    for (model, want) in [
+        ("gemini-3-pro-preview", json!({"thinkingLevel": "high"})),
+        ("gemini-2.5-pro", json!({"thinkingBudget": 24576})),
+    ] {
+        let opts = UpstreamOptions { model, ..OPTS };
+        let got: Value =
+            serde_json::from_slice(&encode_request(UpstreamDialect::Gemini, &req, &opts).unwrap())
+                .unwrap();
+        assert_eq!(got["generationConfig"]["thinkingConfig"], want, "{model}");
+    }
+    // Converse: Claude's own fields for a Claude model, recorded as dropped for another.
+    let opts = UpstreamOptions {
+        model: "us.anthropic.claude-opus-4-7-v1:0",
+        ..OPTS
+    };
+    let got: Value =
+        serde_json::from_slice(&encode_request(UpstreamDialect::Converse, &req, &opts).unwrap())
+            .unwrap();
+    assert_eq!(
+        got["additionalModelRequestFields"],
+        json!({"thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "high"}})
+    );
+    let opts = UpstreamOptions {
+        model: "amazon.nova-pro-v1:0",
+        ..OPTS
+    };
+    assert!(
+        crate::protocol::dropped_toward(UpstreamDialect::Converse, &req, &opts)
+            .iter()
+            .any(|d| d.field == "thinking")
+    );
+}
+
+#[test]
+fn system_messages_anywhere_join_the_system_prompt() {
+    let got = translate(
+        ClientDialect::Messages,
+        UpstreamDialect::ChatCompletions,
+        json!({"model": "m", "max_tokens": 5, "system": "first",
+            "messages": [{"role": "user", "content": "Q"},
+                         {"role": "system", "content": "Be brief now."},
+                         {"role": "assistant", "content": "A"},
+                         {"role": "user", "content": "Q2"}]}),
+    )
+    .unwrap();
+    assert_eq!(
+        got["messages"],
+        json!([
+            {"role": "system", "content": "first"},
+            {"role": "system", "content": "Be brief now."},
+            {"role": "user", "content": [{"type": "text", "text": "Q"}]},
+            {"role": "assistant", "content": "A"},
+            {"role": "user", "content": [{"type": "text", "text": "Q2"}]}
+        ])
+    );
+}
+
+#[test]
+fn responses_namespace_and_custom_tools_become_functions_and_come_back_in_their_form() {
+    let body = json!({"model": "m", "input": [
+            {"role": "user", "content": "go"},
+            {"type": "function_call", "call_id": "c1", "name": "spawn_agent", "namespace": "multi_agent_v1", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+            {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"}],
+        "tools": [
+            {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+             "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]},
+            {"type": "custom", "name": "apply_patch", "description": "Patch files.",
+             "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"}},
+            {"type": "web_search", "external_web_access": false}]});
+    let req = decode_request(ClientDialect::Responses, body.to_string().as_bytes()).unwrap();
+    let names: Vec<&str> = req.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["multi_agent_v1__spawn_agent", "apply_patch"]);
+    assert!(req.tools[1]
+        .description
+        .as_deref()
+        .unwrap()
+        .contains("lark grammar:\nstart: x"));
+    assert_eq!(req.dropped[0].field, "tools[2]");
+    let got: Value = serde_json::from_slice(
+        &encode_request(UpstreamDialect::ChatCompletions, &req, &OPTS).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["messages"][1]["tool_calls"][0]["function"]["name"],
+        "multi_agent_v1__spawn_agent"
+    );
+    assert_eq!(
+        got["messages"][3]["tool_calls"][0]["function"]["arguments"],
+        r#"{"input":"*** Begin Patch"}"#
+    );
+    // The answer gives the calls back in the client's form.
+    let resp = crate::protocol::Response {
+        id: "r".into(),
+        model: "m".into(),
+        output: vec![
+            crate::protocol::OutputItem::ToolCall(crate::protocol::ToolCall {
+                id: "c3".into(),
+                name: "multi_agent_v1__spawn_agent".into(),
+                arguments: "{}".into(),
+            }),
+            crate::protocol::OutputItem::ToolCall(crate::protocol::ToolCall {
+                id: "c4".into(),
+                name: "apply_patch".into(),
+                arguments: r#"{"input":"*** End Patch"}"#.into(),
+            }),
+        ],
+        ..Default::default()
+    };
+    let out: Value = serde_json::from_slice(&crate::protocol::encode_response_for(
+        ClientDialect::Responses,
+        &resp,
+        &req.tool_origins(),
+    ))
+    .unwrap();
+    assert_eq!(out["output"][0]["name"], "spawn_agent");
+    assert_eq!(out["output"][0]["namespace"], "multi_agent_v1");
+    assert_eq!(out["output"][1]["type"], "custom_tool_call");
+    assert_eq!(out["output"][1]["input"], "*** End Patch");
 }
 
 #[test]

@@ -369,6 +369,7 @@ mod tests {
             default_max_tokens: 5,
             stream_usage: false,
             placement,
+            thinking: None,
         };
         check(
             &crate::protocol::encode_request(UpstreamDialect::Messages, &req, &opts)
