@@ -273,6 +273,20 @@ pub struct ActiveHealthCheck {
     pub timeout: Duration,
 }
 
+/// `models.<id>.unsupported`: what a translated request does with a member or value that
+/// its target cannot carry (an unknown member, a hosted tool, a content block without a
+/// counterpart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unsupported {
+    /// Left out, with a record: the `x-sluice-dropped` response header names it, the
+    /// `sluice_dropped_fields_total` metric counts it, an info log line says it.
+    #[default]
+    Drop,
+    /// Refused with a 400 in the client's dialect naming it.
+    Refuse,
+}
+
 /// A configured provider.
 #[derive(Debug)]
 pub struct Provider {
@@ -326,6 +340,9 @@ pub struct Model {
     pub first_event_timeout: Option<Duration>,
     /// Early-commit opt-in.
     pub early_commit_after: Option<Duration>,
+    /// `models.<id>.unsupported`: what a translated request does with what its target
+    /// cannot carry.
+    pub unsupported: Unsupported,
     /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
     /// is continued on the next candidate route (see `crate::engine::continuation`).
     pub continue_on_break: bool,
@@ -388,6 +405,9 @@ pub struct Route {
     /// Context window, tokens (`routes[].context_window_tokens`, else the model's); `None`:
     /// not declared.
     pub context_window_tokens: Option<u64>,
+    /// `routes[].thinking`: the form of a translated request's Claude thinking settings
+    /// (`None`: from the upstream model id).
+    pub thinking: Option<crate::protocol::ThinkingForm>,
 }
 
 impl Route {

@@ -725,6 +725,11 @@ pub struct ModelSection {
     /// creation), USD per million tokens (default: `input_usd_per_mtok`).
     #[serde(default)]
     pub cache_write_usd_per_mtok: Option<f64>,
+    /// What a translated request does with a member or value its target cannot carry
+    /// (`drop`: left out, with a record the client sees in `x-sluice-dropped`, a metric and
+    /// an info log line; `refuse`: a 400 naming it). Default `drop`.
+    #[serde(default)]
+    pub unsupported: Option<crate::config::Unsupported>,
     /// Ordered upstream targets.
     #[serde(default)]
     pub routes: Vec<RouteSection>,
@@ -769,6 +774,13 @@ pub struct RouteSection {
     /// This route's context window, tokens (default: the model's `context_window_tokens`).
     #[serde(default)]
     pub context_window_tokens: Option<u64>,
+    /// The form of a translated request's Claude thinking settings: `adaptive`
+    /// (`thinking: {type: adaptive}` with `output_config.effort`; Claude 4.6 and later,
+    /// required from Opus 4.7) or `budget` (`thinking: {type: enabled, budget_tokens}`;
+    /// Claude 4.5 and earlier). Default: from the upstream model id
+    /// ([`crate::protocol::ThinkingForm::for_model`]).
+    #[serde(default)]
+    pub thinking: Option<crate::protocol::ThinkingForm>,
 }
 
 /// `redis:`: distributed rate limits.

@@ -91,6 +91,7 @@ fn build_model(
         first_event_timeout: m.first_event_timeout_ms.map(ms),
         early_commit_after: m.early_commit_after_ms.map(ms),
         continue_on_break: m.continue_on_break.unwrap_or(false),
+        unsupported: m.unsupported.unwrap_or_default(),
         default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         retry: {
             let mut p = crate::config::RetryPolicy::from_section(server_retry);
@@ -168,6 +169,7 @@ fn build_route(
         capabilities: r.capabilities,
         supports_prefill: r.supports_prefill,
         context_window_tokens: r.context_window_tokens.or(model_window),
+        thinking: r.thinking,
     })
 }
 
