@@ -99,6 +99,11 @@ pub struct Metrics {
     /// `models.<id>.continue_on_break` on, by what became of them (`continued` and the
     /// refusals, see `crate::engine::continuation::OUTCOMES`).
     pub stream_continuations_total: IntCounterVec,
+    /// `sluice_dropped_fields_total{client_dialect,upstream_dialect}`: members and values of
+    /// translated requests left out because the target cannot carry them
+    /// (`models.<id>.unsupported: drop`; each also named in the answer's
+    /// `x-sluice-dropped` header and an info log line).
+    pub dropped_fields_total: IntCounterVec,
     /// `sluice_sse_invalid_utf8_total{provider}`: invalid UTF-8 sequences in upstream
     /// answers, each replaced with U+FFFD before it reached the client: in SSE events
     /// (WHATWG SSE decoding) and in non-stream answer bodies (before the model rewrite or
@@ -330,6 +335,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_stream_continuations_total",
             "Committed streams that broke with continue_on_break on, by model and outcome (continued, or why not).",
             &["model", "outcome"]
+        )?,
+        dropped_fields_total: register_int_counter_vec!(
+            "sluice_dropped_fields_total",
+            "Members and values of translated requests left out because the target cannot carry them, by client and upstream dialect.",
+            &["client_dialect", "upstream_dialect"]
         )?,
         sse_invalid_utf8_total: register_int_counter_vec!(
             "sluice_sse_invalid_utf8_total",

@@ -57,6 +57,10 @@ pub struct Outcome {
     /// (`sluice_gateway_overhead_seconds`, `x-sluice-overhead-ms`), set when the response
     /// head is written; see [`Outcome::overhead_at`].
     pub overhead: Option<Duration>,
+    /// What the translation for the route that answered left out of the client's request
+    /// (`x-sluice-dropped`: comma-separated JSON paths in the client's dialect); `None`
+    /// when nothing was (always for the same dialect in and out).
+    pub dropped: Option<String>,
 }
 
 impl Outcome {

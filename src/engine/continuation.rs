@@ -209,6 +209,7 @@ pub(crate) async fn resume<'r>(
             default_max_tokens: model.default_max_tokens,
             stream_usage: route.provider.stream_usage,
             placement: providers::model_placement(route),
+            thinking: route.thinking,
         };
         let Ok(body) = protocol::encode_request(route.dialect(), &creq, &opts).and_then(|b| {
             providers::add_client_betas(

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
-use crate::config::{HopTimeouts, Model, Route};
+use crate::config::{HopTimeouts, Model, Route, Unsupported};
 use crate::engine::state::{AttemptState, ReadyParts};
 pub use crate::engine::upstream::ClientGone;
 use crate::engine::upstream::{failed, Attempt, MAX_ERROR_BODY_BYTES};
@@ -90,13 +90,70 @@ fn dialect_body(
         }
     };
     let canonical = payload.canonical().map_err(refused)?;
-    let opts = protocol::UpstreamOptions {
+    let opts = upstream_options(model, route);
+    if model.unsupported == Unsupported::Refuse {
+        if let Some(d) = protocol::dropped_toward(upstream, canonical, &opts).first() {
+            return Err(GatewayError::invalid(
+                format!(
+                    "unsupported `{}`: {} (the route's provider cannot carry it; \
+                     models.{}.unsupported is `refuse`)",
+                    d.field, d.reason, model.id
+                ),
+                Some(&d.field),
+            ));
+        }
+    }
+    protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
+}
+
+/// The options of a translated request's encoding toward `route`.
+fn upstream_options<'a>(model: &Model, route: &'a Route) -> protocol::UpstreamOptions<'a> {
+    protocol::UpstreamOptions {
         model: &route.upstream_model,
         default_max_tokens: model.default_max_tokens,
         stream_usage: route.provider.stream_usage,
         placement: providers::model_placement(route),
+        thinking: route.thinking,
+    }
+}
+
+/// Records what the translation toward `route`, the one that answers, left out of the
+/// client's request (`models.<id>.unsupported: drop`): the `x-sluice-dropped` header (from
+/// `ctx.outcome.dropped`), `sluice_dropped_fields_total` and an info log line. Nothing for
+/// the same dialect in and out (the body is forwarded whole).
+fn record_dropped(ctx: &mut RequestCtx, req: &InferenceRequest, model: &Model, route: &Route) {
+    let upstream = route.dialect();
+    if req.dialect.same_as(upstream) {
+        return;
+    }
+    let Some(payload) = req.payload() else {
+        return;
     };
-    protocol::encode_request(upstream, canonical, &opts).map_err(|e| refused(&e))
+    let Some(canonical) = payload.decoded() else {
+        return;
+    };
+    let dropped = protocol::dropped_toward(upstream, canonical, &upstream_options(model, route));
+    if dropped.is_empty() {
+        return;
+    }
+    crate::metrics::metrics()
+        .dropped_fields_total
+        .with_label_values(&[req.dialect.as_str(), upstream.as_str()])
+        .inc_by(dropped.len() as u64);
+    let listed: Vec<String> = dropped
+        .iter()
+        .map(|d| format!("{} ({})", d.field, d.reason))
+        .collect();
+    log::info!(
+        target: "sluice::proxy::attempt",
+        "request_id={} dropped in translation {}->{} for provider `{}`: {}",
+        ctx.request_id,
+        req.dialect.as_str(),
+        upstream.as_str(),
+        route.provider.id,
+        listed.join("; ")
+    );
+    ctx.outcome.dropped = Some(protocol::dropped_header(&dropped));
 }
 
 /// An attempt that is ready to commit: the upstream answered 2xx and, for a stream, its
@@ -191,6 +248,7 @@ pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<
     } = s;
     let route = candidates[served].route;
     let rest = &candidates[served + 1..];
+    record_dropped(ctx, req, model, route);
     match ready {
         // The parts go to the stream's own boxed future whole and are moved out of their box
         // there: nothing of them stays in this future, nor the box on the heap, for the
@@ -211,8 +269,9 @@ pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<
             .await
         }
         Ready::Unary(parts) => {
+            let echo = req.echo();
             Box::pin(commit_unary(
-                connector, session, ctx, route, &model.id, parts,
+                connector, session, ctx, route, &model.id, &echo, parts,
             ))
             .await
         }
@@ -227,6 +286,7 @@ async fn commit_unary(
     ctx: &mut RequestCtx,
     route: &Route,
     standard_model: &str,
+    echo: &protocol::ClientEcho,
     parts: Box<ReadyParts<ContentCoding>>,
 ) -> Attempt {
     unary::unary(
@@ -235,6 +295,7 @@ async fn commit_unary(
         ctx,
         route,
         standard_model,
+        echo,
         ReadyParts::take(parts),
     )
     .await

@@ -303,7 +303,7 @@ impl Payload {
         match self.canonical.get() {
             Some(Ok(c)) => protocol::tokens::estimate_input_tokens(c),
             Some(Err(_)) => estimate_json_tokens(&self.body),
-            None => estimate_chat_input(body_bytes, &self.body),
+            None => estimate_lazy(self.dialect, body_bytes, &self.body),
         }
     }
 
@@ -322,6 +322,15 @@ impl Payload {
 }
 
 impl InferenceRequest {
+    /// What a translated answer reflects of the client's request (its tool forms, whether it
+    /// wants reasoning text), from the canonical request when one was decoded (a request
+    /// forwarded untranslated reflects nothing: its answer is the provider's own).
+    pub fn echo(&self) -> protocol::ClientEcho {
+        self.payload()
+            .and_then(|p| p.decoded().map(protocol::Request::echo))
+            .unwrap_or_default()
+    }
+
     /// The parsed body, `None` once released ([`release_payload`](Self::release_payload)):
     /// after a stream's commit, where no attempt is made any more (mid-stream continuation,
     /// which makes one, keeps it).
@@ -394,12 +403,37 @@ impl InferenceRequest {
     }
 }
 
-/// Parses and validates a chat request body.
+/// Parses and validates a chat request body ([`parse_forwardable`] for Chat Completions).
+///
+/// # Errors
+/// As [`parse_forwardable`].
+pub fn parse_chat(
+    body: &[u8],
+    preference_header: Option<&[u8]>,
+    config: &Config,
+) -> Result<InferenceRequest, GatewayError> {
+    parse_forwardable(
+        ClientDialect::ChatCompletions,
+        body,
+        preference_header,
+        config,
+    )
+}
+
+/// Parses and validates the body of a dialect some provider speaks (Chat Completions,
+/// Messages), tolerantly: only what routing, limits, budgets and metering need is read
+/// (`model`, `stream`, `messages`, the output limit, the capabilities used, Chat's
+/// `stream_options.include_usage`); the rest stays as the client sent it, forwarded
+/// untouched to a provider of the same dialect and decoded into the canonical request only
+/// for a translated attempt ([`Payload::canonical`]). An unknown member, enum value, tool
+/// type or content block is never refused here.
 ///
 /// # Errors
 /// 400 [`GatewayError::InvalidRequest`] for malformed JSON, a missing or non-string `model`,
-/// a bad `stream`, `messages` or provider preference (including unknown provider names).
-pub fn parse_chat(
+/// a bad `stream`, `messages` (Messages: `max_tokens`) or provider preference (including
+/// unknown provider names).
+pub fn parse_forwardable(
+    dialect: ClientDialect,
     body: &[u8],
     preference_header: Option<&[u8]>,
     config: &Config,
@@ -452,19 +486,39 @@ pub fn parse_chat(
             ))
         }
     }
-    let include_usage = map
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let messages_dialect = dialect == ClientDialect::Messages;
+    // Messages streams always carry usage; Chat's only when asked for.
+    let include_usage = messages_dialect
+        || map
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
 
     let preference = preference(map.remove("provider"), preference_header, config)?;
     let models = crate::engine::fallback::body_models(map.remove("models"))?;
 
-    let requested_max = map
-        .get("max_completion_tokens")
-        .or_else(|| map.get("max_tokens"))
-        .and_then(Value::as_u64);
+    let requested_max = if messages_dialect {
+        match map.get("max_tokens") {
+            Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64(),
+            Some(_) => {
+                return Err(GatewayError::invalid(
+                    "`max_tokens` must be a non-negative integer",
+                    Some("max_tokens"),
+                ))
+            }
+            None => {
+                return Err(GatewayError::invalid(
+                    "invalid `max_tokens`: missing field `max_tokens`",
+                    Some("max_tokens"),
+                ))
+            }
+        }
+    } else {
+        map.get("max_completion_tokens")
+            .or_else(|| map.get("max_tokens"))
+            .and_then(Value::as_u64)
+    };
     let needs = RouteNeeds {
         capabilities: capabilities(&map),
         // Filled by the caller when its routing strategy needs it.
@@ -473,8 +527,8 @@ pub fn parse_chat(
         requested_max_output_tokens: requested_max,
     };
     Ok(InferenceRequest {
-        dialect: ClientDialect::ChatCompletions,
-        payload: Payload::slot(ClientDialect::ChatCompletions, map, OnceLock::new()),
+        dialect,
+        payload: Payload::slot(dialect, map, OnceLock::new()),
         anthropic_beta: None,
         model,
         stream,
@@ -488,9 +542,11 @@ pub fn parse_chat(
     })
 }
 
-/// Parses and validates an Anthropic Messages or OpenAI Responses request body: decoded
-/// once into the canonical request (routing takes `model` and `stream` from it). The
-/// provider preference comes from the [`PREFERENCE_HEADER`] header or a `provider` member.
+/// Parses and validates a request body of `dialect`: a dialect some provider speaks (Chat
+/// Completions, Messages) with [`parse_forwardable`]; OpenAI Responses, which no provider
+/// is reached through yet, decoded once into the canonical request (routing takes `model`
+/// and `stream` from it). The provider preference comes from the [`PREFERENCE_HEADER`]
+/// header or a `provider` member.
 ///
 /// # Errors
 /// 400 [`GatewayError::InvalidRequest`] naming the field for what the protocol layer
@@ -502,6 +558,9 @@ pub fn parse_dialect(
     preference_header: Option<&[u8]>,
     config: &Config,
 ) -> Result<InferenceRequest, GatewayError> {
+    if dialect.as_upstream().is_some() {
+        return parse_forwardable(dialect, body, preference_header, config);
+    }
     let canonical = protocol::decode_request(dialect, body)
         .map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
     if canonical.model.trim().is_empty() {
@@ -592,17 +651,17 @@ const CANONICAL_ESTIMATE_BYTES: usize = 256 * 1024;
 /// the tokens per byte seen (bounded CPU on the request path).
 const ESTIMATE_TEXT_BUDGET_BYTES: usize = 256 * 1024;
 
-/// The input-token estimate of a Chat Completions request whose body had `body_bytes`
-/// bytes and whose canonical request was not decoded yet: a temporary canonical request
+/// The input-token estimate of a Chat Completions or Messages request (`dialect`) whose
+/// body had `body_bytes` bytes and whose canonical request was not decoded yet: a temporary canonical request
 /// (decoded from `map` re-serialized, then dropped) counted with
 /// [`protocol::tokens::estimate_input_tokens`]. A body over [`CANONICAL_ESTIMATE_BYTES`],
 /// or one the protocol layer refuses, is estimated from `map` in place with
 /// [`estimate_json_tokens`].
-fn estimate_chat_input(body_bytes: usize, map: &Map<String, Value>) -> u64 {
+fn estimate_lazy(dialect: ClientDialect, body_bytes: usize, map: &Map<String, Value>) -> u64 {
     if body_bytes <= CANONICAL_ESTIMATE_BYTES {
         let decoded = serde_json::to_vec(map)
             .ok()
-            .and_then(|b| protocol::decode_request(ClientDialect::ChatCompletions, &b).ok());
+            .and_then(|b| protocol::decode_request(dialect, &b).ok());
         if let Some(c) = decoded {
             return protocol::tokens::estimate_input_tokens(&c);
         }
@@ -718,12 +777,17 @@ fn capabilities(map: &Map<String, Value>) -> Vec<Capability> {
     if vision {
         caps.push(Capability::Vision);
     }
-    if map
-        .get("response_format")
-        .and_then(|r| r.get("type"))
-        .and_then(Value::as_str)
-        == Some("json_schema")
-    {
+    // Chat's `response_format`, Messages' `output_config.format` (and its beta form,
+    // `output_format`).
+    let json_schema = [
+        map.get("response_format"),
+        map.get("output_config").and_then(|c| c.get("format")),
+        map.get("output_format"),
+    ]
+    .into_iter()
+    .flatten()
+    .any(|f| f.get("type").and_then(Value::as_str) == Some("json_schema"));
+    if json_schema {
         caps.push(Capability::JsonSchema);
     }
     caps

@@ -76,6 +76,10 @@ pub async fn write_error(
     write_json(session, ctx, err.status(), body, &extra).await
 }
 
+/// The response header naming what a translation left out of the client's request: JSON
+/// paths in the client's dialect, comma-separated (`models.<id>.unsupported: drop`).
+pub const DROPPED_HEADER: &str = "x-sluice-dropped";
+
 /// The response head of a proxied answer: status, content type, `x-request-id`, route
 /// headers, and for streams the SSE headers (`text/event-stream`, `no-cache`,
 /// `X-Accel-Buffering: no`, chunked framing, no `Content-Length`).
@@ -104,6 +108,9 @@ pub fn proxied_head(
         }
     }
     h.insert_header("x-request-id", &ctx.request_id)?;
+    if let Some(d) = &ctx.outcome.dropped {
+        h.insert_header(DROPPED_HEADER, d.as_str())?;
+    }
     for (k, v) in ctx.admission.rate_limit.iter().flat_map(|s| s.headers()) {
         h.insert_header(k, v)?;
     }

@@ -351,6 +351,7 @@ mod tests {
             cache_write_usd_per_mtok: None,
             capabilities: caps,
             supports_prefill: false,
+            thinking: None,
             health_key: format!("{model}|{p}/{p}-m"),
             context_window_tokens: None,
         }
@@ -363,6 +364,7 @@ mod tests {
             first_event_timeout: None,
             early_commit_after: None,
             continue_on_break: false,
+            unsupported: crate::config::Unsupported::Drop,
             default_max_tokens: 4096,
             retry: crate::routing::retry::RetryPolicy::default(),
             hedge_after: None,

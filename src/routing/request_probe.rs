@@ -45,6 +45,7 @@ pub fn probe_body(
         default_max_tokens: 1,
         stream_usage: false,
         placement: providers::placement_for(provider, upstream_model),
+        thinking: None,
     };
     // The body as the provider takes it (the placement: Bedrock's Claude has no `model`, its
     // `anthropic_version`).

@@ -132,6 +132,7 @@ impl<'r> StreamPipe<'r> {
         client: ClientDialect,
         standard_model: &str,
         include_usage: bool,
+        echo: protocol::ClientEcho,
         coding: ContentCoding,
         max_event_bytes: usize,
         max_buffered_bytes: usize,
@@ -143,6 +144,7 @@ impl<'r> StreamPipe<'r> {
             model: standard_model.to_string(),
             created: created_unix_s,
             include_usage,
+            echo,
         };
         let fast = client
             .wire()

@@ -81,6 +81,7 @@ pub(crate) async fn first_event<'r>(
         ctx.dialect,
         &model.id,
         req.include_usage,
+        req.echo(),
         coding,
         server.max_event_bytes,
         server.max_buffered_bytes_per_stream,

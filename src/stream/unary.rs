@@ -42,6 +42,7 @@ pub(crate) async fn unary(
     ctx: &mut RequestCtx,
     route: &Route,
     standard_model: &str,
+    echo: &protocol::ClientEcho,
     parts: ReadyParts<ContentCoding>,
 ) -> Attempt {
     let ReadyParts {
@@ -170,7 +171,18 @@ pub(crate) async fn unary(
                     usage = resp.usage;
                     usage_seen = true;
                 }
-                Bytes::from(protocol::encode_response(client, &resp))
+                if echo.omit_reasoning_text {
+                    for item in &mut resp.output {
+                        if let protocol::OutputItem::Reasoning { text, .. } = item {
+                            text.clear();
+                        }
+                    }
+                }
+                Bytes::from(protocol::encode_response_for(
+                    client,
+                    &resp,
+                    &echo.tool_origins,
+                ))
             }
             Err(e) => {
                 let err = GatewayError::UpstreamUnavailable {
