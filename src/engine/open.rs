@@ -120,19 +120,32 @@ fn upstream_options<'a>(model: &Model, route: &'a Route) -> protocol::UpstreamOp
 /// Records what the translation toward `route`, the one that answers, left out of the
 /// client's request (`models.<id>.unsupported: drop`): the `x-sluice-dropped` header (from
 /// `ctx.outcome.dropped`), `sluice_dropped_fields_total` and an info log line. Nothing for
-/// the same dialect in and out (the body is forwarded whole).
+/// the same dialect in and out but the members the provider's placement rules leave out of
+/// the body (Bedrock's `metadata` and `service_tier`; `stream` is said by the path).
 fn record_dropped(ctx: &mut RequestCtx, req: &InferenceRequest, model: &Model, route: &Route) {
     let upstream = route.dialect();
-    if req.dialect.same_as(upstream) {
-        return;
-    }
     let Some(payload) = req.payload() else {
         return;
     };
-    let Some(canonical) = payload.decoded() else {
-        return;
+    let dropped = if req.dialect.same_as(upstream) {
+        let protocol::ModelPlacement::Path { dropped, .. } = providers::model_placement(route)
+        else {
+            return;
+        };
+        dropped
+            .iter()
+            .filter(|k| **k != "stream" && payload.body.contains_key(**k))
+            .map(|k| protocol::Dropped {
+                field: (*k).to_string(),
+                reason: format!("provider kind {:?} does not take it", route.provider.kind),
+            })
+            .collect()
+    } else {
+        let Some(canonical) = payload.decoded() else {
+            return;
+        };
+        protocol::dropped_toward(upstream, canonical, &upstream_options(model, route))
     };
-    let dropped = protocol::dropped_toward(upstream, canonical, &upstream_options(model, route));
     if dropped.is_empty() {
         return;
     }

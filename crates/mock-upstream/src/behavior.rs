@@ -142,6 +142,11 @@ pub struct Behavior {
     /// Extra response headers (name → value) on every response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
+    /// Drift: what a provider's next API version might add, for the gateway's transparency
+    /// tests (see [`Drift`]). OpenAI and Anthropic wire formats (Bedrock InvokeModel and
+    /// Vertex AI Claude included); ignored by Gemini and Converse answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift: Option<Drift>,
     /// Demo mode: reply `"Hello from Sluice's built-in demo provider. You said: <last user
     /// message, first 200 chars>"`, one token per word, `token_delay_ms` default 20.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -277,6 +282,49 @@ pub struct Behavior {
     pub token_status: Option<u16>,
 }
 
+/// The `drift` knob: members and events no gateway knows yet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drift {
+    /// Members added to the top-level object of a whole answer and of every streamed
+    /// event's data (a member of the same name is replaced).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub members: serde_json::Map<String, serde_json::Value>,
+    /// Events written, in order, right before the stream's first content event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<DriftEvent>,
+}
+
+/// One event of [`Drift::events`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriftEvent {
+    /// The SSE `event:` name (none: a data-only event, as OpenAI streams are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// The event's data, sent as compact JSON.
+    pub data: serde_json::Value,
+}
+
+impl Drift {
+    /// `data` with [`Drift::members`] merged into its top-level object; other data (`[DONE]`,
+    /// non-objects) unchanged.
+    pub(crate) fn apply(&self, data: &str) -> String {
+        if self.members.is_empty() {
+            return data.to_string();
+        }
+        match serde_json::from_str::<serde_json::Value>(data) {
+            Ok(serde_json::Value::Object(mut o)) => {
+                for (k, v) in &self.members {
+                    o.insert(k.clone(), v.clone());
+                }
+                serde_json::Value::Object(o).to_string()
+            }
+            _ => data.to_string(),
+        }
+    }
+}
+
 /// One tool call of the `tool_calls` knob.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -356,6 +404,7 @@ impl Behavior {
             usage,
             total_bytes,
             headers,
+            drift,
             demo,
             id,
             created,

@@ -94,7 +94,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-pub use self::behavior::{Behavior, MockToolCall, Split};
+pub use self::behavior::{Behavior, Drift, DriftEvent, MockToolCall, Split};
 pub use self::record::{Phase, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
 
 use self::h1::{read_request, simple_response, Rd, ReadError, Wr};

@@ -721,6 +721,10 @@ async fn non_stream(
         Provider::Anthropic => wire::anthropic_message(&plan.meta, &text, n),
         Provider::Gemini => cloud::gemini_response(&plan.meta, &text, n),
     };
+    let body = match &b.drift {
+        Some(d) if !plan.meta.converse && plan.meta.provider != Provider::Gemini => d.apply(&body),
+        _ => body,
+    };
     write_answer(plan, out, close, abort, body.into_bytes()).await
 }
 

@@ -15,8 +15,8 @@
 //! - `event` with `:event-type: chunk`: the payload is `{"bytes":"<base64>"}` (Bedrock may
 //!   add a padding member `"p"`), the base64 holding one Anthropic Messages stream event's
 //!   data JSON; it becomes `event: {type}\ndata: {json}\n\n` (`message_stop` without the
-//!   `amazon-bedrock-invocationMetrics` member Bedrock adds: the client cannot tell
-//!   Bedrock answered).
+//!   `amazon-bedrock-invocationMetrics` member Bedrock adds, its other members kept: the
+//!   client cannot tell Bedrock answered).
 //! - `event` of a Converse stream (a decoder made with [`EventStreamDecoder::converse`]):
 //!   the payload is the event's JSON itself (no base64; Bedrock may add a padding member
 //!   `"p"`), named by `:event-type` (`messageStart`, `contentBlockDelta`, `metadata`, ...);
@@ -256,11 +256,14 @@ impl EventStreamDecoder {
         let name = match leading_type(head) {
             Some("message_stop") => {
                 // Bedrock adds `amazon-bedrock-invocationMetrics` (its own token counts and
-                // latencies) to the stop event; Anthropic's has nothing but the type, and the
-                // client must not tell which provider answered.
-                out.extend_from_slice(
-                    b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
-                );
+                // latencies) to the stop event; Anthropic's has no such member, and the
+                // client must not tell which provider answered. Every other member passes
+                // (once per stream: decoded whole).
+                self.json.clear();
+                BASE64
+                    .decode_append(b64, &mut self.json)
+                    .map_err(|e| EventStreamError::Malformed(format!("chunk `bytes`: {e}")))?;
+                message_stop(&self.json, out);
                 return Ok(());
             }
             Some(name) => name,
@@ -295,7 +298,7 @@ impl EventStreamDecoder {
         let name = event_type(&self.json)
             .ok_or_else(|| EventStreamError::Malformed("chunk event JSON has no `type`".into()))?;
         if name == "message_stop" {
-            out.extend_from_slice(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+            message_stop(&self.json, out);
             return Ok(());
         }
         out.reserve(self.json.len() + name.len() + 16);
@@ -311,6 +314,22 @@ impl EventStreamDecoder {
 /// The base64 of a `chunk` payload: standard alphabet, padded (decoded with SIMD where
 /// the CPU has it).
 const BASE64: base64_simd::Base64 = base64_simd::STANDARD;
+
+/// Writes Bedrock's `message_stop` event (its data JSON `json`) as Anthropic's: without the
+/// `amazon-bedrock-invocationMetrics` member, every other member as Bedrock sent it (a stop
+/// event that is not a JSON object becomes `{"type":"message_stop"}`). Once per stream.
+fn message_stop(json: &[u8], out: &mut BytesMut) {
+    out.extend_from_slice(b"event: message_stop\ndata: ");
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(json) {
+        Ok(mut event) => {
+            event.remove("amazon-bedrock-invocationMetrics");
+            let data = serde_json::Value::Object(event).to_string();
+            out.extend_from_slice(data.as_bytes());
+        }
+        Err(_) => out.extend_from_slice(b"{\"type\":\"message_stop\"}"),
+    }
+    out.extend_from_slice(b"\n\n");
+}
 
 /// Bytes of an event JSON decoded to read its `type`: `{"type":"content_block_delta"` is
 /// 29, the longest of Anthropic's stream events.

@@ -414,6 +414,10 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
         last_block = structured_events(m, text_tokens, oa_name, tool_first, &mut queue);
     }
 
+    // The `drift` knob: for the wire formats the gateway passes through (not Converse or
+    // Gemini, which it always translates).
+    let drift = b.drift.as_ref().filter(|_| !m.converse && !gemini);
+    let mut drift_events_sent = false;
     let mut sent: u64 = 0;
     let mut malformed_sent = false;
     let mut finish: Option<VecDeque<Ev>> = None;
@@ -541,7 +545,19 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
         if Behavior::flag(b.comments) && !aws {
             wire.write(out, &wire::encode_comment(style)).await?;
         }
-        wire.write(out, &encode(ev.name, &ev.data)).await?;
+        if let Some(d) = drift {
+            if !ev.prelude && !drift_events_sent {
+                drift_events_sent = true;
+                for e in &d.events {
+                    wire.write(out, &encode(e.event.as_deref(), &e.data.to_string()))
+                        .await?;
+                }
+            }
+            wire.write(out, &encode(ev.name, &d.apply(&ev.data)))
+                .await?;
+        } else {
+            wire.write(out, &encode(ev.name, &ev.data)).await?;
+        }
         if ev.token {
             sent += 1;
         }
@@ -560,7 +576,19 @@ fn bedrock_chunk(m: &ReplyMeta, name: Option<&str>, data: &str) -> Vec<u8> {
             m.prompt_tokens,
             m.extras.tokens()
         );
-        return bedrock::chunk_message(&with_metrics);
+        // Members the event carries besides its type (the `drift` knob) are kept.
+        let merged = match serde_json::from_str::<serde_json::Value>(data) {
+            Ok(serde_json::Value::Object(mut o)) if o.len() > 1 => {
+                if let Ok(serde_json::Value::Object(metrics)) =
+                    serde_json::from_str::<serde_json::Value>(&with_metrics)
+                {
+                    o.extend(metrics);
+                }
+                serde_json::Value::Object(o).to_string()
+            }
+            _ => with_metrics,
+        };
+        return bedrock::chunk_message(&merged);
     }
     bedrock::chunk_message(data)
 }
