@@ -172,7 +172,10 @@ pub(crate) async fn handle(
         bytes,
         reservation: _reservation,
     } = held;
-    let mut req = parse(&bytes, pref_header.as_deref(), &config)?;
+    let mut req = parse(&bytes, pref_header.as_deref(), &config).map_err(|e| {
+        ctx.standard_model = request::raw_model(&bytes);
+        e
+    })?;
     // The parsed copies stay accounted by the reservation (to the end of this function).
     drop(bytes);
     ctx.standard_model = Some(req.canonical.model.clone());

@@ -209,12 +209,18 @@ async fn infer(
         .get(PREFERENCE_HEADER)
         .map(|v| v.as_bytes().to_vec());
     let request::HeldBody { bytes, reservation } = held;
-    let mut req = match dialect {
+    let parsed = match dialect {
         ClientDialect::ChatCompletions => {
-            request::parse_chat(&bytes, pref_header.as_deref(), &config)?
+            request::parse_chat(&bytes, pref_header.as_deref(), &config)
         }
-        d => request::parse_dialect(d, &bytes, pref_header.as_deref(), &config)?,
+        d => request::parse_dialect(d, &bytes, pref_header.as_deref(), &config),
     };
+    let mut req = parsed.map_err(|e| {
+        // Refused while decoding: the access line, the refusal's log line and the ledger
+        // row still name the model the client asked for.
+        ctx.standard_model = request::raw_model(&bytes);
+        e
+    })?;
     req.anthropic_beta = session
         .req_header()
         .headers

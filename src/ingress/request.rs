@@ -420,6 +420,28 @@ pub fn parse_chat(
     )
 }
 
+/// The `model` a request body names, read tolerantly for diagnostics when the body was
+/// refused: the top-level `model` string of a JSON object (every other member is skipped
+/// unread), cut to 256 bytes at a character boundary; `None` when the body is not a JSON
+/// object or names no string `model`.
+pub fn raw_model(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct ModelOnly<'a> {
+        #[serde(borrow, default)]
+        model: Option<std::borrow::Cow<'a, str>>,
+    }
+    let m = serde_json::from_slice::<ModelOnly<'_>>(body).ok()?.model?;
+    let m = m.trim();
+    if m.is_empty() {
+        return None;
+    }
+    let mut end = m.len().min(256);
+    while !m.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(m[..end].to_string())
+}
+
 /// Parses and validates the body of a dialect some provider speaks (Chat Completions,
 /// Messages), tolerantly: only what routing, limits, budgets and metering need is read
 /// (`model`, `stream`, `messages`, the output limit, the capabilities used, Chat's

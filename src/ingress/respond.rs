@@ -53,6 +53,19 @@ pub async fn write_error(
     err: &GatewayError,
 ) -> pingora::Result<()> {
     ctx.outcome.label = err.metric_label();
+    if matches!(err.status(), 400 | 404 | 405 | 413 | 422) {
+        // A client's mistake: the reason is in the answer, and here for the operator (the
+        // access line has only the outcome label).
+        log::info!(
+            target: "sluice::proxy::request",
+            "request refused request_id={} dialect={} model={} status={} reason={:?}",
+            ctx.request_id,
+            ctx.dialect.as_str(),
+            ctx.standard_model.as_deref().unwrap_or("-"),
+            err.status(),
+            err.to_string()
+        );
+    }
     let mut extra = Vec::new();
     if let Some(ra) = err.retry_after() {
         // Both forms: `retry-after-ms` is what OpenAI's SDKs read first (a provider's own

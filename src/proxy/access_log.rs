@@ -3,14 +3,17 @@
 //! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
 //! ttft_ms duration_ms bytes_out input_tokens output_tokens cached_input_tokens
 //! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd client answered_model
-//! failures` (the metering fields
+//! failures dialect` (the metering fields
 //! are the request's [`Metered`](crate::billing::metering::Metered); USD with 9 decimals). Bodies and
 //! keys are never logged (the key appears only as its `key_id`). `client` is the client's
 //! address ([`crate::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
 //! `answered_model` is the standard model that answered when a model-level fallback
 //! ([`crate::engine::fallback`]) served (`-` when it is `standard_model`); `failures` lists the failed
 //! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,
-//! e.g. `p1:status_5xx,p1:status_5xx,p2:context_length`; `-` when none). The request's usage record
+//! e.g. `p1:status_5xx,p1:status_5xx,p2:context_length`; `-` when none). `dialect` is the
+//! client's wire API (`chat`, `messages`, `responses`; the OpenAI shape's `chat` for the model
+//! list). A request refused while decoding keeps the `model` it named in `standard_model`, and
+//! its reason is logged at info on `sluice::proxy::request`. The request's usage record
 //! for the ledger ([`crate::billing::ledger::submit`]) is queued here too, from the same facts. The
 //! line's metering fields are the answer's; an attempt a hedge race cancelled is metered
 //! apart (`hedge loser metered` on `sluice::engine::hedge`, its own `hedge_cancelled` ledger
@@ -112,7 +115,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         s
     });
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let fields: [(&str, Field<'_>); 23] = [
+    let fields: [(&str, Field<'_>); 24] = [
         ("request_id", Field::Text(&ctx.request_id)),
         (
             "tenant",
@@ -163,6 +166,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
             Field::Text(ctx.answered_model.as_deref().unwrap_or("-")),
         ),
         ("failures", Field::Text(failures.as_deref().unwrap_or("-"))),
+        ("dialect", Field::Text(ctx.dialect.as_str())),
     ];
     let line = format_line(&fields, ctx.config.server.log_format);
     log::info!(target: TARGET, "{line}");
