@@ -363,8 +363,8 @@ fn ingress_errors_are_anthropic_errors_with_anthropic_statuses() {
         ),
         (r#"{"messages":[{"role":"user","content":"x"}]}"#, "model"),
         (
-            r#"{"model":"acme/claude","messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"s"}]}"#,
-            "tools[0].type",
+            r#"{"model":"acme/claude","messages":[{"role":"user","content":7}]}"#,
+            "content",
         ),
     ] {
         let r = count(&sluice, KEY, bad, &[]);
@@ -478,4 +478,47 @@ fn the_official_anthropic_sdk_counts_tokens_through_sluice() {
     let log = count_requests(&mock);
     assert_eq!(log.len(), 2, "{log:?}");
     assert!(log.iter().all(|r| r["model"] == "claude-mock-1"));
+}
+
+/// What Claude Code 2.1 sends for a gateway model id (issue 28, items 1 and 2): adaptive
+/// thinking with `display: omitted`, `output_config.effort`, a `system` message in the
+/// history and a server tool. Counted by Anthropic with every member as sent, and by the
+/// local estimate toward a provider that has no count endpoint.
+#[test]
+fn claude_code_requests_with_adaptive_thinking_and_system_messages_are_counted() {
+    let mock = Mock::start(r#"{"prompt_tokens": 321}"#);
+    let sluice = Sluice::start(&config(&mock.base_url()));
+    let sent = |model: &str| {
+        json!({
+            "model": model,
+            "max_tokens": 32000,
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "output_config": {"effort": "xhigh"},
+            "messages": [
+                {"role": "user", "content": "List the files."},
+                {"role": "system", "content": "The user's shell is bash."},
+                {"role": "user", "content": [{"type": "text", "text": "And read main.rs."}]}
+            ],
+            "tools": [
+                {"name": "Bash", "input_schema": {"type": "object"}},
+                {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+            ]
+        })
+    };
+    let r = count(&sluice, KEY, &sent("acme/claude").to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(input_tokens(&r), 321);
+    let calls = count_requests(&mock);
+    let got: Value = serde_json::from_str(calls[0]["body"].as_str().unwrap()).unwrap();
+    for k in ["thinking", "output_config", "messages", "tools"] {
+        assert_eq!(
+            got[k],
+            sent("acme/claude")[k],
+            "{k} reached Anthropic as sent"
+        );
+    }
+    // Toward OpenAI there is no count endpoint: Sluice's own estimate, never a 400.
+    let r = count(&sluice, KEY, &sent("acme/gpt").to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(input_tokens(&r) > 0);
 }
