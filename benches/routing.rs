@@ -64,6 +64,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
                 capabilities: (i % 3 == 2).then(|| vec![Capability::Vision]),
                 supports_prefill: false,
                 context_window_tokens: None,
+                thinking: None,
             }
         })
         .collect();
@@ -78,6 +79,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
         hedge_after: None,
         affinity: sluice::config::opt_in::Affinity::Off,
         fallback_models: Vec::new(),
+        unsupported: sluice::config::Unsupported::Drop,
         context_fallback_models: Vec::new(),
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,

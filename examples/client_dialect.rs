@@ -53,6 +53,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         default_max_tokens: 256,
         stream_usage: false,
         placement: ModelPlacement::Body,
+        // The Claude thinking form by model id (`routes[].thinking` in a config).
+        thinking: None,
     };
     let upstream = protocol::encode_request(UpstreamDialect::Messages, &canonical, &opts)?;
     println!(

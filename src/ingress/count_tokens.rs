@@ -172,9 +172,8 @@ pub(crate) async fn handle(
         bytes,
         reservation: _reservation,
     } = held;
-    let mut req = parse(&bytes, pref_header.as_deref(), &config).map_err(|e| {
+    let mut req = parse(&bytes, pref_header.as_deref(), &config).inspect_err(|_| {
         ctx.standard_model = request::raw_model(&bytes);
-        e
     })?;
     // The parsed copies stay accounted by the reservation (to the end of this function).
     drop(bytes);

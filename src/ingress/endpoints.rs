@@ -215,11 +215,10 @@ async fn infer(
         }
         d => request::parse_dialect(d, &bytes, pref_header.as_deref(), &config),
     };
-    let mut req = parsed.map_err(|e| {
+    let mut req = parsed.inspect_err(|_| {
         // Refused while decoding: the access line, the refusal's log line and the ledger
         // row still name the model the client asked for.
         ctx.standard_model = request::raw_model(&bytes);
-        e
     })?;
     req.anthropic_beta = session
         .req_header()

@@ -123,27 +123,24 @@ impl Dialect {
 
 /// A valid request of `dialect` with everything `c` adds.
 fn request(dialect: Dialect, c: &Case, stream: bool) -> Value {
-    let with = |mut base: Map<String, Value>, extra: &Map<String, Value>| {
+    let with = |base: Value, extra: &Map<String, Value>| {
+        let Value::Object(mut base) = base else {
+            unreachable!("a JSON object literal")
+        };
         for (k, v) in extra {
             base.insert(k.clone(), v.clone());
         }
         Value::Object(base)
     };
-    let block = with(
-        json!({"type": c.block_type}).as_object().cloned().unwrap(),
-        &c.block_body,
-    );
-    let tool = with(
-        json!({"type": c.tool_type}).as_object().cloned().unwrap(),
-        &c.tool_body,
-    );
+    let block = with(json!({"type": c.block_type}), &c.block_body);
+    let tool = with(json!({"type": c.tool_type}), &c.tool_body);
     let mut body = match dialect {
         Dialect::Chat => json!({
             "model": MODEL,
             "stream": stream,
             "messages": [
-                with(json!({"role": "system", "content": "Be brief."}).as_object().cloned().unwrap(), &c.message_member),
-                with(json!({"role": "user", "content": [{"type": "text", "text": "héllo"}, block]}).as_object().cloned().unwrap(), &c.message_member),
+                with(json!({"role": "system", "content": "Be brief."}), &c.message_member),
+                with(json!({"role": "user", "content": [{"type": "text", "text": "héllo"}, block]}), &c.message_member),
             ],
             "tools": [
                 {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
@@ -158,7 +155,7 @@ fn request(dialect: Dialect, c: &Case, stream: bool) -> Value {
             "stream": stream,
             "max_tokens": 64,
             "messages": [
-                with(json!({"role": "user", "content": [{"type": "text", "text": "héllo", "cache_control": {"type": c.enum_value}}, block]}).as_object().cloned().unwrap(), &c.message_member),
+                with(json!({"role": "user", "content": [{"type": "text", "text": "héllo", "cache_control": {"type": c.enum_value}}, block]}), &c.message_member),
             ],
             "tools": [
                 {"name": "get_time", "input_schema": {"type": "object"}},

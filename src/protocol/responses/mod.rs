@@ -455,34 +455,41 @@ fn push(req: &mut Request, role: Role, parts: Vec<Part>) {
     }
 }
 
+/// A `message` item's decoded `parts` by `role`: `system` and `developer` text joins the
+/// system prompt (any other part is dropped with a record), `user` and `assistant` become
+/// canonical messages, another role is dropped with a record.
+fn decode_message(req: &mut Request, role: &str, parts: Vec<Part>, path: &str) {
+    match role {
+        "system" | "developer" => {
+            let mut text = String::new();
+            for p in parts {
+                match p {
+                    Part::Text(t) => text.push_str(&t),
+                    _ => req.drop_field(
+                        format!("{path}.content"),
+                        "only text is kept of a system message",
+                    ),
+                }
+            }
+            if !text.is_empty() {
+                req.system.push(text);
+            }
+        }
+        "user" => push(req, Role::User, parts),
+        "assistant" => push(req, Role::Assistant, parts),
+        other => req.drop_field(
+            format!("{path}.role"),
+            format!("a message of role `{other}` is not translated"),
+        ),
+    }
+}
+
 fn decode_item(req: &mut Request, item: ItemIn, i: usize) -> Result<(), ProtocolError> {
     let path = format!("input[{i}]");
     match item {
         ItemIn::Message { role, content } => {
             let parts = content_parts(req, content, &format!("{path}.content"))?;
-            match role.as_str() {
-                "system" | "developer" => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match p {
-                            Part::Text(t) => text.push_str(&t),
-                            _ => req.drop_field(
-                                format!("{path}.content"),
-                                "only text is kept of a system message",
-                            ),
-                        }
-                    }
-                    if !text.is_empty() {
-                        req.system.push(text);
-                    }
-                }
-                "user" => push(req, Role::User, parts),
-                "assistant" => push(req, Role::Assistant, parts),
-                other => req.drop_field(
-                    format!("{path}.role"),
-                    format!("a message of role `{other}` is not translated"),
-                ),
-            }
+            decode_message(req, &role, parts, &path);
         }
         ItemIn::FunctionCall {
             call_id,
