@@ -8,6 +8,7 @@ use pingora::proxy::Session;
 
 use crate::engine::upstream::ClientGone;
 use crate::error::{retry_after_header, retry_after_ms_header, GatewayError};
+use crate::logging::{format_line, Field};
 use crate::proxy::ctx::RequestCtx;
 
 /// Writes a complete JSON response.
@@ -56,14 +57,23 @@ pub async fn write_error(
     if matches!(err.status(), 400 | 404 | 405 | 413 | 422) {
         // A client's mistake: the reason is in the answer, and here for the operator (the
         // access line has only the outcome label).
+        // Client text (the model, the reason quoting it) goes through the access log's
+        // escaping: it can never start a line of its own.
+        let reason = err.to_string();
+        let fields = [
+            ("request_id", Field::Text(&ctx.request_id)),
+            ("dialect", Field::Text(ctx.dialect.as_str())),
+            (
+                "model",
+                Field::Text(ctx.standard_model.as_deref().unwrap_or("-")),
+            ),
+            ("status", Field::Count(u64::from(err.status()))),
+            ("reason", Field::Text(&reason)),
+        ];
         log::info!(
             target: "sluice::proxy::request",
-            "request refused request_id={} dialect={} model={} status={} reason={:?}",
-            ctx.request_id,
-            ctx.dialect.as_str(),
-            ctx.standard_model.as_deref().unwrap_or("-"),
-            err.status(),
-            err.to_string()
+            "request refused {}",
+            format_line(&fields, ctx.config.server.log_format)
         );
     }
     let mut extra = Vec::new();

@@ -203,6 +203,63 @@ pub struct Request {
     /// translated request reports them ([`Dropped`]); the same dialect in and out is
     /// forwarded whole and drops nothing.
     pub dropped: Vec<Dropped>,
+    /// Web search run by the provider itself (a hosted or server tool), when the client
+    /// offered it.
+    pub web_search: Option<WebSearch>,
+}
+
+/// Web search that the provider runs itself (a hosted / server tool), with the settings the
+/// dialects share. Decoded from OpenAI Responses `{"type":"web_search"}` (and
+/// `web_search_preview`; <https://platform.openai.com/docs/guides/tools-web-search>), Chat
+/// Completions `web_search_options`, Anthropic `{"type":"web_search_20250305"}`
+/// (<https://docs.anthropic.com/en/docs/agents-and-tools/tool-use/web-search-tool>); encoded
+/// as Anthropic's server tool and Gemini's `{"googleSearch":{}}` tool
+/// (<https://ai.google.dev/gemini-api/docs/google-search>). Chat Completions upstreams
+/// (search only on OpenAI's search models) and Converse have none: dropped with a record.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WebSearch {
+    /// Where the client asked for it (`tools[3]`, `web_search_options`): the path a drop
+    /// record names.
+    pub field: String,
+    /// At most this many searches per request (Anthropic `max_uses`).
+    pub max_uses: Option<u64>,
+    /// Only these domains (Anthropic `allowed_domains`, Responses `filters.allowed_domains`).
+    pub allowed_domains: Vec<String>,
+    /// Never these domains (Anthropic `blocked_domains`).
+    pub blocked_domains: Vec<String>,
+    /// The user's approximate location: `city`, `region`, `country` (ISO 3166-1 alpha-2),
+    /// `timezone` (IANA), as strings.
+    pub user_location: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl WebSearch {
+    /// The approximate location members of a dialect's `user_location` object (`{"type":
+    /// "approximate", "city", …}`, or Chat's `{"approximate": {…}}`); `None` without any.
+    pub fn location_from(
+        v: Option<&serde_json::Value>,
+    ) -> Option<serde_json::Map<String, serde_json::Value>> {
+        let v = v?;
+        let o = v.get("approximate").unwrap_or(v).as_object()?;
+        let m: serde_json::Map<String, serde_json::Value> = o
+            .iter()
+            .filter(|(k, val)| {
+                matches!(k.as_str(), "city" | "region" | "country" | "timezone") && val.is_string()
+            })
+            .map(|(k, val)| (k.clone(), val.clone()))
+            .collect();
+        (!m.is_empty()).then_some(m)
+    }
+
+    /// A list of strings (`allowed_domains`); anything else is empty.
+    pub fn strings(v: Option<&serde_json::Value>) -> Vec<String> {
+        v.and_then(serde_json::Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// A member or value of a client's request that a translation leaves out: unknown to
@@ -997,6 +1054,17 @@ pub fn dropped_toward(
     opts: &UpstreamOptions<'_>,
 ) -> Vec<Dropped> {
     let mut out = req.dropped.clone();
+    if let Some(ws) = &req.web_search {
+        if matches!(
+            upstream,
+            UpstreamDialect::ChatCompletions | UpstreamDialect::Converse
+        ) {
+            out.push(Dropped {
+                field: ws.field.clone(),
+                reason: "the provider runs no hosted web search".into(),
+            });
+        }
+    }
     if upstream == UpstreamDialect::Converse
         && req.reasoning.is_some()
         && !converse::takes_claude_thinking(opts.model)

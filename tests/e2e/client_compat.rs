@@ -93,7 +93,9 @@ fn client_text_cannot_forge_access_log_lines() {
     };
     let line = log
         .lines()
-        .find(|l| l.contains("sluice::access") && l.contains("status=404"))
+        // The access line itself (ASCII spaces around its target; the refusal's log line,
+        // which quotes the model, comes first).
+        .find(|l| l.contains(" sluice::access request_id=") && l.contains("status=404"))
         .unwrap_or_else(|| panic!("no access line:\n{log}"));
     assert!(line.contains(r#"standard_model="x\n2026"#), "{line}");
     assert!(

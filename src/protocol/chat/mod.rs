@@ -30,7 +30,7 @@ pub use stream::{StreamDecoder, StreamEncoder};
 use super::json::{decode_client, image_source, parse_data_url, to_vec};
 use super::{
     invalid, unsupported, Effort, Message, Part, ProtocolError, Reasoning, Request, ResponseFormat,
-    Role, Source, Tool, ToolCall, ToolChoice, UpstreamOptions,
+    Role, Source, Tool, ToolCall, ToolChoice, UpstreamOptions, WebSearch,
 };
 
 // ---------------------------------------------------------------- client request
@@ -276,8 +276,12 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
         source: Some(super::ClientDialect::ChatCompletions),
         ..Request::default()
     };
-    if r.web_search_options.as_ref().is_some_and(|v| !v.is_null()) {
-        req.drop_field("web_search_options", "hosted web search is not translated");
+    if let Some(o) = r.web_search_options.as_ref().filter(|v| !v.is_null()) {
+        req.web_search = Some(WebSearch {
+            field: "web_search_options".into(),
+            user_location: WebSearch::location_from(o.get("user_location")),
+            ..WebSearch::default()
+        });
     }
     for (k, v) in &r.rest {
         if !v.is_null() {

@@ -112,7 +112,11 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
                 Value::Object(o)
             })
             .collect();
-        out.insert("tools".into(), json!([{ "functionDeclarations": decls }]));
+        let mut tools = vec![json!({ "functionDeclarations": decls })];
+        if req.web_search.is_some() {
+            tools.push(json!({"googleSearch": {}}));
+        }
+        out.insert("tools".into(), Value::Array(tools));
         let config = match &req.tool_choice {
             None => None,
             Some(ToolChoice::Auto) => Some(json!({"mode": "AUTO"})),
@@ -125,6 +129,9 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
         if let Some(c) = config {
             out.insert("toolConfig".into(), json!({ "functionCallingConfig": c }));
         }
+    } else if req.web_search.is_some() {
+        // Google Search grounding, Gemini's own web search.
+        out.insert("tools".into(), json!([{"googleSearch": {}}]));
     }
     let mut gen = Map::new();
     if let Some(n) = req.max_output_tokens {

@@ -30,7 +30,7 @@ use super::json::{decode_client, opt, prefixed, to_vec, ErrorObj, Str};
 use super::{
     invalid, unsupported, ClientDialect, Effort, ErrorKind, Message, OutputItem, Part,
     ProtocolError, Reasoning, Request, Response, Role, Source, StopReason, Tool, ToolCall,
-    ToolChoice, UpstreamOptions, Usage,
+    ToolChoice, UpstreamOptions, Usage, WebSearch,
 };
 
 /// Value of the `anthropic-version` header sent upstream.
@@ -199,6 +199,15 @@ struct ToolIn {
     description: Option<String>,
     #[serde(default)]
     input_schema: Option<Value>,
+    /// Server web search's settings (`web_search_*` tools).
+    #[serde(default)]
+    max_uses: Option<u64>,
+    #[serde(default)]
+    allowed_domains: Option<Value>,
+    #[serde(default)]
+    blocked_domains: Option<Value>,
+    #[serde(default)]
+    user_location: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -306,6 +315,16 @@ fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
     for (i, t) in r.tools.unwrap_or_default().into_iter().enumerate() {
         match t.ty.as_deref() {
             None | Some("custom") => {}
+            Some(web) if web.starts_with("web_search_") => {
+                req.web_search = Some(WebSearch {
+                    field: format!("tools[{i}]"),
+                    max_uses: t.max_uses,
+                    allowed_domains: WebSearch::strings(t.allowed_domains.as_ref()),
+                    blocked_domains: WebSearch::strings(t.blocked_domains.as_ref()),
+                    user_location: WebSearch::location_from(t.user_location.as_ref()),
+                });
+                continue;
+            }
             Some(other) => {
                 req.drop_field(
                     format!("tools[{i}]"),
@@ -508,6 +527,30 @@ fn response_format_field(req: &Request) -> &'static str {
     }
 }
 
+/// Anthropic's server web search tool for a canonical [`WebSearch`]:
+/// `{"type":"web_search_20250305","name":"web_search"}` with `max_uses`, `allowed_domains`,
+/// `blocked_domains` and `user_location` (`{"type":"approximate",…}`) when set.
+fn web_search_tool(ws: &WebSearch) -> Value {
+    let mut o = Map::new();
+    o.insert("type".into(), "web_search_20250305".into());
+    o.insert("name".into(), "web_search".into());
+    if let Some(n) = ws.max_uses {
+        o.insert("max_uses".into(), n.into());
+    }
+    if !ws.allowed_domains.is_empty() {
+        o.insert("allowed_domains".into(), json!(ws.allowed_domains));
+    }
+    if !ws.blocked_domains.is_empty() {
+        o.insert("blocked_domains".into(), json!(ws.blocked_domains));
+    }
+    if let Some(loc) = &ws.user_location {
+        let mut l = loc.clone();
+        l.insert("type".into(), "approximate".into());
+        o.insert("user_location".into(), Value::Object(l));
+    }
+    Value::Object(o)
+}
+
 /// Encodes the canonical request as a Messages upstream body.
 ///
 /// `max_tokens` is the client's limit or `opts.default_max_tokens`; a
@@ -587,8 +630,8 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
         }
     }
     out.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
+    if !req.tools.is_empty() || req.web_search.is_some() {
+        let mut tools: Vec<Value> = req
             .tools
             .iter()
             .map(|t| {
@@ -601,6 +644,9 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
                 Value::Object(o)
             })
             .collect();
+        if let Some(ws) = &req.web_search {
+            tools.push(web_search_tool(ws));
+        }
         out.insert("tools".into(), Value::Array(tools));
         let mut choice = match &req.tool_choice {
             None => None,

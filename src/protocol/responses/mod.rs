@@ -28,7 +28,7 @@ use super::json::{decode_client, image_source, parse_data_url, prefixed, to_vec}
 use super::{
     invalid, unsupported, ClientDialect, Effort, Message, OutputItem, Part, ProtocolError,
     Reasoning, Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall,
-    ToolChoice, ToolOrigin, Usage,
+    ToolChoice, ToolOrigin, Usage, WebSearch,
 };
 
 #[derive(Deserialize)]
@@ -201,6 +201,16 @@ struct ToolIn {
     /// A custom tool's input format (`text`, or a `grammar` with `syntax`, `definition`).
     #[serde(default)]
     format: Option<Value>,
+    /// Web search: `filters.allowed_domains`.
+    #[serde(default)]
+    filters: Option<Value>,
+    /// Web search: the user's approximate location.
+    #[serde(default)]
+    user_location: Option<Value>,
+    /// Web search: `false` allows cached results only (Codex), which no other provider
+    /// offers.
+    #[serde(default)]
+    external_web_access: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -374,8 +384,11 @@ const NAMESPACE_SEPARATOR: &str = "__";
 /// * `custom` (free-form input, <https://platform.openai.com/docs/guides/function-calling#custom-tools>):
 ///   a function with one string parameter, `input`, its grammar (if any) in the
 ///   description (calls go back as `custom_tool_call` items, [`ToolOrigin::Custom`]);
-/// * a hosted tool (`web_search`, `file_search`, `code_interpreter`, …): dropped with a
-///   record (the providers behind a translation run no OpenAI-hosted tools).
+/// * `web_search` (and `web_search_preview`): the canonical [`WebSearch`] (the target's own
+///   search where it has one); with `external_web_access: false` (cached results only, as
+///   Codex sends it) dropped with a record;
+/// * another hosted tool (`file_search`, `code_interpreter`, …): dropped with a record (the
+///   providers behind a translation run no OpenAI-hosted tools).
 fn decode_tool(
     req: &mut Request,
     t: ToolIn,
@@ -439,6 +452,26 @@ fn decode_tool(
                 strict: None,
                 origin: ToolOrigin::Custom,
             });
+        }
+        "web_search"
+        | "web_search_preview"
+        | "web_search_2025_08_26"
+        | "web_search_preview_2025_03_11"
+            if namespace.is_none() =>
+        {
+            if t.external_web_access == Some(false) {
+                // Cached results only: the other providers' searches are live.
+                req.drop_field(path, "web search without live access has no counterpart");
+            } else {
+                req.web_search = Some(WebSearch {
+                    field: path.to_string(),
+                    allowed_domains: WebSearch::strings(
+                        t.filters.as_ref().and_then(|f| f.get("allowed_domains")),
+                    ),
+                    user_location: WebSearch::location_from(t.user_location.as_ref()),
+                    ..WebSearch::default()
+                });
+            }
         }
         other => req.drop_field(path, format!("hosted tool `{other}` is not translated")),
     }

@@ -363,7 +363,7 @@ fn what_has_no_counterpart_is_dropped_with_a_record_never_refused() {
                 {"type": "text", "text": "x"},
                 {"type": "search_result", "source": "s", "title": "t", "content": []},
                 {"type": "image", "source": {"type": "file", "file_id": "f"}}]}],
-            "tools": [{"type": "web_search_20250305", "name": "web_search"},
+            "tools": [{"type": "code_execution_20250522", "name": "code_execution"},
                       {"name": "f", "input_schema": {"type": "object"}}],
             "mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}],
             "container": "c", "context_management": {"edits": []},
@@ -390,7 +390,7 @@ fn what_has_no_counterpart_is_dropped_with_a_record_never_refused() {
             "messages": [{"role": "user", "content": "x"}]}),
     );
     assert_eq!(got, ["thinking.type"]);
-    // Chat: non-function tools, hosted search, unknown efforts and members.
+    // Chat: non-function tools, unknown efforts and members (hosted search is mapped).
     let got = dropped(
         ClientDialect::ChatCompletions,
         &json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
@@ -398,16 +398,7 @@ fn what_has_no_counterpart_is_dropped_with_a_record_never_refused() {
             "web_search_options": {}, "reasoning_effort": "ultra", "seed": 1,
             "tool_choice": {"type": "allowed_tools", "allowed_tools": {}}}),
     );
-    assert_eq!(
-        got,
-        [
-            "web_search_options",
-            "seed",
-            "tools[0]",
-            "tool_choice",
-            "reasoning_effort"
-        ]
-    );
+    assert_eq!(got, ["seed", "tools[0]", "tool_choice", "reasoning_effort"]);
     // Responses: hosted tools, unknown items, parts and members.
     let got = dropped(
         ClientDialect::Responses,
@@ -723,4 +714,105 @@ fn error_bodies_per_dialect() {
             "upstream returned HTTP 502"
         )
     );
+}
+
+/// Hosted web search (issue 28): mapped to the target's own search where it has one
+/// (Anthropic's server tool, Gemini's Google Search), dropped with a record where not
+/// (Chat Completions, Converse), and dropped with a record when the client allows cached
+/// results only (Codex's `external_web_access: false`).
+#[test]
+fn hosted_web_search_maps_to_the_targets_own_search() {
+    use crate::protocol::dropped_toward;
+    let responses = json!({
+        "model": "m", "input": "news?",
+        "tools": [
+            {"type": "function", "name": "f", "parameters": {"type": "object"}},
+            {"type": "web_search", "filters": {"allowed_domains": ["example.org"]},
+             "user_location": {"type": "approximate", "country": "CH", "city": "Zürich"}}
+        ]
+    });
+    let got = translate(
+        ClientDialect::Responses,
+        UpstreamDialect::Messages,
+        responses.clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["tools"][1],
+        json!({"type": "web_search_20250305", "name": "web_search", "allowed_domains": ["example.org"],
+               "user_location": {"type": "approximate", "country": "CH", "city": "Zürich"}}),
+        "{got}"
+    );
+    let got = translate(
+        ClientDialect::Responses,
+        UpstreamDialect::Gemini,
+        responses.clone(),
+    )
+    .unwrap();
+    assert_eq!(got["tools"][1], json!({"googleSearch": {}}), "{got}");
+
+    // Messages' server tool toward Gemini (the only tool) and Anthropic's settings kept.
+    let messages = json!({
+        "model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "news?"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3, "blocked_domains": ["spam.example"]}]
+    });
+    let got = translate(
+        ClientDialect::Messages,
+        UpstreamDialect::Gemini,
+        messages.clone(),
+    )
+    .unwrap();
+    assert_eq!(got["tools"], json!([{"googleSearch": {}}]), "{got}");
+    let req = decode_request(ClientDialect::Messages, messages.to_string().as_bytes()).unwrap();
+    assert!(req.dropped.is_empty(), "{:?}", req.dropped);
+    let ws = req.web_search.as_ref().unwrap();
+    assert_eq!(
+        (ws.max_uses, ws.blocked_domains.clone()),
+        (Some(3), vec!["spam.example".to_string()])
+    );
+
+    // Chat's web_search_options toward Anthropic, with its nested approximate location.
+    let chat = json!({
+        "model": "m", "messages": [{"role": "user", "content": "news?"}],
+        "web_search_options": {"user_location": {"type": "approximate", "approximate": {"country": "GB", "city": "London"}}}
+    });
+    let got = translate(
+        ClientDialect::ChatCompletions,
+        UpstreamDialect::Messages,
+        chat.clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["tools"],
+        json!([{"type": "web_search_20250305", "name": "web_search", "user_location": {"type": "approximate", "country": "GB", "city": "London"}}]),
+        "{got}"
+    );
+
+    // No search on Converse or a Chat Completions upstream: recorded, named by the client's path.
+    for (from, body, field) in [
+        (ClientDialect::Responses, responses, "tools[1]"),
+        (ClientDialect::ChatCompletions, chat, "web_search_options"),
+    ] {
+        let req = decode_request(from, body.to_string().as_bytes()).unwrap();
+        for to in [UpstreamDialect::Converse, UpstreamDialect::ChatCompletions] {
+            if from.same_as(to) {
+                continue;
+            }
+            let d = dropped_toward(to, &req, &OPTS);
+            assert!(d.iter().any(|d| d.field == field), "{from:?}→{to:?}: {d:?}");
+        }
+        for to in [UpstreamDialect::Messages, UpstreamDialect::Gemini] {
+            assert!(
+                dropped_toward(to, &req, &OPTS).is_empty(),
+                "{from:?}→{to:?}"
+            );
+        }
+    }
+
+    // Codex: cached results only has no counterpart anywhere.
+    let codex = json!({"model": "m", "input": "hi", "tools": [{"type": "web_search", "external_web_access": false}]});
+    let req = decode_request(ClientDialect::Responses, codex.to_string().as_bytes()).unwrap();
+    assert!(req.web_search.is_none());
+    assert_eq!(req.dropped.len(), 1);
+    assert_eq!(req.dropped[0].field, "tools[0]");
 }
