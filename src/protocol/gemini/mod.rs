@@ -191,8 +191,15 @@ fn thinking_config(r: &super::Reasoning, model: &str) -> Option<Value> {
     if r.off() {
         return Some(json!({"thinkingBudget": 0}));
     }
+    // Gemini 2.5's largest budgets (Pro 32768, Flash and Flash-Lite 24576): a bigger one is
+    // a 400, so Anthropic's `xhigh` and `max` budgets are cut to them.
+    let ceiling = if model.contains("pro") {
+        32_768
+    } else {
+        24_576
+    };
     match r.budget() {
-        Some(b) => Some(json!({ "thinkingBudget": b })),
+        Some(b) => Some(json!({ "thinkingBudget": b.min(ceiling) })),
         None if r.adaptive => Some(json!({"thinkingBudget": -1})),
         None => None,
     }

@@ -7,6 +7,7 @@
 //! below parse client frames independently of the encoders.
 
 mod fixtures;
+mod mappings;
 mod matrix;
 mod requests;
 mod splits;
