@@ -227,6 +227,7 @@ impl Pipeline {
             model: "house-model".into(),
             created: 1_700_000_000,
             include_usage: true,
+            echo: Default::default(),
         };
         let mut translator = StreamTranslator::new(UpstreamDialect::Messages, self.client, &opts);
         let rewriter = ModelRewriter::at(ModelPath::new(&["message", "model"]), "house-model");

@@ -212,6 +212,7 @@ impl Pipeline {
             model: "house-model".into(),
             created: 1_700_000_000,
             include_usage: true,
+            echo: Default::default(),
         };
         let Some(mut t) = StreamTranslator::new(self.upstream, self.client, &opts) else {
             return (0, 0);

@@ -53,6 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         default_max_tokens: 256,
         stream_usage: false,
         placement: ModelPlacement::Body,
+        thinking: None,
     };
     let upstream = protocol::encode_request(UpstreamDialect::Messages, &canonical, &opts)?;
     println!(

@@ -455,6 +455,10 @@ fn push(req: &mut Request, role: Role, parts: Vec<Part>) {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one Responses input item type after another, as OpenAI's API reference lists them"
+)]
 fn decode_item(req: &mut Request, item: ItemIn, i: usize) -> Result<(), ProtocolError> {
     let path = format!("input[{i}]");
     match item {
