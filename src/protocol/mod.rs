@@ -52,10 +52,22 @@
 //! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
 //! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
 //! | canonical → Gemini (upstream) | reasoning history and signatures (Gemini's `thoughtSignature` has no canonical carrier), `parallel_tool_calls`, `user`, a tool's `strict`, document `title`; `reasoning` becomes `thinkingConfig.thinkingBudget` (disabled: 0) | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
-//! | canonical → Converse (upstream) | reasoning history and settings (model specific in Converse), `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results; `tool_choice: none` leaves the tools out (or to the model when the history has tool blocks) | `response_format` other than text, image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
+//! | canonical → Converse (upstream) | reasoning history and settings (model specific in Converse), `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results; `tool_choice: none` leaves the tools out (see *Converse tool history* below) | `response_format` other than text, image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
 //! | Converse upstream → client | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — |
 //! | Gemini upstream → client | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — |
 //! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
+//!
+//! ## Converse tool history
+//!
+//! Bedrock refuses `toolUse`/`toolResult` blocks without a `toolConfig` (400 "The toolConfig
+//! field must be defined when using toolUse and toolResult content blocks."). Toward
+//! Converse, from every client dialect: a request with tool blocks and no tools (a
+//! summarising or compaction turn) gets a synthesized `toolConfig`, one `toolSpec` per tool
+//! the history calls (in order of first use) with the permissive schema `{"type":
+//! "object", "properties": {}}` and no `toolChoice` (mapped). `tool_choice: none` (Converse
+//! has none) leaves the tools out without tool blocks (mapped: no tools, no calls); with
+//! tool blocks, only the tools the history calls go (the client's definitions where given),
+//! without a `toolChoice`, and `tool_choice` is dropped with a record.
 #![warn(missing_docs)]
 
 pub mod chat;
@@ -989,8 +1001,9 @@ pub fn decode_request(dialect: ClientDialect, body: &[u8]) -> Result<Request, Pr
 
 /// What a translation of `req` to `upstream` leaves out: what the client's decoder could
 /// not carry ([`Request::dropped`]) and what the target has no counterpart for (reasoning
-/// settings toward a Converse model that is not Claude: they are model specific there).
-/// Empty when nothing is left out.
+/// settings toward a Converse model that is not Claude: they are model specific there;
+/// `tool_choice: none` toward Converse when the history has tool blocks). Empty when
+/// nothing is left out.
 pub fn dropped_toward(
     upstream: UpstreamDialect,
     req: &Request,
@@ -1009,6 +1022,12 @@ pub fn dropped_toward(
         out.push(Dropped {
             field: field.into(),
             reason: "reasoning settings are model specific on Converse".into(),
+        });
+    }
+    if upstream == UpstreamDialect::Converse && converse::tool_choice_dropped(req) {
+        out.push(Dropped {
+            field: "tool_choice".into(),
+            reason: "Converse has no `none`; the tool history needs a toolConfig".into(),
         });
     }
     out

@@ -397,3 +397,98 @@ fn request_matrix() {
         }
     }
 }
+
+fn cell_opts() -> UpstreamOptions<'static> {
+    UpstreamOptions {
+        model: "up",
+        default_max_tokens: 4096,
+        stream_usage: true,
+        placement: crate::protocol::ModelPlacement::Body,
+        thinking: None,
+    }
+}
+
+/// A turn with a tool call and its result in the history and no tools (a summarising or
+/// compaction turn), in the client's dialect; with `none`, the tools and `tool_choice:
+/// none` besides.
+fn tool_history_request(client: ClientDialect, none: bool) -> Value {
+    let mut b = match client {
+        ClientDialect::ChatCompletions => json!({"model": "m", "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "user", "content": "Summarise."}]}),
+        ClientDialect::Messages => json!({"model": "m", "max_tokens": 100, "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"},
+                {"type": "text", "text": "Summarise."}]}]}),
+        ClientDialect::Responses => json!({"model": "m", "input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            {"role": "user", "content": "Summarise."}]}),
+    };
+    if none {
+        let (tools, choice) = match client {
+            ClientDialect::ChatCompletions => (
+                json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+                       {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]),
+                json!("none"),
+            ),
+            ClientDialect::Messages => (
+                json!([{"name": "get_weather", "input_schema": {"type": "object"}},
+                       {"name": "get_time", "input_schema": {"type": "object"}}]),
+                json!({"type": "none"}),
+            ),
+            ClientDialect::Responses => (
+                json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object"}},
+                       {"type": "function", "name": "get_time", "parameters": {"type": "object"}}]),
+                json!("none"),
+            ),
+        };
+        b["tools"] = tools;
+        b["tool_choice"] = choice;
+    }
+    b
+}
+
+#[test]
+fn converse_tool_history_matrix() {
+    for client in CLIENTS {
+        for none in [false, true] {
+            let body = tool_history_request(client, none).to_string();
+            let req = decode_request(client, body.as_bytes()).unwrap();
+            let opts = cell_opts();
+            let got: Value = serde_json::from_slice(
+                &encode_request(UpstreamDialect::Converse, &req, &opts).unwrap(),
+            )
+            .unwrap();
+            // The client's schema where it gave the tool, else a permissive one; only the
+            // tools the history calls, never a toolChoice.
+            let schema = if none {
+                json!({"type": "object"})
+            } else {
+                json!({"type": "object", "properties": {}})
+            };
+            assert_eq!(
+                got["toolConfig"],
+                json!({"tools": [{"toolSpec": {"name": "get_weather",
+                    "inputSchema": {"json": schema}}}]}),
+                "{client:?} none={none}: {got}"
+            );
+            assert_eq!(
+                got["messages"][1]["content"][0]["toolUse"]["name"], "get_weather",
+                "{client:?}: {got}"
+            );
+            let dropped: Vec<String> =
+                crate::protocol::dropped_toward(UpstreamDialect::Converse, &req, &opts)
+                    .into_iter()
+                    .map(|d| d.field)
+                    .collect();
+            let want: &[&str] = if none { &["tool_choice"] } else { &[] };
+            assert_eq!(dropped, want, "{client:?} none={none}");
+        }
+    }
+}
