@@ -19,7 +19,10 @@
 //!   `{toolResult: {toolUseId, content: [{text}|{image}], status: success|error}}`;
 //!   `system: [{text}]`; `inferenceConfig {maxTokens, temperature, topP, stopSequences}`;
 //!   `toolConfig {tools: [{toolSpec: {name, description, inputSchema: {json}}}],
-//!   toolChoice: {auto: {}}|{any: {}}|{tool: {name}}}`; the model id is in the path;
+//!   toolChoice: {auto: {}}|{any: {}}|{tool: {name}}}`; `outputConfig {textFormat: {type:
+//!   "json_schema", structure: {jsonSchema: {schema, name, description}}}}`
+//!   (<https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_OutputConfig.html>);
+//!   the model id is in the path;
 //! * response: `output.message.content` (`text`, `toolUse`, `reasoningContent:
 //!   {reasoningText: {text, signature}}`), `stopReason` (`end_turn`, `tool_use`,
 //!   `max_tokens`, `stop_sequence`, `guardrail_intervened`, `content_filtered`,
@@ -41,8 +44,9 @@
 //! conversation has no tool blocks, else only the tools the history calls go, with the
 //! choice left to the model (recorded as dropped). Reasoning history, reasoning settings (model
 //! specific, `additionalModelRequestFields`), `parallel_tool_calls`, `user` and a tool's
-//! `strict` are dropped; a structured `response_format` is refused (Converse has no
-//! JSON mode). The answer has no id and no model: Sluice names it `converse-<16 hex>`, the
+//! `strict` are dropped. A JSON Schema structured output goes as `outputConfig.textFormat`
+//! (`type: json_schema`, the schema as a JSON string); JSON mode has no Converse
+//! counterpart and is left out with a record. The answer has no id and no model: Sluice names it `converse-<16 hex>`, the
 //! model echo is the standard model anyway. Canonical usage: `input_tokens` =
 //! `inputTokens + cacheReadInputTokens + cacheWriteInputTokens` (Bedrock's `inputTokens`
 //! leaves the cached ones out, as Anthropic's does), `cache_read_tokens` /
@@ -74,16 +78,10 @@ use super::{
 /// the stream choice are in the path, not the body).
 ///
 /// # Errors
-/// [`ProtocolError::Unsupported`] for URL images or documents, a media type Converse does
-/// not take, or a structured `response_format`; [`ProtocolError::InvalidRequest`] for a
+/// [`ProtocolError::Unsupported`] for URL images or documents, or a media type Converse
+/// does not take; [`ProtocolError::InvalidRequest`] for a
 /// conversation with no message.
 pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
-    if req.response_format.is_some() {
-        return Err(unsupported(
-            response_format_field(req),
-            "Bedrock's Converse API has no structured-output mode",
-        ));
-    }
     let mut messages: Vec<(Role, Vec<Value>)> = Vec::with_capacity(req.messages.len());
     let mut tool_blocks = false;
     for (i, m) in req.messages.iter().enumerate() {
@@ -147,10 +145,42 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
     if let Some(config) = tool_config(req, tool_blocks) {
         out.insert("toolConfig".into(), config);
     }
+    if let Some(config) = output_config(req) {
+        out.insert("outputConfig".into(), config);
+    }
     if let Some(fields) = claude_reasoning(req, opts) {
         out.insert("additionalModelRequestFields".into(), fields);
     }
     Ok(to_vec(&Value::Object(out)))
+}
+
+/// The `outputConfig` of a JSON Schema structured output
+/// (<https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_OutputConfig.html>,
+/// <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_OutputFormat.html>,
+/// <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_JsonSchemaDefinition.html>):
+/// `{"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {"schema": "<the
+/// schema as a JSON string>", "name", "description"}}}}`. `None` for plain text and for
+/// JSON mode, which Converse lacks (recorded by [`super::dropped_toward`]); `strict` needs
+/// no counterpart (the output follows the schema).
+fn output_config(req: &Request) -> Option<Value> {
+    let Some(super::ResponseFormat::JsonSchema {
+        name,
+        schema,
+        description,
+        ..
+    }) = &req.response_format
+    else {
+        return None;
+    };
+    let mut def = Map::new();
+    def.insert("schema".into(), schema.to_string().into());
+    if !name.is_empty() {
+        def.insert("name".into(), name.as_str().into());
+    }
+    if let Some(d) = description.as_deref().filter(|d| !d.is_empty()) {
+        def.insert("description".into(), d.into());
+    }
+    Some(json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": def}}}))
 }
 
 /// The `toolConfig` of a request
@@ -278,14 +308,6 @@ fn messages_field(req: &Request) -> &'static str {
     match req.source {
         Some(ClientDialect::Responses) => "input",
         _ => "messages",
-    }
-}
-
-/// The client-dialect name of the structured-output field.
-fn response_format_field(req: &Request) -> &'static str {
-    match req.source {
-        Some(ClientDialect::Responses) => "text.format",
-        _ => "response_format",
     }
 }
 

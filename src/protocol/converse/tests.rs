@@ -207,13 +207,6 @@ fn tool_choices_errors_documents_and_refusals() {
         },
         "messages[0].content[0]",
     );
-    refused(
-        Request {
-            response_format: Some(ResponseFormat::JsonObject),
-            ..base.clone()
-        },
-        "response_format",
-    );
     refused(Request::default(), "messages");
 
     // Call ids Converse would refuse are rewritten, alike in the call and its result.
@@ -593,4 +586,41 @@ fn tool_history_without_tools_gets_a_synthesized_tool_config() {
         .collect();
     assert_eq!(names, ["get_weather", "send_mail"], "{v}");
     assert_eq!(v["toolConfig"]["toolChoice"], json!({"auto": {}}));
+}
+
+#[test]
+fn structured_output_goes_as_output_config_text_format() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let base = Request {
+        messages: vec![user(vec![Part::Text("hi".into())])],
+        ..Request::default()
+    };
+    let v = encode(&Request {
+        response_format: Some(ResponseFormat::JsonSchema {
+            name: "numbers".into(),
+            schema: schema.clone(),
+            strict: Some(true),
+            description: Some("Some numbers.".into()),
+        }),
+        ..base.clone()
+    });
+    // Bedrock takes the schema as a JSON string.
+    assert_eq!(
+        v["outputConfig"],
+        json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
+            "schema": schema.to_string(), "name": "numbers", "description": "Some numbers."}}}}),
+        "{v}"
+    );
+    // JSON mode has no Converse counterpart: left out (recorded by `dropped_toward`).
+    let req = Request {
+        response_format: Some(ResponseFormat::JsonObject),
+        source: Some(ClientDialect::ChatCompletions),
+        ..base
+    };
+    let v = encode(&req);
+    assert!(v.get("outputConfig").is_none(), "{v}");
+    let dropped =
+        crate::protocol::dropped_toward(crate::protocol::UpstreamDialect::Converse, &req, &opts());
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!(dropped[0].field, "response_format");
 }
