@@ -609,7 +609,7 @@ pub(crate) fn format_dropped(
 /// because Anthropic rejects unsigned thinking.
 ///
 /// A JSON Schema structured output goes as `output_config.format` (beside the effort);
-/// JSON mode has no counterpart and is left out ([`format_dropped`] records it).
+/// JSON mode has no counterpart and is left out (named by [`super::dropped_toward`]).
 ///
 /// # Errors
 /// [`ProtocolError::InvalidRequest`] for tool-call arguments that are not a JSON object.
