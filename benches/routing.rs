@@ -74,6 +74,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
         first_event_timeout: None,
         early_commit_after: None,
         continue_on_break: false,
+        unsupported: sluice::config::Unsupported::default(),
         default_max_tokens: 4096,
         retry: sluice::routing::retry::RetryPolicy::default(),
         hedge_after: None,

@@ -48,14 +48,48 @@
 //! | Messages → canonical | `top_k`, `cache_control`, `citations`, `service_tier`, `metadata` keys other than `user_id`, `redacted_thinking` blocks | server tools (`type` other than `custom`), `mcp_servers`, `container`, unknown block types (`search_result`, `server_tool_use`, …), non-text `document` sources other than base64/url |
 //! | Responses → canonical | `include`, `truncation`, `service_tier`, `store: false`, `stream_options`, `reasoning.summary`, `prompt_cache_key`, `safety_identifier`, `text.verbosity`, image `detail`, `top_logprobs` | `previous_response_id`, `store: true`, `conversation` ("there is no response storage"), `background: true`, `prompt`, `item_reference` items, non-function tools, `file_id` images/files |
 //! | canonical → Chat (upstream) | thinking signatures and redacted thinking in history (OpenAI takes no reasoning input), document `title`, a tool result's `is_error` (OpenAI tool messages have no error flag; the result text still says what failed) | images inside tool results, URL documents |
-//! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget (low 1024, medium 8192, high 24576, capped below `max_tokens`); temperature above 1 is clamped to 1; unsigned reasoning in history | `response_format`/`text.format` other than `text` (no equivalent) |
+//! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget (low 1024, medium 8192, high 24576, capped below `max_tokens`); temperature above 1 is clamped to 1; unsigned reasoning in history; a JSON schema's name and `strict` (see *Structured output* below) | — |
 //! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
 //! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
 //! | canonical → Gemini (upstream) | reasoning history and signatures (Gemini's `thoughtSignature` has no canonical carrier), `parallel_tool_calls`, `user`, a tool's `strict`, document `title`; `reasoning` becomes `thinkingConfig.thinkingBudget` (disabled: 0) | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
-//! | canonical → Converse (upstream) | reasoning history and settings (model specific in Converse), `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results; `tool_choice: none` leaves the tools out (or to the model when the history has tool blocks) | `response_format` other than text, image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
+//! | canonical → Converse (upstream) | reasoning history and settings (model specific in Converse), `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results; `tool_choice: none` leaves the tools out (see *Converse tool history* below); a JSON schema's `strict` | image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
 //! | Converse upstream → client | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — |
 //! | Gemini upstream → client | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — |
 //! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
+//!
+//! ## Structured output
+//!
+//! Chat `response_format`, Responses `text.format` and Anthropic's `output_config.format`
+//! (and the beta's top-level `output_format`, same shape;
+//! <https://platform.claude.com/docs/en/build-with-claude/structured-outputs>) decode to
+//! [`ResponseFormat`]; Anthropic's formats are JSON Schemas without a name, so theirs is
+//! `output`. "Dropped with a record" means left out and named in [`dropped_toward`] (the
+//! `x-sluice-dropped` header, or a 400 for a model configured `unsupported: refuse`). The
+//! answer is the JSON as text in every direction.
+//!
+//! | canonical → target | JSON Schema | JSON mode (any object) |
+//! |---|---|---|
+//! | Chat | mapped: `response_format: {type: json_schema, json_schema: {name, schema, strict, description}}` | mapped: `{type: json_object}` |
+//! | Messages | mapped: `output_config.format: {type: json_schema, schema}` beside `output_config.effort`; name and `strict` need no counterpart (Anthropic's output always follows the schema); a `description` is dropped with a record | dropped with a record (Anthropic's objects must close with `additionalProperties: false`, so no schema says "any object") |
+//! | Gemini | mapped: `generationConfig.responseMimeType: application/json` + `responseJsonSchema` | mapped: `responseMimeType: application/json` |
+//! | Converse | mapped: `outputConfig.textFormat: {type: json_schema, structure: {jsonSchema: {schema (a JSON string), name, description}}}` | dropped with a record (Converse has no JSON mode) |
+//!
+//! A Messages format of another type than `json_schema`, or with members other than `type`
+//! and `schema`, is dropped with a record at decode; a `json_schema` format without a
+//! schema object is a 400. `output_format` beside `output_config.format` is dropped with a
+//! record (the latter wins).
+//!
+//! ## Converse tool history
+//!
+//! Bedrock refuses `toolUse`/`toolResult` blocks without a `toolConfig` (400 "The toolConfig
+//! field must be defined when using toolUse and toolResult content blocks."). Toward
+//! Converse, from every client dialect: a request with tool blocks and no tools (a
+//! summarising or compaction turn) gets a synthesized `toolConfig`, one `toolSpec` per tool
+//! the history calls (in order of first use) with the permissive schema `{"type":
+//! "object", "properties": {}}` and no `toolChoice` (mapped). `tool_choice: none` (Converse
+//! has none) leaves the tools out without tool blocks (mapped: no tools, no calls); with
+//! tool blocks, only the tools the history calls go (the client's definitions where given),
+//! without a `toolChoice`, and `tool_choice` is dropped with a record.
 #![warn(missing_docs)]
 
 pub mod chat;
@@ -600,14 +634,16 @@ impl Reasoning {
     }
 }
 
-/// Structured output format (Chat `response_format`, Responses `text.format`).
+/// Structured output format (Chat `response_format`, Responses `text.format`, Anthropic
+/// `output_config.format`); what each target makes of it: the module docs' *Structured
+/// output*.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResponseFormat {
     /// Any JSON object.
     JsonObject,
     /// JSON matching a schema.
     JsonSchema {
-        /// Schema name.
+        /// Schema name (`output` for an Anthropic client's, whose formats have none).
         name: String,
         /// The JSON Schema.
         schema: serde_json::Value,
@@ -1046,8 +1082,10 @@ pub fn decode_request(dialect: ClientDialect, body: &[u8]) -> Result<Request, Pr
 
 /// What a translation of `req` to `upstream` leaves out: what the client's decoder could
 /// not carry ([`Request::dropped`]) and what the target has no counterpart for (reasoning
-/// settings toward a Converse model that is not Claude: they are model specific there).
-/// Empty when nothing is left out.
+/// settings toward a Converse model that is not Claude: they are model specific there;
+/// JSON mode toward Anthropic and Converse, and a schema's description toward Anthropic;
+/// `tool_choice: none` toward Converse when the history has tool blocks). Empty when
+/// nothing is left out.
 pub fn dropped_toward(
     upstream: UpstreamDialect,
     req: &Request,
@@ -1077,6 +1115,18 @@ pub fn dropped_toward(
         out.push(Dropped {
             field: field.into(),
             reason: "reasoning settings are model specific on Converse".into(),
+        });
+    }
+    if matches!(
+        upstream,
+        UpstreamDialect::Messages | UpstreamDialect::Converse
+    ) {
+        out.extend(messages::format_dropped(req, upstream));
+    }
+    if upstream == UpstreamDialect::Converse && converse::tool_choice_dropped(req) {
+        out.push(Dropped {
+            field: "tool_choice".into(),
+            reason: "Converse has no `none`; the tool history needs a toolConfig".into(),
         });
     }
     out

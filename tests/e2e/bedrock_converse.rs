@@ -344,6 +344,89 @@ fn tools_and_images_go_through_converse_in_every_direction() {
     );
 }
 
+/// A turn whose history has tool calls and results but offers no tools (a summarising or
+/// compaction turn, as coding agents send) reaches Bedrock with the `toolConfig` it
+/// requires ("The toolConfig field must be defined when using toolUse and toolResult
+/// content blocks", which the mock answers as Bedrock does); `tool_choice: none` with tool
+/// history is sent the same way and named in `x-sluice-dropped`.
+#[test]
+fn tool_history_without_tools_gets_a_tool_config() {
+    let s = start(&json!({"text": "Summary: sunny in Paris."}), &json!({}));
+    let chat = json!({"model": "acme/nova", "messages": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+            "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18°C, sunny"},
+        {"role": "user", "content": "Summarise the conversation."}]});
+    let messages = json!({"model": "acme/nova", "max_tokens": 200, "messages": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+            "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18°C, sunny"},
+            {"type": "text", "text": "Summarise the conversation."}]}]});
+    let responses = json!({"model": "acme/nova", "input": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+            "arguments": "{\"city\":\"Paris\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18°C, sunny"},
+        {"role": "user", "content": "Summarise the conversation."}]});
+    let synthesized = json!({"tools": [{"toolSpec": {"name": "get_weather",
+        "inputSchema": {"json": {"type": "object", "properties": {}}}}}]});
+    for (client, body) in [
+        (Client::Chat, chat.clone()),
+        (Client::Messages, messages),
+        (Client::Responses, responses),
+    ] {
+        for stream in [false, true] {
+            s.good.reset();
+            let mut body = body.clone();
+            body["stream"] = stream.into();
+            let r = send(&s.sluice, client, &body, "history");
+            assert_eq!(r.status, 200, "{client:?} stream={stream}: {}", r.shown());
+            assert_eq!(
+                answer_text(client, stream, &r.bytes),
+                "Summary: sunny in Paris.",
+                "{client:?} stream={stream}"
+            );
+            let sent = sent_body(&s.good.log()[0]);
+            assert_eq!(sent["toolConfig"], synthesized, "{client:?}: {sent}");
+        }
+    }
+
+    // `tool_choice: none` with tools and tool history: the tools the history calls go,
+    // without a choice, and the client is told `none` was dropped.
+    s.good.reset();
+    let mut none = chat;
+    none["tools"] = json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "send_mail", "parameters": {"type": "object"}}}]);
+    none["tool_choice"] = json!("none");
+    let owned = Client::Chat.headers("none");
+    let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = crate::harness::client::post_json(
+        s.sluice.addr,
+        Client::Chat.path(),
+        &headers,
+        &none.to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-sluice-dropped"),
+        Some("tool_choice"),
+        "{:?}",
+        r.headers
+    );
+    let sent = sent_body(&s.good.log()[0]);
+    assert_eq!(
+        sent["toolConfig"],
+        json!({"tools": [{"toolSpec": {"name": "get_weather", "inputSchema": {"json":
+            {"type": "object", "properties": {"city": {"type": "string"}}}}}}]}),
+        "{sent}"
+    );
+}
+
 #[test]
 fn failures_before_the_first_byte_fall_back_and_exceptions_end_the_stream() {
     // Throttled before the first byte (HTTP 429, or a throttling exception as the stream's

@@ -1121,3 +1121,215 @@ fn check_cell(
         assert!(seen.tools.is_empty(), "{cell}: {raw}");
     }
 }
+
+/// The JSON the structured-output cells' schema asks for, as the mock answers it.
+const JSON_ANSWER: &str = r#"{"answer":"vier, ünïcode ✓"}"#;
+
+/// Sluice with one provider of each upstream dialect, all on `mock`: OpenAI, Anthropic, the
+/// Gemini API and Bedrock's Converse (signed by the environment's credentials).
+fn every_dialect_config(mock: &Mock) -> String {
+    let url = format!("http://{}", mock.addr);
+    let health =
+        "    health_check: {enabled: false}\n    health: {degraded_after_failures: 100000, unhealthy_after_failures: 100000}\n";
+    format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n  retry: {{max_attempts_per_route: 1}}\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {url}/v1\n    api_key: sk-provider-secret-oa\n{health}  claude:\n    kind: anthropic\n    base_url: {url}/v1\n    api_key: sk-ant-provider-secret\n{health}  gem:\n    kind: gemini\n    base_url: {url}/v1beta\n    api_key: gemini-key\n{health}  br:\n    kind: bedrock\n    region: us-east-2\n    base_url: {url}\n    health: {{degraded_after_failures: 100000, unhealthy_after_failures: 100000}}\nmodels:\n  acme/gpt:\n    routes:\n      - {{provider: oa, upstream_model: gpt-mock-1}}\n  acme/claude:\n    default_max_tokens: 4096\n    routes:\n      - {{provider: claude, upstream_model: claude-mock-1}}\n  acme/gemini:\n    routes:\n      - {{provider: gem, upstream_model: gemini-2.5-flash}}\n  acme/nova:\n    routes:\n      - {{provider: br, upstream_model: \"{}\"}}\n",
+        crate::bedrock_converse::NOVA
+    )
+}
+
+/// One mock and a Sluice with [`every_dialect_config`] (the directory holds the AWS
+/// credentials file).
+fn every_dialect() -> (Mock, Sluice, crate::harness::TempDir) {
+    let mock = Mock::start("{}");
+    let dir = crate::harness::TempDir::new("every-dialect");
+    let file = crate::bedrock::credentials_file(&dir);
+    let env = crate::bedrock::env(&file);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sluice = Sluice::start_with_env(&every_dialect_config(&mock), &env);
+    (mock, sluice, dir)
+}
+
+/// A turn with the tool cells' call and result in its history and no tools (a summarising
+/// or compaction turn, issue 28 item 5) reaches every provider from every client dialect;
+/// Converse gets the `toolConfig` Bedrock requires for tool blocks (one spec per tool the
+/// history calls), without which the mock answers Bedrock's 400.
+#[test]
+fn tool_history_without_tools_reaches_every_provider() {
+    let (mock, sluice, _dir) = every_dialect();
+    mock.set_behavior(&json!({"text": TEXT, "split": "mid_utf8"}).to_string());
+    let mut failures = Vec::new();
+    for client in [Client::Chat, Client::Messages, Client::Responses] {
+        for model in ["acme/gpt", "acme/claude", "acme/gemini", "acme/nova"] {
+            for stream in [false, true] {
+                let cell = format!("{client:?}->{model} stream={stream}");
+                mock.reset();
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut body = client.body(Scenario::Tool, model, stream);
+                    let o = body.as_object_mut().expect("object");
+                    o.remove("tools");
+                    o.remove("tool_choice");
+                    let (status, raw, seen) = run_cell(&sluice, client, &body, stream);
+                    assert_eq!(status, 200, "{raw}");
+                    assert_eq!(seen.text, TEXT, "{raw}");
+                    let log = mock.log();
+                    let rec = log.last().expect("an upstream request");
+                    let sent: Value =
+                        serde_json::from_str(rec["body"].as_str().expect("body copy"))
+                            .expect("upstream JSON");
+                    if model == "acme/nova" {
+                        assert_eq!(
+                            sent["toolConfig"],
+                            json!({"tools": [{"toolSpec": {"name": "get_weather",
+                                "inputSchema": {"json": {"type": "object", "properties": {}}}}}]}),
+                            "{sent}"
+                        );
+                    }
+                }));
+                if let Err(e) = result {
+                    let msg = crate::harness::panic_text(&*e).unwrap_or_default();
+                    failures.push(format!("{cell}: {msg}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} cells failed:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+/// The schema of the structured-output cells.
+fn answer_schema() -> Value {
+    json!({"type": "object", "properties": {"answer": {"type": "string"}},
+        "required": ["answer"], "additionalProperties": false})
+}
+
+/// A request for JSON matching [`answer_schema`], in the client's dialect: Chat's
+/// `response_format`, Anthropic's `output_config.format`, Responses' `text.format`.
+fn structured_body(client: Client, model: &str, stream: bool) -> Value {
+    let schema = answer_schema();
+    match client {
+        Client::Chat => json!({"model": model, "stream": stream,
+            "messages": [{"role": "user", "content": "2+2 in German?"}],
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema}}}),
+        Client::Messages => json!({"model": model, "max_tokens": 200, "stream": stream,
+            "messages": [{"role": "user", "content": "2+2 in German?"}],
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+        Client::Responses => json!({"model": model, "stream": stream, "input": "2+2 in German?",
+            "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema}}}),
+    }
+}
+
+/// The structured output the provider of `model` received, in its own member: `None` when
+/// the body has none.
+fn structured_sent(model: &str, sent: &Value) -> Option<Value> {
+    let v = match model {
+        "acme/gpt" => sent["response_format"]["json_schema"]["schema"].clone(),
+        "acme/claude" => {
+            let f = sent["output_config"].get("format")?;
+            assert_eq!(f["type"], "json_schema", "{sent}");
+            f["schema"].clone()
+        }
+        "acme/gemini" => {
+            let g = &sent["generationConfig"];
+            assert_eq!(g["responseMimeType"], "application/json", "{sent}");
+            g["responseJsonSchema"].clone()
+        }
+        _ => {
+            let f = sent.get("outputConfig")?.get("textFormat")?;
+            assert_eq!(f["type"], "json_schema", "{sent}");
+            // Bedrock takes the schema as a JSON string.
+            f["structure"]["jsonSchema"]["schema"]
+                .as_str()
+                .map(|s| serde_json::from_str(s).expect("schema JSON"))
+                .unwrap_or(Value::Null)
+        }
+    };
+    (!v.is_null()).then_some(v)
+}
+
+/// Structured output crosses every direction (issue 28, item 6): each client dialect's
+/// JSON Schema format reaches OpenAI, Anthropic, Gemini and Converse in the provider's own
+/// member (the mock's request log shows it), streamed and not, and the JSON the model
+/// writes comes back as the answer's text. JSON mode, which Anthropic and Converse lack,
+/// goes without the format and the client is told in `x-sluice-dropped`.
+#[test]
+fn structured_output_reaches_every_provider_in_its_own_member() {
+    let (mock, sluice, _dir) = every_dialect();
+    mock.set_behavior(&json!({"text": JSON_ANSWER, "split": "mid_utf8"}).to_string());
+    let mut failures = Vec::new();
+    for client in [Client::Chat, Client::Messages, Client::Responses] {
+        for model in ["acme/gpt", "acme/claude", "acme/gemini", "acme/nova"] {
+            for stream in [false, true] {
+                let cell = format!("{client:?}->{model} stream={stream}");
+                mock.reset();
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let body = structured_body(client, model, stream);
+                    let (status, raw, seen) = run_cell(&sluice, client, &body, stream);
+                    assert_eq!(status, 200, "{raw}");
+                    assert_eq!(seen.text, JSON_ANSWER, "{raw}");
+                    let answer: Value = serde_json::from_str(&seen.text).expect("JSON text");
+                    assert_eq!(answer["answer"], "vier, ünïcode ✓");
+                    let log = mock.log();
+                    let rec = log.last().expect("an upstream request");
+                    let sent: Value =
+                        serde_json::from_str(rec["body"].as_str().expect("body copy"))
+                            .expect("upstream JSON");
+                    assert_eq!(
+                        structured_sent(model, &sent),
+                        Some(answer_schema()),
+                        "{sent}"
+                    );
+                }));
+                if let Err(e) = result {
+                    let msg = crate::harness::panic_text(&*e).unwrap_or_default();
+                    failures.push(format!("{cell}: {msg}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} cells failed:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+
+    // JSON mode toward Anthropic and Converse: answered without it, the drop named.
+    for (client, body, field) in [
+        (
+            Client::Chat,
+            json!({"messages": [{"role": "user", "content": "JSON please"}],
+                "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            Client::Responses,
+            json!({"input": "JSON please", "text": {"format": {"type": "json_object"}}}),
+            "text.format",
+        ),
+    ] {
+        for model in ["acme/claude", "acme/nova"] {
+            mock.reset();
+            let mut body = body.clone();
+            body["model"] = model.into();
+            let owned = client.headers();
+            let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let r = post_json(sluice.addr, client.path(), &headers, &body.to_string());
+            assert_eq!(r.status, 200, "{client:?}->{model}: {}", r.text());
+            assert_eq!(
+                r.header("x-sluice-dropped"),
+                Some(field),
+                "{client:?}->{model}: {:?}",
+                r.headers
+            );
+            let log = mock.log();
+            let sent: Value =
+                serde_json::from_str(log[0]["body"].as_str().expect("body")).expect("JSON");
+            assert_eq!(structured_sent(model, &sent), None, "{sent}");
+        }
+    }
+}

@@ -30,6 +30,7 @@ const MEMBERS: &[&str] = &[
     "promptVariables",
     "requestMetadata",
     "performanceConfig",
+    "outputConfig",
     "mock",
 ];
 
@@ -50,7 +51,7 @@ const BLOCKS: &[&str] = &[
 /// takes it: unknown members (`model`, `stream`, `anthropic_version`), no messages, a
 /// conversation that does not start with the user or whose roles do not alternate, blocks
 /// that are not one known member, blank text, an image format other than png/jpeg/gif/webp,
-/// tool blocks without `toolConfig`.
+/// tool blocks without `toolConfig`, an `outputConfig` not in Bedrock's shape.
 pub(crate) fn body_refusal(body: &Map<String, Value>) -> Option<String> {
     if let Some(k) = body.keys().find(|k| !MEMBERS.contains(&k.as_str())) {
         return Some(format!(
@@ -111,7 +112,24 @@ pub(crate) fn body_refusal(body: &Map<String, Value>) -> Option<String> {
     if tool_blocks && !body.contains_key("toolConfig") {
         return Some("The toolConfig field must be defined when using toolUse and toolResult content blocks.".into());
     }
-    None
+    body.get("outputConfig").and_then(output_config_refusal)
+}
+
+/// Why Bedrock refuses an `outputConfig` (structured output,
+/// <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_OutputConfig.html>):
+/// `textFormat` must be `{type: "json_schema", structure: {jsonSchema: {schema, name?,
+/// description?}}}` with `schema` a string holding a JSON object.
+fn output_config_refusal(config: &Value) -> Option<String> {
+    let format = config.get("textFormat")?;
+    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+        return Some("1 validation error detected: Value at 'outputConfig.textFormat.type' failed to satisfy constraint: Member must satisfy enum value set: [json_schema]".into());
+    }
+    let schema = format["structure"]["jsonSchema"]["schema"].as_str();
+    match schema.map(serde_json::from_str::<Value>) {
+        Some(Ok(Value::Object(_))) => None,
+        Some(_) => Some("The JSON schema in outputConfig.textFormat.structure.jsonSchema.schema is not valid JSON. Fix the schema and try again.".into()),
+        None => Some("1 validation error detected: Value at 'outputConfig.textFormat.structure.jsonSchema.schema' failed to satisfy constraint: Member must be a string".into()),
+    }
 }
 
 /// A Bedrock tool-use id for the mock's Anthropic one (`toolu_…` → `tooluse_…`).
@@ -273,5 +291,39 @@ mod tests {
             .iter()
             .any(|h| h.name().as_str() == ":event-type"
                 && h.value().as_string().map(|s| s.as_str()) == Ok("messageStart")));
+    }
+
+    fn refusal(body: &Value) -> Option<String> {
+        body_refusal(body.as_object().expect("object"))
+    }
+
+    #[test]
+    fn tool_blocks_need_a_tool_config_and_output_config_is_checked() {
+        let history = json!([
+            {"role": "user", "content": [{"text": "weather?"}]},
+            {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t1", "name": "w", "input": {}}}]},
+            {"role": "user", "content": [{"toolResult": {"toolUseId": "t1", "content": [{"text": "sun"}]}}]}]);
+        assert_eq!(
+            refusal(&json!({"messages": history})).as_deref(),
+            Some("The toolConfig field must be defined when using toolUse and toolResult content blocks.")
+        );
+        let tools = json!({"tools": [{"toolSpec": {"name": "w", "inputSchema": {"json": {"type": "object"}}}}]});
+        assert_eq!(
+            refusal(&json!({"messages": history, "toolConfig": tools})),
+            None
+        );
+
+        let hi = json!([{"role": "user", "content": [{"text": "hi"}]}]);
+        let format = |f: Value| json!({"messages": hi, "outputConfig": {"textFormat": f}});
+        let good = json!({"type": "json_schema", "structure": {"jsonSchema":
+            {"schema": "{\"type\":\"object\"}", "name": "out"}}});
+        assert_eq!(refusal(&format(good)), None);
+        for bad in [
+            json!({"type": "json_object"}),
+            json!({"type": "json_schema", "structure": {"jsonSchema": {"schema": {"type": "object"}}}}),
+            json!({"type": "json_schema", "structure": {"jsonSchema": {"schema": "{not json"}}}),
+        ] {
+            assert!(refusal(&format(bad.clone())).is_some(), "{bad}");
+        }
     }
 }

@@ -19,7 +19,10 @@
 //!   `{toolResult: {toolUseId, content: [{text}|{image}], status: success|error}}`;
 //!   `system: [{text}]`; `inferenceConfig {maxTokens, temperature, topP, stopSequences}`;
 //!   `toolConfig {tools: [{toolSpec: {name, description, inputSchema: {json}}}],
-//!   toolChoice: {auto: {}}|{any: {}}|{tool: {name}}}`; the model id is in the path;
+//!   toolChoice: {auto: {}}|{any: {}}|{tool: {name}}}`; `outputConfig {textFormat: {type:
+//!   "json_schema", structure: {jsonSchema: {schema, name, description}}}}`
+//!   (<https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_OutputConfig.html>);
+//!   the model id is in the path;
 //! * response: `output.message.content` (`text`, `toolUse`, `reasoningContent:
 //!   {reasoningText: {text, signature}}`), `stopReason` (`end_turn`, `tool_use`,
 //!   `max_tokens`, `stop_sequence`, `guardrail_intervened`, `content_filtered`,
@@ -34,12 +37,16 @@
 //! locations only). Text documents become text blocks. A tool result's text and images
 //! become its `content`, `is_error` its `status: error`. Call ids keep to Converse's
 //! `[a-zA-Z0-9_-]{1,64}` (other characters become `_`, longer ids are cut, alike in a call
-//! and its result). A temperature above 1 is clamped to 1 (Converse's range is 0 to 1). `tool_choice: none` has no
-//! Converse equivalent: the tools are left out when the conversation has no tool blocks,
-//! else the choice is left to the model. Reasoning history, reasoning settings (model
+//! and its result). A temperature above 1 is clamped to 1 (Converse's range is 0 to 1). A conversation with tool
+//! blocks always gets a `toolConfig` (Bedrock refuses it without one): a turn without tools
+//! (summarising, compaction) gets one spec per tool the history calls, with a permissive
+//! schema. `tool_choice: none` has no Converse equivalent: the tools are left out when the
+//! conversation has no tool blocks, else only the tools the history calls go, with the
+//! choice left to the model (recorded as dropped). Reasoning history, reasoning settings (model
 //! specific, `additionalModelRequestFields`), `parallel_tool_calls`, `user` and a tool's
-//! `strict` are dropped; a structured `response_format` is refused (Converse has no
-//! JSON mode). The answer has no id and no model: Sluice names it `converse-<16 hex>`, the
+//! `strict` are dropped. A JSON Schema structured output goes as `outputConfig.textFormat`
+//! (`type: json_schema`, the schema as a JSON string); JSON mode has no Converse
+//! counterpart and is left out with a record. The answer has no id and no model: Sluice names it `converse-<16 hex>`, the
 //! model echo is the standard model anyway. Canonical usage: `input_tokens` =
 //! `inputTokens + cacheReadInputTokens + cacheWriteInputTokens` (Bedrock's `inputTokens`
 //! leaves the cached ones out, as Anthropic's does), `cache_read_tokens` /
@@ -71,20 +78,10 @@ use super::{
 /// the stream choice are in the path, not the body).
 ///
 /// # Errors
-/// [`ProtocolError::Unsupported`] for URL images or documents, a media type Converse does
-/// not take, or a structured `response_format`; [`ProtocolError::InvalidRequest`] for a
+/// [`ProtocolError::Unsupported`] for URL images or documents, or a media type Converse
+/// does not take; [`ProtocolError::InvalidRequest`] for a
 /// conversation with no message.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one field of the canonical request after another into Converse's shape"
-)]
 pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
-    if req.response_format.is_some() {
-        return Err(unsupported(
-            response_format_field(req),
-            "Bedrock's Converse API has no structured-output mode",
-        ));
-    }
     let mut messages: Vec<(Role, Vec<Value>)> = Vec::with_capacity(req.messages.len());
     let mut tool_blocks = false;
     for (i, m) in req.messages.iter().enumerate() {
@@ -145,46 +142,136 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
     if !inference.is_empty() {
         out.insert("inferenceConfig".into(), Value::Object(inference));
     }
-    let no_tools = req.tool_choice == Some(ToolChoice::None) && !tool_blocks;
-    if !req.tools.is_empty() && !no_tools {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                let mut spec = Map::new();
-                spec.insert("name".into(), t.name.as_str().into());
-                if let Some(d) = t.description.as_deref().filter(|d| !d.is_empty()) {
-                    spec.insert("description".into(), d.into());
-                }
-                let schema = if t.parameters.is_object() {
-                    t.parameters.clone()
-                } else {
-                    json!({"type": "object", "properties": {}})
-                };
-                spec.insert("inputSchema".into(), json!({ "json": schema }));
-                json!({ "toolSpec": spec })
-            })
-            .collect();
-        let mut config = Map::new();
-        config.insert("tools".into(), Value::Array(tools));
-        match &req.tool_choice {
-            Some(ToolChoice::Auto) => {
-                config.insert("toolChoice".into(), json!({"auto": {}}));
-            }
-            Some(ToolChoice::Required) => {
-                config.insert("toolChoice".into(), json!({"any": {}}));
-            }
-            Some(ToolChoice::Function(n)) => {
-                config.insert("toolChoice".into(), json!({"tool": {"name": n}}));
-            }
-            None | Some(ToolChoice::None) => {}
-        }
-        out.insert("toolConfig".into(), Value::Object(config));
+    if let Some(config) = tool_config(req, tool_blocks) {
+        out.insert("toolConfig".into(), config);
+    }
+    if let Some(config) = output_config(req) {
+        out.insert("outputConfig".into(), config);
     }
     if let Some(fields) = claude_reasoning(req, opts) {
         out.insert("additionalModelRequestFields".into(), fields);
     }
     Ok(to_vec(&Value::Object(out)))
+}
+
+/// The `outputConfig` of a JSON Schema structured output
+/// (<https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_OutputConfig.html>,
+/// <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_OutputFormat.html>,
+/// <https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_JsonSchemaDefinition.html>):
+/// `{"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {"schema": "<the
+/// schema as a JSON string>", "name", "description"}}}}`. `None` for plain text and for
+/// JSON mode, which Converse lacks (recorded by [`super::dropped_toward`]); `strict` needs
+/// no counterpart (the output follows the schema).
+fn output_config(req: &Request) -> Option<Value> {
+    let Some(super::ResponseFormat::JsonSchema {
+        name,
+        schema,
+        description,
+        ..
+    }) = &req.response_format
+    else {
+        return None;
+    };
+    let mut def = Map::new();
+    def.insert("schema".into(), schema.to_string().into());
+    if !name.is_empty() {
+        def.insert("name".into(), name.as_str().into());
+    }
+    if let Some(d) = description.as_deref().filter(|d| !d.is_empty()) {
+        def.insert("description".into(), d.into());
+    }
+    Some(json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": def}}}))
+}
+
+/// The `toolConfig` of a request
+/// (<https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ToolConfiguration.html>),
+/// `None` when it needs none. `tool_blocks`: the conversation has `toolUse` or `toolResult`
+/// blocks, which Bedrock refuses without a `toolConfig` (400 `ValidationException` "The
+/// toolConfig field must be defined when using toolUse and toolResult content blocks.").
+///
+/// * the client's tools, with its choice (`auto` → `{auto: {}}`, `required` → `{any: {}}`,
+///   a function → `{tool: {name}}`);
+/// * no tools but tool blocks (a summarising or compaction turn): one spec per tool the
+///   history calls, in order of first use, with a permissive `{"type": "object",
+///   "properties": {}}` schema, and no `toolChoice`;
+/// * `tool_choice: none`, which Converse lacks: no `toolConfig` without tool blocks; with
+///   them, only the tools the history calls (the client's definition where it gave one),
+///   no `toolChoice`: the model could call them ([`tool_choice_dropped`] records it).
+fn tool_config(req: &Request, tool_blocks: bool) -> Option<Value> {
+    let none = req.tool_choice == Some(ToolChoice::None);
+    let client_tools = !req.tools.is_empty() && !none;
+    let tools: Vec<Value> = if client_tools {
+        req.tools.iter().map(tool_spec).collect()
+    } else if tool_blocks {
+        let mut names: Vec<&str> = Vec::new();
+        for m in &req.messages {
+            for p in &m.parts {
+                if let Part::ToolCall(c) = p {
+                    if !names.contains(&c.name.as_str()) {
+                        names.push(&c.name);
+                    }
+                }
+            }
+        }
+        names
+            .into_iter()
+            .map(|n| match req.tools.iter().find(|t| t.name == n) {
+                Some(t) => tool_spec(t),
+                None => tool_spec(&super::Tool {
+                    name: n.to_owned(),
+                    ..super::Tool::default()
+                }),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if tools.is_empty() {
+        return None;
+    }
+    let mut config = Map::new();
+    config.insert("tools".into(), Value::Array(tools));
+    let choice = match &req.tool_choice {
+        _ if !client_tools => None,
+        Some(ToolChoice::Auto) => Some(json!({"auto": {}})),
+        Some(ToolChoice::Required) => Some(json!({"any": {}})),
+        Some(ToolChoice::Function(n)) => Some(json!({"tool": {"name": n}})),
+        None | Some(ToolChoice::None) => None,
+    };
+    if let Some(c) = choice {
+        config.insert("toolChoice".into(), c);
+    }
+    Some(Value::Object(config))
+}
+
+/// One `toolSpec` (<https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ToolSpecification.html>):
+/// `{name, description, inputSchema: {json}}`, the schema `{"type": "object",
+/// "properties": {}}` when the tool's is not an object.
+fn tool_spec(t: &super::Tool) -> Value {
+    let mut spec = Map::new();
+    spec.insert("name".into(), t.name.as_str().into());
+    if let Some(d) = t.description.as_deref().filter(|d| !d.is_empty()) {
+        spec.insert("description".into(), d.into());
+    }
+    let schema = if t.parameters.is_object() {
+        t.parameters.clone()
+    } else {
+        json!({"type": "object", "properties": {}})
+    };
+    spec.insert("inputSchema".into(), json!({ "json": schema }));
+    json!({ "toolSpec": spec })
+}
+
+/// Whether a request's `tool_choice: none` cannot be kept toward Converse: the
+/// conversation has tool blocks, so a `toolConfig` must go, and Converse has no choice
+/// that forbids calls ([`tool_config`]).
+pub(crate) fn tool_choice_dropped(req: &Request) -> bool {
+    req.tool_choice == Some(ToolChoice::None)
+        && req.messages.iter().any(|m| {
+            m.parts
+                .iter()
+                .any(|p| matches!(p, Part::ToolCall(_) | Part::ToolResult { .. }))
+        })
 }
 
 /// Whether a Bedrock model id is Claude's, which takes Anthropic's thinking settings in
@@ -221,14 +308,6 @@ fn messages_field(req: &Request) -> &'static str {
     match req.source {
         Some(ClientDialect::Responses) => "input",
         _ => "messages",
-    }
-}
-
-/// The client-dialect name of the structured-output field.
-fn response_format_field(req: &Request) -> &'static str {
-    match req.source {
-        Some(ClientDialect::Responses) => "text.format",
-        _ => "response_format",
     }
 }
 

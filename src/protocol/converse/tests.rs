@@ -207,13 +207,6 @@ fn tool_choices_errors_documents_and_refusals() {
         },
         "messages[0].content[0]",
     );
-    refused(
-        Request {
-            response_format: Some(ResponseFormat::JsonObject),
-            ..base.clone()
-        },
-        "response_format",
-    );
     refused(Request::default(), "messages");
 
     // Call ids Converse would refuse are rewritten, alike in the call and its result.
@@ -464,4 +457,170 @@ fn every_client_dialect_gets_the_converse_stream() {
         assert!(text.contains(done), "{client:?}: {text}");
         assert!(text.contains("llo"), "{client:?}: {text}");
     }
+}
+
+/// A history with a tool call and its result: a summarising turn without `tools`, the same
+/// turn with `tool_choice: none` and the tools, and one with the tools and `auto`.
+fn tool_history(tools: Vec<Tool>, tool_choice: Option<ToolChoice>) -> Request {
+    Request {
+        messages: vec![
+            user(vec![Part::Text("weather and time in Paris?".into())]),
+            Message {
+                role: Role::Assistant,
+                parts: vec![
+                    Part::ToolCall(ToolCall {
+                        id: "call_1".into(),
+                        name: "get_weather".into(),
+                        arguments: r#"{"city":"Paris"}"#.into(),
+                    }),
+                    Part::ToolCall(ToolCall {
+                        id: "call_2".into(),
+                        name: "get_time".into(),
+                        arguments: "{}".into(),
+                    }),
+                    Part::ToolCall(ToolCall {
+                        id: "call_3".into(),
+                        name: "get_weather".into(),
+                        arguments: r#"{"city":"Lyon"}"#.into(),
+                    }),
+                ],
+            },
+            user(vec![
+                Part::ToolResult {
+                    call_id: "call_1".into(),
+                    content: vec![Part::Text("sunny".into())],
+                    is_error: false,
+                },
+                Part::ToolResult {
+                    call_id: "call_2".into(),
+                    content: vec![Part::Text("noon".into())],
+                    is_error: false,
+                },
+                Part::ToolResult {
+                    call_id: "call_3".into(),
+                    content: vec![Part::Text("rain".into())],
+                    is_error: false,
+                },
+                Part::Text("Summarise the conversation.".into()),
+            ]),
+        ],
+        tools,
+        tool_choice,
+        ..Request::default()
+    }
+}
+
+#[test]
+fn tool_history_without_tools_gets_a_synthesized_tool_config() {
+    let permissive = json!({"json": {"type": "object", "properties": {}}});
+    // No tools offered (a summarising or compaction turn): one spec per tool the history
+    // names, in order of first use, and no toolChoice.
+    let v = encode(&tool_history(vec![], None));
+    assert_eq!(
+        v["toolConfig"],
+        json!({"tools": [
+            {"toolSpec": {"name": "get_weather", "inputSchema": permissive}},
+            {"toolSpec": {"name": "get_time", "inputSchema": permissive}}
+        ]}),
+        "{v}"
+    );
+
+    // `tool_choice: none` with tools: Converse has no `none`, so the toolConfig the history
+    // needs lists only the tools the history names (the request's own definition where it
+    // has one), without a toolChoice; the drop of `none` is recorded.
+    let weather = Tool {
+        name: "get_weather".into(),
+        description: Some("Weather of a city".into()),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+        strict: None,
+        origin: Default::default(),
+    };
+    let unused = Tool {
+        name: "send_mail".into(),
+        parameters: json!({"type": "object"}),
+        ..Tool::default()
+    };
+    let req = tool_history(
+        vec![weather.clone(), unused.clone()],
+        Some(ToolChoice::None),
+    );
+    let v = encode(&req);
+    assert_eq!(
+        v["toolConfig"],
+        json!({"tools": [
+            {"toolSpec": {"name": "get_weather", "description": "Weather of a city",
+                "inputSchema": {"json": {"type": "object", "properties": {"city": {"type": "string"}}}}}},
+            {"toolSpec": {"name": "get_time", "inputSchema": permissive}}
+        ]}),
+        "{v}"
+    );
+    let dropped =
+        crate::protocol::dropped_toward(crate::protocol::UpstreamDialect::Converse, &req, &opts());
+    assert_eq!(
+        dropped.iter().map(|d| d.field.as_str()).collect::<Vec<_>>(),
+        ["tool_choice"],
+        "{dropped:?}"
+    );
+    // Without tool blocks, `none` leaves the tools out: nothing is dropped.
+    let plain = Request {
+        messages: vec![user(vec![Part::Text("hi".into())])],
+        tools: vec![weather.clone()],
+        tool_choice: Some(ToolChoice::None),
+        ..Request::default()
+    };
+    assert!(encode(&plain).get("toolConfig").is_none());
+    assert!(crate::protocol::dropped_toward(
+        crate::protocol::UpstreamDialect::Converse,
+        &plain,
+        &opts()
+    )
+    .is_empty());
+
+    // Tools offered with another choice: the client's tools as they are.
+    let v = encode(&tool_history(vec![weather, unused], Some(ToolChoice::Auto)));
+    let names: Vec<&str> = v["toolConfig"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["toolSpec"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["get_weather", "send_mail"], "{v}");
+    assert_eq!(v["toolConfig"]["toolChoice"], json!({"auto": {}}));
+}
+
+#[test]
+fn structured_output_goes_as_output_config_text_format() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let base = Request {
+        messages: vec![user(vec![Part::Text("hi".into())])],
+        ..Request::default()
+    };
+    let v = encode(&Request {
+        response_format: Some(ResponseFormat::JsonSchema {
+            name: "numbers".into(),
+            schema: schema.clone(),
+            strict: Some(true),
+            description: Some("Some numbers.".into()),
+        }),
+        ..base.clone()
+    });
+    // Bedrock takes the schema as a JSON string.
+    assert_eq!(
+        v["outputConfig"],
+        json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
+            "schema": schema.to_string(), "name": "numbers", "description": "Some numbers."}}}}),
+        "{v}"
+    );
+    // JSON mode has no Converse counterpart: left out (recorded by `dropped_toward`).
+    let req = Request {
+        response_format: Some(ResponseFormat::JsonObject),
+        source: Some(ClientDialect::ChatCompletions),
+        ..base
+    };
+    let v = encode(&req);
+    assert!(v.get("outputConfig").is_none(), "{v}");
+    let dropped =
+        crate::protocol::dropped_toward(crate::protocol::UpstreamDialect::Converse, &req, &opts());
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!(dropped[0].field, "response_format");
 }

@@ -7,6 +7,7 @@
 //! "messages":[{"role":"user|assistant","content": string | [block]}],"tools":[{"name",
 //! "description","input_schema"}],"tool_choice":{"type":"auto|any|tool|none","name",
 //! "disable_parallel_tool_use"},"thinking":{"type":"enabled","budget_tokens"},
+//! "output_config":{"effort","format":{"type":"json_schema","schema"}},
 //! "metadata":{"user_id"},"stop_sequences","temperature","top_p","stream"}` with blocks
 //! `text`, `image`/`document` (`source`: `base64`/`url`/`text`), `tool_use`,
 //! `tool_result`, `thinking` (with `signature`), `redacted_thinking`; response
@@ -28,9 +29,9 @@ pub use stream::{StreamDecoder, StreamEncoder};
 
 use super::json::{decode_client, opt, prefixed, to_vec, ErrorObj, Str};
 use super::{
-    invalid, unsupported, ClientDialect, Effort, ErrorKind, Message, OutputItem, Part,
-    ProtocolError, Reasoning, Request, Response, Role, Source, StopReason, Tool, ToolCall,
-    ToolChoice, UpstreamOptions, Usage, WebSearch,
+    invalid, ClientDialect, Effort, ErrorKind, Message, OutputItem, Part, ProtocolError, Reasoning,
+    Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall, ToolChoice,
+    UpstreamOptions, Usage, WebSearch,
 };
 
 /// Value of the `anthropic-version` header sent upstream.
@@ -69,9 +70,13 @@ struct RequestIn {
     /// refused.
     #[serde(default)]
     thinking: Option<Value>,
-    /// `effort` read here ([`decode_output_config`]); other members are recorded.
+    /// `effort` and `format` read here ([`decode_output_config`]); other members are
+    /// recorded.
     #[serde(default)]
     output_config: Option<Value>,
+    /// The structured-output beta's form of `output_config.format` ([`decode_format`]).
+    #[serde(default)]
+    output_format: Option<Value>,
     #[serde(default)]
     mcp_servers: Option<Value>,
     #[serde(default)]
@@ -368,7 +373,14 @@ fn decode_fields(r: RequestIn) -> Result<Request, ProtocolError> {
     }
     req.reasoning = decode_thinking(&mut req, r.thinking.as_ref());
     if let Some(config) = r.output_config.as_ref() {
-        decode_output_config(&mut req, config);
+        decode_output_config(&mut req, config)?;
+    }
+    if let Some(format) = r.output_format.as_ref().filter(|f| !f.is_null()) {
+        if req.response_format.is_some() {
+            req.drop_field("output_format", "superseded by `output_config.format`");
+        } else {
+            decode_format(&mut req, "output_format", format)?;
+        }
     }
     Ok(req)
 }
@@ -405,10 +417,11 @@ fn decode_thinking(req: &mut Request, thinking: Option<&Value>) -> Option<Reason
 
 /// Reads Messages' `output_config` (<https://platform.claude.com/docs/en/build-with-claude/effort>):
 /// its `effort` joins the reasoning settings (every level, `xhigh` and `max` included; an
-/// unknown one is recorded as dropped). Members not read here are recorded as dropped.
-fn decode_output_config(req: &mut Request, config: &Value) {
+/// unknown one is recorded as dropped), its `format` is the structured output
+/// ([`decode_format`]). Members not read here are recorded as dropped.
+fn decode_output_config(req: &mut Request, config: &Value) -> Result<(), ProtocolError> {
     let Some(config) = config.as_object() else {
-        return;
+        return Ok(());
     };
     for (k, v) in config {
         match k.as_str() {
@@ -419,14 +432,59 @@ fn decode_output_config(req: &mut Request, config: &Value) {
                 None if v.is_null() => {}
                 None => req.drop_field("output_config.effort", format!("unknown effort {v}")),
             },
-            // Structured output: read by the structured-output decoder.
-            "format" => {}
+            "format" if v.is_null() => {}
+            "format" => decode_format(req, "output_config.format", v)?,
             other => req.drop_field(
                 format!("output_config.{other}"),
                 "no counterpart in the translation",
             ),
         }
     }
+    Ok(())
+}
+
+/// The name a Messages structured output gets in the canonical request (Anthropic's
+/// formats have none; OpenAI's and Converse's take one).
+pub(crate) const FORMAT_NAME: &str = "output";
+
+/// Reads a structured-output format at `path` (`output_config.format`, or the beta's
+/// top-level `output_format`;
+/// <https://platform.claude.com/docs/en/build-with-claude/structured-outputs>):
+/// `{"type": "json_schema", "schema": {…}}` becomes [`ResponseFormat::JsonSchema`] named
+/// [`FORMAT_NAME`], with no `strict` (OpenAI's strict mode wants every property required,
+/// which Anthropic's schemas need not be). Another type, or a member other than `type` and
+/// `schema`, is recorded as dropped.
+///
+/// # Errors
+/// [`ProtocolError::InvalidRequest`] for a `json_schema` format without a schema object.
+fn decode_format(req: &mut Request, path: &str, format: &Value) -> Result<(), ProtocolError> {
+    match format.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {}
+        other => {
+            let reason = format!("unknown format type `{}`", other.unwrap_or(""));
+            req.drop_field(path, reason);
+            return Ok(());
+        }
+    }
+    let schema = format
+        .get("schema")
+        .filter(|s| s.is_object())
+        .ok_or_else(|| invalid(format!("{path}.schema"), "expected a JSON Schema object"))?;
+    if let Some(members) = format.as_object() {
+        for k in members
+            .keys()
+            .filter(|k| !["type", "schema"].contains(&k.as_str()))
+        {
+            req.drop_field(format!("{path}.{k}"), "no counterpart in the translation");
+        }
+    }
+    req.response_format = Some(ResponseFormat::JsonSchema {
+        name: FORMAT_NAME.into(),
+        schema: schema.clone(),
+        strict: None,
+        description: None,
+    });
+    Ok(())
 }
 
 fn source(s: SourceIn) -> Option<Source> {
@@ -520,7 +578,7 @@ fn blocks(req: &mut Request, content: ContentIn, path: &str) -> Result<Vec<Part>
 // ---------------------------------------------------------------- upstream request
 
 /// The client's name for the structured-output field.
-fn response_format_field(req: &Request) -> &'static str {
+pub(crate) fn response_format_field(req: &Request) -> &'static str {
     match req.source {
         Some(ClientDialect::Responses) => "text.format",
         _ => "response_format",
@@ -551,6 +609,39 @@ fn web_search_tool(ws: &WebSearch) -> Value {
     Value::Object(o)
 }
 
+/// What of a request's structured output Anthropic's `output_config.format` cannot carry,
+/// by client field: JSON mode (`json_object`: Anthropic's formats are JSON Schemas, whose
+/// objects must close with `additionalProperties: false`, so no schema means "any
+/// object"), and a schema's `description` (Anthropic's format has no member for it). The
+/// schema's name and `strict` need no counterpart (Anthropic's output always follows the
+/// schema). Bedrock's Converse takes the same formats, so it loses JSON mode too.
+pub(crate) fn format_dropped(
+    req: &Request,
+    upstream: super::UpstreamDialect,
+) -> Vec<super::Dropped> {
+    let field = response_format_field(req);
+    match &req.response_format {
+        Some(ResponseFormat::JsonObject) => vec![super::Dropped {
+            field: field.into(),
+            reason: "JSON mode has no counterpart: structured output takes a JSON Schema".into(),
+        }],
+        Some(ResponseFormat::JsonSchema {
+            description: Some(_),
+            ..
+        }) if upstream == super::UpstreamDialect::Messages => {
+            let field = match req.source {
+                Some(ClientDialect::Responses) => "text.format.description",
+                _ => "response_format.json_schema.description",
+            };
+            vec![super::Dropped {
+                field: field.into(),
+                reason: "Anthropic's output format has no description".into(),
+            }]
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Encodes the canonical request as a Messages upstream body.
 ///
 /// `max_tokens` is the client's limit or `opts.default_max_tokens`; a
@@ -560,21 +651,16 @@ fn web_search_tool(ws: &WebSearch) -> Value {
 /// turn; reasoning without a signature (from an OpenAI client) is dropped,
 /// because Anthropic rejects unsigned thinking.
 ///
+/// A JSON Schema structured output goes as `output_config.format` (beside the effort);
+/// JSON mode has no counterpart and is left out (named by [`super::dropped_toward`]).
+///
 /// # Errors
-/// [`ProtocolError::Unsupported`] for a structured output format (no
-/// equivalent) and [`ProtocolError::InvalidRequest`] for tool-call arguments
-/// that are not a JSON object.
+/// [`ProtocolError::InvalidRequest`] for tool-call arguments that are not a JSON object.
 #[expect(
     clippy::too_many_lines,
     reason = "one field of the canonical request after another into Anthropic Messages' shape"
 )]
 pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
-    if req.response_format.is_some() {
-        return Err(unsupported(
-            response_format_field(req),
-            "structured output formats are not supported by the provider",
-        ));
-    }
     let mut messages = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
         let mut content: Vec<Value> = Vec::with_capacity(m.parts.len());
@@ -686,6 +772,13 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
         if let Some(e) = effort {
             output_config(&mut out).insert("effort".into(), e.into());
         }
+    }
+    if let Some(ResponseFormat::JsonSchema { schema, .. }) = &req.response_format {
+        // JSON mode (any object) has none: left out, recorded by `format_dropped`.
+        output_config(&mut out).insert(
+            "format".into(),
+            json!({"type": "json_schema", "schema": schema}),
+        );
     }
     if req.stream {
         out.insert("stream".into(), true.into());

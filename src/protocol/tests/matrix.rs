@@ -397,3 +397,224 @@ fn request_matrix() {
         }
     }
 }
+
+/// Every upstream dialect, for the cells that reach them all.
+const ALL_UPSTREAMS: [UpstreamDialect; 4] = [
+    UpstreamDialect::ChatCompletions,
+    UpstreamDialect::Messages,
+    UpstreamDialect::Gemini,
+    UpstreamDialect::Converse,
+];
+
+fn cell_opts() -> UpstreamOptions<'static> {
+    UpstreamOptions {
+        model: "up",
+        default_max_tokens: 4096,
+        stream_usage: true,
+        placement: crate::protocol::ModelPlacement::Body,
+        thinking: None,
+    }
+}
+
+/// The schema of the structured-output cells.
+fn answer_schema() -> Value {
+    json!({"type": "object", "properties": {"answer": {"type": "string"}},
+        "required": ["answer"], "additionalProperties": false})
+}
+
+/// A request for JSON matching [`answer_schema`], in the client's dialect (hand-written).
+fn structured_request(client: ClientDialect) -> Value {
+    let schema = answer_schema();
+    match client {
+        ClientDialect::ChatCompletions => json!({"model": "m",
+            "messages": [{"role": "user", "content": "Q"}],
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema}}}),
+        ClientDialect::Messages => json!({"model": "m", "max_tokens": 100,
+            "messages": [{"role": "user", "content": "Q"}],
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+        ClientDialect::Responses => json!({"model": "m", "input": "Q",
+            "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema}}}),
+    }
+}
+
+/// Where the upstream dialect carries the structured output, and how (hand-written): the
+/// member and its value. Anthropic names no schema: a Messages client's gets `output`.
+fn structured_upstream(up: UpstreamDialect, client: ClientDialect) -> (&'static str, Value) {
+    let schema = answer_schema();
+    let name = if client == ClientDialect::Messages {
+        "output"
+    } else {
+        "answer"
+    };
+    match up {
+        UpstreamDialect::ChatCompletions => (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema}}),
+        ),
+        UpstreamDialect::Messages => (
+            "output_config",
+            json!({"format": {"type": "json_schema", "schema": schema}}),
+        ),
+        UpstreamDialect::Gemini => (
+            "generationConfig",
+            json!({"responseMimeType": "application/json", "responseJsonSchema": schema}),
+        ),
+        UpstreamDialect::Converse => (
+            "outputConfig",
+            json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
+                "schema": schema.to_string(), "name": name}}}}),
+        ),
+    }
+}
+
+#[test]
+fn structured_output_request_matrix() {
+    for client in CLIENTS {
+        for up in ALL_UPSTREAMS {
+            if client.same_as(up) {
+                continue;
+            }
+            let body = structured_request(client).to_string();
+            let req = decode_request(client, body.as_bytes()).unwrap();
+            let opts = cell_opts();
+            assert!(
+                crate::protocol::dropped_toward(up, &req, &opts).is_empty(),
+                "{client:?} -> {up:?}: nothing dropped"
+            );
+            let mut got: Value =
+                serde_json::from_slice(&encode_request(up, &req, &opts).unwrap()).unwrap();
+            if let Some(g) = got["generationConfig"].as_object_mut() {
+                // A Messages client's `max_tokens` shares Gemini's generationConfig.
+                g.remove("maxOutputTokens");
+            }
+            let (member, want) = structured_upstream(up, client);
+            assert_eq!(got[member], want, "{client:?} -> {up:?}: {got}");
+        }
+    }
+}
+
+/// An answer whose text is the JSON the schema asked for, in the upstream's dialect.
+fn json_answer(up: UpstreamDialect, text: &str) -> String {
+    let t = Value::from(text);
+    match up {
+        UpstreamDialect::ChatCompletions => json!({"id": "chatcmpl-1", "object": "chat.completion",
+            "created": 1, "model": "up", "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": t}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}),
+        UpstreamDialect::Messages => json!({"id": "msg_1", "type": "message",
+            "role": "assistant", "model": "up", "content": [{"type": "text", "text": t}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 3, "output_tokens": 4}}),
+        UpstreamDialect::Gemini => json!({"candidates": [{"content": {"role": "model",
+            "parts": [{"text": t}]}, "finishReason": "STOP"}],
+            "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4,
+                "totalTokenCount": 7}, "modelVersion": "up"}),
+        UpstreamDialect::Converse => json!({"output": {"message": {"role": "assistant",
+            "content": [{"text": t}]}}, "stopReason": "end_turn",
+            "usage": {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7}}),
+    }
+    .to_string()
+}
+
+#[test]
+fn structured_output_answer_matrix() {
+    let text = r#"{"answer":"4"}"#;
+    for client in CLIENTS {
+        for up in ALL_UPSTREAMS {
+            if client.same_as(up) {
+                continue;
+            }
+            let mut r = decode_response(up, json_answer(up, text).as_bytes(), 1).unwrap();
+            r.model = STANDARD.into();
+            let got = seen_body(client, &encode_response(client, &r));
+            assert_eq!(got.text, text, "{client:?} <- {up:?}");
+            assert!(got.tools.is_empty(), "{client:?} <- {up:?}");
+        }
+    }
+}
+
+/// A turn with a tool call and its result in the history and no tools (a summarising or
+/// compaction turn), in the client's dialect; with `none`, the tools and `tool_choice:
+/// none` besides.
+fn tool_history_request(client: ClientDialect, none: bool) -> Value {
+    let mut b = match client {
+        ClientDialect::ChatCompletions => json!({"model": "m", "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "user", "content": "Summarise."}]}),
+        ClientDialect::Messages => json!({"model": "m", "max_tokens": 100, "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"},
+                {"type": "text", "text": "Summarise."}]}]}),
+        ClientDialect::Responses => json!({"model": "m", "input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            {"role": "user", "content": "Summarise."}]}),
+    };
+    if none {
+        let (tools, choice) = match client {
+            ClientDialect::ChatCompletions => (
+                json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+                       {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]),
+                json!("none"),
+            ),
+            ClientDialect::Messages => (
+                json!([{"name": "get_weather", "input_schema": {"type": "object"}},
+                       {"name": "get_time", "input_schema": {"type": "object"}}]),
+                json!({"type": "none"}),
+            ),
+            ClientDialect::Responses => (
+                json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object"}},
+                       {"type": "function", "name": "get_time", "parameters": {"type": "object"}}]),
+                json!("none"),
+            ),
+        };
+        b["tools"] = tools;
+        b["tool_choice"] = choice;
+    }
+    b
+}
+
+#[test]
+fn converse_tool_history_matrix() {
+    for client in CLIENTS {
+        for none in [false, true] {
+            let body = tool_history_request(client, none).to_string();
+            let req = decode_request(client, body.as_bytes()).unwrap();
+            let opts = cell_opts();
+            let got: Value = serde_json::from_slice(
+                &encode_request(UpstreamDialect::Converse, &req, &opts).unwrap(),
+            )
+            .unwrap();
+            // The client's schema where it gave the tool, else a permissive one; only the
+            // tools the history calls, never a toolChoice.
+            let schema = if none {
+                json!({"type": "object"})
+            } else {
+                json!({"type": "object", "properties": {}})
+            };
+            assert_eq!(
+                got["toolConfig"],
+                json!({"tools": [{"toolSpec": {"name": "get_weather",
+                    "inputSchema": {"json": schema}}}]}),
+                "{client:?} none={none}: {got}"
+            );
+            assert_eq!(
+                got["messages"][1]["content"][0]["toolUse"]["name"], "get_weather",
+                "{client:?}: {got}"
+            );
+            let dropped: Vec<String> =
+                crate::protocol::dropped_toward(UpstreamDialect::Converse, &req, &opts)
+                    .into_iter()
+                    .map(|d| d.field)
+                    .collect();
+            let want: &[&str] = if none { &["tool_choice"] } else { &[] };
+            assert_eq!(dropped, want, "{client:?} none={none}");
+        }
+    }
+}

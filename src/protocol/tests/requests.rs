@@ -284,14 +284,6 @@ fn refused_fields_name_the_field() {
         ),
         ("functions".into(), true)
     );
-    assert_eq!(
-        refused(
-            ClientDialect::ChatCompletions,
-            UpstreamDialect::Messages,
-            m(json!({"response_format": {"type": "json_object"}}))
-        ),
-        ("response_format".into(), true)
-    );
     let r = |extra: Value| {
         let mut b = json!({"model": "m", "input": "Q"});
         b.as_object_mut()
@@ -307,10 +299,6 @@ fn refused_fields_name_the_field() {
         (json!({"store": true}), "store"),
         (json!({"conversation": "conv_1"}), "conversation"),
         (json!({"background": true}), "background"),
-        (
-            json!({"text": {"format": {"type": "json_object"}}}),
-            "text.format",
-        ),
     ] {
         assert_eq!(
             refused(
@@ -815,4 +803,162 @@ fn hosted_web_search_maps_to_the_targets_own_search() {
     assert!(req.web_search.is_none());
     assert_eq!(req.dropped.len(), 1);
     assert_eq!(req.dropped[0].field, "tools[0]");
+}
+
+/// What a translation of `body` from `from` to `to` leaves out, by client field.
+fn dropped_toward(from: ClientDialect, to: UpstreamDialect, body: &Value) -> Vec<String> {
+    let req = decode_request(from, body.to_string().as_bytes()).unwrap();
+    crate::protocol::dropped_toward(to, &req, &OPTS)
+        .into_iter()
+        .map(|d| d.field)
+        .collect()
+}
+
+#[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one structured-output form per client dialect, toward every upstream, side by side"
+)]
+fn structured_output_crosses_every_direction() {
+    let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}},
+        "required": ["answer"], "additionalProperties": false});
+    let hi = json!([{"role": "user", "content": "Q"}]);
+    // Anthropic's `output_config.format` (with the effort beside it) and the beta's
+    // top-level `output_format`, toward OpenAI, Gemini and Converse.
+    let current = json!({"model": "m", "max_tokens": 5, "messages": hi,
+        "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": schema}}});
+    let beta = json!({"model": "m", "max_tokens": 5, "messages": hi,
+        "output_format": {"type": "json_schema", "schema": schema}});
+    for body in [&current, &beta] {
+        assert!(dropped(ClientDialect::Messages, body).is_empty(), "{body}");
+        let chat = translate(
+            ClientDialect::Messages,
+            UpstreamDialect::ChatCompletions,
+            body.clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            chat["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
+            "{chat}"
+        );
+        let gemini = translate(
+            ClientDialect::Messages,
+            UpstreamDialect::Gemini,
+            body.clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            gemini["generationConfig"]["responseMimeType"],
+            "application/json"
+        );
+        assert_eq!(gemini["generationConfig"]["responseJsonSchema"], schema);
+        let converse = translate(
+            ClientDialect::Messages,
+            UpstreamDialect::Converse,
+            body.clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            converse["outputConfig"],
+            json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
+                "schema": schema.to_string(), "name": "output"}}}}),
+            "{converse}"
+        );
+    }
+    // Both given: `output_config.format` wins, the beta's member is recorded as dropped.
+    let mut both = current.clone();
+    both["output_format"] = json!({"type": "json_schema", "schema": {"type": "object"}});
+    assert_eq!(dropped(ClientDialect::Messages, &both), ["output_format"]);
+    let chat = translate(
+        ClientDialect::Messages,
+        UpstreamDialect::ChatCompletions,
+        both,
+    )
+    .unwrap();
+    assert_eq!(chat["response_format"]["json_schema"]["schema"], schema);
+    // A format Sluice does not know is recorded, never refused.
+    let unknown = json!({"model": "m", "max_tokens": 5, "messages": hi,
+        "output_config": {"format": {"type": "yaml"}}});
+    assert_eq!(
+        dropped(ClientDialect::Messages, &unknown),
+        ["output_config.format"]
+    );
+
+    // Chat's `response_format` and Responses' `text.format` json_schema toward Anthropic:
+    // `output_config.format`, beside the effort.
+    let chat_body = json!({"model": "m", "messages": hi, "reasoning_effort": "high",
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer",
+            "schema": schema, "strict": true}}});
+    let responses_body = json!({"model": "m", "input": "Q", "reasoning": {"effort": "high"},
+        "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema,
+            "strict": true}}});
+    for (from, body) in [
+        (ClientDialect::ChatCompletions, &chat_body),
+        (ClientDialect::Responses, &responses_body),
+    ] {
+        let got = translate(from, UpstreamDialect::Messages, body.clone()).unwrap();
+        assert_eq!(
+            got["output_config"],
+            json!({"effort": "high", "format": {"type": "json_schema", "schema": schema}}),
+            "{from:?}: {got}"
+        );
+        assert!(
+            dropped_toward(from, UpstreamDialect::Messages, body).is_empty(),
+            "{from:?}"
+        );
+        let got = translate(from, UpstreamDialect::Converse, body.clone()).unwrap();
+        assert_eq!(
+            got["outputConfig"],
+            json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
+                "schema": schema.to_string(), "name": "answer"}}}}),
+            "{from:?}: {got}"
+        );
+    }
+    // A description goes to Converse; Anthropic has no member for it (recorded).
+    let mut described = chat_body.clone();
+    described["response_format"]["json_schema"]["description"] = json!("The answer.");
+    let got = translate(
+        ClientDialect::ChatCompletions,
+        UpstreamDialect::Converse,
+        described.clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["outputConfig"]["textFormat"]["structure"]["jsonSchema"]["description"],
+        "The answer."
+    );
+    assert_eq!(
+        dropped_toward(
+            ClientDialect::ChatCompletions,
+            UpstreamDialect::Messages,
+            &described
+        ),
+        ["response_format.json_schema.description"]
+    );
+
+    // JSON mode (any object) has no counterpart on Anthropic or Converse: the request goes
+    // without it, and the drop is recorded in the client's words.
+    for (from, body, field) in [
+        (
+            ClientDialect::ChatCompletions,
+            json!({"model": "m", "messages": hi, "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            ClientDialect::Responses,
+            json!({"model": "m", "input": "Q", "text": {"format": {"type": "json_object"}}}),
+            "text.format",
+        ),
+    ] {
+        for to in [UpstreamDialect::Messages, UpstreamDialect::Converse] {
+            let got = translate(from, to, body.clone()).unwrap();
+            assert!(
+                got.get("output_config").is_none(),
+                "{from:?}->{to:?}: {got}"
+            );
+            assert!(got.get("outputConfig").is_none(), "{from:?}->{to:?}: {got}");
+            assert_eq!(dropped_toward(from, to, &body), [field], "{from:?}->{to:?}");
+        }
+    }
 }
