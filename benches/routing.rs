@@ -80,7 +80,6 @@ fn model(n: usize, strategy: Strategy) -> Model {
         hedge_after: None,
         affinity: sluice::config::opt_in::Affinity::Off,
         fallback_models: Vec::new(),
-        unsupported: sluice::config::Unsupported::Drop,
         context_fallback_models: Vec::new(),
         input_usd_per_mtok: None,
         output_usd_per_mtok: None,
