@@ -38,24 +38,42 @@
 //!
 //! # Fields per direction
 //!
-//! "Dropped" fields have no equivalent on the target and losing them is
-//! harmless (sampling hints, tracing labels, caching hints). "Refused"
-//! fields answer a 400 naming the field ([`ProtocolError::Unsupported`]).
+//! **Same dialect in and out is a passthrough** (Chat Completions → OpenAI-compatible or
+//! Azure; Messages → Anthropic, Claude on Bedrock or Vertex AI): the client's JSON goes
+//! upstream with only what the gateway owns changed (`model`; Sluice's own `provider` and
+//! `models`; `stream_options.include_usage` when metering needs it; the provider's placement
+//! rules: Bedrock and Vertex take the model and the stream choice in the path and need
+//! `anthropic_version`, Bedrock refuses `metadata` and `service_tier`, which are dropped with
+//! a record). Every member, enum value, tool type, content block, role and answer event
+//! Sluice does not know passes untouched (model rewritten, usage read); the drift property
+//! tests (`tests/e2e/drift.rs`) hold this.
 //!
-//! | source → target | dropped (harmless) | refused (400) |
-//! |---|---|---|
-//! | Chat → canonical | `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `service_tier`, `store`, `prediction`, `metadata` (except via `user`), message `name`, `top_logprobs` without `logprobs` | `n` > 1, `logprobs: true`, `audio`/`modalities` with audio, `functions`/`function_call`, role `function`, `web_search_options`, non-function tools, `input_audio` parts, `file` parts with a `file_id` |
-//! | Messages → canonical | `top_k`, `cache_control`, `citations`, `service_tier`, `metadata` keys other than `user_id`, `redacted_thinking` blocks | server tools (`type` other than `custom`), `mcp_servers`, `container`, unknown block types (`search_result`, `server_tool_use`, …), non-text `document` sources other than base64/url |
-//! | Responses → canonical | `include`, `truncation`, `service_tier`, `store: false`, `stream_options`, `reasoning.summary`, `prompt_cache_key`, `safety_identifier`, `text.verbosity`, image `detail`, `top_logprobs` | `previous_response_id`, `store: true`, `conversation` ("there is no response storage"), `background: true`, `prompt`, `item_reference` items, non-function tools, `file_id` images/files |
-//! | canonical → Chat (upstream) | thinking signatures and redacted thinking in history (OpenAI takes no reasoning input), document `title`, a tool result's `is_error` (OpenAI tool messages have no error flag; the result text still says what failed) | images inside tool results, URL documents |
-//! | canonical → Messages (upstream) | `reasoning.effort` becomes a `thinking` budget (low 1024, medium 8192, high 24576, capped below `max_tokens`); temperature above 1 is clamped to 1; unsigned reasoning in history; a JSON schema's name and `strict` (see *Structured output* below) | — |
-//! | Chat upstream → client | `logprobs`, `system_fingerprint`, `refusal` becomes text | — |
-//! | Messages upstream → Chat client | thinking `signature` (Chat has no field for it), `redacted_thinking` | — |
-//! | canonical → Gemini (upstream) | reasoning history and signatures (Gemini's `thoughtSignature` has no canonical carrier), `parallel_tool_calls`, `user`, a tool's `strict`, document `title`; `reasoning` becomes `thinkingConfig.thinkingBudget` (disabled: 0) | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
-//! | canonical → Converse (upstream) | reasoning history and settings (model specific in Converse), `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results; `tool_choice: none` leaves the tools out (see *Converse tool history* below); a JSON schema's `strict` | image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
-//! | Converse upstream → client | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — |
-//! | Gemini upstream → client | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — |
-//! | any → Responses client | — (signatures travel as `encrypted_content`) | — |
+//! A translation is tolerant and visible. At decode, a member, value, block, item or tool
+//! type without a canonical counterpart is **dropped with a record** ([`Request::dropped`]:
+//! its JSON path in the client's dialect and why); toward a target that cannot carry a
+//! canonical member, [`dropped_toward`] adds it. The record reaches the client as the
+//! `x-sluice-dropped` response header, the `sluice_dropped_fields_total` metric and an info
+//! log line; `models.<id>.unsupported: refuse` turns it into a 400 naming the member instead
+//! (the default is `drop`). "Harmless" drops (sampling hints, tracing labels, caching
+//! hints) are not recorded. "Refused" is a 400 naming the field
+//! ([`ProtocolError::Unsupported`]) whatever the policy: the request cannot mean anything
+//! without it.
+//!
+//! | source → target | mapped | dropped (harmless, unrecorded) | dropped with a record | refused (400) |
+//! |---|---|---|---|---|
+//! | Chat → canonical | messages of every role (system/developer anywhere join the system prompt), function tools, `tool_choice`, `reasoning_effort` (none…xhigh, and max), `response_format`, `web_search_options` ([`WebSearch`]) | `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `service_tier`, `store`, `prediction`, `metadata` (except via `user`), message `name`, `top_logprobs` without `logprobs` | unknown members, non-function tools (`custom`), an unknown `tool_choice` or effort | `n` > 1, `logprobs: true`, audio output, `functions`/`function_call`, role `function`, `input_audio` parts, `file` parts with a `file_id` |
+//! | Messages → canonical | `thinking` (`enabled` budget, `adaptive`, `disabled`, `display: omitted`), `output_config.effort` (low…max), `output_config.format` / `output_format`, `system` messages anywhere in `messages`, custom tools, `web_search_*` server tools ([`WebSearch`]) | `top_k`, `cache_control`, `citations`, `service_tier`, `metadata` keys other than `user_id`, `redacted_thinking` blocks | other server tools, `mcp_servers`, `container`, unknown members, block types (`search_result`, `server_tool_use`, …), sources, thinking types, efforts and tool choices | a missing or non-integer `max_tokens`, malformed messages |
+//! | Responses → canonical | `function`, `namespace` (flattened to `{namespace}__{name}`, named back on the way out) and `custom` tools (one string parameter `input`, given back as `custom_tool_call`), `web_search` ([`WebSearch`]), `reasoning.effort` (none…xhigh, and max), `text.format`, developer/system items anywhere | `include`, `truncation`, `service_tier`, `store: false`, `stream_options`, `reasoning.summary`, `prompt_cache_key`, `safety_identifier`, `text.verbosity`, image `detail`, `top_logprobs` | other hosted tools (`file_search`, `code_interpreter`, …), `web_search` with `external_web_access: false`, unknown members, items (`web_search_call`, …), parts, roles, efforts and tool choices | `previous_response_id`, `store: true`, `conversation` ("there is no response storage"), `background: true`, `prompt`, `item_reference` items, `file_id` images/files |
+//! | canonical → Chat (upstream) | effort as `reasoning_effort` (max → xhigh), structured output | thinking signatures and redacted thinking in history (OpenAI takes no reasoning input), document `title`, a tool result's `is_error` | web search (Chat has it only on OpenAI's search models) | images inside tool results, URL documents |
+//! | canonical → Messages (upstream) | reasoning as adaptive thinking + `output_config.effort` (minimal → low) for current Claude, or a `thinking` budget (low 1024, medium 8192, high 24576, xhigh 32768, max 63999, capped below `max_tokens`) for Claude before 4.6 (`routes[].thinking` overrides; [`ThinkingForm`]); `display: omitted`; web search as the `web_search_20250305` server tool; structured output (see below) | temperature above 1 is clamped to 1; unsigned reasoning in history | see *Structured output* | — |
+//! | canonical → Gemini (upstream) | reasoning as `thinkingConfig` (Gemini 3: `thinkingLevel`; 2.5: `thinkingBudget`, capped at 24576, Pro 32768; adaptive −1; disabled 0); web search as `googleSearch`; structured output | reasoning history and signatures, `parallel_tool_calls`, `user`, a tool's `strict`, document `title` | — | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
+//! | canonical → Converse (upstream) | Claude reasoning as `additionalModelRequestFields` (`thinking`, `output_config.effort`); a `toolConfig` synthesized from the history's calls (see below); structured output | `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results | reasoning settings toward a model that is not Claude, web search, JSON mode | image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
+//! | Chat upstream → client | — | `logprobs`, `system_fingerprint`, `refusal` becomes text | — | — |
+//! | Messages upstream → Chat client | — | thinking `signature` (Chat has no field for it), `redacted_thinking`, server tool blocks (`server_tool_use`, `web_search_tool_result`: their text answer passes) | — | — |
+//! | Converse upstream → client | — | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — | — |
+//! | Gemini upstream → client | — | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — | — |
+//! | any → Responses client | namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`) | — | — |
+//! | any → Messages client | `display: omitted` honoured: thinking blocks keep their signature, no thinking text | — | — | — |
 //!
 //! ## Structured output
 //!
