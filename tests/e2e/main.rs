@@ -11,6 +11,7 @@ mod bedrock_converse;
 mod budget;
 mod cancellation;
 mod capacity;
+mod captured_clients;
 mod cli_key;
 mod client_compat;
 mod cloud_providers;

@@ -240,7 +240,11 @@ impl Sluice {
             std::fs::write(&config_path, cfg).expect("write config");
             let log_path = dir.path().join("sluice.log");
             let log = std::fs::File::create(&log_path).expect("log file");
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+            // `SLUICE_E2E_BIN` runs the suite against another build (an older commit's, to
+            // show that a new test fails there).
+            let exe = std::env::var_os("SLUICE_E2E_BIN")
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into());
+            let mut cmd = Command::new(exe);
             // Its own working directory: the default usage ledger (`sluice-usage.db`) is
             // created there, not in the repository.
             cmd.current_dir(dir.path())
