@@ -76,6 +76,7 @@ mod h1;
 mod record;
 mod respond;
 pub mod sigv4;
+mod tool_loop;
 mod wire;
 
 #[cfg(test)]
@@ -96,6 +97,7 @@ use tokio::task::JoinHandle;
 
 pub use self::behavior::{Behavior, MockToolCall, Split};
 pub use self::record::{Phase, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
+pub use self::tool_loop::{DONE_MARKER, TOOL_MARKER};
 
 use self::h1::{read_request, simple_response, Rd, ReadError, Wr};
 use self::record::{lock, mark_peer_closed, RecordHandle};
