@@ -37,15 +37,15 @@ const PROVIDER_KEY: &str = "battery-key-5e1d";
 
 /// One provider kind set up for the battery: Sluice with one provider of the kind behind
 /// the model `acme/m`, its mock, and what the cells need to know about the kind.
-struct Rig {
-    sluice: Sluice,
-    mock: Mock,
+pub(crate) struct Rig {
+    pub(crate) sluice: Sluice,
+    pub(crate) mock: Mock,
     /// Knobs every behaviour of this kind carries (the token endpoint's public key, the
     /// provider key the mock accepts).
-    base: Value,
+    pub(crate) base: Value,
     /// What the path of every model call of this kind contains (token requests and health
     /// probes do not).
-    marker: &'static str,
+    pub(crate) marker: &'static str,
     /// The upstream model id, which the client never sees.
     upstream_model: &'static str,
     /// Whether the kind's wire names tool calls by id (Gemini names them by function only).
@@ -58,7 +58,7 @@ struct Rig {
 }
 
 /// The standard model every rig serves.
-const MODEL: &str = "acme/m";
+pub(crate) const MODEL: &str = "acme/m";
 
 /// Sluice's config with one provider, `p`, given as its YAML block (indented four spaces,
 /// without the name), serving [`MODEL`] as `upstream`.
@@ -92,7 +92,7 @@ fn keyed(
     }
 }
 
-fn openai_rig() -> Rig {
+pub(crate) fn openai_rig() -> Rig {
     keyed(
         |url| {
             format!("    kind: openai\n    base_url: {url}/v1\n    api_key: sk-battery-oa\n    health_check: {{enabled: false}}\n")
@@ -103,7 +103,7 @@ fn openai_rig() -> Rig {
     )
 }
 
-fn anthropic_rig() -> Rig {
+pub(crate) fn anthropic_rig() -> Rig {
     keyed(
         |url| {
             format!("    kind: anthropic\n    base_url: {url}/v1\n    api_key: sk-ant-battery\n    health_check: {{enabled: false}}\n")
@@ -114,7 +114,7 @@ fn anthropic_rig() -> Rig {
     )
 }
 
-fn azure_openai_rig() -> Rig {
+pub(crate) fn azure_openai_rig() -> Rig {
     keyed(
         |url| {
             format!("    kind: azure_openai\n    base_url: {url}\n    api_version: \"2024-10-21\"\n    api_key: {PROVIDER_KEY}\n    health_check: {{enabled: false}}\n")
@@ -125,7 +125,7 @@ fn azure_openai_rig() -> Rig {
     )
 }
 
-fn gemini_rig() -> Rig {
+pub(crate) fn gemini_rig() -> Rig {
     keyed(
         |url| {
             format!("    kind: gemini\n    base_url: {url}/v1beta\n    api_key: {PROVIDER_KEY}\n    health_check: {{enabled: false}}\n")
@@ -164,14 +164,14 @@ fn vertex(marker: &'static str, upstream_model: &'static str) -> Rig {
     }
 }
 
-fn vertex_claude_rig() -> Rig {
+pub(crate) fn vertex_claude_rig() -> Rig {
     vertex(
         "/publishers/anthropic/models/claude-sonnet-4-6:",
         "claude-sonnet-4-6",
     )
 }
 
-fn vertex_gemini_rig() -> Rig {
+pub(crate) fn vertex_gemini_rig() -> Rig {
     vertex(
         "/publishers/google/models/gemini-2.5-flash:",
         "gemini-2.5-flash",
@@ -207,12 +207,12 @@ fn bedrock(marker: &'static str, upstream_model: &'static str) -> Rig {
 }
 
 /// A Claude model: InvokeModel with Anthropic's body.
-fn bedrock_claude_rig() -> Rig {
+pub(crate) fn bedrock_claude_rig() -> Rig {
     bedrock("/invoke", crate::bedrock::BEDROCK_MODEL)
 }
 
 /// A model that is not Claude: the Converse API.
-fn bedrock_converse_rig() -> Rig {
+pub(crate) fn bedrock_converse_rig() -> Rig {
     bedrock("/converse", crate::bedrock_converse::NOVA)
 }
 
