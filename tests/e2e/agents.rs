@@ -58,13 +58,17 @@ fn npm_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// Brings up loopback in a new network namespace (`ip` is in `/usr/sbin`, which a non-login
+/// `PATH` may lack).
+const LOOPBACK_UP: &str = "PATH=\"$PATH:/usr/sbin:/sbin\" ip link set lo up";
+
 /// Whether this process may make a network namespace (root, or unprivileged user
 /// namespaces); checked once.
 fn netns() -> bool {
     static CAN: OnceLock<bool> = OnceLock::new();
     *CAN.get_or_init(|| {
         let ok = Command::new("unshare")
-            .args(["--net", "--", "ip", "link", "set", "lo", "up"])
+            .args(["--net", "--", "sh", "-c", LOOPBACK_UP])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -204,14 +208,8 @@ fn run_isolated(
     isolate.extend(args.iter().map(|a| a.replace("{port}", &port.to_string())));
     let mut cmd = if netns() {
         let mut c = Command::new("unshare");
-        c.args([
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            "ip link set lo up && exec node \"$@\"",
-            "sh",
-        ]);
+        let script = format!("{LOOPBACK_UP} && exec node \"$@\"");
+        c.args(["--net", "--", "sh", "-c", &script, "sh"]);
         c.args(&isolate);
         c
     } else {
