@@ -345,8 +345,15 @@ fn tool_loop(rig: &Rig, agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) -> Resu
         let tool = called
             .and_then(|c| calls[c]["behavior"]["tool_calls"][0]["name"].as_str())
             .unwrap_or_default();
+        // What Sluice left out translating (its info line), for the record.
+        let log = rig.sluice.log();
+        let mut dropped: Vec<&str> = log
+            .lines()
+            .filter_map(|l| l.split_once("dropped in translation ").map(|(_, d)| d))
+            .collect();
+        dropped.dedup();
         return Ok(format!(
-            "{:.1} s, {} model calls, tool {tool}, said {:?}",
+            "{:.1} s, {} model calls, tool {tool}, said {:?}; dropped: {dropped:?}",
             run.took.as_secs_f64(),
             calls.len(),
             run.stdout.trim().lines().last().unwrap_or_default()
