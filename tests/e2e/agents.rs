@@ -491,8 +491,8 @@ fn codex_runs_a_tool_loop_on_every_provider_kind() {
             &[
                 "exec".into(),
                 "--skip-git-repo-check".into(),
-                "--sandbox".into(),
-                "danger-full-access".into(),
+                // Codex's own sandbox as shipped (read-only for `codex exec`: echo may run);
+                // no plugins, which would be fetched.
                 "--disable".into(),
                 "plugins".into(),
                 "--color".into(),
