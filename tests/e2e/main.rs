@@ -3,6 +3,7 @@
 //! real sockets. Each module covers one concern.
 
 mod affinity;
+mod agents;
 mod anthropic;
 mod api;
 mod backpressure;

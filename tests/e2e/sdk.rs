@@ -15,7 +15,7 @@ const INSTALL: &str = "python3 -m venv .venv && .venv/bin/pip install -r tests/s
      (or: .venv/bin/pip install openai), or point SLUICE_PYTHON at an interpreter that has `openai`";
 
 /// The Python interpreter the SDK tests use.
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_PYTHON").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }

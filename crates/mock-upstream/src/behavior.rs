@@ -230,6 +230,13 @@ pub struct Behavior {
     /// `partial_json` fragments); each fragment counts as one content token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<MockToolCall>>,
+    /// Play a model that uses one tool once (see the `tool_loop` module): a request that
+    /// carries a tool result is answered with text quoting it; one that offers tools and
+    /// carries no result, with one call of an offered tool (a shell tool by preference,
+    /// called with `echo sluice-tool-ok`); in every provider dialect, stream or not.
+    /// `text` and `tool_calls`, when set, win.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_loop: Option<bool>,
     /// Answer with this reasoning before the text, one word per event: OpenAI-compatible
     /// `reasoning_content` (as DeepSeek and vLLM send it, with
     /// `completion_tokens_details.reasoning_tokens` in the usage), Anthropic a `thinking`
@@ -425,6 +432,7 @@ impl Behavior {
             stream_always,
             bom,
             tool_calls,
+            tool_loop,
             reasoning,
             signature,
             cached_tokens,

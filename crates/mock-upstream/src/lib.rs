@@ -40,7 +40,9 @@
 //! Answers carry text, and on request reasoning (OpenAI-compatible `reasoning_content`,
 //! Anthropic thinking blocks with signatures), tool calls (one or parallel: OpenAI
 //! `tool_calls` deltas, Anthropic `tool_use` blocks with `input_json_delta` fragments),
-//! cached prompt tokens and a dated model id.
+//! cached prompt tokens and a dated model id. With the `tool_loop` knob the mock plays a
+//! model that calls one tool the request offers and then answers its result, so that real
+//! agents run a whole tool loop against it.
 //!
 //! Its behaviour (latency, failures, stalls, abrupt closes, SSE framing quirks, write
 //! splitting, slow-reader back-pressure) is scripted with [`Behavior`] knobs, per request
@@ -76,6 +78,7 @@ mod h1;
 mod record;
 mod respond;
 pub mod sigv4;
+mod tool_loop;
 mod wire;
 
 #[cfg(test)]
@@ -96,6 +99,7 @@ use tokio::task::JoinHandle;
 
 pub use self::behavior::{Behavior, Drift, DriftEvent, MockToolCall, Split};
 pub use self::record::{Phase, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
+pub use self::tool_loop::{DONE_MARKER, TOOL_MARKER};
 
 use self::h1::{read_request, simple_response, Rd, ReadError, Wr};
 use self::record::{lock, mark_peer_closed, RecordHandle};

@@ -67,6 +67,10 @@ pub struct RequestRecord {
     pub body_truncated: bool,
     /// When the request (head and body) had been read, ms.
     pub received_at_ms: u64,
+    /// The `tool_loop` knob: the text of the last tool result the request carried (in
+    /// whichever dialect), whitespace collapsed, at most 300 characters; `None` without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_result: Option<String>,
     /// Effective behaviour used for this request (after merging all levels).
     pub behavior: Behavior,
     /// Response status, once decided.

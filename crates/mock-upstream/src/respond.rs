@@ -16,6 +16,7 @@ use super::converse;
 use super::google::{self, Publisher};
 use super::h1::{Framing, Out, Request, Wr};
 use super::record::{lock, RecordHandle, RequestRecord, BODY_COPY_LIMIT, SELECTED_HEADERS};
+use super::tool_loop;
 use super::wire::{self, BodyEncoder, Provider, ReplyMeta, SseStyle};
 use super::MockState;
 
@@ -261,7 +262,10 @@ pub(crate) fn prepare(
             }
         }
     }
-    let behavior = per_request.merged_over(&state.default_behavior());
+    let mut behavior = per_request.merged_over(&state.default_behavior());
+    if let (true, Some(body)) = (Behavior::flag(behavior.tool_loop), body.as_ref()) {
+        record.tool_result = tool_loop::apply(&mut behavior, body);
+    }
 
     // Failure decision.
     let mut error_status: Option<u16> = None;

@@ -1148,3 +1148,4 @@ async fn prompt_cache_reports_a_repeated_prefix_as_cached_until_reset() {
     );
 }
 mod cloud;
+mod tool_loop;

@@ -1,0 +1,592 @@
+//! The real clients, as shipped (issue 28): Claude Code and Codex from npm at the versions
+//! `tests/agents/package-lock.json` pins, each driven non-interactively through a tool loop
+//! on every provider kind; LangChain (Python) and the Vercel AI SDK (JavaScript), a plain and
+//! a streamed request each.
+//!
+//! Each agent run is one prompt to a real Sluice in front of the mock upstream with its
+//! `tool_loop` knob on: the mock answers the request that offers tools with a call of the
+//! agent's shell tool (`echo sluice-tool-ok`), the agent runs it, and the mock answers the
+//! request that carries the tool result with text quoting it. The test asserts the agent
+//! exits 0, prints that text, and the mock saw the tool result come back. The agents run
+//! with their own defaults (no permission or sandbox flag: both let `echo` run), told only
+//! where Sluice is, the model, the key, and to stay off the network (Claude Code's
+//! `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`, Codex's update check, analytics and plugins
+//! off); nothing turns off what a gateway might refuse.
+//!
+//! The clients never reach another host: each runs in a network namespace of its own with
+//! only loopback (`unshare --net`, as root; else, printed, in the test's own), where
+//! `tests/agents/isolate.mjs` forwards the base URL's port to Sluice over a Unix socket, and
+//! `HTTP(S)_PROXY` points at a trap that records every attempt to reach another host: the
+//! test fails on any. Missing Node.js, packages or Python modules fail the test (install with
+//! `bash scripts/install-deps.sh`); nothing is skipped.
+
+use std::io::Read;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_mock_upstream::{DONE_MARKER, TOOL_MARKER};
+
+use crate::harness::{free_ports, Mock, Sluice, TempDir, KEY};
+use crate::provider_battery::{self as battery, Rig, MODEL};
+
+/// Longest one client run may take before it is killed (its process group).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// What the agents are asked (the mock decides what they do; the prompt only reads right).
+const PROMPT: &str = "Run `echo sluice-tool-ok` in the shell and tell me what it printed.";
+const INSTALL: &str =
+    "run `bash scripts/install-deps.sh` (Node.js, npm, then `npm ci` in tests/agents)";
+
+fn agents_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/agents")
+}
+
+/// A client's executable from `tests/agents/node_modules/.bin`; fails the test when missing.
+fn npm_bin(name: &str) -> PathBuf {
+    let node = Command::new("node").arg("--version").output();
+    assert!(
+        node.as_ref().is_ok_and(|o| o.status.success()),
+        "Node.js is not installed ({node:?}): {INSTALL}"
+    );
+    let bin = agents_dir().join("node_modules/.bin").join(name);
+    assert!(bin.exists(), "{} is missing: {INSTALL}", bin.display());
+    bin
+}
+
+/// Brings up loopback in a new network namespace (`ip` is in `/usr/sbin`, which a non-login
+/// `PATH` may lack).
+const LOOPBACK_UP: &str = "PATH=\"$PATH:/usr/sbin:/sbin\" ip link set lo up";
+
+/// Whether this process may make a network namespace (root, or unprivileged user
+/// namespaces); checked once.
+fn netns() -> bool {
+    static CAN: OnceLock<bool> = OnceLock::new();
+    *CAN.get_or_init(|| {
+        let ok = Command::new("unshare")
+            .args(["--net", "--", "sh", "-c", LOOPBACK_UP])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!(
+                "agents: no network namespace here (`unshare --net` needs root): the clients \
+                 run in the test's namespace, other hosts caught by the proxy trap only"
+            );
+        }
+        ok
+    })
+}
+
+/// Forwards each connection to a Unix socket to `target` (Sluice), until dropped.
+struct Bridge {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Bridge {
+    fn start(path: PathBuf, target: SocketAddr) -> Bridge {
+        let listener = UnixListener::bind(&path).expect("bind the bridge's Unix socket");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let accept = std::thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        std::thread::spawn(move || splice(conn, target));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => {
+                        eprintln!("agents bridge: accept: {e}");
+                        break;
+                    }
+                }
+            }
+        });
+        Bridge {
+            path,
+            stop,
+            accept: Some(accept),
+        }
+    }
+}
+
+/// Copies bytes both ways between `conn` and a new connection to `target`, until both
+/// sides are done.
+fn splice(conn: UnixStream, target: SocketAddr) {
+    let _ = conn.set_nonblocking(false);
+    let Ok(tcp) = TcpStream::connect(target) else {
+        return;
+    };
+    let (Ok(mut conn_rd), Ok(mut tcp_rd)) = (conn.try_clone(), tcp.try_clone()) else {
+        return;
+    };
+    let (mut conn_wr, mut tcp_wr) = (conn, tcp);
+    let up = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut conn_rd, &mut tcp_wr);
+        let _ = tcp_wr.shutdown(Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut tcp_rd, &mut conn_wr);
+    let _ = conn_wr.shutdown(Shutdown::Write);
+    let _ = up.join();
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What one client run did.
+struct Run {
+    /// `None`: killed at [`CLIENT_TIMEOUT`].
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+    /// Attempts to reach another host, one line each (the proxy trap's log).
+    trapped: String,
+    took: Duration,
+}
+
+impl Run {
+    fn describe(&self) -> String {
+        let tail = |s: &str| {
+            let start = s.len().saturating_sub(4000);
+            s.get(start..).unwrap_or(s).to_string()
+        };
+        format!(
+            "status {:?} after {:.1} s\n--- stdout:\n{}\n--- stderr:\n{}\n--- other hosts tried:\n{}",
+            self.status,
+            self.took.as_secs_f64(),
+            tail(&self.stdout),
+            tail(&self.stderr),
+            self.trapped
+        )
+    }
+}
+
+/// Runs `program args` isolated (see the module docs), in `cwd`, with only `env` (plus
+/// `PATH`, a scratch `HOME` and the proxy settings), after writing `files`; `{port}` in
+/// `args`, `env` values and `files` stands for the port of the client's base URL.
+fn run_isolated(
+    sluice: &Sluice,
+    cwd: &Path,
+    program: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+    files: &[(PathBuf, String)],
+) -> Run {
+    let scratch = TempDir::new("agent-run");
+    let bridge = Bridge::start(scratch.path().join("sluice.sock"), sluice.addr);
+    let [port, trap_port] = free_ports();
+    let trap_log = scratch.path().join("trap.log");
+    std::fs::write(&trap_log, "").expect("trap log");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let mut isolate: Vec<String> = vec![
+        agents_dir().join("isolate.mjs").display().to_string(),
+        port.to_string(),
+        bridge.path.display().to_string(),
+        trap_port.to_string(),
+        trap_log.display().to_string(),
+        "--".into(),
+        program.display().to_string(),
+    ];
+    isolate.extend(args.iter().map(|a| a.replace("{port}", &port.to_string())));
+    let mut cmd = if netns() {
+        let mut c = Command::new("unshare");
+        let script = format!("{LOOPBACK_UP} && exec node \"$@\"");
+        c.args(["--net", "--", "sh", "-c", &script, "sh"]);
+        c.args(&isolate);
+        c
+    } else {
+        let mut c = Command::new("node");
+        c.args(&isolate);
+        c
+    };
+    let trap = format!("http://127.0.0.1:{trap_port}");
+    cmd.current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &home)
+        .env("TMPDIR", scratch.path())
+        .env("LANG", "C.UTF-8")
+        .env("TERM", "dumb")
+        .env("NO_COLOR", "1")
+        .env("HTTPS_PROXY", &trap)
+        .env("HTTP_PROXY", &trap)
+        .env("ALL_PROXY", &trap)
+        .env("https_proxy", &trap)
+        .env("http_proxy", &trap)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(scratch.path().join("stdout")).expect("stdout file"))
+        .stderr(std::fs::File::create(scratch.path().join("stderr")).expect("stderr file"))
+        // Its own process group, so that a timeout kills the client's children too.
+        .process_group(0);
+    for (k, v) in env {
+        cmd.env(k, v.replace("{port}", &port.to_string()));
+    }
+    for (path, text) in files {
+        std::fs::write(path, text.replace("{port}", &port.to_string())).expect("write a file");
+    }
+    let start = Instant::now();
+    let status = wait_bounded(cmd.spawn().expect("spawn the isolated client"));
+    let took = start.elapsed();
+    drop(bridge);
+    let read = |name: &str| {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(scratch.path().join(name)) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    };
+    Run {
+        status,
+        stdout: read("stdout"),
+        stderr: read("stderr"),
+        trapped: read("trap.log"),
+        took,
+    }
+}
+
+/// Waits for `child` (the leader of its own process group) at most [`CLIENT_TIMEOUT`], then
+/// kills the whole group; `None` when it had to.
+fn wait_bounded(mut child: std::process::Child) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("wait for the client") {
+            return Some(s);
+        }
+        if start.elapsed() > CLIENT_TIMEOUT {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sets up a provider kind's rig.
+type MakeRig = fn() -> Rig;
+
+/// Every provider kind's rig, by name.
+fn kinds() -> Vec<(&'static str, MakeRig)> {
+    vec![
+        ("openai", battery::openai_rig as MakeRig),
+        ("anthropic", battery::anthropic_rig),
+        ("bedrock-claude", battery::bedrock_claude_rig),
+        ("bedrock-converse", battery::bedrock_converse_rig),
+        ("gemini", battery::gemini_rig),
+        ("azure-openai", battery::azure_openai_rig),
+        ("vertex-claude", battery::vertex_claude_rig),
+        ("vertex-gemini", battery::vertex_gemini_rig),
+    ]
+}
+
+/// Whether `text` has the marker as the command printed it, not only the command itself (a
+/// refusal that quotes `echo sluice-tool-ok` does not count).
+fn printed_marker(text: &str) -> bool {
+    text.replace(&format!("echo {TOOL_MARKER}"), "")
+        .contains(TOOL_MARKER)
+}
+
+/// One agent's tool loop on one rig: `Err` says what went wrong, with the evidence.
+fn tool_loop(rig: &Rig, agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) -> Result<String, String> {
+    let mut behavior = rig.base.clone();
+    behavior["tool_loop"] = json!(true);
+    rig.mock.set_behavior(&behavior.to_string());
+    rig.mock.reset();
+    let run = run_agent(&rig.sluice);
+    let calls: Vec<Value> = rig
+        .mock
+        .log()
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(rig.marker)))
+        .collect();
+    let called = calls.iter().position(|r| {
+        r["behavior"]["tool_calls"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    });
+    let answered = calls
+        .iter()
+        .position(|r| r["tool_result"].as_str().is_some_and(printed_marker));
+    let mut problems = Vec::new();
+    if run.status.is_none_or(|s| !s.success()) {
+        problems.push("the agent did not exit 0".to_string());
+    }
+    if !(run.stdout.contains(DONE_MARKER) && printed_marker(&run.stdout)) {
+        problems.push(format!("stdout lacks `{DONE_MARKER} … {TOOL_MARKER}`"));
+    }
+    match (called, answered) {
+        (Some(c), Some(a)) if c < a => {}
+        _ => problems.push(format!(
+            "the mock did not see a tool call answered by its result (call at {called:?}, \
+             result at {answered:?})"
+        )),
+    }
+    if !run.trapped.is_empty() {
+        problems.push(format!("the agent tried other hosts:\n{}", run.trapped));
+    }
+    if problems.is_empty() {
+        let tool = called
+            .and_then(|c| calls[c]["behavior"]["tool_calls"][0]["name"].as_str())
+            .unwrap_or_default();
+        // What Sluice left out translating (its info line), for the record.
+        let log = rig.sluice.log();
+        let mut dropped: Vec<&str> = log
+            .lines()
+            .filter_map(|l| l.split_once("dropped in translation ").map(|(_, d)| d))
+            .collect();
+        dropped.dedup();
+        return Ok(format!(
+            "{:.1} s, {} model calls, tool {tool}, said {:?}; dropped: {dropped:?}",
+            run.took.as_secs_f64(),
+            calls.len(),
+            run.stdout.trim().lines().last().unwrap_or_default()
+        ));
+    }
+    let requests: Vec<String> = calls
+        .iter()
+        .map(|r| {
+            let body = r["body"].as_str().unwrap_or_default();
+            format!(
+                "  #{} {} {} → {} tool_calls={} tool_result={} body[..600]={}",
+                r["seq"],
+                r["method"].as_str().unwrap_or_default(),
+                r["path"].as_str().unwrap_or_default(),
+                r["status"],
+                r["behavior"]["tool_calls"],
+                r["tool_result"],
+                body.get(..600.min(body.len())).unwrap_or(body)
+            )
+        })
+        .collect();
+    let sluice_log = rig.sluice.log();
+    let refusals: Vec<&str> = sluice_log
+        .lines()
+        .filter(|l| {
+            l.contains("WARN") || l.contains("ERROR") || l.contains(" 4") && l.contains("status=")
+        })
+        .collect();
+    Err(format!(
+        "{agent}: {}\n{}\n--- mock requests:\n{}\n--- Sluice warnings and refusals:\n{}",
+        problems.join("; "),
+        run.describe(),
+        requests.join("\n"),
+        refusals
+            .iter()
+            .rev()
+            .take(20)
+            .rev()
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
+    ))
+}
+
+/// Runs `agent` through a tool loop on every provider kind; fails naming every kind that
+/// failed, with the evidence.
+fn on_every_kind(agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) {
+    let mut failures = Vec::new();
+    let mut passed = Vec::new();
+    let start = Instant::now();
+    for (kind, rig) in kinds() {
+        let rig = rig();
+        match tool_loop(&rig, agent, run_agent) {
+            Ok(summary) => passed.push(format!("  {kind}: {summary}")),
+            Err(e) => failures.push(format!("=== {agent} on {kind}: {e}")),
+        }
+    }
+    eprintln!(
+        "{agent}: passed on\n{}\nin {:.1} s",
+        passed.join("\n"),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} kinds failed:\n{}",
+        failures.len(),
+        kinds().len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn claude_code_runs_a_tool_loop_on_every_provider_kind() {
+    let claude = npm_bin("claude");
+    on_every_kind("claude code", &|sluice| {
+        let work = TempDir::new("claude-work");
+        run_isolated(
+            sluice,
+            work.path(),
+            &claude,
+            &[
+                "-p".into(),
+                PROMPT.into(),
+                "--model".into(),
+                MODEL.into(),
+                "--output-format".into(),
+                "text".into(),
+                // No permission flag: Claude Code runs a read-only command like `echo`
+                // without asking.
+            ],
+            &[
+                ("ANTHROPIC_BASE_URL", "http://127.0.0.1:{port}".into()),
+                ("ANTHROPIC_API_KEY", KEY.into()),
+                ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+                ("DISABLE_AUTOUPDATER", "1".into()),
+            ],
+            &[],
+        )
+    });
+}
+
+/// Codex's `config.toml`: the gateway as its model provider, no retries, nothing optional
+/// that reaches out (update checks, analytics); `{port}` for the base URL's port.
+fn codex_config() -> String {
+    format!(
+        r#"model = "{MODEL}"
+model_provider = "sluice"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.sluice]
+name = "sluice"
+base_url = "http://127.0.0.1:{{port}}/v1"
+env_key = "SLUICE_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+"#
+    )
+}
+
+#[test]
+fn codex_runs_a_tool_loop_on_every_provider_kind() {
+    let codex = npm_bin("codex");
+    on_every_kind("codex", &|sluice| {
+        let work = TempDir::new("codex-work");
+        let home = TempDir::new("codex-home");
+        run_isolated(
+            sluice,
+            work.path(),
+            &codex,
+            &[
+                "exec".into(),
+                "--skip-git-repo-check".into(),
+                // Codex's own sandbox as shipped (read-only for `codex exec`: echo may run);
+                // no plugins, which would be fetched.
+                "--disable".into(),
+                "plugins".into(),
+                "--color".into(),
+                "never".into(),
+                PROMPT.into(),
+            ],
+            &[
+                ("CODEX_HOME", home.path().display().to_string()),
+                ("SLUICE_KEY", KEY.into()),
+            ],
+            &[(home.path().join("config.toml"), codex_config())],
+        )
+    });
+}
+
+/// The text the mock answers the SDKs' requests with.
+const SDK_TEXT: &str = "Hello from the mock, through Sluice.";
+
+/// Sluice with an OpenAI-compatible route (`acme/gpt`) and an Anthropic one
+/// (`acme/claude`), both on `mock`.
+fn two_routes(mock: &Mock) -> Sluice {
+    let url = mock.base_url();
+    Sluice::start(&format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {url}\n    api_key: sk-provider-oa\n    health_check: {{enabled: false}}\n  claude:\n    kind: anthropic\n    base_url: {url}\n    api_key: sk-ant-provider\n    health_check: {{enabled: false}}\nmodels:\n  acme/gpt:\n    routes:\n      - {{provider: oa, upstream_model: gpt-mock-1}}\n  acme/claude:\n    default_max_tokens: 1024\n    routes:\n      - {{provider: claude, upstream_model: claude-mock-1}}\n"
+    ))
+}
+
+/// The lines a client script prints for its four calls: `<provider> <mode> <JSON text> …`.
+fn check_sdk_lines(client: &str, run: &Run, modes: [&str; 2]) {
+    assert!(
+        run.status.is_some_and(|s| s.success()) && run.trapped.is_empty(),
+        "{client} failed:\n{}",
+        run.describe()
+    );
+    let want = serde_json::to_string(SDK_TEXT).expect("json");
+    for provider in ["openai-chat", "anthropic"] {
+        for mode in modes {
+            let prefix = format!("{provider} {mode} {want}");
+            assert!(
+                run.stdout.lines().any(|l| l.starts_with(&prefix)),
+                "{client}: no line `{prefix}`:\n{}",
+                run.describe()
+            );
+        }
+    }
+}
+
+#[test]
+fn langchain_and_the_vercel_ai_sdk_plain_and_streamed() {
+    let _node_checked = npm_bin("codex");
+    assert!(
+        agents_dir().join("node_modules/ai").exists(),
+        "the Vercel AI SDK is missing: {INSTALL}"
+    );
+    let mock = Mock::start(&json!({ "text": SDK_TEXT }).to_string());
+    let sluice = two_routes(&mock);
+    let work = TempDir::new("sdk-work");
+    let base = "http://127.0.0.1:{port}".to_string();
+    let args = |script: String| -> Vec<String> {
+        vec![
+            script,
+            base.clone(),
+            KEY.into(),
+            "acme/gpt".into(),
+            "acme/claude".into(),
+        ]
+    };
+    // The Vercel AI SDK: its OpenAI Chat provider and its Anthropic provider.
+    let node = PathBuf::from("node");
+    let script = agents_dir().join("vercel_ai.mjs").display().to_string();
+    let vercel = run_isolated(&sluice, work.path(), &node, &args(script), &[], &[]);
+    check_sdk_lines("the Vercel AI SDK", &vercel, ["generate", "stream"]);
+    // LangChain: ChatOpenAI and ChatAnthropic.
+    let python = crate::sdk::python();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk/langchain_client.py")
+        .display()
+        .to_string();
+    let langchain = run_isolated(
+        &sluice,
+        work.path(),
+        &python,
+        &args(script),
+        &[("PYTHONDONTWRITEBYTECODE", "1".into())],
+        &[],
+    );
+    check_sdk_lines("LangChain", &langchain, ["invoke", "stream"]);
+    // Every call reached the mock: 2 providers × 2 calls × 2 clients.
+    let calls = mock.log().len();
+    assert_eq!(calls, 8, "mock requests: {:#?}", mock.log());
+}
