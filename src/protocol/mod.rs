@@ -55,11 +55,13 @@
 //! `x-sluice-dropped` response header, the `sluice_dropped_fields_total` metric and an info
 //! log line; `models.<id>.unsupported: refuse` turns it into a 400 naming the member instead
 //! (the default is `drop`). "Harmless" drops (sampling hints, tracing labels, caching
-//! hints) are not recorded. "Refused" is a 400 naming the field
+//! hints) change nothing the client can see: a top-level member among them is still named
+//! in the record (Codex's `include` and `prompt_cache_key`, say), a nested one
+//! (`cache_control`, image `detail`, a message's `name`) is not. "Refused" is a 400 naming the field
 //! ([`ProtocolError::Unsupported`]) whatever the policy: the request cannot mean anything
 //! without it.
 //!
-//! | source → target | mapped | dropped (harmless, unrecorded) | dropped with a record | refused (400) |
+//! | source → target | mapped | dropped (harmless) | dropped with a record | refused (400) |
 //! |---|---|---|---|---|
 //! | Chat → canonical | messages of every role (system/developer anywhere join the system prompt), function tools, `tool_choice`, `reasoning_effort` (none…xhigh, and max), `response_format`, `web_search_options` ([`WebSearch`]) | `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `service_tier`, `store`, `prediction`, `metadata` (except via `user`), message `name`, `top_logprobs` without `logprobs` | unknown members, non-function tools (`custom`), an unknown `tool_choice` or effort | `n` > 1, `logprobs: true`, audio output, `functions`/`function_call`, role `function`, `input_audio` parts, `file` parts with a `file_id` |
 //! | Messages → canonical | `thinking` (`enabled` budget, `adaptive`, `disabled`, `display: omitted`), `output_config.effort` (low…max), `output_config.format` / `output_format`, `system` messages anywhere in `messages`, custom tools, `web_search_*` server tools ([`WebSearch`]) | `top_k`, `cache_control`, `citations`, `service_tier`, `metadata` keys other than `user_id`, `redacted_thinking` blocks | other server tools, `mcp_servers`, `container`, unknown members, block types (`search_result`, `server_tool_use`, …), sources, thinking types, efforts and tool choices | a missing or non-integer `max_tokens`, malformed messages |
