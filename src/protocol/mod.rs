@@ -382,6 +382,47 @@ impl Request {
             reason: reason.into(),
         });
     }
+
+    /// An OpenAI `tool_choice` mode string (`auto`, `required`, `none`; Chat and Responses
+    /// share them); another value is dropped with a record (`None`: the provider's default).
+    pub(crate) fn openai_tool_mode(&mut self, mode: &str) -> Option<ToolChoice> {
+        match mode {
+            "auto" => Some(ToolChoice::Auto),
+            "required" => Some(ToolChoice::Required),
+            "none" => Some(ToolChoice::None),
+            other => {
+                self.drop_field("tool_choice", format!("unknown value `{other}`"));
+                None
+            }
+        }
+    }
+
+    /// Records an OpenAI `tool_choice` object of a type Sluice does not translate
+    /// (`allowed_tools`, a hosted tool's, …).
+    pub(crate) fn unknown_tool_choice(&mut self, v: &serde_json::Value) {
+        let ty = v
+            .get("type")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("?");
+        self.drop_field(
+            "tool_choice",
+            format!("tool choice `{ty}` is not translated"),
+        );
+    }
+
+    /// Sets the reasoning effort from an OpenAI effort value given at `field`
+    /// (`reasoning_effort`, `reasoning.effort`); an unknown value is dropped with a record.
+    pub(crate) fn openai_effort(&mut self, field: &str, effort: &str) {
+        match Effort::parse(effort) {
+            Some(e) => {
+                self.reasoning = Some(Reasoning {
+                    effort: Some(e),
+                    ..Reasoning::default()
+                });
+            }
+            None => self.drop_field(field, format!("unknown effort `{effort}`")),
+        }
+    }
 }
 
 /// Who speaks a [`Message`].

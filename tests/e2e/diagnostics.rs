@@ -2,26 +2,9 @@
 //! the access line names the client's dialect and the `model` the body asked for, the
 //! refusal's reason is logged at info with the request id, and the ledger has its row.
 
-use std::time::Duration;
-
-use crate::harness::{eventually, post_json, Mock, Sluice, KEY};
+use crate::harness::{post_json, Mock, Sluice, KEY};
+use crate::model_fallback::access_line;
 use crate::timeouts::config;
-
-/// The access line of request `id` (bounded wait).
-fn access_line(sluice: &Sluice, id: &str) -> String {
-    let needle = format!("request_id={id} ");
-    let mut line = String::new();
-    eventually(Duration::from_secs(5), || {
-        line = sluice
-            .log()
-            .lines()
-            .find(|l| l.contains(&needle) && l.contains("outcome="))
-            .unwrap_or_default()
-            .to_string();
-        !line.is_empty()
-    });
-    line
-}
 
 #[test]
 fn a_request_refused_while_decoding_is_logged_with_its_dialect_model_reason_and_ledger_row() {

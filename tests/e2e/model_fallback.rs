@@ -96,7 +96,8 @@ fn messages(sluice: &Sluice, model: &str, stream: bool, extra: &str) -> Response
 }
 
 /// The access line of the request with `x-request-id` `id` (waits up to 5 s for it).
-fn access_line(sluice: &Sluice, id: &str) -> String {
+/// The access line of request `id` (bounded wait: 5 s).
+pub(crate) fn access_line(sluice: &Sluice, id: &str) -> String {
     let needle = format!("request_id={id} ");
     let mut line = String::new();
     eventually(Duration::from_secs(5), || {

@@ -29,8 +29,8 @@ pub use stream::{StreamDecoder, StreamEncoder};
 
 use super::json::{decode_client, image_source, parse_data_url, to_vec};
 use super::{
-    invalid, unsupported, Effort, Message, Part, ProtocolError, Reasoning, Request, ResponseFormat,
-    Role, Source, Tool, ToolCall, ToolChoice, UpstreamOptions, WebSearch,
+    invalid, unsupported, Message, Part, ProtocolError, Reasoning, Request, ResponseFormat, Role,
+    Source, Tool, ToolCall, ToolChoice, UpstreamOptions, WebSearch,
 };
 
 // ---------------------------------------------------------------- client request
@@ -316,22 +316,10 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     }
     req.tool_choice = match r.tool_choice {
         None => None,
-        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
-            "auto" => Some(ToolChoice::Auto),
-            "required" => Some(ToolChoice::Required),
-            "none" => Some(ToolChoice::None),
-            other => {
-                req.drop_field("tool_choice", format!("unknown value `{other}`"));
-                None
-            }
-        },
+        Some(ToolChoiceIn::Mode(m)) => req.openai_tool_mode(&m),
         Some(ToolChoiceIn::Named { function }) => Some(ToolChoice::Function(function.name)),
         Some(ToolChoiceIn::Other(v)) => {
-            let ty = v.get("type").and_then(Value::as_str).unwrap_or("?");
-            req.drop_field(
-                "tool_choice",
-                format!("tool choice `{ty}` is not translated"),
-            );
+            req.unknown_tool_choice(&v);
             None
         }
     };
@@ -351,15 +339,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
         .unwrap_or(false);
     req.user = r.user;
     if let Some(e) = r.reasoning_effort {
-        match Effort::parse(&e) {
-            Some(effort) => {
-                req.reasoning = Some(Reasoning {
-                    effort: Some(effort),
-                    ..Reasoning::default()
-                });
-            }
-            None => req.drop_field("reasoning_effort", format!("unknown effort `{e}`")),
-        }
+        req.openai_effort("reasoning_effort", &e);
     }
     req.response_format = match r.response_format {
         None | Some(ResponseFormatIn::Text) => None,

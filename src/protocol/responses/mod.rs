@@ -26,9 +26,9 @@ pub use stream::StreamEncoder;
 
 use super::json::{decode_client, image_source, parse_data_url, prefixed, to_vec};
 use super::{
-    invalid, unsupported, ClientDialect, Effort, Message, OutputItem, Part, ProtocolError,
-    Reasoning, Request, Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall,
-    ToolChoice, ToolOrigin, Usage, WebSearch,
+    invalid, unsupported, ClientDialect, Message, OutputItem, Part, ProtocolError, Request,
+    Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall, ToolChoice, ToolOrigin,
+    Usage, WebSearch,
 };
 
 #[derive(Deserialize)]
@@ -325,35 +325,15 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     }
     req.tool_choice = match r.tool_choice {
         None => None,
-        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
-            "auto" => Some(ToolChoice::Auto),
-            "required" => Some(ToolChoice::Required),
-            "none" => Some(ToolChoice::None),
-            other => {
-                req.drop_field("tool_choice", format!("unknown value `{other}`"));
-                None
-            }
-        },
+        Some(ToolChoiceIn::Mode(m)) => req.openai_tool_mode(&m),
         Some(ToolChoiceIn::Named { name }) => Some(ToolChoice::Function(name)),
         Some(ToolChoiceIn::Other(v)) => {
-            let ty = v.get("type").and_then(Value::as_str).unwrap_or("?");
-            req.drop_field(
-                "tool_choice",
-                format!("tool choice `{ty}` is not translated"),
-            );
+            req.unknown_tool_choice(&v);
             None
         }
     };
     if let Some(e) = r.reasoning.and_then(|r| r.effort) {
-        match Effort::parse(&e) {
-            Some(effort) => {
-                req.reasoning = Some(Reasoning {
-                    effort: Some(effort),
-                    ..Reasoning::default()
-                });
-            }
-            None => req.drop_field("reasoning.effort", format!("unknown effort `{e}`")),
-        }
+        req.openai_effort("reasoning.effort", &e);
     }
     req.response_format = match r.text.and_then(|t| t.format) {
         None | Some(FormatIn::Text) => None,

@@ -51,17 +51,21 @@ const TARGETS: [Target; 6] = [
     },
 ];
 
-fn encode(client: ClientDialect, t: Target, body: &Value) -> Value {
-    let req = decode_request(client, body.to_string().as_bytes())
-        .unwrap_or_else(|e| panic!("{client:?} decode: {e}: {body}"));
-    let opts = UpstreamOptions {
+/// The encoding options toward `t` (its model picks the forms).
+fn opts(t: Target) -> UpstreamOptions<'static> {
+    UpstreamOptions {
         model: t.model,
         default_max_tokens: 4096,
         stream_usage: true,
         placement: ModelPlacement::Body,
         thinking: None,
-    };
-    let out = encode_request(t.dialect, &req, &opts)
+    }
+}
+
+fn encode(client: ClientDialect, t: Target, body: &Value) -> Value {
+    let req = decode_request(client, body.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("{client:?} decode: {e}: {body}"));
+    let out = encode_request(t.dialect, &req, &opts(t))
         .unwrap_or_else(|e| panic!("{client:?} → {t:?}: {e}"));
     serde_json::from_slice(&out).expect("JSON")
 }
@@ -301,14 +305,7 @@ fn hosted_web_search_is_the_targets_own_search_or_a_visible_drop() {
             let (body, field) = web_search_request(client);
             let got = encode(client, t, &body);
             let req = decode_request(client, body.to_string().as_bytes()).expect("decodes");
-            let opts = UpstreamOptions {
-                model: t.model,
-                default_max_tokens: 4096,
-                stream_usage: true,
-                placement: ModelPlacement::Body,
-                thinking: None,
-            };
-            let dropped: Vec<String> = dropped_toward(t.dialect, &req, &opts)
+            let dropped: Vec<String> = dropped_toward(t.dialect, &req, &opts(t))
                 .into_iter()
                 .map(|d| d.field)
                 .collect();
