@@ -257,12 +257,9 @@ enum FormatIn {
 /// # Errors
 /// [`ProtocolError::Unsupported`] for `previous_response_id`, `store: true`,
 /// `conversation` (there is no response storage), `background: true`,
-/// `prompt`, `item_reference`, non-function tools and `file_id` inputs;
-/// [`ProtocolError::InvalidRequest`] naming the field otherwise.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one field of the Responses request after another, as OpenAI's API reference lists them"
-)]
+/// `prompt`, `item_reference` and `file_id` inputs; [`ProtocolError::InvalidRequest`]
+/// naming the field otherwise. What has no counterpart (hosted tools other than web search,
+/// unknown members, items, parts, roles, efforts, tool choices) is dropped with a record.
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let v = add_message_types(body)?;
     let bytes = serde_json::to_vec(&v).map_err(|e| invalid("body", e.to_string()))?;
