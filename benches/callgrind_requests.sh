@@ -16,6 +16,9 @@
 #   phase `idle`:   10 s without requests, then `callgrind_control -d idle` (the background:
 #                   timers, sweeps; subtract it per second if it matters).
 # Prints instructions (Ir) per request of each phase. Loopback only; every wait is bounded.
+#
+# CG_DIALECT=messages measures Anthropic Messages to an anthropic-kind provider instead (the
+# other same-dialect path) with the same shape of request.
 set -euo pipefail
 
 SLUICE_BIN=${1:?sluice binary}
@@ -25,6 +28,12 @@ N=${4:-500}
 WARM=20
 KEY=sk-sluice-load-0001
 MODEL=acme/chat
+DIALECT=${CG_DIALECT:-chat}
+case "$DIALECT" in
+    chat) KIND=openai; PATH_=/v1/chat/completions ;;
+    messages) KIND=anthropic; PATH_=/v1/messages ;;
+    *) echo "CG_DIALECT: chat or messages" >&2; exit 2 ;;
+esac
 
 mkdir -p "$OUT/conf"
 OUT=$(cd "$OUT" && pwd)
@@ -65,7 +74,7 @@ virtual_keys:
     tenant: t
 providers:
   mock:
-    kind: openai
+    kind: $KIND
     base_url: http://$MOCK/v1
     api_key: sk-provider-load
     health_check: {enabled: false}
@@ -92,7 +101,11 @@ done
 [ $up = 1 ] || { echo "sluice did not come up" >&2; tail "$OUT/sluice.log" >&2; exit 1; }
 
 body() {
-    printf '{"model":"%s","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write a short poem about load tests."}],"stream":%s,"max_tokens":256}' "$MODEL" "$1"
+    if [ "$DIALECT" = messages ]; then
+        printf '{"model":"%s","system":"You are a helpful assistant.","messages":[{"role":"user","content":"Write a short poem about load tests."}],"stream":%s,"max_tokens":256}' "$MODEL" "$1"
+    else
+        printf '{"model":"%s","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write a short poem about load tests."}],"stream":%s,"max_tokens":256}' "$MODEL" "$1"
+    fi
 }
 
 # One curl, one keep-alive connection, $2 sequential requests (stream=$1).
@@ -103,7 +116,7 @@ run() {
     for i in $(seq 1 "$2"); do
         [ "$i" -gt 1 ] && echo 'next' >>"$cfg"
         {
-            echo "url = \"http://$LISTEN/v1/chat/completions\""
+            echo "url = \"http://$LISTEN$PATH_\""
             echo "header = \"authorization: Bearer $KEY\""
             echo "header = \"content-type: application/json\""
             echo "data-binary = \"@$OUT/body-$1.json\""
