@@ -35,6 +35,10 @@ pub enum GatewayError {
     /// 405: wrong method for the path.
     #[error("method {0} is not allowed on this path")]
     MethodNotAllowed(String),
+    /// 426: a protocol upgrade Sluice does not serve (the Responses API's WebSocket mode):
+    /// the client should use plain HTTP, which clients do at once on a 426.
+    #[error("{0}")]
+    UpgradeRequired(String),
     /// 413: request body over `server.max_request_body_bytes`.
     #[error("request body exceeds the limit of {limit_bytes} bytes")]
     PayloadTooLarge {
@@ -155,6 +159,7 @@ impl GatewayError {
             Self::PermissionDenied(_) => 403,
             Self::NotFound { .. } => 404,
             Self::MethodNotAllowed(_) => 405,
+            Self::UpgradeRequired(_) => 426,
             Self::PayloadTooLarge { .. } => 413,
             Self::UriTooLong { .. } => 414,
             Self::HeaderTooLarge { .. } => 431,
@@ -174,6 +179,7 @@ impl GatewayError {
             Self::InvalidRequest { .. }
             | Self::NotFound { .. }
             | Self::MethodNotAllowed(_)
+            | Self::UpgradeRequired(_)
             | Self::PayloadTooLarge { .. }
             | Self::UriTooLong { .. }
             | Self::HeaderTooLarge { .. }
@@ -201,6 +207,7 @@ impl GatewayError {
             Self::BudgetExceeded { .. } => Some("budget_exceeded"),
             Self::NotFound { code, .. } => Some(code),
             Self::MethodNotAllowed(_) => Some("method_not_allowed"),
+            Self::UpgradeRequired(_) => Some("websocket_not_supported"),
             Self::PayloadTooLarge { .. } => Some("request_too_large"),
             Self::UriTooLong { .. } => Some("uri_too_long"),
             Self::HeaderTooLarge { reason, .. } => Some(reason),
@@ -244,6 +251,7 @@ impl GatewayError {
             Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::NotFound { .. } => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::UpgradeRequired(_) => "upgrade_required",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::UriTooLong { .. } => "uri_too_long",
             Self::HeaderTooLarge { reason, .. } => reason,

@@ -46,7 +46,21 @@ pub async fn handle(
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
     let path = path.strip_prefix("/v1").unwrap_or(&path);
+    let websocket = session
+        .req_header()
+        .headers
+        .get("upgrade")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     let result = match (path, method.as_str()) {
+        // The Responses API's WebSocket mode is not served: 426 sends its clients to plain
+        // HTTP at once (a 405 has them retry the upgrade for seconds).
+        ("/responses", _) if websocket => {
+            ctx.dialect = ClientDialect::Responses;
+            Err(GatewayError::UpgradeRequired(
+                "the Responses API's WebSocket mode is not supported here; use HTTP: POST /v1/responses".into(),
+            )
+            .into())
+        }
         ("/chat/completions", "POST") => {
             infer(gw, session, ctx, ClientDialect::ChatCompletions).await
         }

@@ -825,3 +825,45 @@ fn no_key_in_the_log_even_at_trace_level() {
     assert!(!log.contains(PROVIDER_KEY), "provider key in the trace log");
     assert!(!log.contains(KEY), "virtual key in the trace log");
 }
+
+/// The Responses API's WebSocket mode (issue 29, item 5) is not served: the upgrade gets a
+/// 426 in OpenAI's error shape at once, so the client falls back to HTTP; HTTP still works
+/// on the same path.
+#[test]
+fn a_websocket_upgrade_of_the_responses_api_is_a_426() {
+    let mock = Mock::start("{}");
+    let sluice = Sluice::start(&basic_config(&mock.base_url(), ""));
+    let auth = bearer();
+    let t = Instant::now();
+    let r = request(
+        sluice.addr,
+        "GET",
+        "/v1/responses",
+        &[
+            ("authorization", &auth),
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ],
+        b"",
+    );
+    // The Responses dialect's own error shape (no `code` for the gateway's errors).
+    let v = assert_error(&r, 426, "invalid_request_error", None);
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("POST /v1/responses"),
+        "{v}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "answered at once");
+    assert_eq!(mock.hits(), 0);
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses",
+        &[("authorization", &auth)],
+        r#"{"model":"acme/chat","input":"hi"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}

@@ -151,8 +151,8 @@ pub fn outcome_class(label: &str, status: u16) -> &'static str {
         | "request_buffers_full"
         | "budget_exceeded" => "rejected",
         "unauthorized" | "forbidden" => "unauthorized",
-        "invalid_request" | "not_found" | "method_not_allowed" | "payload_too_large"
-        | "request_timeout" | "no_route" => "invalid_request",
+        "invalid_request" | "not_found" | "method_not_allowed" | "upgrade_required"
+        | "payload_too_large" | "request_timeout" | "no_route" => "invalid_request",
         _ => match status {
             402 | 429 => "rejected",
             401 | 403 => "unauthorized",
