@@ -591,30 +591,14 @@ pub fn parse_dialect(
             Some("model"),
         ));
     }
-    // The raw object is forwarded as is when the upstream speaks the client's dialect
-    // (Messages to Anthropic); no upstream speaks Responses, so it is not kept.
-    let mut map = match dialect {
-        ClientDialect::Messages => match serde_json::from_slice::<Value>(body) {
-            Ok(Value::Object(m)) => m,
-            _ => {
-                return Err(GatewayError::invalid(
-                    "request body must be a JSON object",
-                    None,
-                ))
-            }
-        },
-        ClientDialect::ChatCompletions | ClientDialect::Responses => Map::new(),
-    };
-    let preference = preference(map.remove("provider"), preference_header, config)?;
-    let models_field = match dialect {
-        // The Responses body is not kept: read `models` from it only when it names one.
-        ClientDialect::Responses if memchr::memmem::find(body, b"\"models\"").is_some() => {
-            serde_json::from_slice::<Value>(body)
-                .ok()
-                .and_then(|mut v| v.get_mut("models").map(Value::take))
-        }
-        _ => map.remove("models"),
-    };
+    // Only a dialect no provider speaks gets here (Responses): its body is not kept, so
+    // the preference comes from the header and `models` is read only when the body names it.
+    let preference = preference(None, preference_header, config)?;
+    let models_field = memchr::memmem::find(body, b"\"models\"").and_then(|_| {
+        serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|mut v| v.get_mut("models").map(Value::take))
+    });
     let models = crate::engine::fallback::body_models(models_field)?;
     let needs = canonical_needs(&canonical);
     Ok(InferenceRequest {
@@ -622,7 +606,7 @@ pub fn parse_dialect(
         model: canonical.model.clone(),
         stream: canonical.stream,
         include_usage: canonical.include_usage,
-        payload: Payload::slot(dialect, map, OnceLock::from(Ok(canonical))),
+        payload: Payload::slot(dialect, Map::new(), OnceLock::from(Ok(canonical))),
         anthropic_beta: None,
         needs,
         preference,

@@ -31,7 +31,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use sluice_mock_upstream::{DONE_MARKER, TOOL_MARKER};
 
 use crate::harness::{free_ports, Mock, Sluice, TempDir, KEY};
@@ -317,12 +317,7 @@ fn tool_loop(rig: &Rig, agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) -> Resu
     rig.mock.set_behavior(&behavior.to_string());
     rig.mock.reset();
     let run = run_agent(&rig.sluice);
-    let calls: Vec<Value> = rig
-        .mock
-        .log()
-        .into_iter()
-        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(rig.marker)))
-        .collect();
+    let calls = rig.model_calls();
     let called = calls.iter().position(|r| {
         r["behavior"]["tool_calls"]
             .as_array()

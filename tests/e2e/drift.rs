@@ -258,12 +258,7 @@ fn check(rig: &Rig, dialect: Dialect, c: &Case, stream: bool) -> Result<(), Stri
         ));
     }
     // The request, as the provider got it.
-    let calls: Vec<Value> = rig
-        .mock
-        .log()
-        .into_iter()
-        .filter(|l| l["path"].as_str().unwrap_or("").contains(rig.marker))
-        .collect();
+    let calls = rig.model_calls();
     let [call] = &calls[..] else {
         return Err(format!("{} model calls: {calls:?}", calls.len()));
     };

@@ -57,6 +57,18 @@ pub(crate) struct Rig {
     _keep: Option<Box<dyn std::any::Any>>,
 }
 
+impl Rig {
+    /// The requests the mock logged on this kind's model-call path (token requests and
+    /// health probes left out).
+    pub(crate) fn model_calls(&self) -> Vec<Value> {
+        self.mock
+            .log()
+            .into_iter()
+            .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(self.marker)))
+            .collect()
+    }
+}
+
 /// The standard model every rig serves.
 pub(crate) const MODEL: &str = "acme/m";
 
@@ -297,12 +309,7 @@ fn check(rig: &Rig, name: &str, cell: Cell, client: Client, stream: bool) {
     let (status, raw, seen) = run_cell(&rig.sluice, client, &body, stream);
 
     // One model call, on the kind's own path.
-    let calls: Vec<Value> = rig
-        .mock
-        .log()
-        .into_iter()
-        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(rig.marker)))
-        .collect();
+    let calls = rig.model_calls();
     assert_eq!(
         calls.len(),
         1,
