@@ -31,6 +31,7 @@
 //! | [`backpressure`] | admission: global cap + bounded queue, tenant limits, Redis-shared limits |
 //! | [`auth`] | the virtual key a client presents, checked against the snapshot's table |
 //! | [`billing`] | the billing wing: [`billing::metering`] (per-request token usage by class, estimates, prices: cost and charge), [`billing::budget`] (tenant budgets: reserve at admission, settle with the metered charge, shared through Redis), [`billing::ledger`] (the durable usage ledger: one record per request, SQLite or PostgreSQL, `sluice usage`, `/admin/usage`) |
+//! | [`conversation`] | the Responses API's conversation state: stored responses on the ledger's database, `previous_response_id` / `item_reference` resolution, capture of what the client received |
 //! | [`redis`] | the process's one Redis connection and its health, shared by distributed limits and budgets |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
@@ -52,6 +53,7 @@ pub mod billing;
 pub mod cli;
 pub mod client_ip;
 pub mod config;
+pub mod conversation;
 pub mod edge;
 pub mod engine;
 pub mod error;

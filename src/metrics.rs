@@ -143,6 +143,16 @@ pub struct Metrics {
     pub ledger_queue_depth: IntGauge,
     /// `sluice_ledger_dropped_total`: usage records dropped because the ledger queue was full.
     pub ledger_dropped_total: IntCounter,
+    /// `sluice_response_store_bytes{tenant}`: bytes of stored Responses (their
+    /// `size_bytes`, [`crate::conversation`]) per tenant, as of the last write or sweep.
+    pub response_store_bytes: IntGaugeVec,
+    /// `sluice_response_store_evictions_total{reason}`: stored responses removed by
+    /// retention (`age`: older than `response_store.max_age_secs`; `bytes`: the tenant was
+    /// over `response_store.max_bytes_per_tenant`).
+    pub response_store_evictions_total: IntCounterVec,
+    /// `sluice_response_store_dropped_total`: responses not stored because the store's
+    /// queue was full or its database failed.
+    pub response_store_dropped_total: IntCounter,
     /// `sluice_ledger_records_written_total`: usage records written to the ledger.
     pub ledger_records_written_total: IntCounter,
     /// `sluice_ledger_write_errors_total`: ledger batch writes that failed (retried).
@@ -396,6 +406,20 @@ fn build() -> Result<Metrics, prometheus::Error> {
         ledger_dropped_total: register_int_counter!(
             "sluice_ledger_dropped_total",
             "Usage records dropped because the ledger queue was full."
+        )?,
+        response_store_bytes: register_int_gauge_vec!(
+            "sluice_response_store_bytes",
+            "Bytes of stored Responses API responses per tenant (response_store), as of the last write or sweep.",
+            &["tenant"]
+        )?,
+        response_store_evictions_total: register_int_counter_vec!(
+            "sluice_response_store_evictions_total",
+            "Stored responses removed by retention, by reason (age, bytes).",
+            &["reason"]
+        )?,
+        response_store_dropped_total: register_int_counter!(
+            "sluice_response_store_dropped_total",
+            "Responses not stored because the response store's queue was full or its database failed."
         )?,
         ledger_records_written_total: register_int_counter!(
             "sluice_ledger_records_written_total",

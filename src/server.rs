@@ -2,7 +2,7 @@
 //! the proxy service (the [`Gateway`]) on its plain listener (HTTP/1, h2c) and optional TLS
 //! listener (ALPN h2 and http/1.1, certificates by SNI from [`crate::tls`]), the admin service, and background services (hot
 //! reload, rate-limit sync, active health probes, passthrough health checks, graceful stream shutdown, the usage
-//! ledger's writer). The built-in
+//! ledger's writer, the response store's worker). The built-in
 //! demo provider needs no service: it is reached in process (see [`crate::providers::demo`]).
 
 use std::path::PathBuf;
@@ -45,7 +45,7 @@ pub enum StartError {
     /// Pingora refused its configuration.
     #[error("cannot start the server: {0}")]
     Pingora(String),
-    /// The usage ledger cannot be opened.
+    /// The usage ledger (or the response store in its database) cannot be opened.
     #[error("cannot open the usage ledger: {0}")]
     Ledger(#[from] crate::billing::ledger::LedgerError),
 }
@@ -137,6 +137,16 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
         log::info!("usage ledger: disabled (ledger.enabled: false); no usage records are kept");
         None
     };
+    // The response store lives in the ledger's database (whether or not the ledger writes).
+    let response_store = if cfg.response_store.enabled {
+        Some(crate::conversation::install(
+            &cfg.response_store,
+            &cfg.ledger.clone().absolute().backend,
+        )?)
+    } else {
+        log::info!("response store: disabled (response_store.enabled: false); store, previous_response_id and item_reference are refused");
+        None
+    };
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
     crate::metrics::init_config_series(&cfg);
@@ -183,6 +193,9 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     if let Some(ledger) = ledger {
         server.add_service(background_service("sluice usage ledger", ledger));
     }
+    if let Some(store) = response_store {
+        server.add_service(background_service("sluice response store", store));
+    }
     server.add_service(background_service(
         "sluice rate limits",
         admission.limits_service(),
@@ -203,7 +216,9 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     ));
     server.add_service(background_service(
         "sluice stream shutdown",
-        StreamShutdown::new(handle).on_exit(crate::billing::ledger::flush_at_exit),
+        StreamShutdown::new(handle)
+            .on_exit(crate::billing::ledger::flush_at_exit)
+            .on_exit(crate::conversation::flush_at_exit),
     ));
     server.add_service(proxy);
     server.add_service(admin);

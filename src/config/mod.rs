@@ -13,6 +13,7 @@ pub mod ledger;
 mod model_fallback;
 pub mod opt_in;
 pub mod passthrough;
+pub mod response_store;
 pub mod retry;
 pub mod schema;
 pub mod tls;
@@ -58,6 +59,8 @@ pub struct Config {
     pub redis: Option<schema::RedisSection>,
     /// The usage ledger (`ledger:`; restart to change).
     pub ledger: ledger::LedgerSettings,
+    /// The Responses API's response store (`response_store:`; restart to change).
+    pub response_store: response_store::ResponseStoreSettings,
     /// Passthrough routes in file order (`passthrough:`; [`crate::passthrough`] serves them).
     pub passthrough: Vec<passthrough::PassthroughRoute>,
 }

@@ -39,6 +39,11 @@ pub struct FileConfig {
     /// directory.
     #[serde(default)]
     pub ledger: Option<LedgerSection>,
+    /// The Responses API's conversation state (`store`, `previous_response_id`,
+    /// `item_reference`, `GET`/`DELETE /v1/responses/{id}`), kept on the ledger's database;
+    /// absent means on, with the default retention ([`ResponseStoreSection`]).
+    #[serde(default)]
+    pub response_store: Option<ResponseStoreSection>,
     /// Routes to plain upstreams on Pingora's native proxy path (a contract; see
     /// [`super::passthrough::PassthroughSection`] for every key); absent: none, and every
     /// path but the LLM API's is a 404. Main file only (not in `include:`d files).
@@ -79,6 +84,36 @@ pub struct LedgerSection {
     pub flush_interval_ms: Option<u64>,
     /// Records queued for writing before new ones are dropped and counted in
     /// `sluice_ledger_dropped_total` (default 10000).
+    #[serde(default)]
+    pub queue_capacity: Option<usize>,
+}
+
+/// `response_store:`: stored Responses API responses ([`crate::conversation`]), in the
+/// ledger's database (`ledger.path` or `ledger.url`, whether or not `ledger.enabled`).
+/// Needs a restart to change (a reload says so).
+#[derive(Debug, Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseStoreSection {
+    /// `false`: nothing is stored; `store: true`, `previous_response_id` and
+    /// `item_reference` inputs are refused with 400 and `/v1/responses/{id}` is a 404.
+    /// Default `true`.
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// A stored response is kept this long, seconds (default 2592000, 30 days, as OpenAI
+    /// keeps them); older ones are neither returned nor continued and are deleted by the
+    /// sweep.
+    #[serde(default)]
+    pub max_age_secs: Option<u64>,
+    /// Most bytes of stored responses one tenant keeps (each response counts its Response
+    /// object and its input items); over it, the tenant's oldest are deleted at once.
+    /// Default 1073741824 (1 GiB).
+    #[serde(default)]
+    pub max_bytes_per_tenant: Option<u64>,
+    /// How often the background sweep deletes expired responses, seconds (default 60).
+    #[serde(default)]
+    pub sweep_interval_secs: Option<u64>,
+    /// Responses queued for writing before new ones are not stored and counted in
+    /// `sluice_response_store_dropped_total` (default 10000).
     #[serde(default)]
     pub queue_capacity: Option<usize>,
 }

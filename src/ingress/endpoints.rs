@@ -9,8 +9,19 @@
 //! - `POST /v1/messages/count_tokens`: Anthropic's token count
 //!   (<https://docs.anthropic.com/en/api/messages-count-tokens>), answered by the Anthropic
 //!   provider of the route or estimated locally ([`crate::ingress::count_tokens`]).
-//! - `POST /v1/responses`: OpenAI Responses, stateless, streaming or not
-//!   (<https://platform.openai.com/docs/api-reference/responses/create>).
+//! - `POST /v1/responses`: OpenAI Responses, streaming or not
+//!   (<https://platform.openai.com/docs/api-reference/responses/create>). With the response
+//!   store on (`response_store:`, default), `store` (default `true`) keeps the answer,
+//!   `previous_response_id` continues a stored conversation and `item_reference` inputs name
+//!   stored items, all by the tenant of the virtual key ([`crate::conversation`]);
+//!   `conversation` (the Conversations API) is a 400. With it off, `store: true`,
+//!   `previous_response_id` and `item_reference` are 400s naming the field.
+//! - `GET /v1/responses/{id}`, `DELETE /v1/responses/{id}`,
+//!   `GET /v1/responses/{id}/input_items`: the stored response, its deletion
+//!   (`{"id","object":"response","deleted":true}`), its input items in OpenAI's list shape
+//!   (`limit`, `order`, `after`); tenant-scoped, an unknown or another tenant's id is a 404
+//!   ([`crate::ingress::stored_responses`];
+//!   <https://platform.openai.com/docs/api-reference/responses/get>).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,
 //!   in OpenAI's list format (<https://platform.openai.com/docs/api-reference/models/list>).
 //!
@@ -69,6 +80,10 @@ pub async fn handle(
         // Boxed: its ~7 KiB of state would otherwise be part of every request's future.
         ("/messages/count_tokens", "POST") => {
             Box::pin(count_tokens::handle(gw, session, ctx)).await
+        }
+        (p, "GET" | "DELETE") if p.starts_with("/responses/") => {
+            let m = method.clone();
+            crate::ingress::stored_responses::handle(gw, session, ctx, p, &m).await
         }
         ("/chat/completions" | "/messages" | "/messages/count_tokens" | "/responses", _) => {
             ctx.dialect = dialect_of(path);
@@ -222,7 +237,23 @@ async fn infer(
         .headers
         .get(PREFERENCE_HEADER)
         .map(|v| v.as_bytes().to_vec());
-    let request::HeldBody { bytes, reservation } = held;
+    let request::HeldBody {
+        mut bytes,
+        reservation,
+    } = held;
+    if dialect == ClientDialect::Responses {
+        // Conversation state: `previous_response_id` and `item_reference` resolved into
+        // `input` before decoding and routing, so every provider kind and every fallback
+        // sees the whole conversation.
+        let expanded =
+            crate::conversation::expand::expand(crate::conversation::running(), &caller.tenant, &bytes)
+                .await
+                .inspect_err(|_| ctx.standard_model = request::raw_model(&bytes))?;
+        if let Some(b) = expanded.body {
+            bytes = bytes::Bytes::from(b);
+        }
+        ctx.response_capture = expanded.capture.map(Box::new);
+    }
     let parsed = match dialect {
         ClientDialect::ChatCompletions => {
             request::parse_chat(&bytes, pref_header.as_deref(), &config)
@@ -352,6 +383,17 @@ async fn infer(
     ctx.fill_cancelled_hedges(|| req.estimated_input_tokens());
     // Token limits learn the real usage (`ctx.outcome` is final here).
     permit.settle(crate::backpressure::Used::of(&ctx.outcome));
+    // The answer was sent: a stored Responses request is queued for writing now.
+    if let Some(capture) = ctx.response_capture.take() {
+        if result.is_ok() && ctx.outcome.status == 200 {
+            if let (Some(store), Some(stored)) = (
+                crate::conversation::running(),
+                capture.into_stored(crate::conversation::now_ms()),
+            ) {
+                store.submit(stored);
+            }
+        }
+    }
     result.map_err(ChatError::Gone)
 }
 

@@ -110,6 +110,9 @@ pub struct RequestCtx {
     pub passthrough: Option<crate::passthrough::PassCtx>,
     /// The client's address ([`crate::client_ip::client_ip`]), once the head is screened.
     pub client_ip: Option<std::net::IpAddr>,
+    /// A Responses request to store once answered ([`crate::conversation::capture`]):
+    /// what it brought, then what the client received.
+    pub response_capture: Option<Box<crate::conversation::capture::Capture>>,
 }
 
 impl RequestCtx {
@@ -139,6 +142,7 @@ impl RequestCtx {
             in_flight: crate::shutdown::InFlight::new(),
             passthrough: None,
             client_ip: None,
+            response_capture: None,
         }
     }
 

@@ -106,6 +106,11 @@ pub(crate) struct StreamPipe<'r> {
     finish_seen: bool,
     /// The fast path's terminal event went into `out`.
     done: bool,
+    /// Keep the client-bound chunk that carries the Responses terminal event (the response
+    /// is stored, [`crate::conversation::capture`]).
+    capture_terminal: bool,
+    /// That chunk, once taken.
+    terminal: Option<Bytes>,
 }
 
 /// The fast path of one stream: the dialect's description and its model echo.
@@ -191,6 +196,8 @@ impl<'r> StreamPipe<'r> {
             estimator: OutputEstimator::default(),
             finish_seen: false,
             done: false,
+            capture_terminal: false,
+            terminal: None,
         })
     }
 
@@ -524,7 +531,22 @@ impl<'r> StreamPipe<'r> {
 
     /// The output gathered so far, for one downstream write.
     pub(crate) fn take(&mut self) -> Bytes {
-        self.out.split().freeze()
+        let out = self.out.split().freeze();
+        if self.capture_terminal && crate::conversation::capture::may_be_terminal(&out) {
+            self.terminal = Some(out.clone());
+        }
+        out
+    }
+
+    /// Keeps the client-bound chunk that carries the terminal `response.completed` /
+    /// `response.incomplete` event (a byte search per chunk; parsed once, after the end).
+    pub(crate) fn capture_terminal(&mut self) {
+        self.capture_terminal = true;
+    }
+
+    /// The chunk [`capture_terminal`](Self::capture_terminal) kept (a reference).
+    pub(crate) fn terminal(&self) -> Option<Bytes> {
+        self.terminal.clone()
     }
 }
 

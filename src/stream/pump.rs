@@ -96,6 +96,9 @@ pub(crate) async fn first_event<'r>(
             return Err(Attempt::Final(GatewayError::Internal(format!("{e:?}"))));
         }
     };
+    if ctx.response_capture.is_some() {
+        pipe.capture_terminal();
+    }
     let head_at = Instant::now();
     let first_event_deadline = head_at + timeouts.first_event;
     let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
@@ -780,8 +783,14 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
 }
 
 /// Records usage for a finished stream (metering): the provider's final `usage` when the
-/// stream completed with one, else an estimate (see [`estimate_usage`]).
+/// stream completed with one, else an estimate (see [`estimate_usage`]); hands the terminal
+/// event the client received to the response capture, if the response is stored.
 pub(crate) fn finish_stream(ctx: &mut RequestCtx, pipe: &StreamPipe<'_>) {
+    if let Some(c) = ctx.response_capture.as_deref_mut() {
+        c.answer = pipe
+            .terminal()
+            .map(crate::conversation::capture::Answer::Stream);
+    }
     match pipe.final_usage() {
         Some(u) => set_usage(ctx, &u, false),
         None => {

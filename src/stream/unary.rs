@@ -221,6 +221,10 @@ pub(crate) async fn unary(
     ctx.attempts.downstream_committed = true;
     ctx.outcome.status = 200;
     ctx.outcome.bytes_out = out.len() as u64;
+    if let Some(c) = ctx.response_capture.as_deref_mut() {
+        // What the client receives is what is stored (a reference, not a copy).
+        c.answer = Some(crate::conversation::capture::Answer::Unary(out.clone()));
+    }
     if session
         .write_response_header(Box::new(head), false)
         .await

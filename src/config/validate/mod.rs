@@ -2,10 +2,11 @@
 //! cross-references (route → provider, key → tenant, policy names), ranges and duplicates,
 //! converts `_ms` fields to `Duration`s and reads provider keys from the environment.
 //! This module reads the files and assembles the snapshot; each section's checks are in
-//! [`server`], [`providers`], [`models`], [`access`] and [`ledger`].
+//! [`server`], [`providers`], [`models`], [`access`], [`ledger`] and [`response_store`].
 
 mod access;
 mod ledger;
+mod response_store;
 mod models;
 mod providers;
 mod server;
@@ -454,10 +455,12 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         models,
         redis,
         ledger,
+        response_store,
         passthrough,
     } = f;
     let main_err = |key: &str, msg: String| sources.err(0, key, msg);
     let ledger = ledger::ledger_settings(ledger, &main_err)?;
+    let response_store = response_store::response_store_settings(response_store, &main_err)?;
     let server_retry = server.retry.clone();
     let settings = server::server_settings(server, sources, &main_err)?;
     let provider_map = providers::build_providers(
@@ -507,6 +510,7 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
         models: model_map,
         redis,
         ledger,
+        response_store,
         passthrough,
     })
 }

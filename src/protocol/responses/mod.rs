@@ -1,5 +1,5 @@
 //! OpenAI Responses (<https://platform.openai.com/docs/api-reference/responses>),
-//! client side only and stateless: the request decoder, the response
+//! client side: the request decoder, the response
 //! encoder and (in [`stream`]) the stream encoder.
 //!
 //! Shapes: request `{"model","input": string | [item],"instructions","tools":[{"type":
@@ -11,8 +11,9 @@
 //! `reasoning` (`summary`, `encrypted_content`); response `{"id":"resp_…","object":
 //! "response","created_at","status","model","output":[item],"usage":{"input_tokens",
 //! "input_tokens_details":{"cached_tokens"},"output_tokens","output_tokens_details":
-//! {"reasoning_tokens"},"total_tokens"}}`. There is no response storage:
-//! `previous_response_id`, `store: true` and `conversation` are refused.
+//! {"reasoning_tokens"},"total_tokens"}}`. Conversation state (`store`,
+//! `previous_response_id`, `item_reference`) is resolved before this decoder runs
+//! ([`crate::conversation`]); `conversation` (the Conversations API) is refused.
 
 pub mod stream;
 mod wire;
@@ -255,24 +256,25 @@ enum FormatIn {
 /// Decodes a Responses client request into the canonical request.
 ///
 /// # Errors
-/// [`ProtocolError::Unsupported`] for `previous_response_id`, `store: true`,
-/// `conversation` (there is no response storage), `background: true`,
-/// `prompt`, `item_reference` and `file_id` inputs; [`ProtocolError::InvalidRequest`]
+/// [`ProtocolError::Unsupported`] for `conversation` (the Conversations API is not
+/// served), `background: true`, `prompt`, `item_reference` (resolved before decoding by
+/// [`crate::conversation::expand`]; one left here is refused) and `file_id` inputs;
+/// `previous_response_id` and `store` are read before decoding, not here; [`ProtocolError::InvalidRequest`]
 /// naming the field otherwise. What has no counterpart (hosted tools other than web search,
 /// unknown members, items, parts, roles, efforts, tool choices) is dropped with a record.
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let v = add_message_types(body)?;
     let bytes = serde_json::to_vec(&v).map_err(|e| invalid("body", e.to_string()))?;
     let r: RequestIn = decode_client(&bytes)?;
-    const NO_STORAGE: &str = "there is no response storage; send the full input";
-    if r.previous_response_id.is_some() {
-        return Err(unsupported("previous_response_id", NO_STORAGE));
-    }
-    if r.store == Some(true) {
-        return Err(unsupported("store", NO_STORAGE));
-    }
+    // `previous_response_id` and `store` were handled before decoding
+    // ([`crate::conversation::expand`]: the history is in `input`); the Conversations API
+    // is not served.
+    let _ = (r.previous_response_id, r.store);
     if r.conversation.as_ref().is_some_and(|c| !c.is_null()) {
-        return Err(unsupported("conversation", NO_STORAGE));
+        return Err(unsupported(
+            "conversation",
+            "the Conversations API is not supported; use previous_response_id or send the full input",
+        ));
     }
     if r.background == Some(true) {
         return Err(unsupported(
@@ -570,10 +572,12 @@ fn decode_item(req: &mut Request, item: ItemIn, i: usize) -> Result<(), Protocol
                 }],
             );
         }
+        // Resolved before decoding ([`crate::conversation::expand`]); one left here had no
+        // store to resolve it.
         ItemIn::ItemReference {} => {
             return Err(unsupported(
                 format!("{path}.type"),
-                "there is no response storage; item references cannot be resolved",
+                "item references need the response store; send the item itself",
             ))
         }
         ItemIn::Other => req.drop_field(path, "an item of this type is not translated"),
