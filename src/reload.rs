@@ -295,10 +295,7 @@ impl Reloader {
                     ),
                     // The writer thread and its database are opened once, at startup.
                     ("ledger", old.ledger != new.ledger),
-                    (
-                        "response_store",
-                        old.response_store != new.response_store,
-                    ),
+                    ("response_store", old.response_store != new.response_store),
                 ]
                 .into_iter()
                 .filter_map(|(k, changed)| changed.then_some(k))

@@ -47,7 +47,8 @@ pub fn may_be_terminal(chunk: &[u8]) -> bool {
 
 impl Capture {
     /// The stored response, when the answer was a completed or incomplete Response object
-    /// with an id (anything else, a failed or cut-off answer, is not stored).
+    /// with an id other than the one it continues (anything else, a failed or cut-off
+    /// answer, is not stored).
     pub fn into_stored(self, now_ms: i64) -> Option<StoredResponse> {
         let raw = match self.answer? {
             Answer::Unary(b) => String::from_utf8(b.to_vec()).ok()?,
@@ -55,6 +56,11 @@ impl Capture {
         };
         let v: Value = serde_json::from_str(&raw).ok()?;
         let id = v.get("id")?.as_str()?.to_string();
+        // An answer that reuses the id it continues (an upstream's non-unique ids) would
+        // make the conversation a cycle: not stored.
+        if self.previous_response_id.as_deref() == Some(id.as_str()) {
+            return None;
+        }
         if !matches!(
             v.get("status").and_then(Value::as_str),
             Some("completed" | "incomplete")
@@ -241,9 +247,11 @@ mod tests {
         assert!(capture(Answer::Unary(Bytes::from(failed)))
             .into_stored(0)
             .is_none());
-        assert!(capture(Answer::Stream(Bytes::from("data: {\"type\":\"response.completed\"}\n\n")))
-            .into_stored(0)
-            .is_none());
+        assert!(capture(Answer::Stream(Bytes::from(
+            "data: {\"type\":\"response.completed\"}\n\n"
+        )))
+        .into_stored(0)
+        .is_none());
         let ok = r#"{"id":"resp_2","status":"incomplete","output":[]}"#;
         assert_eq!(
             capture(Answer::Unary(Bytes::from(ok)))

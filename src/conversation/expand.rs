@@ -129,7 +129,10 @@ pub async fn expand(
         let mut input = history;
         input.extend(own.iter().cloned());
         obj.insert("input".into(), Value::Array(input));
-        Some(serde_json::to_vec(&Value::Object(obj)).map_err(|e| GatewayError::Internal(e.to_string()))?)
+        Some(
+            serde_json::to_vec(&Value::Object(obj))
+                .map_err(|e| GatewayError::Internal(e.to_string()))?,
+        )
     } else {
         None
     };

@@ -48,14 +48,15 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// The chain query (`$1` tenant, `$2` id, `$3` oldest `created_ms` returned), shared with
 /// [`super::postgres`]: the response and its ancestors with their items, oldest response
 /// first, input (kind 0) before output, in order. A response without items still yields a
-/// row (NULL item), so an empty chain and an unknown id differ.
+/// row (NULL item), so an empty chain and an unknown id differ. At most 1000 responses
+/// deep: a cycle (only possible if an upstream reused ids) ends there.
 pub(crate) const CHAIN_SQL: &str = "WITH RECURSIVE chain(id, prev, depth) AS (
         SELECT id, previous_response_id, 0 FROM stored_responses
          WHERE tenant = $1 AND id = $2 AND created_ms >= $3
         UNION ALL
         SELECT r.id, r.previous_response_id, c.depth + 1 FROM stored_responses r
           JOIN chain c ON r.id = c.prev
-         WHERE r.tenant = $1 AND r.created_ms >= $3 AND c.depth < 100000
+         WHERE r.tenant = $1 AND r.created_ms >= $3 AND c.depth < 1000
     )
     SELECT c.depth, i.item_json FROM chain c
       LEFT JOIN stored_response_items i ON i.tenant = $1 AND i.response_id = c.id
@@ -472,7 +473,10 @@ mod tests {
             )
             .unwrap();
         assert_eq!(left, 0);
-        assert_eq!(s.tenant_bytes().unwrap(), [("t".into(), 100), ("u".into(), 100)]);
+        assert_eq!(
+            s.tenant_bytes().unwrap(),
+            [("t".into(), 100), ("u".into(), 100)]
+        );
         drop(s);
         // Reopening migrates nothing; a newer schema is refused.
         let s = SqliteStore::open(&path).unwrap();
@@ -480,7 +484,10 @@ mod tests {
             .execute("UPDATE response_store_schema SET version = 9", [])
             .unwrap();
         drop(s);
-        assert!(SqliteStore::open(&path).unwrap_err().to_string().contains("newer"));
+        assert!(SqliteStore::open(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("newer"));
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }

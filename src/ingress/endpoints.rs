@@ -245,10 +245,13 @@ async fn infer(
         // Conversation state: `previous_response_id` and `item_reference` resolved into
         // `input` before decoding and routing, so every provider kind and every fallback
         // sees the whole conversation.
-        let expanded =
-            crate::conversation::expand::expand(crate::conversation::running(), &caller.tenant, &bytes)
-                .await
-                .inspect_err(|_| ctx.standard_model = request::raw_model(&bytes))?;
+        let expanded = crate::conversation::expand::expand(
+            crate::conversation::running(),
+            &caller.tenant,
+            &bytes,
+        )
+        .await
+        .inspect_err(|_| ctx.standard_model = request::raw_model(&bytes))?;
         if let Some(b) = expanded.body {
             bytes = bytes::Bytes::from(b);
         }

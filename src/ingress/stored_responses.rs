@@ -161,7 +161,10 @@ impl Query {
             items.reverse();
         }
         let start = match &self.after {
-            Some(a) => items.iter().position(|i| &i.id == a).map_or(items.len(), |p| p + 1),
+            Some(a) => items
+                .iter()
+                .position(|i| &i.id == a)
+                .map_or(items.len(), |p| p + 1),
             None => 0,
         };
         let rest = &items[start.min(items.len())..];
@@ -207,11 +210,17 @@ mod tests {
     #[test]
     fn input_items_pages_in_openais_list_shape() {
         let q = Query::parse("").unwrap();
-        assert_eq!((q.limit, q.ascending, q.after.as_deref()), (20, false, None));
+        assert_eq!(
+            (q.limit, q.ascending, q.after.as_deref()),
+            (20, false, None)
+        );
         let p = q.page(items(3));
         assert_eq!(p["first_id"], "i2");
         assert_eq!(p["last_id"], "i0");
-        assert_eq!(p["data"][2]["id"], "i0", "an item without id gets its stored one");
+        assert_eq!(
+            p["data"][2]["id"], "i0",
+            "an item without id gets its stored one"
+        );
         assert_eq!(p["has_more"], false);
         let q = Query::parse("limit=2&order=asc").unwrap();
         let p = q.page(items(3));

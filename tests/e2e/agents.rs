@@ -311,9 +311,17 @@ fn printed_marker(text: &str) -> bool {
 }
 
 /// One agent's tool loop on one rig: `Err` says what went wrong, with the evidence.
-fn tool_loop(rig: &Rig, agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) -> Result<String, String> {
+fn tool_loop(
+    rig: &Rig,
+    agent: &str,
+    knobs: &serde_json::Value,
+    run_agent: &dyn Fn(&Sluice) -> Run,
+) -> Result<String, String> {
     let mut behavior = rig.base.clone();
     behavior["tool_loop"] = json!(true);
+    for (k, v) in knobs.as_object().into_iter().flatten() {
+        behavior[k] = v.clone();
+    }
     rig.mock.set_behavior(&behavior.to_string());
     rig.mock.reset();
     let run = run_agent(&rig.sluice);
@@ -342,6 +350,15 @@ fn tool_loop(rig: &Rig, agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) -> Resu
     }
     if !run.trapped.is_empty() {
         problems.push(format!("the agent tried other hosts:\n{}", run.trapped));
+    }
+    // The text the model said before its call is in the history it gets back (for the AI
+    // SDK's Responses provider: by `item_reference`, resolved from Sluice's store).
+    if let (Some(said), Some(a)) = (knobs["tool_loop_text"].as_str(), answered) {
+        if !calls[a]["body"].as_str().is_some_and(|b| b.contains(said)) {
+            problems.push(format!(
+                "the request with the tool result lacks the text said before the call ({said:?})"
+            ));
+        }
     }
     if problems.is_empty() {
         let tool = called
@@ -403,12 +420,17 @@ fn tool_loop(rig: &Rig, agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) -> Resu
 /// Runs `agent` through a tool loop on every provider kind; fails naming every kind that
 /// failed, with the evidence.
 fn on_every_kind(agent: &str, run_agent: &dyn Fn(&Sluice) -> Run) {
+    on_every_kind_with(agent, &json!({}), run_agent);
+}
+
+/// [`on_every_kind`] with more mock knobs over `tool_loop`.
+fn on_every_kind_with(agent: &str, knobs: &serde_json::Value, run_agent: &dyn Fn(&Sluice) -> Run) {
     let mut failures = Vec::new();
     let mut passed = Vec::new();
     let start = Instant::now();
     for (kind, rig) in kinds() {
         let rig = rig();
-        match tool_loop(&rig, agent, run_agent) {
+        match tool_loop(&rig, agent, knobs, run_agent) {
             Ok(summary) => passed.push(format!("  {kind}: {summary}")),
             Err(e) => failures.push(format!("=== {agent} on {kind}: {e}")),
         }
@@ -584,4 +606,72 @@ fn langchain_and_the_vercel_ai_sdk_plain_and_streamed() {
     // Every call reached the mock: 2 providers × 2 calls × 2 clients.
     let calls = mock.log().len();
     assert_eq!(calls, 8, "mock requests: {:#?}", mock.log());
+}
+
+/// The Vercel AI SDK's Responses provider, as a user sets it up: `openai.responses(model)`,
+/// nothing else (no `store: false`).
+fn vercel_responses(sluice: &Sluice) -> Run {
+    let work = TempDir::new("ai-sdk-responses");
+    let script = agents_dir()
+        .join("vercel_ai_responses.mjs")
+        .display()
+        .to_string();
+    run_isolated(
+        sluice,
+        work.path(),
+        &PathBuf::from("node"),
+        &[
+            script,
+            "http://127.0.0.1:{port}".into(),
+            KEY.into(),
+            MODEL.into(),
+            PROMPT.into(),
+        ],
+        &[],
+        &[],
+    )
+}
+
+/// Issue 29, item 2: the AI SDK's Responses provider leaves `store` at its default (true),
+/// so step 2 of its tool loop names step 1's function call by `item_reference`; Sluice
+/// resolves it from the response store, whatever the provider kind behind the model.
+/// `generateText` and `streamText` both run the loop (the script exits 1 if either fails).
+#[test]
+fn the_vercel_ai_sdk_responses_provider_with_its_defaults_runs_a_tool_loop_on_every_provider_kind()
+{
+    let _node_checked = npm_bin("codex");
+    on_every_kind_with(
+        "the Vercel AI SDK (Responses)",
+        &json!({ "tool_loop_text": PREAMBLE }),
+        &vercel_responses,
+    );
+}
+
+/// What the mock says before its tool call: step 2 of the AI SDK's loop names this text by
+/// `item_reference` (the SDK sends text items of a stored response by reference).
+const PREAMBLE: &str = "I will run the command.";
+
+/// The same loop with the response store off fails at step 2 on the item reference (the
+/// 400 names it): the loop above depends on the store, not on the SDK resending items.
+#[test]
+fn without_the_response_store_the_ai_sdks_item_reference_is_refused_by_name() {
+    let _node_checked = npm_bin("codex");
+    let mock = Mock::start(&json!({ "tool_loop": true, "tool_loop_text": PREAMBLE }).to_string());
+    let url = mock.base_url();
+    let sluice = Sluice::start(&format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {url}\n    api_key: sk-provider-oa\n    health_check: {{enabled: false}}\nmodels:\n  {MODEL}:\n    routes:\n      - {{provider: oa, upstream_model: gpt-mock-1}}\nresponse_store:\n  enabled: false\n"
+    ));
+    let run = vercel_responses(&sluice);
+    assert!(
+        run.status.is_some_and(|s| !s.success()),
+        "the loop passed without the store:\n{}",
+        run.describe()
+    );
+    assert!(
+        run.stderr.contains(".type`: there is no response storage"),
+        "the refusal does not name the item reference:\n{}",
+        run.describe()
+    );
+    // Step 1 was answered (a tool call), step 2 never reached the upstream.
+    assert_eq!(mock.log().len(), 1, "{:#?}", mock.log());
 }

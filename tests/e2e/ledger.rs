@@ -557,7 +557,7 @@ fn a_full_queue_drops_and_counts_without_blocking_requests() {
 
 /// A throwaway PostgreSQL server: `initdb` into a temp dir, `postgres` on a free loopback
 /// port, run as `nobody` when the tests run as root (PostgreSQL refuses root). Stopped on drop.
-struct Postgres {
+pub(crate) struct Postgres {
     child: Option<Child>,
     port: u16,
     bindir: PathBuf,
@@ -604,7 +604,7 @@ fn unprivileged(bin: &Path, root: bool) -> Command {
 }
 
 impl Postgres {
-    fn start() -> Postgres {
+    pub(crate) fn start() -> Postgres {
         let bindir = postgres_bindir().unwrap_or_else(|| {
             panic!(
                 "PostgreSQL server binaries (initdb, postgres) not found under /usr/lib/postgresql/*/bin or on PATH: run scripts/install-deps.sh (apt package postgresql){}",
@@ -691,7 +691,7 @@ impl Postgres {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://sluice@127.0.0.1:{}/postgres", self.port)
     }
 

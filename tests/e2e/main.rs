@@ -18,6 +18,7 @@ mod client_compat;
 mod cloud_providers;
 mod config_check;
 mod continuation;
+mod conversation;
 mod count_tokens;
 mod demo;
 mod diagnostics;

@@ -237,6 +237,11 @@ pub struct Behavior {
     /// `text` and `tool_calls`, when set, win.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_loop: Option<bool>,
+    /// With `tool_loop`: the text the answer that calls the tool starts with (as a model
+    /// that says what it is about to do). The Vercel AI SDK's Responses provider then names
+    /// that text by `item_reference` in its next request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_loop_text: Option<String>,
     /// Answer with this reasoning before the text, one word per event: OpenAI-compatible
     /// `reasoning_content` (as DeepSeek and vLLM send it, with
     /// `completion_tokens_details.reasoning_tokens` in the usage), Anthropic a `thinking`
@@ -433,6 +438,7 @@ impl Behavior {
             bom,
             tool_calls,
             tool_loop,
+            tool_loop_text,
             reasoning,
             signature,
             cached_tokens,

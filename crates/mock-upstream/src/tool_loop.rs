@@ -87,6 +87,9 @@ pub(crate) fn apply(behavior: &mut Behavior, body: &Value) -> Option<String> {
                 .map(|t| (t, minimal_value(&t.schema)))
         });
     if let Some((tool, arguments)) = chosen {
+        if behavior.text.is_none() {
+            behavior.text.clone_from(&behavior.tool_loop_text);
+        }
         behavior.tool_calls = Some(vec![MockToolCall {
             name: tool.name.clone(),
             arguments,

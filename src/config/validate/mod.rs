@@ -6,9 +6,9 @@
 
 mod access;
 mod ledger;
-mod response_store;
 mod models;
 mod providers;
+mod response_store;
 mod server;
 
 use std::collections::BTreeMap;

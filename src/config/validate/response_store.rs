@@ -29,11 +29,9 @@ pub(super) fn response_store_settings(
     };
     let max_age = positive("response_store.max_age_secs", max_age_secs)?
         .map_or(d.max_age, std::time::Duration::from_secs);
-    let max_bytes_per_tenant = positive(
-        "response_store.max_bytes_per_tenant",
-        max_bytes_per_tenant,
-    )?
-    .unwrap_or(d.max_bytes_per_tenant);
+    let max_bytes_per_tenant =
+        positive("response_store.max_bytes_per_tenant", max_bytes_per_tenant)?
+            .unwrap_or(d.max_bytes_per_tenant);
     let sweep_interval = positive("response_store.sweep_interval_secs", sweep_interval_secs)?
         .map_or(d.sweep_interval, std::time::Duration::from_secs);
     let queue_capacity = match queue_capacity {

@@ -292,11 +292,6 @@ fn refused_fields_name_the_field() {
         b
     };
     for (extra, field) in [
-        (
-            json!({"previous_response_id": "resp_1"}),
-            "previous_response_id",
-        ),
-        (json!({"store": true}), "store"),
         (json!({"conversation": "conv_1"}), "conversation"),
         (json!({"background": true}), "background"),
     ] {
@@ -310,15 +305,21 @@ fn refused_fields_name_the_field() {
             "{field}"
         );
     }
+    // `previous_response_id` and `store` were handled before decoding (the response store,
+    // `crate::conversation::expand`): the decoder reads past them; an item reference left
+    // unresolved is refused by its path.
+    let ok = decode_request(
+        ClientDialect::Responses,
+        br#"{"model":"m","input":"Q","store":true,"previous_response_id":"resp_1"}"#,
+    )
+    .unwrap();
+    assert_eq!(ok.messages.len(), 1);
     let e = decode_request(
         ClientDialect::Responses,
-        br#"{"model":"m","input":"Q","store":true}"#,
+        br#"{"model":"m","input":[{"type":"item_reference","id":"fc_1"}]}"#,
     )
     .unwrap_err();
-    assert!(
-        e.to_string().contains("there is no response storage"),
-        "{e}"
-    );
+    assert_eq!(e.field(), Some("input[0].type"), "{e}");
     // Malformed input names the path.
     let e = decode_request(
         ClientDialect::Messages,
