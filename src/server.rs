@@ -50,6 +50,43 @@ pub enum StartError {
     Ledger(#[from] crate::billing::ledger::LedgerError),
 }
 
+/// Opens the usage ledger and the response store in its database (each when enabled), so
+/// that a bad database stops the start; their background services.
+///
+/// # Errors
+/// [`StartError::Ledger`] when either cannot be opened.
+fn open_databases(
+    cfg: &Config,
+) -> Result<
+    (
+        Option<crate::billing::ledger::LedgerService>,
+        Option<crate::conversation::StoreService>,
+    ),
+    StartError,
+> {
+    // Relative ledger paths resolve against the working directory of this start (not the
+    // one `-d` moves to); the ledger opens now so that a bad one stops the start.
+    let ledger = if cfg.ledger.enabled {
+        Some(crate::billing::ledger::install(
+            &cfg.ledger.clone().absolute(),
+        )?)
+    } else {
+        log::info!("usage ledger: disabled (ledger.enabled: false); no usage records are kept");
+        None
+    };
+    // The response store lives in the ledger's database (whether or not the ledger writes).
+    let response_store = if cfg.response_store.enabled {
+        Some(crate::conversation::install(
+            &cfg.response_store,
+            &cfg.ledger.clone().absolute().backend,
+        )?)
+    } else {
+        log::info!("response store: disabled (response_store.enabled: false); store, previous_response_id and item_reference are refused");
+        None
+    };
+    Ok((ledger, response_store))
+}
+
 /// Pingora's `ServerConf` from our `server:` section.
 fn server_conf(cfg: &Config, args: &Args) -> ServerConf {
     let s = &cfg.server;
@@ -127,26 +164,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     // Absolute, so that reloads (and the watcher) still find it after `-d` changed the
     // working directory.
     let path = std::path::absolute(&args.conf).unwrap_or_else(|_| PathBuf::from(&args.conf));
-    // Relative ledger paths resolve against the working directory of this start (not the
-    // one `-d` moves to); the ledger opens now so that a bad one stops the start.
-    let ledger = if cfg.ledger.enabled {
-        Some(crate::billing::ledger::install(
-            &cfg.ledger.clone().absolute(),
-        )?)
-    } else {
-        log::info!("usage ledger: disabled (ledger.enabled: false); no usage records are kept");
-        None
-    };
-    // The response store lives in the ledger's database (whether or not the ledger writes).
-    let response_store = if cfg.response_store.enabled {
-        Some(crate::conversation::install(
-            &cfg.response_store,
-            &cfg.ledger.clone().absolute().backend,
-        )?)
-    } else {
-        log::info!("response store: disabled (response_store.enabled: false); store, previous_response_id and item_reference are refused");
-        None
-    };
+    let (ledger, response_store) = open_databases(&cfg)?;
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
     crate::metrics::init_config_series(&cfg);
