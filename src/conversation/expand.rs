@@ -5,7 +5,8 @@
 //! output items, oldest first, then this request's input with each `item_reference`
 //! replaced by the stored item. `instructions` are not carried over (OpenAI's documented
 //! behaviour); `previous_response_id` and `store` stay in the body (the response echo
-//! reads them). Another tenant's id is an unknown id: the same 404 and body.
+//! reads them). Another tenant's id is an unknown id: the same status and body (400 naming
+//! `previous_response_id`, 404 for an item).
 //!
 //! With the store off (`response_store.enabled: false`), `previous_response_id`,
 //! `store: true` and `item_reference` inputs are refused with a 400 naming the field.
@@ -48,8 +49,9 @@ fn store_error(e: &StoreError) -> GatewayError {
 /// whose members have the wrong types, is left for the decoder to refuse.
 ///
 /// # Errors
-/// 400 for a state field with the store off; 404 for an unknown (or another tenant's)
-/// `previous_response_id` or referenced item; 503 when the store cannot answer.
+/// 400 for a state field with the store off, and for an unknown (or another tenant's)
+/// `previous_response_id` (`param` names it, as OpenAI answers); 404 for an unknown
+/// referenced item (OpenAI's `Item with id '…' not found.`); 503 when the store cannot answer.
 pub async fn expand(
     store: Option<&Handle>,
     tenant: &str,
@@ -116,9 +118,12 @@ pub async fn expand(
             .chain(tenant, p)
             .await
             .map_err(|e| store_error(&e))?
-            .ok_or_else(|| GatewayError::NotFound {
-                message: format!("Previous response with id '{p}' not found."),
-                code: "previous_response_not_found",
+            // OpenAI's answer to an unknown id: a 400 naming the parameter.
+            .ok_or_else(|| {
+                GatewayError::invalid(
+                    format!("Previous response with id '{p}' not found."),
+                    Some("previous_response_id"),
+                )
             })?;
         history = chain
             .iter()

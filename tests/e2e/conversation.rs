@@ -341,7 +341,8 @@ fn another_tenants_response_is_exactly_an_unknown_one() {
         KEY_B,
         &json!({"model": "acme/gpt", "input": "more", "previous_response_id": unknown}),
     );
-    assert_eq!(theirs.status, 404, "{}", theirs.text());
+    assert_eq!(theirs.status, 400, "{}", theirs.text());
+    assert_eq!(theirs.json()["error"]["param"], "previous_response_id");
     assert_eq!(masked(&theirs, &id), masked(&none, unknown));
     // Unauthenticated: 401, not a hint either way.
     let anon = request(sluice.addr, "GET", &format!("/v1/responses/{id}"), &[], b"");
@@ -401,7 +402,8 @@ fn delete_removes_the_row_from_the_database_file() {
         KEY,
         &json!({"model": "acme/gpt", "input": "again", "previous_response_id": id}),
     );
-    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("not found"), "{}", r.text());
 }
 
 #[test]
@@ -425,7 +427,7 @@ fn retention_expires_by_age_and_evicts_the_oldest_over_the_tenants_bytes() {
         KEY,
         &json!({"model": "acme/gpt", "input": "x", "previous_response_id": id}),
     );
-    assert_eq!(r.status, 404, "an expired response is not continued");
+    assert_eq!(r.status, 400, "an expired response is not continued");
     assert!(
         eventually(Duration::from_secs(5), || sluice
             .metric_opt(r#"sluice_response_store_evictions_total{reason="age"}"#)
