@@ -74,7 +74,7 @@ fn open_databases(
         log::info!("usage ledger: disabled (ledger.enabled: false); no usage records are kept");
         None
     };
-    // The response store lives in the ledger's database (whether or not the ledger writes).
+    // The response store lives in the ledger's database (also when only the store is on).
     let response_store = if cfg.response_store.enabled {
         Some(crate::conversation::install(
             &cfg.response_store,

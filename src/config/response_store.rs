@@ -18,7 +18,8 @@ pub const DEFAULT_QUEUE_CAPACITY: usize = 10_000;
 /// `response_store:` after validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseStoreSettings {
-    /// Whether responses are stored and served (`response_store.enabled`, default `true`).
+    /// Whether responses are stored and served (`response_store.enabled`; default
+    /// `ledger.enabled`).
     pub enabled: bool,
     /// How long a stored response is kept (`response_store.max_age_secs`).
     pub max_age: Duration,

@@ -41,7 +41,8 @@ pub struct FileConfig {
     pub ledger: Option<LedgerSection>,
     /// The Responses API's conversation state (`store`, `previous_response_id`,
     /// `item_reference`, `GET`/`DELETE /v1/responses/{id}`), kept on the ledger's database;
-    /// absent means on, with the default retention ([`ResponseStoreSection`]).
+    /// absent means on (when the ledger is), with the default retention
+    /// ([`ResponseStoreSection`]).
     #[serde(default)]
     pub response_store: Option<ResponseStoreSection>,
     /// Routes to plain upstreams on Pingora's native proxy path (a contract; see
@@ -89,14 +90,15 @@ pub struct LedgerSection {
 }
 
 /// `response_store:`: stored Responses API responses ([`crate::conversation`]), in the
-/// ledger's database (`ledger.path` or `ledger.url`, whether or not `ledger.enabled`).
+/// ledger's database (`ledger.path` or `ledger.url`).
 /// Needs a restart to change (a reload says so).
 #[derive(Debug, Deserialize, Clone, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseStoreSection {
     /// `false`: nothing is stored; `store: true`, `previous_response_id` and
     /// `item_reference` inputs are refused with 400 and `/v1/responses/{id}` is a 404.
-    /// Default `true`.
+    /// Default: `ledger.enabled` (`true` unless the ledger is off; `true` here with the
+    /// ledger off opens the ledger's database for the store alone).
     #[serde(default)]
     pub enabled: Option<bool>,
     /// A stored response is kept this long, seconds (default 2592000, 30 days, as OpenAI

@@ -460,7 +460,8 @@ fn build(f: FileConfig, sources: &Sources) -> Result<Config, ConfigError> {
     } = f;
     let main_err = |key: &str, msg: String| sources.err(0, key, msg);
     let ledger = ledger::ledger_settings(ledger, &main_err)?;
-    let response_store = response_store::response_store_settings(response_store, &main_err)?;
+    let response_store =
+        response_store::response_store_settings(response_store, ledger.enabled, &main_err)?;
     let server_retry = server.retry.clone();
     let settings = server::server_settings(server, sources, &main_err)?;
     let provider_map = providers::build_providers(

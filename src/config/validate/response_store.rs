@@ -5,12 +5,17 @@ use crate::config::response_store::ResponseStoreSettings;
 use crate::config::schema::ResponseStoreSection;
 
 /// `response_store:` → [`ResponseStoreSettings`] (`None`: the defaults); `err(key, message)`
-/// locates a problem in the main file.
+/// locates a problem in the main file. `enabled` defaults to `ledger_enabled`: with
+/// `ledger.enabled: false` no database is opened unless the store is asked for by name.
 pub(super) fn response_store_settings(
     section: Option<ResponseStoreSection>,
+    ledger_enabled: bool,
     err: &dyn Fn(&str, String) -> ConfigError,
 ) -> Result<ResponseStoreSettings, ConfigError> {
-    let d = ResponseStoreSettings::default();
+    let d = ResponseStoreSettings {
+        enabled: ledger_enabled,
+        ..ResponseStoreSettings::default()
+    };
     let Some(ResponseStoreSection {
         enabled,
         max_age_secs,
@@ -45,7 +50,7 @@ pub(super) fn response_store_settings(
         None => d.queue_capacity,
     };
     Ok(ResponseStoreSettings {
-        enabled: enabled.unwrap_or(true),
+        enabled: enabled.unwrap_or(ledger_enabled),
         max_age,
         max_bytes_per_tenant,
         sweep_interval,

@@ -548,3 +548,45 @@ fn health_decay_and_probe_mode_keys() {
         .to_string();
     assert!(e.contains("mode"), "{e}");
 }
+
+#[test]
+fn the_response_store_follows_the_ledger_and_its_bounds_are_checked() {
+    use crate::config::response_store::ResponseStoreSettings;
+    let c = load_str(MINIMAL).unwrap();
+    assert_eq!(c.response_store, ResponseStoreSettings::default());
+    assert!(c.response_store.enabled);
+    // Off with the ledger, unless asked for by name.
+    let off = load_str(&format!("{MINIMAL}ledger: {{enabled: false}}\n")).unwrap();
+    assert!(!off.response_store.enabled);
+    let on = load_str(&format!(
+        "{MINIMAL}ledger: {{enabled: false}}\nresponse_store: {{enabled: true}}\n"
+    ))
+    .unwrap();
+    assert!(on.response_store.enabled);
+    let set = load_str(&format!(
+        "{MINIMAL}response_store:\n  max_age_secs: 60\n  max_bytes_per_tenant: 4096\n  sweep_interval_secs: 5\n  queue_capacity: 3\n"
+    ))
+    .unwrap()
+    .response_store;
+    assert_eq!(
+        (
+            set.max_age,
+            set.max_bytes_per_tenant,
+            set.sweep_interval,
+            set.queue_capacity
+        ),
+        (Duration::from_secs(60), 4096, Duration::from_secs(5), 3)
+    );
+    for key in [
+        "max_age_secs",
+        "max_bytes_per_tenant",
+        "sweep_interval_secs",
+        "queue_capacity",
+    ] {
+        let e = load_str(&format!("{MINIMAL}response_store:\n  {key}: 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("response_store.{key}")), "{e}");
+    }
+    assert!(load_str(&format!("{MINIMAL}response_store:\n  max_age: 5\n")).is_err());
+}
