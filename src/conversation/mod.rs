@@ -248,6 +248,28 @@ pub fn install(
 
 type Pending = (mpsc::Receiver<Job>, DbBackend, ResponseStoreSettings);
 
+/// A store of its own, not the process-wide one: opens the database and starts the worker
+/// thread at once (benchmarks and tools; the server uses [`install`]). The thread ends when
+/// the handle is dropped.
+///
+/// # Errors
+/// When the database cannot be opened or migrated, or the thread cannot start.
+pub fn standalone(
+    settings: &ResponseStoreSettings,
+    backend: &DbBackend,
+) -> Result<Handle, LedgerError> {
+    drop(open(backend)?);
+    let (tx, rx) = mpsc::sync_channel(settings.queue_capacity);
+    let (b, s) = (backend.clone(), settings.clone());
+    std::thread::Builder::new()
+        .name("sluice-response-store".into())
+        .spawn(move || worker(&rx, &b, &s))?;
+    Ok(Handle {
+        settings: settings.clone(),
+        jobs: tx,
+    })
+}
+
 /// The Pingora background service that starts the store's worker thread.
 #[derive(Debug)]
 pub struct StoreService {

@@ -44,6 +44,15 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE stored_responses (
 /// The schema version this Sluice writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// A stored Response object by tenant and id, not older than `$3`.
+const GET_SQL: &str = "SELECT response_json FROM stored_responses
+     WHERE tenant = $1 AND id = $2 AND created_ms >= $3";
+
+/// The newest stored item by tenant and item id, not older than `$3`.
+const ITEM_SQL: &str = "SELECT item_json FROM stored_response_items
+     WHERE tenant = $1 AND item_id = $2 AND created_ms >= $3
+     ORDER BY created_ms DESC, kind DESC LIMIT 1";
+
 /// Advisory lock key held while migrating ("respst" in ASCII; the ledger's is "sluice").
 const MIGRATION_LOCK: i64 = 0x7265_7370_7374;
 
@@ -55,6 +64,9 @@ pub struct PostgresStore {
     rt: Runtime,
     url: String,
     client: Option<Client>,
+    /// The lookups' prepared statements on this connection (a lookup is then one round
+    /// trip, not a prepare and an execute); emptied when the connection is re-opened.
+    prepared: std::collections::HashMap<&'static str, tokio_postgres::Statement>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -85,6 +97,7 @@ impl PostgresStore {
             rt,
             url: url.to_string(),
             client: None,
+            prepared: std::collections::HashMap::new(),
         };
         me.migrate()?;
         Ok(me)
@@ -107,8 +120,20 @@ impl PostgresStore {
                 }
             });
             self.client = Some(client);
+            self.prepared.clear();
         }
         Ok(())
+    }
+
+    /// `sql` prepared on the current connection (once per connection).
+    fn statement(&mut self, sql: &'static str) -> Result<tokio_postgres::Statement, LedgerError> {
+        self.ensure()?;
+        if let Some(st) = self.prepared.get(sql) {
+            return Ok(st.clone());
+        }
+        let st = self.with(|c| Box::pin(async move { c.prepare(sql).await }))?;
+        self.prepared.insert(sql, st.clone());
+        Ok(st)
     }
 
     /// Runs `f` on the connection (connecting first if needed); a driver error becomes a
@@ -284,15 +309,12 @@ impl Store for PostgresStore {
         id: &str,
         since_ms: i64,
     ) -> Result<Option<String>, LedgerError> {
+        let st = self.statement(GET_SQL)?;
         self.with(|c| {
             Box::pin(async move {
-                Ok(c.query_opt(
-                    "SELECT response_json FROM stored_responses
-                     WHERE tenant = $1 AND id = $2 AND created_ms >= $3",
-                    &[&tenant, &id, &since_ms],
-                )
-                .await?
-                .map(|r| r.get(0)))
+                Ok(c.query_opt(&st, &[&tenant, &id, &since_ms])
+                    .await?
+                    .map(|r| r.get(0)))
             })
         })
     }
@@ -303,9 +325,10 @@ impl Store for PostgresStore {
         id: &str,
         since_ms: i64,
     ) -> Result<Option<Vec<String>>, LedgerError> {
+        let st = self.statement(CHAIN_SQL)?;
         self.with(|c| {
             Box::pin(async move {
-                let rows = c.query(CHAIN_SQL, &[&tenant, &id, &since_ms]).await?;
+                let rows = c.query(&st, &[&tenant, &id, &since_ms]).await?;
                 if rows.is_empty() {
                     return Ok(None);
                 }
@@ -324,16 +347,12 @@ impl Store for PostgresStore {
         item_id: &str,
         since_ms: i64,
     ) -> Result<Option<String>, LedgerError> {
+        let st = self.statement(ITEM_SQL)?;
         self.with(|c| {
             Box::pin(async move {
-                Ok(c.query_opt(
-                    "SELECT item_json FROM stored_response_items
-                     WHERE tenant = $1 AND item_id = $2 AND created_ms >= $3
-                     ORDER BY created_ms DESC, kind DESC LIMIT 1",
-                    &[&tenant, &item_id, &since_ms],
-                )
-                .await?
-                .map(|r| r.get(0)))
+                Ok(c.query_opt(&st, &[&tenant, &item_id, &since_ms])
+                    .await?
+                    .map(|r| r.get(0)))
             })
         })
     }

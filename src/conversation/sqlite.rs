@@ -49,14 +49,17 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// [`super::postgres`]: the response and its ancestors with their items, oldest response
 /// first, input (kind 0) before output, in order. A response without items still yields a
 /// row (NULL item), so an empty chain and an unknown id differ. At most 1000 responses
-/// deep: a cycle (only possible if an upstream reused ids) ends there.
+/// deep: a cycle (only possible if an upstream reused ids) ends there. The unary `+` on
+/// `created_ms` keeps SQLite's planner on the primary key for each step (without it SQLite
+/// 3.54 walks the tenant's `(tenant, created_ms)` index, a scan of all its responses per
+/// step: 2.2 ms instead of some 30 µs at 2,000 responses); PostgreSQL reads it as a no-op.
 pub(crate) const CHAIN_SQL: &str = "WITH RECURSIVE chain(id, prev, depth) AS (
         SELECT id, previous_response_id, 0 FROM stored_responses
-         WHERE tenant = $1 AND id = $2 AND created_ms >= $3
+         WHERE tenant = $1 AND id = $2 AND +created_ms >= $3
         UNION ALL
         SELECT r.id, r.previous_response_id, c.depth + 1 FROM stored_responses r
           JOIN chain c ON r.id = c.prev
-         WHERE r.tenant = $1 AND r.created_ms >= $3 AND c.depth < 1000
+         WHERE r.tenant = $1 AND +r.created_ms >= $3 AND c.depth < 1000
     )
     SELECT c.depth, i.item_json FROM chain c
       LEFT JOIN stored_response_items i ON i.tenant = $1 AND i.response_id = c.id
@@ -489,5 +492,28 @@ mod tests {
             .to_string()
             .contains("newer"));
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+}
+#[cfg(test)]
+mod plan {
+    /// Each step of the chain is a primary-key lookup, never a walk of the tenant's index.
+    #[test]
+    fn the_chain_follows_the_primary_key() {
+        let c = rusqlite::Connection::open_in_memory().unwrap();
+        c.execute_batch(super::MIGRATIONS[0]).unwrap();
+        let sql = format!("EXPLAIN QUERY PLAN {}", super::CHAIN_SQL.replace('$', "?"));
+        let mut st = c.prepare(&sql).unwrap();
+        let rows: Vec<String> = st
+            .query_map(rusqlite::params!["t", "x", 0i64], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            rows.iter().any(|r| r.starts_with(
+                "SEARCH r USING INDEX sqlite_autoindex_stored_responses_1 (tenant=? AND id=?)"
+            )),
+            "{rows:#?}"
+        );
+        assert!(!rows.iter().any(|r| r.contains("created_ms")), "{rows:#?}");
     }
 }
