@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 use tokio_postgres::{Client, NoTls};
 
-use super::sqlite::CHAIN_SQL;
 use super::{Store, StoredItem, StoredResponse};
 use crate::billing::ledger::postgres::redacted_url;
 use crate::billing::ledger::LedgerError;
@@ -43,6 +42,26 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE stored_responses (
 
 /// The schema version this Sluice writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The chain query of [`super::sqlite::CHAIN_SQL`] (same parameters, same rows), with the
+/// items fetched per response by a `LATERAL` subquery (`OFFSET 0` keeps the planner from
+/// flattening it into a join): a generic plan of the plain join hashes every item of the
+/// tenant (2 ms at 2,000 responses), this one reads each response's items by the primary key.
+const CHAIN_SQL: &str = "WITH RECURSIVE chain(id, prev, depth) AS (
+        SELECT id, previous_response_id, 0 FROM stored_responses
+         WHERE tenant = $1 AND id = $2 AND +created_ms >= $3
+        UNION ALL
+        SELECT r.id, r.previous_response_id, c.depth + 1 FROM stored_responses r
+          JOIN chain c ON r.id = c.prev
+         WHERE r.tenant = $1 AND +r.created_ms >= $3 AND c.depth < 1000
+    )
+    SELECT c.depth, i.item_json FROM chain c
+      LEFT JOIN LATERAL (
+        SELECT item_json, kind, seq FROM stored_response_items
+         WHERE tenant = $1 AND response_id = c.id
+        OFFSET 0
+      ) i ON TRUE
+     ORDER BY c.depth DESC, i.kind, i.seq";
 
 /// A stored Response object by tenant and id, not older than `$3`.
 const GET_SQL: &str = "SELECT response_json FROM stored_responses
