@@ -57,6 +57,9 @@ pub async fn expand(
     tenant: &str,
     body: &[u8],
 ) -> Result<Expanded, GatewayError> {
+    if store.is_some() && stateless(body) {
+        return Ok(Expanded::default());
+    }
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
         return Ok(Expanded::default());
     };
@@ -152,6 +155,22 @@ pub async fn expand(
     })
 }
 
+/// Whether the body certainly needs nothing of the store: `store: false` at the top level and
+/// neither `previous_response_id` nor `item_reference` anywhere (Codex's requests): decided
+/// without building the body's tree (a byte search, then a scan that skips every member but
+/// `store`), so those requests are parsed once, by the decoder, as before the store.
+fn stateless(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        #[serde(default)]
+        store: Option<bool>,
+    }
+    use memchr::memmem::find;
+    find(body, b"previous_response_id").is_none()
+        && find(body, b"item_reference").is_none()
+        && serde_json::from_slice::<Peek>(body).is_ok_and(|p| p.store == Some(false))
+}
+
 /// The request's own input as items: a string is one user message; an item without `type`
 /// (the easy message form) is a `message`.
 fn own_items(input: Option<&Value>) -> Vec<Value> {
@@ -178,5 +197,69 @@ fn own_items(input: Option<&Value>) -> Vec<Value> {
             })
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_top_level_store_false_without_state_skips_the_parse() {
+        assert!(stateless(br#"{"model":"m","store":false,"input":"hi"}"#));
+        assert!(
+            !stateless(br#"{"model":"m","input":"hi"}"#),
+            "store defaults to true"
+        );
+        assert!(!stateless(
+            br#"{"model":"m","metadata":{"store":false},"input":"hi"}"#
+        ));
+        assert!(!stateless(
+            br#"{"model":"m","store":false,"previous_response_id":"resp_1","input":"hi"}"#
+        ));
+        assert!(!stateless(
+            br#"{"store":false,"input":[{"type":"item_reference","id":"x"}]}"#
+        ));
+        assert!(!stateless(b"not json"));
+    }
+
+    #[test]
+    fn own_items_give_the_easy_forms_their_type() {
+        assert_eq!(
+            own_items(Some(&Value::from("hi"))),
+            [
+                serde_json::json!({"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]})
+            ]
+        );
+        let items = serde_json::json!([{"role":"user","content":"x"},{"type":"function_call_output","call_id":"c","output":"o"}]);
+        let own = own_items(Some(&items));
+        assert_eq!(own[0]["type"], "message");
+        assert_eq!(own[1], items[1]);
+    }
+
+    #[tokio::test]
+    async fn with_the_store_off_each_state_field_is_a_400_naming_it() {
+        for (body, param) in [
+            (
+                r#"{"model":"m","input":"x","previous_response_id":"r"}"#,
+                "previous_response_id",
+            ),
+            (r#"{"model":"m","input":"x","store":true}"#, "store"),
+            (
+                r#"{"model":"m","input":["a",{"type":"item_reference","id":"i"}]}"#,
+                "input[1].type",
+            ),
+        ] {
+            let e = expand(None, "t", body.as_bytes()).await.unwrap_err();
+            assert_eq!(e.status(), 400);
+            assert!(
+                matches!(&e, GatewayError::InvalidRequest { param: Some(p), .. } if p == param),
+                "{e:?}"
+            );
+        }
+        let plain = expand(None, "t", br#"{"model":"m","input":"x"}"#)
+            .await
+            .unwrap();
+        assert!(plain.body.is_none() && plain.capture.is_none());
     }
 }
