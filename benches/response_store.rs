@@ -62,10 +62,10 @@ fn conversation_now() -> i64 {
     i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
+            .expect("response store bench")
             .as_millis(),
     )
-    .unwrap()
+    .expect("response store bench")
 }
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -77,23 +77,26 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 /// Stores `n` responses and a three-turn chain; the id of its last turn.
 fn fill(store: &mut dyn Store, n: usize) -> String {
     for i in 0..n {
-        store.put(&typical(i, None), u64::MAX).unwrap();
+        store
+            .put(&typical(i, None), u64::MAX)
+            .expect("response store bench");
     }
     let a = typical(n, None);
     let b = typical(n + 1, Some(&a.id));
     let c = typical(n + 2, Some(&b.id));
     for r in [&a, &b, &c] {
-        store.put(r, u64::MAX).unwrap();
+        store.put(r, u64::MAX).expect("response store bench");
     }
     c.id
 }
 
 fn lookups(backend: &Backend, last: &str, l: usize) -> (f64, f64, f64, f64) {
-    let handle = conversation::standalone(&ResponseStoreSettings::default(), backend).unwrap();
+    let handle = conversation::standalone(&ResponseStoreSettings::default(), backend)
+        .expect("response store bench");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
+        .expect("response store bench");
     let with = json!({"model": "acme/m", "previous_response_id": last, "store": false,
         "input": [{"type": "function_call_output", "call_id": "call_x", "output": "sluice-tool-ok"}]})
     .to_string();
@@ -106,7 +109,7 @@ fn lookups(backend: &Backend, last: &str, l: usize) -> (f64, f64, f64, f64) {
             let t = Instant::now();
             let e = conversation::expand::expand(Some(&handle), "team-a", with.as_bytes())
                 .await
-                .unwrap();
+                .expect("response store bench");
             let took = t.elapsed();
             assert!(
                 e.body.is_some_and(|b| b.len() > 1000),
@@ -115,7 +118,7 @@ fn lookups(backend: &Backend, last: &str, l: usize) -> (f64, f64, f64, f64) {
             let t = Instant::now();
             let e = conversation::expand::expand(Some(&handle), "team-a", without.as_bytes())
                 .await
-                .unwrap();
+                .expect("response store bench");
             let plain = t.elapsed();
             assert!(e.body.is_none());
             if i >= l / 10 {
@@ -139,7 +142,10 @@ fn direct(store: &mut dyn Store, last: &str, l: usize) -> (f64, f64) {
     let mut v: Vec<Duration> = (0..l)
         .map(|_| {
             let t = Instant::now();
-            let items = store.chain("team-a", last, since).unwrap().unwrap();
+            let items = store
+                .chain("team-a", last, since)
+                .expect("response store bench")
+                .expect("response store bench");
             assert_eq!(items.len(), 9);
             t.elapsed()
         })
@@ -163,14 +169,16 @@ fn main() {
 
     // SQLite.
     let dir = std::env::temp_dir().join(format!("sluice-bench-store-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir).expect("response store bench");
     let path = dir.join("usage.db");
-    let mut s = conversation::sqlite::SqliteStore::open(&path).unwrap();
+    let mut s = conversation::sqlite::SqliteStore::open(&path).expect("response store bench");
     let size = |s: &conversation::sqlite::SqliteStore| {
         s.connection()
             .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
-            .unwrap();
-        std::fs::metadata(&path).unwrap().len()
+            .expect("response store bench");
+        std::fs::metadata(&path)
+            .expect("response store bench")
+            .len()
     };
     let empty = size(&s);
     let last = fill(&mut s, n);
@@ -189,28 +197,29 @@ fn main() {
 
     // PostgreSQL, when a throwaway database is named.
     if let Ok(url) = std::env::var("RESPONSE_STORE_BENCH_PG") {
-        let mut p = conversation::postgres::PostgresStore::connect(&url).unwrap();
+        let mut p =
+            conversation::postgres::PostgresStore::connect(&url).expect("response store bench");
         let last = fill(&mut p, n);
         let q = direct(&mut p, &last, l);
         drop(p);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
+            .expect("response store bench");
         let bytes: i64 = rt.block_on(async {
             let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
                 .await
-                .unwrap();
+                .expect("response store bench");
             tokio::spawn(conn);
             for t in ["stored_responses", "stored_response_items"] {
-                c.batch_execute(&format!("VACUUM {t}")).await.unwrap();
+                c.batch_execute(&format!("VACUUM {t}")).await.expect("response store bench");
             }
             c.query_one(
                 "SELECT (pg_total_relation_size('stored_responses') + pg_total_relation_size('stored_response_items'))::BIGINT",
                 &[],
             )
             .await
-            .unwrap()
+            .expect("response store bench")
             .get(0)
         });
         let backend = Backend::Postgres {
