@@ -5,7 +5,9 @@
 //! output items, oldest first, then this request's input with each `item_reference`
 //! replaced by the stored item. `instructions` are not carried over (OpenAI's documented
 //! behaviour); `previous_response_id` and `store` stay in the body (the response echo
-//! reads them). Another tenant's id is an unknown id: the same status and body (400 naming
+//! reads them). The expanded body is held like any body (its bytes count against
+//! `server.max_buffered_request_bytes`; `server.max_request_body_bytes` bounds what the
+//! client sends, not the history). Another tenant's id is an unknown id: the same status and body (400 naming
 //! `previous_response_id`, 404 for an item).
 //!
 //! With the store off (`response_store.enabled: false`), `previous_response_id`,

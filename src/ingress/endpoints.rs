@@ -239,7 +239,7 @@ async fn infer(
         .map(|v| v.as_bytes().to_vec());
     let request::HeldBody {
         mut bytes,
-        reservation,
+        mut reservation,
     } = held;
     if dialect == ClientDialect::Responses {
         // Conversation state: `previous_response_id` and `item_reference` resolved into
@@ -253,6 +253,15 @@ async fn infer(
         .await
         .inspect_err(|_| ctx.standard_model = request::raw_model(&bytes))?;
         if let Some(b) = expanded.body {
+            // The history is held like the body it joins: its bytes count against
+            // `server.max_buffered_request_bytes` too (503 when they do not fit).
+            reservation
+                .ensure(
+                    b.len()
+                        .saturating_mul(crate::backpressure::buffers::COPIES_PER_BODY_BYTE),
+                    config.server.max_buffered_request_bytes,
+                )
+                .map_err(Admission::buffers_full)?;
             bytes = bytes::Bytes::from(b);
         }
         ctx.response_capture = expanded.capture.map(Box::new);
