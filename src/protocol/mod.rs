@@ -135,20 +135,21 @@ pub use translate::{StreamOptions, StreamTranslator};
 pub use wire::{ClientWire, FastPath, GatewayErrorBody, InBandError};
 
 /// A client dialect: the wire API a client speaks to Sluice. Only the pairs a client can
-/// send exist: Responses is client side only, and the Gemini API and Converse are no
-/// client dialects at all ([`UpstreamDialect`]).
+/// send exist: the Gemini API and Converse are no client dialects at all
+/// ([`UpstreamDialect`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClientDialect {
     /// OpenAI Chat Completions (`POST /v1/chat/completions`).
     ChatCompletions,
     /// Anthropic Messages (`POST /v1/messages`).
     Messages,
-    /// OpenAI Responses (`POST /v1/responses`), client side only.
+    /// OpenAI Responses (`POST /v1/responses`).
     Responses,
 }
 
-/// An upstream dialect: the wire API a provider speaks to Sluice. Responses is not one
-/// (no provider is reached through it); the Gemini API and Converse are upstream only.
+/// An upstream dialect: the wire API a provider speaks to Sluice. The Gemini API and
+/// Converse are upstream only; Responses is spoken by a route that chooses it
+/// (`routes[].api: responses` on an OpenAI or Azure OpenAI provider).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UpstreamDialect {
     /// OpenAI Chat Completions (`POST /v1/chat/completions`).
@@ -159,6 +160,8 @@ pub enum UpstreamDialect {
     Gemini,
     /// AWS Bedrock's Converse API (`/model/{modelId}/converse`), upstream side only.
     Converse,
+    /// OpenAI Responses (`POST /v1/responses`; Azure OpenAI's `/openai/v1/responses`).
+    Responses,
 }
 
 impl ClientDialect {
@@ -171,13 +174,13 @@ impl ClientDialect {
         }
     }
 
-    /// The upstream dialect that is this very wire API, if a provider can speak it (Chat
-    /// Completions, Messages); `None` for Responses.
+    /// The upstream dialect that is this very wire API (every client dialect is one some
+    /// provider speaks).
     pub fn as_upstream(self) -> Option<UpstreamDialect> {
         match self {
             ClientDialect::ChatCompletions => Some(UpstreamDialect::ChatCompletions),
             ClientDialect::Messages => Some(UpstreamDialect::Messages),
-            ClientDialect::Responses => None,
+            ClientDialect::Responses => Some(UpstreamDialect::Responses),
         }
     }
 
@@ -196,17 +199,19 @@ impl UpstreamDialect {
             UpstreamDialect::Messages => messages::TEXT_KEYS,
             UpstreamDialect::Gemini => gemini::TEXT_KEYS,
             UpstreamDialect::Converse => converse::TEXT_KEYS,
+            UpstreamDialect::Responses => responses::upstream::TEXT_KEYS,
         }
     }
 
-    /// Short name for logs and metrics labels: `chat`, `messages`, `gemini`, `converse`
-    /// (the same label as the [`ClientDialect`] of the same API).
+    /// Short name for logs and metrics labels: `chat`, `messages`, `gemini`, `converse`,
+    /// `responses` (the same label as the [`ClientDialect`] of the same API).
     pub fn as_str(self) -> &'static str {
         match self {
             UpstreamDialect::ChatCompletions => "chat",
             UpstreamDialect::Messages => "messages",
             UpstreamDialect::Gemini => "gemini",
             UpstreamDialect::Converse => "converse",
+            UpstreamDialect::Responses => "responses",
         }
     }
 }
@@ -1144,7 +1149,7 @@ pub fn decode_request(dialect: ClientDialect, body: &[u8]) -> Result<Request, Pr
 /// What a translation of `req` to `upstream` leaves out: what the client's decoder could
 /// not carry ([`Request::dropped`]) and what the target has no counterpart for (reasoning
 /// settings toward a Converse model that is not Claude: they are model specific there;
-/// JSON mode toward Anthropic and Converse, and a schema's description toward Anthropic;
+/// stop sequences toward Responses; JSON mode toward Anthropic and Converse, and a schema's description toward Anthropic;
 /// `tool_choice: none` toward Converse when the history has tool blocks). Empty when
 /// nothing is left out.
 pub fn dropped_toward(
@@ -1183,6 +1188,16 @@ pub fn dropped_toward(
         UpstreamDialect::Messages | UpstreamDialect::Converse
     ) {
         out.extend(messages::format_dropped(req, upstream));
+    }
+    if upstream == UpstreamDialect::Responses && !req.stop.is_empty() {
+        let field = match req.source {
+            Some(ClientDialect::Messages) => "stop_sequences",
+            _ => "stop",
+        };
+        out.push(Dropped {
+            field: field.into(),
+            reason: "the Responses API has no stop sequences".into(),
+        });
     }
     if upstream == UpstreamDialect::Converse && converse::tool_choice_dropped(req) {
         out.push(Dropped {
@@ -1231,6 +1246,7 @@ pub fn encode_request(
         UpstreamDialect::Messages => messages::encode_request(req, opts),
         UpstreamDialect::Gemini => gemini::encode_request(req, opts),
         UpstreamDialect::Converse => converse::encode_request(req, opts),
+        UpstreamDialect::Responses => responses::upstream::encode_request(req, opts),
     }
 }
 
@@ -1250,6 +1266,7 @@ pub fn decode_response(
         UpstreamDialect::Messages => messages::decode_response(body, now_unix_s),
         UpstreamDialect::Gemini => gemini::decode_response(body, now_unix_s),
         UpstreamDialect::Converse => converse::decode_response(body, now_unix_s),
+        UpstreamDialect::Responses => responses::upstream::decode_response(body, now_unix_s),
     }
 }
 
@@ -1260,7 +1277,8 @@ pub fn decode_response(
 /// fields it carries. Returns false (and leaves `into`) when the bytes are not a usage
 /// object of that dialect. Gemini's `usageMetadata` (cumulative, final in the last chunk)
 /// replaces `into`, and so does Converse's `usage` (final, in the answer or the stream's
-/// `metadata` event).
+/// `metadata` event) and Responses' `usage` (final, in the answer or the stream's
+/// `response.completed` / `response.incomplete` snapshot).
 pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage) -> bool {
     match dialect {
         UpstreamDialect::ChatCompletions => {
@@ -1290,6 +1308,15 @@ pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage
         },
         UpstreamDialect::Converse => {
             match serde_json::from_slice::<converse::UsageIn>(usage_json) {
+                Ok(u) => {
+                    *into = u.canonical();
+                    true
+                }
+                Err(_) => false,
+            }
+        }
+        UpstreamDialect::Responses => {
+            match serde_json::from_slice::<responses::upstream::UsageIn>(usage_json) {
                 Ok(u) => {
                     *into = u.canonical();
                     true

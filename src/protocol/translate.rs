@@ -29,6 +29,7 @@ enum Decoder {
     Messages(messages::StreamDecoder),
     Gemini(gemini::StreamDecoder),
     Converse(converse::StreamDecoder),
+    Responses(responses::upstream_stream::StreamDecoder),
 }
 
 #[derive(Debug)]
@@ -108,6 +109,9 @@ impl StreamTranslator {
             UpstreamDialect::Messages => Decoder::Messages(messages::StreamDecoder::new()),
             UpstreamDialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::new()),
             UpstreamDialect::Converse => Decoder::Converse(converse::StreamDecoder::new()),
+            UpstreamDialect::Responses => {
+                Decoder::Responses(responses::upstream_stream::StreamDecoder::new())
+            }
         }
     }
 
@@ -188,6 +192,7 @@ impl StreamTranslator {
             Decoder::Messages(d) => d.decode(event, data, &mut emit),
             Decoder::Gemini(d) => d.decode(event, data, &mut emit),
             Decoder::Converse(d) => d.decode(event, data, &mut emit),
+            Decoder::Responses(d) => d.decode(event, data, &mut emit),
         }
     }
 

@@ -42,6 +42,7 @@ use pingora::protocols::ALPN;
 use pingora::upstreams::peer::HttpPeer;
 
 use crate::config::{Provider, ProviderKind, Route};
+use crate::protocol::wire::Forwarding;
 use crate::protocol::{ModelPlacement, UpstreamDialect};
 use crate::secret::Secret;
 
@@ -274,10 +275,30 @@ impl Provider {
 impl Route {
     /// The wire API this route's requests are sent in. Per route, not per provider kind, so
     /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
-    /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
-    /// it is the kind's one dialect.
+    /// in the Gemini dialect; Bedrock) can choose by the upstream model, and a route to
+    /// OpenAI or Azure OpenAI can choose Responses (`routes[].api`); for the other kinds it
+    /// is the kind's one dialect.
     pub fn dialect(&self) -> UpstreamDialect {
-        self.provider.dialect_for(&self.upstream_model)
+        match self.api {
+            crate::config::RouteApi::Responses => UpstreamDialect::Responses,
+            crate::config::RouteApi::ChatCompletions => {
+                self.provider.dialect_for(&self.upstream_model)
+            }
+        }
+    }
+
+    /// The path (and query) of this route's inference endpoint, appended to the base path:
+    /// its provider's [`request_path`], or, for a route that speaks Responses
+    /// (`routes[].api: responses`), the provider's Responses endpoint
+    /// ([`Adapter::responses_path`]).
+    pub fn path(&self, stream: bool) -> std::borrow::Cow<'static, str> {
+        let adapter = adapter(self.provider.kind);
+        if self.dialect() == UpstreamDialect::Responses {
+            if let Some(p) = adapter.responses_path(&self.provider) {
+                return p;
+            }
+        }
+        adapter.path(&self.provider, &self.upstream_model, stream)
     }
 }
 
@@ -367,7 +388,25 @@ pub fn passthrough_body_placed(
     ask_usage: bool,
     placement: ModelPlacement,
 ) -> serde_json::Result<Vec<u8>> {
+    passthrough_body_forwarded(request, upstream_model, ask_usage, placement, None)
+}
+
+/// [`passthrough_body_placed`] with the client dialect's own [`Forwarding`] rules: the
+/// members the gateway owns in that dialect are left out or set (Responses:
+/// `previous_response_id` out, `store: false`, `include` with
+/// `reasoning.encrypted_content`).
+///
+/// # Errors
+/// Only if serialization fails (it cannot for a parsed `Value`).
+pub fn passthrough_body_forwarded(
+    request: &serde_json::Map<String, serde_json::Value>,
+    upstream_model: &str,
+    ask_usage: bool,
+    placement: ModelPlacement,
+    forwarding: Option<&Forwarding>,
+) -> serde_json::Result<Vec<u8>> {
     use serde_json::Value;
+    let (owned_out, owned_set) = forwarding.map_or((&[][..], &[][..]), |f| (f.dropped, f.set));
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::new(&mut out);
     use serde::ser::{SerializeMap, Serializer};
@@ -382,7 +421,14 @@ pub fn passthrough_body_placed(
         ModelPlacement::Body => &[][..],
     };
     for (k, v) in request {
-        if GATEWAY_FIELDS.contains(&k.as_str()) || dropped.contains(&k.as_str()) {
+        if GATEWAY_FIELDS.contains(&k.as_str())
+            || dropped.contains(&k.as_str())
+            || owned_out.contains(&k.as_str())
+        {
+            continue;
+        }
+        if let Some((_, f)) = owned_set.iter().find(|(name, _)| name == k) {
+            map.serialize_entry(k, &f(Some(v)))?;
             continue;
         }
         if k == "model" || k == "anthropic_version" {
@@ -397,6 +443,11 @@ pub fn passthrough_body_placed(
             map.serialize_entry(k, &with_usage(Some(v)))?;
         } else {
             map.serialize_entry(k, v)?;
+        }
+    }
+    for (name, f) in owned_set {
+        if !request.contains_key(*name) {
+            map.serialize_entry(name, &f(None))?;
         }
     }
     if ask_usage && !request.contains_key("stream_options") {

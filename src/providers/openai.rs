@@ -1,5 +1,6 @@
 //! Owns the OpenAI Chat Completions wire format on the upstream side
-//! (<https://platform.openai.com/docs/api-reference/chat/create>): its endpoint path, and
+//! (<https://platform.openai.com/docs/api-reference/chat/create>): its endpoint path (and the
+//! Responses endpoint's, for a route with `api: responses`), and
 //! reading an OpenAI-shaped error body
 //! (<https://platform.openai.com/docs/guides/error-codes>).
 
@@ -13,6 +14,11 @@ use crate::protocol::UpstreamDialect;
 
 /// Path of the endpoint under the base URL.
 pub const CHAT_COMPLETIONS_PATH: &str = "/chat/completions";
+
+/// Path of the Responses endpoint under the base URL
+/// (<https://platform.openai.com/docs/api-reference/responses/create>), for a route with
+/// `api: responses`.
+pub const RESPONSES_PATH: &str = "/responses";
 
 /// Extracts `(type, code, message)` from an upstream error body in OpenAI's shape
 /// (`{"error":{"message","type","code"}}`), or a plain-text/other-JSON body. The shape is
@@ -38,6 +44,10 @@ impl Adapter for OpenAi {
 
     fn path(&self, _: &Provider, _: &str, _: bool) -> Cow<'static, str> {
         CHAT_COMPLETIONS_PATH.into()
+    }
+
+    fn responses_path(&self, _: &Provider) -> Option<Cow<'static, str>> {
+        Some(RESPONSES_PATH.into())
     }
 
     fn authorize(

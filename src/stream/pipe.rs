@@ -372,7 +372,17 @@ impl<'r> StreamPipe<'r> {
             }
             let name = ev.event_name();
             if path.is_terminal(name, ev.is_done()) {
-                self.out.extend_from_slice(ev.raw());
+                // A terminal event may carry the final usage and name the model (Responses'
+                // `response.completed`); `[DONE]` and `message_stop` pass unchanged.
+                let mut u = self.usage.unwrap_or_default();
+                if protocol::merge_chunk_usage(self.upstream, &data, &mut u) {
+                    self.usage = Some(u);
+                }
+                if path.is_finish(name, &data) {
+                    self.finish_seen = true;
+                }
+                fast.rewriter
+                    .rewrite_event(&ev, &mut self.echo, &mut self.out);
                 self.done = true;
                 continue;
             }

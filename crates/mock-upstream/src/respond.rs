@@ -100,6 +100,8 @@ fn classify(req: &Request) -> Kind {
         Kind::Chat(Provider::Anthropic)
     } else if req.method == "POST" && path.ends_with("/messages/count_tokens") {
         Kind::CountTokens
+    } else if req.method == "POST" && path.ends_with("/responses") {
+        Kind::Chat(Provider::OpenAi)
     } else if req.method == "POST" && path.ends_with("/chat/completions") {
         Kind::Chat(Provider::OpenAi)
     } else if req.method == "POST" && path.ends_with("/messages") {
@@ -406,7 +408,10 @@ pub(crate) fn prepare(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let serial = state.next_id();
+    let responses = kind == Kind::Chat(Provider::OpenAi)
+        && req.path().trim_end_matches('/').ends_with("/responses");
     let id = behavior.id.clone().unwrap_or_else(|| match provider {
+        Provider::OpenAi if responses => format!("resp_mock{serial:012}"),
         Provider::OpenAi => format!("chatcmpl-mock{serial:012}"),
         Provider::Anthropic => format!("msg_mock{serial:012}"),
         Provider::Gemini => format!("gmock{serial:012}"),
@@ -483,6 +488,7 @@ pub(crate) fn prepare(
         azure,
         bedrock: aws.is_some(),
         converse: aws.is_some() && bedrock::is_converse(req),
+        responses,
     };
 
     let tokens = if let Some(total) = behavior.total_bytes {
@@ -718,6 +724,7 @@ async fn non_stream(
         sleep_ms(delay).await;
     }
     let body = match plan.meta.provider {
+        Provider::OpenAi if plan.meta.responses => super::responses::answer(&plan.meta, &text, n),
         Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
         Provider::Anthropic if plan.meta.converse => {
             converse::answer(&plan.meta, &wire::anthropic_message(&plan.meta, &text, n))

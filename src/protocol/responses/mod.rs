@@ -15,6 +15,8 @@
 //! `previous_response_id`, `store: true` and `conversation` are refused.
 
 pub mod stream;
+pub mod upstream;
+pub mod upstream_stream;
 mod wire;
 
 pub use wire::WIRE;
