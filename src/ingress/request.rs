@@ -492,40 +492,7 @@ pub fn parse_forwardable(
             ))
         }
     };
-    if dialect == ClientDialect::Responses {
-        // Responses: `input`, a string or a list of items (the protocol layer reads them).
-        match map.get("input") {
-            Some(Value::String(_) | Value::Array(_)) => {}
-            Some(_) => {
-                return Err(GatewayError::invalid(
-                    "`input` must be a string or an array of items",
-                    Some("input"),
-                ))
-            }
-            None => {
-                return Err(GatewayError::invalid(
-                    "you must provide `input`",
-                    Some("input"),
-                ))
-            }
-        }
-    } else {
-        match map.get("messages") {
-            Some(Value::Array(a)) if !a.is_empty() => {}
-            Some(Value::Array(_)) => {
-                return Err(GatewayError::invalid(
-                    "`messages` must not be empty",
-                    Some("messages"),
-                ))
-            }
-            _ => {
-                return Err(GatewayError::invalid(
-                    "you must provide `messages` (an array)",
-                    Some("messages"),
-                ))
-            }
-        }
-    }
+    check_conversation(dialect, &map)?;
     let messages_dialect = dialect == ClientDialect::Messages;
     // Messages and Responses streams always carry usage; Chat's only when asked for.
     let include_usage = messages_dialect
@@ -583,6 +550,52 @@ pub fn parse_forwardable(
         input_estimate: OnceLock::new(),
         input_sample: OnceLock::new(),
     })
+}
+
+/// Checks that a request has its conversation: Responses `input` (a string or a list of
+/// items), the others a non-empty `messages` array.
+///
+/// # Errors
+/// A 400 naming `input` or `messages`.
+fn check_conversation(
+    dialect: ClientDialect,
+    map: &Map<String, Value>,
+) -> Result<(), GatewayError> {
+    if dialect == ClientDialect::Responses {
+        // Responses: `input`, a string or a list of items (the protocol layer reads them).
+        match map.get("input") {
+            Some(Value::String(_) | Value::Array(_)) => {}
+            Some(_) => {
+                return Err(GatewayError::invalid(
+                    "`input` must be a string or an array of items",
+                    Some("input"),
+                ))
+            }
+            None => {
+                return Err(GatewayError::invalid(
+                    "you must provide `input`",
+                    Some("input"),
+                ))
+            }
+        }
+    } else {
+        match map.get("messages") {
+            Some(Value::Array(a)) if !a.is_empty() => {}
+            Some(Value::Array(_)) => {
+                return Err(GatewayError::invalid(
+                    "`messages` must not be empty",
+                    Some("messages"),
+                ))
+            }
+            _ => {
+                return Err(GatewayError::invalid(
+                    "you must provide `messages` (an array)",
+                    Some("messages"),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Parses and validates a request body of `dialect` with [`parse_forwardable`] (every

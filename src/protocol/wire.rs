@@ -141,6 +141,9 @@ pub struct FastPath {
     pub forwarding: Option<&'static Forwarding>,
 }
 
+/// How a [`Forwarding`] sets a member: its value from the client's own (if it sent one).
+pub type SetMember = fn(Option<&serde_json::Value>) -> serde_json::Value;
+
 /// The top-level members of a client's request that the gateway owns in this dialect
 /// besides `model`, and so changes when it forwards the body untranslated (Responses:
 /// `previous_response_id` left out, `store: false`, `include` gains
@@ -150,10 +153,7 @@ pub struct Forwarding {
     /// Members left out.
     pub dropped: &'static [&'static str],
     /// Members set: the name and the value from the client's own (if it sent one).
-    pub set: &'static [(
-        &'static str,
-        fn(Option<&serde_json::Value>) -> serde_json::Value,
-    )],
+    pub set: &'static [(&'static str, SetMember)],
 }
 
 impl FastPath {

@@ -100,9 +100,9 @@ fn classify(req: &Request) -> Kind {
         Kind::Chat(Provider::Anthropic)
     } else if req.method == "POST" && path.ends_with("/messages/count_tokens") {
         Kind::CountTokens
-    } else if req.method == "POST" && path.ends_with("/responses") {
-        Kind::Chat(Provider::OpenAi)
-    } else if req.method == "POST" && path.ends_with("/chat/completions") {
+    } else if req.method == "POST"
+        && (path.ends_with("/chat/completions") || path.ends_with("/responses"))
+    {
         Kind::Chat(Provider::OpenAi)
     } else if req.method == "POST" && path.ends_with("/messages") {
         Kind::Chat(Provider::Anthropic)

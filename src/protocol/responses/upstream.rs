@@ -44,7 +44,7 @@ pub static FAST_PATH: FastPath = FastPath {
     error_events: &["response.failed"],
     error_data_prefix: None,
     decode_error: in_band_error,
-    has_content: has_content,
+    has_content,
     finish: Finish::Events(&["response.completed", "response.incomplete"]),
     requested_usage: None,
     stream_model: ModelPath::new(&["response", "model"]),
@@ -150,6 +150,67 @@ pub(crate) fn decode_stream_error(data: &[u8]) -> ProtocolError {
 /// # Errors
 /// [`ProtocolError::Unsupported`] for text given as an image source.
 pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u8>, ProtocolError> {
+    let (input, has_reasoning_history) = encode_input(req)?;
+    let mut out = Map::new();
+    out.insert("model".into(), opts.model.into());
+    if !req.system.is_empty() {
+        out.insert("instructions".into(), req.system.join("\n\n").into());
+    }
+    out.insert("input".into(), Value::Array(input));
+    encode_tools(req, &mut out);
+    if let Some(n) = req.max_output_tokens {
+        out.insert("max_output_tokens".into(), n.into());
+    }
+    if let Some(t) = req.temperature {
+        out.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = req.top_p {
+        out.insert("top_p".into(), json!(p));
+    }
+    if let Some(u) = &req.user {
+        out.insert("user".into(), u.as_str().into());
+    }
+    let effort = req.reasoning.as_ref().and_then(Reasoning::effort);
+    if let Some(e) = effort {
+        out.insert("reasoning".into(), json!({"effort": e.openai()}));
+    }
+    let reasoning_on = req.reasoning.as_ref().is_some_and(|r| !r.off());
+    if reasoning_on || has_reasoning_history {
+        out.insert("include".into(), json!([ENCRYPTED_REASONING]));
+    }
+    match &req.response_format {
+        None => {}
+        Some(ResponseFormat::JsonObject) => {
+            out.insert("text".into(), json!({"format": {"type": "json_object"}}));
+        }
+        Some(ResponseFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+            description,
+        }) => {
+            let mut f = Map::new();
+            f.insert("type".into(), "json_schema".into());
+            f.insert("name".into(), name.as_str().into());
+            f.insert("schema".into(), schema.clone());
+            if let Some(s) = strict {
+                f.insert("strict".into(), (*s).into());
+            }
+            if let Some(d) = description {
+                f.insert("description".into(), d.as_str().into());
+            }
+            out.insert("text".into(), json!({"format": f}));
+        }
+    }
+    out.insert("store".into(), false.into());
+    if req.stream {
+        out.insert("stream".into(), true.into());
+    }
+    Ok(to_vec(&Value::Object(out)))
+}
+
+/// The conversation as `input` items, and whether it gives reasoning back.
+fn encode_input(req: &Request) -> Result<(Vec<Value>, bool), ProtocolError> {
     let mut input = Vec::with_capacity(req.messages.len());
     let mut has_reasoning_history = false;
     for m in &req.messages {
@@ -213,12 +274,12 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
             }
         }
     }
-    let mut out = Map::new();
-    out.insert("model".into(), opts.model.into());
-    if !req.system.is_empty() {
-        out.insert("instructions".into(), req.system.join("\n\n").into());
-    }
-    out.insert("input".into(), Value::Array(input));
+    Ok((input, has_reasoning_history))
+}
+
+/// `tools` (functions, and web search as the hosted `web_search` tool), `parallel_tool_calls`
+/// and `tool_choice` into `out`.
+fn encode_tools(req: &Request, out: &mut Map<String, Value>) {
     let mut tools: Vec<Value> = req
         .tools
         .iter()
@@ -269,55 +330,6 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
             },
         );
     }
-    if let Some(n) = req.max_output_tokens {
-        out.insert("max_output_tokens".into(), n.into());
-    }
-    if let Some(t) = req.temperature {
-        out.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = req.top_p {
-        out.insert("top_p".into(), json!(p));
-    }
-    if let Some(u) = &req.user {
-        out.insert("user".into(), u.as_str().into());
-    }
-    let effort = req.reasoning.as_ref().and_then(Reasoning::effort);
-    if let Some(e) = effort {
-        out.insert("reasoning".into(), json!({"effort": e.openai()}));
-    }
-    let reasoning_on = req.reasoning.as_ref().is_some_and(|r| !r.off());
-    if reasoning_on || has_reasoning_history {
-        out.insert("include".into(), json!([ENCRYPTED_REASONING]));
-    }
-    match &req.response_format {
-        None => {}
-        Some(ResponseFormat::JsonObject) => {
-            out.insert("text".into(), json!({"format": {"type": "json_object"}}));
-        }
-        Some(ResponseFormat::JsonSchema {
-            name,
-            schema,
-            strict,
-            description,
-        }) => {
-            let mut f = Map::new();
-            f.insert("type".into(), "json_schema".into());
-            f.insert("name".into(), name.as_str().into());
-            f.insert("schema".into(), schema.clone());
-            if let Some(s) = strict {
-                f.insert("strict".into(), (*s).into());
-            }
-            if let Some(d) = description {
-                f.insert("description".into(), d.as_str().into());
-            }
-            out.insert("text".into(), json!({"format": f}));
-        }
-    }
-    out.insert("store".into(), false.into());
-    if req.stream {
-        out.insert("stream".into(), true.into());
-    }
-    Ok(to_vec(&Value::Object(out)))
 }
 
 /// Appends a `message` item of `role` with `content` (emptied), if there is any.
