@@ -10,6 +10,7 @@ mod fixtures;
 mod mappings;
 mod matrix;
 mod requests;
+mod responses_upstream;
 mod splits;
 mod streams;
 
