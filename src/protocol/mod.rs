@@ -1378,6 +1378,19 @@ pub fn error_event(dialect: ClientDialect, kind: ErrorKind, message: &str, out: 
     json::error_event(dialect, kind, message, 0, out)
 }
 
+/// [`error_event`] as the event numbered `sequence_number` of its stream (Responses events
+/// are numbered; the other dialects ignore it): the gateway's error in a forwarded
+/// Responses stream continues the provider's numbering.
+pub fn error_event_at(
+    dialect: ClientDialect,
+    kind: ErrorKind,
+    message: &str,
+    sequence_number: u64,
+    out: &mut BytesMut,
+) {
+    json::error_event(dialect, kind, message, sequence_number, out)
+}
+
 /// The idle heartbeat frame for a client of `dialect`: Messages clients get
 /// `event: ping` (what Anthropic sends), the others an SSE comment.
 pub fn heartbeat(dialect: ClientDialect) -> &'static [u8] {

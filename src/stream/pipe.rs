@@ -511,7 +511,10 @@ impl<'r> StreamPipe<'r> {
         let mut out = BytesMut::new();
         match self.protocol.as_mut() {
             Some(t) => t.error(kind, message, &mut out),
-            None => protocol::error_event(self.client, kind, message, &mut out),
+            // The events forwarded so far: a numbered stream (Responses) goes on counting.
+            None => {
+                protocol::error_event_at(self.client, kind, message, self.data_events, &mut out)
+            }
         }
         out.freeze()
     }

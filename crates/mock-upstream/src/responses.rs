@@ -264,12 +264,19 @@ pub(crate) fn events(m: &ReplyMeta, text: &[String]) -> Vec<Event> {
 }
 
 /// The `response.failed` event (number `seq`) of an answer that failed with `status`.
-pub(crate) fn failed_event(m: &ReplyMeta, seq: u64, status: u16, message: &str) -> String {
-    let code = match status {
+/// Its `error.code` is `code` (the `error_type` knob) or one for the status.
+pub(crate) fn failed_event(
+    m: &ReplyMeta,
+    seq: u64,
+    status: u16,
+    code: Option<&str>,
+    message: &str,
+) -> String {
+    let code = code.unwrap_or(match status {
         429 => "rate_limit_exceeded",
         400..=499 => "invalid_prompt",
         _ => "server_error",
-    };
+    });
     let mut r = snapshot(m, "failed", Vec::new(), Value::Null, Value::Null);
     r["error"] = json!({"code": code, "message": message});
     json!({"type": "response.failed", "sequence_number": seq, "response": r}).to_string()

@@ -519,7 +519,13 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
                     return Ok(After::Keep);
                 }
                 let data = if m.responses {
-                    super::super::responses::failed_event(m, written, status, &msg)
+                    super::super::responses::failed_event(
+                        m,
+                        written,
+                        status,
+                        b.error_type.as_deref(),
+                        &msg,
+                    )
                 } else if gemini {
                     cloud::gemini_error_chunk(status, &msg, b.error_type.as_deref())
                 } else {
