@@ -76,6 +76,49 @@ pub fn authorize_bearer(provider: &Provider, req: &mut RequestHeader) -> pingora
 mod tests {
     use super::*;
 
+    /// A config whose one route (`models.m.routes[0]`) goes to a provider of `kind` (its
+    /// `extra` lines) with `api`.
+    fn route_config(
+        kind: &str,
+        extra: &str,
+        api: &str,
+    ) -> Result<crate::config::Config, crate::config::ConfigError> {
+        let yaml = format!(
+            "tenants:\n  t: {{}}\nvirtual_keys:\n  - key: sk-sluice-api-00001\n    tenant: t\nproviders:\n  p:\n    kind: {kind}\n    base_url: http://127.0.0.1:9/v1\n{extra}models:\n  m:\n    routes:\n      - provider: p\n        upstream_model: u\n        api: {api}\n"
+        );
+        crate::config::Config::parse(std::path::Path::new("sluice.yaml"), &yaml)
+    }
+
+    #[test]
+    fn a_route_chooses_responses_on_openai_and_azure_and_nowhere_else() {
+        use crate::protocol::UpstreamDialect;
+        let c = route_config("openai", "", "responses").expect("openai");
+        let r = &c.models["m"].routes[0];
+        assert_eq!(r.dialect(), UpstreamDialect::Responses);
+        assert_eq!(r.path(true), RESPONSES_PATH);
+        let c = route_config("openai", "", "chat_completions").expect("openai");
+        let r = &c.models["m"].routes[0];
+        assert_eq!(r.dialect(), UpstreamDialect::ChatCompletions);
+        assert_eq!(r.path(false), CHAT_COMPLETIONS_PATH);
+        let c = route_config(
+            "azure_openai",
+            "    api_version: \"2024-10-21\"\n",
+            "responses",
+        )
+        .expect("azure");
+        let r = &c.models["m"].routes[0];
+        assert_eq!(r.dialect(), UpstreamDialect::Responses);
+        assert_eq!(r.path(true), "/openai/v1/responses");
+        for (kind, extra) in [("anthropic", ""), ("gemini", "")] {
+            let e = route_config(kind, extra, "responses").expect_err(kind);
+            assert_eq!(e.key_path, "models.m.routes[0].api", "{kind}: {e}");
+            assert_eq!(e.line, Some(13), "{kind}: the route's line: {e}");
+            assert!(e.message.contains("openai"), "{kind}: {e}");
+        }
+        // Chat Completions is every OpenAI route's default, and any kind may say it.
+        assert!(route_config("anthropic", "", "chat_completions").is_ok());
+    }
+
     #[test]
     fn error_shapes() {
         let (t, c, m) = error_parts(429, br#"{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limit_exceeded"}}"#);
