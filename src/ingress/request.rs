@@ -553,15 +553,39 @@ pub fn parse_forwardable(
 }
 
 /// Checks that a request has its conversation: Responses `input` (a string or a list of
-/// items), the others a non-empty `messages` array.
+/// items), the others a non-empty `messages` array; and that a Responses request refers to
+/// no stored state and asks for none (`previous_response_id`, `store: true`,
+/// `conversation`: there is no response storage).
 ///
 /// # Errors
-/// A 400 naming `input` or `messages`.
+/// A 400 naming `input`, `messages` or the stateful member.
 fn check_conversation(
     dialect: ClientDialect,
     map: &Map<String, Value>,
 ) -> Result<(), GatewayError> {
     if dialect == ClientDialect::Responses {
+        // No response storage: a request that refers to stored state, or asks to store,
+        // cannot be answered, whichever route would serve it (a Responses route is sent
+        // `store: false` and no `previous_response_id`).
+        const NO_STORAGE: &str = "there is no response storage; send the full input";
+        for (key, stateful) in [
+            (
+                "previous_response_id",
+                !map.get("previous_response_id").is_none_or(Value::is_null),
+            ),
+            ("store", map.get("store") == Some(&Value::Bool(true))),
+            (
+                "conversation",
+                !map.get("conversation").is_none_or(Value::is_null),
+            ),
+        ] {
+            if stateful {
+                return Err(GatewayError::invalid(
+                    format!("unsupported `{key}`: {NO_STORAGE}"),
+                    Some(key),
+                ));
+            }
+        }
         // Responses: `input`, a string or a list of items (the protocol layer reads them).
         match map.get("input") {
             Some(Value::String(_) | Value::Array(_)) => {}

@@ -9,7 +9,8 @@
 //!   [`UpstreamDialect`] (what a provider speaks), so an impossible pair does not exist;
 //! * one module per wire API ([`ClientDialect`], [`UpstreamDialect`]), each owning its serde wire types
 //!   and its converters: [`chat`] (OpenAI Chat Completions), [`messages`]
-//!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only),
+//!   (Anthropic Messages), [`responses`] (OpenAI Responses, both sides: the upstream side
+//!   for a route with `routes[].api: responses`),
 //!   [`gemini`] (the Gemini API's `generateContent`, upstream side only), [`converse`]
 //!   (AWS Bedrock's `Converse` / `ConverseStream`, upstream side only);
 //! * the dialect-agnostic entry points the proxy calls ([`decode_request`],
@@ -39,12 +40,18 @@
 //! # Fields per direction
 //!
 //! **Same dialect in and out is a passthrough** (Chat Completions → OpenAI-compatible or
-//! Azure; Messages → Anthropic, Claude on Bedrock or Vertex AI): the client's JSON goes
+//! Azure; Messages → Anthropic, Claude on Bedrock or Vertex AI; Responses → a route with
+//! `api: responses` on OpenAI or Azure OpenAI): the client's JSON goes
 //! upstream with only what the gateway owns changed (`model`; Sluice's own `provider` and
 //! `models`; `stream_options.include_usage` when metering needs it; the provider's placement
 //! rules: Bedrock and Vertex take the model and the stream choice in the path and need
 //! `anthropic_version`, Bedrock refuses `metadata` and `service_tier`, which are dropped with
-//! a record). Every member, enum value, tool type, content block, role and answer event
+//! a record; Responses: `previous_response_id` left out and `store: false`, Sluice being the
+//! store of record, and `include` gains `reasoning.encrypted_content` so that reasoning can
+//! be given back, [`wire::Forwarding`]). A forwarded Responses stream keeps every event,
+//! the model rewritten in `response.model`, usage read from the final
+//! `response.completed` / `response.incomplete`; `response.failed` and `error` are in-band
+//! errors. Every member, enum value, tool type, content block, role and answer event
 //! Sluice does not know passes untouched (model rewritten, usage read); the drift property
 //! tests (`tests/e2e/drift.rs`) hold this.
 //!
@@ -69,9 +76,11 @@
 //! | canonical → Chat (upstream) | effort as `reasoning_effort` (max → xhigh), structured output | thinking signatures and redacted thinking in history (OpenAI takes no reasoning input), document `title`, a tool result's `is_error` | web search (Chat has it only on OpenAI's search models) | images inside tool results, URL documents |
 //! | canonical → Messages (upstream) | reasoning as adaptive thinking + `output_config.effort` (minimal → low) for current Claude, or a `thinking` budget (low 1024, medium 8192, high 24576, xhigh 32768, max 63999, capped below `max_tokens`) for Claude before 4.6 (`routes[].thinking` overrides; [`ThinkingForm`]); `display: omitted`; web search as the `web_search_20250305` server tool; structured output (see below) | temperature above 1 is clamped to 1; unsigned reasoning in history | see *Structured output* | — |
 //! | canonical → Gemini (upstream) | reasoning as `thinkingConfig` (Gemini 3: `thinkingLevel`; 2.5: `thinkingBudget`, capped at 24576, Pro 32768; adaptive −1; disabled 0); web search as `googleSearch`; structured output | reasoning history and signatures, `parallel_tool_calls`, `user`, a tool's `strict`, document `title` | — | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
+//! | canonical → Responses (upstream) | system prompts as `instructions`; messages, tool calls and results as `message`, `function_call`, `function_call_output` items; signed reasoning as `reasoning` items (signature = `encrypted_content`) and `include: ["reasoning.encrypted_content"]` whenever reasoning is asked for or given back; effort as `reasoning.effort` (max → xhigh); web search as the hosted `web_search` tool; structured output as `text.format`; always `store: false` | unsigned reasoning in history (OpenAI takes back only its own encrypted reasoning), a tool result's `is_error`, Responses `custom`/`namespace` tools go as flattened functions | stop sequences (`stop`, `stop_sequences`: the API has none) | text as an image source |
 //! | canonical → Converse (upstream) | Claude reasoning as `additionalModelRequestFields` (`thinking`, `output_config.effort`); a `toolConfig` synthesized from the history's calls (see below); structured output | `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results | reasoning settings toward a model that is not Claude, web search, JSON mode | image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
 //! | Chat upstream → client | — | `logprobs`, `system_fingerprint`, `refusal` becomes text | — | — |
 //! | Messages upstream → Chat client | — | thinking `signature` (Chat has no field for it), `redacted_thinking`, server tool blocks (`server_tool_use`, `web_search_tool_result`: their text answer passes) | — | — |
+//! | Responses upstream → client | `output_text` (and `refusal`) as text, reasoning summaries as reasoning text with `encrypted_content` as its signature, `function_call` (namespaced ones as `{namespace}__{name}`) and `custom_tool_call` as tool calls; usage with `cached_tokens` and `reasoning_tokens`; `incomplete` for `max_output_tokens` / `content_filter` as those stops; `response.failed` and `error` as in-band errors | hosted tool items (`web_search_call`, …; their text answer passes), annotations, logprobs | — | — |
 //! | Converse upstream → client | — | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — | — |
 //! | Gemini upstream → client | — | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — | — |
 //! | any → Responses client | namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`) | — | — |

@@ -542,6 +542,10 @@ fn reasoning_items(call: &serde_json::Value) -> Vec<(String, String)> {
 /// reasoning items back in its `input`, unchanged, with `store: false` (Sluice keeps the
 /// conversation; the provider keeps nothing).
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "two agent turns on two kinds, then every request's history checked in order"
+)]
 fn codex_keeps_its_reasoning_items_across_turns_on_a_responses_route() {
     const THOUGHT: &str = "I should run the command before answering.";
     let codex = npm_bin("codex");

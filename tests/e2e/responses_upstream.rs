@@ -22,8 +22,11 @@ fn config(responses: &Mock, fallback: &Mock) -> String {
     )
 }
 
+/// One client dialect's request: its path, its headers, its body.
+type ClientRequest = (&'static str, Vec<(&'static str, String)>, Value);
+
 /// The three client dialects: path, headers, a one-turn body.
-fn clients(stream: bool) -> Vec<(&'static str, Vec<(&'static str, String)>, Value)> {
+fn clients(stream: bool) -> Vec<ClientRequest> {
     let bearer = vec![("authorization", format!("Bearer {KEY}"))];
     vec![
         (

@@ -1,6 +1,7 @@
-//! OpenAI Responses (<https://platform.openai.com/docs/api-reference/responses>),
-//! client side only and stateless: the request decoder, the response
-//! encoder and (in [`stream`]) the stream encoder.
+//! OpenAI Responses (<https://platform.openai.com/docs/api-reference/responses>): on the
+//! client side the request decoder, the response encoder and (in [`stream`]) the stream
+//! encoder; on the upstream side (a route with `routes[].api: responses`) the request
+//! encoder and answer decoder ([`upstream`]) and the stream decoder ([`upstream_stream`]).
 //!
 //! Shapes: request `{"model","input": string | [item],"instructions","tools":[{"type":
 //! "function","name","description","parameters","strict"}],"tool_choice","max_output_tokens",
