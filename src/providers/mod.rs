@@ -287,6 +287,21 @@ impl Route {
         }
     }
 
+    /// The path of one of the Responses API's side endpoints on this route
+    /// ([`ResponsesEndpoint`]: `{responses path}/input_tokens`, `{responses path}/compact`),
+    /// appended to the base path; `None` for a route that does not speak Responses (the
+    /// caller answers locally then).
+    pub fn responses_endpoint_path(
+        &self,
+        endpoint: ResponsesEndpoint,
+    ) -> Option<std::borrow::Cow<'static, str>> {
+        if self.dialect() != UpstreamDialect::Responses {
+            return None;
+        }
+        let base = adapter(self.provider.kind).responses_path(&self.provider)?;
+        Some(format!("{base}/{}", endpoint.suffix()).into())
+    }
+
     /// The path (and query) of this route's inference endpoint, appended to the base path:
     /// its provider's [`request_path`], or, for a route that speaks Responses
     /// (`routes[].api: responses`), the provider's Responses endpoint
@@ -300,6 +315,46 @@ impl Route {
         }
         adapter.path(&self.provider, &self.upstream_model, stream)
     }
+}
+
+/// A side endpoint of the OpenAI Responses API that a route speaking Responses forwards
+/// (<https://platform.openai.com/docs/api-reference/responses/input-tokens>,
+/// <https://platform.openai.com/docs/api-reference/responses/compact>).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponsesEndpoint {
+    /// `POST /v1/responses/input_tokens`: `{"object":"response.input_tokens","input_tokens"}`.
+    InputTokens,
+    /// `POST /v1/responses/compact`: `{"object":"response.compaction","output":[…],"usage"}`.
+    Compact,
+}
+
+impl ResponsesEndpoint {
+    /// The path segment after the Responses path (`input_tokens`, `compact`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            ResponsesEndpoint::InputTokens => "input_tokens",
+            ResponsesEndpoint::Compact => "compact",
+        }
+    }
+}
+
+/// The body a Responses side endpoint ([`ResponsesEndpoint`]) of `route` is sent: the
+/// client's JSON with `model` the upstream model, Sluice's own members left out and
+/// `previous_response_id` left out ([`crate::protocol::responses::upstream::AUX_FORWARDING`]).
+///
+/// # Errors
+/// Only if serialization fails (it cannot for a parsed `Value`).
+pub fn responses_endpoint_body(
+    route: &Route,
+    request: &serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Result<Vec<u8>> {
+    passthrough_body_forwarded(
+        request,
+        &route.upstream_model,
+        false,
+        ModelPlacement::Body,
+        Some(&crate::protocol::responses::upstream::AUX_FORWARDING),
+    )
 }
 
 /// The status an upstream error answer counts as, from its status and body: a Gemini key

@@ -120,6 +120,49 @@ mod tests {
     }
 
     #[test]
+    fn the_responses_side_endpoints_go_to_a_responses_route_with_the_owned_members_changed() {
+        use crate::providers::{responses_endpoint_body, ResponsesEndpoint};
+        let c = route_config("openai", "", "responses").expect("openai");
+        let r = &c.models["m"].routes[0];
+        assert_eq!(
+            r.responses_endpoint_path(ResponsesEndpoint::InputTokens)
+                .as_deref(),
+            Some("/responses/input_tokens")
+        );
+        assert_eq!(
+            r.responses_endpoint_path(ResponsesEndpoint::Compact)
+                .as_deref(),
+            Some("/responses/compact")
+        );
+        let az = route_config(
+            "azure_openai",
+            "    api_version: \"2024-10-21\"\n",
+            "responses",
+        )
+        .expect("azure");
+        assert_eq!(
+            az.models["m"].routes[0]
+                .responses_endpoint_path(ResponsesEndpoint::Compact)
+                .as_deref(),
+            Some("/openai/v1/responses/compact")
+        );
+        let chat = route_config("openai", "", "chat_completions").expect("chat");
+        assert_eq!(
+            chat.models["m"].routes[0].responses_endpoint_path(ResponsesEndpoint::InputTokens),
+            None,
+            "a Chat Completions route answers locally"
+        );
+        let body = serde_json::json!({"model": "m", "input": "hi", "previous_response_id": "resp_1",
+            "provider": {"only": ["p"]}, "instructions": "be brief", "x_new": 1});
+        let out = responses_endpoint_body(r, body.as_object().expect("object")).expect("body");
+        let got: serde_json::Value = serde_json::from_slice(&out).expect("JSON");
+        assert_eq!(
+            got,
+            serde_json::json!({"model": "u", "input": "hi", "instructions": "be brief", "x_new": 1})
+        );
+    }
+
+    #[test]
     fn error_shapes() {
         let (t, c, m) = error_parts(429, br#"{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limit_exceeded"}}"#);
         assert_eq!(

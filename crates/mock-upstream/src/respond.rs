@@ -39,6 +39,10 @@ pub(crate) enum Kind {
     Chat(Provider),
     /// Anthropic's `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// OpenAI's `POST {prefix}/responses/input_tokens`.
+    InputTokens,
+    /// OpenAI's `POST {prefix}/responses/compact`.
+    Compact,
     Models,
     NotFound,
 }
@@ -98,6 +102,10 @@ fn classify(req: &Request) -> Kind {
         Kind::Chat(Provider::Gemini)
     } else if req.method == "POST" && bedrock::invoke_method(req).is_some() {
         Kind::Chat(Provider::Anthropic)
+    } else if req.method == "POST" && path.ends_with("/responses/input_tokens") {
+        Kind::InputTokens
+    } else if req.method == "POST" && path.ends_with("/responses/compact") {
+        Kind::Compact
     } else if req.method == "POST" && path.ends_with("/messages/count_tokens") {
         Kind::CountTokens
     } else if req.method == "POST"
@@ -232,7 +240,9 @@ pub(crate) fn prepare(
         _ => Provider::OpenAi,
     };
     let mut bad_request: Option<String> = None;
-    if let (Kind::Chat(_) | Kind::CountTokens, Err(e)) = (kind, &parsed) {
+    if let (Kind::Chat(_) | Kind::CountTokens | Kind::InputTokens | Kind::Compact, Err(e)) =
+        (kind, &parsed)
+    {
         bad_request = Some(e.clone());
     }
     if kind == Kind::CountTokens && bad_request.is_none() {
@@ -408,8 +418,9 @@ pub(crate) fn prepare(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let serial = state.next_id();
-    let responses = kind == Kind::Chat(Provider::OpenAi)
-        && req.path().trim_end_matches('/').ends_with("/responses");
+    let responses = matches!(kind, Kind::InputTokens | Kind::Compact)
+        || (kind == Kind::Chat(Provider::OpenAi)
+            && req.path().trim_end_matches('/').ends_with("/responses"));
     let id = behavior.id.clone().unwrap_or_else(|| match provider {
         Provider::OpenAi if responses => format!("resp_mock{serial:012}"),
         Provider::OpenAi => format!("chatcmpl-mock{serial:012}"),
@@ -686,6 +697,14 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         }
         Kind::CountTokens => {
             let body = wire::anthropic_token_count(plan.meta.prompt_tokens);
+            write_answer(plan, out, close, abort, body.into_bytes()).await
+        }
+        Kind::InputTokens => {
+            let body = super::responses::input_tokens(plan.meta.prompt_tokens);
+            write_answer(plan, out, close, abort, body.into_bytes()).await
+        }
+        Kind::Compact => {
+            let body = super::responses::compaction(&plan.meta);
             write_answer(plan, out, close, abort, body.into_bytes()).await
         }
         _ => non_stream(plan, out, close, abort).await,

@@ -7,7 +7,11 @@
 //! then `response.completed` (or `response.incomplete` for a `length` finish) with the
 //! usage, cached and reasoning tokens included. Reasoning comes as a `reasoning` item with
 //! a summary and `encrypted_content` (the `signature` knob), tool calls as `function_call`
-//! items; a failure mid-stream is `response.failed`.
+//! items; a failure mid-stream is `response.failed`. The side endpoints answer too:
+//! `POST {prefix}/responses/input_tokens` (<https://platform.openai.com/docs/api-reference/responses/input-tokens>)
+//! with the `prompt_tokens` knob (else the request's estimate), and
+//! `POST {prefix}/responses/compact` (<https://platform.openai.com/docs/api-reference/responses/compact>)
+//! with one `compaction` item.
 
 use serde_json::{json, Value};
 
@@ -280,4 +284,22 @@ pub(crate) fn failed_event(
     let mut r = snapshot(m, "failed", Vec::new(), Value::Null, Value::Null);
     r["error"] = json!({"code": code, "message": message});
     json!({"type": "response.failed", "sequence_number": seq, "response": r}).to_string()
+}
+
+/// `POST /responses/input_tokens`'s answer.
+pub(crate) fn input_tokens(n: u64) -> String {
+    json!({"object": "response.input_tokens", "input_tokens": n}).to_string()
+}
+
+/// `POST /responses/compact`'s answer: one `compaction` item whose `encrypted_content` names
+/// the answer (`mock-compaction-{id}`), and the usage.
+pub(crate) fn compaction(m: &ReplyMeta) -> String {
+    let bare = m.id.trim_start_matches("resp_");
+    json!({
+        "id": m.id, "object": "response.compaction", "created_at": m.created, "model": m.model,
+        "output": [{"id": format!("cmp_{bare}"), "type": "compaction",
+            "encrypted_content": format!("mock-compaction-{}", m.id)}],
+        "usage": usage(m, 1)
+    })
+    .to_string()
 }

@@ -65,6 +65,14 @@ pub static FORWARDING: Forwarding = Forwarding {
     ],
 };
 
+/// What a body forwarded to a Responses route's `POST /responses/input_tokens` or
+/// `POST /responses/compact` has changed besides `model`: `previous_response_id` is left
+/// out (Sluice has expanded it into `input`); neither endpoint takes `store` or `include`.
+pub static AUX_FORWARDING: Forwarding = Forwarding {
+    dropped: &["previous_response_id"],
+    set: &[],
+};
+
 fn store_false(_: Option<&Value>) -> Value {
     Value::Bool(false)
 }
