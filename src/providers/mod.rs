@@ -241,6 +241,24 @@ pub fn request_path(
     adapter(provider.kind).path(provider, upstream_model, stream)
 }
 
+/// The path (and query) of `provider`'s inference endpoint for `upstream_model` spoken in
+/// `dialect` ([`Route::path`]; the request-mode health probe, which has no route): the
+/// Responses endpoint ([`Adapter::responses_path`]) for Responses, else [`request_path`].
+pub fn path_for(
+    provider: &Provider,
+    upstream_model: &str,
+    dialect: UpstreamDialect,
+    stream: bool,
+) -> std::borrow::Cow<'static, str> {
+    let adapter = adapter(provider.kind);
+    if dialect == UpstreamDialect::Responses {
+        if let Some(p) = adapter.responses_path(provider) {
+            return p;
+        }
+    }
+    adapter.path(provider, upstream_model, stream)
+}
+
 /// Where the route's request body names the model, and so its shape ([`ModelPlacement`]):
 /// in the URL for Claude on Vertex AI and on Bedrock (whose bodies carry `anthropic_version`
 /// instead; Bedrock's no `stream`, `metadata` or `service_tier` either), in the body for
@@ -307,13 +325,7 @@ impl Route {
     /// (`routes[].api: responses`), the provider's Responses endpoint
     /// ([`Adapter::responses_path`]).
     pub fn path(&self, stream: bool) -> std::borrow::Cow<'static, str> {
-        let adapter = adapter(self.provider.kind);
-        if self.dialect() == UpstreamDialect::Responses {
-            if let Some(p) = adapter.responses_path(&self.provider) {
-                return p;
-            }
-        }
-        adapter.path(&self.provider, &self.upstream_model, stream)
+        path_for(&self.provider, &self.upstream_model, self.dialect(), stream)
     }
 }
 

@@ -26,6 +26,10 @@ use crate::sse::ModelPath;
 /// items' `encrypted_content`.
 pub const ENCRYPTED_REASONING: &str = "reasoning.encrypted_content";
 
+/// The smallest `max_output_tokens` OpenAI's Responses API takes (a smaller value is a
+/// 400, <https://platform.openai.com/docs/api-reference/responses/create#responses-create-max_output_tokens>).
+pub const MIN_OUTPUT_TOKENS: u64 = 16;
+
 /// The members that carry generated text in Responses events and bodies (`delta` of the
 /// text, reasoning and argument deltas; `text` of whole parts; `arguments`), most frequent
 /// first.
@@ -167,7 +171,8 @@ pub fn encode_request(req: &Request, opts: &UpstreamOptions<'_>) -> Result<Vec<u
     out.insert("input".into(), Value::Array(input));
     encode_tools(req, &mut out);
     if let Some(n) = req.max_output_tokens {
-        out.insert("max_output_tokens".into(), n.into());
+        // OpenAI refuses a limit below its minimum (a 400): a smaller one is raised to it.
+        out.insert("max_output_tokens".into(), n.max(MIN_OUTPUT_TOKENS).into());
     }
     if let Some(t) = req.temperature {
         out.insert("temperature".into(), json!(t));
