@@ -2,7 +2,8 @@
 //! loopback: a failure before the first byte falls back to a route of another kind for
 //! every client dialect; a stream that breaks after its commit ends with the client's own
 //! error event; usage with cached and reasoning tokens is metered (access log and cost) on
-//! the forwarded and on the translated path.
+//! the forwarded and on the translated path; a request-mode health probe of the route speaks
+//! Responses.
 
 use serde_json::{json, Value};
 
@@ -213,4 +214,34 @@ fn cached_and_reasoning_tokens_are_metered_forwarded_and_translated() {
             );
         }
     }
+}
+
+#[test]
+fn a_request_probe_of_a_responses_route_speaks_responses() {
+    let mock = Mock::start(r#"{"tokens": 2}"#);
+    let sluice = Sluice::start(&format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {}\n    api_key: sk-oa\n    health_check: {{mode: request, interval_ms: 100, timeout_ms: 500}}\nmodels:\n  {MODEL}:\n    routes:\n      - {{provider: oa, upstream_model: gpt-r1, api: responses}}\n",
+        mock.base_url()
+    ));
+    let mut probe = None;
+    assert!(
+        crate::harness::eventually(std::time::Duration::from_secs(5), || {
+            probe = mock
+                .log()
+                .into_iter()
+                .find(|r| r["headers"]["x-request-id"] == "sluice-health-probe");
+            probe.is_some()
+        }),
+        "no request probe: {}",
+        sluice.log()
+    );
+    let probe = probe.expect("a probe");
+    assert_eq!(probe["path"], "/v1/responses", "{probe}");
+    assert_eq!(probe["status"], 200, "{probe}");
+    let sent: Value =
+        serde_json::from_str(probe["body"].as_str().unwrap_or_default()).expect("JSON");
+    assert_eq!(sent["model"], "gpt-r1", "{sent}");
+    assert_eq!(sent["input"][0]["content"][0]["text"], "ping", "{sent}");
+    assert_eq!(sent["max_output_tokens"], 16, "{sent}");
+    assert_eq!(sent["store"], false, "{sent}");
 }
