@@ -290,8 +290,8 @@ fn encode_input(req: &Request) -> Result<(Vec<Value>, bool), ProtocolError> {
     Ok((input, has_reasoning_history))
 }
 
-/// `tools` (functions, and web search as the hosted `web_search` tool), `parallel_tool_calls`
-/// and `tool_choice` into `out`.
+/// `tools` (functions, `strict` only when the client asked for it, and web search as the
+/// hosted `web_search` tool), `parallel_tool_calls` and `tool_choice` into `out`.
 fn encode_tools(req: &Request, out: &mut Map<String, Value>) {
     let mut tools: Vec<Value> = req
         .tools
@@ -304,9 +304,9 @@ fn encode_tools(req: &Request, out: &mut Map<String, Value>) {
                 f.insert("description".into(), d.as_str().into());
             }
             f.insert("parameters".into(), t.parameters.clone());
-            if let Some(s) = t.strict {
-                f.insert("strict".into(), s.into());
-            }
+            // The Responses API takes a function as strict unless told otherwise (Chat
+            // Completions and Messages do not): a tool that did not ask for it says so.
+            f.insert("strict".into(), t.strict.unwrap_or(false).into());
             Value::Object(f)
         })
         .collect();

@@ -283,7 +283,7 @@ fn a_messages_history_with_signed_thinking_and_tools_becomes_responses_items() {
              "arguments": "{\"city\":\"Paris\"}"},
             {"type": "function_call_output", "call_id": "call_1", "output": "18°C"}],
             "tools": [{"type": "function", "name": "get_weather",
-                "parameters": {"type": "object"}}],
+                "parameters": {"type": "object"}, "strict": false}],
             "max_output_tokens": 100, "reasoning": {"effort": "medium"},
             "include": ["reasoning.encrypted_content"], "store": false, "stream": true})
     );
