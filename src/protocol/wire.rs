@@ -9,10 +9,12 @@
 //!   (terminal event, terminator), its keepalive chatter, its in-band error, the content,
 //!   finish and requested-usage probes (byte scans of [`crate::sse`], no JSON parse), and
 //!   where its answers name the model ([`FastPath::rewriter`], the one model echo of both
-//!   the stream and the whole-body path).
+//!   the stream and the whole-body path), and what of a forwarded request the gateway owns
+//!   besides `model` ([`Forwarding`]).
 //!
 //! Each dialect module owns its values ([`super::chat::WIRE`], [`super::chat::FAST_PATH`],
-//! [`super::messages::WIRE`], [`super::messages::FAST_PATH`], [`super::responses::WIRE`]);
+//! [`super::messages::WIRE`], [`super::messages::FAST_PATH`], [`super::responses::WIRE`],
+//! [`super::responses::upstream::FAST_PATH`]);
 //! [`ClientDialect::wire`] is the one place that picks them.
 
 use crate::sse::{ModelPath, ModelRewriter};
