@@ -260,6 +260,9 @@ pub struct Request {
     /// Web search run by the provider itself (a hosted or server tool), when the client
     /// offered it.
     pub web_search: Option<WebSearch>,
+    /// What a Responses client's Response object echoes of this request (set by the
+    /// Responses decoder; `None` for the other dialects).
+    pub responses_echo: Option<std::sync::Arc<responses::ResponsesEcho>>,
 }
 
 /// Web search that the provider runs itself (a hosted / server tool), with the settings the
@@ -353,6 +356,8 @@ pub struct ClientEcho {
     /// The client asked for no reasoning text (Anthropic `thinking.display: omitted`):
     /// reasoning reaches it as signatures only.
     pub omit_reasoning_text: bool,
+    /// The Responses request members its Response object echoes (Responses clients only).
+    pub responses: Option<std::sync::Arc<responses::ResponsesEcho>>,
 }
 
 impl Request {
@@ -361,6 +366,7 @@ impl Request {
         ClientEcho {
             tool_origins: self.tool_origins(),
             omit_reasoning_text: self.reasoning.is_some_and(|r| r.omit_text),
+            responses: self.responses_echo.clone(),
         }
     }
 
@@ -1303,20 +1309,17 @@ pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage
 /// Encodes the canonical response as a client body of `dialect` (JSON).
 /// The caller sets `resp.model` to the standard model first.
 pub fn encode_response(dialect: ClientDialect, resp: &Response) -> Vec<u8> {
-    encode_response_for(dialect, resp, &None)
+    encode_response_for(dialect, resp, &ClientEcho::default())
 }
 
-/// [`encode_response`] with the request's [`ToolOrigins`]: tool calls go back in the form
-/// the client's request gave the tool (Responses custom and namespaced tools).
-pub fn encode_response_for(
-    dialect: ClientDialect,
-    resp: &Response,
-    origins: &ToolOrigins,
-) -> Vec<u8> {
+/// [`encode_response`] with what the answer reflects of its request ([`ClientEcho`]): tool
+/// calls go back in the form the client's request gave the tool (Responses custom and
+/// namespaced tools), and a Responses client's Response object echoes its request.
+pub fn encode_response_for(dialect: ClientDialect, resp: &Response, echo: &ClientEcho) -> Vec<u8> {
     match dialect {
         ClientDialect::ChatCompletions => chat::encode_response(resp),
         ClientDialect::Messages => messages::encode_response(resp),
-        ClientDialect::Responses => responses::encode_response_for(resp, origins),
+        ClientDialect::Responses => responses::encode_response_for(resp, echo),
     }
 }
 
