@@ -36,9 +36,8 @@ pub(crate) async fn handle(
         bytes,
         reservation: _reservation,
     } = endpoints::read_body(gw, session, ctx, &config).await?;
-    let body: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        GatewayError::invalid(format!("request body is not valid JSON: {e}"), None)
-    })?;
+    let body: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| GatewayError::invalid(format!("request body is not valid JSON: {e}"), None))?;
     let Value::Object(members) = body else {
         return Err(GatewayError::invalid("request body must be a JSON object", None).into());
     };
@@ -54,7 +53,7 @@ pub(crate) async fn handle(
         }
     };
     ctx.standard_model = Some(model.clone());
-    if config.models.get(&model).is_none() || !caller.may_use_model(&model) {
+    if !config.models.contains_key(&model) || !caller.may_use_model(&model) {
         return Err(GatewayError::model_not_found(&model).into());
     }
     Err(GatewayError::NotImplemented(format!(

@@ -28,10 +28,10 @@ use crate::auth::{presented_key, Caller};
 use crate::backpressure::Admission;
 use crate::engine::attempt::{self, ClientGone};
 use crate::error::GatewayError;
-use crate::ingress::{compact, count_tokens};
 use crate::ingress::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
 use crate::ingress::respond;
 use crate::ingress::respond::ChatError;
+use crate::ingress::{compact, count_tokens};
 use crate::protocol::ClientDialect;
 use crate::proxy::ctx::{ActiveStreamGuard, RequestCtx};
 use crate::proxy::gateway::Gateway;
@@ -72,18 +72,34 @@ pub async fn handle(
         ("/responses", "POST") => infer(gw, session, ctx, ClientDialect::Responses).await,
         // Boxed: its ~7 KiB of state would otherwise be part of every request's future.
         ("/messages/count_tokens", "POST") => {
-            Box::pin(count_tokens::handle(gw, session, ctx, ClientDialect::Messages)).await
+            Box::pin(count_tokens::handle(
+                gw,
+                session,
+                ctx,
+                ClientDialect::Messages,
+            ))
+            .await
         }
         ("/responses/input_tokens", "POST") => {
-            Box::pin(count_tokens::handle(gw, session, ctx, ClientDialect::Responses)).await
+            Box::pin(count_tokens::handle(
+                gw,
+                session,
+                ctx,
+                ClientDialect::Responses,
+            ))
+            .await
         }
         ("/responses/compact", "POST") => {
             ctx.dialect = ClientDialect::Responses;
             compact::handle(gw, session, ctx).await
         }
         (
-            "/chat/completions" | "/messages" | "/messages/count_tokens" | "/responses"
-            | "/responses/input_tokens" | "/responses/compact",
+            "/chat/completions"
+            | "/messages"
+            | "/messages/count_tokens"
+            | "/responses"
+            | "/responses/input_tokens"
+            | "/responses/compact",
             _,
         ) => {
             ctx.dialect = dialect_of(path);

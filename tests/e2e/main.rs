@@ -43,6 +43,7 @@ mod provider_battery;
 mod readme;
 mod redis_limits;
 mod reload;
+mod responses_spec;
 mod retry;
 mod routing;
 mod sdk;

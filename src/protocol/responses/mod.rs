@@ -29,8 +29,7 @@ pub use stream::StreamEncoder;
 use super::json::{decode_client, image_source, parse_data_url, to_vec};
 use super::{
     invalid, unsupported, ClientDialect, Message, OutputItem, Part, ProtocolError, Request,
-    Response, ResponseFormat, Role, Source, Tool, ToolCall, ToolChoice, ToolOrigin,
-    WebSearch,
+    Response, ResponseFormat, Role, Source, Tool, ToolCall, ToolChoice, ToolOrigin, WebSearch,
 };
 
 #[derive(Deserialize)]

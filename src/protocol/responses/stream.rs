@@ -15,16 +15,14 @@ use bytes::BytesMut;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::super::json::{
-    error_event, openai_type, push_sse_head, push_str, push_u64, write_sse,
-};
+use super::super::json::{error_event, openai_type, push_sse_head, push_str, push_u64, write_sse};
 use super::super::{
-    ClientDialect, ErrorKind, OutputItem, ProtocolError, StopReason, StreamEvent,
-    StreamOptions, ToolCall, Usage,
+    ClientDialect, ErrorKind, OutputItem, ProtocolError, StopReason, StreamEvent, StreamOptions,
+    ToolCall, Usage,
 };
 use super::object::{
-    echo_or_default, item_id, item_out, ErrorOut, ItemOut, ObjectParts,
-    Phase, ResponseObject, ResponsesEcho, SummaryPartOut, TextPartOut,
+    echo_or_default, item_id, item_out, ErrorOut, ItemOut, ObjectParts, Phase, ResponseObject,
+    ResponsesEcho, SummaryPartOut, TextPartOut,
 };
 use super::CallForm;
 
