@@ -74,7 +74,7 @@
 //! | Messages upstream → Chat client | — | thinking `signature` (Chat has no field for it), `redacted_thinking`, server tool blocks (`server_tool_use`, `web_search_tool_result`: their text answer passes) | — | — |
 //! | Converse upstream → client | — | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — | — |
 //! | Gemini upstream → client | — | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — | — |
-//! | any → Responses client | namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`) | — | — |
+//! | any → Responses client | the Response object with every member the specification requires, the request's members echoed ([`responses::object`]); namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`; a reasoning item without one has no such member) | — | — |
 //! | any → Messages client | `display: omitted` honoured: thinking blocks keep their signature, no thinking text | — | — | — |
 //!
 //! ## Structured output

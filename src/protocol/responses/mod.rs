@@ -1,6 +1,6 @@
 //! OpenAI Responses (<https://platform.openai.com/docs/api-reference/responses>),
 //! client side only and stateless: the request decoder, the response
-//! encoder and (in [`stream`]) the stream encoder.
+//! encoder ([`object`]: the Response object) and (in [`stream`]) the stream encoder.
 //!
 //! Shapes: request `{"model","input": string | [item],"instructions","tools":[{"type":
 //! "function","name","description","parameters","strict"}],"tool_choice","max_output_tokens",
@@ -11,7 +11,8 @@
 //! `reasoning` (`summary`, `encrypted_content`); response `{"id":"resp_…","object":
 //! "response","created_at","status","model","output":[item],"usage":{"input_tokens",
 //! "input_tokens_details":{"cached_tokens"},"output_tokens","output_tokens_details":
-//! {"reasoning_tokens"},"total_tokens"}}`. There is no response storage:
+//! {"reasoning_tokens"},"total_tokens"}}` with every other member the specification requires
+//! and the request's members echoed ([`object`]). There is no response storage:
 //! `previous_response_id`, `store: true` and `conversation` are refused.
 
 pub mod object;
