@@ -1,7 +1,11 @@
-//! Owns `POST /v1/messages/count_tokens` (Anthropic's token count,
-//! <https://docs.anthropic.com/en/api/messages-count-tokens>; Claude Code calls it): the
-//! provider's own count when the route is Anthropic, else a local estimate, answered as
-//! `{"input_tokens": N}`.
+//! Owns the token count endpoints: `POST /v1/messages/count_tokens` (Anthropic's token
+//! count, <https://docs.anthropic.com/en/api/messages-count-tokens>; Claude Code calls it):
+//! the provider's own count when the route is Anthropic, else a local estimate, answered as
+//! `{"input_tokens": N}`; and `POST /v1/responses/input_tokens` (OpenAI's,
+//! <https://platform.openai.com/docs/api-reference/responses/input-tokens>): the body of a
+//! `POST /v1/responses` request, answered as `{"object":"response.input_tokens",
+//! "input_tokens": N}` with the local estimate (errors in OpenAI's shape; what follows
+//! about Anthropic routes is the Messages endpoint's).
 //!
 //! The ingress is `/v1/messages`'s: the virtual key by `x-api-key` or Bearer, the tenant's
 //! model and provider allow-lists, the body bounds (413/408/503), a Messages request
@@ -93,8 +97,10 @@ struct CountRequest {
     preference: Option<Preference>,
 }
 
-/// Decodes and validates the body (400 naming the field, in Anthropic's shape).
+/// Decodes and validates the body of a count in `dialect` (400 naming the field, in the
+/// dialect's shape).
 fn parse(
+    dialect: ClientDialect,
     body: &[u8],
     preference_header: Option<&[u8]>,
     config: &crate::config::Config,
@@ -114,8 +120,11 @@ fn parse(
             ))
         }
     };
-    let canonical =
-        count::decode_request(body).map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
+    let canonical = match dialect {
+        ClientDialect::Responses => protocol::responses::decode_request(body),
+        _ => count::decode_request(body),
+    }
+    .map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
     if canonical.model.trim().is_empty() {
         return Err(GatewayError::invalid(
             "you must provide a `model` parameter",
@@ -144,10 +153,11 @@ enum Counted {
     Gone(ClientGone),
 }
 
-/// `POST /v1/messages/count_tokens` end to end (see the module doc).
+/// A token count end to end (see the module doc): `dialect` Messages for
+/// `POST /v1/messages/count_tokens`, Responses for `POST /v1/responses/input_tokens`.
 ///
 /// # Errors
-/// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
+/// [`ChatError::Client`] for an error the caller writes in the dialect's shape;
 /// [`ChatError::Gone`] when the client left.
 #[expect(
     clippy::too_many_lines,
@@ -157,8 +167,9 @@ pub(crate) async fn handle(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
+    dialect: ClientDialect,
 ) -> Result<(), ChatError> {
-    ctx.dialect = ClientDialect::Messages;
+    ctx.dialect = dialect;
     ctx.outcome.count_only = true;
     let caller = endpoints::authenticate(gw, session, ctx)?;
     let config = ctx.config.clone();
@@ -172,7 +183,7 @@ pub(crate) async fn handle(
         bytes,
         reservation: _reservation,
     } = held;
-    let mut req = parse(&bytes, pref_header.as_deref(), &config).inspect_err(|_| {
+    let mut req = parse(dialect, &bytes, pref_header.as_deref(), &config).inspect_err(|_| {
         ctx.standard_model = request::raw_model(&bytes);
     })?;
     // The parsed copies stay accounted by the reservation (to the end of this function).
@@ -199,7 +210,9 @@ pub(crate) async fn handle(
             continue;
         }
         let route = cand.route;
-        if !providers::adapter(route.provider.kind).counts_tokens() {
+        if dialect != ClientDialect::Messages
+            || !providers::adapter(route.provider.kind).counts_tokens()
+        {
             // Generation would take this route: its count is the estimate.
             break;
         }
@@ -229,7 +242,7 @@ pub(crate) async fn handle(
                     extra.push(("x-sluice-provider", route.provider.id.clone()));
                     extra.push(("x-sluice-fallback-depth", ctx.fallback_depth().to_string()));
                 }
-                return answer(session, ctx, model, "provider", n, &extra).await;
+                return answer(session, ctx, dialect, model, "provider", n, &extra).await;
             }
             Counted::Refused(err) => {
                 ctx.outcome.provider = Some(route.provider.id.clone());
@@ -265,6 +278,7 @@ pub(crate) async fn handle(
     answer(
         session,
         ctx,
+        dialect,
         model,
         "estimate",
         n,
@@ -273,10 +287,12 @@ pub(crate) async fn handle(
     .await
 }
 
-/// Writes `{"input_tokens": n}` and counts it.
+/// Writes the count in the dialect's shape (Messages `{"input_tokens": n}`, Responses
+/// `{"object":"response.input_tokens","input_tokens": n}`) and counts it.
 async fn answer(
     session: &mut Session,
     ctx: &mut RequestCtx,
+    dialect: ClientDialect,
     model: &Model,
     method: &'static str,
     n: u64,
@@ -287,7 +303,13 @@ async fn answer(
         .with_label_values(&[model.id.as_str(), method])
         .inc();
     ctx.outcome.label = "ok";
-    respond::write_json(session, ctx, 200, count::encode_response(n), extra)
+    let body = match dialect {
+        ClientDialect::Responses => {
+            format!(r#"{{"object":"response.input_tokens","input_tokens":{n}}}"#).into_bytes()
+        }
+        _ => count::encode_response(n),
+    };
+    respond::write_json(session, ctx, 200, body, extra)
         .await
         .map_err(|_| ChatError::Gone(ClientGone("writing")))
 }

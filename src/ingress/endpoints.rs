@@ -9,8 +9,12 @@
 //! - `POST /v1/messages/count_tokens`: Anthropic's token count
 //!   (<https://docs.anthropic.com/en/api/messages-count-tokens>), answered by the Anthropic
 //!   provider of the route or estimated locally ([`crate::ingress::count_tokens`]).
-//! - `POST /v1/responses`: OpenAI Responses, stateless, streaming or not
-//!   (<https://platform.openai.com/docs/api-reference/responses/create>).
+//! - `POST /v1/responses`: OpenAI Responses, streaming or not
+//!   (<https://platform.openai.com/docs/api-reference/responses/create>); a WebSocket
+//!   upgrade of it gets 426 (its WebSocket mode is not served).
+//! - `POST /v1/responses/input_tokens`: the Responses API's token count, estimated locally
+//!   ([`crate::ingress::count_tokens`]).
+//! - `POST /v1/responses/compact`: checked, then 501 ([`crate::ingress::compact`]).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,
 //!   in OpenAI's list format (<https://platform.openai.com/docs/api-reference/models/list>).
 //!
@@ -24,10 +28,10 @@ use crate::auth::{presented_key, Caller};
 use crate::backpressure::Admission;
 use crate::engine::attempt::{self, ClientGone};
 use crate::error::GatewayError;
-use crate::ingress::count_tokens;
 use crate::ingress::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
 use crate::ingress::respond;
 use crate::ingress::respond::ChatError;
+use crate::ingress::{compact, count_tokens};
 use crate::protocol::ClientDialect;
 use crate::proxy::ctx::{ActiveStreamGuard, RequestCtx};
 use crate::proxy::gateway::Gateway;
@@ -68,9 +72,36 @@ pub async fn handle(
         ("/responses", "POST") => infer(gw, session, ctx, ClientDialect::Responses).await,
         // Boxed: its ~7 KiB of state would otherwise be part of every request's future.
         ("/messages/count_tokens", "POST") => {
-            Box::pin(count_tokens::handle(gw, session, ctx)).await
+            Box::pin(count_tokens::handle(
+                gw,
+                session,
+                ctx,
+                ClientDialect::Messages,
+            ))
+            .await
         }
-        ("/chat/completions" | "/messages" | "/messages/count_tokens" | "/responses", _) => {
+        ("/responses/input_tokens", "POST") => {
+            Box::pin(count_tokens::handle(
+                gw,
+                session,
+                ctx,
+                ClientDialect::Responses,
+            ))
+            .await
+        }
+        ("/responses/compact", "POST") => {
+            ctx.dialect = ClientDialect::Responses;
+            compact::handle(gw, session, ctx).await
+        }
+        (
+            "/chat/completions"
+            | "/messages"
+            | "/messages/count_tokens"
+            | "/responses"
+            | "/responses/input_tokens"
+            | "/responses/compact",
+            _,
+        ) => {
             ctx.dialect = dialect_of(path);
             Err(GatewayError::MethodNotAllowed(method.clone()).into())
         }
@@ -109,7 +140,7 @@ pub async fn handle(
 pub(crate) fn dialect_of(path: &str) -> ClientDialect {
     match path {
         "/messages" | "/messages/count_tokens" => ClientDialect::Messages,
-        "/responses" => ClientDialect::Responses,
+        p if p.starts_with("/responses") => ClientDialect::Responses,
         _ => ClientDialect::ChatCompletions,
     }
 }

@@ -3,6 +3,7 @@
 //! ([`request`]), the token count endpoint, and every answer Sluice writes itself in the
 //! client's dialect ([`respond`]).
 
+pub mod compact;
 pub mod count_tokens;
 pub mod endpoints;
 pub mod request;

@@ -83,7 +83,7 @@
 //! | Responses upstream → client | `output_text` (and `refusal`) as text, reasoning summaries as reasoning text with `encrypted_content` as its signature, `function_call` (namespaced ones as `{namespace}__{name}`) and `custom_tool_call` as tool calls; usage with `cached_tokens` and `reasoning_tokens`; `incomplete` for `max_output_tokens` / `content_filter` as those stops; `response.failed` and `error` as in-band errors | hosted tool items (`web_search_call`, …; their text answer passes), annotations, logprobs | — | — |
 //! | Converse upstream → client | — | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — | — |
 //! | Gemini upstream → client | — | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — | — |
-//! | any → Responses client | namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`) | — | — |
+//! | any → Responses client | the Response object with every member the specification requires, the request's members echoed ([`responses::object`]); namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`; a reasoning item without one has no such member) | — | — |
 //! | any → Messages client | `display: omitted` honoured: thinking blocks keep their signature, no thinking text | — | — | — |
 //!
 //! ## Structured output
@@ -274,6 +274,9 @@ pub struct Request {
     /// Web search run by the provider itself (a hosted or server tool), when the client
     /// offered it.
     pub web_search: Option<WebSearch>,
+    /// What a Responses client's Response object echoes of this request (set by the
+    /// Responses decoder; `None` for the other dialects).
+    pub responses_echo: Option<std::sync::Arc<responses::ResponsesEcho>>,
 }
 
 /// Web search that the provider runs itself (a hosted / server tool), with the settings the
@@ -367,6 +370,8 @@ pub struct ClientEcho {
     /// The client asked for no reasoning text (Anthropic `thinking.display: omitted`):
     /// reasoning reaches it as signatures only.
     pub omit_reasoning_text: bool,
+    /// The Responses request members its Response object echoes (Responses clients only).
+    pub responses: Option<std::sync::Arc<responses::ResponsesEcho>>,
 }
 
 impl Request {
@@ -375,6 +380,7 @@ impl Request {
         ClientEcho {
             tool_origins: self.tool_origins(),
             omit_reasoning_text: self.reasoning.is_some_and(|r| r.omit_text),
+            responses: self.responses_echo.clone(),
         }
     }
 
@@ -1339,20 +1345,17 @@ pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage
 /// Encodes the canonical response as a client body of `dialect` (JSON).
 /// The caller sets `resp.model` to the standard model first.
 pub fn encode_response(dialect: ClientDialect, resp: &Response) -> Vec<u8> {
-    encode_response_for(dialect, resp, &None)
+    encode_response_for(dialect, resp, &ClientEcho::default())
 }
 
-/// [`encode_response`] with the request's [`ToolOrigins`]: tool calls go back in the form
-/// the client's request gave the tool (Responses custom and namespaced tools).
-pub fn encode_response_for(
-    dialect: ClientDialect,
-    resp: &Response,
-    origins: &ToolOrigins,
-) -> Vec<u8> {
+/// [`encode_response`] with what the answer reflects of its request ([`ClientEcho`]): tool
+/// calls go back in the form the client's request gave the tool (Responses custom and
+/// namespaced tools), and a Responses client's Response object echoes its request.
+pub fn encode_response_for(dialect: ClientDialect, resp: &Response, echo: &ClientEcho) -> Vec<u8> {
     match dialect {
         ClientDialect::ChatCompletions => chat::encode_response(resp),
         ClientDialect::Messages => messages::encode_response(resp),
-        ClientDialect::Responses => responses::encode_response_for(resp, origins),
+        ClientDialect::Responses => responses::encode_response_for(resp, echo),
     }
 }
 

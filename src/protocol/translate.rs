@@ -21,6 +21,8 @@ pub struct StreamOptions {
     pub include_usage: bool,
     /// What of the client's request its answer reflects ([`super::ClientEcho`]).
     pub echo: super::ClientEcho,
+    /// The wall clock, Unix seconds (a Responses stream's `completed_at`; tests fix it).
+    pub clock: fn() -> u64,
 }
 
 #[derive(Debug)]

@@ -145,6 +145,7 @@ impl<'r> StreamPipe<'r> {
             created: created_unix_s,
             include_usage,
             echo,
+            clock: crate::engine::upstream::unix_now,
         };
         let fast = client
             .wire()

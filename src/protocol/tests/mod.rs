@@ -30,6 +30,7 @@ pub(super) fn opts(include_usage: bool) -> StreamOptions {
         created: 1_700_000_000,
         include_usage,
         echo: Default::default(),
+        clock: || 1_700_000_001,
     }
 }
 
