@@ -21,7 +21,11 @@
 //!   a 404/405 from an Anthropic-compatible provider without this endpoint, a body that is
 //!   no count) moves on to the next route; a 400/413/422 about the request is the client's
 //!   answer, in Anthropic's shape.
-//! - an OpenAI-compatible route, or no route left: the local estimate
+//! - for `POST /v1/responses/input_tokens`, a route with `api: responses` (OpenAI, Azure
+//!   OpenAI): `POST {responses path}/input_tokens` with the client's JSON, the upstream model
+//!   and `previous_response_id` left out ([`providers::responses_endpoint_body`]); the
+//!   answer's `input_tokens` is returned, failures as above.
+//! - any other route, or no route left: the local estimate
 //!   ([`protocol::tokens`], `o200k_base`), computed on a blocking thread.
 //!
 //! The answer says how it was counted in `x-sluice-token-count: provider | estimate`;
@@ -210,18 +214,37 @@ pub(crate) async fn handle(
             continue;
         }
         let route = cand.route;
-        if dialect != ClientDialect::Messages
-            || !providers::adapter(route.provider.kind).counts_tokens()
-        {
-            // Generation would take this route: its count is the estimate.
+        // Where the route counts, and the body it is sent (encoded per route: the upstream
+        // model differs): Anthropic's count endpoint for a Messages count, the Responses
+        // route's own `input_tokens` for a Responses count; else generation would take this
+        // route and its count is the estimate.
+        let counter = match dialect {
+            ClientDialect::Messages if providers::adapter(route.provider.kind).counts_tokens() => {
+                Some((
+                    std::borrow::Cow::Borrowed(anthropic::COUNT_TOKENS_PATH),
+                    count::encode_request(&req.body, &route.upstream_model),
+                    UpstreamDialect::Messages,
+                ))
+            }
+            ClientDialect::Responses => route
+                .responses_endpoint_path(providers::ResponsesEndpoint::InputTokens)
+                .map(|path| {
+                    providers::responses_endpoint_body(route, &req.body)
+                        .map(|b| (path, b, UpstreamDialect::Responses))
+                        .map_err(|e| {
+                            GatewayError::Internal(format!("cannot serialize request: {e}"))
+                        })
+                })
+                .transpose()?,
+            _ => None,
+        };
+        let Some((path, body, upstream)) = counter else {
             break;
-        }
+        };
         let Some(_slot) = gw.admission.try_admit_global() else {
             // The gateway is at its upstream cap: a count never queues behind generation.
             break;
         };
-        // Encoded per route: the upstream model differs.
-        let body = Bytes::from(count::encode_request(&req.body, &route.upstream_model));
         ctx.attempts.count += 1;
         match provider_count(
             &gw.connector,
@@ -229,8 +252,13 @@ pub(crate) async fn handle(
             ctx,
             model,
             route,
-            body,
-            beta.as_deref(),
+            Counter {
+                path: &path,
+                body: Bytes::from(body),
+                upstream,
+            },
+            beta.as_deref()
+                .filter(|_| upstream == UpstreamDialect::Messages),
         )
         .await
         {
@@ -324,7 +352,16 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
     })
 }
 
-/// One count against one Anthropic route: connect (a stale pooled connection gets one
+/// Where one provider count goes: the path under the route's base URL, the body, and the
+/// dialect its error answers read in.
+struct Counter<'p> {
+    path: &'p str,
+    body: Bytes,
+    upstream: UpstreamDialect,
+}
+
+/// One count against one route (Anthropic's count endpoint, a Responses route's
+/// `input_tokens`): connect (a stale pooled connection gets one
 /// fresh retry), send, read the head and the (bounded, decoded) body, each step within the
 /// route's `connect` and `first_byte` timeouts.
 #[expect(
@@ -337,9 +374,14 @@ async fn provider_count(
     ctx: &RequestCtx,
     model: &Model,
     route: &Route,
-    body: Bytes,
+    counter: Counter<'_>,
     beta: Option<&[u8]>,
 ) -> Counted {
+    let Counter {
+        path,
+        body,
+        upstream,
+    } = counter;
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
     let resolved = ctx.registry.upstream(provider);
@@ -351,7 +393,7 @@ async fn provider_count(
         provider,
         &resolved,
         &target,
-        anthropic::COUNT_TOKENS_PATH,
+        path,
         &body,
         false,
         &ctx.request_id,
@@ -474,7 +516,7 @@ async fn provider_count(
         }
         return f;
     }
-    let (kind, message) = protocol::decode_error_body(UpstreamDialect::Messages, status, &answer);
+    let (kind, message) = protocol::decode_error_body(upstream, status, &answer);
     Counted::Refused(GatewayError::Upstream {
         status,
         error_type: kind.openai_type().to_string(),

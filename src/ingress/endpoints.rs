@@ -12,7 +12,8 @@
 //! - `POST /v1/responses`: OpenAI Responses, streaming or not
 //!   (<https://platform.openai.com/docs/api-reference/responses/create>); a WebSocket
 //!   upgrade of it gets 426 (its WebSocket mode is not served).
-//! - `POST /v1/responses/input_tokens`: the Responses API's token count, estimated locally
+//! - `POST /v1/responses/input_tokens`: the Responses API's token count, the provider's own
+//!   on a route with `api: responses`, else estimated locally
 //!   ([`crate::ingress::count_tokens`]).
 //! - `POST /v1/responses/compact`: checked, then 501 ([`crate::ingress::compact`]).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,

@@ -3,7 +3,7 @@
 //! every client dialect; a stream that breaks after its commit ends with the client's own
 //! error event; usage with cached and reasoning tokens is metered (access log and cost) on
 //! the forwarded and on the translated path; a request-mode health probe of the route speaks
-//! Responses.
+//! Responses; `POST /v1/responses/input_tokens` is the route's own count.
 
 use serde_json::{json, Value};
 
@@ -244,4 +244,52 @@ fn a_request_probe_of_a_responses_route_speaks_responses() {
     assert_eq!(sent["input"][0]["content"][0]["text"], "ping", "{sent}");
     assert_eq!(sent["max_output_tokens"], 16, "{sent}");
     assert_eq!(sent["store"], false, "{sent}");
+}
+
+#[test]
+fn input_tokens_on_a_responses_route_is_the_providers_own_count() {
+    let responses = Mock::start(r#"{"prompt_tokens": 321}"#);
+    let fallback = Mock::start("{}");
+    let sluice = Sluice::start(&config(&responses, &fallback));
+    let auth = format!("Bearer {KEY}");
+    let body = json!({"model": MODEL, "input": "how many tokens is this?",
+        "instructions": "count", "x_new_member": {"kept": true}});
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses/input_tokens",
+        &[("authorization", &auth)],
+        &body.to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"object": "response.input_tokens", "input_tokens": 321})
+    );
+    assert_eq!(r.header("x-sluice-token-count"), Some("provider"));
+    assert_eq!(r.header("x-sluice-provider"), Some("oa"));
+    let log = responses.log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0]["path"], "/v1/responses/input_tokens");
+    let sent: Value =
+        serde_json::from_str(log[0]["body"].as_str().unwrap_or_default()).expect("JSON");
+    assert_eq!(
+        sent,
+        json!({"model": "gpt-r1", "input": "how many tokens is this?", "instructions": "count",
+            "x_new_member": {"kept": true}})
+    );
+    // The provider down: the Anthropic route's turn, which has no Responses count: the
+    // estimate answers.
+    responses.set_behavior(r#"{"status": 503}"#);
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses/input_tokens",
+        &[("authorization", &auth)],
+        &body.to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-sluice-token-count"), Some("estimate"));
+    assert!(r.json()["input_tokens"]
+        .as_u64()
+        .is_some_and(|n| n > 0 && n != 321));
+    assert_eq!(fallback.log().len(), 0, "the estimate is local");
 }
