@@ -146,7 +146,7 @@ fn parse(
 }
 
 /// How one provider count ended.
-enum Counted {
+pub(crate) enum Counted {
     /// The provider's `input_tokens`.
     Tokens(u64),
     /// No answer (or none usable): the next route, else the estimate.
@@ -256,6 +256,7 @@ pub(crate) async fn handle(
                 path: &path,
                 body: Bytes::from(body),
                 upstream,
+                max_bytes: MAX_UPSTREAM_BODY_BYTES,
             },
             beta.as_deref()
                 .filter(|_| upstream == UpstreamDialect::Messages),
@@ -342,7 +343,7 @@ async fn answer(
         .map_err(|_| ChatError::Gone(ClientGone("writing")))
 }
 
-fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
+pub(crate) fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
     Counted::Failed(AttemptError {
         provider: route.provider.id.clone(),
         upstream_model: route.upstream_model.clone(),
@@ -352,22 +353,21 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
     })
 }
 
-/// Where one provider count goes: the path under the route's base URL, the body, and the
-/// dialect its error answers read in.
-struct Counter<'p> {
-    path: &'p str,
-    body: Bytes,
-    upstream: UpstreamDialect,
+/// Where one side request goes (a provider count, a Responses compaction): the path under
+/// the route's base URL, the body, the dialect its error answers read in, the answer's bound.
+pub(crate) struct Counter<'p> {
+    /// The path under the route's base URL.
+    pub(crate) path: &'p str,
+    /// The exact body sent.
+    pub(crate) body: Bytes,
+    /// The dialect the route's error answers read in.
+    pub(crate) upstream: UpstreamDialect,
+    /// The largest answer read, bytes (decoded).
+    pub(crate) max_bytes: usize,
 }
 
 /// One count against one route (Anthropic's count endpoint, a Responses route's
-/// `input_tokens`): connect (a stale pooled connection gets one
-/// fresh retry), send, read the head and the (bounded, decoded) body, each step within the
-/// route's `connect` and `first_byte` timeouts.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one upstream exchange and the normalization of its answer, in order"
-)]
+/// `input_tokens`): the exchange ([`provider_exchange`]), then its answer read as a count.
 async fn provider_count(
     connector: &Connector,
     session: &mut Session,
@@ -377,17 +377,71 @@ async fn provider_count(
     counter: Counter<'_>,
     beta: Option<&[u8]>,
 ) -> Counted {
+    let upstream = counter.upstream;
+    let (status, retry_after, answer) =
+        match provider_exchange(connector, session, ctx, model, route, counter, beta).await {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+    if (200..300).contains(&status) {
+        return match count::decode_response(&answer) {
+            Ok(n) => Counted::Tokens(n),
+            Err(e) => failed(route, AttemptFailure::Protocol, e.message()),
+        };
+    }
+    // A provider without the endpoint (an Anthropic-compatible API that lacks it) says 404
+    // or 405: not the request's fault, so the estimate answers.
+    if crate::routing::retryable_status(status) || matches!(status, 404 | 405) {
+        let mut f = failed(
+            route,
+            AttemptFailure::Status(status),
+            format!("HTTP {status}"),
+        );
+        if let Counted::Failed(ae) = &mut f {
+            ae.retry_after = retry_after;
+        }
+        return f;
+    }
+    let (kind, message) = protocol::decode_error_body(upstream, status, &answer);
+    Counted::Refused(GatewayError::Upstream {
+        status,
+        error_type: kind.openai_type().to_string(),
+        code: None,
+        message: providers::scrub_key(&route.provider, &message),
+        retry_after,
+    })
+}
+
+/// One side request (a token count, a Responses compaction) to one route: connect (a stale
+/// pooled connection gets one fresh retry), send, read the head and the (bounded, decoded)
+/// body, each step within the route's `connect` and `first_byte` timeouts. The answer's
+/// status, `Retry-After` and body; a failure before an answer as [`Counted::Failed`], the
+/// client leaving as [`Counted::Gone`].
+///
+/// # Errors
+/// [`Counted::Failed`] or [`Counted::Gone`] as said.
+#[expect(clippy::too_many_lines, reason = "one upstream exchange, in order")]
+pub(crate) async fn provider_exchange(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &RequestCtx,
+    model: &Model,
+    route: &Route,
+    counter: Counter<'_>,
+    beta: Option<&[u8]>,
+) -> Result<(u16, Option<Duration>, Vec<u8>), Counted> {
     let Counter {
         path,
         body,
-        upstream,
+        upstream: _,
+        max_bytes,
     } = counter;
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
     let resolved = ctx.registry.upstream(provider);
     let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
-        Err(m) => return failed(route, AttemptFailure::Connect, m),
+        Err(m) => return Err(failed(route, AttemptFailure::Connect, m)),
     };
     let mut head = match providers::request_head(
         provider,
@@ -399,14 +453,14 @@ async fn provider_count(
         &ctx.request_id,
     ) {
         Ok(h) => h,
-        Err(e) => return failed(route, AttemptFailure::Protocol, e.to_string()),
+        Err(e) => return Err(failed(route, AttemptFailure::Protocol, e.to_string())),
     };
     if let Some(beta) = beta {
         if head.insert_header("anthropic-beta", beta).is_err() {
-            return Counted::Refused(GatewayError::invalid(
+            return Err(Counted::Refused(GatewayError::invalid(
                 "the `anthropic-beta` header is not a valid header value",
                 None,
-            ));
+            )));
         }
     }
     // Which step the client left in (`sluice_client_aborts_total`): connected, waiting for
@@ -434,25 +488,31 @@ async fn provider_count(
         r = opening => r,
         () = client_gone(session) => {
             let at = if sending.load(Ordering::Relaxed) { "waiting_head" } else { "connecting" };
-            return Counted::Gone(ClientGone(at));
+            return Err(Counted::Gone(ClientGone(at)));
         }
     };
     let mut up = match opened {
         Ok(up) => up,
         Err(OpenError::Head(never)) => match never {},
-        Err(OpenError::Connect(e)) => return failed(route, AttemptFailure::Connect, e.to_string()),
+        Err(OpenError::Connect(e)) => {
+            return Err(failed(route, AttemptFailure::Connect, e.to_string()))
+        }
         Err(OpenError::ConnectTimeout) => {
-            return failed(route, AttemptFailure::Connect, "connect timeout".into())
+            return Err(failed(
+                route,
+                AttemptFailure::Connect,
+                "connect timeout".into(),
+            ))
         }
         Err(OpenError::Send(e)) => {
-            return failed(route, AttemptFailure::Protocol, e.error.to_string())
+            return Err(failed(route, AttemptFailure::Protocol, e.error.to_string()))
         }
         Err(OpenError::FirstByteTimeout) => {
-            return failed(
+            return Err(failed(
                 route,
                 AttemptFailure::FirstByteTimeout,
                 "first byte timeout".into(),
-            )
+            ))
         }
     };
     let (status, retry_after, coding) = match up.response_header() {
@@ -465,29 +525,33 @@ async fn provider_count(
         ),
         None => {
             up.shutdown().await;
-            return failed(route, AttemptFailure::Protocol, "no response head".into());
+            return Err(failed(
+                route,
+                AttemptFailure::Protocol,
+                "no response head".into(),
+            ));
         }
     };
     let read = tokio::select! {
-        r = tokio::time::timeout(timeouts.first_byte.max(timeouts.idle), read_bounded(&mut up, coding)) => r,
+        r = tokio::time::timeout(timeouts.first_byte.max(timeouts.idle), read_bounded(&mut up, coding, max_bytes)) => r,
         () = client_gone(session) => {
             up.shutdown().await;
-            return Counted::Gone(ClientGone("waiting_body"));
+            return Err(Counted::Gone(ClientGone("waiting_body")));
         }
     };
     let answer = match read {
         Ok(Ok(b)) => b,
         Ok(Err(detail)) => {
             up.shutdown().await;
-            return failed(route, AttemptFailure::Protocol, detail);
+            return Err(failed(route, AttemptFailure::Protocol, detail));
         }
         Err(_) => {
             up.shutdown().await;
-            return failed(
+            return Err(failed(
                 route,
                 AttemptFailure::Protocol,
                 "upstream body read timed out".into(),
-            );
+            ));
         }
     };
     if up.response_done() {
@@ -497,42 +561,17 @@ async fn provider_count(
     } else {
         up.shutdown().await;
     }
-    if (200..300).contains(&status) {
-        return match count::decode_response(&answer) {
-            Ok(n) => Counted::Tokens(n),
-            Err(e) => failed(route, AttemptFailure::Protocol, e.message()),
-        };
-    }
-    // A provider without the endpoint (an Anthropic-compatible API that lacks it) says 404
-    // or 405: not the request's fault, so the estimate answers.
-    if crate::routing::retryable_status(status) || matches!(status, 404 | 405) {
-        let mut f = failed(
-            route,
-            AttemptFailure::Status(status),
-            format!("HTTP {status}"),
-        );
-        if let Counted::Failed(ae) = &mut f {
-            ae.retry_after = retry_after;
-        }
-        return f;
-    }
-    let (kind, message) = protocol::decode_error_body(upstream, status, &answer);
-    Counted::Refused(GatewayError::Upstream {
-        status,
-        error_type: kind.openai_type().to_string(),
-        code: None,
-        message: providers::scrub_key(provider, &message),
-        retry_after,
-    })
+    Ok((status, retry_after, answer))
 }
 
-/// Reads the whole upstream body, decoded, at most [`MAX_UPSTREAM_BODY_BYTES`].
+/// Reads the whole upstream body, decoded, at most `max_bytes`.
 ///
 /// # Errors
 /// A detail for the log: an unknown or broken coding, a read error, a body over the bound.
 async fn read_bounded(
     up: &mut UpstreamSession,
     coding: Result<ContentCoding, String>,
+    max_bytes: usize,
 ) -> Result<Vec<u8>, String> {
     let coding = coding.map_err(|name| format!("unsupported content-encoding {name:?}"))?;
     let mut decoder = Decoder::new(coding).map_err(|e| e.to_string())?;
@@ -540,7 +579,7 @@ async fn read_bounded(
     loop {
         let chunk = up.read_response_body().await.map_err(|e| e.to_string())?;
         let end = chunk.is_none();
-        let room = MAX_UPSTREAM_BODY_BYTES.saturating_sub(body.len());
+        let room = max_bytes.saturating_sub(body.len());
         let piece = decoder
             .decode(chunk.as_deref().unwrap_or_default(), end, room)
             .map_err(|e| e.to_string())?;

@@ -3,7 +3,8 @@
 //! every client dialect; a stream that breaks after its commit ends with the client's own
 //! error event; usage with cached and reasoning tokens is metered (access log and cost) on
 //! the forwarded and on the translated path; a request-mode health probe of the route speaks
-//! Responses; `POST /v1/responses/input_tokens` is the route's own count.
+//! Responses; `POST /v1/responses/input_tokens` and `POST /v1/responses/compact` are the
+//! route's own.
 
 use serde_json::{json, Value};
 
@@ -292,4 +293,52 @@ fn input_tokens_on_a_responses_route_is_the_providers_own_count() {
         .as_u64()
         .is_some_and(|n| n > 0 && n != 321));
     assert_eq!(fallback.log().len(), 0, "the estimate is local");
+}
+
+#[test]
+fn compact_on_a_responses_route_is_the_providers_own_compaction() {
+    let responses = Mock::start("{}");
+    let fallback = Mock::start("{}");
+    let sluice = Sluice::start(&config(&responses, &fallback));
+    let auth = format!("Bearer {KEY}");
+    let body = json!({"model": MODEL, "input": [{"role": "user", "content": "a long talk"}],
+        "instructions": "be brief", "previous_response_id": "resp_old"});
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses/compact",
+        &[("authorization", &auth)],
+        &body.to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "response.compaction", "{v}");
+    assert_eq!(v["model"], MODEL, "the standard model: {v}");
+    assert_eq!(v["output"][0]["type"], "compaction", "{v}");
+    assert!(
+        v["output"][0]["encrypted_content"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("mock-compaction-")),
+        "{v}"
+    );
+    assert_eq!(r.header("x-sluice-provider"), Some("oa"));
+    let log = responses.log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0]["path"], "/v1/responses/compact");
+    let sent: Value =
+        serde_json::from_str(log[0]["body"].as_str().unwrap_or_default()).expect("JSON");
+    assert_eq!(
+        sent,
+        json!({"model": "gpt-r1", "input": [{"role": "user", "content": "a long talk"}],
+            "instructions": "be brief"})
+    );
+    // The Responses route down: the next route cannot read its compaction: 501.
+    responses.set_behavior(r#"{"status": 503}"#);
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses/compact",
+        &[("authorization", &auth)],
+        &body.to_string(),
+    );
+    assert_eq!(r.status, 501, "{}", r.text());
+    assert_eq!(fallback.log().len(), 0);
 }
