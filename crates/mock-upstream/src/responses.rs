@@ -84,7 +84,9 @@ fn output(m: &ReplyMeta, text: &str) -> Vec<Value> {
     out
 }
 
-/// The response object: `status` as given, `output` and `usage` when final.
+/// The response object as OpenAI writes it today (every member of its reference, the
+/// request's settings at their defaults): `status` as given, `output` and `usage` when
+/// final, `completed_at` once completed.
 fn snapshot(
     m: &ReplyMeta,
     status: &str,
@@ -92,9 +94,16 @@ fn snapshot(
     usage: Value,
     incomplete: Value,
 ) -> Value {
+    let completed_at = if status == "completed" {
+        json!(m.created)
+    } else {
+        Value::Null
+    };
     json!({
         "id": m.id, "object": "response", "created_at": m.created, "status": status,
-        "background": false, "error": null, "incomplete_details": incomplete,
+        "completed_at": completed_at, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "safety_identifier": null, "prompt_cache_key": null, "prompt_cache_retention": null,
+        "billing": {"payer": "developer"}, "background": false, "error": null, "incomplete_details": incomplete,
         "instructions": null, "max_output_tokens": null, "max_tool_calls": null,
         "model": m.model, "output": output, "parallel_tool_calls": true,
         "previous_response_id": null, "reasoning": {"effort": null, "summary": null},
