@@ -31,12 +31,13 @@ pub(crate) const AZURE_FILTER_RESULTS: &str = concat!(
     r#""violence":{"filtered":false,"severity":"safe"}}"#
 );
 
-/// Whether a request addresses Azure OpenAI (`/openai/deployments/...`, `/openai/models`;
-/// an OpenAI-compatible prefix such as `/openai/v1/...` is not Azure).
+/// Whether a request addresses Azure OpenAI (`/openai/deployments/...`, `/openai/models`,
+/// the v1 API's `/openai/v1/responses`; another path under an OpenAI-compatible prefix such
+/// as `/openai/v1/...` is not Azure).
 pub(crate) fn is_azure(req: &Request) -> bool {
     let path = req.path();
     path.starts_with("/openai/deployments/")
-        || path.starts_with("/openai/v1/")
+        || path.starts_with("/openai/v1/responses")
         || path.trim_end_matches('/') == "/openai/models"
 }
 
