@@ -228,6 +228,7 @@ impl Pipeline {
             created: 1_700_000_000,
             include_usage: true,
             echo: sluice::protocol::ClientEcho::default(),
+            clock: || 1_700_000_001,
         };
         let mut translator = StreamTranslator::new(UpstreamDialect::Messages, self.client, &opts);
         let rewriter = ModelRewriter::at(ModelPath::new(&["message", "model"]), "house-model");

@@ -213,6 +213,7 @@ impl Pipeline {
             created: 1_700_000_000,
             include_usage: true,
             echo: sluice::protocol::ClientEcho::default(),
+            clock: || 1_700_000_001,
         };
         let Some(mut t) = StreamTranslator::new(self.upstream, self.client, &opts) else {
             return (0, 0);

@@ -65,6 +65,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
                 supports_prefill: false,
                 context_window_tokens: None,
                 thinking: None,
+                api: sluice::config::RouteApi::ChatCompletions,
             }
         })
         .collect();

@@ -39,6 +39,10 @@ pub enum GatewayError {
     /// the client should use plain HTTP, which clients do at once on a 426.
     #[error("{0}")]
     UpgradeRequired(String),
+    /// 501: an endpoint Sluice serves only for some routes, asked of a model none of whose
+    /// routes can answer it (`POST /v1/responses/compact` without a Responses-API route).
+    #[error("{0}")]
+    NotImplemented(String),
     /// 413: request body over `server.max_request_body_bytes`.
     #[error("request body exceeds the limit of {limit_bytes} bytes")]
     PayloadTooLarge {
@@ -160,6 +164,7 @@ impl GatewayError {
             Self::NotFound { .. } => 404,
             Self::MethodNotAllowed(_) => 405,
             Self::UpgradeRequired(_) => 426,
+            Self::NotImplemented(_) => 501,
             Self::PayloadTooLarge { .. } => 413,
             Self::UriTooLong { .. } => 414,
             Self::HeaderTooLarge { .. } => 431,
@@ -180,6 +185,7 @@ impl GatewayError {
             | Self::NotFound { .. }
             | Self::MethodNotAllowed(_)
             | Self::UpgradeRequired(_)
+            | Self::NotImplemented(_)
             | Self::PayloadTooLarge { .. }
             | Self::UriTooLong { .. }
             | Self::HeaderTooLarge { .. }
@@ -208,6 +214,7 @@ impl GatewayError {
             Self::NotFound { code, .. } => Some(code),
             Self::MethodNotAllowed(_) => Some("method_not_allowed"),
             Self::UpgradeRequired(_) => Some("websocket_not_supported"),
+            Self::NotImplemented(_) => Some("not_implemented"),
             Self::PayloadTooLarge { .. } => Some("request_too_large"),
             Self::UriTooLong { .. } => Some("uri_too_long"),
             Self::HeaderTooLarge { reason, .. } => Some(reason),
@@ -252,6 +259,7 @@ impl GatewayError {
             Self::NotFound { .. } => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::UpgradeRequired(_) => "upgrade_required",
+            Self::NotImplemented(_) => "not_implemented",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::UriTooLong { .. } => "uri_too_long",
             Self::HeaderTooLarge { reason, .. } => reason,

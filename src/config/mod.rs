@@ -28,7 +28,7 @@ use std::time::Duration;
 
 pub use error::ConfigError;
 pub use retry::RetryPolicy;
-pub use schema::{Capability, LogFormat, ProviderKind, Strategy};
+pub use schema::{Capability, LogFormat, ProviderKind, RouteApi, Strategy};
 pub(crate) use validate::expand_include;
 
 use crate::secret::Secret;
@@ -411,6 +411,9 @@ pub struct Route {
     /// `routes[].thinking`: the form of a translated request's Claude thinking settings
     /// (`None`: from the upstream model id).
     pub thinking: Option<crate::protocol::ThinkingForm>,
+    /// `routes[].api`: the OpenAI API of a route to an OpenAI or Azure OpenAI provider
+    /// (Chat Completions unless it chose Responses).
+    pub api: RouteApi,
 }
 
 impl Route {

@@ -818,6 +818,23 @@ pub struct RouteSection {
     /// ([`crate::protocol::ThinkingForm::for_model`]).
     #[serde(default)]
     pub thinking: Option<crate::protocol::ThinkingForm>,
+    /// The OpenAI API this route's requests use, for a route to an `openai` or
+    /// `azure_openai` provider: `chat_completions` (default) or `responses`
+    /// (`POST {base_url}/responses`; Azure OpenAI `POST {endpoint}/openai/v1/responses`).
+    /// Another provider kind has one API and takes no `api` (a config error).
+    #[serde(default)]
+    pub api: Option<RouteApi>,
+}
+
+/// `routes[].api`: the OpenAI API a route to an OpenAI or Azure OpenAI provider speaks.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteApi {
+    /// Chat Completions (<https://platform.openai.com/docs/api-reference/chat>).
+    #[default]
+    ChatCompletions,
+    /// Responses (<https://platform.openai.com/docs/api-reference/responses>).
+    Responses,
 }
 
 /// `redis:`: distributed rate limits.

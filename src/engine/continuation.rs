@@ -399,7 +399,7 @@ async fn open(
         Ok(t) => t,
         Err(m) => return Opened::Failed(AttemptFailure::Connect, m),
     };
-    let path = providers::request_path(provider, &route.upstream_model, true);
+    let path = route.path(true);
     let mut head = match providers::request_head(
         provider,
         &resolved,

@@ -74,11 +74,12 @@ fn dialect_body(
                 .fast_path
                 .is_some_and(|f| f.requested_usage.is_some())
             && route.provider.stream_usage;
-        return providers::passthrough_body_placed(
+        return providers::passthrough_body_forwarded(
             &payload.body,
             &route.upstream_model,
             ask_usage,
             providers::model_placement(route),
+            req.dialect.wire().fast_path.and_then(|f| f.forwarding),
         )
         .map_err(|e| GatewayError::Internal(format!("cannot serialize request: {e}")));
     }
@@ -348,7 +349,7 @@ pub(crate) async fn prepare<'r>(
             return Err(failed(route, AttemptFailure::Connect, m, err));
         }
     };
-    let path = providers::request_path(provider, &route.upstream_model, req.stream);
+    let path = route.path(req.stream);
     // The head is built (and, for a signing provider, signed) again for a stale-connection
     // resend rather than cloned for every request: the resend is rare, the clone was ~16
     // allocations per request.

@@ -1,7 +1,11 @@
-//! Owns `POST /v1/messages/count_tokens` (Anthropic's token count,
-//! <https://docs.anthropic.com/en/api/messages-count-tokens>; Claude Code calls it): the
-//! provider's own count when the route is Anthropic, else a local estimate, answered as
-//! `{"input_tokens": N}`.
+//! Owns the token count endpoints: `POST /v1/messages/count_tokens` (Anthropic's token
+//! count, <https://docs.anthropic.com/en/api/messages-count-tokens>; Claude Code calls it):
+//! the provider's own count when the route is Anthropic, else a local estimate, answered as
+//! `{"input_tokens": N}`; and `POST /v1/responses/input_tokens` (OpenAI's,
+//! <https://platform.openai.com/docs/api-reference/responses/input-tokens>): the body of a
+//! `POST /v1/responses` request, answered as `{"object":"response.input_tokens",
+//! "input_tokens": N}` with the local estimate (errors in OpenAI's shape; what follows
+//! about Anthropic routes is the Messages endpoint's).
 //!
 //! The ingress is `/v1/messages`'s: the virtual key by `x-api-key` or Bearer, the tenant's
 //! model and provider allow-lists, the body bounds (413/408/503), a Messages request
@@ -17,7 +21,11 @@
 //!   a 404/405 from an Anthropic-compatible provider without this endpoint, a body that is
 //!   no count) moves on to the next route; a 400/413/422 about the request is the client's
 //!   answer, in Anthropic's shape.
-//! - an OpenAI-compatible route, or no route left: the local estimate
+//! - for `POST /v1/responses/input_tokens`, a route with `api: responses` (OpenAI, Azure
+//!   OpenAI): `POST {responses path}/input_tokens` with the client's JSON, the upstream model
+//!   and `previous_response_id` left out ([`providers::responses_endpoint_body`]); the
+//!   answer's `input_tokens` is returned, failures as above.
+//! - any other route, or no route left: the local estimate
 //!   ([`protocol::tokens`], `o200k_base`), computed on a blocking thread.
 //!
 //! The answer says how it was counted in `x-sluice-token-count: provider | estimate`;
@@ -93,8 +101,10 @@ struct CountRequest {
     preference: Option<Preference>,
 }
 
-/// Decodes and validates the body (400 naming the field, in Anthropic's shape).
+/// Decodes and validates the body of a count in `dialect` (400 naming the field, in the
+/// dialect's shape).
 fn parse(
+    dialect: ClientDialect,
     body: &[u8],
     preference_header: Option<&[u8]>,
     config: &crate::config::Config,
@@ -114,8 +124,11 @@ fn parse(
             ))
         }
     };
-    let canonical =
-        count::decode_request(body).map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
+    let canonical = match dialect {
+        ClientDialect::Responses => protocol::responses::decode_request(body),
+        _ => count::decode_request(body),
+    }
+    .map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
     if canonical.model.trim().is_empty() {
         return Err(GatewayError::invalid(
             "you must provide a `model` parameter",
@@ -133,7 +146,7 @@ fn parse(
 }
 
 /// How one provider count ended.
-enum Counted {
+pub(crate) enum Counted {
     /// The provider's `input_tokens`.
     Tokens(u64),
     /// No answer (or none usable): the next route, else the estimate.
@@ -144,10 +157,11 @@ enum Counted {
     Gone(ClientGone),
 }
 
-/// `POST /v1/messages/count_tokens` end to end (see the module doc).
+/// A token count end to end (see the module doc): `dialect` Messages for
+/// `POST /v1/messages/count_tokens`, Responses for `POST /v1/responses/input_tokens`.
 ///
 /// # Errors
-/// [`ChatError::Client`] for an error the caller writes in Anthropic's shape;
+/// [`ChatError::Client`] for an error the caller writes in the dialect's shape;
 /// [`ChatError::Gone`] when the client left.
 #[expect(
     clippy::too_many_lines,
@@ -157,8 +171,9 @@ pub(crate) async fn handle(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
+    dialect: ClientDialect,
 ) -> Result<(), ChatError> {
-    ctx.dialect = ClientDialect::Messages;
+    ctx.dialect = dialect;
     ctx.outcome.count_only = true;
     let caller = endpoints::authenticate(gw, session, ctx)?;
     let config = ctx.config.clone();
@@ -172,7 +187,7 @@ pub(crate) async fn handle(
         bytes,
         reservation: _reservation,
     } = held;
-    let mut req = parse(&bytes, pref_header.as_deref(), &config).inspect_err(|_| {
+    let mut req = parse(dialect, &bytes, pref_header.as_deref(), &config).inspect_err(|_| {
         ctx.standard_model = request::raw_model(&bytes);
     })?;
     // The parsed copies stay accounted by the reservation (to the end of this function).
@@ -199,16 +214,37 @@ pub(crate) async fn handle(
             continue;
         }
         let route = cand.route;
-        if !providers::adapter(route.provider.kind).counts_tokens() {
-            // Generation would take this route: its count is the estimate.
+        // Where the route counts, and the body it is sent (encoded per route: the upstream
+        // model differs): Anthropic's count endpoint for a Messages count, the Responses
+        // route's own `input_tokens` for a Responses count; else generation would take this
+        // route and its count is the estimate.
+        let counter = match dialect {
+            ClientDialect::Messages if providers::adapter(route.provider.kind).counts_tokens() => {
+                Some((
+                    std::borrow::Cow::Borrowed(anthropic::COUNT_TOKENS_PATH),
+                    count::encode_request(&req.body, &route.upstream_model),
+                    UpstreamDialect::Messages,
+                ))
+            }
+            ClientDialect::Responses => route
+                .responses_endpoint_path(providers::ResponsesEndpoint::InputTokens)
+                .map(|path| {
+                    providers::responses_endpoint_body(route, &req.body)
+                        .map(|b| (path, b, UpstreamDialect::Responses))
+                        .map_err(|e| {
+                            GatewayError::Internal(format!("cannot serialize request: {e}"))
+                        })
+                })
+                .transpose()?,
+            _ => None,
+        };
+        let Some((path, body, upstream)) = counter else {
             break;
-        }
+        };
         let Some(_slot) = gw.admission.try_admit_global() else {
             // The gateway is at its upstream cap: a count never queues behind generation.
             break;
         };
-        // Encoded per route: the upstream model differs.
-        let body = Bytes::from(count::encode_request(&req.body, &route.upstream_model));
         ctx.attempts.count += 1;
         match provider_count(
             &gw.connector,
@@ -216,8 +252,14 @@ pub(crate) async fn handle(
             ctx,
             model,
             route,
-            body,
-            beta.as_deref(),
+            Counter {
+                path: &path,
+                body: Bytes::from(body),
+                upstream,
+                max_bytes: MAX_UPSTREAM_BODY_BYTES,
+            },
+            beta.as_deref()
+                .filter(|_| upstream == UpstreamDialect::Messages),
         )
         .await
         {
@@ -229,7 +271,7 @@ pub(crate) async fn handle(
                     extra.push(("x-sluice-provider", route.provider.id.clone()));
                     extra.push(("x-sluice-fallback-depth", ctx.fallback_depth().to_string()));
                 }
-                return answer(session, ctx, model, "provider", n, &extra).await;
+                return answer(session, ctx, dialect, model, "provider", n, &extra).await;
             }
             Counted::Refused(err) => {
                 ctx.outcome.provider = Some(route.provider.id.clone());
@@ -265,6 +307,7 @@ pub(crate) async fn handle(
     answer(
         session,
         ctx,
+        dialect,
         model,
         "estimate",
         n,
@@ -273,10 +316,12 @@ pub(crate) async fn handle(
     .await
 }
 
-/// Writes `{"input_tokens": n}` and counts it.
+/// Writes the count in the dialect's shape (Messages `{"input_tokens": n}`, Responses
+/// `{"object":"response.input_tokens","input_tokens": n}`) and counts it.
 async fn answer(
     session: &mut Session,
     ctx: &mut RequestCtx,
+    dialect: ClientDialect,
     model: &Model,
     method: &'static str,
     n: u64,
@@ -287,12 +332,18 @@ async fn answer(
         .with_label_values(&[model.id.as_str(), method])
         .inc();
     ctx.outcome.label = "ok";
-    respond::write_json(session, ctx, 200, count::encode_response(n), extra)
+    let body = match dialect {
+        ClientDialect::Responses => {
+            format!(r#"{{"object":"response.input_tokens","input_tokens":{n}}}"#).into_bytes()
+        }
+        _ => count::encode_response(n),
+    };
+    respond::write_json(session, ctx, 200, body, extra)
         .await
         .map_err(|_| ChatError::Gone(ClientGone("writing")))
 }
 
-fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
+pub(crate) fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
     Counted::Failed(AttemptError {
         provider: route.provider.id.clone(),
         upstream_model: route.upstream_model.clone(),
@@ -302,47 +353,114 @@ fn failed(route: &Route, failure: AttemptFailure, detail: String) -> Counted {
     })
 }
 
-/// One count against one Anthropic route: connect (a stale pooled connection gets one
-/// fresh retry), send, read the head and the (bounded, decoded) body, each step within the
-/// route's `connect` and `first_byte` timeouts.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one upstream exchange and the normalization of its answer, in order"
-)]
+/// Where one side request goes (a provider count, a Responses compaction): the path under
+/// the route's base URL, the body, the dialect its error answers read in, the answer's bound.
+pub(crate) struct Counter<'p> {
+    /// The path under the route's base URL.
+    pub(crate) path: &'p str,
+    /// The exact body sent.
+    pub(crate) body: Bytes,
+    /// The dialect the route's error answers read in.
+    pub(crate) upstream: UpstreamDialect,
+    /// The largest answer read, bytes (decoded).
+    pub(crate) max_bytes: usize,
+}
+
+/// One count against one route (Anthropic's count endpoint, a Responses route's
+/// `input_tokens`): the exchange ([`provider_exchange`]), then its answer read as a count.
 async fn provider_count(
     connector: &Connector,
     session: &mut Session,
     ctx: &RequestCtx,
     model: &Model,
     route: &Route,
-    body: Bytes,
+    counter: Counter<'_>,
     beta: Option<&[u8]>,
 ) -> Counted {
+    let upstream = counter.upstream;
+    let (status, retry_after, answer) =
+        match provider_exchange(connector, session, ctx, model, route, counter, beta).await {
+            Ok(a) => a,
+            Err(c) => return c,
+        };
+    if (200..300).contains(&status) {
+        return match count::decode_response(&answer) {
+            Ok(n) => Counted::Tokens(n),
+            Err(e) => failed(route, AttemptFailure::Protocol, e.message()),
+        };
+    }
+    // A provider without the endpoint (an Anthropic-compatible API that lacks it) says 404
+    // or 405: not the request's fault, so the estimate answers.
+    if crate::routing::retryable_status(status) || matches!(status, 404 | 405) {
+        let mut f = failed(
+            route,
+            AttemptFailure::Status(status),
+            format!("HTTP {status}"),
+        );
+        if let Counted::Failed(ae) = &mut f {
+            ae.retry_after = retry_after;
+        }
+        return f;
+    }
+    let (kind, message) = protocol::decode_error_body(upstream, status, &answer);
+    Counted::Refused(GatewayError::Upstream {
+        status,
+        error_type: kind.openai_type().to_string(),
+        code: None,
+        message: providers::scrub_key(&route.provider, &message),
+        retry_after,
+    })
+}
+
+/// One side request (a token count, a Responses compaction) to one route: connect (a stale
+/// pooled connection gets one fresh retry), send, read the head and the (bounded, decoded)
+/// body, each step within the route's `connect` and `first_byte` timeouts. The answer's
+/// status, `Retry-After` and body; a failure before an answer as [`Counted::Failed`], the
+/// client leaving as [`Counted::Gone`].
+///
+/// # Errors
+/// [`Counted::Failed`] or [`Counted::Gone`] as said.
+#[expect(clippy::too_many_lines, reason = "one upstream exchange, in order")]
+pub(crate) async fn provider_exchange(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &RequestCtx,
+    model: &Model,
+    route: &Route,
+    counter: Counter<'_>,
+    beta: Option<&[u8]>,
+) -> Result<(u16, Option<Duration>, Vec<u8>), Counted> {
+    let Counter {
+        path,
+        body,
+        upstream: _,
+        max_bytes,
+    } = counter;
     let provider = &route.provider;
     let timeouts = ctx.config.timeouts_for(provider, model);
     let resolved = ctx.registry.upstream(provider);
     let target = match providers::target(provider, &resolved).await {
         Ok(t) => t,
-        Err(m) => return failed(route, AttemptFailure::Connect, m),
+        Err(m) => return Err(failed(route, AttemptFailure::Connect, m)),
     };
     let mut head = match providers::request_head(
         provider,
         &resolved,
         &target,
-        anthropic::COUNT_TOKENS_PATH,
+        path,
         &body,
         false,
         &ctx.request_id,
     ) {
         Ok(h) => h,
-        Err(e) => return failed(route, AttemptFailure::Protocol, e.to_string()),
+        Err(e) => return Err(failed(route, AttemptFailure::Protocol, e.to_string())),
     };
     if let Some(beta) = beta {
         if head.insert_header("anthropic-beta", beta).is_err() {
-            return Counted::Refused(GatewayError::invalid(
+            return Err(Counted::Refused(GatewayError::invalid(
                 "the `anthropic-beta` header is not a valid header value",
                 None,
-            ));
+            )));
         }
     }
     // Which step the client left in (`sluice_client_aborts_total`): connected, waiting for
@@ -370,25 +488,31 @@ async fn provider_count(
         r = opening => r,
         () = client_gone(session) => {
             let at = if sending.load(Ordering::Relaxed) { "waiting_head" } else { "connecting" };
-            return Counted::Gone(ClientGone(at));
+            return Err(Counted::Gone(ClientGone(at)));
         }
     };
     let mut up = match opened {
         Ok(up) => up,
         Err(OpenError::Head(never)) => match never {},
-        Err(OpenError::Connect(e)) => return failed(route, AttemptFailure::Connect, e.to_string()),
+        Err(OpenError::Connect(e)) => {
+            return Err(failed(route, AttemptFailure::Connect, e.to_string()))
+        }
         Err(OpenError::ConnectTimeout) => {
-            return failed(route, AttemptFailure::Connect, "connect timeout".into())
+            return Err(failed(
+                route,
+                AttemptFailure::Connect,
+                "connect timeout".into(),
+            ))
         }
         Err(OpenError::Send(e)) => {
-            return failed(route, AttemptFailure::Protocol, e.error.to_string())
+            return Err(failed(route, AttemptFailure::Protocol, e.error.to_string()))
         }
         Err(OpenError::FirstByteTimeout) => {
-            return failed(
+            return Err(failed(
                 route,
                 AttemptFailure::FirstByteTimeout,
                 "first byte timeout".into(),
-            )
+            ))
         }
     };
     let (status, retry_after, coding) = match up.response_header() {
@@ -401,29 +525,33 @@ async fn provider_count(
         ),
         None => {
             up.shutdown().await;
-            return failed(route, AttemptFailure::Protocol, "no response head".into());
+            return Err(failed(
+                route,
+                AttemptFailure::Protocol,
+                "no response head".into(),
+            ));
         }
     };
     let read = tokio::select! {
-        r = tokio::time::timeout(timeouts.first_byte.max(timeouts.idle), read_bounded(&mut up, coding)) => r,
+        r = tokio::time::timeout(timeouts.first_byte.max(timeouts.idle), read_bounded(&mut up, coding, max_bytes)) => r,
         () = client_gone(session) => {
             up.shutdown().await;
-            return Counted::Gone(ClientGone("waiting_body"));
+            return Err(Counted::Gone(ClientGone("waiting_body")));
         }
     };
     let answer = match read {
         Ok(Ok(b)) => b,
         Ok(Err(detail)) => {
             up.shutdown().await;
-            return failed(route, AttemptFailure::Protocol, detail);
+            return Err(failed(route, AttemptFailure::Protocol, detail));
         }
         Err(_) => {
             up.shutdown().await;
-            return failed(
+            return Err(failed(
                 route,
                 AttemptFailure::Protocol,
                 "upstream body read timed out".into(),
-            );
+            ));
         }
     };
     if up.response_done() {
@@ -433,42 +561,17 @@ async fn provider_count(
     } else {
         up.shutdown().await;
     }
-    if (200..300).contains(&status) {
-        return match count::decode_response(&answer) {
-            Ok(n) => Counted::Tokens(n),
-            Err(e) => failed(route, AttemptFailure::Protocol, e.message()),
-        };
-    }
-    // A provider without the endpoint (an Anthropic-compatible API that lacks it) says 404
-    // or 405: not the request's fault, so the estimate answers.
-    if crate::routing::retryable_status(status) || matches!(status, 404 | 405) {
-        let mut f = failed(
-            route,
-            AttemptFailure::Status(status),
-            format!("HTTP {status}"),
-        );
-        if let Counted::Failed(ae) = &mut f {
-            ae.retry_after = retry_after;
-        }
-        return f;
-    }
-    let (kind, message) = protocol::decode_error_body(UpstreamDialect::Messages, status, &answer);
-    Counted::Refused(GatewayError::Upstream {
-        status,
-        error_type: kind.openai_type().to_string(),
-        code: None,
-        message: providers::scrub_key(provider, &message),
-        retry_after,
-    })
+    Ok((status, retry_after, answer))
 }
 
-/// Reads the whole upstream body, decoded, at most [`MAX_UPSTREAM_BODY_BYTES`].
+/// Reads the whole upstream body, decoded, at most `max_bytes`.
 ///
 /// # Errors
 /// A detail for the log: an unknown or broken coding, a read error, a body over the bound.
 async fn read_bounded(
     up: &mut UpstreamSession,
     coding: Result<ContentCoding, String>,
+    max_bytes: usize,
 ) -> Result<Vec<u8>, String> {
     let coding = coding.map_err(|name| format!("unsupported content-encoding {name:?}"))?;
     let mut decoder = Decoder::new(coding).map_err(|e| e.to_string())?;
@@ -476,7 +579,7 @@ async fn read_bounded(
     loop {
         let chunk = up.read_response_body().await.map_err(|e| e.to_string())?;
         let end = chunk.is_none();
-        let room = MAX_UPSTREAM_BODY_BYTES.saturating_sub(body.len());
+        let room = max_bytes.saturating_sub(body.len());
         let piece = decoder
             .decode(chunk.as_deref().unwrap_or_default(), end, room)
             .map_err(|e| e.to_string())?;

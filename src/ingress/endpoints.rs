@@ -10,12 +10,17 @@
 //!   (<https://docs.anthropic.com/en/api/messages-count-tokens>), answered by the Anthropic
 //!   provider of the route or estimated locally ([`crate::ingress::count_tokens`]).
 //! - `POST /v1/responses`: OpenAI Responses, streaming or not
-//!   (<https://platform.openai.com/docs/api-reference/responses/create>). With the response
-//!   store on (`response_store:`, default), `store` (default `true`) keeps the answer,
+//!   (<https://platform.openai.com/docs/api-reference/responses/create>); a WebSocket
+//!   upgrade of it gets 426 (its WebSocket mode is not served). With the response store on
+//!   (`response_store:`, default), `store` (default `true`) keeps the answer,
 //!   `previous_response_id` continues a stored conversation and `item_reference` inputs name
 //!   stored items, all by the tenant of the virtual key ([`crate::conversation`]);
 //!   `conversation` (the Conversations API) is a 400. With it off, `store: true`,
 //!   `previous_response_id` and `item_reference` are 400s naming the field.
+//! - `POST /v1/responses/input_tokens`: the Responses API's token count, the provider's own
+//!   on a route with `api: responses`, else estimated locally
+//!   ([`crate::ingress::count_tokens`]).
+//! - `POST /v1/responses/compact`: checked, then 501 ([`crate::ingress::compact`]).
 //! - `GET /v1/responses/{id}`, `DELETE /v1/responses/{id}`,
 //!   `GET /v1/responses/{id}/input_items`: the stored response, its deletion
 //!   (`{"id","object":"response","deleted":true}`), its input items in OpenAI's list shape
@@ -35,10 +40,10 @@ use crate::auth::{presented_key, Caller};
 use crate::backpressure::Admission;
 use crate::engine::attempt::{self, ClientGone};
 use crate::error::GatewayError;
-use crate::ingress::count_tokens;
 use crate::ingress::request::{self, BodyError, BodyLimits, PREFERENCE_HEADER};
 use crate::ingress::respond;
 use crate::ingress::respond::ChatError;
+use crate::ingress::{compact, count_tokens};
 use crate::protocol::ClientDialect;
 use crate::proxy::ctx::{ActiveStreamGuard, RequestCtx};
 use crate::proxy::gateway::Gateway;
@@ -79,15 +84,43 @@ pub async fn handle(
         ("/responses", "POST") => infer(gw, session, ctx, ClientDialect::Responses).await,
         // Boxed: its ~7 KiB of state would otherwise be part of every request's future.
         ("/messages/count_tokens", "POST") => {
-            Box::pin(count_tokens::handle(gw, session, ctx)).await
+            Box::pin(count_tokens::handle(
+                gw,
+                session,
+                ctx,
+                ClientDialect::Messages,
+            ))
+            .await
         }
+        ("/responses/input_tokens", "POST") => {
+            Box::pin(count_tokens::handle(
+                gw,
+                session,
+                ctx,
+                ClientDialect::Responses,
+            ))
+            .await
+        }
+        ("/responses/compact", "POST") => {
+            ctx.dialect = ClientDialect::Responses;
+            compact::handle(gw, session, ctx).await
+        }
+        (
+            "/chat/completions"
+            | "/messages"
+            | "/messages/count_tokens"
+            | "/responses"
+            | "/responses/input_tokens"
+            | "/responses/compact",
+            _,
+        ) => {
+            ctx.dialect = dialect_of(path);
+            Err(GatewayError::MethodNotAllowed(method.clone()).into())
+        }
+        // The stored responses (`input_tokens` and `compact` are matched above).
         (p, "GET" | "DELETE") if p.starts_with("/responses/") => {
             let m = method.clone();
             crate::ingress::stored_responses::handle(gw, session, ctx, p, &m).await
-        }
-        ("/chat/completions" | "/messages" | "/messages/count_tokens" | "/responses", _) => {
-            ctx.dialect = dialect_of(path);
-            Err(GatewayError::MethodNotAllowed(method.clone()).into())
         }
         ("/models", "GET") => models(gw, session, ctx, None).await,
         (p, "GET") if p.starts_with("/models/") => {
@@ -124,7 +157,7 @@ pub async fn handle(
 pub(crate) fn dialect_of(path: &str) -> ClientDialect {
     match path {
         "/messages" | "/messages/count_tokens" => ClientDialect::Messages,
-        "/responses" => ClientDialect::Responses,
+        p if p.starts_with("/responses") => ClientDialect::Responses,
         _ => ClientDialect::ChatCompletions,
     }
 }

@@ -244,12 +244,11 @@ pub struct Payload {
     /// The client's dialect (what `body` is decoded as).
     dialect: ClientDialect,
     /// The request object as sent (forwarded with `model` replaced per attempt when the
-    /// upstream speaks the client's dialect; empty for Responses, which no upstream speaks).
+    /// upstream speaks the client's dialect).
     pub body: Map<String, Value>,
-    /// The canonical request, decoded once per request (not per attempt) for translation:
-    /// at parse time for Messages and Responses, on the first translated attempt for Chat
-    /// Completions (an OpenAI-compatible route forwards `body` and never needs it, nor
-    /// refuses what only another dialect cannot carry). Read it with
+    /// The canonical request, decoded once per request (not per attempt) for translation,
+    /// on the first translated attempt (a route of the client's own dialect forwards `body`
+    /// and never needs it, nor refuses what only another dialect cannot carry). Read it with
     /// [`canonical`](Self::canonical).
     canonical: OnceLock<Result<protocol::Request, protocol::ProtocolError>>,
     /// The body's buffer reservation ([`InferenceRequest::hold_reservation`]), released with
@@ -493,24 +492,11 @@ pub fn parse_forwardable(
             ))
         }
     };
-    match map.get("messages") {
-        Some(Value::Array(a)) if !a.is_empty() => {}
-        Some(Value::Array(_)) => {
-            return Err(GatewayError::invalid(
-                "`messages` must not be empty",
-                Some("messages"),
-            ))
-        }
-        _ => {
-            return Err(GatewayError::invalid(
-                "you must provide `messages` (an array)",
-                Some("messages"),
-            ))
-        }
-    }
+    check_conversation(dialect, &map)?;
     let messages_dialect = dialect == ClientDialect::Messages;
-    // Messages streams always carry usage; Chat's only when asked for.
+    // Messages and Responses streams always carry usage; Chat's only when asked for.
     let include_usage = messages_dialect
+        || dialect == ClientDialect::Responses
         || map
             .get("stream_options")
             .and_then(|o| o.get("include_usage"))
@@ -536,6 +522,8 @@ pub fn parse_forwardable(
                 ))
             }
         }
+    } else if dialect == ClientDialect::Responses {
+        map.get("max_output_tokens").and_then(Value::as_u64)
     } else {
         map.get("max_completion_tokens")
             .or_else(|| map.get("max_tokens"))
@@ -564,57 +552,77 @@ pub fn parse_forwardable(
     })
 }
 
-/// Parses and validates a request body of `dialect`: a dialect some provider speaks (Chat
-/// Completions, Messages) with [`parse_forwardable`]; OpenAI Responses, which no provider
-/// is reached through yet, decoded once into the canonical request (routing takes `model`
-/// and `stream` from it). The provider preference comes from the [`PREFERENCE_HEADER`]
-/// header or a `provider` member.
+/// Checks that a request has its conversation: Responses `input` (a string or a list of
+/// items), the others a non-empty `messages` array; and that a Responses request does not use
+/// the Conversations API (`conversation`). `previous_response_id`, `store` and
+/// `item_reference` were resolved before ([`crate::conversation::expand`]: the history is in
+/// `input`; with the store off they were refused there).
 ///
 /// # Errors
-/// 400 [`GatewayError::InvalidRequest`] naming the field for what the protocol layer
-/// refuses (malformed JSON, a missing `model`, `previous_response_id`, `store: true`, ...),
-/// or a bad provider preference.
+/// A 400 naming `input`, `messages` or `conversation`.
+fn check_conversation(
+    dialect: ClientDialect,
+    map: &Map<String, Value>,
+) -> Result<(), GatewayError> {
+    if dialect == ClientDialect::Responses {
+        if !map.get("conversation").is_none_or(Value::is_null) {
+            return Err(GatewayError::invalid(
+                "unsupported `conversation`: the Conversations API is not supported; use previous_response_id or send the full input",
+                Some("conversation"),
+            ));
+        }
+        // Responses: `input`, a string or a list of items (the protocol layer reads them).
+        match map.get("input") {
+            Some(Value::String(_) | Value::Array(_)) => {}
+            Some(_) => {
+                return Err(GatewayError::invalid(
+                    "`input` must be a string or an array of items",
+                    Some("input"),
+                ))
+            }
+            None => {
+                return Err(GatewayError::invalid(
+                    "you must provide `input`",
+                    Some("input"),
+                ))
+            }
+        }
+    } else {
+        match map.get("messages") {
+            Some(Value::Array(a)) if !a.is_empty() => {}
+            Some(Value::Array(_)) => {
+                return Err(GatewayError::invalid(
+                    "`messages` must not be empty",
+                    Some("messages"),
+                ))
+            }
+            _ => {
+                return Err(GatewayError::invalid(
+                    "you must provide `messages` (an array)",
+                    Some("messages"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parses and validates a request body of `dialect` with [`parse_forwardable`] (every
+/// client dialect is one some provider speaks: Chat Completions, Messages, and Responses on
+/// a route with `api: responses`). The provider preference comes from the
+/// [`PREFERENCE_HEADER`] header or a `provider` member.
+///
+/// # Errors
+/// As [`parse_forwardable`]; what the protocol layer refuses in a request that is translated
+/// (`previous_response_id` toward a provider that does not speak Responses, …) is a 400 of
+/// the attempt that translates it.
 pub fn parse_dialect(
     dialect: ClientDialect,
     body: &[u8],
     preference_header: Option<&[u8]>,
     config: &Config,
 ) -> Result<InferenceRequest, GatewayError> {
-    if dialect.as_upstream().is_some() {
-        return parse_forwardable(dialect, body, preference_header, config);
-    }
-    let canonical = protocol::decode_request(dialect, body)
-        .map_err(|e| GatewayError::invalid(e.to_string(), e.field()))?;
-    if canonical.model.trim().is_empty() {
-        return Err(GatewayError::invalid(
-            "you must provide a `model` parameter",
-            Some("model"),
-        ));
-    }
-    // Only a dialect no provider speaks gets here (Responses): its body is not kept, so
-    // the preference comes from the header and `models` is read only when the body names it.
-    let preference = preference(None, preference_header, config)?;
-    let models_field = memchr::memmem::find(body, b"\"models\"").and_then(|_| {
-        serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|mut v| v.get_mut("models").map(Value::take))
-    });
-    let models = crate::engine::fallback::body_models(models_field)?;
-    let needs = canonical_needs(&canonical);
-    Ok(InferenceRequest {
-        dialect,
-        model: canonical.model.clone(),
-        stream: canonical.stream,
-        include_usage: canonical.include_usage,
-        payload: Payload::slot(dialect, Map::new(), OnceLock::from(Ok(canonical))),
-        anthropic_beta: None,
-        needs,
-        preference,
-        models,
-        body_bytes: body.len(),
-        input_estimate: OnceLock::new(),
-        input_sample: OnceLock::new(),
-    })
+    parse_forwardable(dialect, body, preference_header, config)
 }
 
 /// What a canonical request needs from a route: the capabilities it uses (tools, vision,
@@ -748,6 +756,13 @@ fn sample_json(map: &Map<String, Value>, sample: &mut protocol::tokens::TextSamp
             }
         }
     }
+    // Responses: `instructions` and every string of `input` (items are walked as a whole).
+    for k in ["instructions", "input"] {
+        if let Some(v) = map.get(k) {
+            sample.fixed(tokens::MESSAGE_OVERHEAD_TOKENS);
+            strings(v, sample);
+        }
+    }
     if let Some(Value::Array(tools)) = map.get("tools") {
         for t in tools {
             let f = t.get("function").unwrap_or(t);
@@ -780,15 +795,32 @@ fn capabilities(map: &Map<String, Value>) -> Vec<Capability> {
                     })
             })
         });
+    // Responses: an `input_image` part in an `input` item.
+    let vision = vision
+        || map
+            .get("input")
+            .and_then(Value::as_array)
+            .is_some_and(|items| {
+                items.iter().any(|m| {
+                    m.get("content")
+                        .and_then(Value::as_array)
+                        .is_some_and(|parts| {
+                            parts.iter().any(|p| {
+                                p.get("type").and_then(Value::as_str) == Some("input_image")
+                            })
+                        })
+                })
+            });
     if vision {
         caps.push(Capability::Vision);
     }
     // Chat's `response_format`, Messages' `output_config.format` (and its beta form,
-    // `output_format`).
+    // `output_format`), Responses' `text.format`.
     let json_schema = [
         map.get("response_format"),
         map.get("output_config").and_then(|c| c.get("format")),
         map.get("output_format"),
+        map.get("text").and_then(|t| t.get("format")),
     ]
     .into_iter()
     .flatten()

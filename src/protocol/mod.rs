@@ -9,7 +9,8 @@
 //!   [`UpstreamDialect`] (what a provider speaks), so an impossible pair does not exist;
 //! * one module per wire API ([`ClientDialect`], [`UpstreamDialect`]), each owning its serde wire types
 //!   and its converters: [`chat`] (OpenAI Chat Completions), [`messages`]
-//!   (Anthropic Messages), [`responses`] (OpenAI Responses, client side only),
+//!   (Anthropic Messages), [`responses`] (OpenAI Responses, both sides: the upstream side
+//!   for a route with `routes[].api: responses`),
 //!   [`gemini`] (the Gemini API's `generateContent`, upstream side only), [`converse`]
 //!   (AWS Bedrock's `Converse` / `ConverseStream`, upstream side only);
 //! * the dialect-agnostic entry points the proxy calls ([`decode_request`],
@@ -39,12 +40,18 @@
 //! # Fields per direction
 //!
 //! **Same dialect in and out is a passthrough** (Chat Completions → OpenAI-compatible or
-//! Azure; Messages → Anthropic, Claude on Bedrock or Vertex AI): the client's JSON goes
+//! Azure; Messages → Anthropic, Claude on Bedrock or Vertex AI; Responses → a route with
+//! `api: responses` on OpenAI or Azure OpenAI): the client's JSON goes
 //! upstream with only what the gateway owns changed (`model`; Sluice's own `provider` and
 //! `models`; `stream_options.include_usage` when metering needs it; the provider's placement
 //! rules: Bedrock and Vertex take the model and the stream choice in the path and need
 //! `anthropic_version`, Bedrock refuses `metadata` and `service_tier`, which are dropped with
-//! a record). Every member, enum value, tool type, content block, role and answer event
+//! a record; Responses: `previous_response_id` left out and `store: false`, Sluice being the
+//! store of record, and `include` gains `reasoning.encrypted_content` so that reasoning can
+//! be given back, [`wire::Forwarding`]). A forwarded Responses stream keeps every event,
+//! the model rewritten in `response.model`, usage read from the final
+//! `response.completed` / `response.incomplete`; `response.failed` and `error` are in-band
+//! errors. Every member, enum value, tool type, content block, role and answer event
 //! Sluice does not know passes untouched (model rewritten, usage read); the drift property
 //! tests (`tests/e2e/drift.rs`) hold this.
 //!
@@ -69,12 +76,14 @@
 //! | canonical → Chat (upstream) | effort as `reasoning_effort` (max → xhigh), structured output | thinking signatures and redacted thinking in history (OpenAI takes no reasoning input), document `title`, a tool result's `is_error` | web search (Chat has it only on OpenAI's search models) | images inside tool results, URL documents |
 //! | canonical → Messages (upstream) | reasoning as adaptive thinking + `output_config.effort` (minimal → low) for current Claude, or a `thinking` budget (low 1024, medium 8192, high 24576, xhigh 32768, max 63999, capped below `max_tokens`) for Claude before 4.6 (`routes[].thinking` overrides; [`ThinkingForm`]); `display: omitted`; web search as the `web_search_20250305` server tool; structured output (see below) | temperature above 1 is clamped to 1; unsigned reasoning in history | see *Structured output* | — |
 //! | canonical → Gemini (upstream) | reasoning as `thinkingConfig` (Gemini 3: `thinkingLevel`; 2.5: `thinkingBudget`, capped at 24576, Pro 32768; adaptive −1; disabled 0); web search as `googleSearch`; structured output | reasoning history and signatures, `parallel_tool_calls`, `user`, a tool's `strict`, document `title` | — | image or document URLs (Gemini takes them inline), a tool result whose call is not earlier in the conversation, images inside tool results other than inline ones |
+//! | canonical → Responses (upstream) | system prompts as `instructions`; messages, tool calls and results as `message`, `function_call`, `function_call_output` items; signed reasoning as `reasoning` items (signature = `encrypted_content`) and `include: ["reasoning.encrypted_content"]` whenever reasoning is asked for or given back; effort as `reasoning.effort` (max → xhigh); web search as the hosted `web_search` tool; structured output as `text.format`; always `store: false` | unsigned reasoning in history (OpenAI takes back only its own encrypted reasoning), a tool result's `is_error`, Responses `custom`/`namespace` tools go as flattened functions | stop sequences (`stop`, `stop_sequences`: the API has none) | text as an image source |
 //! | canonical → Converse (upstream) | Claude reasoning as `additionalModelRequestFields` (`thinking`, `output_config.effort`); a `toolConfig` synthesized from the history's calls (see below); structured output | `parallel_tool_calls`, `user`, a tool's `strict`; temperature above 1 is clamped to 1; call ids outside `[a-zA-Z0-9_-]{1,64}` are rewritten alike in calls and results | reasoning settings toward a model that is not Claude, web search, JSON mode | image or document URLs, image types other than png/jpeg/gif/webp, unsupported document types |
 //! | Chat upstream → client | — | `logprobs`, `system_fingerprint`, `refusal` becomes text | — | — |
 //! | Messages upstream → Chat client | — | thinking `signature` (Chat has no field for it), `redacted_thinking`, server tool blocks (`server_tool_use`, `web_search_tool_result`: their text answer passes) | — | — |
+//! | Responses upstream → client | `output_text` (and `refusal`) as text, reasoning summaries as reasoning text with `encrypted_content` as its signature, `function_call` (namespaced ones as `{namespace}__{name}`) and `custom_tool_call` as tool calls; usage with `cached_tokens` and `reasoning_tokens`; `incomplete` for `max_output_tokens` / `content_filter` as those stops; `response.failed` and `error` as in-band errors | hosted tool items (`web_search_call`, …; their text answer passes), annotations, logprobs | — | — |
 //! | Converse upstream → client | — | `metrics`, `trace`, `redactedContent` reasoning; the answer gets a Sluice id (`converse-…`) | — | — |
 //! | Gemini upstream → client | — | `safetyRatings`, `citationMetadata`, `groundingMetadata`, `thoughtSignature`, `avgLogprobs`; function calls get Sluice ids (`call_…`) | — | — |
-//! | any → Responses client | namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`) | — | — |
+//! | any → Responses client | the Response object with every member the specification requires, the request's members echoed ([`responses::object`]); namespaced calls as `function_call` with `namespace`, custom calls as `custom_tool_call` | — (signatures travel as `encrypted_content`; a reasoning item without one has no such member) | — | — |
 //! | any → Messages client | `display: omitted` honoured: thinking blocks keep their signature, no thinking text | — | — | — |
 //!
 //! ## Structured output
@@ -135,20 +144,21 @@ pub use translate::{StreamOptions, StreamTranslator};
 pub use wire::{ClientWire, FastPath, GatewayErrorBody, InBandError};
 
 /// A client dialect: the wire API a client speaks to Sluice. Only the pairs a client can
-/// send exist: Responses is client side only, and the Gemini API and Converse are no
-/// client dialects at all ([`UpstreamDialect`]).
+/// send exist: the Gemini API and Converse are no client dialects at all
+/// ([`UpstreamDialect`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClientDialect {
     /// OpenAI Chat Completions (`POST /v1/chat/completions`).
     ChatCompletions,
     /// Anthropic Messages (`POST /v1/messages`).
     Messages,
-    /// OpenAI Responses (`POST /v1/responses`), client side only.
+    /// OpenAI Responses (`POST /v1/responses`).
     Responses,
 }
 
-/// An upstream dialect: the wire API a provider speaks to Sluice. Responses is not one
-/// (no provider is reached through it); the Gemini API and Converse are upstream only.
+/// An upstream dialect: the wire API a provider speaks to Sluice. The Gemini API and
+/// Converse are upstream only; Responses is spoken by a route that chooses it
+/// (`routes[].api: responses` on an OpenAI or Azure OpenAI provider).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UpstreamDialect {
     /// OpenAI Chat Completions (`POST /v1/chat/completions`).
@@ -159,6 +169,8 @@ pub enum UpstreamDialect {
     Gemini,
     /// AWS Bedrock's Converse API (`/model/{modelId}/converse`), upstream side only.
     Converse,
+    /// OpenAI Responses (`POST /v1/responses`; Azure OpenAI's `/openai/v1/responses`).
+    Responses,
 }
 
 impl ClientDialect {
@@ -171,13 +183,13 @@ impl ClientDialect {
         }
     }
 
-    /// The upstream dialect that is this very wire API, if a provider can speak it (Chat
-    /// Completions, Messages); `None` for Responses.
+    /// The upstream dialect that is this very wire API (every client dialect is one some
+    /// provider speaks).
     pub fn as_upstream(self) -> Option<UpstreamDialect> {
         match self {
             ClientDialect::ChatCompletions => Some(UpstreamDialect::ChatCompletions),
             ClientDialect::Messages => Some(UpstreamDialect::Messages),
-            ClientDialect::Responses => None,
+            ClientDialect::Responses => Some(UpstreamDialect::Responses),
         }
     }
 
@@ -196,17 +208,19 @@ impl UpstreamDialect {
             UpstreamDialect::Messages => messages::TEXT_KEYS,
             UpstreamDialect::Gemini => gemini::TEXT_KEYS,
             UpstreamDialect::Converse => converse::TEXT_KEYS,
+            UpstreamDialect::Responses => responses::upstream::TEXT_KEYS,
         }
     }
 
-    /// Short name for logs and metrics labels: `chat`, `messages`, `gemini`, `converse`
-    /// (the same label as the [`ClientDialect`] of the same API).
+    /// Short name for logs and metrics labels: `chat`, `messages`, `gemini`, `converse`,
+    /// `responses` (the same label as the [`ClientDialect`] of the same API).
     pub fn as_str(self) -> &'static str {
         match self {
             UpstreamDialect::ChatCompletions => "chat",
             UpstreamDialect::Messages => "messages",
             UpstreamDialect::Gemini => "gemini",
             UpstreamDialect::Converse => "converse",
+            UpstreamDialect::Responses => "responses",
         }
     }
 }
@@ -260,6 +274,9 @@ pub struct Request {
     /// Web search run by the provider itself (a hosted or server tool), when the client
     /// offered it.
     pub web_search: Option<WebSearch>,
+    /// What a Responses client's Response object echoes of this request (set by the
+    /// Responses decoder; `None` for the other dialects).
+    pub responses_echo: Option<std::sync::Arc<responses::ResponsesEcho>>,
 }
 
 /// Web search that the provider runs itself (a hosted / server tool), with the settings the
@@ -353,6 +370,8 @@ pub struct ClientEcho {
     /// The client asked for no reasoning text (Anthropic `thinking.display: omitted`):
     /// reasoning reaches it as signatures only.
     pub omit_reasoning_text: bool,
+    /// The Responses request members its Response object echoes (Responses clients only).
+    pub responses: Option<std::sync::Arc<responses::ResponsesEcho>>,
 }
 
 impl Request {
@@ -361,6 +380,7 @@ impl Request {
         ClientEcho {
             tool_origins: self.tool_origins(),
             omit_reasoning_text: self.reasoning.is_some_and(|r| r.omit_text),
+            responses: self.responses_echo.clone(),
         }
     }
 
@@ -1144,7 +1164,7 @@ pub fn decode_request(dialect: ClientDialect, body: &[u8]) -> Result<Request, Pr
 /// What a translation of `req` to `upstream` leaves out: what the client's decoder could
 /// not carry ([`Request::dropped`]) and what the target has no counterpart for (reasoning
 /// settings toward a Converse model that is not Claude: they are model specific there;
-/// JSON mode toward Anthropic and Converse, and a schema's description toward Anthropic;
+/// stop sequences toward Responses; JSON mode toward Anthropic and Converse, and a schema's description toward Anthropic;
 /// `tool_choice: none` toward Converse when the history has tool blocks). Empty when
 /// nothing is left out.
 pub fn dropped_toward(
@@ -1183,6 +1203,16 @@ pub fn dropped_toward(
         UpstreamDialect::Messages | UpstreamDialect::Converse
     ) {
         out.extend(messages::format_dropped(req, upstream));
+    }
+    if upstream == UpstreamDialect::Responses && !req.stop.is_empty() {
+        let field = match req.source {
+            Some(ClientDialect::Messages) => "stop_sequences",
+            _ => "stop",
+        };
+        out.push(Dropped {
+            field: field.into(),
+            reason: "the Responses API has no stop sequences".into(),
+        });
     }
     if upstream == UpstreamDialect::Converse && converse::tool_choice_dropped(req) {
         out.push(Dropped {
@@ -1231,6 +1261,7 @@ pub fn encode_request(
         UpstreamDialect::Messages => messages::encode_request(req, opts),
         UpstreamDialect::Gemini => gemini::encode_request(req, opts),
         UpstreamDialect::Converse => converse::encode_request(req, opts),
+        UpstreamDialect::Responses => responses::upstream::encode_request(req, opts),
     }
 }
 
@@ -1250,6 +1281,7 @@ pub fn decode_response(
         UpstreamDialect::Messages => messages::decode_response(body, now_unix_s),
         UpstreamDialect::Gemini => gemini::decode_response(body, now_unix_s),
         UpstreamDialect::Converse => converse::decode_response(body, now_unix_s),
+        UpstreamDialect::Responses => responses::upstream::decode_response(body, now_unix_s),
     }
 }
 
@@ -1260,7 +1292,8 @@ pub fn decode_response(
 /// fields it carries. Returns false (and leaves `into`) when the bytes are not a usage
 /// object of that dialect. Gemini's `usageMetadata` (cumulative, final in the last chunk)
 /// replaces `into`, and so does Converse's `usage` (final, in the answer or the stream's
-/// `metadata` event).
+/// `metadata` event) and Responses' `usage` (final, in the answer or the stream's
+/// `response.completed` / `response.incomplete` snapshot).
 pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage) -> bool {
     match dialect {
         UpstreamDialect::ChatCompletions => {
@@ -1297,26 +1330,32 @@ pub fn merge_usage(dialect: UpstreamDialect, usage_json: &[u8], into: &mut Usage
                 Err(_) => false,
             }
         }
+        UpstreamDialect::Responses => {
+            match serde_json::from_slice::<responses::upstream::UsageIn>(usage_json) {
+                Ok(u) => {
+                    *into = u.canonical();
+                    true
+                }
+                Err(_) => false,
+            }
+        }
     }
 }
 
 /// Encodes the canonical response as a client body of `dialect` (JSON).
 /// The caller sets `resp.model` to the standard model first.
 pub fn encode_response(dialect: ClientDialect, resp: &Response) -> Vec<u8> {
-    encode_response_for(dialect, resp, &None)
+    encode_response_for(dialect, resp, &ClientEcho::default())
 }
 
-/// [`encode_response`] with the request's [`ToolOrigins`]: tool calls go back in the form
-/// the client's request gave the tool (Responses custom and namespaced tools).
-pub fn encode_response_for(
-    dialect: ClientDialect,
-    resp: &Response,
-    origins: &ToolOrigins,
-) -> Vec<u8> {
+/// [`encode_response`] with what the answer reflects of its request ([`ClientEcho`]): tool
+/// calls go back in the form the client's request gave the tool (Responses custom and
+/// namespaced tools), and a Responses client's Response object echoes its request.
+pub fn encode_response_for(dialect: ClientDialect, resp: &Response, echo: &ClientEcho) -> Vec<u8> {
     match dialect {
         ClientDialect::ChatCompletions => chat::encode_response(resp),
         ClientDialect::Messages => messages::encode_response(resp),
-        ClientDialect::Responses => responses::encode_response_for(resp, origins),
+        ClientDialect::Responses => responses::encode_response_for(resp, echo),
     }
 }
 
@@ -1349,6 +1388,19 @@ pub fn error_body(
 /// Responses sequence numbers).
 pub fn error_event(dialect: ClientDialect, kind: ErrorKind, message: &str, out: &mut BytesMut) {
     json::error_event(dialect, kind, message, 0, out)
+}
+
+/// [`error_event`] as the event numbered `sequence_number` of its stream (Responses events
+/// are numbered; the other dialects ignore it): the gateway's error in a forwarded
+/// Responses stream continues the provider's numbering.
+pub fn error_event_at(
+    dialect: ClientDialect,
+    kind: ErrorKind,
+    message: &str,
+    sequence_number: u64,
+    out: &mut BytesMut,
+) {
+    json::error_event(dialect, kind, message, sequence_number, out)
 }
 
 /// The idle heartbeat frame for a client of `dialect`: Messages clients get

@@ -21,6 +21,8 @@ pub struct StreamOptions {
     pub include_usage: bool,
     /// What of the client's request its answer reflects ([`super::ClientEcho`]).
     pub echo: super::ClientEcho,
+    /// The wall clock, Unix seconds (a Responses stream's `completed_at`; tests fix it).
+    pub clock: fn() -> u64,
 }
 
 #[derive(Debug)]
@@ -29,6 +31,7 @@ enum Decoder {
     Messages(messages::StreamDecoder),
     Gemini(gemini::StreamDecoder),
     Converse(converse::StreamDecoder),
+    Responses(responses::upstream_stream::StreamDecoder),
 }
 
 #[derive(Debug)]
@@ -108,6 +111,9 @@ impl StreamTranslator {
             UpstreamDialect::Messages => Decoder::Messages(messages::StreamDecoder::new()),
             UpstreamDialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::new()),
             UpstreamDialect::Converse => Decoder::Converse(converse::StreamDecoder::new()),
+            UpstreamDialect::Responses => {
+                Decoder::Responses(responses::upstream_stream::StreamDecoder::new())
+            }
         }
     }
 
@@ -188,6 +194,7 @@ impl StreamTranslator {
             Decoder::Messages(d) => d.decode(event, data, &mut emit),
             Decoder::Gemini(d) => d.decode(event, data, &mut emit),
             Decoder::Converse(d) => d.decode(event, data, &mut emit),
+            Decoder::Responses(d) => d.decode(event, data, &mut emit),
         }
     }
 

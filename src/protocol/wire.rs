@@ -9,10 +9,12 @@
 //!   (terminal event, terminator), its keepalive chatter, its in-band error, the content,
 //!   finish and requested-usage probes (byte scans of [`crate::sse`], no JSON parse), and
 //!   where its answers name the model ([`FastPath::rewriter`], the one model echo of both
-//!   the stream and the whole-body path).
+//!   the stream and the whole-body path), and what of a forwarded request the gateway owns
+//!   besides `model` ([`Forwarding`]).
 //!
 //! Each dialect module owns its values ([`super::chat::WIRE`], [`super::chat::FAST_PATH`],
-//! [`super::messages::WIRE`], [`super::messages::FAST_PATH`], [`super::responses::WIRE`]);
+//! [`super::messages::WIRE`], [`super::messages::FAST_PATH`], [`super::responses::WIRE`],
+//! [`super::responses::upstream::FAST_PATH`]);
 //! [`ClientDialect::wire`] is the one place that picks them.
 
 use crate::sse::{ModelPath, ModelRewriter};
@@ -69,6 +71,8 @@ pub enum Terminal {
     Done,
     /// An event of this name (Messages `message_stop`).
     Event(&'static str),
+    /// An event of any of these names (Responses `response.completed`, `response.incomplete`).
+    Events(&'static [&'static str]),
 }
 
 /// How the event that finishes the answer (a stream with it and without its terminal
@@ -77,6 +81,8 @@ pub enum Terminal {
 pub enum Finish {
     /// An event of this name (Messages `message_delta`).
     Event(&'static str),
+    /// An event of any of these names (Responses: the terminal events themselves).
+    Events(&'static [&'static str]),
     /// A byte probe of the event's data (Chat: a `"finish_reason"` with a string value).
     Probe(fn(&[u8]) -> bool),
 }
@@ -116,6 +122,8 @@ pub struct FastPath {
     pub keepalive: Option<&'static str>,
     /// The event name of an in-band error.
     pub error_event: &'static str,
+    /// Further event names of in-band errors (Responses `response.failed`; empty for most).
+    pub error_events: &'static [&'static str],
     /// A data payload that starts with this is an in-band error too, whatever its event
     /// name (OpenAI-compatible servers send `data: {"error":…}`).
     pub error_data_prefix: Option<&'static [u8]>,
@@ -131,6 +139,23 @@ pub struct FastPath {
     pub stream_model: ModelPath,
     /// Where a whole (non-stream) answer names the model.
     pub body_model: ModelPath,
+    /// What a forwarded request body has changed besides `model` (`None`: nothing).
+    pub forwarding: Option<&'static Forwarding>,
+}
+
+/// How a [`Forwarding`] sets a member: its value from the client's own (if it sent one).
+pub type SetMember = fn(Option<&serde_json::Value>) -> serde_json::Value;
+
+/// The top-level members of a client's request that the gateway owns in this dialect
+/// besides `model`, and so changes when it forwards the body untranslated (Responses:
+/// `previous_response_id` left out, `store: false`, `include` gains
+/// `reasoning.encrypted_content`).
+#[derive(Debug)]
+pub struct Forwarding {
+    /// Members left out.
+    pub dropped: &'static [&'static str],
+    /// Members set: the name and the value from the client's own (if it sent one).
+    pub set: &'static [(&'static str, SetMember)],
 }
 
 impl FastPath {
@@ -140,6 +165,7 @@ impl FastPath {
         match self.terminal {
             Terminal::Done => is_done,
             Terminal::Event(name) => event == Some(name),
+            Terminal::Events(names) => event.is_some_and(|e| names.contains(&e)),
         }
     }
 
@@ -153,6 +179,7 @@ impl FastPath {
     #[inline]
     pub fn is_error(&self, event: Option<&str>, data: &[u8]) -> bool {
         event == Some(self.error_event)
+            || event.is_some_and(|e| self.error_events.contains(&e))
             || self.error_data_prefix.is_some_and(|p| data.starts_with(p))
     }
 
@@ -161,6 +188,7 @@ impl FastPath {
     pub fn is_finish(&self, event: Option<&str>, data: &[u8]) -> bool {
         match self.finish {
             Finish::Event(name) => event == Some(name),
+            Finish::Events(names) => event.is_some_and(|e| names.contains(&e)),
             Finish::Probe(probe) => probe(data),
         }
     }

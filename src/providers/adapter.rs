@@ -35,6 +35,14 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     /// base path.
     fn path(&self, provider: &Provider, upstream_model: &str, stream: bool) -> Cow<'static, str>;
 
+    /// The path (and query) of the provider's OpenAI Responses endpoint, for a route that
+    /// chose it (`routes[].api: responses`); `None` for a kind without one (the config
+    /// refuses the choice there).
+    fn responses_path(&self, provider: &Provider) -> Option<Cow<'static, str>> {
+        let _ = provider;
+        None
+    }
+
     /// Where a request body for `upstream_model` names the model, and so its shape.
     fn placement(&self, upstream_model: &str) -> ModelPlacement {
         let _ = upstream_model;
@@ -151,7 +159,7 @@ impl Credential {
 }
 
 /// An upstream error body's `(type, code, message)` in OpenAI's terms, whatever dialect the
-/// provider speaks: OpenAI-compatible bodies keep their own type and code
+/// provider speaks: OpenAI-compatible bodies (Chat Completions, Responses) keep their own type and code
 /// ([`super::openai::error_parts`]), the others are decoded by the protocol layer and typed by
 /// their canonical kind.
 pub fn error_parts(
@@ -160,7 +168,9 @@ pub fn error_parts(
     body: &[u8],
 ) -> (String, Option<String>, String) {
     match upstream {
-        UpstreamDialect::ChatCompletions => super::openai::error_parts(status, body),
+        UpstreamDialect::ChatCompletions | UpstreamDialect::Responses => {
+            super::openai::error_parts(status, body)
+        }
         up => {
             let (kind, message) = crate::protocol::decode_error_body(up, status, body);
             (kind.openai_type().to_string(), None, message)

@@ -40,6 +40,12 @@ pub fn chat_path(deployment: &str, api_version: &str) -> String {
     p
 }
 
+/// The Responses path under the resource endpoint: `/openai/v1/responses`, Azure OpenAI's
+/// v1 API (<https://learn.microsoft.com/en-us/azure/ai-foundry/openai/how-to/responses>),
+/// which takes no `api-version` (the provider's `api_version` stays the Chat Completions
+/// one) and names the deployment in the body's `model`.
+pub const RESPONSES_PATH: &str = "/openai/v1/responses";
+
 /// The adapter of `kind: azure_openai`: Chat Completions at the deployment's URL, the key
 /// in `api-key`.
 #[derive(Debug)]
@@ -56,6 +62,10 @@ impl Adapter for AzureOpenAi {
             provider.api_version.as_deref().unwrap_or(""),
         )
         .into()
+    }
+
+    fn responses_path(&self, _: &Provider) -> Option<Cow<'static, str>> {
+        Some(RESPONSES_PATH.into())
     }
 
     fn authorize(

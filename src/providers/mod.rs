@@ -42,6 +42,7 @@ use pingora::protocols::ALPN;
 use pingora::upstreams::peer::HttpPeer;
 
 use crate::config::{Provider, ProviderKind, Route};
+use crate::protocol::wire::Forwarding;
 use crate::protocol::{ModelPlacement, UpstreamDialect};
 use crate::secret::Secret;
 
@@ -240,6 +241,24 @@ pub fn request_path(
     adapter(provider.kind).path(provider, upstream_model, stream)
 }
 
+/// The path (and query) of `provider`'s inference endpoint for `upstream_model` spoken in
+/// `dialect` ([`Route::path`]; the request-mode health probe, which has no route): the
+/// Responses endpoint ([`Adapter::responses_path`]) for Responses, else [`request_path`].
+pub fn path_for(
+    provider: &Provider,
+    upstream_model: &str,
+    dialect: UpstreamDialect,
+    stream: bool,
+) -> std::borrow::Cow<'static, str> {
+    let adapter = adapter(provider.kind);
+    if dialect == UpstreamDialect::Responses {
+        if let Some(p) = adapter.responses_path(provider) {
+            return p;
+        }
+    }
+    adapter.path(provider, upstream_model, stream)
+}
+
 /// Where the route's request body names the model, and so its shape ([`ModelPlacement`]):
 /// in the URL for Claude on Vertex AI and on Bedrock (whose bodies carry `anthropic_version`
 /// instead; Bedrock's no `stream`, `metadata` or `service_tier` either), in the body for
@@ -274,11 +293,80 @@ impl Provider {
 impl Route {
     /// The wire API this route's requests are sent in. Per route, not per provider kind, so
     /// that a kind serving models in several dialects (Vertex AI: Claude in Messages, Gemini
-    /// in the Gemini dialect; Bedrock) can choose by the upstream model; for the other kinds
-    /// it is the kind's one dialect.
+    /// in the Gemini dialect; Bedrock) can choose by the upstream model, and a route to
+    /// OpenAI or Azure OpenAI can choose Responses (`routes[].api`); for the other kinds it
+    /// is the kind's one dialect.
     pub fn dialect(&self) -> UpstreamDialect {
-        self.provider.dialect_for(&self.upstream_model)
+        match self.api {
+            crate::config::RouteApi::Responses => UpstreamDialect::Responses,
+            crate::config::RouteApi::ChatCompletions => {
+                self.provider.dialect_for(&self.upstream_model)
+            }
+        }
     }
+
+    /// The path of one of the Responses API's side endpoints on this route
+    /// ([`ResponsesEndpoint`]: `{responses path}/input_tokens`, `{responses path}/compact`),
+    /// appended to the base path; `None` for a route that does not speak Responses (the
+    /// caller answers locally then).
+    pub fn responses_endpoint_path(
+        &self,
+        endpoint: ResponsesEndpoint,
+    ) -> Option<std::borrow::Cow<'static, str>> {
+        if self.dialect() != UpstreamDialect::Responses {
+            return None;
+        }
+        let base = adapter(self.provider.kind).responses_path(&self.provider)?;
+        Some(format!("{base}/{}", endpoint.suffix()).into())
+    }
+
+    /// The path (and query) of this route's inference endpoint, appended to the base path:
+    /// its provider's [`request_path`], or, for a route that speaks Responses
+    /// (`routes[].api: responses`), the provider's Responses endpoint
+    /// ([`Adapter::responses_path`]).
+    pub fn path(&self, stream: bool) -> std::borrow::Cow<'static, str> {
+        path_for(&self.provider, &self.upstream_model, self.dialect(), stream)
+    }
+}
+
+/// A side endpoint of the OpenAI Responses API that a route speaking Responses forwards
+/// (<https://platform.openai.com/docs/api-reference/responses/input-tokens>,
+/// <https://platform.openai.com/docs/api-reference/responses/compact>).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponsesEndpoint {
+    /// `POST /v1/responses/input_tokens`: `{"object":"response.input_tokens","input_tokens"}`.
+    InputTokens,
+    /// `POST /v1/responses/compact`: `{"object":"response.compaction","output":[…],"usage"}`.
+    Compact,
+}
+
+impl ResponsesEndpoint {
+    /// The path segment after the Responses path (`input_tokens`, `compact`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            ResponsesEndpoint::InputTokens => "input_tokens",
+            ResponsesEndpoint::Compact => "compact",
+        }
+    }
+}
+
+/// The body a Responses side endpoint ([`ResponsesEndpoint`]) of `route` is sent: the
+/// client's JSON with `model` the upstream model, Sluice's own members left out and
+/// `previous_response_id` left out ([`crate::protocol::responses::upstream::AUX_FORWARDING`]).
+///
+/// # Errors
+/// Only if serialization fails (it cannot for a parsed `Value`).
+pub fn responses_endpoint_body(
+    route: &Route,
+    request: &serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Result<Vec<u8>> {
+    passthrough_body_forwarded(
+        request,
+        &route.upstream_model,
+        false,
+        ModelPlacement::Body,
+        Some(&crate::protocol::responses::upstream::AUX_FORWARDING),
+    )
 }
 
 /// The status an upstream error answer counts as, from its status and body: a Gemini key
@@ -367,7 +455,25 @@ pub fn passthrough_body_placed(
     ask_usage: bool,
     placement: ModelPlacement,
 ) -> serde_json::Result<Vec<u8>> {
+    passthrough_body_forwarded(request, upstream_model, ask_usage, placement, None)
+}
+
+/// [`passthrough_body_placed`] with the client dialect's own [`Forwarding`] rules: the
+/// members the gateway owns in that dialect are left out or set (Responses:
+/// `previous_response_id` out, `store: false`, `include` with
+/// `reasoning.encrypted_content`).
+///
+/// # Errors
+/// Only if serialization fails (it cannot for a parsed `Value`).
+pub fn passthrough_body_forwarded(
+    request: &serde_json::Map<String, serde_json::Value>,
+    upstream_model: &str,
+    ask_usage: bool,
+    placement: ModelPlacement,
+    forwarding: Option<&Forwarding>,
+) -> serde_json::Result<Vec<u8>> {
     use serde_json::Value;
+    let (owned_out, owned_set) = forwarding.map_or((&[][..], &[][..]), |f| (f.dropped, f.set));
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::new(&mut out);
     use serde::ser::{SerializeMap, Serializer};
@@ -382,7 +488,14 @@ pub fn passthrough_body_placed(
         ModelPlacement::Body => &[][..],
     };
     for (k, v) in request {
-        if GATEWAY_FIELDS.contains(&k.as_str()) || dropped.contains(&k.as_str()) {
+        if GATEWAY_FIELDS.contains(&k.as_str())
+            || dropped.contains(&k.as_str())
+            || owned_out.contains(&k.as_str())
+        {
+            continue;
+        }
+        if let Some((_, f)) = owned_set.iter().find(|(name, _)| name == k) {
+            map.serialize_entry(k, &f(Some(v)))?;
             continue;
         }
         if k == "model" || k == "anthropic_version" {
@@ -397,6 +510,11 @@ pub fn passthrough_body_placed(
             map.serialize_entry(k, &with_usage(Some(v)))?;
         } else {
             map.serialize_entry(k, v)?;
+        }
+    }
+    for (name, f) in owned_set {
+        if !request.contains_key(*name) {
+            map.serialize_entry(name, &f(None))?;
         }
     }
     if ask_usage && !request.contains_key("stream_options") {

@@ -352,6 +352,7 @@ mod tests {
             capabilities: caps,
             supports_prefill: false,
             thinking: None,
+            api: crate::config::RouteApi::ChatCompletions,
             health_key: format!("{model}|{p}/{p}-m"),
             context_window_tokens: None,
         }

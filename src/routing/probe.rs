@@ -205,9 +205,9 @@ fn probe_head(
     Ok(req)
 }
 
-/// The routes of `provider_id` in `cfg`, once per health key: upstream model and health
-/// state (created on first use, so the gauge exists before any traffic).
-fn routes_of(cfg: &Config, provider_id: &str) -> Vec<(String, Arc<RouteHealth>)> {
+/// The routes of `provider_id` in `cfg`, once per health key: upstream model, dialect and
+/// health state (created on first use, so the gauge exists before any traffic).
+fn routes_of(cfg: &Config, provider_id: &str) -> Vec<ProbedRoute> {
     let reg = registry();
     let mut seen = HashSet::new();
     cfg.models
@@ -217,11 +217,16 @@ fn routes_of(cfg: &Config, provider_id: &str) -> Vec<(String, Arc<RouteHealth>)>
         .map(|r| {
             (
                 r.upstream_model.clone(),
+                r.dialect(),
                 reg.route(&r.provider.id, &r.health_key),
             )
         })
         .collect()
 }
+
+/// One route as the probes see it: its upstream model, the API it speaks (a request probe
+/// is sent in it) and its health state.
+type ProbedRoute = (String, crate::protocol::UpstreamDialect, Arc<RouteHealth>);
 
 /// Applies decay to every route of `cfg` ([`RouteHealth::refresh`]): without traffic nothing
 /// else would, and the gauge should follow.
@@ -248,11 +253,11 @@ fn count(provider: &Provider, mode: ProbeMode, outcome: &ProbeOutcome) {
 /// Applies a provider probe's outcome (`mode: list`) to the routes of `provider`: a failure
 /// is a provider-level failure of each; a success lifts only provider-level failures (a
 /// route that failed on its own stays as it is).
-fn record(provider: &Provider, routes: &[(String, Arc<RouteHealth>)], outcome: &ProbeOutcome) {
+fn record(provider: &Provider, routes: &[ProbedRoute], outcome: &ProbeOutcome) {
     count(provider, ProbeMode::List, outcome);
     match outcome {
         ProbeOutcome::Up { .. } => {
-            for (model, r) in routes {
+            for (model, _, r) in routes {
                 if !r.record_probe_success(&provider.passive_health) {
                     log::debug!(
                         target: "sluice::routing::probe",
@@ -271,7 +276,7 @@ fn record(provider: &Provider, routes: &[(String, Arc<RouteHealth>)], outcome: &
                 "health probe failed provider={} reason={reason:?}",
                 provider.id
             );
-            for (_, r) in routes {
+            for (_, _, r) in routes {
                 r.record_scoped_failure(
                     &provider.passive_health,
                     FailureScope::Provider,
@@ -289,10 +294,10 @@ async fn probe_routes(
     provider: Arc<Provider>,
     up: Arc<Upstream>,
     check: ActiveHealthCheck,
-    routes: Vec<(String, Arc<RouteHealth>)>,
+    routes: Vec<ProbedRoute>,
 ) {
     let mut probes = JoinSet::new();
-    for (model, health) in routes {
+    for (model, dialect, health) in routes {
         let (connector, provider, up, check) = (
             connector.clone(),
             provider.clone(),
@@ -300,8 +305,10 @@ async fn probe_routes(
             check.clone(),
         );
         probes.spawn(async move {
-            let outcome =
-                super::request_probe::probe_route(&connector, &provider, &up, &model, &check).await;
+            let outcome = super::request_probe::probe_route(
+                &connector, &provider, &up, &model, dialect, &check,
+            )
+            .await;
             count(&provider, ProbeMode::Request, &outcome);
             match outcome {
                 ProbeOutcome::Up { .. } => health.record_success(&provider.passive_health, None),

@@ -22,14 +22,15 @@ use crate::providers;
 /// The `x-request-id` of request probes (the provider's logs can tell them apart).
 pub const PROBE_REQUEST_ID: &str = "sluice-health-probe";
 
-/// The probe's body for `upstream_model` in `provider`'s dialect: one user message `ping`,
-/// `max_output_tokens` 1, no stream.
+/// The probe's body for `upstream_model` in `dialect` (the route's): one user message
+/// `ping`, `max_output_tokens` 1 (Responses' minimum, 16, there), no stream.
 ///
 /// # Errors
-/// Only if the protocol layer cannot encode it for the provider's dialect.
+/// Only if the protocol layer cannot encode it for the dialect.
 pub fn probe_body(
     provider: &Provider,
     upstream_model: &str,
+    dialect: protocol::UpstreamDialect,
 ) -> Result<Vec<u8>, protocol::ProtocolError> {
     let req = protocol::Request {
         model: upstream_model.to_string(),
@@ -49,17 +50,18 @@ pub fn probe_body(
     };
     // The body as the provider takes it (the placement: Bedrock's Claude has no `model`, its
     // `anthropic_version`).
-    protocol::encode_request(provider.dialect_for(upstream_model), &req, &opts)
+    protocol::encode_request(dialect, &req, &opts)
 }
 
-/// Sends one request probe to the route `upstream_model` of `provider`, bounded by
-/// `check.timeout` (connect, request and response head together); `up` is the provider
-/// resolved (its adapter and live credential).
+/// Sends one request probe to the route `upstream_model` of `provider` that speaks
+/// `dialect`, bounded by `check.timeout` (connect, request and response head together); `up`
+/// is the provider resolved (its adapter and live credential).
 pub async fn probe_route(
     connector: &Connector,
     provider: &Provider,
     up: &providers::Upstream,
     upstream_model: &str,
+    dialect: protocol::UpstreamDialect,
     check: &ActiveHealthCheck,
 ) -> ProbeOutcome {
     let run = async {
@@ -67,11 +69,11 @@ pub async fn probe_route(
             Ok(t) => t,
             Err(m) => return down(m),
         };
-        let body = match probe_body(provider, upstream_model) {
+        let body = match probe_body(provider, upstream_model, dialect) {
             Ok(b) => Bytes::from(b),
             Err(e) => return down(format!("cannot encode the probe request: {e}")),
         };
-        match probe_head(provider, up, &target, upstream_model, &body) {
+        match probe_head(provider, up, &target, upstream_model, dialect, &body) {
             Ok(head) => exchange(connector, &target, head, Some(body)).await,
             Err(e) => down(format!("bad probe request: {e}")),
         }
@@ -89,13 +91,14 @@ fn probe_head(
     up: &providers::Upstream,
     target: &providers::Target,
     upstream_model: &str,
+    dialect: protocol::UpstreamDialect,
     body: &[u8],
 ) -> pingora::Result<RequestHeader> {
     providers::request_head(
         provider,
         up,
         target,
-        &providers::request_path(provider, upstream_model, false),
+        &providers::path_for(provider, upstream_model, dialect, false),
         body,
         false,
         PROBE_REQUEST_ID,
@@ -130,9 +133,15 @@ mod tests {
 
     #[test]
     fn the_probe_asks_for_one_token_in_the_providers_dialect() {
-        let chat: serde_json::Value =
-            serde_json::from_slice(&probe_body(&provider(ProviderKind::Openai), "gpt-x").unwrap())
-                .unwrap();
+        let chat: serde_json::Value = serde_json::from_slice(
+            &probe_body(
+                &provider(ProviderKind::Openai),
+                "gpt-x",
+                protocol::UpstreamDialect::ChatCompletions,
+            )
+            .unwrap(),
+        )
+        .unwrap();
         assert_eq!(chat["model"], "gpt-x");
         assert_eq!(chat["messages"][0]["role"], "user");
         assert_eq!(chat["messages"][0]["content"][0]["text"], "ping");
@@ -143,12 +152,40 @@ mod tests {
         assert_eq!(one, Some(&serde_json::json!(1)), "{chat}");
 
         let msgs: serde_json::Value = serde_json::from_slice(
-            &probe_body(&provider(ProviderKind::Anthropic), "claude-x").unwrap(),
+            &probe_body(
+                &provider(ProviderKind::Anthropic),
+                "claude-x",
+                protocol::UpstreamDialect::Messages,
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(msgs["model"], "claude-x");
         assert_eq!(msgs["max_tokens"], 1);
         assert_eq!(msgs["messages"][0]["role"], "user");
         assert_ne!(msgs["stream"], true);
+
+        // A route with `api: responses` is probed in Responses, at its smallest limit.
+        let resp: serde_json::Value = serde_json::from_slice(
+            &probe_body(
+                &provider(ProviderKind::Openai),
+                "gpt-x",
+                protocol::UpstreamDialect::Responses,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(resp["input"][0]["content"][0]["text"], "ping", "{resp}");
+        assert_eq!(resp["max_output_tokens"], 16, "{resp}");
+        assert_eq!(resp["store"], false, "{resp}");
+        assert_eq!(
+            providers::path_for(
+                &provider(ProviderKind::Openai),
+                "gpt-x",
+                protocol::UpstreamDialect::Responses,
+                false
+            ),
+            "/responses"
+        );
     }
 }

@@ -150,6 +150,7 @@ impl<'r> StreamPipe<'r> {
             created: created_unix_s,
             include_usage,
             echo,
+            clock: crate::engine::upstream::unix_now,
         };
         let fast = client
             .wire()
@@ -379,7 +380,17 @@ impl<'r> StreamPipe<'r> {
             }
             let name = ev.event_name();
             if path.is_terminal(name, ev.is_done()) {
-                self.out.extend_from_slice(ev.raw());
+                // A terminal event may carry the final usage and name the model (Responses'
+                // `response.completed`); `[DONE]` and `message_stop` pass unchanged.
+                let mut u = self.usage.unwrap_or_default();
+                if protocol::merge_chunk_usage(self.upstream, &data, &mut u) {
+                    self.usage = Some(u);
+                }
+                if path.is_finish(name, &data) {
+                    self.finish_seen = true;
+                }
+                fast.rewriter
+                    .rewrite_event(&ev, &mut self.echo, &mut self.out);
                 self.done = true;
                 continue;
             }
@@ -508,7 +519,10 @@ impl<'r> StreamPipe<'r> {
         let mut out = BytesMut::new();
         match self.protocol.as_mut() {
             Some(t) => t.error(kind, message, &mut out),
-            None => protocol::error_event(self.client, kind, message, &mut out),
+            // The events forwarded so far: a numbered stream (Responses) goes on counting.
+            None => {
+                protocol::error_event_at(self.client, kind, message, self.data_events, &mut out)
+            }
         }
         out.freeze()
     }

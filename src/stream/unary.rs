@@ -178,11 +178,7 @@ pub(crate) async fn unary(
                         }
                     }
                 }
-                Bytes::from(protocol::encode_response_for(
-                    client,
-                    &resp,
-                    &echo.tool_origins,
-                ))
+                Bytes::from(protocol::encode_response_for(client, &resp, echo))
             }
             Err(e) => {
                 let err = GatewayError::UpstreamUnavailable {

@@ -298,6 +298,8 @@ fn kinds() -> Vec<(&'static str, MakeRig)> {
         ("bedrock-converse", battery::bedrock_converse_rig),
         ("gemini", battery::gemini_rig),
         ("azure-openai", battery::azure_openai_rig),
+        ("openai-responses", battery::openai_responses_rig),
+        ("azure-responses", battery::azure_responses_rig),
         ("vertex-claude", battery::vertex_claude_rig),
         ("vertex-gemini", battery::vertex_gemini_rig),
     ]
@@ -529,6 +531,149 @@ fn codex_runs_a_tool_loop_on_every_provider_kind() {
             &[(home.path().join("config.toml"), codex_config())],
         )
     });
+}
+
+/// The reasoning items (`encrypted_content`, summary text) of a logged Responses request's
+/// `input`, in order.
+fn reasoning_items(call: &serde_json::Value) -> Vec<(String, String)> {
+    let body: serde_json::Value =
+        serde_json::from_str(call["body"].as_str().unwrap_or_default()).unwrap_or_default();
+    body["input"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == "reasoning")
+        .map(|i| {
+            (
+                i["encrypted_content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                i["summary"][0]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Codex as shipped, two turns (a tool loop, then `codex exec resume --last`) through a
+/// route that speaks OpenAI Responses (OpenAI's and Azure OpenAI's): every answer carries a
+/// reasoning item with `encrypted_content`, and every later request carries the earlier
+/// reasoning items back in its `input`, unchanged, with `store: false` (Sluice keeps the
+/// conversation; the provider keeps nothing).
+#[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "two agent turns on two kinds, then every request's history checked in order"
+)]
+fn codex_keeps_its_reasoning_items_across_turns_on_a_responses_route() {
+    const THOUGHT: &str = "I should run the command before answering.";
+    let codex = npm_bin("codex");
+    for (kind, make) in [
+        ("openai-responses", battery::openai_responses_rig as MakeRig),
+        ("azure-responses", battery::azure_responses_rig),
+    ] {
+        let rig = make();
+        let mut behavior = rig.base.clone();
+        behavior["tool_loop"] = json!(true);
+        behavior["reasoning"] = json!(THOUGHT);
+        rig.mock.set_behavior(&behavior.to_string());
+        rig.mock.reset();
+        let work = TempDir::new("codex-work");
+        let home = TempDir::new("codex-home");
+        let run = |args: &[&str]| {
+            let mut all: Vec<String> = vec!["exec".into()];
+            all.extend(args.iter().map(|a| (*a).to_string()));
+            run_isolated(
+                &rig.sluice,
+                work.path(),
+                &codex,
+                &all,
+                &[
+                    ("CODEX_HOME", home.path().display().to_string()),
+                    ("SLUICE_KEY", KEY.into()),
+                ],
+                &[(home.path().join("config.toml"), codex_config())],
+            )
+        };
+        let common = [
+            "--skip-git-repo-check",
+            "--disable",
+            "plugins",
+            "--color",
+            "never",
+        ];
+        let mut first: Vec<&str> = common.to_vec();
+        first.push(PROMPT);
+        let turn1 = run(&first);
+        assert!(
+            turn1.status.is_some_and(|s| s.success()) && printed_marker(&turn1.stdout),
+            "{kind}: turn 1: {}",
+            turn1.describe()
+        );
+        // `--color` is `codex exec`'s own, before its `resume` subcommand.
+        let second = [
+            "--color",
+            "never",
+            "resume",
+            "--last",
+            "--skip-git-repo-check",
+            "--disable",
+            "plugins",
+            "Say it once more.",
+        ];
+        let turn2 = run(&second);
+        assert!(
+            turn2.status.is_some_and(|s| s.success()),
+            "{kind}: turn 2: {}",
+            turn2.describe()
+        );
+        assert!(turn1.trapped.is_empty() && turn2.trapped.is_empty());
+
+        let calls = rig.model_calls();
+        assert!(
+            calls.len() >= 3,
+            "{kind}: {} model calls: {calls:?}",
+            calls.len()
+        );
+        for c in &calls {
+            let body: serde_json::Value =
+                serde_json::from_str(c["body"].as_str().unwrap_or_default()).unwrap_or_default();
+            assert_eq!(body["store"], false, "{kind}: the provider keeps nothing");
+            assert!(body.get("previous_response_id").is_none(), "{kind}");
+            assert!(
+                body["include"]
+                    .as_array()
+                    .is_some_and(|i| i.contains(&json!("reasoning.encrypted_content"))),
+                "{kind}: {body}"
+            );
+        }
+        // The first call has no history; every later one carries each earlier answer's
+        // reasoning item back, in order, its encrypted content as the mock wrote it.
+        assert!(reasoning_items(&calls[0]).is_empty(), "{kind}");
+        let mut seen: Vec<String> = Vec::new();
+        for (n, c) in calls.iter().enumerate().skip(1) {
+            let items = reasoning_items(c);
+            let sigs: Vec<String> = items.iter().map(|(s, _)| s.clone()).collect();
+            assert!(
+                sigs.len() >= n.min(2) && sigs.starts_with(&seen),
+                "{kind}: call {n} carries the earlier reasoning {seen:?}, got {sigs:?}"
+            );
+            for (sig, text) in &items {
+                assert!(sig.starts_with("mock-signature-resp_mock"), "{kind}: {sig}");
+                assert_eq!(text.trim(), THOUGHT, "{kind}");
+            }
+            seen = sigs;
+        }
+        let distinct: std::collections::BTreeSet<&String> = seen.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            seen.len(),
+            "{kind}: one item per answer: {seen:?}"
+        );
+    }
 }
 
 /// The text the mock answers the SDKs' requests with.

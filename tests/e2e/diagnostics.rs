@@ -29,7 +29,9 @@ fn a_request_refused_while_decoding_is_logged_with_its_dialect_model_reason_and_
         (
             "diag-responses",
             "/v1/responses",
-            r#"{"model":"acme/chat","input":[{"type":"message","role":"user","content":7}]}"#,
+            // `input` neither a string nor a list: refused at parse (a malformed item is the
+            // translation's to refuse, on a route that translates: one attempt).
+            r#"{"model":"acme/chat","input":7}"#,
             "responses",
             "input",
         ),

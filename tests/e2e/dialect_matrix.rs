@@ -1,7 +1,8 @@
 //! The translation matrix over loopback: {Chat Completions, Messages, Responses} clients ×
-//! {openai, anthropic} providers × {stream, non-stream} × {plain text, tool calls (after
-//! text, and alone), image input, reasoning, upstream error}, 72 cells, one table-driven
-//! loop against one Sluice and one mock upstream.
+//! {openai (Chat Completions), anthropic, openai with `api: responses`, azure_openai with
+//! `api: responses`} routes × {stream, non-stream} × {plain text, tool calls (after text,
+//! and alone), image input, reasoning, upstream error}, 144 cells, one table-driven loop
+//! against one Sluice and one mock upstream.
 //!
 //! The mock answers each provider's wire format byte for byte (tool calls as OpenAI
 //! `tool_calls` deltas / Anthropic `input_json_delta` fragments, reasoning as
@@ -43,12 +44,33 @@ const PREV_RESULT: &str = "18°C and sunny";
 const PREV_THOUGHT: &str = "They greet me.";
 const PREV_SIGNATURE: &str = "sig-prev-turn";
 
-fn config(base_url: &str) -> String {
+fn config(base_url: &str, root_url: &str) -> String {
     let health =
         "    health: {degraded_after_failures: 100000, unhealthy_after_failures: 100000}\n";
     format!(
-        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-provider-secret-oa\n    health_check: {{enabled: false}}\n{health}  claude:\n    kind: anthropic\n    base_url: {base_url}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\n{health}models:\n  acme/gpt:\n    routes:\n      - provider: oa\n        upstream_model: gpt-mock-1\n  acme/claude:\n    default_max_tokens: 4096\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n"
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  oa:\n    kind: openai\n    base_url: {base_url}\n    api_key: sk-provider-secret-oa\n    health_check: {{enabled: false}}\n{health}  claude:\n    kind: anthropic\n    base_url: {base_url}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\n{health}  az:\n    kind: azure_openai\n    base_url: {root_url}\n    api_version: \"2024-10-21\"\n    api_key: az-provider-secret\n    health_check: {{enabled: false}}\n{health}models:\n  acme/gpt:\n    routes:\n      - provider: oa\n        upstream_model: gpt-mock-1\n  acme/claude:\n    default_max_tokens: 4096\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n  acme/gpt-resp:\n    routes:\n      - provider: oa\n        upstream_model: gpt-mock-1\n        api: responses\n  acme/az-resp:\n    routes:\n      - provider: az\n        upstream_model: az-mock-1\n        api: responses\n"
     )
+}
+
+/// The upstream dialect of a matrix column.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Up {
+    /// OpenAI Chat Completions (`acme/gpt`).
+    Chat,
+    /// Anthropic Messages (`acme/claude`).
+    Messages,
+    /// OpenAI Responses, on OpenAI (`acme/gpt-resp`) and on Azure OpenAI (`acme/az-resp`).
+    Responses,
+}
+
+impl Up {
+    fn of(model: &str) -> Up {
+        match model {
+            "acme/claude" => Up::Messages,
+            "acme/gpt-resp" | "acme/az-resp" => Up::Responses,
+            _ => Up::Chat,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -915,10 +937,101 @@ fn check_upstream(cell: &str, scenario: Scenario, client: Client, anthropic: boo
     }
 }
 
+/// Checks what a Responses provider received for the input-side cells: the conversation as
+/// `input` items, reasoning given back as a `reasoning` item with its `encrypted_content`,
+/// `store: false` and encrypted reasoning asked for.
+fn check_upstream_responses(cell: &str, scenario: Scenario, client: Client, sent: &Value) {
+    let items = sent["input"].as_array().cloned().unwrap_or_default();
+    assert_eq!(sent["store"], false, "{cell}: {sent}");
+    let of_type = |ty: &str| -> Vec<Value> {
+        items
+            .iter()
+            .filter(|i| i["type"] == ty || (ty == "message" && i["role"].is_string()))
+            .cloned()
+            .collect()
+    };
+    match scenario {
+        Scenario::Image => {
+            let last = items.last().expect("an item");
+            let ps = parts(last);
+            let urls: Vec<String> = ps
+                .iter()
+                .filter(|p| p["type"] == "input_image")
+                .map(|p| s(&p["image_url"]))
+                .collect();
+            assert_eq!(
+                urls,
+                vec![
+                    format!("data:image/png;base64,{PNG_B64}"),
+                    IMAGE_URL.to_string()
+                ],
+                "{cell}: {sent}"
+            );
+            assert!(
+                ps.iter()
+                    .any(|p| p["type"] == "input_text" && p["text"] == "what is this?"),
+                "{cell}: {sent}"
+            );
+        }
+        Scenario::Tool | Scenario::ToolOnly => {
+            let tool = &sent["tools"][0];
+            assert_eq!(tool["type"], "function", "{cell}: {sent}");
+            assert_eq!(tool["name"], "get_weather", "{cell}: {sent}");
+            assert_eq!(
+                tool["parameters"]["required"],
+                json!(["city"]),
+                "{cell}: {sent}"
+            );
+            assert_eq!(sent["tool_choice"], "auto", "{cell}: {sent}");
+            let call = of_type("function_call")
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| panic!("{cell}: no function_call item: {sent}"));
+            assert_eq!(call["call_id"], PREV_CALL, "{cell}");
+            assert_eq!(call["name"], "get_weather", "{cell}");
+            let args: Value = serde_json::from_str(&s(&call["arguments"]))
+                .unwrap_or_else(|e| panic!("{cell}: arguments not JSON ({e}): {sent}"));
+            assert_eq!(args, json!({"city": "Paris"}), "{cell}");
+            let result = of_type("function_call_output")
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| panic!("{cell}: no function_call_output: {sent}"));
+            assert_eq!(result["call_id"], PREV_CALL, "{cell}");
+            assert_eq!(text_of(&result["output"]), PREV_RESULT, "{cell}: {sent}");
+            let last = items.last().expect("an item");
+            assert_eq!(last["role"], "user", "{cell}: {sent}");
+            assert!(
+                last.to_string().contains("and Zürich, and the time?"),
+                "{cell}: {sent}"
+            );
+        }
+        Scenario::Reasoning => {
+            assert_eq!(sent["reasoning"]["effort"], "low", "{cell}: {sent}");
+            assert!(
+                sent["include"]
+                    .as_array()
+                    .is_some_and(|i| i.contains(&json!("reasoning.encrypted_content"))),
+                "{cell}: {sent}"
+            );
+            if client != Client::Chat {
+                // The earlier turn's reasoning goes back with its encrypted content.
+                let r = of_type("reasoning")
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| panic!("{cell}: no reasoning item: {sent}"));
+                assert_eq!(r["encrypted_content"], PREV_SIGNATURE, "{cell}: {sent}");
+                assert_eq!(r["summary"][0]["text"], PREV_THOUGHT, "{cell}: {sent}");
+                assert!(sent.to_string().contains("Hi!"), "{cell}: {sent}");
+            }
+        }
+        Scenario::Text | Scenario::Error => {}
+    }
+}
+
 #[test]
 fn every_cell_of_the_translation_matrix() {
     let mock = Mock::start("{}");
-    let sluice = Sluice::start(&config(&mock.base_url()));
+    let sluice = Sluice::start(&config(&mock.base_url(), &format!("http://{}", mock.addr)));
     let mut failures = Vec::new();
     let mut cells = 0;
     for scenario in [
@@ -932,16 +1045,15 @@ fn every_cell_of_the_translation_matrix() {
         for stream in [false, true] {
             mock.set_behavior(&behavior(scenario, stream));
             for client in [Client::Chat, Client::Messages, Client::Responses] {
-                for model in ["acme/gpt", "acme/claude"] {
+                for model in ["acme/gpt", "acme/claude", "acme/gpt-resp", "acme/az-resp"] {
                     cells += 1;
                     let cell = format!("{scenario:?} {client:?}->{model} stream={stream}");
                     mock.reset();
                     let body = client.body(scenario, model, stream);
-                    let anthropic = model == "acme/claude";
+                    let up = Up::of(model);
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         check_cell(
-                            &sluice, &mock, &cell, scenario, client, anthropic, model, stream,
-                            &body,
+                            &sluice, &mock, &cell, scenario, client, up, model, stream, &body,
                         )
                     }));
                     if let Err(e) = result {
@@ -952,7 +1064,7 @@ fn every_cell_of_the_translation_matrix() {
             }
         }
     }
-    assert_eq!(cells, 72);
+    assert_eq!(cells, 144);
     assert!(
         failures.is_empty(),
         "{} of {cells} cells failed:\n{}",
@@ -972,11 +1084,12 @@ fn check_cell(
     cell: &str,
     scenario: Scenario,
     client: Client,
-    anthropic: bool,
+    up: Up,
     model: &str,
     stream: bool,
     body: &Value,
 ) {
+    let anthropic = up == Up::Messages;
     let (status, raw, seen) = run_cell(sluice, client, body, stream);
     assert!(
         !raw.contains(ANSWERED),
@@ -994,20 +1107,35 @@ fn check_cell(
     let path = s(&rec["path"]);
     let sent: Value = serde_json::from_str(rec["body"].as_str().expect("body copy"))
         .unwrap_or_else(|e| panic!("{cell}: upstream body not JSON: {e}"));
-    if anthropic {
-        assert!(path.ends_with("/v1/messages"), "{cell}: {path}");
-        assert_eq!(sent["model"], "claude-mock-1", "{cell}");
-        assert!(sent["max_tokens"].as_u64().is_some(), "{cell}: {sent}");
-    } else {
-        assert!(path.ends_with("/v1/chat/completions"), "{cell}: {path}");
-        assert_eq!(sent["model"], "gpt-mock-1", "{cell}");
+    match up {
+        Up::Messages => {
+            assert!(path.ends_with("/v1/messages"), "{cell}: {path}");
+            assert_eq!(sent["model"], "claude-mock-1", "{cell}");
+            assert!(sent["max_tokens"].as_u64().is_some(), "{cell}: {sent}");
+        }
+        Up::Chat => {
+            assert!(path.ends_with("/v1/chat/completions"), "{cell}: {path}");
+            assert_eq!(sent["model"], "gpt-mock-1", "{cell}");
+        }
+        Up::Responses if model == "acme/az-resp" => {
+            assert_eq!(path, "/openai/v1/responses", "{cell}");
+            assert_eq!(sent["model"], "az-mock-1", "{cell}");
+        }
+        Up::Responses => {
+            assert!(path.ends_with("/v1/responses"), "{cell}: {path}");
+            assert_eq!(sent["model"], "gpt-mock-1", "{cell}");
+        }
     }
     assert_eq!(
         sent["stream"].as_bool().unwrap_or(false),
         stream,
         "{cell}: {sent}"
     );
-    check_upstream(cell, scenario, client, anthropic, &sent);
+    if up == Up::Responses {
+        check_upstream_responses(cell, scenario, client, &sent);
+    } else {
+        check_upstream(cell, scenario, client, anthropic, &sent);
+    }
 
     if scenario == Scenario::Error {
         let (ty, message) = seen
@@ -1079,15 +1207,16 @@ fn check_cell(
     if scenario == Scenario::Reasoning {
         assert_eq!(seen.reasoning, REASONING, "{cell}: reasoning: {raw}");
         // OpenAI-compatible providers count reasoning tokens; OpenAI clients are told.
-        if !anthropic && client != Client::Messages {
+        if up != Up::Messages && client != Client::Messages {
             assert_eq!(
                 seen.reasoning_tokens,
                 REASONING.split_whitespace().count() as u64,
                 "{cell}: reasoning tokens: {raw}"
             );
         }
-        // Anthropic's signature travels to the clients that can carry it.
-        if anthropic && client != Client::Chat {
+        // Anthropic's signature (Responses' `encrypted_content`) travels to the clients that
+        // can carry it.
+        if up != Up::Chat && client != Client::Chat {
             assert!(
                 seen.signature.starts_with("mock-signature-"),
                 "{cell}: signature {:?}: {raw}",

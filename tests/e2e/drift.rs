@@ -1,14 +1,16 @@
 //! Drift (issue 28): provider APIs change every month, so the same dialect in and out must be
 //! a passthrough. For each same-dialect pair (Chat Completions to OpenAI and to Azure OpenAI;
-//! Messages to Anthropic, to Claude on Bedrock (InvokeModel) and to Claude on Vertex AI), a
+//! Messages to Anthropic, to Claude on Bedrock (InvokeModel) and to Claude on Vertex AI;
+//! Responses to OpenAI's and Azure OpenAI's Responses API), a
 //! property test adds random unknown members, enum values, tool types and content blocks to a
 //! valid request, and random unknown members and events to the provider's answer (the mock's
 //! `drift` knob), then checks that they reach the other side equal as JSON values, streamed
 //! and not. Only what the gateway owns may differ: `model` (the upstream model going up, the
 //! standard model coming back), the members the provider's placement rules move out of the
 //! body (Bedrock's and Vertex's `model` and `stream`, their `anthropic_version`; Bedrock's
-//! `service_tier`, which it refuses and the `x-sluice-dropped` header then names), and
-//! Chat's `stream_options` (Sluice asks for the usage chunk).
+//! `service_tier`, which it refuses and the `x-sluice-dropped` header then names),
+//! Chat's `stream_options` (Sluice asks for the usage chunk), and Responses' `store` (always
+//! `false`) and `include` (`reasoning.encrypted_content` added).
 //!
 //! Cases per pair: `PROPTEST_CASES` (default 8), each a streamed and a whole request.
 
@@ -19,13 +21,16 @@ use serde_json::{json, Map, Value};
 use crate::harness::{post_json, KEY};
 use crate::provider_battery::{self as battery, Rig, MODEL};
 
-/// The members the gateway owns in a same-dialect request body (see the module doc).
-const GATEWAY_OWNED: [&str; 5] = [
+/// The members the gateway owns in a same-dialect request body (see the module doc;
+/// Responses: `store` is `false` and `include` asks for encrypted reasoning).
+const GATEWAY_OWNED: [&str; 7] = [
     "model",
     "stream",
     "anthropic_version",
     "stream_options",
     "service_tier",
+    "store",
+    "include",
 ];
 
 /// A member name no API has: never one the gateway knows.
@@ -110,6 +115,7 @@ fn case() -> impl Strategy<Value = Case> {
 enum Dialect {
     Chat,
     Messages,
+    Responses,
 }
 
 impl Dialect {
@@ -117,6 +123,7 @@ impl Dialect {
         match self {
             Dialect::Chat => "/v1/chat/completions",
             Dialect::Messages => "/v1/messages",
+            Dialect::Responses => "/v1/responses",
         }
     }
 }
@@ -165,6 +172,21 @@ fn request(dialect: Dialect, c: &Case, stream: bool) -> Value {
             "thinking": {"type": c.enum_value},
             "service_tier": c.enum_value,
         }),
+        Dialect::Responses => json!({
+            "model": MODEL,
+            "stream": stream,
+            "instructions": "Be brief.",
+            "input": [
+                with(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "héllo"}, block]}), &c.message_member),
+            ],
+            "tools": [
+                {"type": "function", "name": "get_time", "parameters": {"type": "object"}},
+                tool
+            ],
+            "tool_choice": {"type": c.enum_value},
+            "reasoning": {"effort": c.enum_value},
+            "service_tier": c.enum_value,
+        }),
     };
     if stream && dialect == Dialect::Chat {
         body["stream_options"] = json!({"include_usage": true});
@@ -186,7 +208,7 @@ fn behavior(rig: &Rig, dialect: Dialect, c: &Case) -> String {
             match dialect {
                 // OpenAI streams are data-only.
                 Dialect::Chat => json!({"data": Value::Object(d)}),
-                Dialect::Messages => {
+                Dialect::Messages | Dialect::Responses => {
                     d.insert("type".into(), Value::from(name.as_str()));
                     json!({"event": name, "data": Value::Object(d)})
                 }
@@ -295,7 +317,7 @@ fn check(rig: &Rig, dialect: Dialect, c: &Case, stream: bool) -> Result<(), Stri
             serde_json::from_str(data).map_err(|e| format!("event data not JSON ({e}): {data}"))?;
         let is_drift = c.events.iter().any(|(n, d)| {
             let mut want = d.clone();
-            if dialect == Dialect::Messages {
+            if dialect != Dialect::Chat {
                 want.insert("type".into(), Value::from(n.as_str()));
                 name.as_deref() == Some(n.as_str()) && v == Value::Object(want)
             } else {
@@ -368,4 +390,14 @@ fn messages_to_bedrock_claude_passes_what_it_does_not_know() {
 #[test]
 fn messages_to_vertex_claude_passes_what_it_does_not_know() {
     run(battery::vertex_claude_rig(), Dialect::Messages);
+}
+
+#[test]
+fn responses_to_openai_responses_passes_what_it_does_not_know() {
+    run(battery::openai_responses_rig(), Dialect::Responses);
+}
+
+#[test]
+fn responses_to_azure_responses_passes_what_it_does_not_know() {
+    run(battery::azure_responses_rig(), Dialect::Responses);
 }

@@ -44,6 +44,8 @@ mod provider_battery;
 mod readme;
 mod redis_limits;
 mod reload;
+mod responses_spec;
+mod responses_upstream;
 mod retry;
 mod routing;
 mod sdk;

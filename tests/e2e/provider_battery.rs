@@ -75,8 +75,13 @@ pub(crate) const MODEL: &str = "acme/m";
 /// Sluice's config with one provider, `p`, given as its YAML block (indented four spaces,
 /// without the name), serving [`MODEL`] as `upstream`.
 fn config(provider: &str, upstream: &str) -> String {
+    config_with(provider, upstream, "")
+}
+
+/// [`config`] with `route_extra` added to the route's flow mapping (`, api: responses`).
+fn config_with(provider: &str, upstream: &str, route_extra: &str) -> String {
     format!(
-        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n  retry: {{max_attempts_per_route: 1}}\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p:\n{provider}    health: {{degraded_after_failures: 100000, unhealthy_after_failures: 100000}}\nmodels:\n  {MODEL}:\n    default_max_tokens: 4096\n    routes:\n      - {{provider: p, upstream_model: \"{upstream}\"}}\n"
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n  retry: {{max_attempts_per_route: 1}}\ntenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\nproviders:\n  p:\n{provider}    health: {{degraded_after_failures: 100000, unhealthy_after_failures: 100000}}\nmodels:\n  {MODEL}:\n    default_max_tokens: 4096\n    routes:\n      - {{provider: p, upstream_model: \"{upstream}\"{route_extra}}}\n"
     )
 }
 
@@ -87,10 +92,22 @@ fn keyed(
     marker: &'static str,
     upstream_model: &'static str,
 ) -> Rig {
+    keyed_route(provider, base, marker, upstream_model, "")
+}
+
+/// [`keyed`] with `route_extra` in the route (`, api: responses`).
+fn keyed_route(
+    provider: impl Fn(&str) -> String,
+    base: Value,
+    marker: &'static str,
+    upstream_model: &'static str,
+    route_extra: &str,
+) -> Rig {
     let mock = Mock::start(&base.to_string());
-    let sluice = Sluice::start(&config(
+    let sluice = Sluice::start(&config_with(
         &provider(&format!("http://{}", mock.addr)),
         upstream_model,
+        route_extra,
     ));
     Rig {
         sluice,
@@ -112,6 +129,32 @@ pub(crate) fn openai_rig() -> Rig {
         json!({}),
         "/v1/chat/completions",
         "gpt-battery-1",
+    )
+}
+
+/// OpenAI through its Responses API (`routes[].api: responses`).
+pub(crate) fn openai_responses_rig() -> Rig {
+    keyed_route(
+        |url| {
+            format!("    kind: openai\n    base_url: {url}/v1\n    api_key: sk-battery-oa\n    health_check: {{enabled: false}}\n")
+        },
+        json!({}),
+        "/v1/responses",
+        "gpt-battery-1",
+        ", api: responses",
+    )
+}
+
+/// Azure OpenAI through its v1 Responses API (`routes[].api: responses`).
+pub(crate) fn azure_responses_rig() -> Rig {
+    keyed_route(
+        |url| {
+            format!("    kind: azure_openai\n    base_url: {url}\n    api_version: \"2024-10-21\"\n    api_key: {PROVIDER_KEY}\n    health_check: {{enabled: false}}\n")
+        },
+        json!({"api_key": PROVIDER_KEY}),
+        "/openai/v1/responses",
+        "gpt4o-battery",
+        ", api: responses",
     )
 }
 
@@ -454,6 +497,8 @@ provider_battery! {
     openai => openai_rig;
     anthropic => anthropic_rig;
     azure_openai => azure_openai_rig;
+    openai_responses => openai_responses_rig;
+    azure_responses => azure_responses_rig;
     gemini => gemini_rig;
     vertex_claude => vertex_claude_rig;
     vertex_gemini => vertex_gemini_rig;

@@ -31,11 +31,14 @@ pub(crate) const AZURE_FILTER_RESULTS: &str = concat!(
     r#""violence":{"filtered":false,"severity":"safe"}}"#
 );
 
-/// Whether a request addresses Azure OpenAI (`/openai/deployments/...`, `/openai/models`;
-/// an OpenAI-compatible prefix such as `/openai/v1/...` is not Azure).
+/// Whether a request addresses Azure OpenAI (`/openai/deployments/...`, `/openai/models`,
+/// the v1 API's `/openai/v1/responses`; another path under an OpenAI-compatible prefix such
+/// as `/openai/v1/...` is not Azure).
 pub(crate) fn is_azure(req: &Request) -> bool {
     let path = req.path();
-    path.starts_with("/openai/deployments/") || path.trim_end_matches('/') == "/openai/models"
+    path.starts_with("/openai/deployments/")
+        || path.starts_with("/openai/v1/responses")
+        || path.trim_end_matches('/') == "/openai/models"
 }
 
 /// The first chunk of an Azure stream: the prompt's filter results, no choices.
@@ -83,7 +86,9 @@ pub(crate) fn azure_content_filter_error() -> String {
 /// What Azure answers before looking at the body: 404 without `api-version`, 401 without
 /// an `api-key` (or with another key than `expected_key`, when set).
 pub(crate) fn azure_gate(req: &Request, expected_key: Option<&str>) -> Option<(u16, String)> {
-    let has_version = query_param(req, "api-version").is_some_and(|v| !v.is_empty());
+    // The v1 API (`/openai/v1/...`, Responses among it) takes no `api-version`.
+    let has_version = req.path().starts_with("/openai/v1/")
+        || query_param(req, "api-version").is_some_and(|v| !v.is_empty());
     if !has_version {
         return Some((
             404,
@@ -459,6 +464,7 @@ mod tests {
             azure: false,
             bedrock: false,
             converse: false,
+            responses: false,
         };
         assert_eq!(
             gemini_finish_chunk(&m, 3),

@@ -14,6 +14,10 @@
 //!   N the `prompt_tokens` knob, else the words of `system` and every message (min 1); a
 //!   body with a member Anthropic does not take there (`max_tokens`, `stream`, …) gets its
 //!   400 `invalid_request_error`;
+//! - `POST {prefix}/responses` (and Azure OpenAI's `POST /openai/v1/responses`, `api-key`
+//!   checked) — OpenAI Responses, non-stream and SSE stream, reasoning items with
+//!   `encrypted_content`, function calls, usage with cached and reasoning tokens, a failure
+//!   mid-stream as `response.failed` ([`responses`]);
 //! - `GET {prefix}/models` — an OpenAI-style model list (health probes);
 //! - `POST /openai/deployments/{deployment}/chat/completions?api-version=...` — Azure
 //!   OpenAI: OpenAI's format with Azure's content-filter annotations; a request without
@@ -77,6 +81,7 @@ mod google;
 mod h1;
 mod record;
 mod respond;
+mod responses;
 pub mod sigv4;
 mod tool_loop;
 mod wire;

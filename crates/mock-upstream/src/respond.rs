@@ -39,6 +39,10 @@ pub(crate) enum Kind {
     Chat(Provider),
     /// Anthropic's `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// OpenAI's `POST {prefix}/responses/input_tokens`.
+    InputTokens,
+    /// OpenAI's `POST {prefix}/responses/compact`.
+    Compact,
     Models,
     NotFound,
 }
@@ -98,9 +102,15 @@ fn classify(req: &Request) -> Kind {
         Kind::Chat(Provider::Gemini)
     } else if req.method == "POST" && bedrock::invoke_method(req).is_some() {
         Kind::Chat(Provider::Anthropic)
+    } else if req.method == "POST" && path.ends_with("/responses/input_tokens") {
+        Kind::InputTokens
+    } else if req.method == "POST" && path.ends_with("/responses/compact") {
+        Kind::Compact
     } else if req.method == "POST" && path.ends_with("/messages/count_tokens") {
         Kind::CountTokens
-    } else if req.method == "POST" && path.ends_with("/chat/completions") {
+    } else if req.method == "POST"
+        && (path.ends_with("/chat/completions") || path.ends_with("/responses"))
+    {
         Kind::Chat(Provider::OpenAi)
     } else if req.method == "POST" && path.ends_with("/messages") {
         Kind::Chat(Provider::Anthropic)
@@ -230,7 +240,9 @@ pub(crate) fn prepare(
         _ => Provider::OpenAi,
     };
     let mut bad_request: Option<String> = None;
-    if let (Kind::Chat(_) | Kind::CountTokens, Err(e)) = (kind, &parsed) {
+    if let (Kind::Chat(_) | Kind::CountTokens | Kind::InputTokens | Kind::Compact, Err(e)) =
+        (kind, &parsed)
+    {
         bad_request = Some(e.clone());
     }
     if kind == Kind::CountTokens && bad_request.is_none() {
@@ -406,7 +418,11 @@ pub(crate) fn prepare(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let serial = state.next_id();
+    let responses = matches!(kind, Kind::InputTokens | Kind::Compact)
+        || (kind == Kind::Chat(Provider::OpenAi)
+            && req.path().trim_end_matches('/').ends_with("/responses"));
     let id = behavior.id.clone().unwrap_or_else(|| match provider {
+        Provider::OpenAi if responses => format!("resp_mock{serial:012}"),
         Provider::OpenAi => format!("chatcmpl-mock{serial:012}"),
         Provider::Anthropic => format!("msg_mock{serial:012}"),
         Provider::Gemini => format!("gmock{serial:012}"),
@@ -483,6 +499,7 @@ pub(crate) fn prepare(
         azure,
         bedrock: aws.is_some(),
         converse: aws.is_some() && bedrock::is_converse(req),
+        responses,
     };
 
     let tokens = if let Some(total) = behavior.total_bytes {
@@ -682,6 +699,14 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
             let body = wire::anthropic_token_count(plan.meta.prompt_tokens);
             write_answer(plan, out, close, abort, body.into_bytes()).await
         }
+        Kind::InputTokens => {
+            let body = super::responses::input_tokens(plan.meta.prompt_tokens);
+            write_answer(plan, out, close, abort, body.into_bytes()).await
+        }
+        Kind::Compact => {
+            let body = super::responses::compaction(&plan.meta);
+            write_answer(plan, out, close, abort, body.into_bytes()).await
+        }
         _ => non_stream(plan, out, close, abort).await,
     }
 }
@@ -718,6 +743,7 @@ async fn non_stream(
         sleep_ms(delay).await;
     }
     let body = match plan.meta.provider {
+        Provider::OpenAi if plan.meta.responses => super::responses::answer(&plan.meta, &text, n),
         Provider::OpenAi => wire::openai_completion(&plan.meta, &text, n),
         Provider::Anthropic if plan.meta.converse => {
             converse::answer(&plan.meta, &wire::anthropic_message(&plan.meta, &text, n))

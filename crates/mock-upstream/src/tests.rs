@@ -1149,3 +1149,61 @@ async fn prompt_cache_reports_a_repeated_prefix_as_cached_until_reset() {
 }
 mod cloud;
 mod tool_loop;
+
+#[tokio::test]
+async fn openai_responses_answers_streams_and_side_endpoints() {
+    let srv = server(Behavior::default()).await;
+    let body = json!({"model": "gpt-r", "input": "hi",
+        "mock": {"text": "a b", "reasoning": "think", "prompt_tokens": 9, "cached_tokens": 4}});
+    let v = call(&srv, "/v1/responses", &body).await.json();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["output"][0]["type"], "reasoning");
+    assert!(v["output"][0]["encrypted_content"]
+        .as_str()
+        .is_some_and(|e| e.starts_with("mock-signature-resp_mock")));
+    assert_eq!(v["output"][1]["content"][0]["text"], "a b");
+    assert_eq!(v["usage"]["input_tokens_details"]["cached_tokens"], 4);
+    assert_eq!(v["usage"]["output_tokens_details"]["reasoning_tokens"], 1);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let text = call(&srv, "/v1/responses", &streamed).await.text();
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).expect("JSON event"))
+        .collect();
+    let seqs: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence_number"].as_u64().expect("numbered"))
+        .collect();
+    assert_eq!(seqs, (0..events.len() as u64).collect::<Vec<_>>());
+    assert_eq!(events[0]["type"], "response.created");
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(last["response"]["usage"]["input_tokens"], 9);
+    assert!(!text.contains("[DONE]"), "{text}");
+
+    let n = call(
+        &srv,
+        "/v1/responses/input_tokens",
+        &json!({"model": "m", "input": "hi", "mock": {"prompt_tokens": 12}}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        n,
+        json!({"object": "response.input_tokens", "input_tokens": 12})
+    );
+    let c = call(
+        &srv,
+        "/v1/responses/compact",
+        &json!({"model": "m", "input": "hi"}),
+    )
+    .await
+    .json();
+    assert_eq!(c["object"], "response.compaction");
+    assert_eq!(c["output"][0]["type"], "compaction");
+    assert!(c["output"][0]["encrypted_content"].is_string());
+}

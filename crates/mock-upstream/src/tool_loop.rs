@@ -3,9 +3,10 @@
 //! against it through the gateway.
 //!
 //! A request is read in whichever provider dialect it is written (OpenAI Chat Completions,
-//! Anthropic Messages, Bedrock Converse, Gemini; the shapes do not overlap):
-//! - it carries a tool result (a `role: "tool"` message, a `tool_result` block, a Converse
-//!   `toolResult`, a Gemini `functionResponse`): the answer is text, [`DONE_MARKER`] followed
+//! OpenAI Responses, Anthropic Messages, Bedrock Converse, Gemini; the shapes do not
+//! overlap):
+//! - it carries a tool result (a `role: "tool"` message, a Responses `function_call_output`
+//!   item, a `tool_result` block, a Converse `toolResult`, a Gemini `functionResponse`): the answer is text, [`DONE_MARKER`] followed
 //!   by the last tool result's text (whitespace collapsed, at most [`QUOTE_CHARS`]
 //!   characters);
 //! - else it offers tools: the answer is one call of one of them, chosen by name from
@@ -132,6 +133,20 @@ fn last_tool_result(body: &Value) -> Option<String> {
             }
         }
     }
+    // OpenAI Responses: `input[]` items `function_call_output` / `custom_tool_call_output`.
+    for item in body
+        .get("input")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if matches!(
+            item.get("type").and_then(Value::as_str),
+            Some("function_call_output" | "custom_tool_call_output")
+        ) {
+            last = Some(text_of(item.get("output").unwrap_or(&Value::Null)));
+        }
+    }
     // Gemini: `contents[].parts[].functionResponse.response`.
     for c in body
         .get("contents")
@@ -212,6 +227,9 @@ fn offered_tools(body: &Value) -> Vec<Offered> {
                     .or_else(|| d.get("parametersJsonSchema"));
                 push(&mut out, d.get("name"), schema);
             }
+        } else if t.get("type").and_then(Value::as_str) == Some("function") {
+            // OpenAI Responses: {type: function, name, parameters}.
+            push(&mut out, t.get("name"), t.get("parameters"));
         } else if t.get("input_schema").is_some() {
             // Anthropic client tools (server tools such as web search have a `type` and no
             // schema).

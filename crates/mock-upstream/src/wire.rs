@@ -55,6 +55,9 @@ pub(crate) struct ReplyMeta {
     /// A Bedrock Converse request (`/model/{id}/converse...`, with `bedrock`): the answer and
     /// events in the Converse shape ([`super::converse`]).
     pub converse: bool,
+    /// An OpenAI Responses request (`{prefix}/responses`, Azure's `/openai/v1/responses`):
+    /// the answer and events in the Responses shape ([`super::responses`]).
+    pub responses: bool,
 }
 
 /// Most characters in one streamed tool-argument fragment (OpenAI `arguments`, Anthropic

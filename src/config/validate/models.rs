@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{check_price, ms, Sources, DEFAULT_MAX_TOKENS};
 use crate::config::error::ConfigError;
-use crate::config::schema::{ModelSection, RetrySection, RouteSection};
+use crate::config::schema::{ModelSection, ProviderKind, RetrySection, RouteApi, RouteSection};
 use crate::config::{Model, Provider, Route};
 
 /// A located error in the main file: `(key path, message)`.
@@ -156,6 +156,22 @@ fn build_route(
     ] {
         check_price(v).map_err(|m| sources.err(fidx, &format!("{key}.{name}"), m))?;
     }
+    if r.api == Some(RouteApi::Responses)
+        && !matches!(
+            provider.kind,
+            ProviderKind::Openai | ProviderKind::AzureOpenai
+        )
+    {
+        return Err(sources.err(
+            fidx,
+            &format!("{key}.api"),
+            format!(
+                "`responses` needs a provider of kind `openai` or `azure_openai` (provider `{}` is {:?})",
+                provider.id,
+                provider.kind
+            ),
+        ));
+    }
     Ok(Route {
         health_key: format!("{}/{}", provider.id, r.upstream_model),
         provider,
@@ -170,6 +186,7 @@ fn build_route(
         supports_prefill: r.supports_prefill,
         context_window_tokens: r.context_window_tokens.or(model_window),
         thinking: r.thinking,
+        api: r.api.unwrap_or_default(),
     })
 }
 

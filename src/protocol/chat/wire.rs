@@ -30,6 +30,7 @@ pub static FAST_PATH: FastPath = FastPath {
     terminator: b"data: [DONE]\n\n",
     keepalive: None,
     error_event: "error",
+    error_events: &[],
     error_data_prefix: Some(b"{\"error\""),
     decode_error: in_band_error,
     has_content: sse::has_content,
@@ -40,6 +41,7 @@ pub static FAST_PATH: FastPath = FastPath {
     }),
     stream_model: ModelPath::CHAT_COMPLETIONS,
     body_model: ModelPath::CHAT_COMPLETIONS,
+    forwarding: None,
 };
 
 /// The members that carry generated text in Chat Completions chunks and bodies

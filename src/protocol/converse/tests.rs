@@ -430,6 +430,7 @@ fn every_client_dialect_gets_the_converse_stream() {
         created: 1,
         include_usage: true,
         echo: Default::default(),
+        clock: || 2,
     };
     for client in [
         ClientDialect::ChatCompletions,

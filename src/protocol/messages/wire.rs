@@ -27,6 +27,7 @@ pub static FAST_PATH: FastPath = FastPath {
     terminator: b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
     keepalive: Some("ping"),
     error_event: "error",
+    error_events: &[],
     error_data_prefix: None,
     decode_error: in_band_error,
     has_content: sse::has_content_anthropic_first,
@@ -34,6 +35,7 @@ pub static FAST_PATH: FastPath = FastPath {
     requested_usage: None,
     stream_model: ModelPath::new(&["message", "model"]),
     body_model: ModelPath::new(&["model"]),
+    forwarding: None,
 };
 
 /// The members that carry generated text in Messages events and bodies (`text`,

@@ -1,6 +1,8 @@
-//! OpenAI Responses (<https://platform.openai.com/docs/api-reference/responses>),
-//! client side: the request decoder, the response
-//! encoder and (in [`stream`]) the stream encoder.
+//! OpenAI Responses (<https://platform.openai.com/docs/api-reference/responses>): on the
+//! client side the request decoder, the response encoder ([`object`]: the Response object)
+//! and (in [`stream`]) the stream encoder; on the upstream side (a route with
+//! `routes[].api: responses`) the request encoder and answer decoder ([`upstream`]) and the
+//! stream decoder ([`upstream_stream`]).
 //!
 //! Shapes: request `{"model","input": string | [item],"instructions","tools":[{"type":
 //! "function","name","description","parameters","strict"}],"tool_choice","max_output_tokens",
@@ -11,25 +13,29 @@
 //! `reasoning` (`summary`, `encrypted_content`); response `{"id":"resp_…","object":
 //! "response","created_at","status","model","output":[item],"usage":{"input_tokens",
 //! "input_tokens_details":{"cached_tokens"},"output_tokens","output_tokens_details":
-//! {"reasoning_tokens"},"total_tokens"}}`. Conversation state (`store`,
+//! {"reasoning_tokens"},"total_tokens"}}` with every other member the specification requires
+//! and the request's members echoed ([`object`]). Conversation state (`store`,
 //! `previous_response_id`, `item_reference`) is resolved before this decoder runs
 //! ([`crate::conversation`]); `conversation` (the Conversations API) is refused.
 
+pub mod object;
 pub mod stream;
+pub mod upstream;
+pub mod upstream_stream;
 mod wire;
 
 pub use wire::WIRE;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+pub use object::ResponsesEcho;
 pub use stream::StreamEncoder;
 
-use super::json::{decode_client, image_source, parse_data_url, prefixed, to_vec};
+use super::json::{decode_client, image_source, parse_data_url, to_vec};
 use super::{
     invalid, unsupported, ClientDialect, Message, OutputItem, Part, ProtocolError, Request,
-    Response, ResponseFormat, Role, Source, StopReason, Tool, ToolCall, ToolChoice, ToolOrigin,
-    Usage, WebSearch,
+    Response, ResponseFormat, Role, Source, Tool, ToolCall, ToolChoice, ToolOrigin, WebSearch,
 };
 
 #[derive(Deserialize)]
@@ -264,6 +270,10 @@ enum FormatIn {
 /// unknown members, items, parts, roles, efforts, tool choices) is dropped with a record.
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
     let v = add_message_types(body)?;
+    let echo = match &v {
+        Value::Object(members) => Some(std::sync::Arc::new(ResponsesEcho::of_request(members))),
+        _ => None,
+    };
     let bytes = serde_json::to_vec(&v).map_err(|e| invalid("body", e.to_string()))?;
     let r: RequestIn = decode_client(&bytes)?;
     // `previous_response_id` and `store` were handled before decoding
@@ -298,6 +308,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtocolError> {
         include_usage: true,
         user: r.user,
         parallel_tool_calls: r.parallel_tool_calls,
+        responses_echo: echo,
         ..Request::default()
     };
     if let Some(i) = r.instructions.filter(|i| !i.is_empty()) {
@@ -655,26 +666,6 @@ fn content_parts(
     Ok(out)
 }
 
-/// Responses `usage` JSON of canonical usage.
-pub(crate) fn usage_json(u: &Usage) -> Value {
-    json!({
-        "input_tokens": u.input_tokens,
-        "input_tokens_details": {"cached_tokens": u.cache_read_tokens},
-        "output_tokens": u.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-        "total_tokens": u.input_tokens + u.output_tokens
-    })
-}
-
-/// `status` and `incomplete_details` for a stop reason.
-pub(crate) fn status_of(stop: StopReason) -> (&'static str, Value) {
-    match stop {
-        StopReason::MaxTokens => ("incomplete", json!({"reason": "max_output_tokens"})),
-        StopReason::ContentFilter => ("incomplete", json!({"reason": "content_filter"})),
-        _ => ("completed", Value::Null),
-    }
-}
-
 /// How a tool call goes back to a Responses client: the form its request gave the tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum CallForm {
@@ -720,113 +711,59 @@ pub(crate) fn custom_input(arguments: &str) -> std::borrow::Cow<'_, str> {
 /// The one parameter of the function a Responses `custom` tool becomes.
 const CUSTOM_INPUT: &str = "input";
 
-/// One output item as Responses JSON; `n` numbers the items for their ids. A call to a
-/// custom or a namespaced tool goes back in its own form (`origins`).
-pub(crate) fn item_json_for(
-    resp_id: &str,
-    n: usize,
-    item: &OutputItem,
-    origins: &super::ToolOrigins,
-) -> Value {
-    if let OutputItem::ToolCall(c) = item {
-        match CallForm::of(origins, &c.name) {
-            CallForm::Function => {}
-            CallForm::Namespaced { namespace, name } => {
-                return json!({
-                    "id": format!("fc_{}", c.id), "type": "function_call", "status": "completed",
-                    "call_id": c.id, "name": name, "namespace": namespace,
-                    "arguments": c.arguments
-                })
-            }
-            CallForm::Custom => {
-                return json!({
-                    "id": format!("ctc_{}", c.id), "type": "custom_tool_call",
-                    "status": "completed", "call_id": c.id, "name": c.name,
-                    "input": custom_input(&c.arguments)
-                })
-            }
-        }
-    }
-    match item {
-        OutputItem::Text(t) => json!({
-            "id": format!("msg_{resp_id}_{n}"), "type": "message", "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": t, "annotations": [], "logprobs": []}]
-        }),
-        OutputItem::Reasoning { text, signature } => {
-            let summary = if text.is_empty() {
-                json!([])
-            } else {
-                json!([{"type": "summary_text", "text": text}])
+/// The items of an answer, each in the client's form.
+struct OutputOut<'a> {
+    bare: &'a str,
+    items: &'a [OutputItem],
+    origins: &'a super::ToolOrigins,
+}
+
+impl Serialize for OutputOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.items.len()))?;
+        for (n, it) in self.items.iter().enumerate() {
+            let form = match it {
+                OutputItem::ToolCall(c) => CallForm::of(self.origins, &c.name),
+                _ => CallForm::Function,
             };
-            json!({
-                "id": format!("rs_{resp_id}_{n}"), "type": "reasoning",
-                "summary": summary, "encrypted_content": signature
-            })
+            let id = object::item_id(self.bare, n, it, &form);
+            seq.serialize_element(&object::item_out(&id, it, &form, true))?;
         }
-        OutputItem::ToolCall(c) => json!({
-            "id": format!("fc_{}", c.id), "type": "function_call", "status": "completed",
-            "call_id": c.id, "name": c.name, "arguments": c.arguments
-        }),
+        seq.end()
     }
 }
 
-/// The full Responses `response` object (shared by the body and the
-/// stream's final event).
-pub(crate) fn response_json(resp: &Response, id: &str) -> Value {
-    response_json_for(resp, id, &None)
-}
-
-/// [`response_json`] with the request's tool origins ([`item_json_for`]).
-pub(crate) fn response_json_for(resp: &Response, id: &str, origins: &super::ToolOrigins) -> Value {
-    let (status, incomplete) = status_of(resp.stop_reason);
-    let bare = id.strip_prefix("resp_").unwrap_or(id);
-    let output: Vec<Value> = resp
-        .output
-        .iter()
-        .enumerate()
-        .map(|(n, it)| item_json_for(bare, n, it, origins))
-        .collect();
-    json!({
-        "id": id,
-        "object": "response",
-        "created_at": resp.created,
-        "status": status,
-        "error": null,
-        "incomplete_details": incomplete,
-        "instructions": null,
-        "max_output_tokens": null,
-        "model": resp.model,
-        "output": output,
-        "parallel_tool_calls": true,
-        "previous_response_id": null,
-        "reasoning": {"effort": null, "summary": null},
-        "store": false,
-        "temperature": null,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": null,
-        "truncation": "disabled",
-        "usage": usage_json(&resp.usage),
-        "metadata": {}
-    })
-}
-
-/// Encodes the canonical response as a Responses client body (`resp_` id,
-/// `status` `completed` or `incomplete` with `incomplete_details.reason`
-/// `max_output_tokens`; reasoning as reasoning items whose signature is
-/// `encrypted_content`; tool calls as `function_call` items).
-pub fn encode_response(resp: &Response) -> Vec<u8> {
-    encode_response_for(resp, &None)
-}
-
-/// [`encode_response`] with the request's tool origins: calls to custom tools are
-/// `custom_tool_call` items, calls to a namespace's function name it and its `namespace`.
-pub fn encode_response_for(resp: &Response, origins: &super::ToolOrigins) -> Vec<u8> {
-    to_vec(&response_json_for(
-        resp,
-        &prefixed("resp_", &resp.id),
-        origins,
+/// Encodes the canonical response as a Responses client body: the Response object (see
+/// [`object`]) with a fresh `resp_` id, `status` `completed` or `incomplete` with
+/// `incomplete_details.reason` `max_output_tokens`, the request's members echoed;
+/// reasoning as reasoning items whose signature is `encrypted_content`; tool calls as
+/// `function_call` items (a custom tool's as `custom_tool_call`, a namespace's function
+/// with its `namespace`).
+pub fn encode_response_for(resp: &Response, echo: &super::ClientEcho) -> Vec<u8> {
+    let members = object::echo_or_default(&echo.responses);
+    let bare = members.id().strip_prefix("resp_").unwrap_or(members.id());
+    let parts = object::ObjectParts {
+        model: &resp.model,
+        created_at: resp.created,
+        stop: resp.stop_reason,
+        usage: &resp.usage,
+        echo: &members,
+        error: None,
+        // The whole answer arrived when it was decoded (`resp.created`).
+        completed_at: resp.created,
+    };
+    to_vec(&parts.object(
+        object::Phase::Done,
+        OutputOut {
+            bare,
+            items: &resp.output,
+            origins: &echo.tool_origins,
+        },
     ))
+}
+
+/// [`encode_response_for`] without a request to echo (the API's defaults).
+pub fn encode_response(resp: &Response) -> Vec<u8> {
+    encode_response_for(resp, &super::ClientEcho::default())
 }

@@ -15,14 +15,16 @@ use bytes::BytesMut;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::super::json::{
-    error_event, openai_type, prefixed, push_sse_head, push_str, push_u64, write_sse,
-};
+use super::super::json::{error_event, openai_type, push_sse_head, push_str, push_u64, write_sse};
 use super::super::{
-    ClientDialect, ErrorKind, OutputItem, ProtocolError, Response, StopReason, StreamEvent,
-    StreamOptions, ToolCall, Usage,
+    ClientDialect, ErrorKind, OutputItem, ProtocolError, StopReason, StreamEvent, StreamOptions,
+    ToolCall, Usage,
 };
-use super::{response_json, CallForm};
+use super::object::{
+    echo_or_default, item_id, item_out, ErrorOut, ItemOut, ObjectParts, Phase, ResponseObject,
+    ResponsesEcho, SummaryPartOut, TextPartOut,
+};
+use super::CallForm;
 
 /// Appends one per-token delta event, byte for byte what serde_json writes
 /// for `{"type":name,"sequence_number":seq,"item_id":…,"output_index":n,
@@ -57,148 +59,8 @@ fn write_delta(
 
 // ---------------------------------------------------------------- typed output
 //
-// The structural events (item added/done, parts, the response snapshots) as
-// borrowed `Serialize` structs: no `serde_json::Value` tree (tens of
-// allocations per event). Their fields are in sorted key order, so the bytes
-// are exactly what the `Value`-based builders of `super` write (serde_json's
-// map sorts its keys).
-
-/// `[]` or `[t]`.
-struct OneOrNone<T>(Option<T>);
-
-impl<T: Serialize> Serialize for OneOrNone<T> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter())
-    }
-}
-
-#[derive(Serialize)]
-struct Empty {}
-
-#[derive(Serialize)]
-struct ItemTextPartOut<'a> {
-    annotations: [(); 0],
-    logprobs: [(); 0],
-    text: &'a str,
-    #[serde(rename = "type")]
-    ty: &'static str,
-}
-
-#[derive(Serialize)]
-struct PartOut<'a> {
-    annotations: [(); 0],
-    text: &'a str,
-    #[serde(rename = "type")]
-    ty: &'static str,
-}
-
-#[derive(Serialize)]
-struct SummaryPartOut<'a> {
-    text: &'a str,
-    #[serde(rename = "type")]
-    ty: &'static str,
-}
-
-/// An output item as `super::item_json` writes it (`done`) or as
-/// `response.output_item.added` announces it (in progress, no content yet).
-#[derive(Serialize)]
-#[serde(untagged)]
-enum ItemOut<'a> {
-    Message {
-        content: OneOrNone<ItemTextPartOut<'a>>,
-        id: &'a str,
-        role: &'static str,
-        status: &'static str,
-        #[serde(rename = "type")]
-        ty: &'static str,
-    },
-    Reasoning {
-        encrypted_content: Option<&'a str>,
-        id: &'a str,
-        summary: OneOrNone<SummaryPartOut<'a>>,
-        #[serde(rename = "type")]
-        ty: &'static str,
-    },
-    Call {
-        arguments: &'a str,
-        call_id: &'a str,
-        id: &'a str,
-        name: &'a str,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        namespace: Option<&'a str>,
-        status: &'static str,
-        #[serde(rename = "type")]
-        ty: &'static str,
-    },
-    Custom {
-        call_id: &'a str,
-        id: &'a str,
-        input: std::borrow::Cow<'a, str>,
-        name: &'a str,
-        status: &'static str,
-        #[serde(rename = "type")]
-        ty: &'static str,
-    },
-}
-
-fn item_out<'a>(id: &'a str, item: &'a OutputItem, form: &'a CallForm, done: bool) -> ItemOut<'a> {
-    let status = if done { "completed" } else { "in_progress" };
-    match item {
-        OutputItem::Text(t) => ItemOut::Message {
-            content: OneOrNone(done.then_some(ItemTextPartOut {
-                annotations: [],
-                logprobs: [],
-                text: t,
-                ty: "output_text",
-            })),
-            id,
-            role: "assistant",
-            status,
-            ty: "message",
-        },
-        OutputItem::Reasoning { text, signature } => ItemOut::Reasoning {
-            encrypted_content: signature.as_deref(),
-            id,
-            summary: OneOrNone((done && !text.is_empty()).then_some(SummaryPartOut {
-                text,
-                ty: "summary_text",
-            })),
-            ty: "reasoning",
-        },
-        OutputItem::ToolCall(c) => match form {
-            CallForm::Custom => ItemOut::Custom {
-                call_id: &c.id,
-                id,
-                input: if done {
-                    super::custom_input(&c.arguments)
-                } else {
-                    "".into()
-                },
-                name: &c.name,
-                status,
-                ty: "custom_tool_call",
-            },
-            CallForm::Function => ItemOut::Call {
-                arguments: &c.arguments,
-                call_id: &c.id,
-                id,
-                name: &c.name,
-                namespace: None,
-                status,
-                ty: "function_call",
-            },
-            CallForm::Namespaced { namespace, name } => ItemOut::Call {
-                arguments: &c.arguments,
-                call_id: &c.id,
-                id,
-                name,
-                namespace: Some(namespace),
-                status,
-                ty: "function_call",
-            },
-        },
-    }
-}
+// The structural events (item added/done, parts, the response snapshots) as borrowed
+// `Serialize` structs: no `serde_json::Value` tree (tens of allocations per event).
 
 #[derive(Serialize)]
 struct ItemEventOut<'a> {
@@ -214,7 +76,7 @@ struct ContentPartEventOut<'a> {
     content_index: u32,
     item_id: &'a str,
     output_index: usize,
-    part: PartOut<'a>,
+    part: TextPartOut<'a>,
     sequence_number: u64,
     #[serde(rename = "type")]
     ty: &'static str,
@@ -278,76 +140,8 @@ impl Serialize for ItemsOut<'_> {
 }
 
 #[derive(Serialize)]
-struct ReasonOut {
-    reason: &'static str,
-}
-
-#[derive(Serialize)]
-struct ReasoningCfgOut {
-    effort: (),
-    summary: (),
-}
-
-#[derive(Serialize)]
-struct FormatOut {
-    #[serde(rename = "type")]
-    ty: &'static str,
-}
-
-#[derive(Serialize)]
-struct TextCfgOut {
-    format: FormatOut,
-}
-
-#[derive(Serialize)]
-struct CachedOut {
-    cached_tokens: u64,
-}
-
-#[derive(Serialize)]
-struct ReasoningTokensOut {
-    reasoning_tokens: u64,
-}
-
-#[derive(Serialize)]
-struct UsageOut {
-    input_tokens: u64,
-    input_tokens_details: CachedOut,
-    output_tokens: u64,
-    output_tokens_details: ReasoningTokensOut,
-    total_tokens: u64,
-}
-
-/// `super::response_json` of the streamed response, typed.
-#[derive(Serialize)]
-struct ResponseOut<'a> {
-    created_at: u64,
-    error: (),
-    id: &'a str,
-    incomplete_details: Option<ReasonOut>,
-    instructions: (),
-    max_output_tokens: (),
-    metadata: Empty,
-    model: &'a str,
-    object: &'static str,
-    output: ItemsOut<'a>,
-    parallel_tool_calls: bool,
-    previous_response_id: (),
-    reasoning: ReasoningCfgOut,
-    status: &'static str,
-    store: bool,
-    temperature: (),
-    text: TextCfgOut,
-    tool_choice: &'static str,
-    tools: [(); 0],
-    top_p: (),
-    truncation: &'static str,
-    usage: Option<UsageOut>,
-}
-
-#[derive(Serialize)]
 struct ResponseEventOut<'a> {
-    response: ResponseOut<'a>,
+    response: ResponseObject<'a, ItemsOut<'a>>,
     sequence_number: u64,
     #[serde(rename = "type")]
     ty: &'static str,
@@ -371,7 +165,6 @@ struct Item {
 /// `.done` events and `response.completed` repeat them in full).
 #[derive(Debug)]
 pub struct StreamEncoder {
-    id: String,
     model: String,
     created: u64,
     seq: u64,
@@ -384,6 +177,10 @@ pub struct StreamEncoder {
     finished: bool,
     /// The client's tool forms.
     origins: crate::protocol::ToolOrigins,
+    /// The request members the Response object echoes.
+    echo: std::sync::Arc<ResponsesEcho>,
+    /// The wall clock (`completed_at`).
+    clock: fn() -> u64,
 }
 
 impl StreamEncoder {
@@ -391,7 +188,6 @@ impl StreamEncoder {
     /// `response.model`, `opts.created` as `created_at`).
     pub fn new(opts: &StreamOptions) -> Self {
         StreamEncoder {
-            id: String::from("resp_sluice"),
             model: opts.model.clone(),
             created: opts.created,
             seq: 0,
@@ -402,6 +198,11 @@ impl StreamEncoder {
             started: false,
             finished: false,
             origins: opts.echo.tool_origins.clone(),
+            clock: opts.clock,
+            echo: match &opts.echo.responses {
+                Some(e) => e.clone(),
+                None => std::sync::Arc::new(echo_or_default(&None).into_owned()),
+            },
         }
     }
 
@@ -421,107 +222,46 @@ impl StreamEncoder {
         s
     }
 
-    fn emit(&mut self, name: &'static str, mut v: Value, out: &mut BytesMut) {
-        if let Value::Object(o) = &mut v {
-            o.insert("type".into(), name.into());
-            o.insert("sequence_number".into(), self.next_seq().into());
-        }
-        write_sse(out, name, &v);
-    }
-
     fn bare_id(&self) -> &str {
-        self.id.strip_prefix("resp_").unwrap_or(&self.id)
+        let id = self.echo.id();
+        id.strip_prefix("resp_").unwrap_or(id)
     }
 
-    /// The response as `response.created`/`in_progress` (`final` false: no
-    /// output, no usage) or the final event carries it.
-    fn response_out(&self, final_: bool) -> ResponseOut<'_> {
-        let incomplete_details = match self.stop {
-            StopReason::MaxTokens => Some(ReasonOut {
-                reason: "max_output_tokens",
-            }),
-            StopReason::ContentFilter => Some(ReasonOut {
-                reason: "content_filter",
-            }),
-            _ => None,
-        };
-        let status = if !final_ {
-            "in_progress"
-        } else if incomplete_details.is_some() {
-            "incomplete"
-        } else {
-            "completed"
-        };
-        let u = self.usage;
-        ResponseOut {
-            created_at: self.created,
-            error: (),
-            id: &self.id,
-            incomplete_details,
-            instructions: (),
-            max_output_tokens: (),
-            metadata: Empty {},
+    /// The parts of the Response object (`error`: a failed stream's).
+    fn parts<'a>(&'a self, error: Option<ErrorOut<'a>>) -> ObjectParts<'a> {
+        ObjectParts {
             model: &self.model,
-            object: "response",
-            output: ItemsOut(if final_ { &self.items } else { &[] }),
-            parallel_tool_calls: true,
-            previous_response_id: (),
-            reasoning: ReasoningCfgOut {
-                effort: (),
-                summary: (),
-            },
-            status,
-            store: false,
-            temperature: (),
-            text: TextCfgOut {
-                format: FormatOut { ty: "text" },
-            },
-            tool_choice: "auto",
-            tools: [],
-            top_p: (),
-            truncation: "disabled",
-            usage: final_.then_some(UsageOut {
-                input_tokens: u.input_tokens,
-                input_tokens_details: CachedOut {
-                    cached_tokens: u.cache_read_tokens,
-                },
-                output_tokens: u.output_tokens,
-                output_tokens_details: ReasoningTokensOut {
-                    reasoning_tokens: u.reasoning_tokens,
-                },
-                total_tokens: u.input_tokens + u.output_tokens,
-            }),
+            created_at: self.created,
+            stop: self.stop,
+            usage: &self.usage,
+            echo: &self.echo,
+            error,
+            completed_at: (self.clock)().max(self.created),
         }
     }
 
-    fn write_response_event(&mut self, name: &'static str, final_: bool, out: &mut BytesMut) {
+    /// Writes a `response.*` event carrying the Response object in `phase` (in progress:
+    /// no output, no usage).
+    fn write_response_event(
+        &mut self,
+        name: &'static str,
+        phase: Phase,
+        error: Option<(&str, &str)>,
+        out: &mut BytesMut,
+    ) {
         let sequence_number = self.next_seq();
+        let error = error.map(|(code, message)| ErrorOut { code, message });
+        let items: &[Item] = if phase == Phase::InProgress {
+            &[]
+        } else {
+            &self.items
+        };
         let ev = ResponseEventOut {
-            response: self.response_out(final_),
+            response: self.parts(error).object(phase, ItemsOut(items)),
             sequence_number,
             ty: name,
         };
         write_sse(out, name, &ev);
-    }
-
-    /// The `Value` snapshot, for the (rare) `response.failed` event.
-    fn snapshot(&self, status: &str) -> Value {
-        let resp = Response {
-            id: String::new(),
-            created: self.created,
-            model: self.model.clone(),
-            output: self.items.iter().map(|i| i.item.clone()).collect(),
-            stop_reason: self.stop,
-            stop_sequence: None,
-            usage: self.usage,
-        };
-        let mut v = response_json(&resp, &self.id);
-        if status != "final" {
-            v["status"] = status.into();
-            v["usage"] = Value::Null;
-            v["output"] = json!([]);
-        }
-        v
     }
 
     /// Appends the client events for `ev` to `out`.
@@ -543,14 +283,11 @@ impl StreamEncoder {
         }
         if !self.started {
             self.started = true;
-            if let StreamEvent::Start { id, usage, .. } = ev {
-                if !id.is_empty() {
-                    self.id = prefixed("resp_", id);
-                }
+            if let StreamEvent::Start { usage, .. } = ev {
                 self.usage = *usage;
             }
-            self.write_response_event("response.created", false, out);
-            self.write_response_event("response.in_progress", false, out);
+            self.write_response_event("response.created", Phase::InProgress, None, out);
+            self.write_response_event("response.in_progress", Phase::InProgress, None, out);
         }
         match ev {
             StreamEvent::Start { .. } => {}
@@ -650,7 +387,7 @@ impl StreamEncoder {
                     StopReason::MaxTokens | StopReason::ContentFilter => "response.incomplete",
                     _ => "response.completed",
                 };
-                self.write_response_event(name, true, out);
+                self.write_response_event(name, Phase::Done, None, out);
             }
         }
         Ok(())
@@ -664,11 +401,12 @@ impl StreamEncoder {
         self.finished = true;
         let seq = self.next_seq();
         error_event(ClientDialect::Responses, kind, message, seq, out);
-        let mut r = self.snapshot("final");
-        r["status"] = "failed".into();
-        r["incomplete_details"] = Value::Null;
-        r["error"] = json!({"code": openai_type(kind), "message": message});
-        self.emit("response.failed", json!({ "response": r }), out);
+        self.write_response_event(
+            "response.failed",
+            Phase::Failed,
+            Some((openai_type(kind), message)),
+            out,
+        );
     }
 
     fn current(&self) -> Option<&OutputItem> {
@@ -695,15 +433,11 @@ impl StreamEncoder {
     fn open_item(&mut self, item: OutputItem, tool_index: Option<u32>, out: &mut BytesMut) {
         self.close_item(out);
         let n = self.items.len();
-        let id = match &item {
-            OutputItem::Text(_) => format!("msg_{}_{n}", self.bare_id()),
-            OutputItem::Reasoning { .. } => format!("rs_{}_{n}", self.bare_id()),
-            OutputItem::ToolCall(c) => format!("fc_{}", c.id),
-        };
         let form = match &item {
             OutputItem::ToolCall(c) => CallForm::of(&self.origins, &c.name),
             _ => CallForm::Function,
         };
+        let id = item_id(self.bare_id(), n, &item, &form);
         let name = "response.output_item.added";
         let sequence_number = self.next_seq();
         write_sse(
@@ -727,11 +461,7 @@ impl StreamEncoder {
                         content_index: 0,
                         item_id: &id,
                         output_index: n,
-                        part: PartOut {
-                            annotations: [],
-                            text: "",
-                            ty: "output_text",
-                        },
+                        part: TextPartOut::new(""),
                         sequence_number,
                         ty: name,
                     },
@@ -807,11 +537,7 @@ impl StreamEncoder {
                         content_index: 0,
                         item_id: id,
                         output_index: n,
-                        part: PartOut {
-                            annotations: [],
-                            text: t,
-                            ty: "output_text",
-                        },
+                        part: TextPartOut::new(t),
                         sequence_number: next(),
                         ty: name,
                     },

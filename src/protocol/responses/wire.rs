@@ -1,6 +1,6 @@
-//! Owns what a client of OpenAI Responses gets from Sluice itself ([`WIRE`]). No provider
-//! is reached through Responses, so it has no same-dialect fast path: every answer is
-//! translated.
+//! Owns what a client of OpenAI Responses gets from Sluice itself ([`WIRE`]). A route that
+//! speaks Responses (`routes[].api: responses`) is reached by the same-dialect fast path
+//! ([`super::upstream::FAST_PATH`]).
 
 use crate::protocol::wire::{ClientWire, GatewayErrorBody};
 use crate::sse;
@@ -13,5 +13,5 @@ pub static WIRE: ClientWire = ClientWire {
     gateway_error_body: GatewayErrorBody::OpenAiForBudget,
     openai_error_frame: false,
     keeps_529: false,
-    fast_path: None,
+    fast_path: Some(&super::upstream::FAST_PATH),
 };

@@ -1,6 +1,6 @@
 //! The dialect matrix of issue 28's mappings: every client dialect × every translated
 //! upstream dialect (Chat Completions, Messages in both Claude thinking forms, Gemini 2.5
-//! and 3, Converse toward Claude), for every effort level, a system message in the middle
+//! and 3, Converse toward Claude, Responses), for every effort level, a system message in the middle
 //! of the history, Responses namespace tools and hosted web search. The expected upstream
 //! values are written out by hand per cell; same-dialect pairs are passthrough and skipped.
 
@@ -24,7 +24,7 @@ struct Target {
     model: &'static str,
 }
 
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 7] = [
     Target {
         dialect: UpstreamDialect::ChatCompletions,
         model: "gpt-5",
@@ -48,6 +48,10 @@ const TARGETS: [Target; 6] = [
     Target {
         dialect: UpstreamDialect::Converse,
         model: "anthropic.claude-opus-4-7",
+    },
+    Target {
+        dialect: UpstreamDialect::Responses,
+        model: "gpt-5",
     },
 ];
 
@@ -99,6 +103,9 @@ fn expected_effort(t: Target, effort: &str) -> Value {
         (UpstreamDialect::ChatCompletions, _) => {
             json!(if effort == "max" { "xhigh" } else { effort })
         }
+        (UpstreamDialect::Responses, _) => {
+            json!({"effort": if effort == "max" { "xhigh" } else { effort }})
+        }
         (UpstreamDialect::Messages, "claude-sonnet-4-5") => {
             json!({"thinking": {"type": "enabled", "budget_tokens": budget}})
         }
@@ -131,6 +138,7 @@ fn effort_of(t: Target, got: &Value) -> Value {
         }
         UpstreamDialect::Gemini => got["generationConfig"]["thinkingConfig"].clone(),
         UpstreamDialect::Converse => got["additionalModelRequestFields"].clone(),
+        UpstreamDialect::Responses => got["reasoning"].clone(),
     }
 }
 
@@ -203,6 +211,7 @@ fn system_of(t: UpstreamDialect, got: &Value) -> String {
             .map_or_else(|| texts(&got["system"], "text"), str::to_string),
         UpstreamDialect::Gemini => texts(&got["systemInstruction"]["parts"], "text"),
         UpstreamDialect::Converse => texts(&got["system"], "text"),
+        UpstreamDialect::Responses => got["instructions"].as_str().unwrap_or_default().into(),
     }
 }
 
@@ -242,7 +251,9 @@ fn tool_names(t: UpstreamDialect, got: &Value) -> Vec<String> {
     };
     match t {
         UpstreamDialect::ChatCompletions => names(&got["tools"], &|x| &x["function"]["name"]),
-        UpstreamDialect::Messages => names(&got["tools"], &|x| &x["name"]),
+        UpstreamDialect::Messages | UpstreamDialect::Responses => {
+            names(&got["tools"], &|x| &x["name"])
+        }
         UpstreamDialect::Gemini => names(&got["tools"][0]["functionDeclarations"], &|x| &x["name"]),
         UpstreamDialect::Converse => {
             names(&got["toolConfig"]["tools"], &|x| &x["toolSpec"]["name"])
@@ -319,6 +330,10 @@ fn hosted_web_search_is_the_targets_own_search_or_a_visible_drop() {
                 }
                 UpstreamDialect::Gemini => {
                     assert_eq!(got["tools"], json!([{"googleSearch": {}}]), "{got}");
+                    assert!(dropped.is_empty(), "{dropped:?}");
+                }
+                UpstreamDialect::Responses => {
+                    assert_eq!(got["tools"], json!([{"type": "web_search"}]), "{got}");
                     assert!(dropped.is_empty(), "{dropped:?}");
                 }
                 UpstreamDialect::ChatCompletions | UpstreamDialect::Converse => {

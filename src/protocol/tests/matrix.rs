@@ -399,11 +399,12 @@ fn request_matrix() {
 }
 
 /// Every upstream dialect, for the cells that reach them all.
-const ALL_UPSTREAMS: [UpstreamDialect; 4] = [
+const ALL_UPSTREAMS: [UpstreamDialect; 5] = [
     UpstreamDialect::ChatCompletions,
     UpstreamDialect::Messages,
     UpstreamDialect::Gemini,
     UpstreamDialect::Converse,
+    UpstreamDialect::Responses,
 ];
 
 fn cell_opts() -> UpstreamOptions<'static> {
@@ -465,6 +466,10 @@ fn structured_upstream(up: UpstreamDialect, client: ClientDialect) -> (&'static 
             json!({"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
                 "schema": schema.to_string(), "name": name}}}}),
         ),
+        UpstreamDialect::Responses => (
+            "text",
+            json!({"format": {"type": "json_schema", "name": name, "schema": schema}}),
+        ),
     }
 }
 
@@ -513,6 +518,11 @@ fn json_answer(up: UpstreamDialect, text: &str) -> String {
         UpstreamDialect::Converse => json!({"output": {"message": {"role": "assistant",
             "content": [{"text": t}]}}, "stopReason": "end_turn",
             "usage": {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7}}),
+        UpstreamDialect::Responses => json!({"id": "resp_1", "object": "response",
+            "created_at": 1, "status": "completed", "model": "up", "output": [{"id": "msg_1",
+            "type": "message", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": t, "annotations": []}]}],
+            "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}}),
     }
     .to_string()
 }

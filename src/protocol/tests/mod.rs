@@ -10,6 +10,7 @@ mod fixtures;
 mod mappings;
 mod matrix;
 mod requests;
+mod responses_upstream;
 mod splits;
 mod streams;
 
@@ -29,6 +30,7 @@ pub(super) fn opts(include_usage: bool) -> StreamOptions {
         created: 1_700_000_000,
         include_usage,
         echo: Default::default(),
+        clock: || 1_700_000_001,
     }
 }
 

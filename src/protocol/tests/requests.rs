@@ -644,7 +644,7 @@ fn responses_namespace_and_custom_tools_become_functions_and_come_back_in_their_
     let out: Value = serde_json::from_slice(&crate::protocol::encode_response_for(
         ClientDialect::Responses,
         &resp,
-        &req.tool_origins(),
+        &req.echo(),
     ))
     .unwrap();
     assert_eq!(out["output"][0]["name"], "spawn_agent");

@@ -140,7 +140,10 @@ fn chat_to_responses_event_sequence() {
     ];
     assert_eq!(names, want);
     let fr = frames(&out);
-    assert_eq!(fr[0].1["response"]["id"], "resp_chatcmpl-up1");
+    assert_eq!(
+        fr[0].1["response"]["id"],
+        "resp_00000000000000000000000000000000"
+    );
     assert_eq!(fr[0].1["response"]["status"], "in_progress");
     assert_eq!(fr[0].1["response"]["model"], "house-model");
     assert_eq!(

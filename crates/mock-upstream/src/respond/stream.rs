@@ -375,7 +375,9 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
         wire.write(out, "\u{FEFF}".as_bytes()).await?;
     }
 
-    let structured = !m.extras.is_empty();
+    // Responses: every event is built ahead (sequence numbers, item ids), so its answers
+    // take the structured path; its final snapshot is the finish.
+    let structured = !m.extras.is_empty() || m.responses;
     let text_tokens: &[String] = match &plan.tokens {
         Tokens::List(t) => t,
         Tokens::Bulk { .. } => &[],
@@ -384,10 +386,26 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
     // all content events); the text tokens of plain answers are generated lazily.
     let mut queue: VecDeque<Ev> = VecDeque::new();
     let tool_first = structured && m.extras.reasoning.is_empty() && text_tokens.is_empty();
-    if m.azure {
+    let mut responses_finish: Option<VecDeque<Ev>> = None;
+    if m.azure && !m.responses {
         queue.push_back(Ev::prelude(oa_name, cloud::azure_prompt_filter_chunk()));
     }
-    if gemini {
+    if m.responses {
+        let mut evs = super::super::responses::events(m, text_tokens);
+        let last = evs.pop().map(|(name, data, _)| Ev {
+            first_finish: true,
+            terminator: true,
+            ..Ev::new(Some(name), data)
+        });
+        responses_finish = Some(last.into_iter().collect());
+        for (name, data, role) in evs {
+            queue.push_back(match role {
+                super::super::responses::Role::Prelude => Ev::prelude(Some(name), data),
+                super::super::responses::Role::Token => Ev::token(Some(name), data),
+                super::super::responses::Role::Other => Ev::new(Some(name), data),
+            });
+        }
+    } else if gemini {
         // No prelude: the first chunk carries content.
     } else if openai {
         // An answer that starts with a tool call names the role in the tool call's chunk.
@@ -410,7 +428,7 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
     // The index of the last Anthropic content block: its `content_block_stop` is the
     // first finish event (as for a plain answer).
     let mut last_block = 0usize;
-    if structured {
+    if structured && !m.responses {
         last_block = structured_events(m, text_tokens, oa_name, tool_first, &mut queue);
     }
 
@@ -420,7 +438,9 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
     let mut drift_events_sent = false;
     let mut sent: u64 = 0;
     let mut malformed_sent = false;
-    let mut finish: Option<VecDeque<Ev>> = None;
+    let mut finish: Option<VecDeque<Ev>> = responses_finish;
+    // Events written so far (a Responses failure event's `sequence_number`).
+    let mut written: u64 = 0;
     loop {
         // Next event.
         let next = match queue.pop_front() {
@@ -498,12 +518,22 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
                     wire.finish(out).await?;
                     return Ok(After::Keep);
                 }
-                let data = if gemini {
+                let data = if m.responses {
+                    super::super::responses::failed_event(
+                        m,
+                        written,
+                        status,
+                        b.error_type.as_deref(),
+                        &msg,
+                    )
+                } else if gemini {
                     cloud::gemini_error_chunk(status, &msg, b.error_type.as_deref())
                 } else {
                     wire::error_body_typed(m.provider, status, &msg, b.error_type.as_deref())
                 };
-                let name = if gemini {
+                let name = if m.responses {
+                    Some("response.failed")
+                } else if gemini {
                     None
                 } else if openai {
                     oa_name
@@ -561,6 +591,7 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
         if ev.token {
             sent += 1;
         }
+        written += 1;
     }
     wire.finish(out).await?;
     Ok(After::Keep)
