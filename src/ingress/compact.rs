@@ -183,9 +183,10 @@ pub(crate) async fn handle(
         return Ok(answered);
     }
     Err(GatewayError::NotImplemented(format!(
-        "conversation compaction is not available for model `{model}`: none of its routes \
-         offers it (compaction items are encrypted by the provider that makes them); \
-         compact the conversation with POST /v1/responses instead"
+        "conversation compaction is not available for model `{model}`: its first route does \
+         not speak the OpenAI Responses API (`routes[].api: responses`), and compaction items \
+         are encrypted by the provider that makes them; compact the conversation with \
+         POST /v1/responses instead"
     ))
     .into())
 }
