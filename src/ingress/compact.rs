@@ -16,7 +16,7 @@
 use serde_json::Value;
 
 use crate::error::GatewayError;
-use crate::ingress::endpoints;
+use crate::ingress::access;
 use crate::ingress::request::{self, HeldBody};
 use crate::ingress::respond::ChatError;
 use crate::proxy::ctx::RequestCtx;
@@ -149,12 +149,12 @@ pub(crate) async fn handle(
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> Result<(), ChatError> {
-    let caller = endpoints::authenticate(gw, session, ctx)?;
+    let caller = access::authenticate(gw, session, ctx)?;
     let config = ctx.config.clone();
     let HeldBody {
         bytes,
         reservation: _reservation,
-    } = endpoints::read_body(gw, session, ctx, &config).await?;
+    } = access::read_body(gw, session, ctx, &config).await?;
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| GatewayError::invalid(format!("request body is not valid JSON: {e}"), None))?;
     let Value::Object(members) = body else {

@@ -58,7 +58,7 @@ use crate::config::{Model, Route};
 use crate::engine::upstream::client_gone;
 use crate::engine::upstream::ClientGone;
 use crate::error::{parse_retry_after, AttemptError, AttemptFailure, GatewayError};
-use crate::ingress::endpoints;
+use crate::ingress::access;
 use crate::ingress::request::{self, PREFERENCE_HEADER};
 use crate::ingress::respond;
 use crate::ingress::respond::ChatError;
@@ -175,9 +175,9 @@ pub(crate) async fn handle(
 ) -> Result<(), ChatError> {
     ctx.dialect = dialect;
     ctx.outcome.count_only = true;
-    let caller = endpoints::authenticate(gw, session, ctx)?;
+    let caller = access::authenticate(gw, session, ctx)?;
     let config = ctx.config.clone();
-    let held = endpoints::read_body(gw, session, ctx, &config).await?;
+    let held = access::read_body(gw, session, ctx, &config).await?;
     let pref_header = session
         .req_header()
         .headers

@@ -4,6 +4,7 @@
 //! ([`stored_responses`]), and every answer Sluice writes itself in the client's dialect
 //! ([`respond`]).
 
+pub mod access;
 pub mod compact;
 pub mod count_tokens;
 pub mod endpoints;

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::engine::attempt::ClientGone;
 use crate::error::GatewayError;
-use crate::ingress::endpoints::authenticate;
+use crate::ingress::access::authenticate;
 use crate::ingress::respond::{self, ChatError};
 use crate::protocol::ClientDialect;
 use crate::proxy::ctx::RequestCtx;
