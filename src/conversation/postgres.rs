@@ -12,7 +12,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::{Client, NoTls};
 
 use super::{Store, StoredItem, StoredResponse};
-use crate::billing::ledger::postgres::redacted_url;
+use crate::billing::ledger::postgres::{migrate_schema, redacted_url};
 use crate::billing::ledger::LedgerError;
 
 /// Schema migrations, as in [`super::sqlite`].
@@ -177,41 +177,13 @@ impl PostgresStore {
 
     fn migrate(&mut self) -> Result<(), LedgerError> {
         let at = redacted_url(&self.url);
-        let v = self.with(|c| {
+        let log_at = at.clone();
+        let v = self.with(move |c| {
             Box::pin(async move {
-                let tx = c.transaction().await?;
-                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-                    .await?;
-                tx.batch_execute(
-                    "CREATE TABLE IF NOT EXISTS response_store_schema (version BIGINT NOT NULL)",
-                )
-                .await?;
-                let v: i64 = tx
-                    .query_one(
-                        "SELECT COALESCE(MAX(version), 0)::BIGINT FROM response_store_schema",
-                        &[],
-                    )
-                    .await?
-                    .get(0);
-                if v > SCHEMA_VERSION {
-                    return Ok(Err(v));
-                }
-                for (i, sql) in MIGRATIONS
-                    .iter()
-                    .enumerate()
-                    .skip(usize::try_from(v).unwrap_or(0))
-                {
-                    tx.batch_execute(sql).await?;
-                    tx.execute("DELETE FROM response_store_schema", &[]).await?;
-                    let next = i64::try_from(i + 1).unwrap_or(i64::MAX);
-                    tx.execute(
-                        "INSERT INTO response_store_schema (version) VALUES ($1)",
-                        &[&next],
-                    )
-                    .await?;
-                }
-                tx.commit().await?;
-                Ok(Ok(v))
+                migrate_schema(c, MIGRATION_LOCK, "response_store_schema", MIGRATIONS, |v| {
+                    log::info!(target: "sluice::conversation", "response store {log_at}: schema migrated to version {v}");
+                })
+                .await
             })
         })?;
         match v {

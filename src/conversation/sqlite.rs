@@ -15,6 +15,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{Store, StoredItem, StoredResponse};
+use crate::billing::ledger::sqlite::migrate_schema;
 use crate::billing::ledger::LedgerError;
 
 /// Schema migrations: entry `i` brings version `i` to `i + 1`. Append, never edit.
@@ -118,45 +119,16 @@ impl SqliteStore {
             path: path.clone(),
             source,
         };
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(wrap)?;
-        tx.execute_batch(
-            "CREATE TABLE IF NOT EXISTS response_store_schema (version INTEGER NOT NULL)",
-        )
+        let migrated = migrate_schema(&mut self.conn, "response_store_schema", MIGRATIONS, |v| {
+            log::info!(target: "sluice::conversation", "response store {path}: schema migrated to version {v}");
+        })
         .map_err(wrap)?;
-        let v: i64 = tx
-            .query_row(
-                "SELECT COALESCE(MAX(version), 0) FROM response_store_schema",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(wrap)?;
-        if v > SCHEMA_VERSION {
-            return Err(LedgerError::Schema {
-                at: path.clone(),
-                message: format!(
-                    "response store schema version {v} is newer than this Sluice supports ({SCHEMA_VERSION}); upgrade Sluice"
-                ),
-            });
-        }
-        for (i, sql) in MIGRATIONS
-            .iter()
-            .enumerate()
-            .skip(usize::try_from(v).unwrap_or(0))
-        {
-            tx.execute_batch(sql).map_err(wrap)?;
-            tx.execute("DELETE FROM response_store_schema", [])
-                .map_err(wrap)?;
-            tx.execute(
-                "INSERT INTO response_store_schema (version) VALUES (?1)",
-                [i64::try_from(i + 1).unwrap_or(i64::MAX)],
-            )
-            .map_err(wrap)?;
-            log::info!(target: "sluice::conversation", "response store {path}: schema migrated to version {}", i + 1);
-        }
-        tx.commit().map_err(wrap)
+        migrated.map_err(|v| LedgerError::Schema {
+            at: path.clone(),
+            message: format!(
+                "response store schema version {v} is newer than this Sluice supports ({SCHEMA_VERSION}); upgrade Sluice"
+            ),
+        })
     }
 
     /// The connection (tests and the benchmark read the file through it).

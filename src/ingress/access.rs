@@ -1,5 +1,5 @@
 //! Owns what every endpoint does before it reads a request: the virtual key
-//! ([`authenticate`]) and the request body within its bounds ([`read_body`]: size, global
+//! (`authenticate`) and the request body within its bounds (`read_body`: size, global
 //! buffer bytes, time). The endpoints ([`super::endpoints`], [`super::count_tokens`],
 //! [`super::compact`], [`super::stored_responses`]) call these; this module calls none of
 //! them.

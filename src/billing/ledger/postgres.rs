@@ -86,6 +86,58 @@ pub struct PostgresLedger {
     client: Option<Client>,
 }
 
+/// Creates or migrates a versioned schema through `client` in one transaction that holds the
+/// advisory lock `lock` (replicas starting together migrate one after the other): the table
+/// `table` holds the version (one row; created when missing), and each of `migrations` past
+/// it runs in order, reported to `migrated` with the version it reached. Shared by the
+/// ledger and the response store ([`crate::conversation`]).
+///
+/// # Errors
+/// PostgreSQL's; `Ok(Err(v))` (nothing changed) when the database's version `v` is newer
+/// than `migrations`.
+pub(crate) async fn migrate_schema(
+    client: &mut Client,
+    lock: i64,
+    table: &str,
+    migrations: &[&str],
+    mut migrated: impl FnMut(usize),
+) -> Result<Result<(), i64>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+        .await?;
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (version BIGINT NOT NULL)"
+    ))
+    .await?;
+    let v: i64 = tx
+        .query_one(
+            &format!("SELECT COALESCE(MAX(version), 0)::BIGINT FROM {table}"),
+            &[],
+        )
+        .await?
+        .get(0);
+    if usize::try_from(v).map_or(true, |v| v > migrations.len()) {
+        return Ok(Err(v));
+    }
+    for (i, sql) in migrations
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(v).unwrap_or(0))
+    {
+        tx.batch_execute(sql).await?;
+        tx.execute(&format!("DELETE FROM {table}"), &[]).await?;
+        let next = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        tx.execute(
+            &format!("INSERT INTO {table} (version) VALUES ($1)"),
+            &[&next],
+        )
+        .await?;
+        migrated(i + 1);
+    }
+    tx.commit().await?;
+    Ok(Ok(()))
+}
+
 impl std::fmt::Debug for PostgresLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresLedger")
@@ -199,36 +251,11 @@ impl PostgresLedger {
         let Some(client) = self.client.as_mut() else {
             return Err(LedgerError::Missing(at));
         };
-        let result: Result<Result<i64, i64>, tokio_postgres::Error> = self.rt.block_on(async {
-            let tx = client.transaction().await?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-                .await?;
-            tx.batch_execute("CREATE TABLE IF NOT EXISTS ledger_schema (version BIGINT NOT NULL)")
-                .await?;
-            let v: i64 = tx
-                .query_one(
-                    "SELECT COALESCE(MAX(version), 0)::BIGINT FROM ledger_schema",
-                    &[],
-                )
-                .await?
-                .get(0);
-            if v > SCHEMA_VERSION {
-                return Ok(Err(v));
-            }
-            for (i, sql) in MIGRATIONS
-                .iter()
-                .enumerate()
-                .skip(usize::try_from(v).unwrap_or(0))
-            {
-                tx.batch_execute(sql).await?;
-                tx.execute("DELETE FROM ledger_schema", &[]).await?;
-                let next = i64::try_from(i + 1).unwrap_or(i64::MAX);
-                tx.execute("INSERT INTO ledger_schema (version) VALUES ($1)", &[&next])
-                    .await?;
-                log::info!(target: "sluice::ledger::postgres", "usage ledger {at}: schema migrated to version {next}");
-            }
-            tx.commit().await?;
-            Ok(Ok(v))
+        let result: Result<Result<(), i64>, tokio_postgres::Error> = self.rt.block_on(async {
+            migrate_schema(client, MIGRATION_LOCK, "ledger_schema", MIGRATIONS, |v| {
+                log::info!(target: "sluice::ledger::postgres", "usage ledger {at}: schema migrated to version {v}");
+            })
+            .await
         });
         match result.map_err(|e| self.err(e))? {
             Ok(_) => Ok(()),

@@ -73,6 +73,50 @@ fn uint(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// Creates or migrates a versioned schema on `conn` in one `BEGIN IMMEDIATE` transaction
+/// (two processes starting on one file migrate one after the other): the table `table`
+/// holds the version (one row; created when missing), and each of `migrations` past it runs
+/// in order, reported to `migrated` with the version it reached. Shared by the ledger and
+/// the response store ([`crate::conversation`]).
+///
+/// # Errors
+/// SQLite's; `Ok(Err(v))` (nothing changed) when the file's version `v` is newer than
+/// `migrations`.
+pub(crate) fn migrate_schema(
+    conn: &mut Connection,
+    table: &str,
+    migrations: &[&str],
+    mut migrated: impl FnMut(usize),
+) -> rusqlite::Result<Result<(), i64>> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)"
+    ))?;
+    let v: i64 = tx.query_row(
+        &format!("SELECT COALESCE(MAX(version), 0) FROM {table}"),
+        [],
+        |r| r.get(0),
+    )?;
+    if usize::try_from(v).map_or(true, |v| v > migrations.len()) {
+        return Ok(Err(v));
+    }
+    for (i, sql) in migrations
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(v).unwrap_or(0))
+    {
+        tx.execute_batch(sql)?;
+        tx.execute(&format!("DELETE FROM {table}"), [])?;
+        tx.execute(
+            &format!("INSERT INTO {table} (version) VALUES (?1)"),
+            [i64::try_from(i + 1).unwrap_or(i64::MAX)],
+        )?;
+        migrated(i + 1);
+    }
+    tx.commit()?;
+    Ok(Ok(()))
+}
+
 impl SqliteLedger {
     fn err(&self, source: rusqlite::Error) -> LedgerError {
         LedgerError::Sqlite {
@@ -183,39 +227,11 @@ impl SqliteLedger {
             path: path.clone(),
             source,
         };
-        // BEGIN IMMEDIATE: two processes starting on one file migrate one after the other.
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(wrap)?;
-        tx.execute_batch("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
-            .map_err(wrap)?;
-        let v: i64 = tx
-            .query_row(
-                "SELECT COALESCE(MAX(version), 0) FROM ledger_schema",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(wrap)?;
-        if v > SCHEMA_VERSION {
-            drop(tx);
-            return Err(self.newer(v));
-        }
-        for (i, sql) in MIGRATIONS
-            .iter()
-            .enumerate()
-            .skip(usize::try_from(v).unwrap_or(0))
-        {
-            tx.execute_batch(sql).map_err(wrap)?;
-            tx.execute("DELETE FROM ledger_schema", []).map_err(wrap)?;
-            tx.execute(
-                "INSERT INTO ledger_schema (version) VALUES (?1)",
-                [i64::try_from(i + 1).unwrap_or(i64::MAX)],
-            )
-            .map_err(wrap)?;
-            log::info!(target: "sluice::ledger::sqlite", "usage ledger {path}: schema migrated to version {}", i + 1);
-        }
-        tx.commit().map_err(wrap)
+        let migrated = migrate_schema(&mut self.conn, "ledger_schema", MIGRATIONS, |v| {
+            log::info!(target: "sluice::ledger::sqlite", "usage ledger {path}: schema migrated to version {v}");
+        })
+        .map_err(wrap)?;
+        migrated.map_err(|v| self.newer(v))
     }
 
     /// The records `filter` selects, oldest first.
