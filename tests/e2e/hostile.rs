@@ -852,7 +852,15 @@ fn a_committed_stream_lets_go_of_its_body_and_its_share_of_the_buffer_bound() {
         open.push(r);
     }
     // Five streams are open at once, each past its commit: none holds its body any more.
-    assert_eq!(s.gauge("sluice_buffered_request_bytes"), 0.0);
+    // (A stream lets go of it just after its first write, off the first byte's path, so
+    // the last one may still be letting go when its first event arrives here.)
+    assert!(
+        eventually(Duration::from_secs(3), || s
+            .gauge("sluice_buffered_request_bytes")
+            == 0.0),
+        "bodies still held: {}",
+        s.gauge("sluice_buffered_request_bytes")
+    );
     assert_eq!(
         s.metric(r#"sluice_rejected_total{reason="request_buffers_full"}"#),
         0.0
