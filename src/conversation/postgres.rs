@@ -6,13 +6,11 @@
 //! current-thread runtime that drives its connection (as the ledger's backend does). A
 //! connection that broke is re-opened on the next job.
 
-use std::time::Duration;
-
 use tokio::runtime::Runtime;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::{Store, StoredItem, StoredResponse};
-use crate::billing::ledger::postgres::{migrate_schema, redacted_url};
+use crate::billing::ledger::postgres::{connect, migrate_schema, redacted_url};
 use crate::billing::ledger::LedgerError;
 
 /// Schema migrations, as in [`super::sqlite`].
@@ -75,9 +73,6 @@ const ITEM_SQL: &str = "SELECT item_json FROM stored_response_items
 /// Advisory lock key held while migrating ("respst" in ASCII; the ledger's is "sluice").
 const MIGRATION_LOCK: i64 = 0x7265_7370_7374;
 
-/// Connect timeout.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// The store's tables in a PostgreSQL database.
 pub struct PostgresStore {
     rt: Runtime,
@@ -125,19 +120,13 @@ impl PostgresStore {
     /// Connects if not connected or the connection broke.
     fn ensure(&mut self) -> Result<(), LedgerError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
-            let mut cfg: tokio_postgres::Config = self.url.parse().map_err(|e| self.err(e))?;
-            cfg.connect_timeout(CONNECT_TIMEOUT);
-            cfg.application_name("sluice");
-            let (client, conn) = self
-                .rt
-                .block_on(cfg.connect(NoTls))
-                .map_err(|e| self.err(e))?;
-            let url = redacted_url(&self.url);
-            self.rt.spawn(async move {
-                if let Err(e) = conn.await {
-                    log::warn!(target: "sluice::conversation", "response store {url}: connection closed: {e}");
-                }
-            });
+            let client = connect(
+                &self.rt,
+                &self.url,
+                "sluice::conversation",
+                "response store",
+            )
+            .map_err(|e| self.err(e))?;
             self.client = Some(client);
             self.prepared.clear();
         }

@@ -86,6 +86,32 @@ pub struct PostgresLedger {
     client: Option<Client>,
 }
 
+/// Connects to `url` (connect timeout [`CONNECT_TIMEOUT`], `application_name` `sluice`) and
+/// drives the connection on `rt`; when it ends, a warning on `log_target` names `what` and
+/// the URL without its password. Shared by the ledger and the response store
+/// ([`crate::conversation`]).
+///
+/// # Errors
+/// A URL PostgreSQL cannot parse, or the connection's failure.
+pub(crate) fn connect(
+    rt: &Runtime,
+    url: &str,
+    log_target: &'static str,
+    what: &'static str,
+) -> Result<Client, tokio_postgres::Error> {
+    let mut cfg: tokio_postgres::Config = url.parse()?;
+    cfg.connect_timeout(CONNECT_TIMEOUT);
+    cfg.application_name("sluice");
+    let (client, conn) = rt.block_on(cfg.connect(NoTls))?;
+    let url = redacted_url(url);
+    rt.spawn(async move {
+        if let Err(e) = conn.await {
+            log::warn!(target: log_target, "{what} {url}: connection closed: {e}");
+        }
+    });
+    Ok(client)
+}
+
 /// Creates or migrates a versioned schema through `client` in one transaction that holds the
 /// advisory lock `lock` (replicas starting together migrate one after the other): the table
 /// `table` holds the version (one row; created when missing), and each of `migrations` past
@@ -168,19 +194,13 @@ impl PostgresLedger {
     /// Connects if not connected or the connection broke.
     fn ensure(&mut self) -> Result<(), LedgerError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
-            let mut cfg: tokio_postgres::Config = self.url.parse().map_err(|e| self.err(e))?;
-            cfg.connect_timeout(CONNECT_TIMEOUT);
-            cfg.application_name("sluice");
-            let (client, conn) = self
-                .rt
-                .block_on(cfg.connect(NoTls))
-                .map_err(|e| self.err(e))?;
-            let url = redacted_url(&self.url);
-            self.rt.spawn(async move {
-                if let Err(e) = conn.await {
-                    log::warn!(target: "sluice::ledger::postgres", "usage ledger {url}: connection closed: {e}");
-                }
-            });
+            let client = connect(
+                &self.rt,
+                &self.url,
+                "sluice::ledger::postgres",
+                "usage ledger",
+            )
+            .map_err(|e| self.err(e))?;
             self.client = Some(client);
         }
         Ok(())
