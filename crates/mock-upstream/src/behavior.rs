@@ -218,6 +218,23 @@ pub struct Behavior {
     /// asked for `stream: false`: a provider that ignores the flag.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_always: Option<bool>,
+    /// Answer every chat request that asked for a stream with the whole JSON answer
+    /// (`application/json`) instead: a provider that ignores `stream: true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json_always: Option<bool>,
+    /// Answer every chat request with `200` and this body, verbatim (an HTML error page or
+    /// text under a success status), with the `content_type` knob's `Content-Type`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_body: Option<String>,
+    /// The `Content-Type` of an `answer_body` answer (default `application/json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// OpenAI Chat Completions answers carry this many choices (more than asked): choice
+    /// `i` ≥ 1 is a copy of choice 0 marked `alt{i}` (`content` starts `alt{i}-`, tool call
+    /// ids `call_alt{i}_…`, names `alt{i}_…`). Streams send each of choice 0's chunks, then
+    /// the same chunk for every other index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choices: Option<u64>,
     /// Stream: start the body with a UTF-8 byte order mark (`EF BB BF`), which the WHATWG
     /// SSE decoder strips; with `split: bytewise` it arrives split across chunks.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -435,6 +452,10 @@ impl Behavior {
             ping_interval_ms,
             error_type,
             stream_always,
+            json_always,
+            answer_body,
+            content_type,
+            choices,
             bom,
             tool_calls,
             tool_loop,

@@ -678,6 +678,15 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         out.finish().await?;
         return Ok(After::Keep);
     }
+    if let (Kind::Chat(_), Some(raw)) = (plan.kind, &b.answer_body) {
+        // The `answer_body` knob: a success status over a body the client cannot parse.
+        let ct = b.content_type.as_deref().unwrap_or("application/json");
+        let h = base_headers(plan, ct);
+        out.head(200, &h, Framing::Length(raw.len()), close).await?;
+        write_body(out, raw.as_bytes(), b.split_mode()).await?;
+        out.finish().await?;
+        return Ok(After::Keep);
+    }
     match plan.kind {
         Kind::Models => {
             let models = b
@@ -692,7 +701,10 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
             out.finish().await?;
             Ok(After::Keep)
         }
-        Kind::Chat(_) if plan.stream || Behavior::flag(plan.behavior.stream_always) => {
+        Kind::Chat(_)
+            if (plan.stream || Behavior::flag(plan.behavior.stream_always))
+                && !Behavior::flag(plan.behavior.json_always) =>
+        {
             stream::stream(plan, out, close).await
         }
         Kind::CountTokens => {
@@ -753,6 +765,12 @@ async fn non_stream(
     };
     let body = match &b.drift {
         Some(d) if !plan.meta.converse && plan.meta.provider != Provider::Gemini => d.apply(&body),
+        _ => body,
+    };
+    let body = match b.choices {
+        Some(n) if plan.meta.provider == Provider::OpenAi && !plan.meta.responses => {
+            wire::with_choices(&body, n)
+        }
         _ => body,
     };
     write_answer(plan, out, close, abort, body.into_bytes()).await
