@@ -328,6 +328,13 @@ pub enum AttemptFailure {
 }
 
 impl AttemptFailure {
+    /// Whether the provider was sent the whole request and was working on it when Sluice
+    /// gave up waiting (a head or first-event timeout): it may bill the prompt, so a request
+    /// that ends on it is metered at the route's cost ([`crate::outcome::Outcome::cost_only`]).
+    pub fn provider_worked(self) -> bool {
+        matches!(self, Self::FirstByteTimeout | Self::FirstEventTimeout)
+    }
+
     /// Metric label (`reason`).
     pub fn label(self) -> &'static str {
         match self {

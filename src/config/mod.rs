@@ -137,8 +137,11 @@ pub struct ServerSettings {
 pub struct HopTimeouts {
     /// TCP + TLS connect.
     pub connect: Duration,
-    /// Request sent → upstream response head.
+    /// Request sent → upstream response head, of a streaming request.
     pub first_byte: Duration,
+    /// Request sent → upstream response head, of a non-streaming request (its head comes
+    /// when the whole answer is generated).
+    pub first_byte_non_stream: Duration,
     /// Upstream response head → first SSE data event (TTFT budget).
     pub first_event: Duration,
     /// Longest silence of a flowing stream.
@@ -148,11 +151,22 @@ pub struct HopTimeouts {
 }
 
 impl HopTimeouts {
+    /// The head timeout of a request: [`Self::first_byte`] for a stream, else
+    /// [`Self::first_byte_non_stream`].
+    pub fn head(&self, stream: bool) -> Duration {
+        if stream {
+            self.first_byte
+        } else {
+            self.first_byte_non_stream
+        }
+    }
+
     /// Every hop with the same limit `d`.
     pub fn uniform(d: Duration) -> Self {
         Self {
             connect: d,
             first_byte: d,
+            first_byte_non_stream: d,
             first_event: d,
             idle: d,
             heartbeat: d,

@@ -136,6 +136,8 @@ pub async fn run(
         // The last word was a provider's context-length rejection: that provider (a route
         // of the stage's model) answered.
         ctx.outcome.provider = Some(p);
+    } else if name_last_attempt(ctx) {
+        // The last attempt's provider had the request (see there).
     } else {
         // Nothing answered: the request is the model's it asked for (log, ledger).
         ctx.answered_model = None;
@@ -156,6 +158,33 @@ pub async fn run(
     });
     let _ = respond::write_error(session, ctx, &err).await;
     Ok(())
+}
+
+/// Records against the last failed attempt's provider a request that nothing answered, when
+/// that provider had the request: a timed-out attempt (a head or first event; it worked on
+/// the prompt) is recorded (ledger, access log) at its estimated input, the route's cost, the
+/// tenant not charged; an answer the client could not read (an unreadable body, a stream to
+/// a non-stream request, an in-band error) names its provider, with no usage. Returns
+/// whether it did.
+fn name_last_attempt(ctx: &mut RequestCtx) -> bool {
+    let Some(ae) = ctx.attempts.failed.last() else {
+        return false;
+    };
+    let (worked, answered) = (
+        ae.failure.provider_worked(),
+        ae.failure == AttemptFailure::Protocol,
+    );
+    if !worked && !answered {
+        return false;
+    }
+    ctx.outcome.provider = Some(ae.provider.clone());
+    ctx.outcome.upstream_model = Some(ae.upstream_model.clone());
+    if worked {
+        ctx.outcome.usage_estimated = true;
+        ctx.outcome.input_unknown = true;
+        ctx.outcome.cost_only = true;
+    }
+    true
 }
 
 /// What the stages of one request share.
