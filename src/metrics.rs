@@ -88,7 +88,9 @@ pub struct Metrics {
     /// flight, USD, as this process knows it (see [`crate::billing::budget`]); only for configured
     /// windows.
     pub budget_remaining_usd: GaugeVec,
-    /// `sluice_heartbeats_total`: `: keepalive` comments written.
+    /// `sluice_heartbeats_total{provider}`: heartbeats written to clients (a `: keepalive`
+    /// comment, Messages clients `event: ping`): Sluice's own on a silent stream, and the
+    /// upstream keepalives a translated stream relays (at most one a second).
     pub heartbeats_total: IntCounterVec,
     /// `sluice_stream_errors_total{reason}`: committed streams that ended with an error event.
     /// Reasons: `upstream_broken`, `upstream_error`, `upstream_truncated`,
@@ -110,8 +112,9 @@ pub struct Metrics {
     /// the Anthropic translation).
     pub sse_invalid_utf8_total: IntCounterVec,
     /// `sluice_sse_malformed_events_total{provider}`: upstream SSE data events whose data
-    /// is not JSON (nor `[DONE]`): passed through untouched when the client speaks the
-    /// provider's dialect, skipped when the stream is translated; never the end of a stream.
+    /// is not JSON (nor `[DONE]`): dropped, never forwarded to the client (its SDK would
+    /// fail on it), on the same-dialect path and on a translated stream alike; never the end
+    /// of a stream. The first of a stream is logged.
     pub sse_malformed_events_total: IntCounterVec,
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
@@ -333,7 +336,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         heartbeats_total: register_int_counter_vec!(
             "sluice_heartbeats_total",
-            "SSE keepalive comments written to clients, by provider.",
+            "SSE heartbeats written to clients (own and relayed upstream keepalives), by provider.",
             &["provider"]
         )?,
         stream_errors_total: register_int_counter_vec!(

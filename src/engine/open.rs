@@ -26,6 +26,7 @@ use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
 use crate::routing::retryable_status;
+use crate::stream::adapt;
 use crate::stream::pump;
 use crate::stream::unary;
 
@@ -384,7 +385,7 @@ pub(crate) async fn prepare<'r>(
         || Box::pin(connector.get_http_session(&target.peer)),
         exchange::Deadlines {
             connect: Some(timeouts.connect),
-            first_byte: Some(timeouts.first_byte),
+            first_byte: Some(timeouts.head(req.stream)),
         },
         exchange::Resend::Unprocessed,
         || match head.take() {
@@ -445,7 +446,7 @@ pub(crate) async fn prepare<'r>(
             let err = GatewayError::UpstreamTimeout(format!(
                 "provider `{}` sent no response head within {} ms",
                 provider.id,
-                timeouts.first_byte.as_millis()
+                timeouts.head(req.stream).as_millis()
             ));
             return Err(failed(
                 route,
@@ -530,7 +531,16 @@ pub(crate) async fn prepare<'r>(
         })));
     }
     phase.set(2);
-    let held = pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?;
+    let json = up
+        .response_header()
+        .and_then(|h| h.headers.get("content-type"))
+        .is_some_and(|v| adapt::is_json_type(Some(v.as_bytes())));
+    let held = if json {
+        // A provider that ignored `stream: true`: its one JSON answer becomes the stream.
+        adapt::whole_answer(ctx, req, model, route, &mut up, timeouts, coding).await?
+    } else {
+        pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?
+    };
     Ok(Ready::Stream(Box::new(ReadyParts {
         up,
         peer,

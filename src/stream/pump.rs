@@ -36,6 +36,10 @@ use crate::proxy::ctx::RequestCtx;
 use crate::stream::end::{Pumped, StreamError};
 use crate::stream::pipe::{PipeError, StreamPipe};
 
+/// Shortest interval between two upstream keepalives relayed to the client of a translated
+/// stream (see [`StreamPipe::take_keepalive`]).
+const KEEPALIVE_RELAY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Most output bytes gathered from already-received upstream chunks into one downstream
 /// write (see [`coalesce_ready`]).
 const COALESCE_BYTES: usize = 16 * 1024;
@@ -74,31 +78,7 @@ pub(crate) async fn first_event<'r>(
     timeouts: HopTimeouts,
     coding: ContentCoding,
 ) -> Result<Held<'r>, Attempt> {
-    let server = &ctx.config.server;
-    // The model that answers names itself (a fallback model its own id, as its routes do).
-    let mut pipe = match StreamPipe::new(
-        route,
-        ctx.dialect,
-        &model.id,
-        req.include_usage,
-        req.echo(),
-        coding,
-        server.max_event_bytes,
-        server.max_buffered_bytes_per_stream,
-        unix_now(),
-        model
-            .continue_on_break
-            .then_some(continuation::TRANSCRIPT_CAP_BYTES),
-    ) {
-        Ok(p) => p,
-        Err(e) => {
-            up.shutdown().await;
-            return Err(Attempt::Final(GatewayError::Internal(format!("{e:?}"))));
-        }
-    };
-    if ctx.response_capture.is_some() {
-        pipe.capture_terminal();
-    }
+    let mut pipe = open_pipe(ctx, req, model, route, up, coding).await?;
     let head_at = Instant::now();
     let first_event_deadline = head_at + timeouts.first_event;
     let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
@@ -214,6 +194,44 @@ pub(crate) async fn first_event<'r>(
         first_event_deadline,
         first_event_at,
     })
+}
+
+/// The pipe of a streaming answer of `route` in `coding`, for the client of `ctx` (closes
+/// `up` when it cannot be made).
+pub(crate) async fn open_pipe<'r>(
+    ctx: &RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &'r Route,
+    up: &mut UpstreamSession,
+    coding: ContentCoding,
+) -> Result<StreamPipe<'r>, Attempt> {
+    let server = &ctx.config.server;
+    // The model that answers names itself (a fallback model its own id, as its routes do).
+    let mut pipe = match StreamPipe::new(
+        route,
+        ctx.dialect,
+        &model.id,
+        req.include_usage,
+        req.echo(),
+        coding,
+        server.max_event_bytes,
+        server.max_buffered_bytes_per_stream,
+        unix_now(),
+        model
+            .continue_on_break
+            .then_some(continuation::TRANSCRIPT_CAP_BYTES),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            up.shutdown().await;
+            return Err(Attempt::Final(GatewayError::Internal(format!("{e:?}"))));
+        }
+    };
+    if ctx.response_capture.is_some() {
+        pipe.capture_terminal();
+    }
+    Ok(pipe)
 }
 
 /// Phase 2 of a streaming answer: commits the held stream ([`first_event`]) to the client
@@ -432,7 +450,8 @@ pub(crate) async fn pump_body(
     // just stamps `last_upstream` / `last_write`, so the per-event path touches no timer.
     // The heartbeat clock runs on bytes written to the client: `last_write` is the last
     // write of events or of a heartbeat. Upstream events that produce no client bytes
-    // (Anthropic `ping`, dropped comments) do not postpone a heartbeat.
+    // (a dropped malformed event) do not postpone a heartbeat; upstream keepalives are
+    // relayed (at most one a second) and so do, as any write.
     let idle = timeouts.idle.max(Duration::from_millis(1));
     let mut last_upstream = Instant::now();
     let mut last_write = last_upstream;
@@ -566,7 +585,23 @@ pub(crate) async fn pump_body(
                 };
                 let end = end || matches!(stop, ReadyStop::End);
                 let had_content = ctx.outcome.ttft.is_some();
-                let out = pipe.take();
+                let mut out = pipe.take();
+                // An upstream keepalive the translation turned into nothing (Anthropic `ping`
+                // during a long think, a comment) is relayed as the client dialect's own
+                // keepalive, at most one a second: the client sees traffic as often as the
+                // upstream sends it, not only every `heartbeat_interval_ms`.
+                if pipe.take_keepalive()
+                    && out.is_empty()
+                    && !end
+                    && !pipe.finished()
+                    && last_write.elapsed() >= KEEPALIVE_RELAY_INTERVAL
+                {
+                    metrics()
+                        .heartbeats_total
+                        .with_label_values(&[route.provider.id.as_str()])
+                        .inc();
+                    out = Bytes::from_static(protocol::heartbeat(ctx.dialect));
+                }
                 if !had_content && pipe.first_content {
                     ctx.outcome.ttft = Some(ctx.received.elapsed());
                 }
