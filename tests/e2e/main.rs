@@ -4,6 +4,7 @@
 
 mod affinity;
 mod agents;
+mod answers;
 mod anthropic;
 mod api;
 mod backpressure;
