@@ -6,7 +6,8 @@
 //! gets one, with every event its SDK expects, instead of an error about a stream that
 //! "ended in the middle of an event". An answer that cannot be read is a failed attempt
 //! before the commit (the next candidate may answer), with a message that says what the
-//! provider did.
+//! provider did. A body labelled JSON that is not a JSON object (an event stream under the
+//! wrong `Content-Type`) is read through the stream pipe as the stream it is.
 
 use bytes::BytesMut;
 use pingora::protocols::http::client::HttpSession as UpstreamSession;
@@ -22,6 +23,7 @@ use crate::providers;
 use crate::providers::encoding::{ContentCoding, DecodeError, Decoder};
 use crate::proxy::ctx::RequestCtx;
 use crate::sse;
+use crate::stream::pipe::PipeError;
 use crate::stream::pump::{open_pipe, Held};
 
 /// Whether a `Content-Type` value names JSON (`application/json`, or a `+json` type),
@@ -74,6 +76,11 @@ pub(crate) async fn whole_answer<'r>(
             ));
         }
     };
+    if !body.trim_ascii_start().starts_with(b"{") {
+        // Labelled JSON but not a JSON object: a stream under the wrong `Content-Type` (a
+        // misconfigured proxy in front of the provider) is read as the stream it is.
+        return mislabelled_stream(ctx, req, model, route, up, timeouts, &body, head_at).await;
+    }
     let upstream = route.dialect();
     let unreadable = |why: String| {
         let message = providers::scrub_key(
@@ -108,7 +115,7 @@ pub(crate) async fn whole_answer<'r>(
         clock: unix_now,
     };
     if let Err(e) = pipe.replay(&body, &resp, &opts) {
-        let crate::stream::pipe::PipeError::Framing { message, .. } = e else {
+        let PipeError::Framing { message, .. } = e else {
             return Err(unreadable("an upstream error".into()));
         };
         return Err(failed(
@@ -124,6 +131,59 @@ pub(crate) async fn whole_answer<'r>(
     log::warn!(target: "sluice::proxy::adapt",
         "provider answered a streaming request with one JSON answer (it ignored stream:true); \
          sent to the client as a stream request_id={} provider={provider} upstream_model={} bytes={}",
+        ctx.request_id, route.upstream_model, body.len()
+    );
+    Ok(Held {
+        pipe,
+        ended: true,
+        first_event_deadline: head_at + timeouts.first_event,
+        first_event_at: Some(Instant::now()),
+    })
+}
+
+/// The held stream of an answer labelled JSON whose body is not a JSON object: read whole
+/// (already content-decoded) through the stream pipe as the event stream it may be. A body
+/// that is no stream either fails the attempt as a stream before its first event does.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the attempt's parts, passed explicitly as first_event takes them"
+)]
+async fn mislabelled_stream<'r>(
+    ctx: &RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &'r Route,
+    up: &mut UpstreamSession,
+    timeouts: HopTimeouts,
+    body: &[u8],
+    head_at: Instant,
+) -> Result<Held<'r>, Attempt> {
+    let provider = &route.provider.id;
+    let mut pipe = open_pipe(ctx, req, model, route, up, ContentCoding::Identity).await?;
+    let fed = pipe.feed(Some(body)).and_then(|()| pipe.feed(None));
+    let why = match fed {
+        Err(PipeError::Upstream { message, .. }) => Some(message),
+        Err(PipeError::Framing { message, .. }) => Some(message),
+        Ok(()) if pipe.data_events == 0 => Some(format!(
+            "provider `{provider}` answered a streaming request with a body labelled JSON \
+             that is neither a JSON answer nor an event stream"
+        )),
+        Ok(()) => None,
+    };
+    if let Some(message) = why {
+        return Err(failed(
+            route,
+            AttemptFailure::Protocol,
+            format!("JSON-labelled answer to stream:true: {message}"),
+            GatewayError::UpstreamUnavailable {
+                message: providers::scrub_key(&route.provider, &message),
+                retry_after: None,
+            },
+        ));
+    }
+    log::warn!(target: "sluice::proxy::adapt",
+        "provider answered a streaming request with an event stream labelled JSON; read whole \
+         request_id={} provider={provider} upstream_model={} bytes={}",
         ctx.request_id, route.upstream_model, body.len()
     );
     Ok(Held {

@@ -250,6 +250,24 @@ fn a_provider_that_ignores_stream_true_still_gives_every_client_a_stream() {
         assert_eq!(args, json!({"city": "Zürich"}), "{client:?}");
     }
 
+    // An event stream labelled JSON is read as the stream it is.
+    let chunk = |delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let sse = format!(
+        "{}{}data: [DONE]\n\n",
+        chunk(r#"{"role":"assistant","content":"labelled "}"#, "null"),
+        chunk(r#"{"content":"wrongly"}"#, r#""stop""#)
+    );
+    mock.set_behavior(&json!({"answer_body": sse}).to_string());
+    for client in CLIENTS {
+        let (status, raw, seen) = cell(&sluice, client, Scenario::Text, true);
+        assert_eq!(status, 200, "{client:?}: {raw}");
+        assert_eq!(seen.text, "labelled wrongly", "{client:?}: {raw}");
+    }
+
     // An unreadable JSON answer to a stream is a failed attempt that says what happened.
     mock.set_behavior(&json!({"answer_body": "{\"nothing\":true}"}).to_string());
     let (status, raw, seen) = cell(&sluice, Client::Chat, Scenario::Text, true);
