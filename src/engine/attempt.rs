@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::pool::Connector;
-use crate::engine::state::AttemptState;
+use crate::engine::state::{candidate_at, AttemptState, Later};
 use pingora::proxy::Session;
 
 use crate::backpressure::provider as provider_cap;
@@ -85,12 +85,14 @@ pub async fn run(
     let mut owned: Vec<Candidate<'_>>;
     let mut cands = candidates;
     let mut entry_reason = None;
+    let mut later: Vec<Later<'_>>;
     loop {
         if stage_model.id != model.id {
             ctx.answered_model = Some(stage_model.id.clone());
         } else {
             ctx.answered_model = None;
         }
+        later = later_routes(&chain, req, stage_model);
         let end = run_stage(
             AttemptState {
                 connector,
@@ -99,6 +101,7 @@ pub async fn run(
                 req,
                 model: stage_model,
                 candidates: cands,
+                later: &later,
             },
             entry_reason,
             &mut st,
@@ -158,6 +161,25 @@ pub async fn run(
     Ok(())
 }
 
+/// The routes of the models after `model` in the request's fallback chain, for a model
+/// that hedges or continues a broken stream (they may go on to those, as fallback would);
+/// none for another model (no planning).
+fn later_routes<'c>(
+    chain: &fallback::Chain<'c>,
+    req: &InferenceRequest,
+    model: &Model,
+) -> Vec<Later<'c>> {
+    if model.hedge_after.is_some() || model.continue_on_break {
+        chain.peek_later(
+            &req.needs,
+            || req.estimated_input_tokens(),
+            req.preference.as_ref(),
+        )
+    } else {
+        Vec::new()
+    }
+}
+
 /// What the stages of one request share.
 #[derive(Default)]
 struct LoopState {
@@ -168,6 +190,10 @@ struct LoopState {
     previous: Option<(String, &'static str)>,
     /// The provider whose context-length rejection is `last_error`.
     rejected_by: Option<String>,
+    /// A hedge was started (at most one per request).
+    hedged: bool,
+    /// The health key of a later model's route a hedge went to: its stage skips it.
+    hedged_later: Option<String>,
 }
 
 /// How one stage ended without an answer written.
@@ -202,11 +228,13 @@ async fn run_stage(
         req,
         model,
         candidates,
+        later,
     } = s;
     // The candidate a hedge went to (at most one per request): not tried again.
     let mut hedged: Option<usize> = None;
     for (idx, cand) in candidates.iter().enumerate() {
-        if hedged == Some(idx) {
+        if hedged == Some(idx) || st.hedged_later.as_deref() == Some(cand.route.health_key.as_str())
+        {
             continue;
         }
         let route = cand.route;
@@ -254,14 +282,23 @@ async fn run_stage(
                     req,
                     model,
                     candidates,
+                    later,
                 },
                 idx,
-                hedged.is_none(),
+                !st.hedged,
             )
             .await;
             // A hedged pair may have ended on the hedge's candidate: the rest is about it.
-            hedged = hedged.or(tried.hedge);
-            let (cand, route) = (&candidates[tried.served], candidates[tried.served].route);
+            if let Some(h) = tried.hedge {
+                st.hedged = true;
+                hedged = Some(h);
+                if h >= candidates.len() {
+                    let (_, partner) = candidate_at(model, candidates, later, h);
+                    st.hedged_later = Some(partner.route.health_key.clone());
+                }
+            }
+            let (_, cand) = candidate_at(model, candidates, later, tried.served);
+            let route = cand.route;
             match tried.outcome {
                 Attempt::Done => {
                     metrics()

@@ -103,6 +103,11 @@ pub async fn write_error(
 /// paths in the client's dialect, comma-separated (`models.<id>.unsupported: drop`).
 pub const DROPPED_HEADER: &str = "x-sluice-dropped";
 
+/// The response header naming the model that served an answer: the serving route's
+/// `display_model`, else the standard model's id (the fallback model's after a model-level
+/// fallback); never the upstream model id unless the operator made it the display id.
+pub const SERVED_MODEL_HEADER: &str = "x-sluice-served-model";
+
 /// The response head of a proxied answer: status, content type, `x-request-id`, route
 /// headers, and for streams the SSE headers (`text/event-stream`, `no-cache`,
 /// `X-Accel-Buffering: no`, chunked framing, no `Content-Length`).
@@ -133,6 +138,9 @@ pub fn proxied_head(
     h.insert_header("x-request-id", &ctx.request_id)?;
     if let Some(d) = &ctx.outcome.dropped {
         h.insert_header(DROPPED_HEADER, d.as_str())?;
+    }
+    if let Some(m) = &ctx.outcome.served_model {
+        h.insert_header(SERVED_MODEL_HEADER, m.as_str())?;
     }
     for (k, v) in ctx.admission.rate_limit.iter().flat_map(|s| s.headers()) {
         h.insert_header(k, v)?;

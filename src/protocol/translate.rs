@@ -135,6 +135,16 @@ impl StreamTranslator {
         self.splice = Some(splice);
     }
 
+    /// How a continuation's seam was decided ([`Splice::seam_outcome`]), once it was.
+    pub fn seam_outcome(&self) -> Option<super::seam::SeamOutcome> {
+        self.splice.as_ref().and_then(Splice::seam_outcome)
+    }
+
+    /// Whether a continuation's seam refused it ([`Splice::refused`]).
+    pub fn seam_refused(&self) -> bool {
+        self.splice.as_ref().is_some_and(Splice::refused)
+    }
+
     /// The client dialect.
     pub fn client(&self) -> ClientDialect {
         self.client
@@ -159,18 +169,7 @@ impl StreamTranslator {
         let stopped = &mut self.stopped;
         let transcript = &mut self.transcript;
         let splice = &mut self.splice;
-        let mut emit = |ev: &super::StreamEvent<'_>| {
-            let mapped;
-            let ev = match splice.as_mut() {
-                Some(s) => match s.map(ev) {
-                    Some(m) => {
-                        mapped = m;
-                        &mapped
-                    }
-                    None => return Ok(()),
-                },
-                None => ev,
-            };
+        let mut deliver = |ev: &super::StreamEvent<'_>| {
             if let Some(t) = transcript.as_mut() {
                 t.observe(ev);
             }
@@ -188,6 +187,11 @@ impl StreamTranslator {
                 Encoder::Messages(e) => e.encode(ev, out),
                 Encoder::Responses(e) => e.encode(ev, out),
             }
+        };
+        // A continuation's events reach the encoder through its splice.
+        let mut emit = |ev: &super::StreamEvent<'_>| match splice.as_mut() {
+            Some(s) => s.feed(ev, &mut deliver),
+            None => deliver(ev),
         };
         match &mut self.decoder {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),

@@ -207,6 +207,13 @@ impl<'r> StreamPipe<'r> {
         self.protocol.as_ref().and_then(|t| t.transcript())
     }
 
+    /// How a continuation's seam was decided, once it was ([`protocol::seam`]).
+    pub(crate) fn seam_outcome(&self) -> Option<protocol::seam::SeamOutcome> {
+        self.protocol
+            .as_ref()
+            .and_then(protocol::StreamTranslator::seam_outcome)
+    }
+
     /// Switches the pipe to a continuation answered by `route` in `coding`: its events are
     /// framed afresh and reach the client's encoder through `splice`, so the client's
     /// stream goes on as one (no second start, block indices and ids continue).
@@ -343,6 +350,18 @@ impl<'r> StreamPipe<'r> {
                     Err(ProtocolError::InvalidUpstream(_)) if !protocol::is_json(&data) => {
                         count_malformed(self.route);
                         continue;
+                    }
+                    // A continuation that restarted the answer and diverged: no splice
+                    // is right (`protocol::seam`).
+                    Err(_) if t.seam_refused() => {
+                        return Err(PipeError::Framing {
+                            reason: "continuation_seam",
+                            message: format!(
+                                "provider `{}`: {}",
+                                self.route.provider.id,
+                                protocol::continuation::SEAM_REFUSED
+                            ),
+                        })
                     }
                     Err(e) => {
                         return Err(PipeError::Framing {
