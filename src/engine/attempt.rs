@@ -135,10 +135,11 @@ pub async fn run(
         cands = &owned;
         entry_reason = Some(next.reason);
     }
-    if let Some(p) = st.rejected_by.take() {
+    if let Some((p, served)) = st.rejected_by.take() {
         // The last word was a provider's context-length rejection: that provider (a route
         // of the stage's model) answered.
         ctx.outcome.provider = Some(p);
+        ctx.outcome.served_model = Some(served);
     } else {
         // Nothing answered: the request is the model's it asked for (log, ledger).
         ctx.answered_model = None;
@@ -189,7 +190,7 @@ struct LoopState {
     /// `sluice_fallback_total` when the next candidate starts.
     previous: Option<(String, &'static str)>,
     /// The provider whose context-length rejection is `last_error`.
-    rejected_by: Option<String>,
+    rejected_by: Option<(String, String)>,
     /// A hedge was started (at most one per request).
     hedged: bool,
     /// The health key of a later model's route a hedge went to: its stage skips it.
@@ -297,7 +298,7 @@ async fn run_stage(
                     st.hedged_later = Some(partner.route.health_key.clone());
                 }
             }
-            let (_, cand) = candidate_at(model, candidates, later, tried.served);
+            let (served_model, cand) = candidate_at(model, candidates, later, tried.served);
             let route = cand.route;
             match tried.outcome {
                 Attempt::Done => {
@@ -341,7 +342,10 @@ async fn run_stage(
                     });
                     ctx.attempts.failed_routes += 1;
                     st.previous = Some((route.provider.id.clone(), reason));
-                    st.rejected_by = Some(route.provider.id.clone());
+                    st.rejected_by = Some((
+                        route.provider.id.clone(),
+                        served_model.served_name(route).to_string(),
+                    ));
                     return Ok(StageEnd::Context {
                         at: tried.served,
                         err,
@@ -352,6 +356,7 @@ async fn run_stage(
                     cand.health
                         .record_success(&route.provider.passive_health, None);
                     ctx.outcome.provider = Some(route.provider.id.clone());
+                    ctx.outcome.served_model = Some(served_model.served_name(route).to_string());
                     let _ = respond::write_error(session, ctx, &err).await;
                     return Ok(StageEnd::Done);
                 }
@@ -370,6 +375,9 @@ async fn run_stage(
                     return Err(g);
                 }
                 Attempt::Failed(ae, err) => {
+                    // Nothing of this route reached the client (a unary answer may fail
+                    // after its commit began, before any byte was written).
+                    ctx.outcome.served_model = None;
                     let reason = ae.failure.label();
                     log::info!(target: "sluice::proxy::attempt",
                         "attempt failed request_id={} provider={} upstream_model={} reason={} detail={:?}",

@@ -83,6 +83,10 @@ pub async fn write_error(
         extra.push(("retry-after", retry_after_header(ra)));
         extra.push(("retry-after-ms", retry_after_ms_header(ra)));
     }
+    if let Some(m) = &ctx.outcome.served_model {
+        // An upstream's own answer (a 4xx about the request): which model's route gave it.
+        extra.push((SERVED_MODEL_HEADER, m.clone()));
+    }
     if ctx.attempts.count > 0 && ctx.config.server.emit_route_headers {
         // How many upstream attempts the failure took (retries and fallbacks included).
         extra.push(("x-sluice-attempts", ctx.attempts.count.to_string()));
@@ -103,9 +107,10 @@ pub async fn write_error(
 /// paths in the client's dialect, comma-separated (`models.<id>.unsupported: drop`).
 pub const DROPPED_HEADER: &str = "x-sluice-dropped";
 
-/// The response header naming the model that served an answer: the serving route's
-/// `display_model`, else the standard model's id (the fallback model's after a model-level
-/// fallback); never the upstream model id unless the operator made it the display id.
+/// The response header naming the model that served an answer (or whose provider gave the
+/// error that is the answer): the serving route's `display_model`, else the standard model's
+/// id (the fallback model's after a model-level fallback); never the upstream model id unless
+/// the operator made it the display id.
 pub const SERVED_MODEL_HEADER: &str = "x-sluice-served-model";
 
 /// The response head of a proxied answer: status, content type, `x-request-id`, route

@@ -332,6 +332,8 @@ fn a_relayed_upstream_error_names_the_standard_model_never_the_upstream_id() {
         "{v}"
     );
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    // The provider's own answer: the header names whose route gave it.
+    assert_eq!(r.header("x-sluice-served-model"), Some("acme/chat"));
     // A model-not-found 404 with no route left: the client's 404 names no upstream model.
     p1.set_behavior(NOT_FOUND);
     let r = sluice.chat(&chat_body("acme/chat", false));
