@@ -217,7 +217,7 @@ impl Seam {
             buf.as_str()
         };
         // Still a possible restart or overlap: wait for more (bounded).
-        if !at_end && buf.len() < DECIDE_BYTES && delivered.contains(joined) {
+        if !at_end && buf.len() < DECIDE_BYTES && (p == c.len() || delivered.contains(joined)) {
             return Ok(SeamText::Hold);
         }
         if p >= RESTART_MIN_BYTES {
@@ -351,6 +351,20 @@ mod tests {
             run(&so_far, &refs),
             (Err(SeamRefused), Some(SeamOutcome::Refused))
         );
+    }
+
+    #[test]
+    fn a_restart_after_leading_whitespace_is_still_a_restart() {
+        let (out, o) = run(
+            SO_FAR,
+            &[
+                " A gateway",
+                " earns trust when the 3 a.m. page is still open.",
+                " Then.",
+            ],
+        );
+        assert_eq!(out.unwrap(), " Then.");
+        assert_eq!(o, Some(SeamOutcome::Trimmed));
     }
 
     #[test]
