@@ -181,14 +181,19 @@ pub(crate) async fn unary(
                 Bytes::from(protocol::encode_response_for(client, &resp, echo))
             }
             Err(e) => {
+                // The provider's words name no upstream model.
                 let err = GatewayError::UpstreamUnavailable {
-                    message: providers::scrub_key(
-                        &route.provider,
-                        &format!(
-                            "provider `{}` sent an unreadable answer: {}",
-                            route.provider.id,
-                            e.message()
+                    message: providers::upstream_errors::mask_upstream_model(
+                        &providers::scrub_key(
+                            &route.provider,
+                            &format!(
+                                "provider `{}` sent an unreadable answer: {}",
+                                route.provider.id,
+                                e.message()
+                            ),
                         ),
+                        &route.upstream_model,
+                        standard_model,
                     ),
                     retry_after: None,
                 };
