@@ -325,6 +325,12 @@ pub enum AttemptFailure {
     /// (see [`crate::engine::fallback::is_context_rejection`]): never retried on the route,
     /// it goes on to a larger route or a `context_fallback_models` model.
     ContextLength,
+    /// The provider does not know the route's upstream model (a 404 naming the model or its
+    /// deployment: retired, misspelled, not deployed in that region; Bedrock's 400 "invalid
+    /// model identifier"): never retried, the route rests at once
+    /// ([`crate::routing::health::RouteHealth::record_attempt_failure`]) and the request
+    /// falls back.
+    ModelNotFound,
 }
 
 impl AttemptFailure {
@@ -346,6 +352,7 @@ impl AttemptFailure {
             Self::Status(_) => "status_4xx",
             Self::Protocol | Self::Reset => "protocol",
             Self::ContextLength => "context_length",
+            Self::ModelNotFound => "model_not_found",
         }
     }
 }

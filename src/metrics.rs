@@ -95,12 +95,16 @@ pub struct Metrics {
     /// `sluice_stream_errors_total{reason}`: committed streams that ended with an error event.
     /// Reasons: `upstream_broken`, `upstream_error`, `upstream_truncated`,
     /// `upstream_incomplete`, `upstream_encoding`, `event_too_large`, `idle_timeout`,
-    /// `first_event_timeout`, `max_stream_duration`, `shutdown`.
+    /// `first_event_timeout`, `max_stream_duration`, `shutdown`, `continuation_seam`.
     pub stream_errors_total: IntCounterVec,
     /// `sluice_stream_continuations_total{model,outcome}`: committed streams that broke with
     /// `models.<id>.continue_on_break` on, by what became of them (`continued` and the
     /// refusals, see `crate::engine::continuation::OUTCOMES`).
     pub stream_continuations_total: IntCounterVec,
+    /// `sluice_continuation_seams_total{model,outcome}`: how a continuation's text met the
+    /// text the client had (`clean`, `trimmed`, `space_added`, `refused`; see
+    /// [`crate::protocol::seam`]).
+    pub continuation_seams_total: IntCounterVec,
     /// `sluice_dropped_fields_total{client_dialect,upstream_dialect}`: members and values of
     /// translated requests left out because the target cannot carry them
     /// (`models.<id>.unsupported: drop`; each also named in the answer's
@@ -349,6 +353,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Committed streams that broke with continue_on_break on, by model and outcome (continued, or why not).",
             &["model", "outcome"]
         )?,
+        continuation_seams_total: register_int_counter_vec!(
+            "sluice_continuation_seams_total",
+            "Seams of continued streams, by model and outcome (clean, trimmed, space_added, refused).",
+            &["model", "outcome"]
+        )?,
         dropped_fields_total: register_int_counter_vec!(
             "sluice_dropped_fields_total",
             "Members and values of translated requests left out because the target cannot carry them, by client and upstream dialect.",
@@ -491,7 +500,7 @@ fn init_known_series(m: &Metrics) {
 
 /// Every `reason` of `sluice_stream_errors_total` (the codes of the error events Sluice
 /// writes into committed streams).
-const STREAM_ERROR_REASONS: [&str; 10] = [
+const STREAM_ERROR_REASONS: [&str; 11] = [
     "upstream_broken",
     "upstream_error",
     "upstream_truncated",
@@ -502,6 +511,7 @@ const STREAM_ERROR_REASONS: [&str; 10] = [
     "first_event_timeout",
     "max_stream_duration",
     "shutdown",
+    "continuation_seam",
 ];
 
 /// The statuses Sluice itself answers with ([`crate::error::GatewayError::status`], 200 for
@@ -513,7 +523,7 @@ const GATEWAY_STATUSES: [&str; 13] = [
 ];
 
 /// Every `reason` label of [`crate::error::AttemptFailure::label`] (fallbacks, attempts).
-const ATTEMPT_FAILURE_LABELS: [&str; 8] = [
+const ATTEMPT_FAILURE_LABELS: [&str; 9] = [
     "connect",
     "first_byte_timeout",
     "first_event_timeout",
@@ -522,6 +532,7 @@ const ATTEMPT_FAILURE_LABELS: [&str; 8] = [
     "status_4xx",
     "protocol",
     "context_length",
+    "model_not_found",
 ];
 
 /// The `reason` of a `sluice_fallback_total` step to another standard model after every
@@ -611,6 +622,12 @@ pub fn init_config_series(cfg: &crate::config::Config) {
             for outcome in HEDGE_OUTCOMES {
                 m.hedges_total
                     .with_label_values(&[model_id.as_str(), outcome]);
+            }
+        }
+        if model.continue_on_break {
+            for outcome in crate::protocol::seam::SeamOutcome::ALL {
+                m.continuation_seams_total
+                    .with_label_values(&[model_id.as_str(), outcome.label()]);
             }
         }
         if model.affinity != crate::config::opt_in::Affinity::Off {
@@ -724,6 +741,7 @@ mod tests {
             AttemptFailure::Protocol,
             AttemptFailure::Reset,
             AttemptFailure::ContextLength,
+            AttemptFailure::ModelNotFound,
         ] {
             assert!(
                 super::ATTEMPT_FAILURE_LABELS.contains(&f.label()),

@@ -66,6 +66,10 @@ pub struct Outcome {
     /// (`x-sluice-dropped`: comma-separated JSON paths in the client's dialect); `None`
     /// when nothing was (always for the same dialect in and out).
     pub dropped: Option<String>,
+    /// The public name of the model whose route answered (`x-sluice-served-model`): the
+    /// route's `display_model`, else the standard model's id; set when an attempt commits,
+    /// or when a provider's own error (a 4xx about the request) is the answer.
+    pub served_model: Option<String>,
 }
 
 impl Outcome {

@@ -363,6 +363,9 @@ pub struct Model {
     /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
     /// is continued on the next candidate route (see `crate::engine::continuation`).
     pub continue_on_break: bool,
+    /// `models.<id>.report_served_model`: the answer's `model` field names the serving
+    /// route's public name ([`Model::served_name`]).
+    pub report_served_model: bool,
     /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
@@ -417,6 +420,9 @@ pub struct Route {
     pub capabilities: Option<Vec<Capability>>,
     /// `routes[].supports_prefill`: a continuation on this route rides assistant prefill.
     pub supports_prefill: bool,
+    /// `routes[].display_model`: the public name of the model this route serves (`None`:
+    /// the standard model's id).
+    pub display_model: Option<String>,
     /// Stable health key, `provider/upstream_model`.
     pub health_key: String,
     /// Context window, tokens (`routes[].context_window_tokens`, else the model's); `None`:
@@ -428,6 +434,24 @@ pub struct Route {
     /// `routes[].api`: the OpenAI API of a route to an OpenAI or Azure OpenAI provider
     /// (Chat Completions unless it chose Responses).
     pub api: RouteApi,
+}
+
+impl Model {
+    /// The public name of the model `route` (one of this model's) serves: its
+    /// `display_model`, else this model's id. Sent in `x-sluice-served-model`.
+    pub fn served_name<'a>(&'a self, route: &'a Route) -> &'a str {
+        route.display_model.as_deref().unwrap_or(&self.id)
+    }
+
+    /// The `model` an answer served by `route` names: [`Self::served_name`] when the model
+    /// opts in (`report_served_model`), else this model's id.
+    pub fn echoed_name<'a>(&'a self, route: &'a Route) -> &'a str {
+        if self.report_served_model {
+            self.served_name(route)
+        } else {
+            &self.id
+        }
+    }
 }
 
 impl Route {

@@ -748,6 +748,12 @@ pub struct ModelSection {
     /// (default false; see `crate::engine::continuation`).
     #[serde(default)]
     pub continue_on_break: Option<bool>,
+    /// Opt in to naming the route that served in the answer's `model` field: the route's
+    /// `display_model` when it has one, else this model's id (default false: the `model`
+    /// field names the standard model that answered). The `x-sluice-served-model` header
+    /// names it either way.
+    #[serde(default)]
+    pub report_served_model: Option<bool>,
     /// Opt-in hedged requests: a number of ms, or `auto` (see [`super::opt_in`]).
     #[serde(default)]
     pub hedge_after_ms: Option<super::opt_in::HedgeAfterSection>,
@@ -829,6 +835,13 @@ pub struct RouteSection {
     /// message (default false: current Claude models reject prefill).
     #[serde(default)]
     pub supports_prefill: bool,
+    /// The public name of the model this route serves, for clients that must know which
+    /// underlying model answered: sent in the `x-sluice-served-model` header, and in the
+    /// answer's `model` field when the model opts in (`report_served_model`). Never the
+    /// upstream model id unless the operator writes it here (default: the standard model's
+    /// id).
+    #[serde(default)]
+    pub display_model: Option<String>,
     /// This route's context window, tokens (default: the model's `context_window_tokens`).
     #[serde(default)]
     pub context_window_tokens: Option<u64>,

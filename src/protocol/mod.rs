@@ -137,6 +137,7 @@ mod json;
 pub mod messages;
 pub mod responses;
 mod scan;
+pub mod seam;
 pub mod tokens;
 mod translate;
 pub mod wire;

@@ -135,6 +135,16 @@ impl StreamTranslator {
         self.splice = Some(splice);
     }
 
+    /// How a continuation's seam was decided ([`Splice::seam_outcome`]), once it was.
+    pub fn seam_outcome(&self) -> Option<super::seam::SeamOutcome> {
+        self.splice.as_ref().and_then(Splice::seam_outcome)
+    }
+
+    /// Whether a continuation's seam refused it ([`Splice::refused`]).
+    pub fn seam_refused(&self) -> bool {
+        self.splice.as_ref().is_some_and(Splice::refused)
+    }
+
     /// The client dialect.
     pub fn client(&self) -> ClientDialect {
         self.client
@@ -159,18 +169,22 @@ impl StreamTranslator {
         let stopped = &mut self.stopped;
         let transcript = &mut self.transcript;
         let splice = &mut self.splice;
-        let mut emit = |ev: &super::StreamEvent<'_>| {
-            emit_one(
+        let mut deliver = |ev: &super::StreamEvent<'_>| {
+            deliver_one(
                 Sink {
                     encoder,
                     content_events,
                     stopped,
                     transcript,
-                    splice,
                 },
                 ev,
                 out,
             )
+        };
+        // A continuation's events reach the encoder through its splice.
+        let mut emit = |ev: &super::StreamEvent<'_>| match splice.as_mut() {
+            Some(s) => s.feed(ev, &mut deliver),
+            None => deliver(ev),
         };
         match &mut self.decoder {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),
@@ -249,7 +263,7 @@ impl StreamTranslator {
     /// The canonical events are those a stream of the same answer carries, in order:
     /// `Start` (id, model, the input usage), each output item (reasoning text and its
     /// signature, text, each tool call's start and its whole arguments), `Stop`, `Usage`,
-    /// `End`.
+    /// `End`. It is the stream's first answer, so no continuation's splice applies.
     ///
     /// # Errors
     /// As [`on_event`](Self::on_event) (a sequence the client's encoder cannot express).
@@ -265,7 +279,7 @@ impl StreamTranslator {
             reasoning_tokens: 0,
             ..resp.usage
         };
-        emit_one(
+        deliver_one(
             self.sink(),
             &StreamEvent::Start {
                 id: Cow::Borrowed(&resp.id),
@@ -279,14 +293,14 @@ impl StreamTranslator {
             match item {
                 OutputItem::Reasoning { text, signature } => {
                     if !text.is_empty() {
-                        emit_one(
+                        deliver_one(
                             self.sink(),
                             &StreamEvent::ReasoningDelta(Cow::Borrowed(text)),
                             out,
                         )?;
                     }
                     if let Some(sig) = signature {
-                        emit_one(
+                        deliver_one(
                             self.sink(),
                             &StreamEvent::ReasoningSignature(Cow::Borrowed(sig)),
                             out,
@@ -294,14 +308,14 @@ impl StreamTranslator {
                     }
                 }
                 OutputItem::Text(text) => {
-                    emit_one(
+                    deliver_one(
                         self.sink(),
                         &StreamEvent::TextDelta(Cow::Borrowed(text)),
                         out,
                     )?;
                 }
                 OutputItem::ToolCall(call) => {
-                    emit_one(
+                    deliver_one(
                         self.sink(),
                         &StreamEvent::ToolCallStart {
                             index: tool_index,
@@ -310,7 +324,7 @@ impl StreamTranslator {
                         },
                         out,
                     )?;
-                    emit_one(
+                    deliver_one(
                         self.sink(),
                         &StreamEvent::ToolArgumentsDelta {
                             index: tool_index,
@@ -322,7 +336,7 @@ impl StreamTranslator {
                 }
             }
         }
-        emit_one(
+        deliver_one(
             self.sink(),
             &StreamEvent::Stop {
                 reason: resp.stop_reason,
@@ -330,52 +344,39 @@ impl StreamTranslator {
             },
             out,
         )?;
-        emit_one(self.sink(), &StreamEvent::Usage(resp.usage), out)?;
-        emit_one(self.sink(), &StreamEvent::End, out)
+        deliver_one(self.sink(), &StreamEvent::Usage(resp.usage), out)?;
+        deliver_one(self.sink(), &StreamEvent::End, out)
     }
 }
 
 impl StreamTranslator {
-    /// The translator's parts an event goes through ([`emit_one`]).
+    /// The translator's parts an event goes through ([`deliver_one`]).
     fn sink(&mut self) -> Sink<'_> {
         Sink {
             encoder: &mut self.encoder,
             content_events: &mut self.content_events,
             stopped: &mut self.stopped,
             transcript: &mut self.transcript,
-            splice: &mut self.splice,
         }
     }
 }
 
 /// What one canonical event goes through on its way to the client's encoder (the
-/// translator's fields, borrowed apart from its decoder).
+/// translator's fields, borrowed apart from its decoder and a continuation's splice).
 struct Sink<'a> {
     encoder: &'a mut Encoder,
     content_events: &'a mut u64,
     stopped: &'a mut bool,
     transcript: &'a mut Option<Transcript>,
-    splice: &'a mut Option<Splice>,
 }
 
-/// One canonical event through a continuation's splice (if any), into the transcript (if
-/// recorded), the counters and the client's encoder.
-fn emit_one(
+/// One canonical event into the transcript (if recorded), the counters and the client's
+/// encoder (after a continuation's splice, when there is one).
+fn deliver_one(
     sink: Sink<'_>,
     ev: &super::StreamEvent<'_>,
     out: &mut BytesMut,
 ) -> Result<(), ProtocolError> {
-    let mapped;
-    let ev = match sink.splice.as_mut() {
-        Some(s) => match s.map(ev) {
-            Some(m) => {
-                mapped = m;
-                &mapped
-            }
-            None => return Ok(()),
-        },
-        None => ev,
-    };
     if let Some(t) = sink.transcript.as_mut() {
         t.observe(ev);
     }

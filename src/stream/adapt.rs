@@ -104,11 +104,13 @@ pub(crate) async fn whole_answer<'r>(
         Ok(r) => r,
         Err(e) => return Err(unreadable(e.message())),
     };
-    // The model that answers names itself (a fallback model its own id).
-    resp.model.clone_from(&model.id);
+    // The model that answers names itself (a fallback model its own id; the route's public
+    // name when the model reports the served model), as a stream's events do.
+    let echoed = model.echoed_name(route);
+    echoed.clone_into(&mut resp.model);
     let mut pipe = open_pipe(ctx, req, model, route, up, coding).await?;
     let opts = protocol::StreamOptions {
-        model: model.id.clone(),
+        model: echoed.to_string(),
         created: unix_now(),
         include_usage: req.include_usage,
         echo: req.echo(),

@@ -288,6 +288,13 @@ impl<'r> StreamPipe<'r> {
         self.protocol.as_ref().and_then(|t| t.transcript())
     }
 
+    /// How a continuation's seam was decided, once it was ([`protocol::seam`]).
+    pub(crate) fn seam_outcome(&self) -> Option<protocol::seam::SeamOutcome> {
+        self.protocol
+            .as_ref()
+            .and_then(protocol::StreamTranslator::seam_outcome)
+    }
+
     /// Switches the pipe to a continuation answered by `route` in `coding`: its events are
     /// framed afresh and reach the client's encoder through `splice`, so the client's
     /// stream goes on as one (no second start, block indices and ids continue).
@@ -435,6 +442,18 @@ impl<'r> StreamPipe<'r> {
                         count_malformed(self.route, self.malformed);
                         continue;
                     }
+                    // A continuation that restarted the answer and diverged: no splice
+                    // is right (`protocol::seam`).
+                    Err(_) if t.seam_refused() => {
+                        return Err(PipeError::Framing {
+                            reason: "continuation_seam",
+                            message: format!(
+                                "provider `{}`: {}",
+                                self.route.provider.id,
+                                protocol::continuation::SEAM_REFUSED
+                            ),
+                        })
+                    }
                     Err(e) => {
                         return Err(PipeError::Framing {
                             reason: "upstream_error",
@@ -504,9 +523,9 @@ impl<'r> StreamPipe<'r> {
                 });
             }
             // Until an event has committed the answer, each is validated in full (a
-            // malformed one must not commit it); after that a malformed event only passes
-            // through and is counted, and the cheaper structural check finds the usual
-            // ones (cut short, run together) without a validating parse per event.
+            // malformed one must not commit it); after that the cheaper structural check
+            // finds the usual ones (cut short, run together) without a validating parse per
+            // event. Either way a malformed event is dropped and counted.
             let well_formed = if self.data_events == 0 {
                 protocol::is_json(&data)
             } else {

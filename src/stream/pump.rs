@@ -130,7 +130,11 @@ pub(crate) async fn first_event<'r>(
                             status: 502,
                             error_type: providers::scrub_key(&route.provider, &error_type),
                             code: None,
-                            message: providers::scrub_key(&route.provider, &message),
+                            message: providers::upstream_errors::mask_upstream_model(
+                                &providers::scrub_key(&route.provider, &message),
+                                &route.upstream_model,
+                                &model.id,
+                            ),
                             retry_after: None,
                         };
                         return Err(failed(
@@ -207,11 +211,12 @@ pub(crate) async fn open_pipe<'r>(
     coding: ContentCoding,
 ) -> Result<StreamPipe<'r>, Attempt> {
     let server = &ctx.config.server;
-    // The model that answers names itself (a fallback model its own id, as its routes do).
+    // The model that answers names itself (a fallback model its own id, as its routes do;
+    // the route's public name when the model reports the served model).
     let mut pipe = match StreamPipe::new(
         route,
         ctx.dialect,
-        &model.id,
+        model.echoed_name(route),
         req.include_usage,
         req.echo(),
         coding,
@@ -253,6 +258,7 @@ pub(crate) async fn stream(
         req,
         model,
         candidates: rest,
+        later,
     } = s;
     // Moved out of their box in one statement: the box is freed at once, and only these
     // locals (not also the parts, the box or a `Held`) are part of the stream's future.
@@ -395,6 +401,7 @@ pub(crate) async fn stream(
                         req,
                         model,
                         candidates: rest,
+                        later,
                     },
                     &mut pipe,
                     err,
@@ -575,7 +582,7 @@ pub(crate) async fn pump_body(
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 if let Err(e) = pipe.feed(chunk.as_deref()) {
-                    break Err(pipe_failure(route, e));
+                    break Err(pipe_failure(route, served_as(ctx), e));
                 }
                 // Events that arrived together leave together: one write, not one per event.
                 let stop = if end || pipe.finished() {
@@ -631,7 +638,7 @@ pub(crate) async fn pump_body(
                     ReadyStop::Pending | ReadyStop::End => {}
                     ReadyStop::Broken(e) => break Err(stream_broken(&ctx.request_id, route, &e)),
                     ReadyStop::Pipe(e) => {
-                        break Err(pipe_failure(route, e));
+                        break Err(pipe_failure(route, served_as(ctx), e));
                     }
                 }
             }
@@ -783,6 +790,15 @@ async fn coalesce_ready(
     ReadyStop::Pending
 }
 
+/// The standard model a stream is served as: the fallback model that answered, else the
+/// one asked for.
+fn served_as(ctx: &RequestCtx) -> &str {
+    ctx.answered_model
+        .as_deref()
+        .or(ctx.standard_model.as_deref())
+        .unwrap_or_default()
+}
+
 /// The stream error for an upstream read that failed mid-stream.
 fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamError {
     log::warn!(target: "sluice::proxy::pump", "upstream stream broke request_id={request_id} provider={} error={e}",
@@ -796,7 +812,9 @@ fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamE
 
 /// The stream error for an in-band upstream error (the provider's error type kept) or a
 /// body that broke (framing, encoding, truncation, a missing finish).
-fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
+/// The provider's message names no upstream model: the route's is replaced by `standard`
+/// ([`providers::upstream_errors::mask_upstream_model`]).
+fn pipe_failure(route: &Route, standard: &str, e: PipeError) -> StreamError {
     match e {
         PipeError::Upstream {
             kind,
@@ -806,7 +824,11 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
             reason: "upstream_error",
             kind,
             error_type: providers::scrub_key(&route.provider, &error_type),
-            message: providers::scrub_key(&route.provider, &message),
+            message: providers::upstream_errors::mask_upstream_model(
+                &providers::scrub_key(&route.provider, &message),
+                &route.upstream_model,
+                standard,
+            ),
         },
         PipeError::Framing { reason, message } => {
             log::warn!(target: "sluice::proxy::pump", "upstream stream ended badly provider={} reason={reason} detail={message:?}",

@@ -166,7 +166,12 @@ pub(crate) async fn unary(
         // a body cut short) is the provider's failure, as on the translated path: nothing
         // was written, so the next candidate may answer.
         Some(_) if !is_json_object(&body) => {
-            return unreadable(ctx, route, "the answer is not a JSON object".into());
+            return unreadable(
+                ctx,
+                route,
+                standard_model,
+                "the answer is not a JSON object".into(),
+            );
         }
         Some(fast) => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
@@ -191,7 +196,7 @@ pub(crate) async fn unary(
                 }
                 Bytes::from(protocol::encode_response_for(client, &resp, echo))
             }
-            Err(e) => return unreadable(ctx, route, e.message()),
+            Err(e) => return unreadable(ctx, route, standard_model, e.message()),
         },
     };
     if usage_seen {
@@ -240,15 +245,20 @@ fn is_json_object(body: &[u8]) -> bool {
 /// is charged a failure and the next candidate may answer (nothing was written to the
 /// client); the client's 502 when none does. The message names the provider and the
 /// cause, never the answer's bytes.
-fn unreadable(ctx: &RequestCtx, route: &Route, why: String) -> Attempt {
+fn unreadable(ctx: &RequestCtx, route: &Route, standard_model: &str, why: String) -> Attempt {
     let provider = &route.provider.id;
     log::warn!(target: "sluice::proxy::unary",
         "unreadable upstream answer request_id={} provider={provider} upstream_model={} detail={why:?}",
         ctx.request_id, route.upstream_model
     );
-    let message = providers::scrub_key(
-        &route.provider,
-        &format!("provider `{provider}` sent an unreadable answer: {why}"),
+    // The provider's words name no upstream model.
+    let message = providers::upstream_errors::mask_upstream_model(
+        &providers::scrub_key(
+            &route.provider,
+            &format!("provider `{provider}` sent an unreadable answer: {why}"),
+        ),
+        &route.upstream_model,
+        standard_model,
     );
     failed(
         route,

@@ -14,6 +14,7 @@ mod budget;
 mod cancellation;
 mod capacity;
 mod captured_clients;
+mod chain_paths;
 mod cli_key;
 mod client_compat;
 mod cloud_providers;

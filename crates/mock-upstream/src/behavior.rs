@@ -169,6 +169,11 @@ pub struct Behavior {
     /// Answer with `Connection: close` and close the connection after the response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub close: Option<bool>,
+    /// With `text`: play a model that starts its answer again when asked to continue a cut
+    /// one: the answer is the request's last assistant message (the text so far that a
+    /// continuation request carries, none in an ordinary request) followed by `text`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_answer: Option<bool>,
     /// The model id the answer names (every chunk, every body) instead of the one asked
     /// for, as real providers do (`gpt-4o-mini` → `gpt-4o-mini-2024-07-18`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -441,6 +446,7 @@ impl Behavior {
             prompt_tokens,
             models,
             close,
+            restart_answer,
             answer_model,
             truncate_after_tokens,
             malformed_event_after_tokens,

@@ -508,7 +508,15 @@ pub(crate) fn prepare(
             chunk: bulk_chunk(),
         }
     } else if let Some(text) = &behavior.text {
-        Tokens::List(wire::split_words(text))
+        if Behavior::flag(behavior.restart_answer) {
+            let so_far = body
+                .as_ref()
+                .map(wire::last_assistant_message)
+                .unwrap_or_default();
+            Tokens::List(wire::split_words(&format!("{so_far}{text}")))
+        } else {
+            Tokens::List(wire::split_words(text))
+        }
     } else if behavior.tokens.is_none() && !meta.extras.tool_calls.is_empty() {
         // A tool-call answer without text.
         Tokens::List(Vec::new())

@@ -964,12 +964,22 @@ fn content_text(v: &Value) -> String {
 
 /// Content of the last `role: "user"` message of an OpenAI / Anthropic request body.
 pub(crate) fn last_user_message(body: &Value) -> String {
+    last_message_of(body, "user")
+}
+
+/// The text of the last `assistant` message of an OpenAI or Anthropic request (empty when
+/// there is none): the text so far of a continuation request (`restart_answer`).
+pub(crate) fn last_assistant_message(body: &Value) -> String {
+    last_message_of(body, "assistant")
+}
+
+fn last_message_of(body: &Value, role: &str) -> String {
     body.get("messages")
         .and_then(Value::as_array)
         .and_then(|msgs| {
             msgs.iter()
                 .rev()
-                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+                .find(|m| m.get("role").and_then(Value::as_str) == Some(role))
         })
         .and_then(|m| m.get("content"))
         .map(content_text)
