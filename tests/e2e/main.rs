@@ -2,6 +2,7 @@
 //! real `sluice` and `sluice-mock-upstream` binaries on loopback ports and talks to them over
 //! real sockets. Each module covers one concern.
 
+mod admin_access;
 mod affinity;
 mod agents;
 mod anthropic;
@@ -36,6 +37,7 @@ mod hedge;
 mod hostile;
 mod hostile_edge;
 mod ledger;
+mod listeners;
 mod metering;
 mod model_fallback;
 mod passthrough;
