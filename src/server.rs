@@ -257,6 +257,10 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
             .on_exit(crate::billing::ledger::flush_at_exit)
             .on_exit(crate::conversation::flush_at_exit),
     ));
+    server.add_service(background_service(
+        "sluice heap trim",
+        crate::backpressure::trim::HeapTrimmer,
+    ));
     server.add_service(proxy);
     server.add_service(admin);
     let shown = |key: &str, configured: &str| {

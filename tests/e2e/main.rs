@@ -38,6 +38,7 @@ mod hostile;
 mod hostile_edge;
 mod ledger;
 mod listeners;
+mod memory;
 mod metering;
 mod model_fallback;
 mod passthrough;
