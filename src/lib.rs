@@ -15,6 +15,7 @@
 //! | [`live`] | the live pair a request pins: the config snapshot and the provider registry built from it, swapped together |
 //! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
+//! | [`pid_file`] | the foreground pid file and `sluice reload` (SIGHUP to the pid it names) |
 //! | [`listeners`] | the listening sockets: bound at start (an address in use stops the start), handed to Pingora, held or not (`/readyz`) |
 //! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
 //! | [`proxy`] | the one `ProxyHttp` impl (a thin shell), the per-request context, the access log |
@@ -66,6 +67,7 @@ pub mod logging;
 pub mod metrics;
 pub mod outcome;
 pub mod passthrough;
+pub mod pid_file;
 pub mod protocol;
 pub mod providers;
 pub mod proxy;

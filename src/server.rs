@@ -176,6 +176,8 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     // Absolute, so that reloads (and the watcher) still find it after `-d` changed the
     // working directory.
     let path = std::path::absolute(&args.conf).unwrap_or_else(|_| PathBuf::from(&args.conf));
+    let pid_file = std::path::absolute(&cfg.server.pid_file)
+        .unwrap_or_else(|_| PathBuf::from(&cfg.server.pid_file));
     let (ledger, response_store) = open_databases(&cfg)?;
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
@@ -255,7 +257,8 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
         "sluice stream shutdown",
         StreamShutdown::new(handle)
             .on_exit(crate::billing::ledger::flush_at_exit)
-            .on_exit(crate::conversation::flush_at_exit),
+            .on_exit(crate::conversation::flush_at_exit)
+            .on_exit(move || crate::pid_file::remove_if_own(&pid_file)),
     ));
     server.add_service(background_service(
         "sluice heap trim",

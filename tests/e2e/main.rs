@@ -42,6 +42,7 @@ mod memory;
 mod metering;
 mod model_fallback;
 mod passthrough;
+mod pid_file;
 mod ping_commit;
 mod provider_battery;
 mod readme;
