@@ -205,6 +205,64 @@ fn the_readme_key_entries_pasted_into_the_default_config_pass_sluice_t() {
     }
 }
 
+/// Each variant of `block` that a comment on one of its lines offers as another form of
+/// that line's value (`key: value  # or <form>`, where the form is YAML: it has `{` or `[`;
+/// a comment in words, `# or a number of ms`, is not a form): the block with the form in
+/// place of the value. A reader pastes those forms as they are shown.
+fn comment_alternatives(block: &str) -> Vec<String> {
+    let lines: Vec<&str> = block.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some((code, comment)) = line.split_once('#') else {
+            continue;
+        };
+        let Some(form) = comment.trim().strip_prefix("or ") else {
+            continue;
+        };
+        let form = form.split(';').next().unwrap_or("").trim();
+        let Some((key, _)) = code.split_once(':') else {
+            continue;
+        };
+        if !(form.contains('{') || form.contains('[')) {
+            continue;
+        }
+        let mut variant: Vec<String> = lines.iter().map(|l| (*l).to_string()).collect();
+        variant[i] = format!("{key}: {form}");
+        out.push(variant.join("\n") + "\n");
+    }
+    out
+}
+
+#[test]
+fn the_other_forms_readme_comments_offer_pass_sluice_t_too() {
+    let text = readme();
+    assert!(
+        blocks(&text, "yaml")
+            .iter()
+            .filter(|b| is_whole_config(b))
+            .all(|b| comment_alternatives(b).is_empty()),
+        "a whole README config offers another form in a comment: check it here too"
+    );
+    let default = std::fs::read_to_string(root().join("conf/sluice.yaml")).expect("default config");
+    let dir = TempDir::new("readme-forms");
+    let mut checked = 0;
+    for fragment in fragments(&text) {
+        for variant in comment_alternatives(&fragment) {
+            let merged = paste(&default, &variant);
+            let file = dir.path().join("sluice.yaml");
+            std::fs::write(&file, &merged).expect("write");
+            let out = check(&file, &[]);
+            assert!(
+                out.status.success(),
+                "a form a README comment offers fails `sluice -t`:\n{variant}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no README comment offers another form");
+}
+
 /// The README's YAML blocks that are whole files named by their first line (`# path`), in
 /// order: (path, content).
 fn named_files(text: &str) -> Vec<(String, String)> {
