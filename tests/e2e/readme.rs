@@ -510,6 +510,63 @@ fn install_sh_under_sudo_without_a_release_binary_refuses_to_build_as_root() {
     assert!(!t.join("dest/usr/bin/sluice").exists());
 }
 
+#[test]
+fn install_sh_takes_the_release_binary_from_cargo_target_dir() {
+    // A copy of the script and what it installs, in a tree without target/; the release
+    // build is where CARGO_TARGET_DIR says cargo puts it. (The tree has no
+    // scripts/install-deps.sh and `cargo` is a shim recording calls: looking in ./target
+    // and building would fail here instead of building for minutes.)
+    let tree = TempDir::new("install-target-dir");
+    let t = tree.path();
+    for dir in ["scripts", "systemd", "conf", "shims", "out/release"] {
+        std::fs::create_dir_all(t.join(dir)).expect("mkdir");
+    }
+    for file in [
+        "scripts/install.sh",
+        "systemd/sluice.service",
+        "systemd/graceful-upgrade.conf",
+        "systemd/sluice.env.example",
+        "conf/sluice.yaml",
+        "README.md",
+    ] {
+        std::fs::copy(root().join(file), t.join(file)).expect("copy");
+    }
+    std::fs::copy(env!("CARGO_BIN_EXE_sluice"), t.join("out/release/sluice")).expect("copy");
+    let called = t.join("cargo-called");
+    let shim = t.join("shims/cargo");
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\ntouch {}\nexit 1\n", called.display()),
+    )
+    .expect("write shim");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = Command::new("bash")
+        .arg(t.join("scripts/install.sh"))
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                t.join("shims").display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env("DESTDIR", t.join("dest"))
+        .env("CARGO_TARGET_DIR", t.join("out"))
+        .env_remove("SLUICE_BIN")
+        .output()
+        .expect("run install.sh");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !called.exists(),
+        "install.sh ran cargo although the binary was built"
+    );
+    assert_eq!(
+        std::fs::read(t.join("dest/usr/bin/sluice")).expect("installed binary"),
+        std::fs::read(env!("CARGO_BIN_EXE_sluice")).expect("built binary")
+    );
+}
+
 /// The effective `[Service]` values of `key` in `unit` then `dropin` (systemd's rule: an
 /// empty assignment clears the list).
 fn unit_values(unit: &str, dropin: &str, key: &str) -> Vec<String> {
