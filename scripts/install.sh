@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs Sluice as a systemd service, idempotently:
 #   target/release/sluice          -> /usr/bin/sluice          (built first if missing, but
-#                                                               not as root under sudo)
+#                                                               not as root under sudo;
+#                                                               $CARGO_TARGET_DIR/release/sluice
+#                                                               when that is set, as cargo does)
 #   conf/sluice.yaml               -> /etc/sluice/sluice.yaml  (only if absent: yours is kept)
 #   systemd/sluice.env.example     -> /etc/sluice/sluice.env   (only if absent; mode 600)
 #   systemd/sluice.service         -> /etc/systemd/system/sluice.service
@@ -16,13 +18,14 @@
 # Usage: sudo bash scripts/install.sh
 # Environment:
 #   SLUICE_BIN=path   install this binary instead of target/release/sluice (no build)
+#   CARGO_TARGET_DIR  where cargo builds (default target/): the binary is taken from there
 #   DESTDIR=dir       stage everything under dir (packaging, tests): no user is created and
 #                     systemctl is not called
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dest="${DESTDIR:-}"
-bin="${SLUICE_BIN:-target/release/sluice}"
+bin="${SLUICE_BIN:-${CARGO_TARGET_DIR:-target}/release/sluice}"
 if [ -z "${SLUICE_BIN:-}" ] && [ ! -x "$bin" ]; then
   # Under sudo, do not build as root: cargo is usually not on root's PATH, and a root build
   # leaves root-owned files in the user's target/ and ~/.cargo. Build as the user first.

@@ -4,6 +4,9 @@
 //! - `sluice -t -c FILE`: validate `FILE`, exit 0, or non-zero with `file:line:col: key: message`.
 //! - `-d` (daemonize) and `-u` (graceful upgrade: take over the listeners of a running Sluice)
 //!   are passed to Pingora.
+//! - `sluice reload [-c FILE] [--pid-file PATH]`: send the running Sluice `SIGHUP` (reload
+//!   its config), found through the pid file (`server.pid_file` of `FILE`); exit 1 when there
+//!   is none or it names a process that is not a Sluice.
 //! - `sluice key new --tenant T [--name N]`: print a fresh virtual key (first line) and the
 //!   line `key_sha256: <64 hex>` to put in the config; needs no config file.
 //! - `sluice usage -c FILE [--since DATE] [--until DATE] [--tenant T] [--model M]
@@ -55,6 +58,40 @@ pub enum Command {
     },
     /// Print the usage ledger (records or per tenant × model sums).
     Usage(UsageArgs),
+    /// Reload the running Sluice's config: SIGHUP to the pid in its pid file.
+    Reload(ReloadArgs),
+}
+
+/// `sluice reload ...`: signal the running process to reload.
+#[derive(Debug, clap::Args)]
+pub struct ReloadArgs {
+    /// The YAML config the running Sluice was started with; its `server.pid_file` names the
+    /// pid file (only that key is read).
+    #[arg(
+        short = 'c',
+        long = "conf",
+        alias = "config",
+        default_value = "conf/sluice.yaml"
+    )]
+    pub conf: String,
+    /// The pid file to read instead of the config's `server.pid_file`.
+    #[arg(long)]
+    pub pid_file: Option<String>,
+}
+
+impl ReloadArgs {
+    /// Runs the command: what to print, or an error message.
+    ///
+    /// # Errors
+    /// No readable config or pid file, a stale pid, or a signal that cannot be sent; as
+    /// text.
+    pub fn run(&self) -> Result<String, String> {
+        let pid_file = match &self.pid_file {
+            Some(p) => std::path::PathBuf::from(p),
+            None => crate::pid_file::configured(std::path::Path::new(&self.conf))?,
+        };
+        crate::pid_file::send_reload(&pid_file)
+    }
 }
 
 /// `sluice usage ...`: read the usage ledger.

@@ -15,6 +15,8 @@
 //! | [`live`] | the live pair a request pins: the config snapshot and the provider registry built from it, swapped together |
 //! | [`reload`] | hot reload: watch, load, validate, swap; resize admission and metric series |
 //! | [`server`] | Pingora server assembly: proxy, admin, background services |
+//! | [`pid_file`] | the foreground pid file and `sluice reload` (SIGHUP to the pid it names) |
+//! | [`listeners`] | the listening sockets: bound at start (an address in use stops the start), handed to Pingora, held or not (`/readyz`) |
 //! | [`tls`] | downstream TLS: certificate loading, the SNI resolver swapped on reload, listener settings |
 //! | [`proxy`] | the one `ProxyHttp` impl (a thin shell), the per-request context, the access log |
 //! | [`edge`] | the downstream connection loop, the head guard, the screening of each request (head limits, per-IP limits) |
@@ -35,7 +37,7 @@
 //! | [`redis`] | the process's one Redis connection and its health, shared by distributed limits and budgets |
 //! | [`error`] | client-facing errors and attempt records |
 //! | [`metrics`], [`proxy::access_log`], [`logging`] | observability |
-//! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`] |
+//! | [`admin`] | `/healthz`, `/readyz`, `/metrics`, `/admin/usage`; the status page (`/`) of [`status`]; the admin token and methods |
 //! | [`status`] | the admin status page and `/status.json`: figures from the metrics registry, a fixed ring of samples |
 //!
 //! Phase → module: `new_ctx` → [`proxy::ctx`]; `request_filter` → [`edge::screen`], [`ingress::endpoints`] →
@@ -59,11 +61,13 @@ pub mod engine;
 pub mod error;
 pub mod fd_limit;
 pub mod ingress;
+pub mod listeners;
 pub mod live;
 pub mod logging;
 pub mod metrics;
 pub mod outcome;
 pub mod passthrough;
+pub mod pid_file;
 pub mod protocol;
 pub mod providers;
 pub mod proxy;

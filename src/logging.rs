@@ -112,8 +112,30 @@ pub fn init(format: LogFormat) {
 /// Drops Pingora's TRACE records: they print whole request heads, and with them the provider
 /// key Sluice injects (`RUST_LOG=trace` must not put a secret in the log). Also drops the file
 /// watcher's DEBUG/TRACE records: with the log written into the watched config folder each of
-/// its lines would report the previous one (a feedback loop).
+/// its lines would report the previous one (a feedback loop). And says what Pingora's
+/// expected waits mean ([`expected_wait`]).
 struct NoPingoraTrace(env_logger::Logger);
+
+/// Pingora's target for the graceful upgrade's socket hand-over.
+const TRANSFER_FD: &str = "pingora_core::server::transfer_fd";
+
+/// What Sluice logs instead of a record Pingora logs as an error although it is part of
+/// the normal course: `sluice -u` polling the upgrade socket (once a second, up to 5 times)
+/// before the running process got its SIGQUIT and sent its sockets. Every graceful upgrade
+/// logged one `ERROR ... No incoming socket transfer` per second waited; it is an INFO line
+/// saying so. Running out of retries is still Pingora's ERROR (`Bootstrap failed`).
+fn expected_wait(record: &log::Record<'_>) -> Option<&'static str> {
+    (record.level() == log::Level::Error
+        && record.target() == TRANSFER_FD
+        && record
+            .args()
+            .to_string()
+            .starts_with("No incoming socket transfer"))
+    .then_some(
+        "graceful upgrade: the running process has not sent its listening sockets yet \
+         (send it SIGQUIT: `kill -QUIT <old pid>`); asking again in 1 s, 5 times in all",
+    )
+}
 
 impl log::Log for NoPingoraTrace {
     fn enabled(&self, m: &log::Metadata<'_>) -> bool {
@@ -125,6 +147,24 @@ impl log::Log for NoPingoraTrace {
     }
 
     fn log(&self, record: &log::Record<'_>) {
+        if let Some(text) = expected_wait(record) {
+            let meta = log::Metadata::builder()
+                .level(log::Level::Info)
+                .target(record.target())
+                .build();
+            if self.enabled(&meta) {
+                self.0.log(
+                    &log::Record::builder()
+                        .metadata(meta)
+                        .module_path(record.module_path())
+                        .file(record.file())
+                        .line(record.line())
+                        .args(format_args!("{text}"))
+                        .build(),
+                );
+            }
+            return;
+        }
         if self.enabled(record.metadata()) {
             self.0.log(record);
         }

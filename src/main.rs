@@ -26,6 +26,18 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Reload(reload)) = &args.command {
+        return match reload.run() {
+            Ok(out) => {
+                print!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if let Some(Command::Usage(usage)) = &args.command {
         return match usage.run() {
             Ok(out) => {
@@ -69,8 +81,18 @@ fn main() -> ExitCode {
         nofile.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
         cfg.server.max_concurrent_upstream_requests
     );
+    let pid_file = cfg.server.pid_file.clone();
     match sluice::server::build(cfg, &args) {
-        Ok(server) => server.run_forever(),
+        Ok(server) => {
+            // With -d Pingora writes it after the fork; in the foreground Sluice does, so
+            // that `sluice reload` finds this process (`sluice::pid_file`).
+            if !args.daemon {
+                if let Err(e) = sluice::pid_file::write_own(std::path::Path::new(&pid_file)) {
+                    log::warn!("cannot write the pid file {pid_file} (server.pid_file): {e}; `sluice reload` will not find this process");
+                }
+            }
+            server.run_forever()
+        }
         Err(e) => {
             log::error!("{e}");
             ExitCode::from(1)

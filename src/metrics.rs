@@ -138,6 +138,10 @@ pub struct Metrics {
     /// their upstream attempts; each body byte counts twice, see
     /// [`crate::backpressure::buffers`]), bounded by `server.max_buffered_request_bytes`.
     pub buffered_request_bytes: IntGauge,
+    /// `sluice_heap_trims_total`: times freed heap memory was handed back to the OS after a
+    /// burst of request bodies drained (glibc's `malloc_trim`; see
+    /// [`crate::backpressure::trim`]).
+    pub heap_trims_total: IntCounter,
     /// `sluice_request_read_aborts_total{phase,reason}`: requests that never fully arrived:
     /// `phase` `head` or `body`, `reason` `timeout` (`server.header_read_timeout_ms` /
     /// `body_read_timeout_ms` passed) or `closed` (the client hung up or reset mid-way).
@@ -400,6 +404,10 @@ fn build() -> Result<Metrics, prometheus::Error> {
         buffered_request_bytes: register_int_gauge!(
             "sluice_buffered_request_bytes",
             "Memory reserved for request bodies now, bytes (each body byte counts twice; bounded by server.max_buffered_request_bytes)."
+        )?,
+        heap_trims_total: register_int_counter!(
+            "sluice_heap_trims_total",
+            "Times freed heap memory was handed back to the OS after a burst of request bodies drained."
         )?,
         request_read_aborts_total: register_int_counter_vec!(
             "sluice_request_read_aborts_total",

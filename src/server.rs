@@ -22,6 +22,7 @@ use crate::backpressure::Admission;
 use crate::cli::Args;
 use crate::config::Config;
 use crate::edge::connection::DownstreamApp;
+use crate::listeners::ListenerSet;
 use crate::live::ConfigHandle;
 use crate::proxy::Gateway;
 use crate::reload::Reloader;
@@ -45,6 +46,9 @@ pub enum StartError {
     /// Pingora refused its configuration.
     #[error("cannot start the server: {0}")]
     Pingora(String),
+    /// A listener cannot be bound (an address in use, a privileged port).
+    #[error(transparent)]
+    Listen(#[from] crate::listeners::ListenError),
     /// The usage ledger (or the response store in its database) cannot be opened.
     #[error("cannot open the usage ledger: {0}")]
     Ledger(#[from] crate::billing::ledger::LedgerError),
@@ -144,11 +148,19 @@ fn http_server_options() -> HttpServerOptions {
 /// Builds the server; `run_forever` it next.
 ///
 /// # Errors
-/// [`StartError`] when Pingora refuses its configuration.
+/// [`StartError`] when a listener cannot be bound (first, before anything else is opened),
+/// or Pingora refuses its configuration, or a database cannot be opened.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the assembly of every service, in start order, read top to bottom"
+)]
 pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     if let Err(e) = crate::reload::catch_early_sighup() {
         log::warn!("cannot install the early SIGHUP handler: {e}");
     }
+    // First: an address in use stops the start here, with its key and address, instead of
+    // Pingora retrying it for 30 s in a service thread that then dies (`crate::listeners`).
+    let listeners = ListenerSet::bind(&cfg.server, args.upgrade)?;
     let conf = server_conf(&cfg, args);
     let mut server = Server::new_with_opt_and_conf(Some(args.pingora_opt()), conf);
     server.bootstrap();
@@ -164,6 +176,8 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     // Absolute, so that reloads (and the watcher) still find it after `-d` changed the
     // working directory.
     let path = std::path::absolute(&args.conf).unwrap_or_else(|_| PathBuf::from(&args.conf));
+    let pid_file = std::path::absolute(&cfg.server.pid_file)
+        .unwrap_or_else(|_| PathBuf::from(&cfg.server.pid_file));
     let (ledger, response_store) = open_databases(&cfg)?;
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
@@ -203,10 +217,17 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     if let Some(addr) = &tls_listen {
         proxy.add_listener(downstream_listener(addr, cfg_write_timeout));
     }
+    let mut proxy_addrs = vec![listen.as_str()];
+    proxy_addrs.extend(tls_listen.as_deref());
+    let proxy = listeners.hold(proxy, &proxy_addrs);
 
-    let mut admin = Service::new("sluice admin".to_string(), AdminApp::new(handle.clone()));
+    let mut admin = Service::new(
+        "sluice admin".to_string(),
+        AdminApp::new(handle.clone(), listeners.clone()),
+    );
     admin.add_tcp(&admin_listen);
     admin.threads = Some(1);
+    let admin = listeners.hold(admin, &[admin_listen.as_str()]);
 
     if let Some(ledger) = ledger {
         server.add_service(background_service("sluice usage ledger", ledger));
@@ -236,15 +257,35 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
         "sluice stream shutdown",
         StreamShutdown::new(handle)
             .on_exit(crate::billing::ledger::flush_at_exit)
-            .on_exit(crate::conversation::flush_at_exit),
+            .on_exit(crate::conversation::flush_at_exit)
+            .on_exit(move || crate::pid_file::remove_if_own(&pid_file)),
+    ));
+    server.add_service(background_service(
+        "sluice heap trim",
+        crate::backpressure::trim::HeapTrimmer,
     ));
     server.add_service(proxy);
     server.add_service(admin);
+    let shown = |key: &str, configured: &str| {
+        listeners
+            .local_addr(key)
+            .map_or_else(|| configured.to_owned(), |a| a.to_string())
+    };
+    let (listen, admin_listen) = (
+        shown("server.listen", &listen),
+        shown("server.admin_listen", &admin_listen),
+    );
+    let how = if args.upgrade {
+        " (sockets handed over by the previous process)"
+    } else {
+        ""
+    };
     match &tls_listen {
         Some(tls) => {
-            log::info!("sluice listening on {listen} and {tls} (TLS) (admin {admin_listen})");
+            let tls = shown("server.tls_listen", tls);
+            log::info!("sluice listening on {listen} and {tls} (TLS) (admin {admin_listen}){how}");
         }
-        None => log::info!("sluice listening on {listen} (admin {admin_listen})"),
+        None => log::info!("sluice listening on {listen} (admin {admin_listen}){how}"),
     }
     Ok(server)
 }

@@ -21,8 +21,12 @@
 //! (nothing is replayed after it; see `proxy::request::InferenceRequest::release_payload`),
 //! else until the attempt loop ends. Dropping it releases the bytes.
 //! `sluice_buffered_request_bytes` shows the total reserved.
+//!
+//! The account also decides when freed body memory is handed back to the OS: a reservation
+//! that takes the total past [`super::trim::high_water`] arms it, and the release that
+//! drains it to [`super::trim::low_water`] asks [`super::trim`] for one heap trim.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub use crate::config::COPIES_PER_BODY_BYTE;
@@ -31,7 +35,19 @@ use crate::metrics::metrics;
 /// The process-wide count of reserved request body bytes.
 #[derive(Debug, Default)]
 pub struct RequestBuffers {
-    held: Arc<AtomicUsize>,
+    held: Arc<Account>,
+}
+
+/// Reserved bytes, and whether they passed the high-water mark since the last trim request.
+#[derive(Debug, Default)]
+struct Account {
+    /// Bytes reserved now, all requests together.
+    held: AtomicUsize,
+    /// Set when a reservation took `held` past [`super::trim::high_water`]; cleared by the
+    /// release that drains it to the low-water mark (which then asks for a trim).
+    armed: AtomicBool,
+    /// The low-water mark of the bound the account was armed under, bytes.
+    low_water: AtomicUsize,
 }
 
 /// The bound would be passed: the caller answers 503 with `Retry-After`.
@@ -44,7 +60,7 @@ pub struct BuffersFull {
 /// Bytes reserved by one request; released on drop.
 #[derive(Debug)]
 pub struct BufferReservation {
-    held: Arc<AtomicUsize>,
+    held: Arc<Account>,
     bytes: usize,
 }
 
@@ -56,7 +72,7 @@ impl RequestBuffers {
 
     /// Bytes reserved now, all requests together.
     pub fn held(&self) -> usize {
-        self.held.load(Ordering::Acquire)
+        self.held.held.load(Ordering::Acquire)
     }
 
     /// Reserves `bytes` if the total stays within `max_bytes`.
@@ -92,12 +108,22 @@ impl BufferReservation {
         let Some(extra) = bytes.checked_sub(self.bytes).filter(|e| *e > 0) else {
             return Ok(());
         };
-        self.held
+        let before = self
+            .held
+            .held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 held.checked_add(extra).filter(|total| *total <= max_bytes)
             })
             .map_err(|_| BuffersFull { max_bytes })?;
         self.bytes = bytes;
+        if before + extra >= super::trim::high_water(max_bytes)
+            && !self.held.armed.load(Ordering::Relaxed)
+        {
+            self.held
+                .low_water
+                .store(super::trim::low_water(max_bytes), Ordering::Relaxed);
+            self.held.armed.store(true, Ordering::Release);
+        }
         metrics()
             .buffered_request_bytes
             .add(i64::try_from(extra).unwrap_or(i64::MAX));
@@ -108,7 +134,13 @@ impl BufferReservation {
 impl Drop for BufferReservation {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            self.held.fetch_sub(self.bytes, Ordering::AcqRel);
+            let left = self.held.held.fetch_sub(self.bytes, Ordering::AcqRel) - self.bytes;
+            if self.held.armed.load(Ordering::Acquire)
+                && left <= self.held.low_water.load(Ordering::Relaxed)
+                && self.held.armed.swap(false, Ordering::AcqRel)
+            {
+                super::trim::request();
+            }
             metrics()
                 .buffered_request_bytes
                 .sub(i64::try_from(self.bytes).unwrap_or(i64::MAX));
@@ -142,6 +174,31 @@ mod tests {
         c.ensure(1000, 1000).unwrap();
         assert_eq!(b.held(), 1000);
         drop(c);
+        assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn a_drain_after_passing_the_high_water_mark_asks_for_one_trim() {
+        let requests = || crate::backpressure::trim::REQUESTS.load(Ordering::Relaxed);
+        let max = 32 << 20; // high water 8 MiB, low water 1 MiB
+        let b = RequestBuffers::new();
+        // Below the high-water mark: filling and draining asks for nothing.
+        let small = b.reserve(7 << 20, max).unwrap();
+        drop(small);
+        assert!(!b.held.armed.load(Ordering::Acquire));
+        // Past it, the drain to the low-water mark asks once, not on every release.
+        let before = requests();
+        let big = b.reserve(6 << 20, max).unwrap();
+        let mut other = b.reserve(0, max).unwrap();
+        other.ensure(3 << 20, max).unwrap();
+        assert!(b.held.armed.load(Ordering::Acquire));
+        drop(big); // 3 MiB left: above the low-water mark
+        assert!(b.held.armed.load(Ordering::Acquire));
+        let small = b.reserve(512 << 10, max).unwrap();
+        drop(other); // 0.5 MiB left: drained
+        assert!(!b.held.armed.load(Ordering::Acquire));
+        assert!(requests() > before);
+        drop(small);
         assert_eq!(b.held(), 0);
     }
 

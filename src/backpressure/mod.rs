@@ -32,6 +32,7 @@ pub mod provider;
 pub mod redis;
 pub mod status;
 pub mod tenant;
+pub mod trim;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

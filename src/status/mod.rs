@@ -2,8 +2,9 @@
 //! and JS, no external assets, see `page.html`) and `/status.json` (the figures it shows),
 //! plus the background sampler that keeps the last minutes of them in a fixed-size ring.
 //!
-//! Everything shown is read from the process's Prometheus registry, i.e. exactly what the
-//! unauthenticated `/metrics` already exports: requests, active streams, route health
+//! Everything shown is read from the process's Prometheus registry, i.e. exactly what
+//! `/metrics` already exports (all three behind the admin token when one is set, see
+//! [`crate::admin`]): requests, active streams, route health
 //! (`sluice_provider_health`), fallbacks, rejections, TTFT quantiles (from bucket deltas of
 //! `sluice_ttft_seconds` between samples), spend today (deltas of `sluice_charge_usd_total`
 //! since the UTC day began) and budgets left (`sluice_budget_remaining_usd`). The status page

@@ -135,6 +135,15 @@ fn a_non_loopback_admin_listener_is_warned_about_by_check_and_startup() {
         "{stderr}"
     );
     assert!(stderr.contains("no authentication"), "{stderr}");
+    // It names what is exposed, the status page included, and the remedy.
+    for exposed in [
+        "/ (the status page",
+        "/status.json",
+        "/metrics",
+        "server.admin_token_env",
+    ] {
+        assert!(stderr.contains(exposed), "{exposed}: {stderr}");
+    }
 
     // Startup logs the same warning (the listeners bind to free ports; nothing connects).
     let [port, admin_port] = crate::harness::free_ports();

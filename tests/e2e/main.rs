@@ -2,6 +2,7 @@
 //! real `sluice` and `sluice-mock-upstream` binaries on loopback ports and talks to them over
 //! real sockets. Each module covers one concern.
 
+mod admin_access;
 mod affinity;
 mod agents;
 mod answers;
@@ -38,9 +39,12 @@ mod hedge;
 mod hostile;
 mod hostile_edge;
 mod ledger;
+mod listeners;
+mod memory;
 mod metering;
 mod model_fallback;
 mod passthrough;
+mod pid_file;
 mod ping_commit;
 mod provider_battery;
 mod readme;

@@ -205,6 +205,64 @@ fn the_readme_key_entries_pasted_into_the_default_config_pass_sluice_t() {
     }
 }
 
+/// Each variant of `block` that a comment on one of its lines offers as another form of
+/// that line's value (`key: value  # or <form>`, where the form is YAML: it has `{` or `[`;
+/// a comment in words, `# or a number of ms`, is not a form): the block with the form in
+/// place of the value. A reader pastes those forms as they are shown.
+fn comment_alternatives(block: &str) -> Vec<String> {
+    let lines: Vec<&str> = block.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some((code, comment)) = line.split_once('#') else {
+            continue;
+        };
+        let Some(form) = comment.trim().strip_prefix("or ") else {
+            continue;
+        };
+        let form = form.split(';').next().unwrap_or("").trim();
+        let Some((key, _)) = code.split_once(':') else {
+            continue;
+        };
+        if !(form.contains('{') || form.contains('[')) {
+            continue;
+        }
+        let mut variant: Vec<String> = lines.iter().map(|l| (*l).to_string()).collect();
+        variant[i] = format!("{key}: {form}");
+        out.push(variant.join("\n") + "\n");
+    }
+    out
+}
+
+#[test]
+fn the_other_forms_readme_comments_offer_pass_sluice_t_too() {
+    let text = readme();
+    assert!(
+        blocks(&text, "yaml")
+            .iter()
+            .filter(|b| is_whole_config(b))
+            .all(|b| comment_alternatives(b).is_empty()),
+        "a whole README config offers another form in a comment: check it here too"
+    );
+    let default = std::fs::read_to_string(root().join("conf/sluice.yaml")).expect("default config");
+    let dir = TempDir::new("readme-forms");
+    let mut checked = 0;
+    for fragment in fragments(&text) {
+        for variant in comment_alternatives(&fragment) {
+            let merged = paste(&default, &variant);
+            let file = dir.path().join("sluice.yaml");
+            std::fs::write(&file, &merged).expect("write");
+            let out = check(&file, &[]);
+            assert!(
+                out.status.success(),
+                "a form a README comment offers fails `sluice -t`:\n{variant}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no README comment offers another form");
+}
+
 /// The README's YAML blocks that are whole files named by their first line (`# path`), in
 /// order: (path, content).
 fn named_files(text: &str) -> Vec<(String, String)> {
@@ -450,6 +508,63 @@ fn install_sh_under_sudo_without_a_release_binary_refuses_to_build_as_root() {
     assert!(stderr.contains("SLUICE_BIN="), "{stderr}");
     assert!(!called.exists(), "install.sh ran cargo as root");
     assert!(!t.join("dest/usr/bin/sluice").exists());
+}
+
+#[test]
+fn install_sh_takes_the_release_binary_from_cargo_target_dir() {
+    // A copy of the script and what it installs, in a tree without target/; the release
+    // build is where CARGO_TARGET_DIR says cargo puts it. (The tree has no
+    // scripts/install-deps.sh and `cargo` is a shim recording calls: looking in ./target
+    // and building would fail here instead of building for minutes.)
+    let tree = TempDir::new("install-target-dir");
+    let t = tree.path();
+    for dir in ["scripts", "systemd", "conf", "shims", "out/release"] {
+        std::fs::create_dir_all(t.join(dir)).expect("mkdir");
+    }
+    for file in [
+        "scripts/install.sh",
+        "systemd/sluice.service",
+        "systemd/graceful-upgrade.conf",
+        "systemd/sluice.env.example",
+        "conf/sluice.yaml",
+        "README.md",
+    ] {
+        std::fs::copy(root().join(file), t.join(file)).expect("copy");
+    }
+    std::fs::copy(env!("CARGO_BIN_EXE_sluice"), t.join("out/release/sluice")).expect("copy");
+    let called = t.join("cargo-called");
+    let shim = t.join("shims/cargo");
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\ntouch {}\nexit 1\n", called.display()),
+    )
+    .expect("write shim");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = Command::new("bash")
+        .arg(t.join("scripts/install.sh"))
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                t.join("shims").display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env("DESTDIR", t.join("dest"))
+        .env("CARGO_TARGET_DIR", t.join("out"))
+        .env_remove("SLUICE_BIN")
+        .output()
+        .expect("run install.sh");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !called.exists(),
+        "install.sh ran cargo although the binary was built"
+    );
+    assert_eq!(
+        std::fs::read(t.join("dest/usr/bin/sluice")).expect("installed binary"),
+        std::fs::read(env!("CARGO_BIN_EXE_sluice")).expect("built binary")
+    );
 }
 
 /// The effective `[Service]` values of `key` in `unit` then `dropin` (systemd's rule: an

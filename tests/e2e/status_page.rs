@@ -18,7 +18,7 @@ use crate::harness::{dead_port, KEY};
 use crate::harness::{Mock, Sluice, TempDir};
 
 /// `SLUICE_CHROMIUM`, else the first of `chromium`, `chromium-browser` on `PATH`.
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SLUICE_CHROMIUM") {
         return Some(PathBuf::from(p));
     }
@@ -30,7 +30,7 @@ fn chromium() -> Option<PathBuf> {
 
 /// The page at `url` after its scripts ran (8 s of virtual time: several refreshes), as
 /// Chromium serializes the DOM.
-fn dump_dom(browser: &PathBuf, url: &str) -> String {
+pub(crate) fn dump_dom(browser: &PathBuf, url: &str) -> String {
     let profile = TempDir::new("chromium");
     let out = Command::new(browser)
         .args([
@@ -54,7 +54,7 @@ fn dump_dom(browser: &PathBuf, url: &str) -> String {
 }
 
 /// The text inside the element with `id` (up to its first child tag), trimmed.
-fn text_of(dom: &str, id: &str) -> Option<String> {
+pub(crate) fn text_of(dom: &str, id: &str) -> Option<String> {
     let at = dom.find(&format!("id=\"{id}\""))?;
     let rest = &dom[at..];
     let start = rest.find('>')? + 1;

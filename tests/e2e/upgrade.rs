@@ -116,21 +116,28 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
     let new_log_path = sock_dir.path().join("new.log");
     let new_log = std::fs::File::create(&new_log_path).expect("log");
     let mut new = Proc(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .current_dir(old.dir.path())
-            .arg("-u")
-            .arg("-c")
-            .arg(&old.config_path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(new_log)
-            .spawn()
-            .expect("spawn sluice -u"),
+        // `SLUICE_E2E_BIN` as the harness reads it: both processes from the build under test.
+        Command::new(
+            std::env::var_os("SLUICE_E2E_BIN")
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into()),
+        )
+        .current_dir(old.dir.path())
+        .arg("-u")
+        .arg("-c")
+        .arg(&old.config_path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(new_log)
+        .spawn()
+        .expect("spawn sluice -u"),
     );
     assert!(
         crate::harness::eventually(Duration::from_secs(5), || sock.exists()),
         "sluice -u never bound the upgrade socket"
     );
+    // As an operator types it: the new process waits a moment on the socket first (it asks
+    // once a second, up to 5 times).
+    std::thread::sleep(Duration::from_millis(1500));
     old.signal("QUIT");
     let quit_at = Instant::now();
 
@@ -186,6 +193,16 @@ fn a_graceful_upgrade_hands_the_listener_over_without_a_refused_connection() {
     // Only the new process is left, and it answers.
     let new_log = std::fs::read_to_string(&new_log_path).unwrap_or_default();
     assert!(access_lines(&new_log) >= 5, "{new_log}");
+    // A normal upgrade logs no ERROR in either process; the new one's wait for the sockets
+    // is an INFO line saying what it waits for (Pingora logs it as an ERROR).
+    for (who, log) in [("old", old.log()), ("new", new_log.clone())] {
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+        assert!(errors.is_empty(), "{who} process: {errors:#?}");
+    }
+    assert!(
+        new_log.contains("INFO  pingora_core::server::transfer_fd graceful upgrade: the running process has not sent its listening sockets yet"),
+        "{new_log}"
+    );
     assert_eq!(
         get(old.admin, "/healthz", &[]).status,
         200,

@@ -252,16 +252,29 @@ pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
         .is_ok_and(|a| !a.ip().is_loopback())
     {
         let text = std::fs::read_to_string(&cfg.source_path).ok();
+        let message = if cfg.server.admin_token.is_some() {
+            format!(
+                "`{admin}` is not a loopback address: /healthz and /readyz answer anyone who \
+                 reaches it; / (the status page), /status.json, /metrics and /admin/usage need \
+                 the admin token, which crosses the network in clear text on this plain-HTTP \
+                 listener. Keep it on a private network or restrict it with a firewall"
+            )
+        } else {
+            format!(
+                "`{admin}` is not a loopback address, and with no admin token \
+                 (server.admin_token_env) the admin listener has no authentication: anyone who \
+                 reaches it reads / (the status page: tenant names, spend today per tenant and \
+                 model, budgets left, route health), /status.json (the same figures), /metrics \
+                 (tenant, provider and model names, traffic, spend), /healthz and /readyz. Set \
+                 server.admin_token_env to put all but /healthz and /readyz behind a token, bind \
+                 it to 127.0.0.1, or restrict it with a firewall"
+            )
+        };
         out.push(ConfigError::at(
             &cfg.source_path,
             text.as_deref(),
             "server.admin_listen",
-            format!(
-                "`{admin}` is not a loopback address, and the admin listener (/metrics, \
-                 /healthz, /readyz) has no authentication: anyone who reaches it reads the \
-                 metrics (tenant, provider and model names, traffic). Bind it to 127.0.0.1 or \
-                 restrict it with a firewall"
-            ),
+            message,
         ));
     }
     out

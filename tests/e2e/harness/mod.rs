@@ -293,9 +293,17 @@ impl Sluice {
                 // bound them between our port probe and our bind; ours then failed to bind):
                 // ready means *this* child holds both listeners.
                 let tls_ok = !tls || listens_on(self.child.id(), self.tls_addr.port());
-                return listens_on(self.child.id(), self.addr.port())
+                if !(listens_on(self.child.id(), self.addr.port())
                     && listens_on(self.child.id(), self.admin.port())
-                    && tls_ok;
+                    && tls_ok)
+                {
+                    return false;
+                }
+                // The sockets are bound before the services that accept on them start:
+                // ready once `/readyz` says every listener is served.
+                if get(self.admin, "/readyz", &[]).status == 200 {
+                    return true;
+                }
             }
             std::thread::sleep(Duration::from_millis(25));
         }
