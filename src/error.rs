@@ -282,8 +282,7 @@ impl GatewayError {
         dialect: crate::protocol::ClientDialect,
         param: Option<&str>,
     ) -> Vec<u8> {
-        let budget = matches!(self, GatewayError::BudgetExceeded { .. });
-        if dialect.wire().gateway_error_body.openai(budget) {
+        if dialect.wire().gateway_error_body.openai() {
             self.to_json()
         } else {
             crate::protocol::error_body(dialect, self.status(), &self.to_string(), param)

@@ -890,8 +890,12 @@ pub enum ErrorKind {
     InvalidRequest,
     /// 401.
     Authentication,
-    /// 403 (and 402 billing).
+    /// 403 (and a provider's 402 billing error).
     Permission,
+    /// 402: Sluice's own budget refusal (OpenAI `insufficient_quota`, Anthropic
+    /// `billing_error`), e.g. a stream ended because its running charge would pass the
+    /// tenant's budget.
+    Billing,
     /// 404.
     NotFound,
     /// 413.
@@ -938,6 +942,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => 400,
             ErrorKind::Authentication => 401,
             ErrorKind::Permission => 403,
+            ErrorKind::Billing => 402,
             ErrorKind::NotFound => 404,
             ErrorKind::RequestTooLarge => 413,
             ErrorKind::RateLimit => 429,

@@ -565,6 +565,13 @@ pub(crate) async fn pump_body(
                     coalesce_ready(up, pipe, coalesce_bytes).await
                 };
                 let end = end || matches!(stop, ReadyStop::End);
+                // A budgeted tenant's running charge is held against its budget before the
+                // output that makes it goes out (nothing to do for other tenants).
+                if ctx.billing.budget.is_some() {
+                    if let Err(e) = super::budget::check(ctx, pipe).await {
+                        break Err(e);
+                    }
+                }
                 let had_content = ctx.outcome.ttft.is_some();
                 let out = pipe.take();
                 if !had_content && pipe.first_content {
@@ -677,12 +684,18 @@ pub(crate) async fn end_with_error(
         .stream_errors_total
         .with_label_values(&[reason])
         .inc();
-    ctx.outcome.label = "stream_error";
+    // Sluice's own cuts have their own outcome (ledger: `shutdown`, `rejected`); the rest
+    // broke upstream.
+    ctx.outcome.label = match reason {
+        "shutdown" => "shutdown",
+        "budget_exceeded" => "budget_exceeded",
+        _ => "stream_error",
+    };
     let ev = pipe.error_event(kind, &error_type, &message, reason);
     ctx.outcome.bytes_out += ev.len() as u64;
     if !matches!(
         reason,
-        "max_stream_duration" | "shutdown" | "first_event_timeout"
+        "max_stream_duration" | "shutdown" | "first_event_timeout" | "budget_exceeded"
     ) {
         ctx.outcome.upstream_broke = true;
     }

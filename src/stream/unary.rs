@@ -192,6 +192,10 @@ pub(crate) async fn unary(
                     ),
                     retry_after: None,
                 };
+                // The provider answered (unreadably): the ledger row names it.
+                ctx.outcome.provider = Some(route.provider.id.clone());
+                ctx.outcome.upstream_model = Some(route.upstream_model.clone());
+                ctx.outcome.upstream_broke = true;
                 let _ = respond::write_error(session, ctx, &err).await;
                 return Attempt::Done;
             }

@@ -1,0 +1,82 @@
+//! Owns a committed stream's running charge against the tenant's budget: after every batch of
+//! upstream events (before their output is written), the charge so far is priced at the
+//! standard model's sell prices and held against the request's budget reservation, which
+//! grows while the budget has room ([`Reservation::grow`]); when it has none, the stream ends
+//! with the budget error event in the client's dialect (`code: budget_exceeded`; Anthropic's
+//! `billing_error`, OpenAI's `insufficient_quota`), and the batch that would have passed the
+//! budget is not written.
+//!
+//! The running charge is the input the upstream reported so far (Anthropic's `message_start`,
+//! Gemini's and Bedrock's per-event usage; OpenAI reports it only at the end, when the
+//! admission's estimate stands for it in the reservation) plus the output: the larger of the
+//! provider's running output figure and the text streamed at 4 bytes a token (the usual
+//! English ratio; the tokenizer is not run while a stream runs).
+//!
+//! [`Reservation::grow`]: crate::billing::budget::Reservation::grow
+
+use crate::billing::metering::Prices;
+use crate::proxy::ctx::RequestCtx;
+use crate::stream::end::StreamError;
+use crate::stream::pipe::StreamPipe;
+
+/// Bytes of streamed text counted as one output token in the running charge.
+const BYTES_PER_TOKEN: u64 = 4;
+
+/// Holds the stream's running charge against its budget reservation (a no-op without one).
+///
+/// # Errors
+/// The `budget_exceeded` stream error when the budget has no room for the running charge;
+/// the output the pipe holds (that would pass the budget) is discarded.
+pub(crate) async fn check(
+    ctx: &mut RequestCtx,
+    pipe: &mut StreamPipe<'_>,
+) -> Result<(), StreamError> {
+    let Some(held) = ctx.billing.budget.as_ref().map(|r| r.amount_usd()) else {
+        return Ok(());
+    };
+    let Some(model) = ctx.answering_model().and_then(|m| ctx.config.models.get(m)) else {
+        return Ok(());
+    };
+    let mut usage = pipe.usage.unwrap_or_default();
+    usage.output_tokens = usage
+        .output_tokens
+        .max(pipe.estimator.bytes().div_ceil(BYTES_PER_TOKEN));
+    let running = Prices::sell(model).usd(&usage);
+    if running <= held {
+        return Ok(());
+    }
+    let config = ctx.config.clone();
+    let Some(r) = ctx.billing.budget.as_mut() else {
+        return Ok(());
+    };
+    match r.grow(&config, running).await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let tenant = ctx
+                .caller
+                .as_ref()
+                .map(|c| c.tenant.as_str())
+                .unwrap_or_default();
+            log::warn!(target: "sluice::budget", "stream ended at the budget request_id={} tenant={tenant} running_charge_usd={running:.6} held_usd={held:.6}",
+                ctx.request_id
+            );
+            let _ = pipe.take();
+            let message = format!(
+                "Budget exceeded for tenant `{tenant}`: this answer has cost {running:.6} USD so \
+                 far and its {} budget of {:.6} USD has no room for more; the stream was ended.",
+                e.window.label(),
+                e.budget_usd,
+            );
+            crate::metrics::metrics()
+                .rejected_total
+                .with_label_values(&["budget_exceeded"])
+                .inc();
+            Err(StreamError {
+                reason: "budget_exceeded",
+                kind: crate::protocol::ErrorKind::Billing,
+                error_type: "insufficient_quota".into(),
+                message,
+            })
+        }
+    }
+}
