@@ -282,10 +282,17 @@ impl GatewayError {
         dialect: crate::protocol::ClientDialect,
         param: Option<&str>,
     ) -> Vec<u8> {
-        if dialect.wire().gateway_error_body.openai() {
+        let budget = matches!(self, GatewayError::BudgetExceeded { .. });
+        if dialect.wire().gateway_error_body.openai(budget) {
             self.to_json()
         } else {
-            crate::protocol::error_body(dialect, self.status(), &self.to_string(), param)
+            crate::protocol::error_body(
+                dialect,
+                self.status(),
+                &self.to_string(),
+                param,
+                self.code(),
+            )
         }
     }
 

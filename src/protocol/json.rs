@@ -492,6 +492,7 @@ pub(crate) fn error_body(
     status: u16,
     message: &str,
     param: Option<&str>,
+    code: Option<&str>,
 ) -> Vec<u8> {
     let kind = ErrorKind::from_status(status);
     match dialect {
@@ -512,7 +513,7 @@ pub(crate) fn error_body(
                 message,
                 ty: openai_type(kind),
                 param,
-                code: None,
+                code,
             },
         }),
     }

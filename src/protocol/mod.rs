@@ -1376,14 +1376,16 @@ pub fn decode_error_body(
 
 /// The JSON error body a client of `dialect` gets for `status`: Messages
 /// `{"type":"error","error":{"type","message"}}`, Chat/Responses
-/// `{"error":{"message","type","param","code"}}`.
+/// `{"error":{"message","type","param","code"}}` (`code`: OpenAI's error code, e.g.
+/// `invalid_api_key`, <https://platform.openai.com/docs/guides/error-codes>; Messages has none).
 pub fn error_body(
     dialect: ClientDialect,
     status: u16,
     message: &str,
     param: Option<&str>,
+    code: Option<&str>,
 ) -> Vec<u8> {
-    json::error_body(dialect, status, message, param)
+    json::error_body(dialect, status, message, param, code)
 }
 
 /// Appends the in-stream error event of `dialect` (sent after the response

@@ -46,15 +46,19 @@ pub struct ClientWire {
 pub enum GatewayErrorBody {
     /// OpenAI's full error body, `code` included (`GatewayError::to_json`).
     OpenAi,
+    /// OpenAI's full body for a budget refusal (its `insufficient_quota` / `budget_exceeded`
+    /// is what OpenAI's SDKs and tooling branch on), the dialect's own body otherwise.
+    OpenAiForBudget,
     /// The dialect's own error body ([`super::error_body`]).
     Dialect,
 }
 
 impl GatewayErrorBody {
-    /// Whether a gateway error gets OpenAI's full body.
-    pub fn openai(self) -> bool {
+    /// Whether an error (`budget`: a budget refusal) gets OpenAI's full body.
+    pub fn openai(self, budget: bool) -> bool {
         match self {
             GatewayErrorBody::OpenAi => true,
+            GatewayErrorBody::OpenAiForBudget => budget,
             GatewayErrorBody::Dialect => false,
         }
     }

@@ -218,6 +218,10 @@ pub struct Behavior {
     /// asked for `stream: false`: a provider that ignores the flag.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_always: Option<bool>,
+    /// Answer a non-stream chat request with 200 `application/json` and exactly this body
+    /// (HTML, text, JSON of another API): an answer no client can read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_answer: Option<String>,
     /// Stream: start the body with a UTF-8 byte order mark (`EF BB BF`), which the WHATWG
     /// SSE decoder strips; with `split: bytewise` it arrives split across chunks.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -435,6 +439,7 @@ impl Behavior {
             ping_interval_ms,
             error_type,
             stream_always,
+            raw_answer,
             bom,
             tool_calls,
             tool_loop,

@@ -695,6 +695,10 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         Kind::Chat(_) if plan.stream || Behavior::flag(plan.behavior.stream_always) => {
             stream::stream(plan, out, close).await
         }
+        Kind::Chat(_) if b.raw_answer.is_some() => {
+            let body = b.raw_answer.clone().unwrap_or_default();
+            write_answer(plan, out, close, abort, body.into_bytes()).await
+        }
         Kind::CountTokens => {
             let body = wire::anthropic_token_count(plan.meta.prompt_tokens);
             write_answer(plan, out, close, abort, body.into_bytes()).await

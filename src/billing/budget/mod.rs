@@ -147,6 +147,19 @@ impl WindowState {
         }
     }
 
+    /// How much more fits under `limit`, nano-USD (may be negative), by the rule of
+    /// [`WindowState::admits`].
+    fn room(&self, limit: i64, share: u32) -> i64 {
+        if share <= 1 {
+            return limit - self.used();
+        }
+        let (base, mine) = match self.synced {
+            Some(synced) => (synced, self.since_sync),
+            None => (self.base, self.spent - self.base + self.reserved),
+        };
+        (limit - base).max(0) / i64::from(share) - mine
+    }
+
     /// Whether `amount` more fits under `limit`. `share` > 1 is failing open with
     /// `redis.replicas` replicas: this process may use `1 / share` of what was left when Redis
     /// last answered (or of what the ledger left, before Redis ever answered). `Err` carries the
@@ -382,12 +395,40 @@ impl Budgets {
         tenant: &str,
         amount_usd: f64,
     ) -> Result<Option<Reservation>, Exceeded> {
+        self.reserve_inner(config, tenant, amount_usd, false).await
+    }
+
+    /// [`Budgets::reserve`] of as much of `amount_usd` as every window has room for (a hard
+    /// budget's settlement takes what is left, [`Reservation::settle_hard`]).
+    ///
+    /// # Errors
+    /// [`Exceeded`] naming the first window without any room.
+    pub async fn reserve_up_to(
+        self: &Arc<Self>,
+        config: &Config,
+        tenant: &str,
+        amount_usd: f64,
+    ) -> Result<Option<Reservation>, Exceeded> {
+        self.reserve_inner(config, tenant, amount_usd, true).await
+    }
+
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the Redis and the local decision of one reservation, in order"
+    )]
+    async fn reserve_inner(
+        self: &Arc<Self>,
+        config: &Config,
+        tenant: &str,
+        amount_usd: f64,
+        partial: bool,
+    ) -> Result<Option<Reservation>, Exceeded> {
         let Some(budget) = Self::budget_of(config, tenant) else {
             return Ok(None);
         };
         let state = self.tenant(tenant);
         self.seed(tenant, &state).await;
-        let amount = to_nano(amount_usd.max(0.0));
+        let mut amount = to_nano(amount_usd.max(0.0));
         let now = self.clock.now_ms();
         let periods = Window::ALL.map(|w| w.period(now));
         let roll = |ws: &mut [WindowState; 3]| {
@@ -413,6 +454,7 @@ impl Budgets {
                     seeds: &seeds,
                     member: &member,
                     amount,
+                    partial,
                 };
                 match shared::reserve(&self.redis, rs, &call).await {
                     Ok(answer) => {
@@ -429,6 +471,7 @@ impl Budgets {
                             let used = answer.used[w.index()];
                             return Err(exceeded(w, &budget, used, amount, &periods));
                         }
+                        amount = answer.granted;
                         for w in configured(&budget) {
                             ws[w.index()].reserved += amount;
                         }
@@ -441,9 +484,19 @@ impl Budgets {
         if remote.is_none() {
             let mut ws = lock(&state);
             roll(&mut ws);
+            if partial {
+                // As much as every window has room for (none: refused below).
+                let room = configured(&budget)
+                    .map(|w| ws[w.index()].room(to_nano(w.limit(&budget).unwrap_or(0.0)), share))
+                    .min()
+                    .unwrap_or(0);
+                amount = amount.min(room.max(0));
+            }
             for w in configured(&budget) {
                 let limit = to_nano(w.limit(&budget).unwrap_or(0.0));
-                if let Err(used) = ws[w.index()].admits(limit, amount, share) {
+                let admitted = ws[w.index()].admits(limit, amount, share);
+                let empty = partial && amount == 0 && ws[w.index()].room(limit, share) <= 0;
+                if let Some(used) = admitted.err().or(empty.then(|| ws[w.index()].used())) {
                     drop(ws);
                     set_gauges(tenant, &budget, &state);
                     return Err(exceeded(w, &budget, used, amount, &periods));
@@ -672,12 +725,20 @@ impl Reservation {
         to_usd(charge)
     }
 
-    /// [`Reservation::settle`], after growing the hold to `charge_usd` where the budget has
-    /// room (a `hard` budget's charge above its hold is then charged in full when it fits).
+    /// [`Reservation::settle`], after growing the hold of a `hard` budget toward `charge_usd`
+    /// by as much as the budget has left: its charge is capped at what the budget had left
+    /// for the request (its hold, plus the room no other request holds).
     pub async fn settle_hard(mut self, config: &Config, charge_usd: f64) -> f64 {
-        if self.budget.hard && to_nano(charge_usd) > self.held() {
-            // Refused: the charge stays capped at the hold.
-            let _ = self.grow(config, charge_usd).await;
+        let short = to_nano(charge_usd) - self.held();
+        if self.budget.hard && short > 0 {
+            let budgets = self.budgets.clone();
+            // Refused (no room at all): the charge stays capped at the hold.
+            if let Ok(Some(r)) = budgets
+                .reserve_up_to(config, &self.tenant, to_usd(short))
+                .await
+            {
+                self.grown.push(r);
+            }
         }
         self.settle(charge_usd)
     }

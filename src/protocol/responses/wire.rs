@@ -6,13 +6,11 @@ use crate::protocol::wire::{ClientWire, GatewayErrorBody};
 use crate::sse;
 
 /// What a Responses client gets from Sluice itself: SSE comment heartbeats, OpenAI's full
-/// error body with its `code` (`invalid_api_key`, `invalid_request`, `budget_exceeded`, …:
-/// what OpenAI's SDKs and tooling branch on; the Responses API's errors have the same shape,
-/// <https://platform.openai.com/docs/guides/error-codes>), the Responses `error` event
-/// mid-stream.
+/// error body for a budget refusal and the Responses error body otherwise, the Responses
+/// `error` event mid-stream.
 pub static WIRE: ClientWire = ClientWire {
     heartbeat: sse::KEEPALIVE_COMMENT,
-    gateway_error_body: GatewayErrorBody::OpenAi,
+    gateway_error_body: GatewayErrorBody::OpenAiForBudget,
     openai_error_frame: false,
     keeps_529: false,
     fast_path: Some(&super::upstream::FAST_PATH),
