@@ -34,15 +34,10 @@ fn config(base_url: &str, hard: bool, ledger: &std::path::Path) -> String {
 
 /// One request of the reproduction on `model` through `path` (Chat or Messages).
 fn ask(addr: std::net::SocketAddr, path: &str, model: &str, stream: bool) -> (u16, String) {
-    let body = if path == "/v1/messages" {
-        format!(
-            r#"{{"model":"{model}","max_tokens":5,"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
-        )
-    } else {
-        format!(
-            r#"{{"model":"{model}","max_tokens":5,"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
-        )
-    };
+    // The same body is valid Chat Completions and Messages.
+    let body = format!(
+        r#"{{"model":"{model}","max_tokens":5,"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
     let headers = [
         ("authorization", format!("Bearer {KEY}")),
         ("x-api-key", KEY.to_string()),
