@@ -9,8 +9,11 @@
 //! The running charge is the input the upstream reported so far (Anthropic's `message_start`,
 //! Gemini's and Bedrock's per-event usage; OpenAI reports it only at the end, when the
 //! admission's estimate stands for it in the reservation) plus the output: the larger of the
-//! provider's running output figure and the text streamed at 4 bytes a token (the usual
-//! English ratio; the tokenizer is not run while a stream runs).
+//! provider's running output figure and the text streamed, counted at the tokens per byte of
+//! its first KiB ([`OutputEstimator::running_tokens`]). While the charge at one token a byte
+//! (a token is at least a byte) fits the hold, nothing is tokenized.
+//!
+//! [`OutputEstimator::running_tokens`]: crate::billing::metering::OutputEstimator::running_tokens
 //!
 //! [`Reservation::grow`]: crate::billing::budget::Reservation::grow
 
@@ -18,9 +21,6 @@ use crate::billing::metering::Prices;
 use crate::proxy::ctx::RequestCtx;
 use crate::stream::end::StreamError;
 use crate::stream::pipe::StreamPipe;
-
-/// Bytes of streamed text counted as one output token in the running charge.
-const BYTES_PER_TOKEN: u64 = 4;
 
 /// Holds the stream's running charge against its budget reservation (a no-op without one).
 ///
@@ -37,11 +37,15 @@ pub(crate) async fn check(
     let Some(model) = ctx.answering_model().and_then(|m| ctx.config.models.get(m)) else {
         return Ok(());
     };
+    let prices = Prices::sell(model);
     let mut usage = pipe.usage.unwrap_or_default();
-    usage.output_tokens = usage
-        .output_tokens
-        .max(pipe.estimator.bytes().div_ceil(BYTES_PER_TOKEN));
-    let running = Prices::sell(model).usd(&usage);
+    let reported = usage.output_tokens;
+    usage.output_tokens = reported.max(pipe.estimator.bytes());
+    if prices.usd(&usage) <= held {
+        return Ok(());
+    }
+    usage.output_tokens = reported.max(pipe.estimator.running_tokens());
+    let running = prices.usd(&usage);
     if running <= held {
         return Ok(());
     }

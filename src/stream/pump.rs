@@ -566,8 +566,9 @@ pub(crate) async fn pump_body(
                 };
                 let end = end || matches!(stop, ReadyStop::End);
                 // A budgeted tenant's running charge is held against its budget before the
-                // output that makes it goes out (nothing to do for other tenants).
-                if ctx.billing.budget.is_some() {
+                // output that makes it goes out (nothing to do for other tenants). Not at the
+                // end: a complete answer is billed whole, and cutting it would stop nothing.
+                if ctx.billing.budget.is_some() && !end && !pipe.finished() {
                     if let Err(e) = super::budget::check(ctx, pipe).await {
                         break Err(e);
                     }

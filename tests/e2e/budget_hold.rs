@@ -95,6 +95,15 @@ fn reproduce(hard: bool, path: &'static str, model: &'static str, stream: bool) 
     let answers = two_at_once(sluice.addr, path, model, stream);
     // Both were admitted: "hi" is estimated at a few tokens, 0.08 USD reserved each.
     assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    if stream {
+        // The usage came with the end: nothing was left to stop, so the answer is whole.
+        for (_, text) in &answers {
+            assert!(
+                text.contains("data: [DONE]") && !text.contains("budget_exceeded"),
+                "{text}"
+            );
+        }
+    }
     let recs = rows(&sluice, 2);
     let (charged, billed) = (sum(&recs, "charge_usd"), sum(&recs, "cost_usd"));
     eprintln!(
@@ -242,4 +251,36 @@ fn a_hard_budget_shared_by_two_replicas_through_redis_is_never_charged_past_its_
     assert!(ok(&sa) + ok(&sb) >= 2, "{sa:?} {sb:?}");
     assert!(charged <= BUDGET + 1e-9, "charged {charged}");
     assert!(billed > 100.0, "{billed}");
+}
+
+#[test]
+fn a_stream_whose_output_would_pass_the_budget_is_ended_mid_way() {
+    // Input costs next to nothing; 0.01 USD a token; 300 tokens would cost 3 USD, and the
+    // provider reports its usage only at the end. The running charge (the text streamed, at 4
+    // bytes a token) grows the hold until the 0.5 USD budget has no room, then the stream ends
+    // with the budget error; the overshoot is at most the batch that was not delivered.
+    let mock = Mock::start(r#"{"tokens": 300, "token_delay_ms": 5, "prompt_tokens": 1}"#);
+    let dir = TempDir::new("budget-hold");
+    let sluice = Sluice::start(&config(
+        &mock.base_url(),
+        false,
+        &dir.path().join("usage.db"),
+    ));
+    let (status, text) = ask(sluice.addr, "/v1/chat/completions", "acme/chat", true);
+    assert_eq!(status, 200);
+    assert!(text.contains("tok0 "), "{text}");
+    assert!(text.contains("budget_exceeded"), "{text}");
+    assert!(
+        !text.contains("[DONE]") && !text.contains("tok299"),
+        "{text}"
+    );
+    let recs = rows(&sluice, 1);
+    let charged = recs[0]["charge_usd"].as_f64().unwrap_or(0.0);
+    eprintln!(
+        "budget {BUDGET} USD, hard: false, output cut mid-stream: charged {charged:.6} USD \
+         (worst overshoot {:.6} USD)",
+        (charged - BUDGET).max(0.0)
+    );
+    assert!(charged > 0.2, "{charged}");
+    assert!(charged <= BUDGET + 0.05, "{charged}");
 }
