@@ -7,14 +7,14 @@
 //! budget is not written.
 //!
 //! The running charge is the input the upstream reported so far (Anthropic's `message_start`,
-//! Gemini's and Bedrock's per-event usage; OpenAI reports it only at the end, when the
-//! admission's estimate stands for it in the reservation) plus the output: the larger of the
+//! or any usage a provider sends before its end; one that reports usage only at the end, as
+//! OpenAI does, has its input stood for by the admission's estimate in the reservation) plus
+//! the output: the larger of the
 //! provider's running output figure and the text streamed, counted at the tokens per byte of
 //! its first KiB ([`OutputEstimator::running_tokens`]). While the charge at one token a byte
 //! (a token is at least a byte) fits the hold, nothing is tokenized.
 //!
 //! [`OutputEstimator::running_tokens`]: crate::billing::metering::OutputEstimator::running_tokens
-//!
 //! [`Reservation::grow`]: crate::billing::budget::Reservation::grow
 
 use crate::billing::metering::Prices;
@@ -71,10 +71,6 @@ pub(crate) async fn check(
                 e.window.label(),
                 e.budget_usd,
             );
-            crate::metrics::metrics()
-                .rejected_total
-                .with_label_values(&["budget_exceeded"])
-                .inc();
             Err(StreamError {
                 reason: "budget_exceeded",
                 kind: crate::protocol::ErrorKind::Billing,
