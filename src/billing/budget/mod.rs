@@ -31,9 +31,10 @@
 //! dialect (`crate::stream::pump`). A non-stream answer is charged what the provider reported.
 //!
 //! **`hard: true`** (a contract): the tenant is never charged past its budget. At settlement
-//! a charge above the reservation first tries to grow it; what still does not fit is not
-//! charged: the request's charge is capped at what it held, while the ledger's `cost_usd` keeps
-//! what the provider billed (the operator sees the difference). Since every hold is admitted
+//! a charge above the reservation first grows it by as much as the budget has left (room no
+//! other request holds, [`Budgets::reserve_up_to`]); what still does not fit is not charged:
+//! the request's charge is capped at what it held, while the ledger's `cost_usd` keeps what
+//! the provider billed (the operator sees the difference). Since every hold is admitted
 //! under one lock (or one Redis script) and no charge exceeds its hold, the sum of charges
 //! never exceeds the budget, across replicas too.
 //!
