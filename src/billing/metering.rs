@@ -262,8 +262,6 @@ pub struct OutputEstimator {
     full: bool,
     /// Bytes of text after the sample.
     rest_bytes: u64,
-    /// [`running_tokens`](Self::running_tokens)' last count: (sample bytes, their tokens).
-    counted: Option<(usize, u64)>,
 }
 
 impl OutputEstimator {
@@ -306,25 +304,6 @@ impl OutputEstimator {
     /// running output measure of a stream (no tokenizer work).
     pub fn bytes(&self) -> u64 {
         self.sample.len() as u64 + self.rest_bytes
-    }
-
-    /// The running estimate of a stream's output tokens (a budget's running charge): the
-    /// sample's tokens per byte applied to every byte pushed. The sample is tokenized again
-    /// only when it grew by a quarter of its size since the last count (at most about five
-    /// counts of at most [`ESTIMATE_SAMPLE_BYTES`] per stream).
-    pub fn running_tokens(&mut self) -> u64 {
-        let len = self.sample.len();
-        let stale = match self.counted {
-            Some((at, _)) => len >= at + ESTIMATE_SAMPLE_BYTES / 4 || (self.full && at != len),
-            None => len > 0,
-        };
-        if stale {
-            self.counted = Some((len, tokens::text_tokens(&self.sample)));
-        }
-        match self.counted {
-            Some((at, n)) if at > 0 => (self.bytes() as f64 * n as f64 / at as f64).ceil() as u64,
-            _ => self.bytes().div_ceil(4),
-        }
     }
 
     /// The estimated tokens of everything pushed (tokenizes the sample; call at the end).
@@ -568,30 +547,6 @@ mod tests {
         assert_eq!(m.charge_usd, 0.000_495); // 1000×0.30 + 1000×0.075 + 100×1.20
         assert_eq!(m.cost_usd, 0.000_36); // 2000×0.15 + 100×0.60
         assert!(!m.estimated);
-    }
-
-    #[test]
-    fn the_running_estimate_follows_the_texts_own_tokens_per_byte() {
-        // Text at about one token per three bytes (digits and short words): 4 bytes a token
-        // would undercount it.
-        let text: String = (0..600).map(|i| format!("tok{i} ")).collect();
-        let whole = tokens::text_tokens(&text);
-        let mut e = OutputEstimator::default();
-        for (i, piece) in text.as_bytes().chunks(6).enumerate() {
-            e.push(std::str::from_utf8(piece).unwrap());
-            if i % 50 == 0 {
-                let _ = e.running_tokens();
-            }
-        }
-        // Within the sample's own error (its first KiB has shorter numbers than the rest).
-        let n = e.running_tokens();
-        assert!(n.abs_diff(whole) * 100 <= whole * 10, "{n} vs {whole}");
-        assert_eq!(n, e.running_tokens(), "no new text, the same figure");
-        assert!(
-            whole > e.bytes() / 4 && n > e.bytes() / 4,
-            "{n} for {} bytes",
-            e.bytes()
-        );
     }
 
     #[test]

@@ -322,9 +322,10 @@ async fn infer(
     // The budget first: a tenant without money left takes no rate-limit or queue place.
     // The tokenizer runs only for a tenant with a budget (the estimate is cached).
     if crate::billing::budget::Budgets::budget_of(&config, &caller.tenant).is_some() {
+        ctx.billing.budget_input_tokens = req.estimated_input_tokens();
         let reserve = crate::billing::budget::reservation_usd(
             model,
-            req.estimated_input_tokens(),
+            ctx.billing.budget_input_tokens,
             req.needs.requested_max_output_tokens,
         );
         ctx.billing.budget = gw

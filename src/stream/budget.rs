@@ -7,20 +7,25 @@
 //! budget is not written.
 //!
 //! The running charge is the input the upstream reported so far (Anthropic's `message_start`,
-//! or any usage a provider sends before its end; one that reports usage only at the end, as
-//! OpenAI does, has its input stood for by the admission's estimate in the reservation) plus
+//! or any usage a provider sends before its end; until then, as with OpenAI, which reports
+//! usage only at the end, the admission's input estimate) plus
 //! the output: the larger of the
-//! provider's running output figure and the text streamed, counted at the tokens per byte of
-//! its first KiB ([`OutputEstimator::running_tokens`]). While the charge at one token a byte
-//! (a token is at least a byte) fits the hold, nothing is tokenized.
+//! provider's running output figure and the text streamed at 4 bytes a token (the usual
+//! English ratio; nothing is tokenized while a stream runs).
 //!
-//! [`OutputEstimator::running_tokens`]: crate::billing::metering::OutputEstimator::running_tokens
+//! A stream ended at the budget is metered at most at the output of the last check its
+//! budget held (`Billing::budget_output_tokens`): the batch that was not delivered is not
+//! charged, and the end-of-stream estimate (the tokenizer's count of the text) cannot charge
+//! more than the running measure let through.
 //! [`Reservation::grow`]: crate::billing::budget::Reservation::grow
 
 use crate::billing::metering::Prices;
 use crate::proxy::ctx::RequestCtx;
 use crate::stream::end::StreamError;
 use crate::stream::pipe::StreamPipe;
+
+/// Bytes of streamed text counted as one output token in the running charge.
+const BYTES_PER_TOKEN: u64 = 4;
 
 /// Holds the stream's running charge against its budget reservation (a no-op without one).
 ///
@@ -37,16 +42,17 @@ pub(crate) async fn check(
     let Some(model) = ctx.answering_model().and_then(|m| ctx.config.models.get(m)) else {
         return Ok(());
     };
-    let prices = Prices::sell(model);
     let mut usage = pipe.usage.unwrap_or_default();
-    let reported = usage.output_tokens;
-    usage.output_tokens = reported.max(pipe.estimator.bytes());
-    if prices.usd(&usage) <= held {
-        return Ok(());
+    if usage.input_tokens == 0 {
+        // Not reported yet: the admission's estimate, as the end-of-stream metering would.
+        usage.input_tokens = ctx.billing.budget_input_tokens;
     }
-    usage.output_tokens = reported.max(pipe.estimator.running_tokens());
-    let running = prices.usd(&usage);
+    usage.output_tokens = usage
+        .output_tokens
+        .max(pipe.estimator.bytes().div_ceil(BYTES_PER_TOKEN));
+    let running = Prices::sell(model).usd(&usage);
     if running <= held {
+        ctx.billing.budget_output_tokens = Some(usage.output_tokens);
         return Ok(());
     }
     let config = ctx.config.clone();
@@ -54,7 +60,10 @@ pub(crate) async fn check(
         return Ok(());
     };
     match r.grow(&config, running).await {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            ctx.billing.budget_output_tokens = Some(usage.output_tokens);
+            Ok(())
+        }
         Err(e) => {
             let tenant = ctx
                 .caller

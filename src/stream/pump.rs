@@ -702,6 +702,14 @@ pub(crate) async fn end_with_error(
     }
     let written = session.write_response_body(Some(ev), true).await;
     finish_stream(ctx, pipe);
+    if reason == "budget_exceeded" {
+        // Metered at what the budget let through, not the batch it stopped.
+        if let Some(n) = ctx.billing.budget_output_tokens {
+            let o = &mut ctx.outcome;
+            o.output_tokens = o.output_tokens.min(n);
+            o.reasoning_tokens = o.reasoning_tokens.min(o.output_tokens);
+        }
+    }
     if written.is_err() {
         return Attempt::Gone(ClientGone("streaming"));
     }
