@@ -331,9 +331,22 @@ pub enum AttemptFailure {
     /// (see [`crate::engine::fallback::is_context_rejection`]): never retried on the route,
     /// it goes on to a larger route or a `context_fallback_models` model.
     ContextLength,
+    /// The provider does not know the route's upstream model (a 404 naming the model or its
+    /// deployment: retired, misspelled, not deployed in that region; Bedrock's 400 "invalid
+    /// model identifier"): never retried, the route rests at once
+    /// ([`crate::routing::health::RouteHealth::record_attempt_failure`]) and the request
+    /// falls back.
+    ModelNotFound,
 }
 
 impl AttemptFailure {
+    /// Whether the provider was sent the whole request and was working on it when Sluice
+    /// gave up waiting (a head or first-event timeout): it may bill the prompt, so a request
+    /// that ends on it is metered at the route's cost ([`crate::outcome::Outcome::cost_only`]).
+    pub fn provider_worked(self) -> bool {
+        matches!(self, Self::FirstByteTimeout | Self::FirstEventTimeout)
+    }
+
     /// Metric label (`reason`).
     pub fn label(self) -> &'static str {
         match self {
@@ -345,6 +358,7 @@ impl AttemptFailure {
             Self::Status(_) => "status_4xx",
             Self::Protocol | Self::Reset => "protocol",
             Self::ContextLength => "context_length",
+            Self::ModelNotFound => "model_not_found",
         }
     }
 }

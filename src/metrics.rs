@@ -88,17 +88,23 @@ pub struct Metrics {
     /// flight, USD, as this process knows it (see [`crate::billing::budget`]); only for configured
     /// windows.
     pub budget_remaining_usd: GaugeVec,
-    /// `sluice_heartbeats_total`: `: keepalive` comments written.
+    /// `sluice_heartbeats_total{provider}`: heartbeats written to clients (a `: keepalive`
+    /// comment, Messages clients `event: ping`): Sluice's own on a silent stream, and the
+    /// upstream keepalives a translated stream relays (at most one a second).
     pub heartbeats_total: IntCounterVec,
     /// `sluice_stream_errors_total{reason}`: committed streams that ended with an error event.
     /// Reasons: `upstream_broken`, `upstream_error`, `upstream_truncated`,
     /// `upstream_incomplete`, `upstream_encoding`, `event_too_large`, `idle_timeout`,
-    /// `first_event_timeout`, `max_stream_duration`, `shutdown`.
+    /// `first_event_timeout`, `max_stream_duration`, `shutdown`, `continuation_seam`.
     pub stream_errors_total: IntCounterVec,
     /// `sluice_stream_continuations_total{model,outcome}`: committed streams that broke with
     /// `models.<id>.continue_on_break` on, by what became of them (`continued` and the
     /// refusals, see `crate::engine::continuation::OUTCOMES`).
     pub stream_continuations_total: IntCounterVec,
+    /// `sluice_continuation_seams_total{model,outcome}`: how a continuation's text met the
+    /// text the client had (`clean`, `trimmed`, `space_added`, `refused`; see
+    /// [`crate::protocol::seam`]).
+    pub continuation_seams_total: IntCounterVec,
     /// `sluice_dropped_fields_total{client_dialect,upstream_dialect}`: members and values of
     /// translated requests left out because the target cannot carry them
     /// (`models.<id>.unsupported: drop`; each also named in the answer's
@@ -110,8 +116,9 @@ pub struct Metrics {
     /// the Anthropic translation).
     pub sse_invalid_utf8_total: IntCounterVec,
     /// `sluice_sse_malformed_events_total{provider}`: upstream SSE data events whose data
-    /// is not JSON (nor `[DONE]`): passed through untouched when the client speaks the
-    /// provider's dialect, skipped when the stream is translated; never the end of a stream.
+    /// is not JSON (nor `[DONE]`): dropped, never forwarded to the client (its SDK would
+    /// fail on it), on the same-dialect path and on a translated stream alike; never the end
+    /// of a stream. The first of a stream is logged.
     pub sse_malformed_events_total: IntCounterVec,
     /// `sluice_config_reloads_total{result}`: reloads (`ok`, `error`).
     pub config_reloads_total: IntCounterVec,
@@ -333,7 +340,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         heartbeats_total: register_int_counter_vec!(
             "sluice_heartbeats_total",
-            "SSE keepalive comments written to clients, by provider.",
+            "SSE heartbeats written to clients (own and relayed upstream keepalives), by provider.",
             &["provider"]
         )?,
         stream_errors_total: register_int_counter_vec!(
@@ -344,6 +351,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
         stream_continuations_total: register_int_counter_vec!(
             "sluice_stream_continuations_total",
             "Committed streams that broke with continue_on_break on, by model and outcome (continued, or why not).",
+            &["model", "outcome"]
+        )?,
+        continuation_seams_total: register_int_counter_vec!(
+            "sluice_continuation_seams_total",
+            "Seams of continued streams, by model and outcome (clean, trimmed, space_added, refused).",
             &["model", "outcome"]
         )?,
         dropped_fields_total: register_int_counter_vec!(
@@ -488,7 +500,7 @@ fn init_known_series(m: &Metrics) {
 
 /// Every `reason` of `sluice_stream_errors_total` (the codes of the error events Sluice
 /// writes into committed streams).
-const STREAM_ERROR_REASONS: [&str; 10] = [
+const STREAM_ERROR_REASONS: [&str; 11] = [
     "upstream_broken",
     "upstream_error",
     "upstream_truncated",
@@ -499,6 +511,7 @@ const STREAM_ERROR_REASONS: [&str; 10] = [
     "first_event_timeout",
     "max_stream_duration",
     "shutdown",
+    "continuation_seam",
 ];
 
 /// The statuses Sluice itself answers with ([`crate::error::GatewayError::status`], 200 for
@@ -510,7 +523,7 @@ const GATEWAY_STATUSES: [&str; 13] = [
 ];
 
 /// Every `reason` label of [`crate::error::AttemptFailure::label`] (fallbacks, attempts).
-const ATTEMPT_FAILURE_LABELS: [&str; 8] = [
+const ATTEMPT_FAILURE_LABELS: [&str; 9] = [
     "connect",
     "first_byte_timeout",
     "first_event_timeout",
@@ -519,6 +532,7 @@ const ATTEMPT_FAILURE_LABELS: [&str; 8] = [
     "status_4xx",
     "protocol",
     "context_length",
+    "model_not_found",
 ];
 
 /// The `reason` of a `sluice_fallback_total` step to another standard model after every
@@ -608,6 +622,12 @@ pub fn init_config_series(cfg: &crate::config::Config) {
             for outcome in HEDGE_OUTCOMES {
                 m.hedges_total
                     .with_label_values(&[model_id.as_str(), outcome]);
+            }
+        }
+        if model.continue_on_break {
+            for outcome in crate::protocol::seam::SeamOutcome::ALL {
+                m.continuation_seams_total
+                    .with_label_values(&[model_id.as_str(), outcome.label()]);
             }
         }
         if model.affinity != crate::config::opt_in::Affinity::Off {
@@ -721,6 +741,7 @@ mod tests {
             AttemptFailure::Protocol,
             AttemptFailure::Reset,
             AttemptFailure::ContextLength,
+            AttemptFailure::ModelNotFound,
         ] {
             assert!(
                 super::ATTEMPT_FAILURE_LABELS.contains(&f.label()),

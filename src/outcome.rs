@@ -45,6 +45,11 @@ pub struct Outcome {
     /// The upstream answered, then broke off (mid-stream error, broken body): the route
     /// is charged a failure although a response was written.
     pub upstream_broke: bool,
+    /// No answer reached the client, but the provider of [`Outcome::provider`] was sent the
+    /// prompt and worked on it until Sluice stopped waiting (a timed-out attempt, see
+    /// [`crate::error::AttemptFailure::provider_worked`]): metered at the route's cost with
+    /// the input estimate, never charged to the tenant.
+    pub cost_only: bool,
     /// The request only counted tokens (`/v1/messages/count_tokens`): nothing was generated,
     /// so it stays out of the generation metrics (durations, TTFT, `sluice_tokens_total`).
     pub count_only: bool,
@@ -61,6 +66,10 @@ pub struct Outcome {
     /// (`x-sluice-dropped`: comma-separated JSON paths in the client's dialect); `None`
     /// when nothing was (always for the same dialect in and out).
     pub dropped: Option<String>,
+    /// The public name of the model whose route answered (`x-sluice-served-model`): the
+    /// route's `display_model`, else the standard model's id; set when an attempt commits,
+    /// or when a provider's own error (a 4xx about the request) is the answer.
+    pub served_model: Option<String>,
 }
 
 impl Outcome {

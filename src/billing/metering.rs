@@ -235,12 +235,13 @@ pub fn meter(config: &Config, standard_model: Option<&str>, o: &Outcome) -> Opti
         reasoning_tokens: o.reasoning_tokens,
     };
     let cost = route.map(Prices::cost).unwrap_or_default();
-    Some(Metered::priced(
-        &usage,
-        o.usage_estimated,
-        &Prices::sell(model),
-        &cost,
-    ))
+    // A timed-out attempt that answered nothing costs Sluice, never the tenant.
+    let sell = if o.cost_only {
+        Prices::default()
+    } else {
+        Prices::sell(model)
+    };
+    Some(Metered::priced(&usage, o.usage_estimated, &sell, &cost))
 }
 
 /// The generated text kept per stream as the tokenizer's sample, bytes: the most one

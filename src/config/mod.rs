@@ -137,8 +137,11 @@ pub struct ServerSettings {
 pub struct HopTimeouts {
     /// TCP + TLS connect.
     pub connect: Duration,
-    /// Request sent → upstream response head.
+    /// Request sent → upstream response head, of a streaming request.
     pub first_byte: Duration,
+    /// Request sent → upstream response head, of a non-streaming request (its head comes
+    /// when the whole answer is generated).
+    pub first_byte_non_stream: Duration,
     /// Upstream response head → first SSE data event (TTFT budget).
     pub first_event: Duration,
     /// Longest silence of a flowing stream.
@@ -148,11 +151,22 @@ pub struct HopTimeouts {
 }
 
 impl HopTimeouts {
+    /// The head timeout of a request: [`Self::first_byte`] for a stream, else
+    /// [`Self::first_byte_non_stream`].
+    pub fn head(&self, stream: bool) -> Duration {
+        if stream {
+            self.first_byte
+        } else {
+            self.first_byte_non_stream
+        }
+    }
+
     /// Every hop with the same limit `d`.
     pub fn uniform(d: Duration) -> Self {
         Self {
             connect: d,
             first_byte: d,
+            first_byte_non_stream: d,
             first_event: d,
             idle: d,
             heartbeat: d,
@@ -349,6 +363,9 @@ pub struct Model {
     /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
     /// is continued on the next candidate route (see `crate::engine::continuation`).
     pub continue_on_break: bool,
+    /// `models.<id>.report_served_model`: the answer's `model` field names the serving
+    /// route's public name ([`Model::served_name`]).
+    pub report_served_model: bool,
     /// `models.<id>.default_max_tokens`: output limit sent when the client gave none and
     /// the upstream API requires one (Anthropic Messages), tokens.
     pub default_max_tokens: u64,
@@ -403,6 +420,9 @@ pub struct Route {
     pub capabilities: Option<Vec<Capability>>,
     /// `routes[].supports_prefill`: a continuation on this route rides assistant prefill.
     pub supports_prefill: bool,
+    /// `routes[].display_model`: the public name of the model this route serves (`None`:
+    /// the standard model's id).
+    pub display_model: Option<String>,
     /// Stable health key, `provider/upstream_model`.
     pub health_key: String,
     /// Context window, tokens (`routes[].context_window_tokens`, else the model's); `None`:
@@ -414,6 +434,24 @@ pub struct Route {
     /// `routes[].api`: the OpenAI API of a route to an OpenAI or Azure OpenAI provider
     /// (Chat Completions unless it chose Responses).
     pub api: RouteApi,
+}
+
+impl Model {
+    /// The public name of the model `route` (one of this model's) serves: its
+    /// `display_model`, else this model's id. Sent in `x-sluice-served-model`.
+    pub fn served_name<'a>(&'a self, route: &'a Route) -> &'a str {
+        route.display_model.as_deref().unwrap_or(&self.id)
+    }
+
+    /// The `model` an answer served by `route` names: [`Self::served_name`] when the model
+    /// opts in (`report_served_model`), else this model's id.
+    pub fn echoed_name<'a>(&'a self, route: &'a Route) -> &'a str {
+        if self.report_served_model {
+            self.served_name(route)
+        } else {
+            &self.id
+        }
+    }
 }
 
 impl Route {

@@ -197,16 +197,29 @@ pub struct ServerSection {
     /// Default TCP + TLS connect timeout to a provider, ms (default 10000).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
-    /// Default time from request sent to upstream response head, ms (default 60000).
-    #[serde(default = "default_first_byte_timeout_ms")]
-    pub first_byte_timeout_ms: u64,
+    /// Default time from request sent to upstream response head of a *streaming* request, ms
+    /// (default 60000: a provider opens its stream before it generates). When set, it is also
+    /// the non-stream head timeout unless `non_stream_first_byte_timeout_ms` is set too (as
+    /// before that key existed).
+    #[serde(default)]
+    pub first_byte_timeout_ms: Option<u64>,
+    /// Default time from request sent to upstream response head of a *non-streaming* request,
+    /// ms (default 600000, what the official OpenAI and Anthropic SDKs wait: a non-stream
+    /// head comes only when the whole answer is generated; else `first_byte_timeout_ms` when
+    /// that is set).
+    #[serde(default)]
+    pub non_stream_first_byte_timeout_ms: Option<u64>,
     /// Default time from upstream response head to the first SSE data event, ms (default 60000).
     #[serde(default = "default_first_event_timeout_ms")]
     pub first_event_timeout_ms: u64,
     /// Default stream idle limit: no upstream bytes for this long ends the stream, ms (default 300000).
     #[serde(default = "default_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
-    /// Default interval of `: keepalive` comments while a committed stream is silent, ms (default 15000).
+    /// Default interval of heartbeats while a committed stream is silent, ms (default 10000,
+    /// a sixth of the 60 s idle timeouts of AWS ALB and nginx `proxy_read_timeout`): an SSE
+    /// comment `: keepalive` (Messages clients: `event: ping`). Upstream keepalives (Anthropic
+    /// `ping`, SSE comments) are relayed in the client's dialect as they come, at most one a
+    /// second, on translated streams too.
     #[serde(default = "default_heartbeat_interval_ms")]
     pub heartbeat_interval_ms: u64,
     /// A client that accepts no bytes for this long is disconnected, ms (default 60000).
@@ -325,7 +338,8 @@ impl Default for ServerSection {
             max_request_body_bytes: default_max_request_body_bytes(),
             max_response_body_bytes: default_max_response_body_bytes(),
             connect_timeout_ms: default_connect_timeout_ms(),
-            first_byte_timeout_ms: default_first_byte_timeout_ms(),
+            first_byte_timeout_ms: None,
+            non_stream_first_byte_timeout_ms: None,
             first_event_timeout_ms: default_first_event_timeout_ms(),
             idle_timeout_ms: default_idle_timeout_ms(),
             heartbeat_interval_ms: default_heartbeat_interval_ms(),
@@ -566,9 +580,16 @@ pub struct ProviderSection {
     /// TCP + TLS connect timeout, ms (default `server.connect_timeout_ms`).
     #[serde(default)]
     pub connect_timeout_ms: Option<u64>,
-    /// Upstream response head timeout, ms (default `server.first_byte_timeout_ms`).
+    /// Upstream response head timeout of a streaming request, ms (default
+    /// `server.first_byte_timeout_ms`); when set, also of a non-streaming one unless
+    /// `non_stream_first_byte_timeout_ms` is set.
     #[serde(default)]
     pub first_byte_timeout_ms: Option<u64>,
+    /// Upstream response head timeout of a non-streaming request, ms (default
+    /// `first_byte_timeout_ms` of this provider when set, else
+    /// `server.non_stream_first_byte_timeout_ms`).
+    #[serde(default)]
+    pub non_stream_first_byte_timeout_ms: Option<u64>,
     /// First SSE data event timeout, ms (default `server.first_event_timeout_ms`).
     #[serde(default)]
     pub first_event_timeout_ms: Option<u64>,
@@ -733,6 +754,12 @@ pub struct ModelSection {
     /// (default false; see `crate::engine::continuation`).
     #[serde(default)]
     pub continue_on_break: Option<bool>,
+    /// Opt in to naming the route that served in the answer's `model` field: the route's
+    /// `display_model` when it has one, else this model's id (default false: the `model`
+    /// field names the standard model that answered). The `x-sluice-served-model` header
+    /// names it either way.
+    #[serde(default)]
+    pub report_served_model: Option<bool>,
     /// Opt-in hedged requests: a number of ms, or `auto` (see [`super::opt_in`]).
     #[serde(default)]
     pub hedge_after_ms: Option<super::opt_in::HedgeAfterSection>,
@@ -814,6 +841,13 @@ pub struct RouteSection {
     /// message (default false: current Claude models reject prefill).
     #[serde(default)]
     pub supports_prefill: bool,
+    /// The public name of the model this route serves, for clients that must know which
+    /// underlying model answered: sent in the `x-sluice-served-model` header, and in the
+    /// answer's `model` field when the model opts in (`report_served_model`). Never the
+    /// upstream model id unless the operator writes it here (default: the standard model's
+    /// id).
+    #[serde(default)]
+    pub display_model: Option<String>,
     /// This route's context window, tokens (default: the model's `context_window_tokens`).
     #[serde(default)]
     pub context_window_tokens: Option<u64>,
@@ -890,9 +924,12 @@ fn default_body_read_timeout_ms() -> u64 {
 fn default_connect_timeout_ms() -> u64 {
     10_000
 }
-fn default_first_byte_timeout_ms() -> u64 {
-    60_000
-}
+/// Default head timeout of a streaming request, ms (`server.first_byte_timeout_ms`).
+pub(crate) const DEFAULT_FIRST_BYTE_TIMEOUT_MS: u64 = 60_000;
+/// Default head timeout of a non-streaming request, ms
+/// (`server.non_stream_first_byte_timeout_ms`): the official OpenAI and Anthropic SDKs'
+/// own request timeout (600 s).
+pub(crate) const DEFAULT_NON_STREAM_FIRST_BYTE_TIMEOUT_MS: u64 = 600_000;
 fn default_first_event_timeout_ms() -> u64 {
     60_000
 }
@@ -900,7 +937,7 @@ fn default_idle_timeout_ms() -> u64 {
     300_000
 }
 fn default_heartbeat_interval_ms() -> u64 {
-    15_000
+    10_000
 }
 fn default_downstream_write_timeout_ms() -> u64 {
     60_000

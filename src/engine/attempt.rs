@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::pool::Connector;
-use crate::engine::state::AttemptState;
+use crate::engine::state::{candidate_at, AttemptState, Later};
 use pingora::proxy::Session;
 
 use crate::backpressure::provider as provider_cap;
@@ -85,12 +85,14 @@ pub async fn run(
     let mut owned: Vec<Candidate<'_>>;
     let mut cands = candidates;
     let mut entry_reason = None;
+    let mut later: Vec<Later<'_>>;
     loop {
         if stage_model.id != model.id {
             ctx.answered_model = Some(stage_model.id.clone());
         } else {
             ctx.answered_model = None;
         }
+        later = later_routes(&chain, req, stage_model);
         let end = run_stage(
             AttemptState {
                 connector,
@@ -99,6 +101,7 @@ pub async fn run(
                 req,
                 model: stage_model,
                 candidates: cands,
+                later: &later,
             },
             entry_reason,
             &mut st,
@@ -132,10 +135,13 @@ pub async fn run(
         cands = &owned;
         entry_reason = Some(next.reason);
     }
-    if let Some(p) = st.rejected_by.take() {
+    if let Some((p, served)) = st.rejected_by.take() {
         // The last word was a provider's context-length rejection: that provider (a route
         // of the stage's model) answered.
         ctx.outcome.provider = Some(p);
+        ctx.outcome.served_model = Some(served);
+    } else if name_last_attempt(ctx) {
+        // The last attempt's provider had the request (see there).
     } else {
         // Nothing answered: the request is the model's it asked for (log, ledger).
         ctx.answered_model = None;
@@ -158,6 +164,52 @@ pub async fn run(
     Ok(())
 }
 
+/// Records against the last failed attempt's provider a request that nothing answered, when
+/// that provider had the request: a timed-out attempt (a head or first event; it worked on
+/// the prompt) is recorded (ledger, access log) at its estimated input, the route's cost, the
+/// tenant not charged; an answer the client could not read (an unreadable body, a stream to
+/// a non-stream request, an in-band error) names its provider, with no usage. Returns
+/// whether it did.
+fn name_last_attempt(ctx: &mut RequestCtx) -> bool {
+    let Some(ae) = ctx.attempts.failed.last() else {
+        return false;
+    };
+    let (worked, answered) = (
+        ae.failure.provider_worked(),
+        ae.failure == AttemptFailure::Protocol,
+    );
+    if !worked && !answered {
+        return false;
+    }
+    ctx.outcome.provider = Some(ae.provider.clone());
+    ctx.outcome.upstream_model = Some(ae.upstream_model.clone());
+    if worked {
+        ctx.outcome.usage_estimated = true;
+        ctx.outcome.input_unknown = true;
+        ctx.outcome.cost_only = true;
+    }
+    true
+}
+
+/// The routes of the models after `model` in the request's fallback chain, for a model
+/// that hedges or continues a broken stream (they may go on to those, as fallback would);
+/// none for another model (no planning).
+fn later_routes<'c>(
+    chain: &fallback::Chain<'c>,
+    req: &InferenceRequest,
+    model: &Model,
+) -> Vec<Later<'c>> {
+    if model.hedge_after.is_some() || model.continue_on_break {
+        chain.peek_later(
+            &req.needs,
+            || req.estimated_input_tokens(),
+            req.preference.as_ref(),
+        )
+    } else {
+        Vec::new()
+    }
+}
+
 /// What the stages of one request share.
 #[derive(Default)]
 struct LoopState {
@@ -167,7 +219,11 @@ struct LoopState {
     /// `sluice_fallback_total` when the next candidate starts.
     previous: Option<(String, &'static str)>,
     /// The provider whose context-length rejection is `last_error`.
-    rejected_by: Option<String>,
+    rejected_by: Option<(String, String)>,
+    /// A hedge was started (at most one per request).
+    hedged: bool,
+    /// The health key of a later model's route a hedge went to: its stage skips it.
+    hedged_later: Option<String>,
 }
 
 /// How one stage ended without an answer written.
@@ -202,11 +258,13 @@ async fn run_stage(
         req,
         model,
         candidates,
+        later,
     } = s;
     // The candidate a hedge went to (at most one per request): not tried again.
     let mut hedged: Option<usize> = None;
     for (idx, cand) in candidates.iter().enumerate() {
-        if hedged == Some(idx) {
+        if hedged == Some(idx) || st.hedged_later.as_deref() == Some(cand.route.health_key.as_str())
+        {
             continue;
         }
         let route = cand.route;
@@ -254,14 +312,23 @@ async fn run_stage(
                     req,
                     model,
                     candidates,
+                    later,
                 },
                 idx,
-                hedged.is_none(),
+                !st.hedged,
             )
             .await;
             // A hedged pair may have ended on the hedge's candidate: the rest is about it.
-            hedged = hedged.or(tried.hedge);
-            let (cand, route) = (&candidates[tried.served], candidates[tried.served].route);
+            if let Some(h) = tried.hedge {
+                st.hedged = true;
+                hedged = Some(h);
+                if h >= candidates.len() {
+                    let (_, partner) = candidate_at(model, candidates, later, h);
+                    st.hedged_later = Some(partner.route.health_key.clone());
+                }
+            }
+            let (served_model, cand) = candidate_at(model, candidates, later, tried.served);
+            let route = cand.route;
             match tried.outcome {
                 Attempt::Done => {
                     metrics()
@@ -304,7 +371,10 @@ async fn run_stage(
                     });
                     ctx.attempts.failed_routes += 1;
                     st.previous = Some((route.provider.id.clone(), reason));
-                    st.rejected_by = Some(route.provider.id.clone());
+                    st.rejected_by = Some((
+                        route.provider.id.clone(),
+                        served_model.served_name(route).to_string(),
+                    ));
                     return Ok(StageEnd::Context {
                         at: tried.served,
                         err,
@@ -315,6 +385,7 @@ async fn run_stage(
                     cand.health
                         .record_success(&route.provider.passive_health, None);
                     ctx.outcome.provider = Some(route.provider.id.clone());
+                    ctx.outcome.served_model = Some(served_model.served_name(route).to_string());
                     let _ = respond::write_error(session, ctx, &err).await;
                     return Ok(StageEnd::Done);
                 }
@@ -333,6 +404,9 @@ async fn run_stage(
                     return Err(g);
                 }
                 Attempt::Failed(ae, err) => {
+                    // Nothing of this route reached the client (a unary answer may fail
+                    // after its commit began, before any byte was written).
+                    ctx.outcome.served_model = None;
                     let reason = ae.failure.label();
                     log::info!(target: "sluice::proxy::attempt",
                         "attempt failed request_id={} provider={} upstream_model={} reason={} detail={:?}",

@@ -6,8 +6,17 @@
 //!
 //! * **Where it hooks in**: the stream pump's post-commit failure path
 //!   ([`crate::stream::pump::stream`]), after the events completed before the failure were written.
-//!   The candidates are the routes after the one that broke, in the attempt loop's order
-//!   (health admission applies); each gets one try, until one answers 2xx.
+//!   The candidates are the routes after the one that broke, in the attempt loop's order,
+//!   then the routes of the later models of the request's fallback chain
+//!   (`fallback_models`, the body's `models`; planned with the chain's checks, see
+//!   [`crate::engine::fallback::Chain::peek_later`]); health admission applies; each gets
+//!   one try, until one answers 2xx. The answer keeps the `model` it started with.
+//! * **The seam** ([`crate::protocol::seam`]): the continuation's first text is held
+//!   until Sluice can tell whether it restarts or repeats what the client has; a repeat is
+//!   dropped, a space is added after a sentence's end, and a restart that diverges ends the
+//!   stream with the error event (code `continuation_seam`).
+//!   `sluice_continuation_seams_total{model,outcome}` counts each by `clean`, `trimmed`,
+//!   `space_added`, `refused`.
 //! * **What the next route is asked**: the canonical request with the text so far, as a
 //!   trailing user message or as assistant prefill where the route declares
 //!   `supports_prefill: true` ([`crate::protocol::continuation`]).
@@ -109,6 +118,7 @@ pub(crate) async fn resume<'r>(
         req,
         model,
         candidates: rest,
+        later,
     } = s;
     if !CONTINUABLE.contains(&err.reason) {
         return Err(err);
@@ -186,7 +196,13 @@ pub(crate) async fn resume<'r>(
 
     let mut tried = false;
     let mut opened = None;
-    for cand in rest {
+    // The routes after the one that broke, then those of the later models of the fallback
+    // chain (planned with the chain's checks), each with the model it serves.
+    let candidates = rest
+        .iter()
+        .map(|c| (model, c))
+        .chain(later.iter().map(|l| (l.model, &l.cand)));
+    for (cmodel, cand) in candidates {
         // A provider at its own cap is skipped, as in the attempt loop; the place taken is
         // held until the continuation ends.
         let slot = match provider_cap::try_take(&cand.route.provider) {
@@ -206,7 +222,7 @@ pub(crate) async fn resume<'r>(
         let creq = continuation_request(canonical, &text, base.output_tokens, style);
         let opts = protocol::UpstreamOptions {
             model: &route.upstream_model,
-            default_max_tokens: model.default_max_tokens,
+            default_max_tokens: cmodel.default_max_tokens,
             stream_usage: route.provider.stream_usage,
             placement: providers::model_placement(route),
             thinking: route.thinking,
@@ -224,7 +240,7 @@ pub(crate) async fn resume<'r>(
             continue;
         };
         ctx.attempts.count += 1;
-        let timeouts = ctx.config.timeouts_for(&route.provider, model);
+        let timeouts = ctx.config.timeouts_for(&route.provider, cmodel);
         match open(
             connector,
             session,
@@ -238,7 +254,7 @@ pub(crate) async fn resume<'r>(
         {
             Opened::Up(answer) => {
                 let (up, target, coding) = *answer;
-                opened = Some((cand, up, target, coding, timeouts, slot));
+                opened = Some((cmodel, cand, up, target, coding, timeouts, slot));
                 break;
             }
             Opened::Failed(failure, detail) => {
@@ -263,7 +279,7 @@ pub(crate) async fn resume<'r>(
             }
         }
     }
-    let Some((cand, mut up, target, coding, timeouts, _slot)) = opened else {
+    let Some((cmodel, cand, mut up, target, coding, timeouts, _slot)) = opened else {
         return Err(if tried {
             refuse(ctx, "rejected", "no other route took the continuation", err)
         } else {
@@ -309,8 +325,8 @@ pub(crate) async fn resume<'r>(
     ctx.outcome.upstream_model = Some(route.upstream_model.clone());
     ctx.attempts.failed_routes += 1;
     log::info!(target: "sluice::proxy::continuation",
-        "stream continued request_id={} reason={} provider={} text_bytes={}",
-        ctx.request_id, err.reason, route.provider.id, text.len()
+        "stream continued request_id={} reason={} provider={} model={} text_bytes={}",
+        ctx.request_id, err.reason, route.provider.id, cmodel.id, text.len()
     );
 
     let first_event_deadline = tokio::time::Instant::now() + timeouts.first_event;
@@ -325,6 +341,15 @@ pub(crate) async fn resume<'r>(
         None,
     )
     .await;
+    if let Some(o) = pipe.seam_outcome() {
+        metrics()
+            .continuation_seams_total
+            .with_label_values(&[model.id.as_str(), o.label()])
+            .inc();
+        log::info!(target: "sluice::proxy::continuation",
+            "continuation seam request_id={} outcome={}", ctx.request_id, o.label()
+        );
+    }
     Ok(match pumped {
         Pumped::Gone => {
             up.shutdown().await;

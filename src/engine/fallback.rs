@@ -36,6 +36,7 @@ use serde_json::Value;
 
 use crate::auth::Caller;
 use crate::config::{Config, Model};
+use crate::engine::state::Later;
 use crate::error::GatewayError;
 use crate::metrics::MODEL_FALLBACK_REASON;
 use crate::routing::{self, Candidate, Preference, RouteNeeds};
@@ -159,6 +160,7 @@ pub(crate) struct Stage<'c> {
 }
 
 /// The models a request may still go to, in order, and the ones it went to.
+#[derive(Clone)]
 pub(crate) struct Chain<'c> {
     config: &'c Config,
     caller: Option<&'c Caller>,
@@ -279,6 +281,37 @@ impl<'c> Chain<'c> {
     }
 }
 
+impl<'c> Chain<'c> {
+    /// The routes of every model still ahead in the chain, in order, each planned as
+    /// [`Self::next_stage`] plans it (so with the same checks: the key's models and
+    /// providers, capabilities, the request's preference, health), for a hedge's partner or
+    /// a continuation beyond the current model's routes ([`Later`]). The chain itself does
+    /// not move. A route whose half-open trial the planning claimed is left out (and the
+    /// trial released): a partner or a continuation is no trial.
+    pub(crate) fn peek_later(
+        &self,
+        needs: &RouteNeeds,
+        estimate: impl Fn() -> u64,
+        preference: Option<&Preference>,
+    ) -> Vec<Later<'c>> {
+        let mut ahead = self.clone();
+        let mut out = Vec::new();
+        while let Some(stage) = ahead.next_stage(needs, &estimate, preference) {
+            out.extend(
+                stage
+                    .candidates
+                    .into_iter()
+                    .filter(|c| c.trial.is_none())
+                    .map(|cand| Later {
+                        model: stage.model,
+                        cand,
+                    }),
+            );
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,6 +427,30 @@ mod tests {
         };
         let mut chain = Chain::new(&cfg, Some(&key), a, &[], Some(&one));
         assert!(chain.next_stage(&plain, || 0, Some(&one)).is_none());
+    }
+
+    #[test]
+    fn peeking_ahead_lists_the_later_models_routes_and_leaves_the_chain_where_it_was() {
+        let cfg = chain_config();
+        let a = &cfg.models["a"];
+        let key = caller(&["a", "b", "c", "e"]);
+        let plain = RouteNeeds::default();
+        let mut chain = Chain::new(&cfg, Some(&key), a, &[], None);
+        let later = chain.peek_later(&plain, || 0, None);
+        let seen: Vec<_> = later
+            .iter()
+            .map(|l| (l.model.id.as_str(), l.cand.route.upstream_model.as_str()))
+            .collect();
+        assert_eq!(seen, [("b", "b1"), ("c", "c1")]);
+        // The chain still starts at `b`.
+        assert_eq!(order(&mut chain, &plain).len(), 2);
+        // The same capability checks as the stages: `c` has no route with tools.
+        let tools = RouteNeeds {
+            capabilities: vec![crate::config::Capability::Tools],
+            ..RouteNeeds::default()
+        };
+        let chain = Chain::new(&cfg, Some(&key), a, &[], None);
+        assert_eq!(chain.peek_later(&tools, || 0, None).len(), 1);
     }
 
     #[test]

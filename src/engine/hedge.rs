@@ -14,8 +14,12 @@
 //!   budget ([`crate::routing::retry::RetryBudget`]): hedges and same-route retries together
 //!   stay within `retry.budget_ratio` of the route's requests. No room: no hedge
 //!   (`sluice_hedges_total{outcome="no_budget"}`).
-//! - The hedge goes to the next candidate that is healthy and not resting; it never claims
-//!   a half-open trial (`no_partner` when there is none).
+//! - The hedge goes to the next candidate that is healthy and not resting: a later route of
+//!   the model, else a route of a later model of the request's fallback chain
+//!   (`engine::state::Later`, planned with the chain's checks: the key's models and
+//!   providers, capabilities, the preference), which then answers as a model-level
+//!   fallback would (its id in the answer). It never claims a half-open trial
+//!   (`no_partner` when there is none).
 //! - Both attempts race the client's disconnect and shutdown.
 //! - One attempt failing lets the other go on alone; its failure is recorded (health,
 //!   `sluice_upstream_attempts_total`, the request's attempts). A final error (a 4xx about
@@ -53,7 +57,7 @@ use crate::billing::metering::CancelledHedge;
 use crate::config::opt_in::HedgeAfter;
 use crate::config::Model;
 use crate::engine::open::{commit, prepare, Phase, Ready};
-use crate::engine::state::AttemptState;
+use crate::engine::state::{candidate_at, AttemptState};
 use crate::engine::upstream::{client_gone, Attempt, ClientGone};
 use crate::metrics::metrics;
 use crate::proxy::ctx::RequestCtx;
@@ -81,6 +85,7 @@ pub(crate) async fn attempt(s: AttemptState<'_, '_>, idx: usize, may_hedge: bool
         req,
         model,
         candidates,
+        later,
     } = s;
     let phases = [Phase::default(), Phase::default()];
     let tried = attempt_phased(
@@ -91,6 +96,7 @@ pub(crate) async fn attempt(s: AttemptState<'_, '_>, idx: usize, may_hedge: bool
             req,
             model,
             candidates,
+            later,
         },
         idx,
         may_hedge,
@@ -120,12 +126,14 @@ async fn attempt_phased(
         req,
         model,
         candidates,
+        later,
     } = s;
     let primary = &candidates[idx];
     ctx.outcome
         .upstream_started
         .get_or_insert_with(Instant::now);
-    let delay = if may_hedge && idx + 1 < candidates.len() {
+    let all = candidates.len() + later.len();
+    let delay = if may_hedge && idx + 1 < all {
         hedge_delay(model, primary)
     } else {
         None
@@ -162,6 +170,7 @@ async fn attempt_phased(
                             req,
                             model,
                             candidates,
+                            later,
                         },
                         idx,
                         ready,
@@ -198,6 +207,7 @@ async fn attempt_phased(
                             req,
                             model,
                             candidates,
+                            later,
                         },
                         idx,
                         ready,
@@ -210,14 +220,17 @@ async fn attempt_phased(
     }
 
     // The timer fired: a hedge, if the budget and a partner allow.
-    let partner = (idx + 1..candidates.len()).find(|&j| {
-        let h = &candidates[j].health;
+    // The partner: the next healthy route of this model, else of a later model of the
+    // fallback chain (`later`, planned with the chain's checks).
+    let at = |j: usize| candidate_at(model, candidates, later, j);
+    let partner = (idx + 1..all).find(|&j| {
+        let h = &at(j).1.health;
         h.state() == Health::Healthy && h.is_available()
     });
     // The partner's provider cap (`max_concurrent_requests`) holds for the hedge too; the
     // place is kept until this function returns (after the commit, if the hedge served).
     let (partner, _hedge_slot) =
-        match partner.map(|j| (j, provider_cap::try_take(&candidates[j].route.provider))) {
+        match partner.map(|j| (j, provider_cap::try_take(&at(j).1.route.provider))) {
             Some((_, provider_cap::ProviderAdmission::Full)) | None => (None, None),
             Some((j, provider_cap::ProviderAdmission::Slot(s))) => (Some(j), Some(s)),
             Some((j, provider_cap::ProviderAdmission::Uncapped)) => (Some(j), None),
@@ -256,6 +269,7 @@ async fn attempt_phased(
                             req,
                             model,
                             candidates,
+                            later,
                         },
                         idx,
                         ready,
@@ -268,13 +282,14 @@ async fn attempt_phased(
     };
 
     // Phase B: both race; the first ready wins.
-    let hedge = &candidates[j];
+    let (hedge_model, hedge) = at(j);
     log::info!(target: "sluice::proxy::hedge",
-        "hedge started request_id={} model={} primary={} hedge={} after_ms={}",
+        "hedge started request_id={} model={} primary={} hedge={} hedge_model={} after_ms={}",
         ctx.request_id,
         model.id,
         primary.route.provider.id,
         hedge.route.provider.id,
+        hedge_model.id,
         delay.as_millis()
     );
     let hedge_started = Instant::now();
@@ -283,7 +298,7 @@ async fn attempt_phased(
             connector,
             ctx,
             req,
-            model,
+            hedge_model,
             hedge.route,
             hedge_phase,
         ));
@@ -312,22 +327,16 @@ async fn attempt_phased(
             earlier_failure,
         } => {
             let served = side(winner);
-            sample(&candidates[served], start_of(winner), &ready);
+            sample(at(served).1, start_of(winner), &ready);
             match earlier_failure {
                 // The other one failed first: a failed attempt, not a cancelled one.
                 Some(failure) => {
-                    record_failed(
-                        ctx,
-                        model,
-                        candidates,
-                        side(winner.other()),
-                        served,
-                        failure,
-                    );
+                    let failed = winner.other();
+                    record_failed(ctx, model, at(side(failed)), at(served), failed, failure);
                 }
                 None => {
-                    let loser = winner.other();
-                    cancelled(ctx, model, &candidates[side(loser)], start_of(loser));
+                    let (loser_model, loser) = at(side(winner.other()));
+                    cancelled(ctx, loser_model, loser, start_of(winner.other()));
                 }
             }
             count(
@@ -339,19 +348,42 @@ async fn attempt_phased(
                 },
             );
             settle(ctx, phases);
-            let outcome = commit(
-                AttemptState {
-                    connector,
-                    session: &mut *session,
-                    ctx: &mut *ctx,
-                    req,
-                    model,
-                    candidates,
-                },
-                served,
-                ready,
-            )
-            .await;
+            let outcome = if served < candidates.len() {
+                commit(
+                    AttemptState {
+                        connector,
+                        session: &mut *session,
+                        ctx: &mut *ctx,
+                        req,
+                        model,
+                        candidates,
+                        later,
+                    },
+                    served,
+                    ready,
+                )
+                .await
+            } else {
+                // A later model's route won: that model answers (its id in the answer), and
+                // a broken stream continues on the routes after it.
+                let k = served - candidates.len();
+                let won = &later[k];
+                ctx.answered_model = Some(won.model.id.clone());
+                commit(
+                    AttemptState {
+                        connector,
+                        session: &mut *session,
+                        ctx: &mut *ctx,
+                        req,
+                        model: won.model,
+                        candidates: std::slice::from_ref(&won.cand),
+                        later: &later[k + 1..],
+                    },
+                    0,
+                    ready,
+                )
+                .await
+            };
             tried(outcome, served)
         }
         Raced::Ended {
@@ -362,18 +394,20 @@ async fn attempt_phased(
             count(model, "none");
             match earlier_failure {
                 Some(failure) => {
+                    let failed = last.other();
                     record_failed(
                         ctx,
                         model,
-                        candidates,
-                        side(last.other()),
-                        side(last),
+                        at(side(failed)),
+                        at(side(last)),
+                        failed,
                         failure,
                     );
                 }
                 None => {
                     let other = last.other();
-                    cancelled(ctx, model, &candidates[side(other)], start_of(other));
+                    let (other_model, other_cand) = at(side(other));
+                    cancelled(ctx, other_model, other_cand, start_of(other));
                 }
             }
             tried(outcome, side(last))
@@ -528,21 +562,21 @@ fn cancelled(ctx: &mut RequestCtx, model: &Model, loser: &Candidate<'_>, started
     });
 }
 
-/// Records the failure of `candidates[failed]` while `candidates[then]` went on: what the
-/// attempt loop records for a failed attempt (log, metric, health, the request's attempts),
-/// and a fallback when the first attempt failed and the hedge carried on.
+/// Records the failure of the `which` side's candidate (with its model) while `then` went
+/// on: what the attempt loop records for a failed attempt (log, metric, health, the
+/// request's attempts), and a fallback when the first attempt (of the stage's `model`)
+/// failed and the hedge carried on.
 fn record_failed(
     ctx: &mut RequestCtx,
     model: &Model,
-    candidates: &[Candidate<'_>],
-    failed: usize,
-    then: usize,
+    (_, cand): (&Model, &Candidate<'_>),
+    (_, then): (&Model, &Candidate<'_>),
+    which: Side,
     failure: Attempt,
 ) {
     let Attempt::Failed(ae, _err) = failure else {
         return;
     };
-    let cand = &candidates[failed];
     let provider = cand.route.provider.id.as_str();
     let reason = ae.failure.label();
     log::info!(target: "sluice::proxy::attempt",
@@ -553,10 +587,13 @@ fn record_failed(
         .upstream_attempts_total
         .with_label_values(&[provider, reason])
         .inc();
-    cand.health
-        .record_failure(&cand.route.provider.passive_health, ae.retry_after);
+    cand.health.record_attempt_failure(
+        &cand.route.provider.passive_health,
+        ae.failure,
+        ae.retry_after,
+    );
     ctx.attempts.failed.push(ae);
-    if failed < then {
+    if which == Side::Primary {
         // The first attempt failed and the hedge carried on: a fallback.
         ctx.attempts.failed_routes += 1;
         metrics()
@@ -564,7 +601,7 @@ fn record_failed(
             .with_label_values(&[
                 model.id.as_str(),
                 provider,
-                candidates[then].route.provider.id.as_str(),
+                then.route.provider.id.as_str(),
                 reason,
             ])
             .inc();

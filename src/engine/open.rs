@@ -26,6 +26,7 @@ use crate::providers::encoding::{ContentCoding, Decoder};
 use crate::providers::exchange::{self, OpenError};
 use crate::proxy::ctx::RequestCtx;
 use crate::routing::retryable_status;
+use crate::stream::adapt;
 use crate::stream::pump;
 use crate::stream::unary;
 
@@ -259,10 +260,12 @@ pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<
         req,
         model,
         candidates,
+        later,
     } = s;
     let route = candidates[served].route;
     let rest = &candidates[served + 1..];
     record_dropped(ctx, req, model, route);
+    ctx.outcome.served_model = Some(model.served_name(route).to_string());
     match ready {
         // The parts go to the stream's own boxed future whole and are moved out of their box
         // there: nothing of them stays in this future, nor the box on the heap, for the
@@ -276,6 +279,7 @@ pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<
                     req,
                     model,
                     candidates: rest,
+                    later,
                 },
                 route,
                 parts,
@@ -285,7 +289,13 @@ pub(crate) async fn commit(s: AttemptState<'_, '_>, served: usize, ready: Ready<
         Ready::Unary(parts) => {
             let echo = req.echo();
             Box::pin(commit_unary(
-                connector, session, ctx, route, &model.id, &echo, parts,
+                connector,
+                session,
+                ctx,
+                route,
+                model.echoed_name(route),
+                &echo,
+                parts,
             ))
             .await
         }
@@ -384,7 +394,7 @@ pub(crate) async fn prepare<'r>(
         || Box::pin(connector.get_http_session(&target.peer)),
         exchange::Deadlines {
             connect: Some(timeouts.connect),
-            first_byte: Some(timeouts.first_byte),
+            first_byte: Some(timeouts.head(req.stream)),
         },
         exchange::Resend::Unprocessed,
         || match head.take() {
@@ -445,7 +455,7 @@ pub(crate) async fn prepare<'r>(
             let err = GatewayError::UpstreamTimeout(format!(
                 "provider `{}` sent no response head within {} ms",
                 provider.id,
-                timeouts.first_byte.as_millis()
+                timeouts.head(req.stream).as_millis()
             ));
             return Err(failed(
                 route,
@@ -474,10 +484,13 @@ pub(crate) async fn prepare<'r>(
             &mut up,
             route,
             &ctx.registry.upstream(&route.provider),
-            status,
-            retry_after,
+            Refusal {
+                status,
+                retry_after,
+                client: ctx.dialect,
+                standard_model: &model.id,
+            },
             timeouts,
-            ctx.dialect,
         )
         .await);
     }
@@ -530,7 +543,16 @@ pub(crate) async fn prepare<'r>(
         })));
     }
     phase.set(2);
-    let held = pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?;
+    let json = up
+        .response_header()
+        .and_then(|h| h.headers.get("content-type"))
+        .is_some_and(|v| adapt::is_json_type(Some(v.as_bytes())));
+    let held = if json {
+        // A provider that ignored `stream: true`: its one JSON answer becomes the stream.
+        adapt::whole_answer(ctx, req, model, route, &mut up, timeouts, coding).await?
+    } else {
+        pump::first_event(ctx, req, model, route, &mut up, timeouts, coding).await?
+    };
     Ok(Ready::Stream(Box::new(ReadyParts {
         up,
         peer,
@@ -571,16 +593,35 @@ fn is_event_stream(content_type: Option<&[u8]>) -> bool {
     })
 }
 
-/// Reads a non-2xx answer's body (bounded) and turns it into a client error.
+/// A non-2xx answer's head: what [`upstream_error`] needs beside the body.
+struct Refusal<'a> {
+    /// The upstream status.
+    status: u16,
+    /// Its `Retry-After` (`retry-after-ms` first).
+    retry_after: Option<Duration>,
+    /// The client's dialect.
+    client: ClientDialect,
+    /// The standard model the route serves (named in place of the upstream model).
+    standard_model: &'a str,
+}
+
+/// Reads a non-2xx answer's body (bounded) and turns it into a client error. A retryable
+/// status, or a provider that does not know the route's model
+/// ([`providers::upstream_errors::is_model_not_found`]: the route rests, the request falls
+/// back), is a failed attempt; any other is the client's answer.
 async fn upstream_error(
     up: &mut UpstreamSession,
     route: &Route,
     resolved: &providers::Upstream,
-    status: u16,
-    retry_after: Option<Duration>,
+    refusal: Refusal<'_>,
     timeouts: HopTimeouts,
-    client: ClientDialect,
 ) -> Attempt {
+    let Refusal {
+        status,
+        retry_after,
+        client,
+        standard_model,
+    } = refusal;
     let mut body = Vec::new();
     // A compressed error body is decoded (bounded) like any answer; an unknown or broken
     // coding leaves what was decoded so far (the status still speaks).
@@ -618,8 +659,16 @@ async fn upstream_error(
     let _ = tokio::time::timeout(timeouts.first_byte, read_all).await;
     up.shutdown().await;
     let status = providers::error_status(resolved, status, &body);
-    let err = normalize_upstream_error(route, status, &body, retry_after, client);
-    if retryable_status(status) {
+    let (err, model_not_found) =
+        normalize_upstream_error(route, status, &body, retry_after, client, standard_model);
+    if model_not_found {
+        failed(
+            route,
+            AttemptFailure::ModelNotFound,
+            format!("HTTP {status}: the provider does not know the upstream model"),
+            err,
+        )
+    } else if retryable_status(status) {
         failed(
             route,
             AttemptFailure::Status(status),
@@ -631,31 +680,44 @@ async fn upstream_error(
     }
 }
 
-/// An upstream error body in OpenAI's shape, provider keys scrubbed. A provider's 401/403 is
-/// about the gateway's credentials, not the client's: the client gets 502. Anthropic's 529
-/// stays 529 for Messages clients (their API has it) and is a 503 for the others.
+/// An upstream error body in OpenAI's shape, provider keys scrubbed and the route's upstream
+/// model id replaced by `standard_model` wherever it is named; and whether it says the
+/// provider does not know the route's model. A provider's 401/403 is about the gateway's
+/// credentials, not the client's: the client gets 502. Anthropic's 529 stays 529 for
+/// Messages clients (their API has it) and is a 503 for the others.
 fn normalize_upstream_error(
     route: &Route,
     status: u16,
     body: &[u8],
     retry_after: Option<Duration>,
     client: ClientDialect,
-) -> GatewayError {
+    standard_model: &str,
+) -> (GatewayError, bool) {
     let provider = &route.provider;
     let (error_type, code, message) =
         providers::provider_error_parts(provider, route.dialect(), status, body);
-    let message = providers::scrub_key(provider, &message);
+    let model_not_found = providers::upstream_errors::is_model_not_found(
+        status,
+        code.as_deref(),
+        &message,
+        &route.upstream_model,
+    );
+    let mask = |t: &str| {
+        providers::upstream_errors::mask_upstream_model(t, &route.upstream_model, standard_model)
+    };
+    let message = mask(&providers::scrub_key(provider, &message));
     // Every field the client sees is scrubbed, not only the message.
     let error_type = providers::scrub_key(provider, &error_type);
-    let code = code.map(|c| providers::scrub_key(provider, &c));
+    let code = code.map(|c| mask(&providers::scrub_key(provider, &c)));
     if matches!(status, 401 | 403) {
-        return GatewayError::UpstreamUnavailable {
+        let err = GatewayError::UpstreamUnavailable {
             message: format!(
                 "provider `{}` rejected the gateway's credentials",
                 provider.id
             ),
             retry_after: None,
         };
+        return (err, false);
     }
     // Anthropic's 529 "overloaded" is a 503 to OpenAI clients.
     let status = if status == 529 && !client.wire().keeps_529 {
@@ -663,13 +725,14 @@ fn normalize_upstream_error(
     } else {
         status
     };
-    GatewayError::Upstream {
+    let err = GatewayError::Upstream {
         status,
         error_type,
         code,
         message,
         retry_after,
-    }
+    };
+    (err, model_not_found)
 }
 
 #[cfg(test)]

@@ -29,6 +29,41 @@ pub(crate) struct AttemptState<'s, 'r> {
     /// hedge race), or those left after the route that answered (a committed stream's
     /// continuation).
     pub(crate) candidates: &'s [Candidate<'r>],
+    /// The routes of the models after this one in the request's fallback chain, in order
+    /// (`models.<id>.fallback_models`, the body's `models`): where a hedge finds a partner
+    /// and a broken stream continues once `candidates` has none. Planned only for a model
+    /// that hedges or continues ([`Later`]); empty otherwise.
+    pub(crate) later: &'s [Later<'r>],
+}
+
+/// A candidate route of a later model of the request's fallback chain, planned as the
+/// chain plans a stage (the key's models and providers, capabilities, the request's
+/// preference, health), without a half-open trial (a partner or a continuation never claims
+/// one).
+#[derive(Debug, Clone)]
+pub(crate) struct Later<'r> {
+    /// The standard model the route serves.
+    pub(crate) model: &'r Model,
+    /// The route and its health.
+    pub(crate) cand: Candidate<'r>,
+}
+
+/// The candidate at `i` of `candidates` followed by `later` (`i` past the end of
+/// `candidates` is a later model's route), and the model it serves (`model` for the first
+/// part).
+pub(crate) fn candidate_at<'a, 'r>(
+    model: &'a Model,
+    candidates: &'a [Candidate<'r>],
+    later: &'a [Later<'r>],
+    i: usize,
+) -> (&'a Model, &'a Candidate<'r>) {
+    match candidates.get(i) {
+        Some(c) => (model, c),
+        None => {
+            let l = &later[i - candidates.len()];
+            (l.model, &l.cand)
+        }
+    }
 }
 
 /// The parts of a `Ready` (`crate::engine::open`), with what it holds beside its head (`B`).

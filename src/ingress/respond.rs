@@ -83,6 +83,10 @@ pub async fn write_error(
         extra.push(("retry-after", retry_after_header(ra)));
         extra.push(("retry-after-ms", retry_after_ms_header(ra)));
     }
+    if let Some(m) = &ctx.outcome.served_model {
+        // An upstream's own answer (a 4xx about the request): which model's route gave it.
+        extra.push((SERVED_MODEL_HEADER, m.clone()));
+    }
     if ctx.attempts.count > 0 && ctx.config.server.emit_route_headers {
         // How many upstream attempts the failure took (retries and fallbacks included).
         extra.push(("x-sluice-attempts", ctx.attempts.count.to_string()));
@@ -102,6 +106,12 @@ pub async fn write_error(
 /// The response header naming what a translation left out of the client's request: JSON
 /// paths in the client's dialect, comma-separated (`models.<id>.unsupported: drop`).
 pub const DROPPED_HEADER: &str = "x-sluice-dropped";
+
+/// The response header naming the model that served an answer (or whose provider gave the
+/// error that is the answer): the serving route's `display_model`, else the standard model's
+/// id (the fallback model's after a model-level fallback); never the upstream model id unless
+/// the operator made it the display id.
+pub const SERVED_MODEL_HEADER: &str = "x-sluice-served-model";
 
 /// The response head of a proxied answer: status, content type, `x-request-id`, route
 /// headers, and for streams the SSE headers (`text/event-stream`, `no-cache`,
@@ -133,6 +143,9 @@ pub fn proxied_head(
     h.insert_header("x-request-id", &ctx.request_id)?;
     if let Some(d) = &ctx.outcome.dropped {
         h.insert_header(DROPPED_HEADER, d.as_str())?;
+    }
+    if let Some(m) = &ctx.outcome.served_model {
+        h.insert_header(SERVED_MODEL_HEADER, m.as_str())?;
     }
     for (k, v) in ctx.admission.rate_limit.iter().flat_map(|s| s.headers()) {
         h.insert_header(k, v)?;

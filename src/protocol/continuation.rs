@@ -17,12 +17,15 @@
 //!   a trailing assistant message with the text so far (trailing whitespace removed, which
 //!   Anthropic's API requires), which the model continues.
 //!
-//! Either way, when the text so far ends in whitespace, leading whitespace of the
-//! continuation is dropped (no doubled space at the seam).
+//! Either way, the continuation's text joins the text so far through a [`Seam`]
+//! ([`super::seam`]): a restart or repeat of what the client has is dropped, a space is
+//! added after a sentence's end, leading whitespace after whitespace is dropped, and a
+//! restart that diverges ends the stream with an error event instead of doubled text.
 
 use std::borrow::Cow;
 
-use super::{Message, Part, Request, Role, StreamEvent, Usage};
+use super::seam::{Seam, SeamOutcome, SeamText};
+use super::{Message, Part, ProtocolError, Request, Role, StreamEvent, Usage};
 
 /// The user message that asks for the rest of a reply that was cut off
 /// ([`ContinueStyle::UserTurn`]).
@@ -151,17 +154,22 @@ pub fn add_usage(a: Usage, b: Usage) -> Usage {
     }
 }
 
+/// The message of the error that ends a stream whose continuation restarted the answer and
+/// diverged ([`SeamOutcome::Refused`]); [`Splice::refused`] tells it apart.
+pub const SEAM_REFUSED: &str = "the continuation restarted the answer and diverged from the text \
+already sent; the stream ends here rather than repeat text";
+
 /// Maps a continuation's canonical events into the first stream's: its `Start` becomes a
 /// usage update (the client's stream has started already), every usage figure is added to
 /// the first attempt's (`base`), its reasoning is dropped (the client's answer went past
-/// reasoning already), and leading whitespace is dropped when the text so far ended in
-/// whitespace.
+/// reasoning already), and its text goes through the [`Seam`] with the text so far (a
+/// repeat dropped, a space added at a sentence's end, a diverging restart refused).
 #[derive(Debug, Clone)]
 pub struct Splice {
     /// The first attempt's usage.
     base: Usage,
-    /// Drop leading whitespace until the first other text.
-    trim_leading_ws: bool,
+    /// Where the continuation's text meets the text so far.
+    seam: Seam,
 }
 
 impl Splice {
@@ -170,35 +178,54 @@ impl Splice {
     pub fn new(base: Usage, text_so_far: &str) -> Self {
         Self {
             base,
-            trim_leading_ws: text_so_far.ends_with(char::is_whitespace),
+            seam: Seam::new(text_so_far),
         }
     }
 
-    /// The event to give the client's encoder for the continuation's `ev` (`None`: drop it).
-    pub fn map<'a>(&mut self, ev: &StreamEvent<'a>) -> Option<StreamEvent<'a>> {
-        Some(match ev {
+    /// How the seam was decided, once it was.
+    pub fn seam_outcome(&self) -> Option<SeamOutcome> {
+        self.seam.outcome()
+    }
+
+    /// Whether the seam refused the continuation (the error of [`Self::feed`] is then
+    /// [`SEAM_REFUSED`]'s).
+    pub fn refused(&self) -> bool {
+        self.seam.outcome() == Some(SeamOutcome::Refused)
+    }
+
+    /// Gives the client's encoder (`emit`) the events for the continuation's `ev`, in order:
+    /// none, one, or held text before a non-text event.
+    ///
+    /// # Errors
+    /// `emit`'s; [`ProtocolError::InvalidUpstream`] with [`SEAM_REFUSED`] when the seam
+    /// refused the continuation.
+    pub fn feed(
+        &mut self,
+        ev: &StreamEvent<'_>,
+        emit: &mut impl FnMut(&StreamEvent<'_>) -> Result<(), ProtocolError>,
+    ) -> Result<(), ProtocolError> {
+        let refused = |_| ProtocolError::InvalidUpstream(SEAM_REFUSED.to_string());
+        match ev {
             StreamEvent::Start { usage, .. } | StreamEvent::Usage(usage) => {
-                StreamEvent::Usage(add_usage(self.base, *usage))
+                emit(&StreamEvent::Usage(add_usage(self.base, *usage)))
             }
-            StreamEvent::ReasoningDelta(_) | StreamEvent::ReasoningSignature(_) => return None,
-            StreamEvent::TextDelta(t) if self.trim_leading_ws => {
-                let rest = t.trim_start();
-                if rest.is_empty() {
-                    return None;
+            StreamEvent::ReasoningDelta(_) | StreamEvent::ReasoningSignature(_) => Ok(()),
+            StreamEvent::TextDelta(t) => match self.seam.text(t).map_err(refused)? {
+                SeamText::Pass => emit(ev),
+                SeamText::Replace(r) if !r.is_empty() => {
+                    emit(&StreamEvent::TextDelta(Cow::Owned(r)))
                 }
-                self.trim_leading_ws = false;
-                StreamEvent::TextDelta(match t {
-                    Cow::Borrowed(b) => Cow::Borrowed(b.trim_start()),
-                    Cow::Owned(o) => Cow::Owned(o.trim_start().to_string()),
-                })
-            }
+                SeamText::Replace(_) | SeamText::Hold => Ok(()),
+            },
             other => {
-                if matches!(other, StreamEvent::TextDelta(_)) {
-                    self.trim_leading_ws = false;
+                if let SeamText::Replace(r) = self.seam.flush().map_err(refused)? {
+                    if !r.is_empty() {
+                        emit(&StreamEvent::TextDelta(Cow::Owned(r)))?;
+                    }
                 }
-                other.clone()
+                emit(other)
             }
-        })
+        }
     }
 }
 
@@ -256,6 +283,20 @@ mod tests {
         assert_eq!(r.max_output_tokens, Some(1));
     }
 
+    /// The events `s` gives the encoder for `ev` (their debug form).
+    fn fed(s: &mut Splice, ev: &StreamEvent<'_>) -> Result<Vec<String>, ProtocolError> {
+        let mut out = Vec::new();
+        s.feed(ev, &mut |e| {
+            out.push(format!("{e:?}"));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn dbg(evs: &[StreamEvent<'_>]) -> Vec<String> {
+        evs.iter().map(|e| format!("{e:?}")).collect()
+    }
+
     #[test]
     fn the_splice_sums_usage_drops_reasoning_and_trims_the_seam() {
         let base = Usage {
@@ -273,27 +314,48 @@ mod tests {
             },
         };
         assert_eq!(
-            s.map(&start),
-            Some(StreamEvent::Usage(Usage {
+            fed(&mut s, &start).unwrap(),
+            dbg(&[StreamEvent::Usage(Usage {
                 input_tokens: 24,
                 output_tokens: 3,
                 ..Usage::default()
-            }))
+            })])
         );
-        assert_eq!(s.map(&StreamEvent::ReasoningDelta("r".into())), None);
-        assert_eq!(s.map(&StreamEvent::TextDelta(" ".into())), None);
+        assert!(fed(&mut s, &StreamEvent::ReasoningDelta("r".into()))
+            .unwrap()
+            .is_empty());
+        assert!(fed(&mut s, &StreamEvent::TextDelta(" ".into()))
+            .unwrap()
+            .is_empty());
         assert_eq!(
-            s.map(&StreamEvent::TextDelta("  world ".into())),
-            Some(StreamEvent::TextDelta("world ".into()))
+            fed(&mut s, &StreamEvent::TextDelta("  world ".into())).unwrap(),
+            dbg(&[StreamEvent::TextDelta("world ".into())])
         );
         assert_eq!(
-            s.map(&StreamEvent::TextDelta(" again".into())),
-            Some(StreamEvent::TextDelta(" again".into()))
+            fed(&mut s, &StreamEvent::TextDelta(" again".into())).unwrap(),
+            dbg(&[StreamEvent::TextDelta(" again".into())])
         );
-        let mut s = Splice::new(base, "Hel");
+        assert_eq!(s.seam_outcome(), Some(SeamOutcome::Clean));
+        // Held text goes out before the next event that is not text.
+        let mut s = Splice::new(base, "Hello");
+        assert!(fed(&mut s, &StreamEvent::TextDelta("Hel".into()))
+            .unwrap()
+            .is_empty());
+        let stop = StreamEvent::Stop {
+            reason: StopReason::EndTurn,
+            stop_sequence: None,
+        };
         assert_eq!(
-            s.map(&StreamEvent::TextDelta(" lo".into())),
-            Some(StreamEvent::TextDelta(" lo".into()))
+            fed(&mut s, &stop).unwrap(),
+            dbg(&[StreamEvent::TextDelta("Hel".into()), stop.clone()])
         );
+        // A diverging restart is refused.
+        let mut s = Splice::new(base, "The answer is forty-two, and that is final.");
+        let e = fed(
+            &mut s,
+            &StreamEvent::TextDelta("The answer is forty-two, or maybe not.".into()),
+        )
+        .unwrap_err();
+        assert!(s.refused(), "{e}");
     }
 }

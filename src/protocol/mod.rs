@@ -37,6 +37,14 @@
 //! excludes cache reads and writes, so the Messages converters add/subtract
 //! them. Tool-call arguments are kept as the JSON text the model produced.
 //!
+//! **One answer per answer.** The canonical answer is one choice. An upstream answer with
+//! more choices (Chat Completions `n` > 1, or a provider that adds one unasked) is
+//! translated from the choice of `index` 0 only, whole answer and stream alike: the other
+//! choices' text, tool calls and finish reasons are skipped (in a stream, the chunks and
+//! chunk members of another index). A client of another dialect (Messages, Responses) has
+//! no way to receive more than one; the same dialect in and out (Chat Completions to an
+//! OpenAI-compatible route) passes every choice through untouched.
+//!
 //! # Fields per direction
 //!
 //! **Same dialect in and out is a passthrough** (Chat Completions → OpenAI-compatible or
@@ -129,6 +137,7 @@ mod json;
 pub mod messages;
 pub mod responses;
 mod scan;
+pub mod seam;
 pub mod tokens;
 mod translate;
 pub mod wire;

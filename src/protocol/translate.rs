@@ -135,6 +135,16 @@ impl StreamTranslator {
         self.splice = Some(splice);
     }
 
+    /// How a continuation's seam was decided ([`Splice::seam_outcome`]), once it was.
+    pub fn seam_outcome(&self) -> Option<super::seam::SeamOutcome> {
+        self.splice.as_ref().and_then(Splice::seam_outcome)
+    }
+
+    /// Whether a continuation's seam refused it ([`Splice::refused`]).
+    pub fn seam_refused(&self) -> bool {
+        self.splice.as_ref().is_some_and(Splice::refused)
+    }
+
     /// The client dialect.
     pub fn client(&self) -> ClientDialect {
         self.client
@@ -159,35 +169,22 @@ impl StreamTranslator {
         let stopped = &mut self.stopped;
         let transcript = &mut self.transcript;
         let splice = &mut self.splice;
-        let mut emit = |ev: &super::StreamEvent<'_>| {
-            let mapped;
-            let ev = match splice.as_mut() {
-                Some(s) => match s.map(ev) {
-                    Some(m) => {
-                        mapped = m;
-                        &mapped
-                    }
-                    None => return Ok(()),
+        let mut deliver = |ev: &super::StreamEvent<'_>| {
+            deliver_one(
+                Sink {
+                    encoder,
+                    content_events,
+                    stopped,
+                    transcript,
                 },
-                None => ev,
-            };
-            if let Some(t) = transcript.as_mut() {
-                t.observe(ev);
-            }
-            if ev.is_content() {
-                *content_events += 1;
-            }
-            if matches!(ev, super::StreamEvent::Stop { .. }) {
-                *stopped = true;
-            }
-            match encoder {
-                Encoder::Chat(e) => {
-                    e.encode(ev, out);
-                    Ok(())
-                }
-                Encoder::Messages(e) => e.encode(ev, out),
-                Encoder::Responses(e) => e.encode(ev, out),
-            }
+                ev,
+                out,
+            )
+        };
+        // A continuation's events reach the encoder through its splice.
+        let mut emit = |ev: &super::StreamEvent<'_>| match splice.as_mut() {
+            Some(s) => s.feed(ev, &mut deliver),
+            None => deliver(ev),
         };
         match &mut self.decoder {
             Decoder::Chat(d) => d.decode(event, data, &mut emit),
@@ -259,5 +256,142 @@ impl StreamTranslator {
             Encoder::Messages(e) => e.is_finished(),
             Encoder::Responses(e) => e.is_finished(),
         }
+    }
+
+    /// Encodes a whole answer as the client's complete stream, into `out`: for an upstream
+    /// that answered a streaming request with one JSON body (it ignored `stream: true`).
+    /// The canonical events are those a stream of the same answer carries, in order:
+    /// `Start` (id, model, the input usage), each output item (reasoning text and its
+    /// signature, text, each tool call's start and its whole arguments), `Stop`, `Usage`,
+    /// `End`. It is the stream's first answer, so no continuation's splice applies.
+    ///
+    /// # Errors
+    /// As [`on_event`](Self::on_event) (a sequence the client's encoder cannot express).
+    pub fn replay(
+        &mut self,
+        resp: &super::Response,
+        out: &mut BytesMut,
+    ) -> Result<(), ProtocolError> {
+        use super::{OutputItem, StreamEvent};
+        use std::borrow::Cow;
+        let input = Usage {
+            output_tokens: 0,
+            reasoning_tokens: 0,
+            ..resp.usage
+        };
+        deliver_one(
+            self.sink(),
+            &StreamEvent::Start {
+                id: Cow::Borrowed(&resp.id),
+                model: Cow::Borrowed(&resp.model),
+                usage: input,
+            },
+            out,
+        )?;
+        let mut tool_index = 0u32;
+        for item in &resp.output {
+            match item {
+                OutputItem::Reasoning { text, signature } => {
+                    if !text.is_empty() {
+                        deliver_one(
+                            self.sink(),
+                            &StreamEvent::ReasoningDelta(Cow::Borrowed(text)),
+                            out,
+                        )?;
+                    }
+                    if let Some(sig) = signature {
+                        deliver_one(
+                            self.sink(),
+                            &StreamEvent::ReasoningSignature(Cow::Borrowed(sig)),
+                            out,
+                        )?;
+                    }
+                }
+                OutputItem::Text(text) => {
+                    deliver_one(
+                        self.sink(),
+                        &StreamEvent::TextDelta(Cow::Borrowed(text)),
+                        out,
+                    )?;
+                }
+                OutputItem::ToolCall(call) => {
+                    deliver_one(
+                        self.sink(),
+                        &StreamEvent::ToolCallStart {
+                            index: tool_index,
+                            id: Cow::Borrowed(&call.id),
+                            name: Cow::Borrowed(&call.name),
+                        },
+                        out,
+                    )?;
+                    deliver_one(
+                        self.sink(),
+                        &StreamEvent::ToolArgumentsDelta {
+                            index: tool_index,
+                            fragment: Cow::Borrowed(&call.arguments),
+                        },
+                        out,
+                    )?;
+                    tool_index += 1;
+                }
+            }
+        }
+        deliver_one(
+            self.sink(),
+            &StreamEvent::Stop {
+                reason: resp.stop_reason,
+                stop_sequence: resp.stop_sequence.as_deref().map(Cow::Borrowed),
+            },
+            out,
+        )?;
+        deliver_one(self.sink(), &StreamEvent::Usage(resp.usage), out)?;
+        deliver_one(self.sink(), &StreamEvent::End, out)
+    }
+}
+
+impl StreamTranslator {
+    /// The translator's parts an event goes through ([`deliver_one`]).
+    fn sink(&mut self) -> Sink<'_> {
+        Sink {
+            encoder: &mut self.encoder,
+            content_events: &mut self.content_events,
+            stopped: &mut self.stopped,
+            transcript: &mut self.transcript,
+        }
+    }
+}
+
+/// What one canonical event goes through on its way to the client's encoder (the
+/// translator's fields, borrowed apart from its decoder and a continuation's splice).
+struct Sink<'a> {
+    encoder: &'a mut Encoder,
+    content_events: &'a mut u64,
+    stopped: &'a mut bool,
+    transcript: &'a mut Option<Transcript>,
+}
+
+/// One canonical event into the transcript (if recorded), the counters and the client's
+/// encoder (after a continuation's splice, when there is one).
+fn deliver_one(
+    sink: Sink<'_>,
+    ev: &super::StreamEvent<'_>,
+    out: &mut BytesMut,
+) -> Result<(), ProtocolError> {
+    if let Some(t) = sink.transcript.as_mut() {
+        t.observe(ev);
+    }
+    if ev.is_content() {
+        *sink.content_events += 1;
+    }
+    if matches!(ev, super::StreamEvent::Stop { .. }) {
+        *sink.stopped = true;
+    }
+    match sink.encoder {
+        Encoder::Chat(e) => {
+            e.encode(ev, out);
+            Ok(())
+        }
+        Encoder::Messages(e) => e.encode(ev, out),
+        Encoder::Responses(e) => e.encode(ev, out),
     }
 }

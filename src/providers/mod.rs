@@ -25,6 +25,7 @@ pub mod google_auth;
 pub mod openai;
 pub mod registry;
 pub mod token;
+pub mod upstream_errors;
 pub mod vertex;
 
 mod adapter;

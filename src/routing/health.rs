@@ -353,6 +353,14 @@ impl RouteHealth {
         failure: AttemptFailure,
         retry_after: Option<Duration>,
     ) {
+        if failure == AttemptFailure::ModelNotFound {
+            // The route's model is gone: no point in waiting for more failures, it rests now
+            // (unhealthy, for the cool-down; then its half-open trial as for any route).
+            self.consecutive_failures.fetch_max(
+                thresholds.unhealthy_after_failures.saturating_sub(1),
+                Ordering::Relaxed,
+            );
+        }
         self.record_scoped_failure(thresholds, FailureScope::of(failure), retry_after);
     }
 

@@ -23,6 +23,8 @@ impl RetryPolicy {
             AttemptFailure::FirstByteTimeout | AttemptFailure::FirstEventTimeout => false,
             // The same route has the same window: it goes to a larger one instead.
             AttemptFailure::ContextLength => false,
+            // The route's model is not there; asking again finds it missing again.
+            AttemptFailure::ModelNotFound => false,
         }
     }
 

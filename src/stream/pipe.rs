@@ -19,8 +19,14 @@
 //! Only data events of the answer count toward the commit ([`StreamPipe::data_events`]):
 //! comments and Anthropic `ping`s do not, so an upstream that pings and then fails before
 //! its first event still falls back. A data event that is not JSON (a provider's bad line)
-//! neither commits nor ends the stream: it passes through untouched on the fast path, is
-//! skipped by the translator, and is counted (`sluice_sse_malformed_events_total`).
+//! neither commits nor ends the stream, and is never forwarded (the client's SDK would fail
+//! on it mid-stream): it is dropped on both paths, counted
+//! (`sluice_sse_malformed_events_total`) and logged once per stream. On the fast path the
+//! check is the structural one ([`protocol::is_balanced_json`], no parse per event) once
+//! the answer is committed; unknown events that are JSON still pass through untouched.
+//! Upstream keepalive chatter on a translated stream (comments, Anthropic `ping`) produces
+//! no output; the pipe notes it ([`StreamPipe::take_keepalive`]) and the pump relays it as
+//! the client dialect's own keepalive.
 //!
 //! The pump ([`crate::stream::pump`]) feeds it upstream chunks and writes what lands in its output;
 //! it never looks at events itself. End of body (`feed(None)`): a stream is complete with
@@ -111,6 +117,15 @@ pub(crate) struct StreamPipe<'r> {
     capture_terminal: bool,
     /// That chunk, once taken.
     terminal: Option<Bytes>,
+    /// The upstream dialect's keepalive event name (Messages `ping`), for a translated
+    /// stream, which does not forward it.
+    upstream_keepalive: Option<&'static str>,
+    /// A translated stream's upstream sent keepalive chatter (a comment, a `ping`) since the
+    /// last [`take_keepalive`](Self::take_keepalive): the pump relays it in the client's
+    /// dialect, rate-limited.
+    keepalive_seen: bool,
+    /// Data events dropped because they are not JSON (`sluice_sse_malformed_events_total`).
+    pub malformed: u64,
 }
 
 /// The fast path of one stream: the dialect's description and its model echo.
@@ -170,6 +185,17 @@ impl<'r> StreamPipe<'r> {
                 Some(t)
             }
         };
+        // The upstream dialect's keepalive event (Messages `ping`), named by its own wire
+        // description: a translated stream relays it in the client's dialect.
+        let upstream_keepalive = [
+            ClientDialect::ChatCompletions,
+            ClientDialect::Messages,
+            ClientDialect::Responses,
+        ]
+        .into_iter()
+        .find(|c| c.same_as(upstream))
+        .and_then(|c| c.wire().fast_path)
+        .and_then(|f| f.keepalive);
         let strip_usage = fast
             .as_ref()
             .and_then(|f| f.path.requested_usage)
@@ -199,12 +225,74 @@ impl<'r> StreamPipe<'r> {
             done: false,
             capture_terminal: false,
             terminal: None,
+            upstream_keepalive,
+            keepalive_seen: false,
+            malformed: 0,
         })
+    }
+
+    /// Takes a whole answer instead of a stream: `resp`, decoded from `body` (an upstream
+    /// that answered a streaming request with one JSON body), becomes the client's complete
+    /// stream in `out`, through this pipe's translator or, on the same-dialect path, a
+    /// canonical one made with `opts`. The pipe is then finished, with the answer's usage
+    /// (or, when it has none, the output estimate of its text).
+    ///
+    /// # Errors
+    /// [`PipeError::Framing`] (`upstream_error`) when the client's encoder cannot express it.
+    pub(crate) fn replay(
+        &mut self,
+        body: &[u8],
+        resp: &protocol::Response,
+        opts: &protocol::StreamOptions,
+    ) -> Result<(), PipeError> {
+        let mut own;
+        let t = match self.protocol.as_mut() {
+            Some(t) => t,
+            None => {
+                own = protocol::StreamTranslator::canonical(self.upstream, self.client, opts);
+                &mut own
+            }
+        };
+        let before = t.content_events();
+        t.replay(resp, &mut self.out)
+            .map_err(|e| PipeError::Framing {
+                reason: "upstream_error",
+                message: format!(
+                    "provider `{}` answered a streaming request with one JSON answer that \
+                     cannot be sent as a stream: {e}",
+                    self.route.provider.id
+                ),
+            })?;
+        let content = t.content_events() - before;
+        self.data_events += 1;
+        self.content_events += content;
+        self.first_content |= content > 0;
+        self.finish_seen = true;
+        self.done = true;
+        if resp.usage == protocol::Usage::default() {
+            metering::stream_text(self.upstream, body, true, |s| self.estimator.push_json(s));
+        } else {
+            self.usage = Some(resp.usage);
+        }
+        Ok(())
+    }
+
+    /// Whether a translated stream's upstream sent keepalive chatter since the last call
+    /// (and forgets it): the pump relays it as the client dialect's own keepalive.
+    pub(crate) fn take_keepalive(&mut self) -> bool {
+        std::mem::take(&mut self.keepalive_seen)
     }
 
     /// The transcript of what the client stream carried, for a continuable stream.
     pub(crate) fn transcript(&self) -> Option<&protocol::continuation::Transcript> {
         self.protocol.as_ref().and_then(|t| t.transcript())
+    }
+
+    /// How a continuation's seam was decided, once it was ([`protocol::seam`]).
+    pub(crate) fn seam_outcome(&self) -> Option<protocol::seam::SeamOutcome> {
+        self.protocol
+            .as_ref()
+            .and_then(protocol::StreamTranslator::seam_outcome)
     }
 
     /// Switches the pipe to a continuation answered by `route` in `coding`: its events are
@@ -320,13 +408,22 @@ impl<'r> StreamPipe<'r> {
     fn drain(&mut self) -> Result<(), PipeError> {
         while let Some(ev) = self.normalizer.next_event() {
             let Some(data) = ev.data() else {
-                // Comments and field-only events pass through (same-dialect path only).
+                // Comments and field-only events pass through (same-dialect path only); a
+                // translated stream relays them as the client's keepalive.
                 if self.protocol.is_none() {
                     self.out.extend_from_slice(ev.raw());
+                } else {
+                    self.keepalive_seen = true;
                 }
                 continue;
             };
             if let Some(t) = self.protocol.as_mut() {
+                if self.upstream_keepalive.is_some() && ev.event_name() == self.upstream_keepalive {
+                    // Keepalive chatter (Anthropic `ping`): no output of its own; the pump
+                    // relays it in the client's dialect.
+                    self.keepalive_seen = true;
+                    continue;
+                }
                 let before = self.out.len();
                 let content_before = t.content_events();
                 match t.on_event(ev.event_name(), &data, &mut self.out) {
@@ -341,8 +438,21 @@ impl<'r> StreamPipe<'r> {
                     // One event whose data is not JSON at all cannot be translated: it is
                     // skipped and counted, and the stream goes on.
                     Err(ProtocolError::InvalidUpstream(_)) if !protocol::is_json(&data) => {
-                        count_malformed(self.route);
+                        self.malformed += 1;
+                        count_malformed(self.route, self.malformed);
                         continue;
+                    }
+                    // A continuation that restarted the answer and diverged: no splice
+                    // is right (`protocol::seam`).
+                    Err(_) if t.seam_refused() => {
+                        return Err(PipeError::Framing {
+                            reason: "continuation_seam",
+                            message: format!(
+                                "provider `{}`: {}",
+                                self.route.provider.id,
+                                protocol::continuation::SEAM_REFUSED
+                            ),
+                        })
                     }
                     Err(e) => {
                         return Err(PipeError::Framing {
@@ -413,19 +523,21 @@ impl<'r> StreamPipe<'r> {
                 });
             }
             // Until an event has committed the answer, each is validated in full (a
-            // malformed one must not commit it); after that a malformed event only passes
-            // through and is counted, and the cheaper structural check finds the usual
-            // ones (cut short, run together) without a validating parse per event.
+            // malformed one must not commit it); after that the cheaper structural check
+            // finds the usual ones (cut short, run together) without a validating parse per
+            // event. Either way a malformed event is dropped and counted.
             let well_formed = if self.data_events == 0 {
                 protocol::is_json(&data)
             } else {
                 protocol::is_balanced_json(&data)
             };
             if !well_formed {
-                // A malformed event passes through untouched and is counted; like a
-                // comment it does not commit the answer, and it never ends the stream.
-                count_malformed(self.route);
-                self.out.extend_from_slice(ev.raw());
+                // A malformed event is never forwarded (the client's SDK would fail on it
+                // mid-stream): it is dropped, counted and logged; it does not commit the
+                // answer and it does not end the stream (a stream that then ends without
+                // its finish is `upstream_incomplete`, as any).
+                self.malformed += 1;
+                count_malformed(self.route, self.malformed);
                 continue;
             }
             // Usage (all classes) from the upstream's own object; only a chunk with a usage
@@ -575,12 +687,20 @@ fn content_decoder(route: &Route, coding: ContentCoding) -> Result<Option<Decode
     }
 }
 
-/// Counts one data event of `route`'s provider that is not JSON
-/// (`sluice_sse_malformed_events_total`).
+/// Counts one data event of `route`'s provider that is not JSON and was dropped
+/// (`sluice_sse_malformed_events_total`); the stream's first one (`nth` 1) is logged, the
+/// rest only counted (a provider that sends many would flood the log).
 #[cold]
-fn count_malformed(route: &Route) {
+fn count_malformed(route: &Route, nth: u64) {
     metrics()
         .sse_malformed_events_total
         .with_label_values(&[route.provider.id.as_str()])
         .inc();
+    if nth == 1 {
+        log::warn!(target: "sluice::proxy::pipe",
+            "dropped an upstream stream event that is not JSON provider={} upstream_model={} \
+             (later ones of this stream are only counted in sluice_sse_malformed_events_total)",
+            route.provider.id, route.upstream_model
+        );
+    }
 }

@@ -36,6 +36,10 @@ use crate::proxy::ctx::RequestCtx;
 use crate::stream::end::{Pumped, StreamError};
 use crate::stream::pipe::{PipeError, StreamPipe};
 
+/// Shortest interval between two upstream keepalives relayed to the client of a translated
+/// stream (see [`StreamPipe::take_keepalive`]).
+const KEEPALIVE_RELAY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Most output bytes gathered from already-received upstream chunks into one downstream
 /// write (see [`coalesce_ready`]).
 const COALESCE_BYTES: usize = 16 * 1024;
@@ -74,31 +78,7 @@ pub(crate) async fn first_event<'r>(
     timeouts: HopTimeouts,
     coding: ContentCoding,
 ) -> Result<Held<'r>, Attempt> {
-    let server = &ctx.config.server;
-    // The model that answers names itself (a fallback model its own id, as its routes do).
-    let mut pipe = match StreamPipe::new(
-        route,
-        ctx.dialect,
-        &model.id,
-        req.include_usage,
-        req.echo(),
-        coding,
-        server.max_event_bytes,
-        server.max_buffered_bytes_per_stream,
-        unix_now(),
-        model
-            .continue_on_break
-            .then_some(continuation::TRANSCRIPT_CAP_BYTES),
-    ) {
-        Ok(p) => p,
-        Err(e) => {
-            up.shutdown().await;
-            return Err(Attempt::Final(GatewayError::Internal(format!("{e:?}"))));
-        }
-    };
-    if ctx.response_capture.is_some() {
-        pipe.capture_terminal();
-    }
+    let mut pipe = open_pipe(ctx, req, model, route, up, coding).await?;
     let head_at = Instant::now();
     let first_event_deadline = head_at + timeouts.first_event;
     let early_commit_at = model.early_commit_after.map(|d| ctx.received + d);
@@ -150,7 +130,11 @@ pub(crate) async fn first_event<'r>(
                             status: 502,
                             error_type: providers::scrub_key(&route.provider, &error_type),
                             code: None,
-                            message: providers::scrub_key(&route.provider, &message),
+                            message: providers::upstream_errors::mask_upstream_model(
+                                &providers::scrub_key(&route.provider, &message),
+                                &route.upstream_model,
+                                &model.id,
+                            ),
                             retry_after: None,
                         };
                         return Err(failed(
@@ -216,6 +200,45 @@ pub(crate) async fn first_event<'r>(
     })
 }
 
+/// The pipe of a streaming answer of `route` in `coding`, for the client of `ctx` (closes
+/// `up` when it cannot be made).
+pub(crate) async fn open_pipe<'r>(
+    ctx: &RequestCtx,
+    req: &InferenceRequest,
+    model: &Model,
+    route: &'r Route,
+    up: &mut UpstreamSession,
+    coding: ContentCoding,
+) -> Result<StreamPipe<'r>, Attempt> {
+    let server = &ctx.config.server;
+    // The model that answers names itself (a fallback model its own id, as its routes do;
+    // the route's public name when the model reports the served model).
+    let mut pipe = match StreamPipe::new(
+        route,
+        ctx.dialect,
+        model.echoed_name(route),
+        req.include_usage,
+        req.echo(),
+        coding,
+        server.max_event_bytes,
+        server.max_buffered_bytes_per_stream,
+        unix_now(),
+        model
+            .continue_on_break
+            .then_some(continuation::TRANSCRIPT_CAP_BYTES),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            up.shutdown().await;
+            return Err(Attempt::Final(GatewayError::Internal(format!("{e:?}"))));
+        }
+    };
+    if ctx.response_capture.is_some() {
+        pipe.capture_terminal();
+    }
+    Ok(pipe)
+}
+
 /// Phase 2 of a streaming answer: commits the held stream ([`first_event`]) to the client
 /// and pumps it with heartbeats, idle and duration limits, and client-disconnect detection;
 /// a break after the commit may continue on `rest` ([`continuation`], opt-in).
@@ -235,6 +258,7 @@ pub(crate) async fn stream(
         req,
         model,
         candidates: rest,
+        later,
     } = s;
     // Moved out of their box in one statement: the box is freed at once, and only these
     // locals (not also the parts, the box or a `Held`) are part of the stream's future.
@@ -377,6 +401,7 @@ pub(crate) async fn stream(
                         req,
                         model,
                         candidates: rest,
+                        later,
                     },
                     &mut pipe,
                     err,
@@ -432,7 +457,8 @@ pub(crate) async fn pump_body(
     // just stamps `last_upstream` / `last_write`, so the per-event path touches no timer.
     // The heartbeat clock runs on bytes written to the client: `last_write` is the last
     // write of events or of a heartbeat. Upstream events that produce no client bytes
-    // (Anthropic `ping`, dropped comments) do not postpone a heartbeat.
+    // (a dropped malformed event) do not postpone a heartbeat; upstream keepalives are
+    // relayed (at most one a second) and so do, as any write.
     let idle = timeouts.idle.max(Duration::from_millis(1));
     let mut last_upstream = Instant::now();
     let mut last_write = last_upstream;
@@ -556,7 +582,7 @@ pub(crate) async fn pump_body(
             Ev::Chunk(Ok(chunk)) => {
                 let end = chunk.is_none();
                 if let Err(e) = pipe.feed(chunk.as_deref()) {
-                    break Err(pipe_failure(route, e));
+                    break Err(pipe_failure(route, served_as(ctx), e));
                 }
                 // Events that arrived together leave together: one write, not one per event.
                 let stop = if end || pipe.finished() {
@@ -574,7 +600,23 @@ pub(crate) async fn pump_body(
                     }
                 }
                 let had_content = ctx.outcome.ttft.is_some();
-                let out = pipe.take();
+                let mut out = pipe.take();
+                // An upstream keepalive the translation turned into nothing (Anthropic `ping`
+                // during a long think, a comment) is relayed as the client dialect's own
+                // keepalive, at most one a second: the client sees traffic as often as the
+                // upstream sends it, not only every `heartbeat_interval_ms`.
+                if pipe.take_keepalive()
+                    && out.is_empty()
+                    && !end
+                    && !pipe.finished()
+                    && last_write.elapsed() >= KEEPALIVE_RELAY_INTERVAL
+                {
+                    metrics()
+                        .heartbeats_total
+                        .with_label_values(&[route.provider.id.as_str()])
+                        .inc();
+                    out = Bytes::from_static(protocol::heartbeat(ctx.dialect));
+                }
                 if !had_content && pipe.first_content {
                     ctx.outcome.ttft = Some(ctx.received.elapsed());
                 }
@@ -604,7 +646,7 @@ pub(crate) async fn pump_body(
                     ReadyStop::Pending | ReadyStop::End => {}
                     ReadyStop::Broken(e) => break Err(stream_broken(&ctx.request_id, route, &e)),
                     ReadyStop::Pipe(e) => {
-                        break Err(pipe_failure(route, e));
+                        break Err(pipe_failure(route, served_as(ctx), e));
                     }
                 }
             }
@@ -770,6 +812,15 @@ async fn coalesce_ready(
     ReadyStop::Pending
 }
 
+/// The standard model a stream is served as: the fallback model that answered, else the
+/// one asked for.
+fn served_as(ctx: &RequestCtx) -> &str {
+    ctx.answered_model
+        .as_deref()
+        .or(ctx.standard_model.as_deref())
+        .unwrap_or_default()
+}
+
 /// The stream error for an upstream read that failed mid-stream.
 fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamError {
     log::warn!(target: "sluice::proxy::pump", "upstream stream broke request_id={request_id} provider={} error={e}",
@@ -783,7 +834,9 @@ fn stream_broken(request_id: &str, route: &Route, e: &pingora::Error) -> StreamE
 
 /// The stream error for an in-band upstream error (the provider's error type kept) or a
 /// body that broke (framing, encoding, truncation, a missing finish).
-fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
+/// The provider's message names no upstream model: the route's is replaced by `standard`
+/// ([`providers::upstream_errors::mask_upstream_model`]).
+fn pipe_failure(route: &Route, standard: &str, e: PipeError) -> StreamError {
     match e {
         PipeError::Upstream {
             kind,
@@ -793,7 +846,11 @@ fn pipe_failure(route: &Route, e: PipeError) -> StreamError {
             reason: "upstream_error",
             kind,
             error_type: providers::scrub_key(&route.provider, &error_type),
-            message: providers::scrub_key(&route.provider, &message),
+            message: providers::upstream_errors::mask_upstream_model(
+                &providers::scrub_key(&route.provider, &message),
+                &route.upstream_model,
+                standard,
+            ),
         },
         PipeError::Framing { reason, message } => {
             log::warn!(target: "sluice::proxy::pump", "upstream stream ended badly provider={} reason={reason} detail={message:?}",

@@ -1,7 +1,12 @@
 //! Owns the unary exchange: a non-streaming answer read whole (bounded by
 //! `server.max_response_body_bytes`, content-decoded, UTF-8 repaired), its model echo
 //! rewritten or translated into the client's dialect, and written in one go. Bytes of the
-//! answer were received once it runs, so a broken answer is a 502, never a fallback.
+//! answer were received once it runs, so a body that broke off (read failure, too large,
+//! bad content coding) is a 502, never a fallback; a body that arrived whole but cannot be
+//! read in its dialect (an HTML page under a 200, text, JSON that is not the dialect's
+//! answer) is a failed attempt, on the same-dialect path as on the translated one: the
+//! client's SDK could not parse it, and nothing was written yet, so the next candidate may
+//! answer (the route is charged a failure; 502 when no candidate is left).
 
 use crate::engine::pool::Connector;
 use bytes::{Bytes, BytesMut};
@@ -10,9 +15,9 @@ use pingora::proxy::Session;
 use crate::config::Route;
 use crate::engine::state::ReadyParts;
 use crate::engine::upstream::{
-    client_gone, estimate_usage, set_usage, unix_now, Attempt, ClientGone, POOL_IDLE,
+    client_gone, estimate_usage, failed, set_usage, unix_now, Attempt, ClientGone, POOL_IDLE,
 };
-use crate::error::GatewayError;
+use crate::error::{AttemptFailure, GatewayError};
 use crate::ingress::respond;
 use crate::metrics::metrics;
 use crate::protocol;
@@ -60,7 +65,7 @@ pub(crate) async fn unary(
     let mut body = BytesMut::new();
     let broken: Option<UnaryBreak> = loop {
         let next = tokio::select! {
-            r = tokio::time::timeout(timeouts.idle.max(timeouts.first_byte), up.read_response_body()) => r,
+            r = tokio::time::timeout(timeouts.idle.max(timeouts.first_byte_non_stream), up.read_response_body()) => r,
             () = client_gone(session) => {
                 up.shutdown().await;
                 return Attempt::Gone(ClientGone("waiting_body"));
@@ -157,6 +162,17 @@ pub(crate) async fn unary(
     let client = ctx.dialect;
     let fast = client.wire().fast_path.filter(|_| client.same_as(upstream));
     let out: Bytes = match fast {
+        // An answer the client's SDK cannot parse (an HTML error page or text under a 200,
+        // a body cut short) is the provider's failure, as on the translated path: nothing
+        // was written, so the next candidate may answer.
+        Some(_) if !is_json_object(&body) => {
+            return unreadable(
+                ctx,
+                route,
+                standard_model,
+                "the answer is not a JSON object".into(),
+            );
+        }
         Some(fast) => {
             let mut out = BytesMut::with_capacity(body.len() + 32);
             fast.rewriter(false, standard_model)
@@ -180,25 +196,7 @@ pub(crate) async fn unary(
                 }
                 Bytes::from(protocol::encode_response_for(client, &resp, echo))
             }
-            Err(e) => {
-                let err = GatewayError::UpstreamUnavailable {
-                    message: providers::scrub_key(
-                        &route.provider,
-                        &format!(
-                            "provider `{}` sent an unreadable answer: {}",
-                            route.provider.id,
-                            e.message()
-                        ),
-                    ),
-                    retry_after: None,
-                };
-                // The provider answered (unreadably): the ledger row names it.
-                ctx.outcome.provider = Some(route.provider.id.clone());
-                ctx.outcome.upstream_model = Some(route.upstream_model.clone());
-                ctx.outcome.upstream_broke = true;
-                let _ = respond::write_error(session, ctx, &err).await;
-                return Attempt::Done;
-            }
+            Err(e) => return unreadable(ctx, route, standard_model, e.message()),
         },
     };
     if usage_seen {
@@ -234,4 +232,41 @@ pub(crate) async fn unary(
         return Attempt::Gone(ClientGone("writing"));
     }
     Attempt::Done
+}
+
+/// Whether a whole answer is one well-formed JSON object (what every dialect's answer is):
+/// one allocation-free validating pass.
+fn is_json_object(body: &[u8]) -> bool {
+    body.trim_ascii_start().first() == Some(&b'{') && protocol::is_json(body)
+}
+
+/// The attempt's end for a whole answer that cannot be read in its dialect (not JSON, or
+/// not the dialect's answer): a failed attempt ([`AttemptFailure::Protocol`]), so the route
+/// is charged a failure and the next candidate may answer (nothing was written to the
+/// client); the client's 502 when none does. The message names the provider and the
+/// cause, never the answer's bytes.
+fn unreadable(ctx: &RequestCtx, route: &Route, standard_model: &str, why: String) -> Attempt {
+    let provider = &route.provider.id;
+    log::warn!(target: "sluice::proxy::unary",
+        "unreadable upstream answer request_id={} provider={provider} upstream_model={} detail={why:?}",
+        ctx.request_id, route.upstream_model
+    );
+    // The provider's words name no upstream model.
+    let message = providers::upstream_errors::mask_upstream_model(
+        &providers::scrub_key(
+            &route.provider,
+            &format!("provider `{provider}` sent an unreadable answer: {why}"),
+        ),
+        &route.upstream_model,
+        standard_model,
+    );
+    failed(
+        route,
+        AttemptFailure::Protocol,
+        format!("unreadable answer: {why}"),
+        GatewayError::UpstreamUnavailable {
+            message,
+            retry_after: None,
+        },
+    )
 }

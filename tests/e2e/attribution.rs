@@ -50,7 +50,7 @@ fn a_stream_cut_by_the_shutdown_grace_is_recorded_as_shutdown() {
 
 #[test]
 fn an_unreadable_translated_answer_names_its_provider_in_the_ledger() {
-    let mock = Mock::start(r#"{"raw_answer": "<html>gateway says hello</html>"}"#);
+    let mock = Mock::start(r#"{"answer_body": "<html>gateway says hello</html>"}"#);
     let sluice = Sluice::start(&config("", &[("p1", &mock.base_url(), "")]));
     // A Messages client on an OpenAI route: the answer is translated, and cannot be read.
     let r = post_json(

@@ -4,6 +4,7 @@
 
 mod affinity;
 mod agents;
+mod answers;
 mod anthropic;
 mod api;
 mod attribution;
@@ -15,6 +16,7 @@ mod budget_hold;
 mod cancellation;
 mod capacity;
 mod captured_clients;
+mod chain_paths;
 mod cli_key;
 mod client_compat;
 mod client_errors;

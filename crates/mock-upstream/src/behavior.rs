@@ -169,6 +169,11 @@ pub struct Behavior {
     /// Answer with `Connection: close` and close the connection after the response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub close: Option<bool>,
+    /// With `text`: play a model that starts its answer again when asked to continue a cut
+    /// one: the answer is the request's last assistant message (the text so far that a
+    /// continuation request carries, none in an ordinary request) followed by `text`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_answer: Option<bool>,
     /// The model id the answer names (every chunk, every body) instead of the one asked
     /// for, as real providers do (`gpt-4o-mini` → `gpt-4o-mini-2024-07-18`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -218,10 +223,23 @@ pub struct Behavior {
     /// asked for `stream: false`: a provider that ignores the flag.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_always: Option<bool>,
-    /// Answer a non-stream chat request with 200 `application/json` and exactly this body
-    /// (HTML, text, JSON of another API): an answer no client can read.
+    /// Answer every chat request that asked for a stream with the whole JSON answer
+    /// (`application/json`) instead: a provider that ignores `stream: true`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub raw_answer: Option<String>,
+    pub json_always: Option<bool>,
+    /// Answer every chat request with `200` and this body, verbatim (an HTML error page or
+    /// text under a success status), with the `content_type` knob's `Content-Type`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_body: Option<String>,
+    /// The `Content-Type` of an `answer_body` answer (default `application/json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// OpenAI Chat Completions answers carry this many choices (more than asked): choice
+    /// `i` ≥ 1 is a copy of choice 0 marked `alt{i}` (`content` starts `alt{i}-`, tool call
+    /// ids `call_alt{i}_…`, names `alt{i}_…`). Streams send each of choice 0's chunks, then
+    /// the same chunk for every other index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choices: Option<u64>,
     /// Stream: start the body with a UTF-8 byte order mark (`EF BB BF`), which the WHATWG
     /// SSE decoder strips; with `split: bytewise` it arrives split across chunks.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -428,6 +446,7 @@ impl Behavior {
             prompt_tokens,
             models,
             close,
+            restart_answer,
             answer_model,
             truncate_after_tokens,
             malformed_event_after_tokens,
@@ -439,7 +458,10 @@ impl Behavior {
             ping_interval_ms,
             error_type,
             stream_always,
-            raw_answer,
+            json_always,
+            answer_body,
+            content_type,
+            choices,
             bom,
             tool_calls,
             tool_loop,

@@ -508,7 +508,15 @@ pub(crate) fn prepare(
             chunk: bulk_chunk(),
         }
     } else if let Some(text) = &behavior.text {
-        Tokens::List(wire::split_words(text))
+        if Behavior::flag(behavior.restart_answer) {
+            let so_far = body
+                .as_ref()
+                .map(wire::last_assistant_message)
+                .unwrap_or_default();
+            Tokens::List(wire::split_words(&format!("{so_far}{text}")))
+        } else {
+            Tokens::List(wire::split_words(text))
+        }
     } else if behavior.tokens.is_none() && !meta.extras.tool_calls.is_empty() {
         // A tool-call answer without text.
         Tokens::List(Vec::new())
@@ -678,6 +686,15 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
         out.finish().await?;
         return Ok(After::Keep);
     }
+    if let (Kind::Chat(_), Some(raw)) = (plan.kind, &b.answer_body) {
+        // The `answer_body` knob: a success status over a body the client cannot parse.
+        let ct = b.content_type.as_deref().unwrap_or("application/json");
+        let h = base_headers(plan, ct);
+        out.head(200, &h, Framing::Length(raw.len()), close).await?;
+        write_body(out, raw.as_bytes(), b.split_mode()).await?;
+        out.finish().await?;
+        return Ok(After::Keep);
+    }
     match plan.kind {
         Kind::Models => {
             let models = b
@@ -692,12 +709,11 @@ async fn respond_inner(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::Resul
             out.finish().await?;
             Ok(After::Keep)
         }
-        Kind::Chat(_) if plan.stream || Behavior::flag(plan.behavior.stream_always) => {
+        Kind::Chat(_)
+            if (plan.stream || Behavior::flag(plan.behavior.stream_always))
+                && !Behavior::flag(plan.behavior.json_always) =>
+        {
             stream::stream(plan, out, close).await
-        }
-        Kind::Chat(_) if b.raw_answer.is_some() => {
-            let body = b.raw_answer.clone().unwrap_or_default();
-            write_answer(plan, out, close, abort, body.into_bytes()).await
         }
         Kind::CountTokens => {
             let body = wire::anthropic_token_count(plan.meta.prompt_tokens);
@@ -757,6 +773,12 @@ async fn non_stream(
     };
     let body = match &b.drift {
         Some(d) if !plan.meta.converse && plan.meta.provider != Provider::Gemini => d.apply(&body),
+        _ => body,
+    };
+    let body = match b.choices {
+        Some(n) if plan.meta.provider == Provider::OpenAi && !plan.meta.responses => {
+            wire::with_choices(&body, n)
+        }
         _ => body,
     };
     write_answer(plan, out, close, abort, body.into_bytes()).await

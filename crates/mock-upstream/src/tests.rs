@@ -417,6 +417,24 @@ async fn models_and_control_not_logged() {
 }
 
 #[tokio::test]
+async fn restart_answer_repeats_the_text_so_far_of_a_continuation_request() {
+    let srv = server(Behavior::default()).await;
+    let content = |r: &Resp| r.json()["choices"][0]["message"]["content"].clone();
+    let knob = json!({"text": " Then more.", "restart_answer": true});
+    let mut body = chat("m", false, knob.clone());
+    body["messages"] = json!([
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Cut here."},
+        {"role": "user", "content": "Continue."}
+    ]);
+    let r = call(&srv, "/v1/chat/completions", &body).await;
+    assert_eq!(content(&r), "Cut here. Then more.");
+    // An ordinary request has no text so far: the text alone.
+    let r = call(&srv, "/v1/chat/completions", &chat("m", false, knob)).await;
+    assert_eq!(content(&r), " Then more.");
+}
+
+#[tokio::test]
 async fn precedence_request_over_process_over_startup() {
     let srv = server(Behavior {
         tokens: Some(1),

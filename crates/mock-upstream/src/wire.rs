@@ -314,6 +314,39 @@ pub(crate) fn openai_finish_chunk(m: &ReplyMeta) -> String {
     openai_chunk(m, &choices, usage_null(m))
 }
 
+/// The `choices` knob: choice `i` of an OpenAI answer or chunk made from the choice 0 in
+/// `data` (its `index`, and its content, tool call ids and names marked `alt{i}`); `None`
+/// when `data` has no choice 0 (the usage chunk, another dialect).
+pub(crate) fn other_choice(data: &str, i: u64) -> Option<String> {
+    const OPEN: &str = "\"choices\":[{\"index\":0,";
+    data.contains(OPEN).then(|| {
+        data.replace(OPEN, &format!("\"choices\":[{{\"index\":{i},"))
+            .replace("\"content\":\"", &format!("\"content\":\"alt{i}-"))
+            .replace("\"id\":\"call_", &format!("\"id\":\"call_alt{i}_"))
+            .replace("\"name\":\"", &format!("\"name\":\"alt{i}_"))
+    })
+}
+
+/// The `choices` knob on a whole OpenAI answer: `n` choices, the others made from choice 0
+/// as [`other_choice`] makes them.
+pub(crate) fn with_choices(body: &str, n: u64) -> String {
+    const OPEN: &str = "\"choices\":[";
+    const CLOSE: &str = "],\"usage\"";
+    let (Some(start), Some(end)) = (body.find(OPEN), body.find(CLOSE)) else {
+        return body.to_string();
+    };
+    let first = &body[start + OPEN.len()..end];
+    let mut choices = first.to_string();
+    for i in 1..n {
+        let copy = format!("\"choices\":[{first}");
+        if let Some(other) = other_choice(&copy, i) {
+            choices.push(',');
+            choices.push_str(&other[OPEN.len()..]);
+        }
+    }
+    format!("{}{choices}{}", &body[..start + OPEN.len()], &body[end..])
+}
+
 /// Usage chunk with `"choices":[]`.
 pub(crate) fn openai_usage_chunk(m: &ReplyMeta, completion_tokens: u64) -> String {
     let usage = format!(",\"usage\":{}", openai_usage(m, completion_tokens));
@@ -931,12 +964,22 @@ fn content_text(v: &Value) -> String {
 
 /// Content of the last `role: "user"` message of an OpenAI / Anthropic request body.
 pub(crate) fn last_user_message(body: &Value) -> String {
+    last_message_of(body, "user")
+}
+
+/// The text of the last `assistant` message of an OpenAI or Anthropic request (empty when
+/// there is none): the text so far of a continuation request (`restart_answer`).
+pub(crate) fn last_assistant_message(body: &Value) -> String {
+    last_message_of(body, "assistant")
+}
+
+fn last_message_of(body: &Value, role: &str) -> String {
     body.get("messages")
         .and_then(Value::as_array)
         .and_then(|msgs| {
             msgs.iter()
                 .rev()
-                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+                .find(|m| m.get("role").and_then(Value::as_str) == Some(role))
         })
         .and_then(|m| m.get("content"))
         .map(content_text)

@@ -185,18 +185,20 @@ pub(crate) fn expand_include(base: &Path, pattern: &str) -> Result<Vec<PathBuf>,
 /// authentication), and a standard model priced in part: some sell price set but
 /// `input_usd_per_mtok` or `output_usd_per_mtok` absent (those tokens are charged 0; a model
 /// with no sell price at all is free by intent, e.g. the demo, and not warned about); and
-/// `continue_on_break: true` on a model with a single route (a broken stream continues on
-/// the *next* route, so it would never be continued).
+/// `continue_on_break: true` on a model with a single route and no `fallback_models` (a
+/// broken stream continues on the *next* route, of this model or a fallback model, so it
+/// would never be continued).
 pub(super) fn warnings(cfg: &Config) -> Vec<ConfigError> {
     let mut out = Vec::new();
     for (id, m) in &cfg.models {
-        if m.continue_on_break && m.routes.len() < 2 {
+        if m.continue_on_break && m.routes.len() < 2 && m.fallback_models.is_empty() {
             let text = std::fs::read_to_string(&cfg.source_path).ok();
             out.push(ConfigError::at(
                 &cfg.source_path,
                 text.as_deref(),
                 &format!("models.{id}.continue_on_break"),
-                "a broken stream continues on the next route, and this model has only one:                  its streams are never continued",
+                "a broken stream continues on the next route, and this model has only one and no \
+                 fallback_models: its streams are never continued",
             ));
         }
         let missing: Vec<&str> = [

@@ -91,6 +91,7 @@ fn build_model(
         first_event_timeout: m.first_event_timeout_ms.map(ms),
         early_commit_after: m.early_commit_after_ms.map(ms),
         continue_on_break: m.continue_on_break.unwrap_or(false),
+        report_served_model: m.report_served_model.unwrap_or(false),
         unsupported: m.unsupported.unwrap_or_default(),
         default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         retry: {
@@ -138,6 +139,16 @@ fn build_route(
     if r.upstream_model.trim().is_empty() {
         return Err(sources.err(fidx, &format!("{key}.upstream_model"), "must not be empty"));
     }
+    if r.display_model
+        .as_deref()
+        .is_some_and(|d| d.trim().is_empty() || http::HeaderValue::from_str(d).is_err())
+    {
+        return Err(sources.err(
+            fidx,
+            &format!("{key}.display_model"),
+            "must be a non-empty printable name (it is sent in a response header)",
+        ));
+    }
     if r.weight == 0 {
         return Err(sources.err(fidx, &format!("{key}.weight"), "must be at least 1"));
     }
@@ -184,6 +195,7 @@ fn build_route(
         cache_write_usd_per_mtok: r.cache_write_usd_per_mtok,
         capabilities: r.capabilities,
         supports_prefill: r.supports_prefill,
+        display_model: r.display_model,
         context_window_tokens: r.context_window_tokens.or(model_window),
         thinking: r.thinking,
         api: r.api.unwrap_or_default(),

@@ -103,6 +103,7 @@ fn build_provider(
         api_key,
         connect_timeout_ms,
         first_byte_timeout_ms,
+        non_stream_first_byte_timeout_ms,
         first_event_timeout_ms,
         idle_timeout_ms,
         heartbeat_interval_ms,
@@ -152,6 +153,9 @@ fn build_provider(
         [
             connect_timeout_ms,
             first_byte_timeout_ms,
+            // This provider's `first_byte_timeout_ms`, when set, holds for both shapes
+            // unless its non-stream key says otherwise (as before that key existed).
+            non_stream_first_byte_timeout_ms.or(first_byte_timeout_ms),
             first_event_timeout_ms,
             idle_timeout_ms,
             heartbeat_interval_ms,
@@ -374,18 +378,20 @@ fn provider_key(
     })
 }
 
-/// The hop timeouts (`connect`, `first_byte`, `first_event`, `idle`, `heartbeat`, ms), each
-/// over the server's default and greater than 0.
+/// The hop timeouts (`connect`, `first_byte`, `non_stream_first_byte`, `first_event`,
+/// `idle`, `heartbeat`, ms), each over the server's default and greater than 0.
 fn hop_timeouts(
     loc: &Loc<'_>,
     defaults: HopTimeouts,
-    [connect_timeout_ms, first_byte_timeout_ms, first_event_timeout_ms, idle_timeout_ms, heartbeat_interval_ms]: [Option<u64>; 5],
+    [connect_timeout_ms, first_byte_timeout_ms, non_stream_first_byte_timeout_ms, first_event_timeout_ms, idle_timeout_ms, heartbeat_interval_ms]: [Option<u64>; 6],
 ) -> Result<HopTimeouts, ConfigError> {
     let (fidx, sources) = (loc.fidx, loc.sources);
     let key = |k: &str| loc.key(k);
     let timeouts = HopTimeouts {
         connect: connect_timeout_ms.map_or(defaults.connect, ms),
         first_byte: first_byte_timeout_ms.map_or(defaults.first_byte, ms),
+        first_byte_non_stream: non_stream_first_byte_timeout_ms
+            .map_or(defaults.first_byte_non_stream, ms),
         first_event: first_event_timeout_ms.map_or(defaults.first_event, ms),
         idle: idle_timeout_ms.map_or(defaults.idle, ms),
         heartbeat: heartbeat_interval_ms.map_or(defaults.heartbeat, ms),
@@ -393,6 +399,10 @@ fn hop_timeouts(
     for (name, d) in [
         ("connect_timeout_ms", timeouts.connect),
         ("first_byte_timeout_ms", timeouts.first_byte),
+        (
+            "non_stream_first_byte_timeout_ms",
+            timeouts.first_byte_non_stream,
+        ),
         ("first_event_timeout_ms", timeouts.first_event),
         ("idle_timeout_ms", timeouts.idle),
         ("heartbeat_interval_ms", timeouts.heartbeat),

@@ -60,7 +60,15 @@ pub(super) fn server_settings(
     }
     let defaults = HopTimeouts {
         connect: ms(server.connect_timeout_ms),
-        first_byte: ms(server.first_byte_timeout_ms),
+        first_byte: ms(server
+            .first_byte_timeout_ms
+            .unwrap_or(crate::config::schema::DEFAULT_FIRST_BYTE_TIMEOUT_MS)),
+        // A `first_byte_timeout_ms` set before the non-stream key existed keeps holding for
+        // both shapes.
+        first_byte_non_stream: ms(server
+            .non_stream_first_byte_timeout_ms
+            .or(server.first_byte_timeout_ms)
+            .unwrap_or(crate::config::schema::DEFAULT_NON_STREAM_FIRST_BYTE_TIMEOUT_MS)),
         first_event: ms(server.first_event_timeout_ms),
         idle: ms(server.idle_timeout_ms),
         heartbeat: ms(server.heartbeat_interval_ms),

@@ -590,3 +590,57 @@ fn the_response_store_follows_the_ledger_and_its_bounds_are_checked() {
     }
     assert!(load_str(&format!("{MINIMAL}response_store:\n  max_age: 5\n")).is_err());
 }
+
+#[test]
+fn head_timeouts_default_long_for_non_stream_short_for_streams_and_old_keys_keep_their_meaning() {
+    use std::time::Duration;
+    let s = Duration::from_secs;
+    let t = |yaml: &str| load_str(yaml).unwrap().providers["local-mock"].timeouts;
+    // The defaults: 60 s for a stream's head and first event, 600 s (the official SDKs'
+    // own timeout) for a non-stream head, a heartbeat every 10 s.
+    let d = t(MINIMAL);
+    assert_eq!(
+        (
+            d.first_byte,
+            d.first_byte_non_stream,
+            d.first_event,
+            d.heartbeat
+        ),
+        (s(60), s(600), s(60), s(10))
+    );
+    assert_eq!((d.head(true), d.head(false)), (s(60), s(600)));
+    // `first_byte_timeout_ms` set alone means both shapes, as before the non-stream key.
+    let old = t(&MINIMAL.replacen("server:\n", "server:\n  first_byte_timeout_ms: 70000\n", 1));
+    assert_eq!((old.first_byte, old.first_byte_non_stream), (s(70), s(70)));
+    let both = t(&MINIMAL.replacen(
+        "server:\n",
+        "server:\n  first_byte_timeout_ms: 5000\n  non_stream_first_byte_timeout_ms: 900000\n",
+        1,
+    ));
+    assert_eq!(
+        (both.first_byte, both.first_byte_non_stream),
+        (s(5), s(900))
+    );
+    // Per provider the same: its `first_byte_timeout_ms` alone holds for both shapes.
+    let p = t(&MINIMAL.replacen(
+        "    api_key: test-key\n",
+        "    api_key: test-key\n    first_byte_timeout_ms: 20000\n",
+        1,
+    ));
+    assert_eq!((p.first_byte, p.first_byte_non_stream), (s(20), s(20)));
+    let p = t(&MINIMAL.replacen(
+        "    api_key: test-key\n",
+        "    api_key: test-key\n    non_stream_first_byte_timeout_ms: 30000\n",
+        1,
+    ));
+    assert_eq!((p.first_byte, p.first_byte_non_stream), (s(60), s(30)));
+    let zero = load_str(&MINIMAL.replacen(
+        "    api_key: test-key\n",
+        "    api_key: test-key\n    non_stream_first_byte_timeout_ms: 0\n",
+        1,
+    ));
+    assert!(zero
+        .unwrap_err()
+        .to_string()
+        .contains("non_stream_first_byte_timeout_ms"));
+}

@@ -88,6 +88,9 @@ struct ResponseIn<'a> {
 
 #[derive(Deserialize)]
 struct ChoiceIn<'a> {
+    /// `index` (absent: a single choice).
+    #[serde(default)]
+    index: Option<u32>,
     #[serde(borrow)]
     message: ResponseMessageIn<'a>,
     #[serde(borrow, default)]
@@ -122,7 +125,9 @@ struct ResponseFunctionIn<'a> {
     arguments: Option<Str<'a>>,
 }
 
-/// Decodes a non-streaming `chat.completion` upstream body (first choice).
+/// Decodes a non-streaming `chat.completion` upstream body: the choice of index 0 (the
+/// first when none says its index); other choices (`n` > 1, a provider's extra) are not
+/// part of the canonical answer, the rule of every translation (see `crate::protocol`).
 ///
 /// # Errors
 /// [`ProtocolError::InvalidUpstream`] when unparseable or without choices;
@@ -133,8 +138,13 @@ pub fn decode_response(body: &[u8], now_unix_s: u64) -> Result<Response, Protoco
     if let Some(e) = &r.error {
         return Err(e.to_error(ErrorKind::Api));
     }
+    let at = r
+        .choices
+        .iter()
+        .position(|c| c.index == Some(0))
+        .unwrap_or(0);
     let choice =
-        r.choices.into_iter().next().ok_or_else(|| {
+        r.choices.into_iter().nth(at).ok_or_else(|| {
             ProtocolError::InvalidUpstream("chat completion without choices".into())
         })?;
     let mut output = Vec::new();

@@ -22,7 +22,9 @@ use super::{stop_from_wire, stop_to_wire, UsageIn};
 struct ChunkIn<'a> {
     id: Option<Str<'a>>,
     model: Option<Str<'a>>,
-    /// The first choice (a stream chunk has one; later ones are skipped).
+    /// The choice of index 0 (an answer with more choices than asked, `n` > 1 or a
+    /// provider's extra, streams the others in chunks of their own or beside it: they are
+    /// skipped, the rule of every translation, see `crate::protocol`).
     choices: First<ChoiceIn<'a>>,
     usage: Option<UsageIn>,
     error: Option<super::super::json::ErrorObj<'a>>,
@@ -30,6 +32,8 @@ struct ChunkIn<'a> {
 
 #[derive(Default)]
 struct ChoiceIn<'a> {
+    /// `index` (absent: 0, a single choice).
+    index: Option<u32>,
     delta: Option<DeltaIn<'a>>,
     finish_reason: Option<Str<'a>>,
 }
@@ -70,7 +74,10 @@ impl<'a> ChunkIn<'a> {
                         if first.is_some() {
                             return s.skip();
                         }
-                        first = Some(ChoiceIn::parse(s)?);
+                        let c = ChoiceIn::parse(s)?;
+                        if c.index.unwrap_or(0) == 0 {
+                            first = Some(c);
+                        }
                         Ok(())
                     })?;
                     c.choices = First(first);
@@ -97,6 +104,7 @@ impl<'a> ChoiceIn<'a> {
                     }
                 }
                 b"finish_reason" => c.finish_reason = s.opt_str()?.map(Str),
+                b"index" => c.index = s.opt_u32()?,
                 _ => s.skip()?,
             }
             Ok(())

@@ -588,6 +588,14 @@ pub(super) async fn stream(plan: &Plan, out: &mut Out<'_>, close: bool) -> io::R
         } else {
             wire.write(out, &encode(ev.name, &ev.data)).await?;
         }
+        // The `choices` knob: the same chunk for every other choice index.
+        if openai && !m.responses {
+            for i in 1..b.choices.unwrap_or(1) {
+                if let Some(other) = wire::other_choice(&ev.data, i) {
+                    wire.write(out, &encode(ev.name, &other)).await?;
+                }
+            }
+        }
         if ev.token {
             sent += 1;
         }
