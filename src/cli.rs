@@ -123,7 +123,7 @@ pub struct UsageArgs {
     /// Sums per tenant and standard model instead of records.
     #[arg(long)]
     pub summary: bool,
-    /// At most this many records (the oldest first).
+    /// At most this many records: the newest N, printed oldest first.
     #[arg(long)]
     pub limit: Option<u64>,
 }
@@ -156,6 +156,7 @@ impl UsageArgs {
             ));
         }
         let filter = self.filter();
+        filter.check()?;
         let out = if self.summary {
             query::summary(&settings, &filter).map(|r| query::format_summary(&r, self.format))
         } else {

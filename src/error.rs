@@ -286,7 +286,13 @@ impl GatewayError {
         if dialect.wire().gateway_error_body.openai(budget) {
             self.to_json()
         } else {
-            crate::protocol::error_body(dialect, self.status(), &self.to_string(), param)
+            crate::protocol::error_body(
+                dialect,
+                self.status(),
+                &self.to_string(),
+                param,
+                self.code(),
+            )
         }
     }
 

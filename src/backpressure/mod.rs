@@ -249,7 +249,7 @@ impl Admission {
     }
 
     /// The tenants' budgets (sharing this admission's Redis backend).
-    pub fn budgets(&self) -> &crate::billing::budget::Budgets {
+    pub fn budgets(&self) -> &Arc<crate::billing::budget::Budgets> {
         &self.budgets
     }
 

@@ -301,6 +301,12 @@ impl OutputEstimator {
         self.full = true;
     }
 
+    /// Bytes of text pushed so far (as they are in the JSON text after the sample): the
+    /// running output measure of a stream (no tokenizer work).
+    pub fn bytes(&self) -> u64 {
+        self.sample.len() as u64 + self.rest_bytes
+    }
+
     /// The estimated tokens of everything pushed (tokenizes the sample; call at the end).
     pub fn tokens(&self) -> u64 {
         let sampled = tokens::text_tokens(&self.sample);

@@ -469,7 +469,7 @@ pub struct TenantSection {
 
 /// `tenants.<id>.budget`: what the tenant may be charged, USD at the standard models' sell
 /// prices, per UTC calendar window (any subset; absent: unlimited). A contract:
-/// `{total_usd, monthly_usd, daily_usd}`. See [`crate::billing::budget`].
+/// `{total_usd, monthly_usd, daily_usd, hard}`. See [`crate::billing::budget`].
 #[derive(Debug, Deserialize, Clone, Copy, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSection {
@@ -482,6 +482,12 @@ pub struct BudgetSection {
     /// Per UTC calendar day, USD.
     #[serde(default)]
     pub daily_usd: Option<f64>,
+    /// The tenant is never charged past its budget: a request's charge is capped at what the
+    /// budget held for it (its reservation, grown while it ran where the budget had room); the
+    /// ledger's `cost_usd` keeps what the provider billed. Default `false`: the tenant is
+    /// charged what the provider reported, even past the budget.
+    #[serde(default)]
+    pub hard: bool,
 }
 
 /// `tenants.<id>.model_limits.<standard model>`: limits of one tenant on one standard model

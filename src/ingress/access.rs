@@ -28,8 +28,15 @@ pub(crate) fn authenticate(
         h.get("x-api-key").map(|v| v.as_bytes()),
     )
     .ok_or_else(|| {
+        // Each dialect's SDK sends the key its own way: say that way.
         GatewayError::InvalidVirtualKey(
-            "missing API key: send `Authorization: Bearer <virtual key>`".into(),
+            match ctx.dialect {
+                crate::protocol::ClientDialect::Messages => {
+                    "missing API key: send `x-api-key: <virtual key>`"
+                }
+                _ => "missing API key: send `Authorization: Bearer <virtual key>`",
+            }
+            .into(),
         )
     })?;
     let caller = ctx

@@ -162,13 +162,27 @@ pub(crate) fn dialect_of(path: &str) -> ClientDialect {
     }
 }
 
-/// `GET /v1/models` and `GET /v1/models/{id}`.
+/// `GET /v1/models` and `GET /v1/models/{id}`: the standard models the key may use, in
+/// OpenAI's shape (<https://platform.openai.com/docs/api-reference/models/list>:
+/// `{object:"list", data:[{id, object:"model", created, owned_by}]}`), or in Anthropic's for a
+/// client that sends `anthropic-version` (<https://docs.anthropic.com/en/api/models-list>:
+/// `{data:[{type:"model", id, display_name, created_at}], has_more, first_id, last_id}`; one
+/// page with every model).
 async fn models(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
     one: Option<String>,
 ) -> Result<(), ChatError> {
+    // The anthropic SDKs send `anthropic-version` on every request (Anthropic's API requires
+    // it); OpenAI's never do. Such a client gets Anthropic's shapes, errors included.
+    let anthropic = session
+        .req_header()
+        .headers
+        .contains_key("anthropic-version");
+    if anthropic {
+        ctx.dialect = ClientDialect::Messages;
+    }
     let caller = authenticate(gw, session, ctx)?;
     let visible: Vec<serde_json::Value> = ctx
         .config
@@ -177,12 +191,21 @@ async fn models(
         .filter(|id| caller.may_use_model(id))
         .filter(|id| one.as_ref().is_none_or(|o| o == *id))
         .map(|id| {
-            json!({
-                "id": id,
-                "object": "model",
-                "created": 0,
-                "owned_by": id.split('/').next().unwrap_or("sluice"),
-            })
+            if anthropic {
+                json!({
+                    "type": "model",
+                    "id": id,
+                    "display_name": id,
+                    "created_at": "1970-01-01T00:00:00Z",
+                })
+            } else {
+                json!({
+                    "id": id,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": id.split('/').next().unwrap_or("sluice"),
+                })
+            }
         })
         .collect();
     let body = match one {
@@ -190,6 +213,12 @@ async fn models(
             Some(m) => m,
             None => return Err(GatewayError::model_not_found(&id).into()),
         },
+        None if anthropic => json!({
+            "data": visible,
+            "has_more": false,
+            "first_id": visible.first().map(|m| m["id"].clone()),
+            "last_id": visible.last().map(|m| m["id"].clone()),
+        }),
         None => json!({"object": "list", "data": visible}),
     };
     let bytes = serde_json::to_vec(&body).map_err(|e| GatewayError::Internal(e.to_string()))?;
@@ -293,9 +322,10 @@ async fn infer(
     // The budget first: a tenant without money left takes no rate-limit or queue place.
     // The tokenizer runs only for a tenant with a budget (the estimate is cached).
     if crate::billing::budget::Budgets::budget_of(&config, &caller.tenant).is_some() {
+        ctx.billing.budget_input_tokens = req.estimated_input_tokens();
         let reserve = crate::billing::budget::reservation_usd(
             model,
-            req.estimated_input_tokens(),
+            ctx.billing.budget_input_tokens,
             req.needs.requested_max_output_tokens,
         );
         ctx.billing.budget = gw

@@ -9,6 +9,7 @@
 //! | `error_while_proxy` ([`proxy_failed`]) | Pingora's retry rule (idempotent requests, not past the retry buffer); a failure on a pooled connection may retry the same upstream |
 //! | `upstream_request_filter` ([`upstream_request`]) | `strip_prefix`; the forwarding headers ([`super::forward`]) |
 //! | `request_body_filter` ([`request_body`]) | the body's size (413) and time (408) limits while it streams |
+//! | `response_filter` ([`response_head`]) | the response head in the client's HTTP/1.x version |
 //! | `fail_to_proxy` ([`fail`]) | a short `text/plain` answer: 502 (upstream failed), 504 (upstream timed out), 503, 413, 408 |
 //!
 //! Everything else is Pingora's: the response streams through unbuffered (SSE and chunked
@@ -360,6 +361,18 @@ pub fn upstream_request(
         p.host.as_deref(),
         if tls { "https" } else { "http" },
     )
+}
+
+/// `response_filter`: the response head speaks the client's HTTP/1.x version, not the
+/// upstream's. Pingora writes the upstream head's version, so an HTTP/1.0 upstream that sends a
+/// `Content-Length` would otherwise answer `HTTP/1.0` to an HTTP/1.1 client (which then
+/// treats the connection as not persistent). An HTTP/1.0 client keeps `HTTP/1.0` heads
+/// where the upstream's was 1.0; HTTP/2 clients are unaffected (Pingora converts the head).
+pub fn response_head(session: &Session, resp: &mut ResponseHeader) {
+    let client = session.req_header().version;
+    if client == http::Version::HTTP_11 && resp.version != http::Version::HTTP_11 {
+        resp.set_version(http::Version::HTTP_11);
+    }
 }
 
 /// `request_body_filter`: counts the body against the route's size limit and the server's

@@ -241,8 +241,25 @@ pub(crate) fn write_data<T: Serialize + ?Sized>(out: &mut BytesMut, v: &T) {
 pub(crate) fn decode_client<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtocolError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
+        // Broken JSON is not a field's fault: say so (its path would end in `?`, a key not
+        // read yet).
+        if matches!(
+            e.inner().classify(),
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof
+        ) {
+            return invalid(
+                "body",
+                format!("request body is not valid JSON: {}", e.inner()),
+            );
+        }
         let path = e.path().to_string();
-        let field = if path == "." { "body".to_owned() } else { path };
+        // A key not read yet (`?`): the object that holds it is named.
+        let path = path.trim_end_matches(".?").trim_end_matches('?');
+        let field = if path.is_empty() || path == "." {
+            "body".to_owned()
+        } else {
+            path.to_owned()
+        };
         invalid(field, e.inner().to_string())
     })
 }
@@ -314,6 +331,7 @@ pub(crate) fn anthropic_type(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidRequest => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::Permission => "permission_error",
+        ErrorKind::Billing => "billing_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::RequestTooLarge => "request_too_large",
         ErrorKind::RateLimit => "rate_limit_error",
@@ -329,6 +347,7 @@ pub(crate) fn openai_type(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidRequest | ErrorKind::RequestTooLarge => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::Permission => "permission_error",
+        ErrorKind::Billing => "insufficient_quota",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::RateLimit => "rate_limit_error",
         ErrorKind::Api | ErrorKind::Timeout => "api_error",
@@ -473,6 +492,7 @@ pub(crate) fn error_body(
     status: u16,
     message: &str,
     param: Option<&str>,
+    code: Option<&str>,
 ) -> Vec<u8> {
     let kind = ErrorKind::from_status(status);
     match dialect {
@@ -493,7 +513,7 @@ pub(crate) fn error_body(
                 message,
                 ty: openai_type(kind),
                 param,
-                code: None,
+                code,
             },
         }),
     }
@@ -561,6 +581,30 @@ mod tests {
     use proptest::prelude::*;
 
     use super::{push_str, push_u64};
+
+    #[derive(Debug, serde::Deserialize)]
+    #[expect(dead_code, reason = "only decoded")]
+    struct Probe {
+        a: u32,
+        #[serde(default)]
+        b: Vec<u32>,
+    }
+
+    #[test]
+    fn a_decode_error_names_the_field_and_broken_json_says_so_never_a_question_mark() {
+        let msg = |body: &[u8]| super::decode_client::<Probe>(body).unwrap_err().to_string();
+        for broken in [&b"{\"a\":1,"[..], b"{\"a\":1,}", b"{\"a\":1, \"b\":[1,"] {
+            let m = msg(broken);
+            assert!(!m.contains('?'), "{m}");
+            assert!(m.contains("not valid JSON"), "{m}");
+        }
+        assert!(
+            msg(b"{\"a\":\"x\"}").starts_with("invalid `a`:"),
+            "{}",
+            msg(b"{\"a\":\"x\"}")
+        );
+        assert!(msg(b"{\"b\":[1,\"x\"]}").starts_with("invalid `b[1]`:"));
+    }
 
     proptest! {
         /// The hand-written frames rely on this: `push_str` writes what

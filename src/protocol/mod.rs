@@ -899,8 +899,12 @@ pub enum ErrorKind {
     InvalidRequest,
     /// 401.
     Authentication,
-    /// 403 (and 402 billing).
+    /// 403 (and a provider's 402 billing error).
     Permission,
+    /// 402: Sluice's own budget refusal (OpenAI `insufficient_quota`, Anthropic
+    /// `billing_error`), e.g. a stream ended because its running charge would pass the
+    /// tenant's budget.
+    Billing,
     /// 404.
     NotFound,
     /// 413.
@@ -947,6 +951,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => 400,
             ErrorKind::Authentication => 401,
             ErrorKind::Permission => 403,
+            ErrorKind::Billing => 402,
             ErrorKind::NotFound => 404,
             ErrorKind::RequestTooLarge => 413,
             ErrorKind::RateLimit => 429,
@@ -1380,14 +1385,16 @@ pub fn decode_error_body(
 
 /// The JSON error body a client of `dialect` gets for `status`: Messages
 /// `{"type":"error","error":{"type","message"}}`, Chat/Responses
-/// `{"error":{"message","type","param","code"}}`.
+/// `{"error":{"message","type","param","code"}}` (`code`: OpenAI's error code, e.g.
+/// `invalid_api_key`, <https://platform.openai.com/docs/guides/error-codes>; Messages has none).
 pub fn error_body(
     dialect: ClientDialect,
     status: u16,
     message: &str,
     param: Option<&str>,
+    code: Option<&str>,
 ) -> Vec<u8> {
-    json::error_body(dialect, status, message, param)
+    json::error_body(dialect, status, message, param, code)
 }
 
 /// Appends the in-stream error event of `dialect` (sent after the response

@@ -12,7 +12,9 @@
 //! - every tool definition as the JSON of `{"name","description","parameters"}`;
 //! - a plain-text document's title and text;
 //! - an image: [`IMAGE_TOKENS`] (the image is not decoded, so its size is unknown);
-//! - a PDF (base64 or URL): [`PDF_TOKENS`];
+//! - a base64 PDF: [`PDF_PAGE_TOKENS`] per page (its page objects counted, without parsing
+//!   it); a PDF whose pages cannot be counted (a URL, compressed object streams):
+//!   [`PDF_TOKENS`];
 //! - [`MESSAGE_OVERHEAD_TOKENS`] per system text and message (role and framing) and
 //!   [`REPLY_PRIMING_TOKENS`] once (OpenAI's documented chat framing for o200k models).
 //!
@@ -31,6 +33,31 @@ pub const IMAGE_TOKENS: u64 = 1_600;
 /// Tokens counted for one PDF document (its pages are not read): Anthropic's guide gives
 /// 1,500-3,000 text tokens per page plus an image per page; this is about one page.
 pub const PDF_TOKENS: u64 = 3_000;
+
+/// Tokens counted per page of a PDF whose pages are counted: the most Anthropic's PDF guide
+/// (<https://docs.anthropic.com/en/docs/build-with-claude/pdf-support>) gives for a page's text
+/// (3,000) plus its page image ([`IMAGE_TOKENS`]), so the estimate is an upper bound for a
+/// budget's reservation.
+pub const PDF_PAGE_TOKENS: u64 = 3_000 + IMAGE_TOKENS;
+
+/// The pages of a base64 PDF: its `/Type /Page` objects (not `/Pages`), found with a byte
+/// scan of the decoded file. `None` when it does not decode or no page object is visible
+/// (pages inside compressed object streams).
+pub fn pdf_pages(base64: &str) -> Option<u64> {
+    let bytes = base64_simd::STANDARD
+        .decode_to_vec(base64.as_bytes())
+        .ok()?;
+    let mut pages = 0u64;
+    for at in memchr::memmem::find_iter(&bytes, b"/Type") {
+        let rest = &bytes[at + 5..];
+        let skip = rest.iter().take_while(|b| b.is_ascii_whitespace()).count();
+        let rest = &rest[skip..];
+        if rest.starts_with(b"/Page") && !rest.get(5).is_some_and(|b| b.is_ascii_alphanumeric()) {
+            pages += 1;
+        }
+    }
+    (pages > 0).then_some(pages)
+}
 
 /// Framing tokens per message and per system text (OpenAI's cookbook figure for o200k).
 pub const MESSAGE_OVERHEAD_TOKENS: u64 = 3;
@@ -135,7 +162,10 @@ fn sample_part(p: &Part, sample: &mut TextSample) {
             }
             match source {
                 Source::Text(t) => sample.text(t),
-                Source::Url(_) | Source::Base64 { .. } => sample.fixed(PDF_TOKENS),
+                Source::Base64 { data, .. } => sample.fixed(
+                    pdf_pages(data).map_or(PDF_TOKENS, |n| n.saturating_mul(PDF_PAGE_TOKENS)),
+                ),
+                Source::Url(_) => sample.fixed(PDF_TOKENS),
             }
         }
         Part::ToolCall(c) => {
@@ -547,5 +577,20 @@ mod tests {
             title: None,
         });
         assert_eq!(estimate_input_tokens(&pdf), n0 + PDF_TOKENS);
+    }
+
+    #[test]
+    fn a_base64_pdf_is_counted_by_its_pages_as_an_upper_bound() {
+        use base64::Engine as _;
+        let pdf = b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n\
+            2 0 obj << /Type /Pages /Kids [3 0 R 4 0 R 5 0 R] /Count 3 >> endobj\n\
+            3 0 obj << /Type /Page /Parent 2 0 R >> endobj\n\
+            4 0 obj <</Type/Page/Parent 2 0 R>> endobj\n\
+            5 0 obj << /Type\n/Page >> endobj\n%%EOF";
+        let b64 = base64::engine::general_purpose::STANDARD.encode(pdf);
+        assert_eq!(pdf_pages(&b64), Some(3));
+        // Not base64, or no visible page object: unknown.
+        assert_eq!(pdf_pages("%%%"), None);
+        assert_eq!(pdf_pages("JVBERi0="), None);
     }
 }

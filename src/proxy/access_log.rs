@@ -212,7 +212,12 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         cost_usd: m.cost_usd,
         charge_usd: m.charge_usd,
         status,
-        outcome: crate::billing::ledger::outcome_class(label, status).to_string(),
+        outcome: if o.count_only && label == "ok" {
+            crate::billing::ledger::COUNT_TOKENS
+        } else {
+            crate::billing::ledger::outcome_class(label, status)
+        }
+        .to_string(),
         ttft_ms: o.ttft.map(to_ms),
         duration_ms: to_ms(duration),
         fallback_depth: u32::try_from(ctx.fallback_depth()).unwrap_or(u32::MAX),

@@ -71,6 +71,12 @@ pub struct Billing {
     /// The attempts hedge races cancelled (at most one per attempt stage; empty, without an
     /// allocation, unless a hedge lost).
     pub cancelled_hedges: Vec<CancelledHedge>,
+    /// A budgeted stream's output tokens at the last running-charge check its budget held
+    /// (`crate::stream::budget`): a stream ended at the budget is metered at most at this.
+    pub budget_output_tokens: Option<u64>,
+    /// The input estimate the budget reservation was made with (tokens; 0 without a budget):
+    /// a stream's running charge stands on it until the provider reports its input.
+    pub budget_input_tokens: u64,
 }
 
 /// Per-request state.

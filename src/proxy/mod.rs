@@ -13,7 +13,7 @@
 //! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`crate::edge::connection`], [`ctx`] |
 //! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
 //! | `request_filter` | head limits and per-IP rate; a passthrough route's request goes on to the native path; else route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`crate::edge::screen`], [`crate::passthrough`], [`crate::ingress::endpoints`], [`crate::engine::attempt`], [`crate::ingress::count_tokens`] |
-//! | `upstream_peer`, `fail_to_connect`, `error_while_proxy`, `upstream_request_filter`, `request_body_filter` | passthrough requests only (Pingora's native path, with their own [`crate::passthrough::PassCtx`]): upstream selection, forwarding headers, body limits | [`crate::passthrough::serve`] |
+//! | `upstream_peer`, `fail_to_connect`, `error_while_proxy`, `upstream_request_filter`, `request_body_filter`, `response_filter` | passthrough requests only (Pingora's native path, with their own [`crate::passthrough::PassCtx`]): upstream selection, forwarding headers, body limits | [`crate::passthrough::serve`] |
 //! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped (plain text for passthrough) | [`crate::ingress::respond`], [`crate::passthrough::serve`] |
 //! | `logging` | metering and budget settlement, access log line, request metrics | [`crate::billing`], [`access_log`], [`crate::passthrough::log`] |
 
@@ -23,7 +23,7 @@ pub mod gateway;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use pingora::http::RequestHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
@@ -157,6 +157,18 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Box<RequestCtx>,
+    ) -> pingora::Result<()> {
+        if ctx.passthrough.is_some() {
+            crate::passthrough::serve::response_head(session, upstream_response);
+        }
+        Ok(())
+    }
+
     async fn request_body_filter(
         &self,
         session: &mut Session,
@@ -226,9 +238,14 @@ impl ProxyHttp for Gateway {
         // Metering: the request's usage priced, for the access log, metrics and ledger.
         ctx.billing.metered =
             crate::billing::metering::meter(&ctx.config, ctx.answering_model(), &ctx.outcome);
-        // The budget learns the real charge (an aborted stream: what was streamed).
+        // The budget learns the real charge (an aborted stream: what was streamed); a `hard`
+        // budget caps it at what the budget held for the request (the cost stays as billed).
         if let Some(r) = ctx.billing.budget.take() {
-            r.settle(ctx.billing.metered.map_or(0.0, |m| m.charge_usd));
+            let charge = ctx.billing.metered.map_or(0.0, |m| m.charge_usd);
+            let charged = r.settle_hard(&ctx.config, charge).await;
+            if let Some(m) = ctx.billing.metered.as_mut() {
+                m.charge_usd = m.charge_usd.min(charged);
+            }
         }
         access_log::record(session, e, ctx);
     }

@@ -4,6 +4,7 @@
 //! of a whole JSON answer to a streaming request into the client's stream.
 
 pub(crate) mod adapt;
+pub(crate) mod budget;
 pub(crate) mod end;
 pub(crate) mod pipe;
 pub(crate) mod pump;

@@ -591,6 +591,14 @@ pub(crate) async fn pump_body(
                     coalesce_ready(up, pipe, coalesce_bytes).await
                 };
                 let end = end || matches!(stop, ReadyStop::End);
+                // A budgeted tenant's running charge is held against its budget before the
+                // output that makes it goes out (nothing to do for other tenants). Not at the
+                // end: a complete answer is billed whole, and cutting it would stop nothing.
+                if ctx.billing.budget.is_some() && !end && !pipe.finished() {
+                    if let Err(e) = super::budget::check(ctx, pipe).await {
+                        break Err(e);
+                    }
+                }
                 let had_content = ctx.outcome.ttft.is_some();
                 let mut out = pipe.take();
                 // An upstream keepalive the translation turned into nothing (Anthropic `ping`
@@ -719,17 +727,31 @@ pub(crate) async fn end_with_error(
         .stream_errors_total
         .with_label_values(&[reason])
         .inc();
-    ctx.outcome.label = "stream_error";
+    // Sluice's own cuts have their own outcome (ledger: `shutdown`, `rejected`); the rest
+    // broke upstream.
+    ctx.outcome.label = match reason {
+        "shutdown" => "shutdown",
+        "budget_exceeded" => "budget_exceeded",
+        _ => "stream_error",
+    };
     let ev = pipe.error_event(kind, &error_type, &message, reason);
     ctx.outcome.bytes_out += ev.len() as u64;
     if !matches!(
         reason,
-        "max_stream_duration" | "shutdown" | "first_event_timeout"
+        "max_stream_duration" | "shutdown" | "first_event_timeout" | "budget_exceeded"
     ) {
         ctx.outcome.upstream_broke = true;
     }
     let written = session.write_response_body(Some(ev), true).await;
     finish_stream(ctx, pipe);
+    if reason == "budget_exceeded" {
+        // Metered at what the budget let through, not the batch it stopped.
+        if let Some(n) = ctx.billing.budget_output_tokens {
+            let o = &mut ctx.outcome;
+            o.output_tokens = o.output_tokens.min(n);
+            o.reasoning_tokens = o.reasoning_tokens.min(o.output_tokens);
+        }
+    }
     if written.is_err() {
         return Attempt::Gone(ClientGone("streaming"));
     }

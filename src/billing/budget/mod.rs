@@ -20,6 +20,24 @@
 //! charge stays within its reservation (the output is bounded by `max_tokens`, the input
 //! estimate has a 20% margin), the sum of charges never exceeds the budget.
 //!
+//! **When the reservation was too small.** A provider may report more input than the estimate
+//! (an image or a document costs more than counted, or a provider miscounts). The input estimate
+//! is an upper bound where the input is knowable (images at the providers' per-image maximum, a
+//! base64 PDF by its page count, see [`crate::protocol::tokens`]). A stream's running charge
+//! (the input as reported, e.g. Anthropic's `message_start`, plus the output streamed so far) is
+//! checked against its reservation after every batch of events; past it, the reservation grows
+//! ([`Reservation::grow`], the same atomic check as at admission, locally or in Redis) or, when
+//! the budget has no room for it, the stream ends with the budget error event in the client's
+//! dialect (`crate::stream::pump`). A non-stream answer is charged what the provider reported.
+//!
+//! **`hard: true`** (a contract): the tenant is never charged past its budget. At settlement
+//! a charge above the reservation first grows it by as much as the budget has left (room no
+//! other request holds, [`Budgets::reserve_up_to`]); what still does not fit is not charged:
+//! the request's charge is capped at what it held, while the ledger's `cost_usd` keeps what
+//! the provider billed (the operator sees the difference). Since every hold is admitted
+//! under one lock (or one Redis script) and no charge exceeds its hold, the sum of charges
+//! never exceeds the budget, across replicas too.
+//!
 //! **Amounts** are integer nano-dollars (1e-9 USD), exact under any number of additions
 //! (Redis keeps them with `INCRBY`; Lua's doubles are exact to 2^53 nano-dollars, about 9
 //! million USD per window).
@@ -130,6 +148,19 @@ impl WindowState {
         }
     }
 
+    /// How much more fits under `limit`, nano-USD (may be negative), by the rule of
+    /// [`WindowState::admits`].
+    fn room(&self, limit: i64, share: u32) -> i64 {
+        if share <= 1 {
+            return limit - self.used();
+        }
+        let (base, mine) = match self.synced {
+            Some(synced) => (synced, self.since_sync),
+            None => (self.base, self.spent - self.base + self.reserved),
+        };
+        (limit - base).max(0) / i64::from(share) - mine
+    }
+
     /// Whether `amount` more fits under `limit`. `share` > 1 is failing open with
     /// `redis.replicas` replicas: this process may use `1 / share` of what was left when Redis
     /// last answered (or of what the ledger left, before Redis ever answered). `Err` carries the
@@ -235,6 +266,8 @@ pub struct Budgets {
 /// unsettled (the request never reached a provider), it releases the money.
 #[derive(Debug)]
 pub struct Reservation {
+    /// The budgets it was taken from ([`Reservation::grow`] reserves more there).
+    budgets: Arc<Budgets>,
     tenant: Box<str>,
     state: Arc<TenantBudget>,
     budget: BudgetSection,
@@ -245,6 +278,9 @@ pub struct Reservation {
     /// With `redis:` configured: the backend and the reservation's member name (which Redis
     /// holds only when it admitted the reservation).
     remote: Option<(Arc<SharedRedis>, String)>,
+    /// What [`Reservation::grow`] added: holds of their own, released at settlement (the
+    /// charge goes to this one).
+    grown: Vec<Reservation>,
     done: bool,
 }
 
@@ -355,17 +391,45 @@ impl Budgets {
     /// # Errors
     /// [`Exceeded`] naming the first window without room.
     pub async fn reserve(
-        &self,
+        self: &Arc<Self>,
         config: &Config,
         tenant: &str,
         amount_usd: f64,
+    ) -> Result<Option<Reservation>, Exceeded> {
+        self.reserve_inner(config, tenant, amount_usd, false).await
+    }
+
+    /// [`Budgets::reserve`] of as much of `amount_usd` as every window has room for (a hard
+    /// budget's settlement takes what is left, [`Reservation::settle_hard`]).
+    ///
+    /// # Errors
+    /// [`Exceeded`] naming the first window without any room.
+    pub async fn reserve_up_to(
+        self: &Arc<Self>,
+        config: &Config,
+        tenant: &str,
+        amount_usd: f64,
+    ) -> Result<Option<Reservation>, Exceeded> {
+        self.reserve_inner(config, tenant, amount_usd, true).await
+    }
+
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the Redis and the local decision of one reservation, in order"
+    )]
+    async fn reserve_inner(
+        self: &Arc<Self>,
+        config: &Config,
+        tenant: &str,
+        amount_usd: f64,
+        partial: bool,
     ) -> Result<Option<Reservation>, Exceeded> {
         let Some(budget) = Self::budget_of(config, tenant) else {
             return Ok(None);
         };
         let state = self.tenant(tenant);
         self.seed(tenant, &state).await;
-        let amount = to_nano(amount_usd.max(0.0));
+        let mut amount = to_nano(amount_usd.max(0.0));
         let now = self.clock.now_ms();
         let periods = Window::ALL.map(|w| w.period(now));
         let roll = |ws: &mut [WindowState; 3]| {
@@ -391,6 +455,7 @@ impl Budgets {
                     seeds: &seeds,
                     member: &member,
                     amount,
+                    partial,
                 };
                 match shared::reserve(&self.redis, rs, &call).await {
                     Ok(answer) => {
@@ -407,6 +472,7 @@ impl Budgets {
                             let used = answer.used[w.index()];
                             return Err(exceeded(w, &budget, used, amount, &periods));
                         }
+                        amount = answer.granted;
                         for w in configured(&budget) {
                             ws[w.index()].reserved += amount;
                         }
@@ -419,9 +485,19 @@ impl Budgets {
         if remote.is_none() {
             let mut ws = lock(&state);
             roll(&mut ws);
+            if partial {
+                // As much as every window has room for (none: refused below).
+                let room = configured(&budget)
+                    .map(|w| ws[w.index()].room(to_nano(w.limit(&budget).unwrap_or(0.0)), share))
+                    .min()
+                    .unwrap_or(0);
+                amount = amount.min(room.max(0));
+            }
             for w in configured(&budget) {
                 let limit = to_nano(w.limit(&budget).unwrap_or(0.0));
-                if let Err(used) = ws[w.index()].admits(limit, amount, share) {
+                let admitted = ws[w.index()].admits(limit, amount, share);
+                let empty = partial && amount == 0 && ws[w.index()].room(limit, share) <= 0;
+                if let Some(used) = admitted.err().or(empty.then(|| ws[w.index()].used())) {
                     drop(ws);
                     set_gauges(tenant, &budget, &state);
                     return Err(exceeded(w, &budget, used, amount, &periods));
@@ -440,12 +516,14 @@ impl Budgets {
         }
         set_gauges(tenant, &budget, &state);
         Ok(Some(Reservation {
+            budgets: self.clone(),
             tenant: tenant.into(),
             state,
             budget,
             amount,
             periods,
             remote,
+            grown: Vec::new(),
             done: false,
         }))
     }
@@ -581,16 +659,89 @@ fn apply_seed(state: &TenantBudget, seed: &Seed) {
 }
 
 impl Reservation {
-    /// The amount reserved, USD.
+    /// The amount held, USD: the reservation plus what [`Reservation::grow`] added.
     pub fn amount_usd(&self) -> f64 {
-        to_usd(self.amount)
+        to_usd(self.held())
+    }
+
+    /// Nano-USD held: the reservation plus its growths.
+    fn held(&self) -> i64 {
+        self.amount + self.grown.iter().map(|g| g.amount).sum::<i64>()
+    }
+
+    /// Whether the budget is a contract (`hard: true`): charges are capped at the hold.
+    pub fn is_hard(&self) -> bool {
+        self.budget.hard
+    }
+
+    /// Makes the hold at least `needed_usd`, reserving the difference in every configured
+    /// window with the same atomic check as at admission (under the tenant's lock, or in one
+    /// Redis script). A step larger than the shortfall (a quarter of the hold) is tried first,
+    /// so that a stream growing past its reservation does not reserve per event; then the
+    /// shortfall alone.
+    ///
+    /// # Errors
+    /// [`Exceeded`] when the budget has no room for the shortfall.
+    pub async fn grow(&mut self, config: &Config, needed_usd: f64) -> Result<(), Exceeded> {
+        let short = to_nano(needed_usd) - self.held();
+        if short <= 0 {
+            return Ok(());
+        }
+        let step = short.max(self.held() / 4);
+        let budgets = self.budgets.clone();
+        let mut tried = Vec::with_capacity(2);
+        tried.push(step);
+        if step > short {
+            tried.push(short);
+        }
+        let mut refused = None;
+        for amount in tried {
+            match budgets.reserve(config, &self.tenant, to_usd(amount)).await {
+                Ok(Some(r)) => {
+                    self.grown.push(r);
+                    return Ok(());
+                }
+                // The budget was removed by a reload: nothing limits the request any more.
+                Ok(None) => return Ok(()),
+                Err(e) => refused = Some(e),
+            }
+        }
+        Err(refused.expect("at least one amount was tried"))
     }
 
     /// Settles the request with its real charge (`charge_usd`, the metered charge; 0 when no
     /// provider answered): adds it to each window of the period the request started in (as
-    /// the ledger dates it) and releases the reservation.
-    pub fn settle(mut self, charge_usd: f64) {
-        self.finish(to_nano(charge_usd.max(0.0)));
+    /// the ledger dates it) and releases the reservation. Returns the charge made: `charge_usd`,
+    /// or with `hard: true` at most the amount held (see [`Reservation::settle_hard`] to grow
+    /// the hold first).
+    pub fn settle(mut self, charge_usd: f64) -> f64 {
+        let mut charge = to_nano(charge_usd.max(0.0));
+        if self.budget.hard {
+            charge = charge.min(self.held());
+        }
+        for mut g in std::mem::take(&mut self.grown) {
+            g.finish(0);
+        }
+        self.finish(charge);
+        to_usd(charge)
+    }
+
+    /// [`Reservation::settle`], after growing the hold of a `hard` budget toward `charge_usd`
+    /// by as much as the budget has left: its charge is capped at what the budget had left
+    /// for the request (its hold, plus the room no other request holds).
+    pub async fn settle_hard(mut self, config: &Config, charge_usd: f64) -> f64 {
+        let short = to_nano(charge_usd) - self.held();
+        if self.budget.hard && short > 0 {
+            let budgets = self.budgets.clone();
+            // Refused (no room at all): the charge stays capped at the hold.
+            if let Ok(Some(r)) = budgets
+                .reserve_up_to(config, &self.tenant, to_usd(short))
+                .await
+            {
+                self.grown.push(r);
+            }
+        }
+        self.settle(charge_usd)
     }
 
     fn finish(&mut self, charge: i64) {

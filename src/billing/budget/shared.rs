@@ -31,16 +31,19 @@ const MONTH_KEY_GRACE_S: i64 = 62 * 86_400;
 /// The reservation. `KEYS`: per window its `spent`, `reserved` and `holds` keys. `ARGV[1]`
 /// member, `ARGV[2]` hold time ms, `ARGV[3]` amount (nano-USD), then per window: budget
 /// (nano-USD), the replica's own spend figure (seeds a missing `spent` key), when the spend
-/// key expires (unix s, 0 = never). Expired holds are released first. Returns `{refused window
-/// (1-based, 0 = admitted), then per window: spent + reserved (this reservation included when
-/// admitted)}`.
+/// key expires (unix s, 0 = never); last, `1` to reserve as much of the amount as every window
+/// has room for (a hard budget's settlement), else `0`. Expired holds are released first.
+/// Returns `{refused window (1-based, 0 = admitted), then per window: spent + reserved (this
+/// reservation included when admitted), then the amount reserved}`.
 pub const RESERVE_LUA: &str = r"
 redis.replicate_commands()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local member, hold, amount = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local n = #KEYS / 3
+local partial = tonumber(ARGV[3 * n + 4]) == 1
 local used = {}
+local limits = {}
 local refused = 0
 for i = 1, n do
   local sk, rk, hk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
@@ -59,7 +62,16 @@ for i = 1, n do
     redis.call('SET', rk, reserved)
   end
   used[i] = (tonumber(redis.call('GET', sk)) or 0) + reserved
-  if refused == 0 and used[i] + amount > limit then refused = i end
+  limits[i] = limit
+end
+if partial then
+  for i = 1, n do
+    local room = limits[i] - used[i]
+    if room < amount then amount = math.max(room, 0) end
+  end
+end
+for i = 1, n do
+  if refused == 0 and (used[i] + amount > limits[i] or (partial and amount <= 0)) then refused = i end
 end
 if refused == 0 then
   for i = 1, n do
@@ -73,6 +85,7 @@ if refused == 0 then
 end
 local out = {refused}
 for i = 1, n do out[i + 1] = used[i] end
+out[n + 2] = amount
 return out
 ";
 
@@ -111,6 +124,9 @@ pub struct Call<'a> {
     pub member: &'a str,
     /// Nano-USD to reserve.
     pub amount: i64,
+    /// Reserve as much of `amount` as every window has room for (refused only when one has
+    /// none).
+    pub partial: bool,
 }
 
 /// Redis's answer to a reservation.
@@ -121,6 +137,8 @@ pub struct Answer {
     /// Per window ([`Window::index`]; 0 for windows not configured): spent plus reserved,
     /// this reservation included when it was made, nano-USD.
     pub used: [i64; 3],
+    /// Nano-USD reserved (the amount asked, or less with [`Call::partial`]).
+    pub granted: i64,
 }
 
 /// The three keys of `tenant`'s `window` in `period`.
@@ -168,13 +186,15 @@ pub async fn reserve(
             .arg(call.seeds[w.index()])
             .arg(spend_expiry_s(w, p));
     }
+    inv.arg(i64::from(call.partial));
     let answer: Vec<i64> = match tokio::time::timeout(timeout, inv.invoke_async(&mut conn)).await {
         Ok(r) => r?,
         Err(_) => return Err(BackendError::Timeout(timeout.as_millis())),
     };
-    if answer.len() != windows.len() + 1 {
+    if answer.len() != windows.len() + 2 {
         return Err(BackendError::Malformed);
     }
+    let granted = answer[windows.len() + 1];
     let mut used = [0; 3];
     for (i, &w) in windows.iter().enumerate() {
         used[w.index()] = answer[i + 1];
@@ -184,7 +204,11 @@ pub async fn reserve(
         .and_then(|i| i.checked_sub(1))
         .map(|i| windows.get(i).copied().ok_or(BackendError::Malformed))
         .transpose()?;
-    Ok(Answer { refused, used })
+    Ok(Answer {
+        refused,
+        used,
+        granted,
+    })
 }
 
 /// Sends a settlement (release `amount` held as `member` in `periods`, add `charge`) in a

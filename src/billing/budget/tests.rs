@@ -174,3 +174,49 @@ fn failing_open_allows_a_replica_its_share_of_what_was_left() {
     assert!(s.admits(limit, to_nano(0.25), 2).is_ok());
     assert!(s.admits(limit, to_nano(0.26), 2).is_err());
 }
+
+#[tokio::test]
+async fn a_hold_grows_while_the_budget_has_room_and_a_hard_budget_caps_the_charge_at_it() {
+    let clock = Arc::new(ManualClock::at(ms("2026-12-02T12:00:00Z")));
+    let b = budgets(clock);
+    let soft = config("{daily_usd: 1}");
+    let mut r = b.reserve(&soft, "t", 0.1).await.unwrap().unwrap();
+    // A running charge of 0.3: the hold grows (a step of a quarter of the hold at least).
+    r.grow(&soft, 0.3).await.unwrap();
+    assert!(r.amount_usd() >= 0.3 - 1e-9, "{}", r.amount_usd());
+    // Another request takes what is left but 0.1.
+    let left = b.remaining(&soft, "t")[0].1;
+    let other = b.reserve(&soft, "t", left - 0.1).await.unwrap().unwrap();
+    // The first may grow by the 0.1 left (the larger step is refused, the shortfall fits)...
+    let held = r.amount_usd();
+    r.grow(&soft, held + 0.1).await.unwrap();
+    // ...and no further: the window is full.
+    let e = r.grow(&soft, held + 0.2).await.unwrap_err();
+    assert_eq!(e.window, Window::Daily);
+    // Soft: charged what the provider reported, past the budget.
+    assert!((r.settle(5.0) - 5.0).abs() < 1e-9);
+    drop(other);
+    assert_eq!(b.remaining(&soft, "t")[0].1, 0.0);
+
+    // Hard: two requests reserve 0.1 each; a provider reporting 100 USD for each is charged
+    // what the budget held, and the sum never passes it.
+    let clock = Arc::new(ManualClock::at(ms("2026-12-02T12:00:00Z")));
+    let b = budgets(clock);
+    let hard = config("{daily_usd: 0.5, hard: true}");
+    let r1 = b.reserve(&hard, "t", 0.1).await.unwrap().unwrap();
+    let r2 = b.reserve(&hard, "t", 0.1).await.unwrap().unwrap();
+    assert!(r1.is_hard());
+    // The first finds 0.3 of room to grow into and takes it (0.4 in all); the second has
+    // only its own 0.1.
+    let c1 = r1.settle_hard(&hard, 100.0).await;
+    let c2 = r2.settle_hard(&hard, 100.0).await;
+    assert!((c1 - 0.4).abs() < 1e-9, "{c1}");
+    assert!((c2 - 0.1).abs() < 1e-9, "{c2}");
+    assert!(c1 + c2 <= 0.5 + 1e-9);
+    assert_eq!(b.remaining(&hard, "t")[0].1, 0.0);
+    // A charge within the hold is charged as is.
+    let clock = Arc::new(ManualClock::at(ms("2026-12-02T12:00:00Z")));
+    let b = budgets(clock);
+    let r = b.reserve(&hard, "t", 0.2).await.unwrap().unwrap();
+    assert!((r.settle_hard(&hard, 0.15).await - 0.15).abs() < 1e-9);
+}

@@ -115,10 +115,12 @@ pub struct UsageRecord {
 
 /// Every value of [`UsageRecord::outcome`]: the request classes of [`outcome_class`], and
 /// [`HEDGE_CANCELLED`].
-pub const OUTCOMES: [&str; 8] = [
+pub const OUTCOMES: [&str; 10] = [
     "ok",
     "client_abort",
     "upstream_error",
+    "shutdown",
+    COUNT_TOKENS,
     "rejected",
     "invalid_request",
     "unauthorized",
@@ -131,15 +133,23 @@ pub const OUTCOMES: [&str; 8] = [
 /// count requests leave these rows out.
 pub const HEDGE_CANCELLED: &str = "hedge_cancelled";
 
+/// The [`UsageRecord::outcome`] of a token count that was answered
+/// (`POST /v1/messages/count_tokens`, `POST /v1/responses/input_tokens`): nothing was
+/// generated, so `--summary` does not count it as a request.
+pub const COUNT_TOKENS: &str = "count_tokens";
+
 /// The ledger outcome class of a request from its access-log outcome label (`ok`,
 /// `client_abort`, `stream_error`, or a [`crate::error::GatewayError::metric_label`]) and its
-/// final status: admission and limit refusals (429, 503 queue/buffers, 402 budgets) are
-/// `rejected`; failures of the upstream (after it was tried) `upstream_error`; other client
+/// final status: admission and limit refusals (429, 503 queue/buffers, 402 budgets, and a
+/// stream ended because its running charge would pass the budget) are `rejected`; a stream
+/// cut by the shutdown grace `shutdown` (Sluice's doing, not the upstream's); failures of the
+/// upstream (after it was tried) `upstream_error`; other client
 /// errors `invalid_request` or `unauthorized`; anything else `error`.
 pub fn outcome_class(label: &str, status: u16) -> &'static str {
     match label {
         "ok" => "ok",
         "client_abort" => "client_abort",
+        "shutdown" => "shutdown",
         "stream_error" | "upstream_error" | "upstream_unavailable" | "upstream_timeout" => {
             "upstream_error"
         }
@@ -346,6 +356,8 @@ mod tests {
         assert_eq!(outcome_class("ok", 200), "ok");
         assert_eq!(outcome_class("client_abort", 0), "client_abort");
         assert_eq!(outcome_class("stream_error", 200), "upstream_error");
+        assert_eq!(outcome_class("shutdown", 200), "shutdown");
+        assert_eq!(outcome_class("budget_exceeded", 200), "rejected");
         assert_eq!(outcome_class("upstream_unavailable", 503), "upstream_error");
         assert_eq!(outcome_class("tenant_rpm", 429), "rejected");
         assert_eq!(outcome_class("queue_full", 503), "rejected");

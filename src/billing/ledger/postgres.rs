@@ -300,16 +300,13 @@ impl PostgresLedger {
             .collect()
     }
 
-    /// The records `filter` selects, oldest first.
+    /// The records `filter` selects, oldest first (with a limit: the newest ones).
     ///
     /// # Errors
     /// The driver's.
     pub fn records(&mut self, filter: &Filter) -> Result<Vec<UsageRecord>, LedgerError> {
         let (w, params) = filter.where_clause(|n| format!("${n}"));
-        let sql = format!(
-            "SELECT {COLUMNS} FROM usage_records{w} ORDER BY time_ms, id{}",
-            filter.limit_clause()
-        );
+        let sql = filter.records_sql(&w);
         let boxed = Self::params(&params);
         let refs: Vec<&(dyn ToSql + Sync)> =
             boxed.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();

@@ -367,6 +367,7 @@ fn parse_admin_query(q: &str) -> Result<(Filter, Format, bool), String> {
             }
         }
     }
+    f.check()?;
     Ok((f, format, summary))
 }
 
@@ -443,12 +444,14 @@ mod tests {
 
     #[test]
     fn the_summary_names_the_hedge_cancelled_outcome_it_leaves_out_of_request_counts() {
-        let quoted = format!("'{}'", super::super::HEDGE_CANCELLED);
-        assert_eq!(
-            SUMMARY_COLUMNS.matches(&quoted).count(),
-            2,
-            "{SUMMARY_COLUMNS}"
-        );
+        for outcome in [super::super::HEDGE_CANCELLED, super::super::COUNT_TOKENS] {
+            let quoted = format!("'{outcome}'");
+            assert_eq!(
+                SUMMARY_COLUMNS.matches(&quoted).count(),
+                2,
+                "{SUMMARY_COLUMNS}"
+            );
+        }
     }
 
     #[test]
@@ -475,7 +478,15 @@ mod tests {
             params,
             vec![Param::Int(1), Param::Int(2), Param::Text("t".into())]
         );
-        assert_eq!(f.limit_clause(), " LIMIT 5");
+        assert!(f.records_sql(&sql).contains("DESC LIMIT 5"));
+        // `since` at or after `until` matches nothing: refused, not answered empty.
+        assert!(f.check().is_ok());
+        let backwards = Filter {
+            since: Some(2),
+            until: Some(1),
+            ..Filter::default()
+        };
+        assert!(backwards.check().unwrap_err().contains("not before"));
         assert_eq!(Filter::default().where_clause(|n| format!("?{n}")).0, "");
     }
 

@@ -18,7 +18,8 @@ pub struct Filter {
     pub tenant: Option<String>,
     /// Only this standard model.
     pub model: Option<String>,
-    /// At most this many records (the oldest first); `None`: all. Not applied to summaries.
+    /// At most this many records: the newest ones, returned oldest first; `None`: all. Not
+    /// applied to summaries.
     pub limit: Option<u64>,
 }
 
@@ -30,7 +31,8 @@ pub struct SummaryRow {
     /// Standard model.
     pub model: String,
     /// Number of requests: records other than [`HEDGE_CANCELLED`](super::HEDGE_CANCELLED)
-    /// rows (a cancelled hedge is an attempt of a request that has its own record).
+    /// rows (a cancelled hedge is an attempt of a request that has its own record) and
+    /// [`COUNT_TOKENS`](super::COUNT_TOKENS) rows (a token count generates nothing).
     pub requests: u64,
     /// Sum of `input_tokens` (cancelled hedges' estimates included).
     pub input_tokens: u64,
@@ -60,14 +62,14 @@ pub const COLUMNS: &str = "time_ms, request_id, tenant, virtual_key, model, prov
 
 /// The summary's select list, shared by both backends (sums cast to BIGINT: PostgreSQL's
 /// `SUM(bigint)` is `numeric`). Requests are counted without the
-/// [`HEDGE_CANCELLED`](super::HEDGE_CANCELLED) rows (not by distinct `request_id`: a client
+/// [`HEDGE_CANCELLED`](super::HEDGE_CANCELLED) and [`COUNT_TOKENS`](super::COUNT_TOKENS) rows (not by distinct `request_id`: a client
 /// may reuse its `x-request-id`); the sums take every row.
 pub const SUMMARY_COLUMNS: &str = "tenant, model, \
-    CAST(SUM(CASE WHEN outcome = 'hedge_cancelled' THEN 0 ELSE 1 END) AS BIGINT), \
+    CAST(SUM(CASE WHEN outcome IN ('hedge_cancelled', 'count_tokens') THEN 0 ELSE 1 END) AS BIGINT), \
     CAST(SUM(input_tokens) AS BIGINT), CAST(SUM(output_tokens) AS BIGINT), \
     CAST(SUM(cached_input_tokens) AS BIGINT), CAST(SUM(cache_write_tokens) AS BIGINT), \
     CAST(SUM(reasoning_tokens) AS BIGINT), \
-    CAST(SUM(CASE WHEN estimated AND outcome <> 'hedge_cancelled' THEN 1 ELSE 0 END) AS BIGINT), \
+    CAST(SUM(CASE WHEN estimated AND outcome NOT IN ('hedge_cancelled', 'count_tokens') THEN 1 ELSE 0 END) AS BIGINT), \
     SUM(cost_usd), SUM(charge_usd)";
 
 /// A bound parameter of a filter.
@@ -108,11 +110,32 @@ impl Filter {
         }
     }
 
-    /// ` LIMIT n` or nothing.
-    pub fn limit_clause(&self) -> String {
-        self.limit
-            .map(|n| format!(" LIMIT {n}"))
-            .unwrap_or_default()
+    /// Refuses a filter that can match nothing by construction: `since` at or after `until`.
+    ///
+    /// # Errors
+    /// The message saying so.
+    pub fn check(&self) -> Result<(), String> {
+        match (self.since, self.until) {
+            (Some(s), Some(u)) if s >= u => Err(format!(
+                "--since ({}) is not before --until ({}): no record can match",
+                super::rfc3339_ms::format(s),
+                super::rfc3339_ms::format(u)
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The records query of both backends: the `where` clause `w` (from
+    /// [`Filter::where_clause`]), oldest first; with a limit the newest `n` records, still
+    /// oldest first.
+    pub fn records_sql(&self, w: &str) -> String {
+        match self.limit {
+            None => format!("SELECT {COLUMNS} FROM usage_records{w} ORDER BY time_ms, id"),
+            Some(n) => format!(
+                "SELECT {COLUMNS} FROM (SELECT * FROM usage_records{w} \
+                 ORDER BY time_ms DESC, id DESC LIMIT {n}) AS newest ORDER BY time_ms, id"
+            ),
+        }
     }
 }
 

@@ -234,16 +234,13 @@ impl SqliteLedger {
         migrated.map_err(|v| self.newer(v))
     }
 
-    /// The records `filter` selects, oldest first.
+    /// The records `filter` selects, oldest first (with a limit: the newest ones).
     ///
     /// # Errors
     /// SQLite's.
     pub fn records(&self, filter: &Filter) -> Result<Vec<UsageRecord>, LedgerError> {
         let (w, params) = filter.where_clause(|n| format!("?{n}"));
-        let sql = format!(
-            "SELECT {COLUMNS} FROM usage_records{w} ORDER BY time_ms, id{}",
-            filter.limit_clause()
-        );
+        let sql = filter.records_sql(&w);
         let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map(params_from_iter(params.iter().map(to_sql)), |r| {
@@ -415,7 +412,13 @@ mod tests {
             limit: Some(1),
             ..Filter::default()
         };
-        assert_eq!(r.records(&limited).unwrap().len(), 1);
+        // The newest record, not the oldest.
+        assert_eq!(r.records(&limited).unwrap(), vec![c.clone()]);
+        let two = Filter {
+            limit: Some(2),
+            ..Filter::default()
+        };
+        assert_eq!(r.records(&two).unwrap(), vec![b.clone(), c.clone()]);
         let model = Filter {
             model: Some("other".into()),
             ..Filter::default()

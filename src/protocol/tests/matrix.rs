@@ -240,7 +240,7 @@ fn non_stream_matrix() {
                         encode_response(client, &r)
                     }
                     Err(e @ ProtocolError::Upstream { .. }) => {
-                        error_body(client, e.status(), &e.to_string(), None)
+                        error_body(client, e.status(), &e.to_string(), None, None)
                     }
                     Err(e) => panic!("{e}"),
                 };

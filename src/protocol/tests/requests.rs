@@ -666,9 +666,14 @@ fn error_bodies_per_dialect() {
         (529, "overloaded_error"),
     ];
     for (status, ty) in cases {
-        let v: Value =
-            serde_json::from_slice(&error_body(ClientDialect::Messages, status, "m", None))
-                .unwrap();
+        let v: Value = serde_json::from_slice(&error_body(
+            ClientDialect::Messages,
+            status,
+            "m",
+            None,
+            Some("c"),
+        ))
+        .unwrap();
         assert_eq!(
             v,
             json!({"type": "error", "error": {"type": ty, "message": "m"}})
@@ -679,11 +684,12 @@ fn error_bodies_per_dialect() {
         400,
         "bad",
         Some("store"),
+        Some("invalid_request"),
     ))
     .unwrap();
     assert_eq!(
         v,
-        json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "store", "code": null}})
+        json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "store", "code": "invalid_request"}})
     );
     let (kind, msg) = crate::protocol::decode_error_body(
         UpstreamDialect::Messages,
