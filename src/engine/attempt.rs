@@ -30,8 +30,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::fallback::Later;
 use crate::engine::pool::Connector;
-use crate::engine::state::{candidate_at, AttemptState, Later};
+use crate::engine::state::{candidate_at, AttemptState};
 use pingora::proxy::Session;
 
 use crate::backpressure::provider as provider_cap;

@@ -36,7 +36,6 @@ use serde_json::Value;
 
 use crate::auth::Caller;
 use crate::config::{Config, Model};
-use crate::engine::state::Later;
 use crate::error::GatewayError;
 use crate::metrics::MODEL_FALLBACK_REASON;
 use crate::routing::{self, Candidate, Preference, RouteNeeds};
@@ -310,6 +309,18 @@ impl<'c> Chain<'c> {
         }
         out
     }
+}
+
+/// A candidate route of a later model of the request's fallback chain, planned as the
+/// chain plans a stage (the key's models and providers, capabilities, the request's
+/// preference, health), without a half-open trial (a partner or a continuation never claims
+/// one).
+#[derive(Debug, Clone)]
+pub(crate) struct Later<'r> {
+    /// The standard model the route serves.
+    pub(crate) model: &'r Model,
+    /// The route and its health.
+    pub(crate) cand: Candidate<'r>,
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //!   (`sluice_hedges_total{outcome="no_budget"}`).
 //! - The hedge goes to the next candidate that is healthy and not resting: a later route of
 //!   the model, else a route of a later model of the request's fallback chain
-//!   (`engine::state::Later`, planned with the chain's checks: the key's models and
+//!   (`engine::fallback::Later`, planned with the chain's checks: the key's models and
 //!   providers, capabilities, the preference), which then answers as a model-level
 //!   fallback would (its id in the answer). It never claims a half-open trial
 //!   (`no_partner` when there is none).

@@ -7,6 +7,7 @@ use pingora::protocols::http::client::HttpSession as UpstreamSession;
 use pingora::proxy::Session;
 
 use crate::config::{HopTimeouts, Model};
+use crate::engine::fallback::Later;
 use crate::engine::pool::Connector;
 use crate::ingress::request::InferenceRequest;
 use crate::proxy::ctx::RequestCtx;
@@ -34,18 +35,6 @@ pub(crate) struct AttemptState<'s, 'r> {
     /// and a broken stream continues once `candidates` has none. Planned only for a model
     /// that hedges or continues ([`Later`]); empty otherwise.
     pub(crate) later: &'s [Later<'r>],
-}
-
-/// A candidate route of a later model of the request's fallback chain, planned as the
-/// chain plans a stage (the key's models and providers, capabilities, the request's
-/// preference, health), without a half-open trial (a partner or a continuation never claims
-/// one).
-#[derive(Debug, Clone)]
-pub(crate) struct Later<'r> {
-    /// The standard model the route serves.
-    pub(crate) model: &'r Model,
-    /// The route and its health.
-    pub(crate) cand: Candidate<'r>,
 }
 
 /// The candidate at `i` of `candidates` followed by `later` (`i` past the end of
