@@ -84,8 +84,10 @@ fn sum(recs: &[Value], field: &str) -> f64 {
 
 /// Runs the reproduction once; returns (charged, billed) in USD.
 fn reproduce(hard: bool, path: &'static str, model: &'static str, stream: bool) -> (f64, f64) {
-    // 150 ms per answer: the two requests are in flight together.
-    let mock = Mock::start(r#"{"tokens": 5, "prompt_tokens": 100000, "token_delay_ms": 30}"#);
+    // About a second per answer, so the two requests are in flight together even when a
+    // loaded machine starts the second client late (at 150 ms per answer, CI once started
+    // it after the first had settled, and the running budget check rightly cut it).
+    let mock = Mock::start(r#"{"tokens": 5, "prompt_tokens": 100000, "token_delay_ms": 200}"#);
     let dir = TempDir::new("budget-hold");
     let sluice = Sluice::start(&config(
         &mock.base_url(),
