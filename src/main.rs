@@ -27,28 +27,10 @@ fn main() -> ExitCode {
         };
     }
     if let Some(Command::Reload(reload)) = &args.command {
-        return match reload.run() {
-            Ok(out) => {
-                print!("{out}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("sluice: {e}");
-                ExitCode::from(1)
-            }
-        };
+        return report(reload.run());
     }
     if let Some(Command::Usage(usage)) = &args.command {
-        return match usage.run() {
-            Ok(out) => {
-                print!("{out}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("sluice: {e}");
-                ExitCode::from(1)
-            }
-        };
+        return report(usage.run());
     }
     // Before the config is read: the default global cap is derived from the raised limit.
     let nofile = sluice::fd_limit::raise_nofile_limit();
@@ -95,6 +77,21 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             log::error!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A tool subcommand's end: its output on stdout and success, or its error on stderr and
+/// exit status 1.
+fn report(outcome: Result<String, String>) -> ExitCode {
+    match outcome {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice: {e}");
             ExitCode::from(1)
         }
     }
