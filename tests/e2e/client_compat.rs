@@ -83,19 +83,20 @@ fn client_text_cannot_forge_access_log_lines() {
         &format!(r#"{{"model":"{forged}","messages":[{{"role":"user","content":"x"}}]}}"#),
     );
     assert_eq!(r.status, 404, "{}", r.text());
+    // The access line itself (ASCII spaces around its target). The refusal's log line, which
+    // quotes the model and also says `status=404`, comes first, so wait for this one.
+    let is_access = |l: &str| l.contains(" sluice::access request_id=") && l.contains("status=404");
     let end = std::time::Instant::now() + Duration::from_secs(5);
     let log = loop {
         let log = sluice.log();
-        if log.contains("status=404") || std::time::Instant::now() > end {
+        if log.lines().any(is_access) || std::time::Instant::now() > end {
             break log;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     let line = log
         .lines()
-        // The access line itself (ASCII spaces around its target; the refusal's log line,
-        // which quotes the model, comes first).
-        .find(|l| l.contains(" sluice::access request_id=") && l.contains("status=404"))
+        .find(|l| is_access(l))
         .unwrap_or_else(|| panic!("no access line:\n{log}"));
     assert!(line.contains(r#"standard_model="x\n2026"#), "{line}");
     assert!(
