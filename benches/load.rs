@@ -1,7 +1,9 @@
-//! Closed-loop load benchmark: the same load at three targets (the mock upstream directly,
-//! Sluice in front of it, nginx in front of it), printed as one table with "added" = target
-//! minus direct; then Sluice with billing (prices, ledger, budget) on vs off; then the edge
-//! rows ([`edge`]: Sluice vs nginx over TLS, over HTTP/2, and as a plain passthrough
+//! Closed-loop load benchmark: the same load at four targets (the mock upstream directly,
+//! Sluice in front of it, Pingora's smallest proxy in front of it ([`pingora`]), nginx in
+//! front of it), printed as one table with "added" = target minus direct and, when asked
+//! ([`cost`]), each target's callgrind instructions, allocations and system calls per
+//! request beside it; then Sluice with billing (prices, ledger, budget) on vs off; then the
+//! edge rows ([`edge`]: Sluice vs nginx over TLS, over HTTP/2, and as a plain passthrough
 //! proxy). See `benches/README.md` for what is measured, the knobs and how to read it.
 //!
 //! Run: `cargo bench --bench load` (Cargo builds the `sluice` and `sluice-mock-upstream`
@@ -22,8 +24,12 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+#[path = "load/cost.rs"]
+mod cost;
 #[path = "load/edge.rs"]
 mod edge;
+#[path = "load/pingora.rs"]
+mod pingora;
 
 /// The virtual key in the generated Sluice config.
 const KEY: &str = "sk-sluice-load-0001";
@@ -103,7 +109,7 @@ impl Opts {
             nginx_workers: std::env::var("LOAD_NGINX_WORKERS").unwrap_or_else(|_| "auto".into()),
             targets: list(
                 "LOAD_TARGETS",
-                "direct,sluice,nginx,redis,billing,tls,h2,passthrough",
+                "direct,sluice,pingora,nginx,redis,billing,tls,h2,passthrough",
             ),
             scenarios: list("LOAD_SCENARIOS", "unary,stream,burst,prompt,ttfb,ttfb1"),
             keep_tmp: env_u64("LOAD_KEEP_TMP", 0) != 0,
@@ -236,11 +242,15 @@ fn bin(env_name: &str, default: &str) -> PathBuf {
     std::env::var_os(env_name).map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
-fn start_mock(dir: &Path) -> (Proc, SocketAddr) {
-    let exe = bin(
+fn mock_exe() -> PathBuf {
+    bin(
         "SLUICE_MOCK_BIN",
         env!("CARGO_BIN_EXE_sluice-mock-upstream"),
-    );
+    )
+}
+
+fn start_mock(dir: &Path) -> (Proc, SocketAddr) {
+    let exe = mock_exe();
     let mut child = Command::new(&exe)
         .args(["--listen", "127.0.0.1:0", "--behavior", "{}"])
         .env("RUST_LOG", "warn")
@@ -1286,10 +1296,16 @@ impl Scenario {
     }
 
     /// The scenarios added for the performance issue, run only against the main targets
-    /// (direct, sluice, nginx): the edge, limiter and billing rows keep the first three.
+    /// (direct, sluice, pingora, nginx): the edge, limiter and billing rows keep the first
+    /// three.
     fn main_targets_only(self) -> bool {
         matches!(self, Scenario::Burst | Scenario::Prompt | Scenario::Ttfb1)
     }
+}
+
+/// Whether `name` is one of the main targets (every scenario runs against them).
+fn is_main(name: &str) -> bool {
+    matches!(name, "direct" | "sluice" | "nginx" | pingora::NAME)
 }
 
 struct Target {
@@ -1348,14 +1364,29 @@ fn cell(results: &Results, target: &'static str) -> Cell {
     }
 }
 
-fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
+/// The main table; with `costs` (`LOAD_INSTRUCTIONS`) two more columns: each target's
+/// callgrind instructions per non-stream request and per token-by-token stream.
+fn print_table(
+    results: &Results,
+    targets: &[&'static str],
+    o: &Opts,
+    costs: Option<&cost::Costs>,
+) {
     let base = cell(results, "direct");
     println!();
     println!(
-        "| target | non-stream req/s | added | {}-token stream req/s | added | TTFB p50 ms | added | TTFB p99 ms | added |",
-        o.stream_tokens
+        "| target | non-stream req/s | added | {}-token stream req/s | added | TTFB p50 ms | added | TTFB p99 ms | added |{}",
+        o.stream_tokens,
+        if costs.is_some() {
+            " non-stream Ir/req | stream Ir/req |"
+        } else {
+            ""
+        }
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|{}",
+        if costs.is_some() { "---:|---:|" } else { "" }
+    );
     for t in targets {
         let c = cell(results, t);
         let direct = *t == "direct";
@@ -1371,10 +1402,11 @@ fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
             "sluice+local" => "sluice + the same limit, local",
             "nginx" => "nginx → mock",
             "sluice" => "sluice → mock",
+            pingora::NAME => "pingora-smallest → mock",
             other => other,
         };
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |{}",
             fmt_opt(c.unary, 0),
             added(c.unary, base.unary, 0),
             fmt_opt(c.stream, 0),
@@ -1383,6 +1415,7 @@ fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
             added(c.p50, base.p50, 3),
             fmt_opt(c.p99, 3),
             added(c.p99, base.p99, 3),
+            costs.map_or_else(String::new, |k| cost::main_cells(k, t)),
         );
     }
     println!();
@@ -1396,6 +1429,18 @@ fn print_table(results: &Results, targets: &[&'static str], o: &Opts) {
     // Targets.
     let s = cell(results, "sluice");
     let n = cell(results, "nginx");
+    let p = cell(results, pingora::NAME);
+    for (what, pv, sv, nv) in [
+        ("non-stream", p.unary, s.unary, n.unary),
+        ("streaming", p.stream, s.stream, n.stream),
+    ] {
+        if let (Some(pv), Some(nv)) = (pv, nv) {
+            println!("{what} req/s pingora-smallest / nginx = {:.2}", pv / nv);
+        }
+        if let (Some(sv), Some(pv)) = (sv, pv) {
+            println!("{what} req/s sluice / pingora-smallest = {:.2}", sv / pv);
+        }
+    }
     if let (Some(sv), Some(nv)) = (s.unary, n.unary) {
         println!(
             "non-stream req/s sluice / nginx = {:.2} (target >= 1.00): {}",
@@ -1869,9 +1914,9 @@ fn machine_note() -> String {
 )]
 fn main() {
     // `cargo test --benches` runs bench targets without `--bench`: then a sanity pass
-    // (direct, Sluice, the billing pair and Sluice's edge rows (TLS, HTTP/2, passthrough),
-    // non-stream and stream, 4 clients, 0.2 + 0.5 s per phase; about 15 s) that fails on
-    // any error or an empty phase, and reports no figure.
+    // (direct, Sluice, Pingora-smallest when built, the billing pair and Sluice's edge rows
+    // (TLS, HTTP/2, passthrough), non-stream and stream, 4 clients, 0.2 + 0.5 s per phase;
+    // about 15 s) that fails on any error or an empty phase, and reports no figure.
     let sanity = !std::env::args().any(|a| a == "--bench");
     let mut o = Opts::from_env();
     if sanity {
@@ -1881,9 +1926,17 @@ fn main() {
         o.clients = 4;
         o.rounds = 1;
         o.max_requests = 100_000;
-        o.targets = ["direct", "sluice", "billing", "tls", "h2", "passthrough"]
-            .map(String::from)
-            .to_vec();
+        o.targets = [
+            "direct",
+            "sluice",
+            pingora::NAME,
+            "billing",
+            "tls",
+            "h2",
+            "passthrough",
+        ]
+        .map(String::from)
+        .to_vec();
         o.scenarios = ["unary", "stream", "burst", "prompt"]
             .map(String::from)
             .to_vec();
@@ -1891,12 +1944,17 @@ fn main() {
     let tmp = TempDir::new(o.keep_tmp);
     eprintln!("load: {o:?}");
     eprintln!("load: {}", machine_note());
+    let mut notes: Vec<String> = Vec::new();
+    if sanity {
+        cost::check_parse();
+    }
+    // Before any load phase: `LOAD_INSTRUCTIONS=run` runs callgrind on its own.
+    let costs = cost::load(&o, &tmp.path, &mut notes);
 
     let (mock_proc, mock) = start_mock(&tmp.path);
     let mock_pid = mock_proc.child.id();
     let mut procs: Vec<Proc> = Vec::new();
     let mut targets: Vec<Target> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
     if o.wants("direct") {
         targets.push(Target {
             name: "direct",
@@ -1925,6 +1983,9 @@ fn main() {
             pids,
             helper_pids: Vec::new(),
         });
+    }
+    if o.wants(pingora::NAME) {
+        pingora::start(&tmp.path, &o, mock, &mut procs, &mut targets, &mut notes);
     }
     if o.wants("nginx") {
         match find_program("nginx") {
@@ -2090,7 +2151,7 @@ fn main() {
                 set_behavior(mock, behavior).await;
                 for t in &targets {
                     if scenario.main_targets_only()
-                        && !matches!(t.name, "direct" | "sluice" | "nginx")
+                        && !is_main(t.name)
                     {
                         continue;
                     }
@@ -2149,7 +2210,10 @@ fn main() {
         .copied()
         .filter(|n| !edge::is_edge(n))
         .collect();
-    print_table(&results, &main_rows, &o);
+    print_table(&results, &main_rows, &o, costs.as_ref());
+    if let Some(c) = &costs {
+        cost::print(c, &results);
+    }
     print_cpu(&results, &names);
     println!();
     print_cpu_ratios(&results);
@@ -2186,12 +2250,9 @@ fn main() {
                 }
             }
         }
-        // Every target in unary and stream, the main ones (direct, sluice: nginx is not
-        // among the sanity targets) in burst and prompt too.
-        let main = names
-            .iter()
-            .filter(|n| matches!(**n, "direct" | "sluice" | "nginx"))
-            .count();
+        // Every target in unary and stream, the main ones (direct, sluice and pingora when
+        // built: nginx is not among the sanity targets) in burst and prompt too.
+        let main = names.iter().filter(|n| is_main(n)).count();
         assert_eq!(
             results.len(),
             2 * names.len() + 2 * main,
