@@ -17,10 +17,16 @@
 #   sluice       Sluice's LLM route (the config of `benches/callgrind_requests.sh`: one tenant,
 #                one key, one openai-kind provider at the mock, one model, `threads: 1`,
 #                `RUST_LOG=info` with the access log to a file).
-# Scenarios (CG_SCENARIOS; default all three), each the load bench's mock behaviour:
+# Scenarios (CG_SCENARIOS; default all four), the first three the load bench's mock behaviour:
 #   unary   non-stream, `{"tokens":100,"token_delay_ms":0}`;
-#   stream  the same with `"stream":true`: 100 content events, one write (one HTTP chunk) each;
-#   burst   `{"tokens":100,"token_delay_ms":0,"split":"burst"}`: all events in one write.
+#   stream  the same with `"stream":true`: 103 events (100 content events, the finish, usage
+#           and `[DONE]`), one write (one HTTP chunk) each, as fast as the native mock writes
+#           them; a proxy slowed down by callgrind reads several per read, by an amount that
+#           depends on timing (its Ir and syscalls per stream vary by a few % run to run);
+#   burst   `{"tokens":100,"token_delay_ms":0,"split":"burst"}`: all events in one write;
+#   paced   token by token with `"token_delay_ms":CG_PACED_DELAY_MS` (default 1): the proxy
+#           reads, handles and writes each event alone (deterministic; per-event cost).
+#           N/4 streams (at least 5), and CG_WARM/4 in the warm-up.
 #
 # Only the measured target runs under `valgrind --tool=callgrind --collect-systime=yes`: the
 # mock runs natively except for `direct`, the client (`curl`) always natively. Per target:
@@ -44,7 +50,8 @@
 # each minus the idle phase's rate per second x the phase's wall-clock seconds (the
 # background that ran while the requests did; the raw totals are in the TSV too), divided
 # by N. `Ir/event` = a stream's Ir / the `data:` events of one stream (counted in the last
-# answer of the phase, `[DONE]` included).
+# answer of the phase, `[DONE]` included). Run to run, Ir per request of unary, burst and
+# paced moves by about 1 % (the background subtraction, the connection's timing).
 #
 # Writes OUT_DIR/instructions.tsv (one line per target and scenario; the load bench reads it
 # with `LOAD_INSTRUCTIONS=OUT_DIR/instructions.tsv`) and prints the table. Each target's
@@ -312,7 +319,7 @@ ctl() {
         || { cat "$OUT/ctl.log" >&2; exit 1; }
 }
 
-# Ir, sysCount and allocation calls of one callgrind dump, tab-separated.
+# Ir, sysCount, clock reads and allocations of one callgrind dump, tab-separated.
 dump_costs() {
     python3 - "$1" <<'PY'
 import re, sys
@@ -321,17 +328,20 @@ ALLOC = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "mema
 # glibc's malloc.c calling its own entry points (posix_memalign -> _mid_memalign -> malloc):
 # the allocation was counted where it entered.
 INSIDE = re.compile(r"(_int_|_mid_memalign|__libc_|tcache|sysmalloc|malloc_|alloc_perturb)")
+# The clock reads that are vDSO calls natively (no system call) but system calls under
+# valgrind, which gives its client no vDSO.
+CLOCK = re.compile(r"(__)?(clock_gettime|gettimeofday|time|getcpu|sched_getcpu)(64|_syscall)?$")
 names = {}
 def name(spec):
     # `(id) name` defines a compressed name, `(id)` refers to it; a `'N` suffix marks a
-    # recursion level (`--separate-recs`).
+    # recursion level (`--separate-recs`), `@@GLIBC_x` a symbol version.
     m = re.match(r"\((\d+)\)(?: (.*))?$", spec)
     if m:
         if m.group(2) is not None:
             names[m.group(1)] = m.group(2)
         spec = names.get(m.group(1), "")
-    return re.sub(r"'\d+$", "", spec)
-events, summary, fn, cfn, allocs = [], [], "", "", 0
+    return re.sub(r"(@.*|'\d+)$", "", spec)
+events, summary, fn, cfn, allocs, clocks = [], [], "", "", 0, 0
 with open(sys.argv[1], errors="replace") as f:
     for line in f:
         if line.startswith("fn="):
@@ -339,14 +349,17 @@ with open(sys.argv[1], errors="replace") as f:
         elif line.startswith("cfn="):
             cfn = name(line[4:].rstrip("\n"))
         elif line.startswith("calls="):
+            n = int(line[6:].split()[0])
             if cfn in ALLOC and fn not in ALLOC and not INSIDE.match(fn):
-                allocs += int(line[6:].split()[0])
+                allocs += n
+            elif CLOCK.match(cfn) and not CLOCK.match(fn):
+                clocks += n
         elif line.startswith("events:"):
             events = line.split()[1:]
         elif line.startswith("summary:"):
             summary = [int(x) for x in line.split()[1:]]
 cost = dict(zip(events, summary))
-print(f"{cost.get('Ir', 0)}\t{cost.get('sysCount', 0)}\t{allocs}")
+print(f"{cost.get('Ir', 0)}\t{cost.get('sysCount', 0)}\t{clocks}\t{allocs}")
 PY
 }
 
@@ -359,7 +372,7 @@ dump_file() { grep -l "^desc: Trigger: dump $2\$" "$1"/callgrind.out* | head -1;
 
 IFS=, read -ra target_list <<<"$TARGETS"
 IFS=, read -ra scen_list <<<"$SCENARIOS"
-printf 'target\tscenario\trequests\tevents_per_req\tseconds\tIr\tsyscalls\tallocs\tidle_Ir_per_s\tidle_syscalls_per_s\tidle_allocs_per_s\tIr_per_req\tIr_per_event\tallocs_per_req\tsyscalls_per_req\n' >"$TSV"
+printf 'target\tscenario\trequests\tevents_per_req\tseconds\tIr\tsysCount\tclock_reads\tallocs\tidle_seconds\tidle_Ir\tidle_sysCount\tidle_clock_reads\tidle_allocs\tIr_per_req\tIr_per_event\tallocs_per_req\tsyscalls_per_req\tclock_reads_per_req\n' >"$TSV"
 notes=()
 
 for target in "${target_list[@]}"; do
@@ -397,24 +410,26 @@ for target in "${target_list[@]}"; do
     ctl -d idle
     t1=$(date +%s.%N)
     idle_s=$(echo "$t1 - $t0" | bc -l)
-    read -r iir isys ialloc < <(dump_costs "$(dump_file "$dir" idle)")
+    read -r iir isys iclk ialloc < <(dump_costs "$(dump_file "$dir" idle)")
     stop_all
     for scen in "${scen_list[@]}"; do
-        read -r ir sys allocs < <(dump_costs "$(dump_file "$dir" "$scen")")
+        read -r ir sys clk allocs < <(dump_costs "$(dump_file "$dir" "$scen")")
         events=0
         [ "$scen" = unary ] || events=$(grep -c '^data:' "$dir/last-$scen.txt" || true)
-        python3 - "$target" "$scen" "$(count "$scen" "$N")" "$events" "${secs[$scen]}" "$ir" "$sys" "$allocs" \
-            "$idle_s" "$iir" "$isys" "$ialloc" >>"$TSV" <<'PY'
+        python3 - "$target" "$scen" "$(count "$scen" "$N")" "$events" "${secs[$scen]}" \
+            "$ir" "$sys" "$clk" "$allocs" "$idle_s" "$iir" "$isys" "$iclk" "$ialloc" \
+            >>"$TSV" <<'PY'
 import sys
-t, s, n, ev, secs, ir, sy, al, idle_s, iir, isy, ial = sys.argv[1:]
+t, s, n, ev, secs, ir, sy, clk, al, idle_s, iir, isy, iclk, ial = sys.argv[1:]
 n, ev, secs, idle_s = int(n), int(ev), float(secs), float(idle_s)
-ir, sy, al, iir, isy, ial = map(int, (ir, sy, al, iir, isy, ial))
-rate = lambda x: x / idle_s
-net = lambda x, i: (x - rate(i) * secs) / n
+ir, sy, clk, al, iir, isy, iclk, ial = map(int, (ir, sy, clk, al, iir, isy, iclk, ial))
+# Per request: the phase's count minus the idle phase's rate x the phase's seconds.
+net = lambda x, i: (x - i / idle_s * secs) / n
 ir_req = net(ir, iir)
 ir_ev = f"{ir_req / ev:.0f}" if ev else "-"
-print(f"{t}\t{s}\t{n}\t{ev}\t{secs:.2f}\t{ir}\t{sy}\t{al}\t{rate(iir):.0f}\t{rate(isy):.1f}\t"
-      f"{rate(ial):.1f}\t{ir_req:.0f}\t{ir_ev}\t{net(al, ial):.2f}\t{net(sy, isy):.2f}")
+print(f"{t}\t{s}\t{n}\t{ev}\t{secs:.2f}\t{ir}\t{sy}\t{clk}\t{al}\t{idle_s:.2f}\t{iir}\t{isy}\t"
+      f"{iclk}\t{ial}\t{ir_req:.0f}\t{ir_ev}\t{net(al, ial):.2f}\t{net(sy - clk, isy - iclk):.2f}\t"
+      f"{net(clk, iclk):.2f}")
 PY
     done
 done

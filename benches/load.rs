@@ -1366,12 +1366,7 @@ fn cell(results: &Results, target: &'static str) -> Cell {
 
 /// The main table; with `costs` (`LOAD_INSTRUCTIONS`) two more columns: each target's
 /// callgrind instructions per non-stream request and per token-by-token stream.
-fn print_table(
-    results: &Results,
-    targets: &[&'static str],
-    o: &Opts,
-    costs: Option<&cost::Costs>,
-) {
+fn print_table(results: &Results, targets: &[&'static str], o: &Opts, costs: Option<&cost::Costs>) {
     let base = cell(results, "direct");
     println!();
     println!(
@@ -1429,18 +1424,7 @@ fn print_table(
     // Targets.
     let s = cell(results, "sluice");
     let n = cell(results, "nginx");
-    let p = cell(results, pingora::NAME);
-    for (what, pv, sv, nv) in [
-        ("non-stream", p.unary, s.unary, n.unary),
-        ("streaming", p.stream, s.stream, n.stream),
-    ] {
-        if let (Some(pv), Some(nv)) = (pv, nv) {
-            println!("{what} req/s pingora-smallest / nginx = {:.2}", pv / nv);
-        }
-        if let (Some(sv), Some(pv)) = (sv, pv) {
-            println!("{what} req/s sluice / pingora-smallest = {:.2}", sv / pv);
-        }
-    }
+    pingora::print_ratios(&s, &cell(results, pingora::NAME), &n);
     if let (Some(sv), Some(nv)) = (s.unary, n.unary) {
         println!(
             "non-stream req/s sluice / nginx = {:.2} (target >= 1.00): {}",
@@ -2150,9 +2134,7 @@ fn main() {
                 }
                 set_behavior(mock, behavior).await;
                 for t in &targets {
-                    if scenario.main_targets_only()
-                        && !is_main(t.name)
-                    {
+                    if scenario.main_targets_only() && !is_main(t.name) {
                         continue;
                     }
                     eprintln!(

@@ -28,10 +28,12 @@ pub(super) struct Cost {
     syscalls: f64,
 }
 
-/// Costs by (target name as the load bench names it, scenario).
-pub(super) type Costs = BTreeMap<(String, Scenario), Cost>;
+/// Costs by (target name as the load bench names it, scenario as the script names it:
+/// `unary`, `stream`, `burst`, `paced`).
+pub(super) type Costs = BTreeMap<(String, String), Cost>;
 
-/// The scenario a TSV `scenario` field names.
+/// The load bench's scenario of the script's scenario `name` (`paced`, token by token with
+/// a delay so that the proxy reads each event alone, has none).
 fn scenario(name: &str) -> Option<Scenario> {
     match name {
         "unary" => Some(Scenario::Unary),
@@ -40,6 +42,9 @@ fn scenario(name: &str) -> Option<Scenario> {
         _ => None,
     }
 }
+
+/// The script's scenarios in the order they are printed.
+const SCENARIOS: [&str; 4] = ["unary", "stream", "burst", "paced"];
 
 /// Parses `instructions.tsv`: a header line naming the columns, then one line per target
 /// and scenario; the columns read are `target`, `scenario`, `Ir_per_req`, `Ir_per_event`
@@ -64,21 +69,26 @@ pub(super) fn parse(text: &str) -> Result<Costs, String> {
     let mut out = Costs::new();
     for line in lines {
         let f: Vec<&str> = line.split('\t').collect();
-        let get = |i: usize| f.get(i).copied().ok_or_else(|| format!("short line {line:?}"));
+        let get = |i: usize| {
+            f.get(i)
+                .copied()
+                .ok_or_else(|| format!("short line {line:?}"))
+        };
         let num = |i: usize| -> Result<f64, String> {
             get(i)?
                 .parse()
                 .map_err(|_| format!("not a number in column {} of {line:?}", i + 1))
         };
-        let Some(scen) = scenario(get(s)?) else {
+        let scen = get(s)?;
+        if !SCENARIOS.contains(&scen) {
             return Err(format!("unknown scenario in {line:?}"));
-        };
+        }
         let ir_event = match get(ev)? {
             "-" => None,
             _ => Some(num(ev)?),
         };
         out.insert(
-            (get(t)?.to_string(), scen),
+            (get(t)?.to_string(), scen.to_string()),
             Cost {
                 ir: num(ir)?,
                 ir_event,
@@ -134,7 +144,11 @@ fn run_script(o: &Opts, dir: &Path) -> Result<PathBuf, String> {
     let targets: Vec<&str> = ["direct", "nginx", "pingora", "sluice-pass", "sluice"]
         .into_iter()
         .filter(|t| {
-            let named = if *t == "sluice-pass" { "passthrough" } else { t };
+            let named = if *t == "sluice-pass" {
+                "passthrough"
+            } else {
+                t
+            };
             o.targets.iter().any(|x| x == named)
         })
         .collect();
@@ -159,8 +173,9 @@ fn run_script(o: &Opts, dir: &Path) -> Result<PathBuf, String> {
     Ok(out.join("instructions.tsv"))
 }
 
-/// Median req/s of `target` in `s` over the rounds.
-fn rps(results: &Results, s: Scenario, target: &str) -> Option<f64> {
+/// Median req/s of `target` in the script's scenario `s` over the rounds.
+fn rps(results: &Results, s: &str, target: &str) -> Option<f64> {
+    let s = scenario(s)?;
     results
         .iter()
         .find(|((sc, t), _)| *sc == s && *t == target)
@@ -170,11 +185,15 @@ fn rps(results: &Results, s: Scenario, target: &str) -> Option<f64> {
 /// The main table's extra cells for `target`: non-stream and token-by-token stream Ir per
 /// request (`-` where not measured).
 pub(super) fn main_cells(costs: &Costs, target: &str) -> String {
-    let ir = |s| costs.get(&(target.to_string(), s)).map(|c| c.ir);
+    let ir = |s: &str| {
+        costs
+            .get(&(target.to_string(), s.to_string()))
+            .map(|c| c.ir)
+    };
     format!(
         " {} | {} |",
-        fmt_opt(ir(Scenario::Unary), 0),
-        fmt_opt(ir(Scenario::Stream), 0)
+        fmt_opt(ir("unary"), 0),
+        fmt_opt(ir("stream"), 0)
     )
 }
 
@@ -182,7 +201,7 @@ pub(super) fn main_cells(costs: &Costs, target: &str) -> String {
 /// from this run, Ir per request and its ratios to nginx and Pingora-smallest, Ir per
 /// event, allocations and system calls per request) and the issue's ratios.
 pub(super) fn print(costs: &Costs, results: &Results) {
-    let get = |t: &str, s: Scenario| costs.get(&(t.to_string(), s));
+    let get = |t: &str, s: &str| costs.get(&(t.to_string(), s.to_string()));
     println!();
     println!("Per-request cost (callgrind, benches/callgrind_targets.sh; req/s from this run):");
     println!();
@@ -192,16 +211,21 @@ pub(super) fn print(costs: &Costs, results: &Results) {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
         _ => "-".into(),
     };
-    for ((t, s), c) in costs {
-        let r = rps(results, *s, t);
+    let mut targets: Vec<&str> = costs.keys().map(|(t, _)| t.as_str()).collect();
+    targets.dedup();
+    for (t, s) in targets
+        .iter()
+        .flat_map(|t| SCENARIOS.iter().map(move |s| (*t, *s)))
+    {
+        let Some(c) = get(t, s) else { continue };
+        let r = rps(results, s, t);
         println!(
-            "| {t} | {} | {} | {} | {:.0} | {} | {} | {} | {:.2} | {:.2} |",
-            format!("{s:?}").to_lowercase(),
+            "| {t} | {s} | {} | {} | {:.0} | {} | {} | {} | {:.2} | {:.2} |",
             fmt_opt(r, 0),
-            ratio(r, rps(results, *s, "nginx")),
+            ratio(r, rps(results, s, "nginx")),
             c.ir,
-            ratio(Some(c.ir), get("nginx", *s).map(|n| n.ir)),
-            ratio(Some(c.ir), get("pingora", *s).map(|n| n.ir)),
+            ratio(Some(c.ir), get("nginx", s).map(|n| n.ir)),
+            ratio(Some(c.ir), get("pingora", s).map(|n| n.ir)),
             fmt_opt(c.ir_event, 0),
             c.allocs,
             c.syscalls,
@@ -212,9 +236,10 @@ pub(super) fn print(costs: &Costs, results: &Results) {
     }
     println!();
     for (s, what) in [
-        (Scenario::Unary, "non-stream request"),
-        (Scenario::Stream, "token-by-token stream"),
-        (Scenario::Burst, "burst stream"),
+        ("unary", "non-stream request"),
+        ("stream", "stream (token_delay_ms 0)"),
+        ("burst", "burst stream"),
+        ("paced", "paced stream (each event read alone)"),
     ] {
         let (Some(p), Some(sl)) = (get("pingora", s), get("sluice", s)) else {
             continue;
@@ -237,12 +262,13 @@ pub(super) fn print(costs: &Costs, results: &Results) {
 
 /// The sanity pass's check of [`parse`] on a two-line file in the script's format.
 pub(super) fn check_parse() {
-    let tsv = "target\tscenario\trequests\tIr_per_req\tIr_per_event\tallocs_per_req\tsyscalls_per_req\n\
+    let tsv =
+        "target\tscenario\trequests\tIr_per_req\tIr_per_event\tallocs_per_req\tsyscalls_per_req\n\
                pingora\tunary\t200\t95000\t-\t40.50\t9.00\n\
                sluice\tstream\t200\t880000\t8627\t300.00\t210.25\n";
     let c = parse(tsv).expect("the script's TSV parses");
     assert_eq!(
-        c.get(&("pingora".to_string(), Scenario::Unary)),
+        c.get(&("pingora".to_string(), "unary".to_string())),
         Some(&Cost {
             ir: 95000.0,
             ir_event: None,
@@ -251,9 +277,12 @@ pub(super) fn check_parse() {
         })
     );
     assert_eq!(
-        c.get(&("sluice".to_string(), Scenario::Stream))
+        c.get(&("sluice".to_string(), "stream".to_string()))
             .and_then(|c| c.ir_event),
         Some(8627.0)
     );
-    assert!(parse("target\tscenario\n").is_err(), "missing columns are refused");
+    assert!(
+        parse("target\tscenario\n").is_err(),
+        "missing columns are refused"
+    );
 }

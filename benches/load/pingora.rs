@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::{free_port, log_file, loopback, sluice_exe, tail, wait_listening, Dial, Opts, Proc, Target};
+use super::{
+    free_port, log_file, loopback, sluice_exe, tail, wait_listening, Cell, Dial, Opts, Proc, Target,
+};
 
 /// The target's name in `LOAD_TARGETS` and in the tables.
 pub(super) const NAME: &str = "pingora";
@@ -68,7 +70,10 @@ pub(super) fn start(
         let child = match child {
             Ok(c) => c,
             Err(e) => {
-                notes.push(format!("pingora: cannot start {}: {e}; row skipped", exe.display()));
+                notes.push(format!(
+                    "pingora: cannot start {}: {e}; row skipped",
+                    exe.display()
+                ));
                 return;
             }
         };
@@ -95,4 +100,20 @@ pub(super) fn start(
         "pingora: did not come up; row skipped; log tail:\n{}",
         tail(&dir.join("pingora.log"))
     ));
+}
+
+/// Prints the req/s ratios Pingora-smallest / nginx and Sluice / Pingora-smallest of this
+/// run (non-stream and token-by-token streams), from the main table's cells.
+pub(super) fn print_ratios(sluice: &Cell, pingora: &Cell, nginx: &Cell) {
+    for (what, p, s, n) in [
+        ("non-stream", pingora.unary, sluice.unary, nginx.unary),
+        ("streaming", pingora.stream, sluice.stream, nginx.stream),
+    ] {
+        if let (Some(p), Some(n)) = (p, n) {
+            println!("{what} req/s pingora-smallest / nginx = {:.2}", p / n);
+        }
+        if let (Some(s), Some(p)) = (s, p) {
+            println!("{what} req/s sluice / pingora-smallest = {:.2}", s / p);
+        }
+    }
 }
