@@ -24,9 +24,11 @@
 #           them; a proxy slowed down by callgrind reads several per read, by an amount that
 #           depends on timing (its Ir and syscalls per stream vary by a few % run to run);
 #   burst   `{"tokens":100,"token_delay_ms":0,"split":"burst"}`: all events in one write;
-#   paced   token by token with `"token_delay_ms":CG_PACED_DELAY_MS` (default 1): the proxy
-#           reads, handles and writes each event alone (deterministic; per-event cost).
-#           N/4 streams (at least 5), and CG_WARM/4 in the warm-up.
+#   paced   token by token with `"token_delay_ms":CG_PACED_DELAY_MS` (default 5): the proxy
+#           reads, handles and writes each content event alone (the per-event cost; with
+#           1 ms the mock's timer sometimes fires two writes back to back and the proxy
+#           reads both at once: ±5 % run to run). N/10 streams (at least 2), and CG_WARM/10
+#           in the warm-up.
 #
 # Only the measured target runs under `valgrind --tool=callgrind --collect-systime=yes`: the
 # mock runs natively except for `direct`, the client (`curl`) always natively. Per target:
@@ -70,7 +72,7 @@ OUT=${1:?usage: callgrind_targets.sh OUT_DIR [N]}
 N=${2:-200}
 WARM=${CG_WARM:-20}
 IDLE_S=${CG_IDLE_S:-5}
-PACED_DELAY_MS=${CG_PACED_DELAY_MS:-1}
+PACED_DELAY_MS=${CG_PACED_DELAY_MS:-5}
 TARGETS=${CG_TARGETS:-direct,nginx,pingora,sluice-pass,sluice}
 SCENARIOS=${CG_SCENARIOS:-unary,stream,burst,paced}
 abs() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
@@ -363,9 +365,9 @@ print(f"{cost.get('Ir', 0)}\t{cost.get('sysCount', 0)}\t{clocks}\t{allocs}")
 PY
 }
 
-# Requests of scenario $1 for a count of $2: a quarter for `paced` (at least 5).
+# Requests of scenario $1 for a count of $2: a tenth for `paced` (at least 2).
 count() {
-    if [ "$1" = paced ]; then echo $(( $2 / 4 > 5 ? $2 / 4 : 5 )); else echo "$2"; fi
+    if [ "$1" = paced ]; then echo $(( $2 / 10 > 2 ? $2 / 10 : 2 )); else echo "$2"; fi
 }
 
 dump_file() { grep -l "^desc: Trigger: dump $2\$" "$1"/callgrind.out* | head -1; }
