@@ -7,7 +7,7 @@
 //! same build); `LOAD_INSTRUCTIONS=run` runs the script first (before any load phase, so the
 //! two do not share the CPUs) on the bench's own binaries, for the targets `LOAD_TARGETS`
 //! names (`passthrough` is its `sluice-pass`), with `LOAD_INSTRUCTIONS_N` requests per phase
-//! (default 200; about a minute per target). Unset: no cost columns.
+//! (default 200; 1–2 minutes per target). Unset: no cost columns.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
