@@ -366,7 +366,9 @@ http {{
     )
 }
 
-/// The cipher suite and key-exchange group one handshake with `addr` negotiates.
+/// The cipher suite and key-exchange group one handshake with `addr` negotiates (up to 30 s:
+/// a test-build Sluice on a loaded machine may still be loading its tokenizer, ~6 s, when the
+/// first handshake arrives).
 fn negotiated(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> Result<String, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -374,7 +376,7 @@ fn negotiated(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> Result<String, Strin
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
         let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let tls = tokio::time::timeout(Duration::from_secs(5), tls_connect(tcp, cfg))
+        let tls = tokio::time::timeout(Duration::from_secs(30), tls_connect(tcp, cfg))
             .await
             .map_err(|_| "handshake timed out".to_string())?
             .map_err(|e| e.to_string())?;
