@@ -84,7 +84,7 @@ KEY=sk-sluice-load-0001
 MODEL=acme/chat
 TOKENS=100
 
-for tool in valgrind callgrind_control curl python3; do
+for tool in valgrind callgrind_control curl python3 bc; do
     command -v "$tool" >/dev/null || { echo "callgrind_targets: needs $tool" >&2; exit 2; }
 done
 [ -x "$MOCK_BIN" ] || { echo "callgrind_targets: no mock at $MOCK_BIN" >&2; exit 2; }
@@ -438,5 +438,5 @@ done
 
 echo
 echo "Per request (minus the idle background), N=$N after $WARM warm-up requests per scenario:"
-column -t -s $'\t' "$TSV"
+column -t -s $'\t' "$TSV" 2>/dev/null || cat "$TSV"
 for n in "${notes[@]}"; do echo "note: $n"; done
