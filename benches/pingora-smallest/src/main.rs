@@ -35,7 +35,11 @@ impl ProxyHttp for Smallest {
     fn new_ctx(&self) {}
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(self.peer.as_str(), false, String::new())))
+        Ok(Box::new(HttpPeer::new(
+            self.peer.as_str(),
+            false,
+            String::new(),
+        )))
     }
 }
 
