@@ -71,6 +71,21 @@ def cpu_ticks(pid):
     return int(rest[11]) + int(rest[12])
 
 
+def thread_ticks(pid):
+    """{(tid, name): utime+stime} of every thread of `pid`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            rest = stat.rsplit(")", 1)[1].split()
+            out[(tid, name)] = int(rest[11]) + int(rest[12])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
 def get(url, timeout=60):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, r.read()
@@ -144,11 +159,15 @@ def main():
         print(f"scrape_s={time.monotonic() - t1:.3f} scrape_bytes={len(text)} scrape_lines={lines}")
         print(f"rss_after_scrape_kib={rss_kib(sluice.pid)}")
         time.sleep(2)
-        c0, w0 = cpu_ticks(sluice.pid), time.monotonic()
+        c0, w0, th0 = cpu_ticks(sluice.pid), time.monotonic(), thread_ticks(sluice.pid)
         time.sleep(idle_s)
-        c1, w1 = cpu_ticks(sluice.pid), time.monotonic()
+        c1, w1, th1 = cpu_ticks(sluice.pid), time.monotonic(), thread_ticks(sluice.pid)
         hz = os.sysconf("SC_CLK_TCK")
         print(f"idle_cpu_pct={(c1 - c0) / hz / (w1 - w0) * 100:.2f} over {w1 - w0:.1f} s")
+        busy = {}
+        for k, v in th1.items():
+            busy[k[1]] = busy.get(k[1], 0) + v - th0.get(k, 0)
+        print("idle_ticks_by_thread=" + ",".join(f"{n}:{t}" for n, t in sorted(busy.items(), key=lambda x: -x[1]) if t))
         print(f"rss_idle_kib={rss_kib(sluice.pid)}")
     finally:
         for p in procs:

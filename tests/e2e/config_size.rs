@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{parse_metric, post_json, Mock, Sluice};
+use crate::harness::{eventually, parse_metric, post_json, Mock, Sluice};
 
 /// Tenants (and virtual keys) of the large config.
 const TENANTS: usize = 1_000;
@@ -99,16 +99,24 @@ fn a_thousand_tenants_by_a_hundred_models_stay_small_and_quiet() {
             sluice.log()
         );
     }
-    let scrape_started = Instant::now();
-    let text = sluice.metrics();
-    let scrape_time = scrape_started.elapsed();
+    let token_series = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("sluice_tokens_total{"))
+            .count()
+    };
+    // The access line records a request's series after its answer went out: wait for the
+    // last one.
+    let mut text = String::new();
+    let mut scrape_time = Duration::ZERO;
+    eventually(Duration::from_secs(10), || {
+        let scrape_started = Instant::now();
+        text = sluice.metrics();
+        scrape_time = scrape_started.elapsed();
+        token_series(&text) >= 6 * 5
+    });
     // Series exist for the pairs that had traffic (all kinds, at 0 where nothing was
     // counted), none for the other 99,994 pairs.
-    let tokens: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("sluice_tokens_total{"))
-        .collect();
-    assert_eq!(tokens.len(), 6 * 5, "{tokens:#?}");
+    assert_eq!(token_series(&text), 6 * 5, "{text}");
     for kind in ["input", "output", "reasoning"] {
         let series =
             format!(r#"sluice_tokens_total{{kind="{kind}",model="acme/m042",tenant="t0500"}}"#);
@@ -167,7 +175,22 @@ fn label_sets_past_the_cap_are_recorded_under_the_overflow_tenant() {
     for (t, m) in [(0, 0), (1, 0), (2, 0), (3, 1), (0, 0)] {
         assert_eq!(chat(&sluice, t, m), 200, "t{t:04}\n{}", sluice.log());
     }
-    let text = sluice.metrics();
+    // The access line records a request's series after its answer went out: wait for the
+    // last request's (tenant t0000's second charge).
+    let mut text = String::new();
+    eventually(Duration::from_secs(10), || {
+        text = sluice.metrics();
+        let one = parse_metric(
+            &text,
+            r#"sluice_charge_usd_total{model="acme/m000",tenant="t0001"}"#,
+        );
+        let t0 = parse_metric(
+            &text,
+            r#"sluice_charge_usd_total{model="acme/m000",tenant="t0000"}"#,
+        );
+        one.zip(t0)
+            .is_some_and(|(one, t0)| (t0 - 2.0 * one).abs() < 1e-9)
+    });
     let value = |s: &str| parse_metric(&text, s).unwrap_or_else(|| panic!("{s} missing:\n{text}"));
     // The first two pairs have their own series; the next two share the overflow pair.
     assert!(value(r#"sluice_charge_usd_total{model="acme/m000",tenant="t0000"}"#) > 0.0);
