@@ -310,15 +310,6 @@ impl Reloader {
                     log::warn!("{w}");
                 }
                 crate::metrics::init_config_series(&new);
-                if new.estimates_input_on_request_path() && !crate::protocol::tokens::is_loaded() {
-                    // Loaded off the request path before the new config's first estimate.
-                    let spawned = std::thread::Builder::new()
-                        .name("sluice-tokenizer".into())
-                        .spawn(crate::protocol::tokens::load);
-                    if let Err(e) = spawned {
-                        log::warn!("tokenizer not loaded ahead: {e}");
-                    }
-                }
                 self.admission.reconfigure(&new);
                 if let Some(p) = &self.passthrough {
                     p.apply(&new);

@@ -182,12 +182,14 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     let admission = Arc::new(Admission::new(&cfg));
     let cfg_write_timeout = cfg.server.downstream_write_timeout;
     crate::metrics::init_config_series(&cfg);
-    // The tokenizer table (~20 MiB resident) is loaded now, before the listeners open (and
-    // before a daemon fork), when admission or routing estimate input tokens on the request
-    // path; otherwise on its first use (`crate::protocol::tokens`).
-    if cfg.estimates_input_on_request_path() {
-        crate::protocol::tokens::load();
-    }
+    // The tokenizer table metering counts with is loaded now, once, before the listeners
+    // open (and before a daemon fork): never on a request's path.
+    let t0 = std::time::Instant::now();
+    crate::protocol::tokens::text_tokens("warm up");
+    log::info!(
+        "tokenizer loaded (o200k_base) in {} ms",
+        t0.elapsed().as_millis()
+    );
     let handle = Arc::new(ConfigHandle::new(cfg));
 
     // Pingora's proxy behind Sluice's own connection loop (head deadline, pipelining).

@@ -76,11 +76,6 @@ impl KeyTable {
         self.entries.is_empty()
     }
 
-    /// Whether `f` holds for some key's caller.
-    pub fn any_caller(&self, f: impl Fn(&Caller) -> bool) -> bool {
-        self.entries.iter().any(|e| f(&e.caller))
-    }
-
     /// Whether a key with this hash exists.
     pub fn contains_hash(&self, hash: &[u8; 32]) -> bool {
         self.entries.iter().any(|e| bool::from(e.hash.ct_eq(hash)))

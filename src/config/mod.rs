@@ -491,33 +491,6 @@ impl Config {
         validate::load_ledger(path)
     }
 
-    /// Whether admission or routing may estimate a request's input tokens (and so run the
-    /// tokenizer, [`crate::protocol::tokens`]) on the request path: a tenant with a budget or
-    /// a `tokens_per_minute` limit (its own or a `model_limits` entry), a model or key with the
-    /// `lowest_cost` strategy, or a model whose fallback chain or hedge plans with the
-    /// estimate (`fallback_models`, `context_fallback_models`, `hedge_after`,
-    /// `continue_on_break`). Such a config loads the tokenizer at start; any other loads it
-    /// on its first use.
-    pub fn estimates_input_on_request_path(&self) -> bool {
-        self.tenants.values().any(|t| {
-            let l = &t.limits;
-            l.budget.is_some()
-                || l.tokens_per_minute.is_some()
-                || l.model_limits
-                    .values()
-                    .any(|m| m.tokens_per_minute.is_some())
-        }) || self
-            .keys
-            .any_caller(|c| c.strategy == Some(Strategy::LowestCost))
-            || self.models.values().any(|m| {
-                m.strategy == Strategy::LowestCost
-                    || !m.fallback_models.is_empty()
-                    || !m.context_fallback_models.is_empty()
-                    || m.hedge_after.is_some()
-                    || m.continue_on_break
-            })
-    }
-
     /// Settings that are valid but risky (an `admin_listen` that is not loopback), located
     /// like errors; `sluice -t` prints them, startup and reload log them as warnings.
     pub fn warnings(&self) -> Vec<ConfigError> {

@@ -65,36 +65,10 @@ pub const MESSAGE_OVERHEAD_TOKENS: u64 = 3;
 /// Framing tokens of the reply the model is primed with, counted once per request.
 pub const REPLY_PRIMING_TOKENS: u64 = 3;
 
-/// The BPE table once loaded.
-static BPE: std::sync::OnceLock<&'static CoreBPE> = std::sync::OnceLock::new();
-
-/// The BPE table, loaded on first use and then shared for the process's life. Loading takes
-/// ~0.2 s of CPU in a release build (2.2 s in a debug build) and ~20 MiB of resident memory,
-/// so Sluice loads it at start only when the config estimates input tokens on the request
-/// path ([`crate::config::Config::estimates_input_on_request_path`], [`load`]); otherwise the
-/// first count (a stream that ended without the provider's usage, a local `count_tokens`)
-/// loads it, once.
+/// The BPE table, loaded on first use (2.2 s of CPU in a debug build, far less optimized;
+/// call from a blocking thread) and then shared for the process's life.
 fn bpe() -> &'static CoreBPE {
-    BPE.get_or_init(|| {
-        let t0 = std::time::Instant::now();
-        let bpe = tiktoken_rs::o200k_base_singleton();
-        log::info!(
-            target: "sluice::protocol::tokens",
-            "tokenizer loaded (o200k_base) in {} ms",
-            t0.elapsed().as_millis()
-        );
-        bpe
-    })
-}
-
-/// Loads the tokenizer table now (blocking, see [`bpe`]) unless it is loaded.
-pub fn load() {
-    let _ = bpe();
-}
-
-/// Whether the tokenizer table is loaded.
-pub fn is_loaded() -> bool {
-    BPE.get().is_some()
+    tiktoken_rs::o200k_base_singleton()
 }
 
 /// Text is tokenized in pieces of at most this many bytes, cut before whitespace where
