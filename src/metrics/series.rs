@@ -51,10 +51,13 @@ pub fn set_max_series_per_family(max: usize) {
     MAX_SERIES.store(max, Ordering::Relaxed);
 }
 
+/// Entries by first label value, then second label value.
+type Map<V> = HashMap<Box<str>, HashMap<Box<str>, Arc<V>>>;
+
 /// Label sets keyed by two label values, each resolved once. `capped` maps bound their size
 /// by [`MAX_SERIES`] (past it: the [`OVERFLOW`] entry).
 struct Resolved<V> {
-    map: RwLock<HashMap<Box<str>, HashMap<Box<str>, Arc<V>>>>,
+    map: RwLock<Map<V>>,
     len: AtomicUsize,
     /// `None`: bounded by the config, never capped; else the families the overflow counts in.
     capped: Option<&'static [&'static str]>,
@@ -71,11 +74,7 @@ impl<V> Resolved<V> {
         }
     }
 
-    fn find(
-        map: &HashMap<Box<str>, HashMap<Box<str>, Arc<V>>>,
-        a: &str,
-        b: &str,
-    ) -> Option<Arc<V>> {
+    fn find(map: &Map<V>, a: &str, b: &str) -> Option<Arc<V>> {
         map.get(a).and_then(|m| m.get(b)).cloned()
     }
 

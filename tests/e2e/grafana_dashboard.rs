@@ -91,8 +91,7 @@ fn grafana_dashboard_parses_and_names_only_exported_metrics() {
     }
 
     // What Sluice registers (the source) ...
-    let source =
-        std::fs::read_to_string(format!("{root}/src/metrics/mod.rs")).expect("metrics/mod.rs");
+    let source = std::fs::read_to_string(format!("{root}/src/metrics/mod.rs")).expect("metrics");
     let mut registered = BTreeSet::new();
     for lit in source.split('"').skip(1).step_by(2) {
         if lit.starts_with("sluice_") && lit.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
