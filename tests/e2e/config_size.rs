@@ -23,7 +23,7 @@ const MAX_RSS_KIB: u64 = 150 * 1000;
 const MAX_IDLE_CPU: f64 = 0.01;
 
 /// How long the process is watched at rest.
-const IDLE_WINDOW: Duration = Duration::from_secs(5);
+const IDLE_WINDOW: Duration = Duration::from_secs(8);
 
 fn key(i: usize) -> String {
     format!("sk-sluice-tenant{i:04}-key")
