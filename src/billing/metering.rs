@@ -146,31 +146,25 @@ impl Metered {
     /// Records one metering (a request's, or a cancelled hedge attempt's): tokens by kind, cost and charge.
     pub fn record_metrics(&self, tenant: &str, model: &str) {
         let m = self;
-        let mx = crate::metrics::metrics();
-        for (kind, n) in crate::metrics::TOKEN_KINDS.into_iter().zip([
+        // The pair's children, resolved once (created at 0 on its first metering; past
+        // `server.metrics_max_series_per_family`, the overflow pair's).
+        let series = crate::metrics::series::metering(tenant, model);
+        for (counter, n) in series.tokens.iter().zip([
             m.input_tokens,
             m.output_tokens,
             m.cached_input_tokens,
             m.cache_write_tokens,
             m.reasoning_tokens,
         ]) {
-            // Adding 0 changes nothing: skip its label lookup (a hash and a lock). The series of
-            // configured models exist from the start ([`crate::metrics::init_config_series`]).
             if n > 0 {
-                mx.tokens_total
-                    .with_label_values(&[tenant, model, kind])
-                    .inc_by(n);
+                counter.inc_by(n);
             }
         }
         if m.cost_usd > 0.0 {
-            mx.cost_usd_total
-                .with_label_values(&[tenant, model])
-                .inc_by(m.cost_usd);
+            series.cost_usd.inc_by(m.cost_usd);
         }
         if m.charge_usd > 0.0 {
-            mx.charge_usd_total
-                .with_label_values(&[tenant, model])
-                .inc_by(m.charge_usd);
+            crate::metrics::series::add_charge(&series, m.charge_usd);
         }
     }
 

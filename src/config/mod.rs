@@ -122,6 +122,9 @@ pub struct ServerSettings {
     pub error_log: Option<String>,
     /// Global bound on held request body bytes (`server.max_buffered_request_bytes`).
     pub max_buffered_request_bytes: usize,
+    /// Most label sets per tenant-labelled metric family
+    /// (`server.metrics_max_series_per_family`, see [`crate::metrics::series`]).
+    pub metrics_max_series_per_family: usize,
     /// Deadline for a whole request head (`server.header_read_timeout_ms`).
     pub header_read_timeout: Duration,
     /// Deadline for a whole request body (`server.body_read_timeout_ms`).

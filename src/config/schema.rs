@@ -291,6 +291,15 @@ pub struct ServerSection {
     /// 503 `request_buffers_full` with `Retry-After`. At least 2 × `max_request_body_bytes`.
     #[serde(default = "default_max_buffered_request_bytes")]
     pub max_buffered_request_bytes: usize,
+    /// Most label sets a tenant-labelled metric family holds (default 10000): a tenant ×
+    /// model pair counts once in `sluice_tokens_total` (its five kinds together),
+    /// `sluice_cost_usd_total` and `sluice_charge_usd_total`, a tenant once in
+    /// `sluice_active_streams`. Series are created on first use; a new label set past this is
+    /// recorded under `tenant="__overflow__"` (and `model="__overflow__"`), counted in
+    /// `sluice_metric_overflow_total{family}` and logged once, so totals stay right and
+    /// `/metrics` stays bounded. A reload that lowers it keeps the series already created.
+    #[serde(default = "default_metrics_max_series_per_family")]
+    pub metrics_max_series_per_family: usize,
     /// The whole request head (request line and headers) must arrive within this, ms
     /// (default 30000), counted from the connection's accept for its first request and from
     /// the first byte of the head for the next ones on a keep-alive connection. Past it the
@@ -359,6 +368,7 @@ impl Default for ServerSection {
             upgrade_sock: default_upgrade_sock(),
             error_log: None,
             max_buffered_request_bytes: default_max_buffered_request_bytes(),
+            metrics_max_series_per_family: default_metrics_max_series_per_family(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
             retry: RetrySection::default(),
@@ -902,6 +912,9 @@ fn default_max_request_body_bytes() -> usize {
 }
 fn default_max_response_body_bytes() -> usize {
     32 * 1024 * 1024
+}
+fn default_metrics_max_series_per_family() -> usize {
+    crate::metrics::series::DEFAULT_MAX_SERIES_PER_FAMILY
 }
 fn default_max_buffered_request_bytes() -> usize {
     256 * 1024 * 1024

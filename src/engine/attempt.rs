@@ -288,16 +288,13 @@ async fn run_stage(
         // The step into a new stage is labelled by why the chain moved on.
         let step_reason = entry_reason.take();
         if let Some((from, reason)) = st.previous.take() {
-            metrics()
-                .fallback_total
-                .with_label_values(&[
-                    // The model asked for (a fallback's step is told by its reason).
-                    ctx.standard_model.as_deref().unwrap_or(model.id.as_str()),
-                    from.as_str(),
-                    route.provider.id.as_str(),
-                    step_reason.unwrap_or(reason),
-                ])
-                .inc();
+            crate::metrics::series::count_fallback(&[
+                // The model asked for (a fallback's step is told by its reason).
+                ctx.standard_model.as_deref().unwrap_or(model.id.as_str()),
+                from.as_str(),
+                route.provider.id.as_str(),
+                step_reason.unwrap_or(reason),
+            ]);
         }
         let policy = &model.retry;
         cand.health.retry_budget().record_request();
@@ -332,10 +329,7 @@ async fn run_stage(
             let route = cand.route;
             match tried.outcome {
                 Attempt::Done => {
-                    metrics()
-                        .upstream_attempts_total
-                        .with_label_values(&[route.provider.id.as_str(), "ok"])
-                        .inc();
+                    crate::metrics::series::count_attempt_ok(route.provider.id.as_str());
                     if ctx.outcome.upstream_broke {
                         // Answered, then broke mid-way: the client got an error, so does health.
                         cand.health

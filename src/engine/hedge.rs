@@ -596,15 +596,12 @@ fn record_failed(
     if which == Side::Primary {
         // The first attempt failed and the hedge carried on: a fallback.
         ctx.attempts.failed_routes += 1;
-        metrics()
-            .fallback_total
-            .with_label_values(&[
-                model.id.as_str(),
-                provider,
-                then.route.provider.id.as_str(),
-                reason,
-            ])
-            .inc();
+        crate::metrics::series::count_fallback(&[
+            model.id.as_str(),
+            provider,
+            then.route.provider.id.as_str(),
+            reason,
+        ]);
     }
 }
 

@@ -23,7 +23,7 @@ use pingora::proxy::Session;
 
 use super::ctx::RequestCtx;
 use crate::logging::{format_line, Field, TARGET};
-use crate::metrics::metrics;
+use crate::metrics::series::route as route_series;
 
 /// Writes the access line and records request metrics.
 #[expect(
@@ -54,23 +54,16 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
     } else {
         o.label
     };
-    let m = metrics();
-    m.requests_total
-        .with_label_values(&[model, itoa::Buffer::new().format(status)])
-        .inc();
+    // The (model, provider) children, resolved once per pair (`crate::metrics::series`).
+    let series = route_series(model, provider);
+    series.count_request(status);
     if o.provider.is_some() && !o.count_only {
-        m.request_duration_seconds
-            .with_label_values(&[model, provider, if ctx.stream { "true" } else { "false" }])
-            .observe(duration.as_secs_f64());
+        series.observe_duration(ctx.stream, duration.as_secs_f64());
         if let Some(t) = o.ttft {
-            m.ttft_seconds
-                .with_label_values(&[model, provider])
-                .observe(t.as_secs_f64());
+            series.observe_ttft(t.as_secs_f64());
         }
         if let Some(overhead) = o.overhead {
-            m.gateway_overhead_seconds
-                .with_label_values(&[model, provider])
-                .observe(overhead.as_secs_f64());
+            series.observe_overhead(overhead.as_secs_f64());
         }
     }
     let caller = ctx.caller.as_ref();

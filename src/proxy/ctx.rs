@@ -14,14 +14,13 @@ use crate::protocol::ClientDialect;
 
 /// Decrements `sluice_active_streams{tenant}` on drop.
 #[derive(Debug)]
-pub struct ActiveStreamGuard(prometheus::IntGauge);
+pub struct ActiveStreamGuard(Arc<prometheus::IntGauge>);
 
 impl ActiveStreamGuard {
-    /// Increments the gauge for `tenant`.
+    /// Increments the gauge for `tenant` (resolved once per tenant, capped: see
+    /// [`crate::metrics::series`]).
     pub fn new(tenant: &str) -> Self {
-        let g = crate::metrics::metrics()
-            .active_streams
-            .with_label_values(&[tenant]);
+        let g = crate::metrics::series::active_streams(tenant);
         g.inc();
         Self(g)
     }

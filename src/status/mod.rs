@@ -2,23 +2,31 @@
 //! and JS, no external assets, see `page.html`) and `/status.json` (the figures it shows),
 //! plus the background sampler that keeps the last minutes of them in a fixed-size ring.
 //!
-//! Everything shown is read from the process's Prometheus registry, i.e. exactly what
-//! `/metrics` already exports (all three behind the admin token when one is set, see
-//! [`crate::admin`]): requests, active streams, route health
+//! Everything shown is what `/metrics` already exports (all three behind the admin token when
+//! one is set, see [`crate::admin`]): requests, active streams, route health
 //! (`sluice_provider_health`), fallbacks, rejections, TTFT quantiles (from bucket deltas of
-//! `sluice_ttft_seconds` between samples), spend today (deltas of `sluice_charge_usd_total`
-//! since the UTC day began) and budgets left (`sluice_budget_remaining_usd`). The status page
-//! never reads the usage ledger: ledger rows (per-request records) stay behind the admin
-//! token at `/admin/usage`, so `/` and `/status.json` serve no usage data that `/metrics`
-//! does not.
+//! `sluice_ttft_seconds` over all its label sets between samples), spend today (deltas of
+//! `sluice_charge_usd_total` since the UTC day began) and budgets left
+//! (`sluice_budget_remaining_usd`). The status page never reads the usage ledger: ledger rows
+//! (per-request records) stay behind the admin token at `/admin/usage`, so `/` and
+//! `/status.json` serve no usage data that `/metrics` does not.
+//!
+//! It never gathers the whole registry. The sampler reads Sluice's own totals
+//! ([`crate::metrics::series`]: request and fallback counts, the all-routes TTFT histogram)
+//! and `sluice_rejected_total` (fixed reasons), and re-reads the charges only when one was
+//! recorded since the last sample, so its cost at rest does not depend on how many series
+//! the config or the traffic made. A `/status.json` request reads the few families it shows
+//! by their handles.
 //!
 //! Memory is fixed: [`RING_LEN`] samples of a few numbers and one TTFT bucket vector each,
-//! plus one spend baseline per (tenant, model) series (bounded by the config).
+//! plus one spend baseline per (tenant, model) series (bounded by
+//! `server.metrics_max_series_per_family`).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
+use prometheus::core::Collector;
 use prometheus::proto::{MetricFamily, MetricType};
 use serde_json::{json, Value};
 
@@ -86,12 +94,12 @@ fn unix_now() -> f64 {
 /// one every [`SAMPLE_INTERVAL`], so the last minutes exist before the page is opened.
 pub fn start_sampler() {
     STARTED.call_once(|| {
-        take_sample(&prometheus::gather(), unix_now());
+        take_sample(unix_now());
         let spawned = std::thread::Builder::new()
             .name("sluice-status".into())
             .spawn(|| loop {
                 std::thread::sleep(SAMPLE_INTERVAL);
-                take_sample(&prometheus::gather(), unix_now());
+                take_sample(unix_now());
             });
         if let Err(e) = spawned {
             log::error!("status page sampler not started: {e}");
@@ -99,10 +107,25 @@ pub fn start_sampler() {
     });
 }
 
-fn take_sample(families: &[MetricFamily], at: f64) {
-    let sample = sample_of(families, at);
-    let spend = series2(families, "sluice_charge_usd_total", "tenant", "model");
+/// Charges recorded when the sampler last read them (`u64::MAX`: never).
+static CHARGES_READ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+fn take_sample(at: f64) {
+    let sample = sample_now(at);
+    // The charge counters only move with a charge: re-read them only then.
+    let charges = crate::metrics::series::charges_seen();
+    let spend = (CHARGES_READ.swap(charges, std::sync::atomic::Ordering::Relaxed) != charges)
+        .then(spend_now);
     lock().record(sample, spend);
+}
+
+/// `sluice_charge_usd_total{tenant,model}` now.
+fn spend_now() -> BTreeMap<(String, String), f64> {
+    let mut out = BTreeMap::new();
+    crate::metrics::series::for_each_charge(|t, m, v| {
+        out.insert((t.to_string(), m.to_string()), v);
+    });
+    out
 }
 
 impl State {
@@ -110,17 +133,22 @@ impl State {
     /// counters at the same time. The first sample of a new UTC day makes the previous
     /// sample's charges the day's baseline; a Sluice started today has none (everything
     /// charged since start is today's).
-    fn record(&mut self, sample: Sample, spend: BTreeMap<(String, String), f64>) {
+    /// `spend` is `None` when no charge was recorded since the previous sample (the last
+    /// values still hold).
+    fn record(&mut self, sample: Sample, spend: Option<BTreeMap<(String, String), f64>>) {
         let day = (sample.at / 86_400.0).floor() as i64;
         if self.day != day {
             self.spend_baseline = if self.day == i64::MIN {
                 BTreeMap::new()
             } else {
-                std::mem::take(&mut self.spend_last)
+                // A clone: the next samples may not re-read the charges (none recorded).
+                self.spend_last.clone()
             };
             self.day = day;
         }
-        self.spend_last = spend;
+        if let Some(spend) = spend {
+            self.spend_last = spend;
+        }
         if self.ring.len() == RING_LEN {
             self.ring.pop_front();
         }
@@ -146,13 +174,18 @@ impl State {
     }
 }
 
-fn sample_of(families: &[MetricFamily], at: f64) -> Sample {
+/// A sample of the totals now, from Sluice's own counters (no registry walk).
+fn sample_now(at: f64) -> Sample {
+    let m = crate::metrics::metrics();
     Sample {
         at,
-        requests: sum(families, "sluice_requests_total"),
-        fallbacks: sum(families, "sluice_fallback_total"),
-        rejections: sum(families, "sluice_rejected_total"),
-        ttft: buckets(families, "sluice_ttft_seconds"),
+        requests: crate::metrics::series::requests_seen() as f64,
+        fallbacks: crate::metrics::series::fallbacks_seen() as f64,
+        rejections: sum(&m.rejected_total.collect(), "sluice_rejected_total"),
+        ttft: buckets(
+            &crate::metrics::series::ttft_all().collect(),
+            "sluice_ttft_seconds_all",
+        ),
     }
 }
 
@@ -269,6 +302,19 @@ fn quantile(q: f64, newer: &[(f64, f64)], older: &[(f64, f64)]) -> Option<f64> {
     Some(lower)
 }
 
+/// `{total, by_tenant}` of `sluice_active_streams` (tenants at 0 left out).
+fn active_streams() -> Value {
+    let mut total = 0;
+    let mut by_tenant = BTreeMap::new();
+    crate::metrics::series::for_each_active(|t, n| {
+        total += n;
+        if n != 0 {
+            by_tenant.insert(t.to_string(), n as f64);
+        }
+    });
+    json!({"total": total as f64, "by_tenant": by_tenant})
+}
+
 fn health_name(v: f64) -> &'static str {
     match v as i64 {
         0 => "healthy",
@@ -299,9 +345,22 @@ fn usd(v: f64) -> f64 {
 )]
 pub fn status_json() -> Vec<u8> {
     start_sampler();
-    let families = prometheus::gather();
+    // Only the families shown, each read by its handle.
+    let m = crate::metrics::metrics();
+    let families: Vec<MetricFamily> = [
+        m.requests_total.collect(),
+        m.rejected_total.collect(),
+        m.provider_health.collect(),
+        m.charge_usd_total.collect(),
+        m.budget_remaining_usd.collect(),
+    ]
+    .into_iter()
+    .flatten()
+    // As a scrape: a family without series is not there (`budgets: null`).
+    .filter(|f| !f.get_metric().is_empty())
+    .collect();
     let now = unix_now();
-    let live = sample_of(&families, now);
+    let live = sample_now(now);
     let st = lock();
     let ring: Vec<&Sample> = st.ring.iter().chain(std::iter::once(&live)).collect();
 
@@ -342,7 +401,8 @@ pub fn status_json() -> Vec<u8> {
         })
         .unwrap_or_default();
 
-    let spend_today = family(&families, "sluice_charge_usd_total").map(|_| {
+    // Always an object: every tenant may be charged (before the first charge, no rows).
+    let spend_today = {
         let current = series2(&families, "sluice_charge_usd_total", "tenant", "model");
         let rows: Vec<Value> = st
             .spend_today(&current)
@@ -359,7 +419,7 @@ pub fn status_json() -> Vec<u8> {
             "total_usd": usd(total),
             "rows": rows,
         })
-    });
+    };
 
     let budgets = family(&families, "sluice_budget_remaining_usd").map(|f| {
         f.get_metric()
@@ -382,10 +442,7 @@ pub fn status_json() -> Vec<u8> {
             "per_s": per_s(live.requests, base.requests),
             "by_status": by_label(&families, "sluice_requests_total", "status"),
         },
-        "active_streams": {
-            "total": sum(&families, "sluice_active_streams"),
-            "by_tenant": by_label(&families, "sluice_active_streams", "tenant"),
-        },
+        "active_streams": active_streams(),
         "providers": providers,
         "fallbacks": {
             "total": live.fallbacks,
@@ -434,20 +491,20 @@ mod tests {
             ..State::default()
         };
         // Started in the afternoon: everything charged since start is today's.
-        st.record(at(day + 50_000.0), spend(&[("a", 2.0)]));
+        st.record(at(day + 50_000.0), Some(spend(&[("a", 2.0)])));
         assert_eq!(st.spend_today(&spend(&[("a", 3.0)]))[0].1, 3.0);
         // Last sample before midnight, then the first of the next day.
-        st.record(at(day + 86_399.0), spend(&[("a", 5.0)]));
-        st.record(at(day + 86_404.0), spend(&[("a", 5.5), ("b", 1.0)]));
+        st.record(at(day + 86_399.0), Some(spend(&[("a", 5.0)])));
+        st.record(at(day + 86_404.0), Some(spend(&[("a", 5.5), ("b", 1.0)])));
         let today = st.spend_today(&spend(&[("a", 6.0), ("b", 1.0)]));
         assert_eq!(today.len(), 2);
         assert!((today[0].1 - 1.0).abs() < 1e-9, "{today:?}");
         assert_eq!(today[1].1, 1.0, "a tenant first seen today counts whole");
         // Same day: the baseline stays.
-        st.record(at(day + 90_000.0), spend(&[("a", 7.0)]));
+        st.record(at(day + 90_000.0), Some(spend(&[("a", 7.0)])));
         assert!((st.spend_today(&spend(&[("a", 7.0)]))[0].1 - 2.0).abs() < 1e-9);
         for i in 0..(RING_LEN * 2) {
-            st.record(at(day + 90_000.0 + i as f64), BTreeMap::new());
+            st.record(at(day + 90_000.0 + i as f64), None);
         }
         assert_eq!(st.ring.len(), RING_LEN);
     }

@@ -1,6 +1,6 @@
 //! `conf/grafana-dashboard.json` parses as a Grafana dashboard model and its PromQL names only
 //! metrics Sluice exports: every `sluice_*` name in a panel `expr` or a template query is one
-//! registered in `src/metrics.rs` and present in a live `/metrics` after traffic (histograms
+//! registered in `src/metrics/mod.rs` and present in a live `/metrics` after traffic (histograms
 //! by their `_bucket`/`_sum`/`_count` series).
 
 use std::collections::BTreeSet;
@@ -10,7 +10,7 @@ use crate::harness::{dead_port, Mock, Sluice, KEY};
 
 /// Metrics of the billing issue that other branches add (metering, budgets): named by the
 /// dashboard ahead of their merge. Remove each entry when its metric lands in
-/// `src/metrics.rs` (the test fails until then, to say so).
+/// `src/metrics/mod.rs` (the test fails until then, to say so).
 const PENDING: [&str; 0] = [];
 
 /// Every `sluice_*` identifier in `s`.
@@ -91,7 +91,7 @@ fn grafana_dashboard_parses_and_names_only_exported_metrics() {
     }
 
     // What Sluice registers (the source) ...
-    let source = std::fs::read_to_string(format!("{root}/src/metrics.rs")).expect("metrics.rs");
+    let source = std::fs::read_to_string(format!("{root}/src/metrics/mod.rs")).expect("metrics");
     let mut registered = BTreeSet::new();
     for lit in source.split('"').skip(1).step_by(2) {
         if lit.starts_with("sluice_") && lit.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -141,7 +141,7 @@ fn grafana_dashboard_parses_and_names_only_exported_metrics() {
         if PENDING.contains(&name.as_str()) {
             assert!(
                 !registered.contains(name),
-                "{name} is now registered in src/metrics.rs: remove it from PENDING"
+                "{name} is now registered in src/metrics/mod.rs: remove it from PENDING"
             );
             continue;
         }

@@ -23,6 +23,7 @@ mod client_compat;
 mod client_errors;
 mod cloud_providers;
 mod config_check;
+mod config_size;
 mod continuation;
 mod conversation;
 mod count_tokens;

@@ -217,10 +217,6 @@ fn counters_with_config_label_sets_are_exported_at_zero() {
         r#"sluice_heartbeats_total{provider="p2"}"#,
         r#"sluice_upstream_attempts_total{outcome="ok",provider="p2"}"#,
         r#"sluice_upstream_attempts_total{outcome="status_429",provider="p1"}"#,
-        r#"sluice_tokens_total{kind="input",model="acme/chat",tenant="t"}"#,
-        r#"sluice_tokens_total{kind="cached_input",model="acme/chat",tenant="t"}"#,
-        r#"sluice_cost_usd_total{model="acme/chat",tenant="t"}"#,
-        r#"sluice_charge_usd_total{model="acme/chat",tenant="t"}"#,
         r#"sluice_requests_total{model="acme/chat",status="200"}"#,
         r#"sluice_requests_total{model="acme/chat",status="502"}"#,
         r#"sluice_requests_total{model="none",status="401"}"#,
@@ -231,6 +227,20 @@ fn counters_with_config_label_sets_are_exported_at_zero() {
         r#"sluice_stream_errors_total{reason="shutdown"}"#,
     ] {
         assert_eq!(sample(&m, series), Some(0.0), "{series} missing:\n{m}");
+    }
+    // Per tenant × model nothing is made before the pair's first request (the config's
+    // product would be its size); then every kind exists, at 0 where nothing was counted.
+    assert!(!m.contains("sluice_tokens_total{"), "{m}");
+    assert_eq!(chat_status(&sluice, "acme/chat"), 200);
+    let m = sluice.metrics();
+    for series in [
+        r#"sluice_tokens_total{kind="input",model="acme/chat",tenant="t"}"#,
+        r#"sluice_tokens_total{kind="cached_input",model="acme/chat",tenant="t"}"#,
+        r#"sluice_tokens_total{kind="cache_write",model="acme/chat",tenant="t"}"#,
+        r#"sluice_cost_usd_total{model="acme/chat",tenant="t"}"#,
+        r#"sluice_charge_usd_total{model="acme/chat",tenant="t"}"#,
+    ] {
+        assert!(sample(&m, series).is_some(), "{series} missing:\n{m}");
     }
     // A provider added by a reload gets its series too.
     let p3 = format!(

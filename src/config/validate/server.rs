@@ -100,6 +100,7 @@ pub(super) fn server_settings(
         upgrade_sock: server.upgrade_sock,
         error_log: server.error_log,
         max_buffered_request_bytes: server.max_buffered_request_bytes,
+        metrics_max_series_per_family: server.metrics_max_series_per_family,
         header_read_timeout: ms(server.header_read_timeout_ms),
         body_read_timeout: ms(server.body_read_timeout_ms),
         retry: crate::config::RetryPolicy::from_section(&server.retry),

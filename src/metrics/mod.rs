@@ -3,8 +3,29 @@
 //!
 //! Naming: `sluice_` prefix, base units (`_seconds`), `_total` on counters. Labels are
 //! low-cardinality: `model` is a configured standard model id (or `unknown`), `provider` a
-//! configured provider id, `tenant` a configured tenant id (bounded by the config),
-//! `status` an HTTP status, `reason`/`phase` fixed small sets.
+//! configured provider id, `tenant` a configured tenant id, `status` an HTTP status,
+//! `reason`/`phase` fixed small sets.
+//!
+//! **Cost that does not grow with the config.** A series is created on its first use, except
+//! those that dashboards and alerts need at 0 before the first event *and* whose number does
+//! not grow with tenants × models: fixed label sets ([`init_known_series`]: rejections, reload
+//! results, stream errors, ...), per provider (attempts, retries, heartbeats, invalid UTF-8,
+//! probes, token fetches), per model alone (`sluice_requests_total` × the statuses Sluice
+//! answers with, hedges, affinity, continuation seams, token counts), per route
+//! (`sluice_provider_health`) and per model × its routes' provider pairs
+//! (`sluice_fallback_total`); see [`init_config_series`]. The tenant-labelled families
+//! (`sluice_tokens_total`, `sluice_cost_usd_total`, `sluice_charge_usd_total`,
+//! `sluice_active_streams`) start empty: a (tenant, model) pair's series appear, all at once and
+//! at 0 before the first increment, on its first metering, and their number is capped by
+//! `server.metrics_max_series_per_family` (default 10000; past it label sets are recorded under
+//! `tenant="__overflow__"`, counted in `sluice_metric_overflow_total{family}`); see [`series`].
+//! `sluice_budget_remaining_usd{tenant,window}` and `sluice_response_store_bytes{tenant}` grow
+//! with tenants alone (budgets configured, responses stored), never with models.
+//!
+//! The request path records through children resolved once per label set ([`series`]); the
+//! status page reads its totals from there, never the whole registry.
+
+pub mod series;
 
 use prometheus::{
     exponential_buckets, register_counter_vec, register_gauge_vec, register_histogram,
@@ -170,6 +191,19 @@ pub struct Metrics {
     pub ledger_write_errors_total: IntCounter,
     /// `sluice_ledger_flush_seconds`: time to write one batch of usage records, seconds.
     pub ledger_flush_seconds: Histogram,
+    /// `sluice_metric_overflow_total{family}`: recordings of a new label set past
+    /// `server.metrics_max_series_per_family`, made under `tenant="__overflow__"` instead
+    /// (see [`series`]), by family.
+    pub metric_overflow_total: IntCounterVec,
+    /// `sluice_ttft_seconds` over all label sets, not registered (not exported): what the
+    /// status page's TTFT quantiles are computed from.
+    pub ttft_all: Histogram,
+}
+
+/// Buckets of the request latency histograms (`sluice_request_duration_seconds`,
+/// `sluice_ttft_seconds`): 5 ms to ~41 s, doubling, seconds.
+fn latency_buckets() -> Result<Vec<f64>, prometheus::Error> {
+    exponential_buckets(0.005, 2.0, 14)
 }
 
 /// Buckets of `sluice_inter_token_seconds`: 1 ms (tokens batched by the provider) to 10 s
@@ -231,8 +265,20 @@ impl InterTokenClock {
     reason = "one registration per metric: splitting it would scatter the metric table"
 )]
 fn build() -> Result<Metrics, prometheus::Error> {
-    let latency = exponential_buckets(0.005, 2.0, 14)?; // 5 ms .. ~41 s
+    let latency = latency_buckets()?;
     Ok(Metrics {
+        ttft_all: Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "sluice_ttft_seconds_all",
+                "Time to first token over all label sets (status page only).",
+            )
+            .buckets(latency.clone()),
+        )?,
+        metric_overflow_total: register_int_counter_vec!(
+            "sluice_metric_overflow_total",
+            "Recordings of a new label set past server.metrics_max_series_per_family, made under tenant=\"__overflow__\" instead, by family.",
+            &["family"]
+        )?,
         requests_total: register_int_counter_vec!(
             "sluice_requests_total",
             "Finished downstream requests by standard model and final HTTP status.",
@@ -526,7 +572,7 @@ const STREAM_ERROR_REASONS: [&str; 11] = [
 /// an answer), exported at 0 in `sluice_requests_total` for every configured model and for
 /// `none` (requests naming no configured model). Provider statuses passed through (other
 /// 4xx/5xx) appear on their first occurrence.
-const GATEWAY_STATUSES: [&str; 13] = [
+pub(crate) const GATEWAY_STATUSES: [&str; 13] = [
     "200", "400", "401", "403", "404", "405", "408", "413", "429", "500", "502", "503", "504",
 ];
 
@@ -581,19 +627,22 @@ pub const AFFINITY_OUTCOMES: [&str; 3] = ["hit", "miss", "unavailable"];
 
 /// Creates at 0 the series whose label sets the config determines, so that dashboards and
 /// alerts see `sluice_fallback_total`, `sluice_upstream_retries_total`,
-/// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`, `sluice_tokens_total`,
+/// `sluice_heartbeats_total`, `sluice_upstream_attempts_total`,
 /// `sluice_token_counts_total`,
 /// `sluice_sse_invalid_utf8_total` (per provider), `sluice_health_probes_total` (per provider
 /// with a probe, its mode × `up`/`down`), `sluice_provider_token_fetches_total` (per
 /// token-authenticated provider × `ok`/`error`) and `sluice_requests_total` (every
 /// configured model and `none` × the statuses Sluice itself answers with) before their first
 /// event. Called at startup and after every successful reload (series of
-/// providers or models removed by a reload stay, at their last value).
+/// providers or models removed by a reload stay, at their last value); also applies
+/// `server.metrics_max_series_per_family` ([`series::set_max_series_per_family`]). Nothing
+/// here is per tenant: the tenant × model series appear on first use ([`series`]).
 ///
 /// Fallback series: for every standard model, every ordered pair of distinct route
 /// providers × every attempt failure reason (fallback order depends on the strategy and on
 /// health, so any route may follow any other).
 pub fn init_config_series(cfg: &crate::config::Config) {
+    series::set_max_series_per_family(cfg.server.metrics_max_series_per_family);
     let m = metrics();
     for (id, provider) in &cfg.providers {
         let p = id.as_str();
@@ -643,15 +692,6 @@ pub fn init_config_series(cfg: &crate::config::Config) {
                 m.affinity_total
                     .with_label_values(&[model_id.as_str(), outcome]);
             }
-        }
-        // Metering series per tenant × model: bounded by the config.
-        for tenant_id in cfg.tenants.keys() {
-            let (t, mid) = (tenant_id.as_str(), model_id.as_str());
-            for kind in TOKEN_KINDS {
-                m.tokens_total.with_label_values(&[t, mid, kind]);
-            }
-            m.cost_usd_total.with_label_values(&[t, mid]);
-            m.charge_usd_total.with_label_values(&[t, mid]);
         }
         for method in ["provider", "estimate"] {
             m.token_counts_total
