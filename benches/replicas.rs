@@ -14,6 +14,7 @@
 //! every child process is stopped and the scratch folder removed when the bench ends, also
 //! when it panics.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -199,9 +200,15 @@ impl Replicas {
         r
     }
 
-    /// The sum of metric `name` over the three replicas.
-    fn metric(&self, name: &str) -> f64 {
-        self.admin.iter().map(|a| procs::metric_sum(*a, name)).sum()
+    /// Metric `name` summed over the three replicas, per label set.
+    fn metric(&self, name: &str) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for a in &self.admin {
+            for (labels, v) in procs::metric_series(*a, name) {
+                *out.entry(labels).or_default() += v;
+            }
+        }
+        out
     }
 
     /// Stops all three (SIGTERM: each writes its queued ledger records first).
@@ -262,12 +269,12 @@ fn latency_phases(
         Arc::new(client::chat_request(KEY_LAT, MODEL_A)),
         Arc::new(client::chat_request(KEY_LAT, MODEL_B)),
     ];
-    let run = |targets: &[SocketAddr], d: Duration| -> PhaseLog {
-        rt.block_on(client::phase(targets, &req, o.clients, d, o.max_requests))
+    let run = |targets: &[SocketAddr], clients: usize, d: Duration| -> PhaseLog {
+        rt.block_on(client::phase(targets, &req, clients, d, o.max_requests))
     };
     let warm = Duration::from_millis(500).min(o.latency);
     for set in [&local, &remote] {
-        let w = run(&set.listen, warm);
+        let w = run(&set.listen, o.clients, warm);
         assert!(
             w.errors == 0 && w.samples.iter().all(|s| s.status == 200),
             "warm-up failed: {} errors (first: {:?}), statuses {:?}",
@@ -277,18 +284,33 @@ fn latency_phases(
         );
     }
     let mut out = report::Latency::default();
-    reset_stats(b.redis);
-    for redis_phase in [false, true, true, false] {
-        let set = if redis_phase { &remote } else { &local };
-        let log = run(&set.listen, o.latency);
-        if redis_phase {
-            out.redis.push(log);
-        } else {
-            out.local.push(log);
+    let mut errors_before = remote.metric("sluice_ratelimit_backend_errors_total");
+    // Light load first (one client per replica: latency ≈ service time, so the difference
+    // is the Redis round trips), then the main phase's load (queueing included).
+    for clients in [3, o.clients] {
+        let mut round = report::Round {
+            clients,
+            ..report::Round::default()
+        };
+        reset_stats(b.redis);
+        for redis_phase in [false, true, true, false] {
+            let set = if redis_phase { &remote } else { &local };
+            let log = run(&set.listen, clients, o.latency);
+            if redis_phase {
+                round.redis.push(log);
+            } else {
+                round.local.push(log);
+            }
         }
+        round.scripts = script_stats(b.redis);
+        let errors = remote.metric("sluice_ratelimit_backend_errors_total");
+        round.backend_errors = errors
+            .iter()
+            .map(|(k, v)| (k.clone(), v - errors_before.get(k).copied().unwrap_or(0.0)))
+            .collect();
+        errors_before = errors;
+        out.rounds.push(round);
     }
-    out.scripts = script_stats(b.redis);
-    out.backend_errors = remote.metric("sluice_ratelimit_backend_errors_total");
     local.stop();
     remote.stop();
     out
@@ -348,8 +370,11 @@ fn main_phase(
     m.redis_spent_nusd = int("sluice:budget:{t}:total:spent");
     m.redis_reserved_nusd = int("sluice:budget:{t}:total:reserved");
     m.backend_errors = set.metric("sluice_ratelimit_backend_errors_total");
-    m.ledger_dropped = set.metric("sluice_ledger_dropped_total");
-    m.ledger_write_errors = set.metric("sluice_ledger_write_errors_total");
+    m.ledger_dropped = set.metric("sluice_ledger_dropped_total").values().sum();
+    m.ledger_write_errors = set
+        .metric("sluice_ledger_write_errors_total")
+        .values()
+        .sum();
     set.stop();
     if let Some(url) = &b.pg {
         m.rows = Some(rt.block_on(report::ledger_rows(url)));

@@ -418,21 +418,24 @@ pub(crate) fn redis(addr: SocketAddr, args: &[&str]) -> Result<Resp, String> {
     }
 }
 
-/// `GET /metrics` on a Sluice admin listener: the sum of every series of `name` (0 when
-/// absent).
-pub(crate) fn metric_sum(admin: SocketAddr, name: &str) -> f64 {
+/// `GET /metrics` on a Sluice admin listener: every series of `name` as (labels, value),
+/// labels as written (`{kind="timeout"}`, or `""`); empty when the listener does not answer.
+pub(crate) fn metric_series(admin: SocketAddr, name: &str) -> Vec<(String, f64)> {
     let Ok(mut s) = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5)) else {
-        return f64::NAN;
+        return Vec::new();
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
     text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            if !(rest.starts_with(' ') || rest.starts_with('{')) {
+                return None;
+            }
+            let (labels, value) = rest.rsplit_once(' ')?;
+            Some((labels.trim().to_string(), value.parse().ok()?))
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .collect()
 }

@@ -7,15 +7,24 @@ use std::collections::BTreeMap;
 use crate::client::{quantile_ms, PhaseLog, Sample};
 use crate::{Opts, CHARGE_USD, MODEL_A, MODEL_B, WINDOW};
 
-/// The latency phases: two without Redis, two with, and Redis' script statistics.
+/// One load level of the latency phases: two phases without Redis, two with, and Redis'
+/// script statistics over them.
 #[derive(Debug, Default)]
-pub(crate) struct Latency {
+pub(crate) struct Round {
+    pub(crate) clients: usize,
     pub(crate) local: Vec<PhaseLog>,
     pub(crate) redis: Vec<PhaseLog>,
     /// (command, calls, µs per call) over the Redis phases.
     pub(crate) scripts: Vec<(String, u64, f64)>,
-    /// `sluice_ratelimit_backend_errors_total` of the Redis replicas.
-    pub(crate) backend_errors: f64,
+    /// `sluice_ratelimit_backend_errors_total` of the Redis replicas in this round, per
+    /// label set.
+    pub(crate) backend_errors: BTreeMap<String, f64>,
+}
+
+/// The latency phases, light load first.
+#[derive(Debug, Default)]
+pub(crate) struct Latency {
+    pub(crate) rounds: Vec<Round>,
 }
 
 fn ok_rate(p: &PhaseLog) -> f64 {
@@ -25,11 +34,14 @@ fn ok_rate(p: &PhaseLog) -> f64 {
 }
 
 impl Latency {
-    /// Served requests per second of the Redis phases (their mean).
+    /// Served requests per second of the Redis phases at the heaviest load (their mean).
     pub(crate) fn redis_rate(&self) -> f64 {
+        let Some(r) = self.rounds.last() else {
+            return 0.0;
+        };
         #[expect(clippy::cast_precision_loss, reason = "two phases")]
-        let n = self.redis.len().max(1) as f64;
-        self.redis.iter().map(ok_rate).sum::<f64>() / n
+        let n = r.redis.len().max(1) as f64;
+        r.redis.iter().map(ok_rate).sum::<f64>() / n
     }
 }
 
@@ -48,7 +60,7 @@ pub(crate) struct Main {
     /// The tenant's budget keys in Redis at the end, nano-USD.
     pub(crate) redis_spent_nusd: Option<i64>,
     pub(crate) redis_reserved_nusd: Option<i64>,
-    pub(crate) backend_errors: f64,
+    pub(crate) backend_errors: BTreeMap<String, f64>,
     pub(crate) ledger_dropped: f64,
     pub(crate) ledger_write_errors: f64,
     /// Tenant `t`'s ledger rows (`None` without PostgreSQL).
@@ -117,13 +129,31 @@ fn reservation_of(body: &str) -> Option<f64> {
     rest.split(' ').next()?.parse().ok()
 }
 
+/// `sum (kind=a: x, kind=b: y)` of a labelled counter.
+fn errors_text(by: &BTreeMap<String, f64>) -> String {
+    let total: f64 = by.values().sum();
+    let parts: Vec<String> = by
+        .iter()
+        .filter(|(_, v)| **v > 0.0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    format!("{total} ({})", parts.join(", "))
+}
+
 fn print_latency(lat: &Latency) {
     println!("\n## Latency: the same config without and with `redis:` (tenant `lat`, limits never bind)\n");
+    for r in &lat.rounds {
+        print_round(r);
+    }
+}
+
+fn print_round(r: &Round) {
+    println!("\n{} clients:\n", r.clients);
     println!("| phase | served/s | p50 ms | p99 ms | errors |");
     println!("|---|---:|---:|---:|---:|");
     let mut merged: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
-    let mut rates = [Vec::new(), Vec::new()];
-    for (i, (name, phases)) in [("local limits", &lat.local), ("redis limits", &lat.redis)]
+    let mut rates = [0.0, 0.0];
+    for (i, (name, phases)) in [("local limits", &r.local), ("redis limits", &r.redis)]
         .into_iter()
         .enumerate()
     {
@@ -143,30 +173,43 @@ fn print_latency(lat: &Latency) {
                 p.errors
             );
             merged[i].extend(v);
-            rates[i].push(ok_rate(p));
+            #[expect(clippy::cast_precision_loss, reason = "two phases")]
+            let n = phases.len() as f64;
+            rates[i] += ok_rate(p) / n;
         }
         merged[i].sort_unstable();
     }
     let q = |i: usize, p: f64| quantile_ms(&merged[i], p);
     let diff = |p: f64| match (q(0, p), q(1, p)) {
-        (Some(a), Some(b)) => format!("{:+.2} ms", b - a),
+        (Some(a), Some(b)) => format!("{:+.3} ms", b - a),
         _ => "-".into(),
     };
     println!(
-        "\nRedis adds (both phases of each pooled): p50 {}, p99 {}; served/s {:.0} local vs {:.0} redis",
+        "\nRedis adds (both phases of each pooled): p50 {} ({} → {}), p99 {} ({} → {}); served/s {:.0} local vs {:.0} redis",
         diff(0.5),
+        ms(q(0, 0.5)),
+        ms(q(1, 0.5)),
         diff(0.99),
-        rates[0].iter().sum::<f64>() / 2.0,
-        rates[1].iter().sum::<f64>() / 2.0,
+        ms(q(0, 0.99)),
+        ms(q(1, 0.99)),
+        rates[0],
+        rates[1],
     );
-    for (cmd, calls, us) in &lat.scripts {
+    for (cmd, calls, us) in &r.scripts {
+        #[expect(clippy::cast_precision_loss, reason = "request counts below 2^53")]
+        let per_req = *calls as f64
+            / r.redis
+                .iter()
+                .map(|p| p.samples.len())
+                .sum::<usize>()
+                .max(1) as f64;
         println!(
-            "Redis `{cmd}` (both Redis phases): {calls} calls, {us:.2} µs per call inside Redis"
+            "Redis `{cmd}` (the two Redis phases): {calls} calls ({per_req:.2} per request), {us:.2} µs per call inside Redis"
         );
     }
     println!(
-        "sluice_ratelimit_backend_errors_total (Redis replicas): {}",
-        lat.backend_errors
+        "sluice_ratelimit_backend_errors_total (Redis replicas, this round): {}",
+        errors_text(&r.backend_errors)
     );
 }
 
@@ -181,7 +224,11 @@ pub(crate) fn print(o: &Opts, lat: &Latency, m: &Main) -> Vec<String> {
         if o.sanity { " (sanity pass: short phases, not a figure)" } else { "" }
     );
     print_latency(lat);
-    for p in lat.local.iter().chain(&lat.redis) {
+    for p in lat
+        .rounds
+        .iter()
+        .flat_map(|r| r.local.iter().chain(&r.redis))
+    {
         if p.errors > 0 || p.samples.iter().any(|s| s.status != 200) {
             fail.push(format!(
                 "latency phase: {} errors (first {:?}), non-200 answers {:?}",
@@ -191,6 +238,8 @@ pub(crate) fn print(o: &Opts, lat: &Latency, m: &Main) -> Vec<String> {
     }
 
     let s = &m.log.samples;
+    // Redis answered every check in time: the shared limits decided every request.
+    let redis_up = m.backend_errors.values().sum::<f64>() == 0.0;
     println!(
         "\n## Main phase: {:.1} s, tenant `t`, {MODEL_A} limited to {} requests/min, budget {:.6} USD ({:.0} served requests at {CHARGE_USD} USD)\n",
         m.log.elapsed.as_secs_f64(),
@@ -258,7 +307,7 @@ pub(crate) fn print(o: &Opts, lat: &Latency, m: &Main) -> Vec<String> {
     if !limit_bound {
         fail.push("the request limit never bound (no 429)".into());
     }
-    if m.backend_errors == 0.0 && a > m.rpm {
+    if redis_up && a > m.rpm {
         fail.push(format!(
             "{a} admitted over a limit of {} with Redis up throughout",
             m.rpm
@@ -309,7 +358,7 @@ pub(crate) fn print(o: &Opts, lat: &Latency, m: &Main) -> Vec<String> {
     if !budget_bound {
         fail.push("the budget never ran out (no 402)".into());
     }
-    if m.backend_errors == 0.0 && charged > m.budget_usd + 1e-9 {
+    if redis_up && charged > m.budget_usd + 1e-9 {
         fail.push(format!(
             "charged {charged:.9} USD over a budget of {:.9} USD",
             m.budget_usd
@@ -371,7 +420,7 @@ pub(crate) fn print(o: &Opts, lat: &Latency, m: &Main) -> Vec<String> {
     }
     println!(
         "sluice_ratelimit_backend_errors_total (3 replicas): {}",
-        m.backend_errors
+        errors_text(&m.backend_errors)
     );
     if !m.log.first_bodies.is_empty() {
         println!("\nfirst bodies of non-200 answers:");
