@@ -478,7 +478,25 @@ impl Budgets {
                         }
                         remote = Some((self.redis.clone(), member));
                     }
-                    Err(e) => self.redis.mark_down(&e),
+                    Err(e) => {
+                        self.redis.mark_down(&e);
+                        if matches!(e, crate::redis::BackendError::Timeout(_)) && !partial {
+                            // The script may still run late and hold `amount` as `member`
+                            // for RESERVATION_TTL, refusing the tenant money it has: release
+                            // it (sent after the reservation on the same connection, so Redis
+                            // runs it second; a hold that was never made releases nothing).
+                            // A partial reservation's hold is of an amount only Redis knew.
+                            shared::settle(
+                                self.redis.clone(),
+                                tenant,
+                                &budget,
+                                &periods,
+                                member.clone(),
+                                amount,
+                                0,
+                            );
+                        }
+                    }
                 }
             }
         }
