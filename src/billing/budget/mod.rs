@@ -57,7 +57,10 @@
 //! flushed Redis) is seeded with the replica's own figure. A reservation Redis holds expires
 //! after [`RESERVATION_TTL`] (a replica that died keeps no money reserved for ever). Fail-open is
 //! the rate limits' rule: when Redis is slow or down, the replica decides alone, allowing itself
-//! `1 / redis.replicas` of what was left when Redis last answered.
+//! `1 / redis.replicas` of what was left when Redis last answered. A reservation that timed
+//! out may still run in Redis later: the replica releases it there at once (the settlement
+//! script with charge 0, queued behind it on the same connection), so a slow Redis leaves no
+//! money held for the reservation TTL.
 
 pub mod shared;
 pub mod window;
