@@ -37,7 +37,10 @@ mod tests {
         let mut n = 4;
         let fut = box_in_place!(large(held.clone(), &mut n));
         assert_eq!(Arc::strong_count(&held), 2, "the arguments are in the box");
-        assert!(std::mem::size_of_val(&*fut) > 8192, "the box holds the whole future");
+        assert!(
+            std::mem::size_of_val(&*fut) > 8192,
+            "the box holds the whole future"
+        );
         assert_eq!(fut.await, 7);
         assert_eq!(n, 7, "a borrowed local is the future's for its life");
         assert_eq!(Arc::strong_count(&held), 1, "the future ran to its end");
@@ -50,7 +53,11 @@ mod tests {
         let fut = box_in_place!(large(held.clone(), &mut n));
         assert_eq!(Arc::strong_count(&held), 2);
         drop(fut);
-        assert_eq!(Arc::strong_count(&held), 1, "dropping the box drops the arguments");
+        assert_eq!(
+            Arc::strong_count(&held),
+            1,
+            "dropping the box drops the arguments"
+        );
         assert_eq!(n, 1, "an unpolled future did not run");
     }
 }

@@ -1190,7 +1190,9 @@ where
 
         // Built-in downstream request filters go first
         // Boxed: see the upstream phase below.
-        if let Err(e) = box_in_place!(session.downstream_modules_ctx.request_header_filter(req)).await {
+        if let Err(e) =
+            box_in_place!(session.downstream_modules_ctx.request_header_filter(req)).await
+        {
             return self
                 .handle_error(
                     session,

@@ -179,7 +179,10 @@ impl HttpSession {
         }
         let mut to_wire = request_header_to_wire(&req)?;
         let head_len = to_wire.len();
-        trace!("Writing request header and a {}-byte body: {to_wire:?}", body.len());
+        trace!(
+            "Writing request header and a {}-byte body: {to_wire:?}",
+            body.len()
+        );
         to_wire.extend_from_slice(body);
         self.send_request_head(req, &to_wire).await?;
 

@@ -4703,7 +4703,11 @@ mod test_body_buf_release {
         assert_eq!(res, b"abc".as_slice());
         assert!(http_stream.body_reader.body_buf.is_none());
 
-        let reused = http_stream.reuse().await.unwrap().expect("connection reusable");
+        let reused = http_stream
+            .reuse()
+            .await
+            .unwrap()
+            .expect("connection reusable");
         let (_stream, prefix) = reused.into_parts();
         assert_eq!(prefix.expect("pipelined request kept").as_ref(), next);
     }
@@ -4832,11 +4836,20 @@ mod test_resp_header_wire_len {
         http_stream.read_request().await.unwrap();
         let mut resp = ResponseHeader::build(200, None).unwrap();
         resp.insert_header("Content-Length", "0").unwrap();
-        http_stream.write_response_header(Box::new(resp)).await.unwrap();
+        http_stream
+            .write_response_header(Box::new(resp))
+            .await
+            .unwrap();
         http_stream.finish_body().await.unwrap();
         let sent = sends.lock().unwrap().concat();
         let head = std::str::from_utf8(&sent).unwrap();
-        assert!(head.starts_with("HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: "), "{head}");
-        assert!(head.ends_with("\r\nConnection: keep-alive\r\n\r\n"), "{head}");
+        assert!(
+            head.starts_with("HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: "),
+            "{head}"
+        );
+        assert!(
+            head.ends_with("\r\nConnection: keep-alive\r\n\r\n"),
+            "{head}"
+        );
     }
 }
