@@ -86,6 +86,8 @@ const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 type DownstreamCustomMessageReader =
     Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>;
 
+#[macro_use]
+mod boxed;
 mod proxy_cache;
 mod proxy_common;
 mod proxy_custom;
@@ -531,7 +533,7 @@ where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
-        Box::pin(self.finish_inline(session, ctx, reuse, error))
+        box_in_place!(self.finish_inline(session, ctx, reuse, error))
     }
 
     async fn finish_inline(
@@ -1188,7 +1190,9 @@ where
 
         // Built-in downstream request filters go first
         // Boxed: see the upstream phase below.
-        if let Err(e) = Box::pin(session.downstream_modules_ctx.request_header_filter(req)).await {
+        if let Err(e) =
+            box_in_place!(session.downstream_modules_ctx.request_header_filter(req)).await
+        {
             return self
                 .handle_error(
                     session,
@@ -1210,7 +1214,7 @@ where
                         persistent_settings.set_user_context(uc);
                     }
                     // Boxed: see the upstream phase below.
-                    return Box::pin(session.downstream_session.finish())
+                    return box_in_place!(session.downstream_session.finish())
                         .await
                         .ok()
                         .flatten()
@@ -1226,7 +1230,7 @@ where
         }
 
         // Boxed: see the upstream phase below.
-        if let Some((reuse, err)) = Box::pin(self.proxy_cache(&mut session, &mut ctx)).await {
+        if let Some((reuse, err)) = box_in_place!(self.proxy_cache(&mut session, &mut ctx)).await {
             // cache hit
             return self.finish(session, &mut ctx, reuse, err).await;
         }
@@ -1296,7 +1300,7 @@ where
             // Boxed: the upstream phase's state is large, and inline it would be part of
             // every request's future from the start, also of a request that a filter answers
             // (and holds, for a stream) without an upstream. So are the other large phases.
-            let (reuse, e) = Box::pin(self.proxy_to_upstream(&mut session, &mut ctx)).await;
+            let (reuse, e) = box_in_place!(self.proxy_to_upstream(&mut session, &mut ctx)).await;
             server_reuse = reuse;
 
             match e {
@@ -1336,7 +1340,7 @@ where
         // allow unwrap until if let chains
         #[allow(clippy::unnecessary_unwrap)]
         let serve_stale_result = if proxy_error.is_some() && session.cache.can_serve_stale_error() {
-            Box::pin(self.handle_stale_if_error(
+            box_in_place!(self.handle_stale_if_error(
                 &mut session,
                 &mut ctx,
                 proxy_error.as_ref().unwrap(),
@@ -1396,7 +1400,7 @@ where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
-        Box::pin(self.handle_error_inline(session, ctx, e, context))
+        box_in_place!(self.handle_error_inline(session, ctx, e, context))
     }
 
     async fn handle_error_inline(

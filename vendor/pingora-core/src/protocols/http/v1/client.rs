@@ -179,7 +179,10 @@ impl HttpSession {
         }
         let mut to_wire = request_header_to_wire(&req)?;
         let head_len = to_wire.len();
-        trace!("Writing request header and a {}-byte body: {to_wire:?}", body.len());
+        trace!(
+            "Writing request header and a {}-byte body: {to_wire:?}",
+            body.len()
+        );
         to_wire.extend_from_slice(body);
         self.send_request_head(req, &to_wire).await?;
 
@@ -317,9 +320,13 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
+                        // Room for the headers a server session adds when it writes this
+                        // header downstream (`Date`, `Connection`): sized to the parsed
+                        // headers alone, the map grew (a rehash and a reallocation, in both
+                        // of its maps) on every proxied response.
                         let mut response_header = match ResponseHeader::build(
                             resp.code.unwrap(),
-                            Some(resp.headers.len()),
+                            Some(resp.headers.len() + RESP_HEADER_ROOM),
                         ) {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
@@ -470,10 +477,17 @@ impl HttpSession {
     }
 
     /// Similar to [`Self::read_response()`], read the response header and then return a copy of it.
+    ///
+    /// The session keeps the copy and returns the header it parsed, which is equal: the parsed
+    /// header's map was sized with room to spare (a clone's is sized to its headers), so the
+    /// headers a proxy adds to the returned header (`Date`, `Connection`) do not grow its map
+    /// on every response.
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
         // safe to unwrap because it is just read
-        Ok(Box::new(self.resp_header().unwrap().clone()))
+        let parsed = self.response_header.take().unwrap();
+        self.response_header = Some(Box::new((*parsed).clone()));
+        Ok(parsed)
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read
@@ -965,6 +979,11 @@ fn request_header_to_wire(req: &RequestHeader) -> Result<BytesMut> {
         )
     })
 }
+
+/// Headers a parsed response header has room for beyond the ones it was parsed with: those a
+/// server session adds when it writes the header downstream (`Date`, `Connection`), so that
+/// proxying a response does not grow its header maps.
+pub const RESP_HEADER_ROOM: usize = 2;
 
 /// The largest body [`HttpSession::write_request_header_with_body`] copies behind the header
 /// to send both at once; a larger one is its own send, where the copy would cost more than the
@@ -3117,5 +3136,64 @@ mod test_body_read_size {
         http_stream.read_response().await.unwrap();
         let (body, _) = read_whole_body(&mut http_stream).await;
         assert_eq!(body, b"0123456789");
+    }
+}
+
+#[cfg(test)]
+mod test_resp_header_room {
+    //! A parsed response header has room for the headers a server session adds when it writes
+    //! it downstream, and `read_resp_header_parts` hands out that header, keeping a copy.
+
+    use super::*;
+    use tokio_test::io::Builder;
+
+    const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nServer: s\r\n\
+        x-request-id: r\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n";
+
+    #[tokio::test]
+    async fn returned_header_takes_date_and_connection_without_growing() {
+        let mock_io = Builder::new().read(RESPONSE).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        let mut resp = http_stream.read_resp_header_parts().await.unwrap();
+        let kept = http_stream.resp_header().unwrap();
+        assert_eq!(resp.status, kept.status);
+        assert_eq!(resp.headers, kept.headers);
+        let case = |h: &ResponseHeader| -> Vec<Vec<u8>> {
+            h.case_header_iter()
+                .map(|(name, _)| name.as_slice().to_vec())
+                .collect()
+        };
+        assert_eq!(case(&resp), case(kept));
+        assert_eq!(case(&resp)[2], b"x-request-id");
+
+        // what v1::server::HttpSession::prepare_response_header does
+        let capacity = resp.headers.capacity();
+        resp.insert_header(http::header::DATE, "Mon, 07 Dec 2026 04:00:00 GMT")
+            .unwrap();
+        resp.insert_header(http::header::CONNECTION, "keep-alive")
+            .unwrap();
+        assert_eq!(resp.headers.capacity(), capacity, "the map did not grow");
+        assert_eq!(resp.headers.len(), 6);
+    }
+
+    #[tokio::test]
+    async fn sized_to_parsed_headers_alone_the_map_grew() {
+        // the counterfactual, as released: a map sized to the same five headers grows
+        let mut resp = ResponseHeader::build(200, Some(5)).unwrap();
+        for (name, value) in [
+            ("Content-Type", "application/json"),
+            ("Server", "s"),
+            ("x-request-id", "r"),
+            ("Content-Length", "0"),
+            ("Connection", "keep-alive"),
+        ] {
+            resp.append_header(name, value).unwrap();
+        }
+        let capacity = resp.headers.capacity();
+        resp.insert_header(http::header::DATE, "Mon, 07 Dec 2026 04:00:00 GMT")
+            .unwrap();
+        resp.insert_header(http::header::CONNECTION, "keep-alive")
+            .unwrap();
+        assert!(resp.headers.capacity() > capacity);
     }
 }

@@ -943,8 +943,8 @@ impl HttpSession {
             self.set_keepalive(None);
         }
 
-        // Serialize header to bytes
-        let mut write_buf = BytesMut::with_capacity(INIT_HEADER_BUF_SIZE);
+        // Serialize header to bytes, into a buffer of the head's size
+        let mut write_buf = BytesMut::with_capacity(resp_header_wire_len(header));
         http_resp_header_to_buf(header, &mut write_buf)
             .map_err(|_| Error::explain(WriteError, "serializing response header"))?;
 
@@ -1857,6 +1857,22 @@ fn parse_req_buffer<'buf>(
 }
 
 #[inline]
+/// The number of bytes [`http_resp_header_to_buf`] writes for `resp`: the status line, one
+/// `name: value\r\n` line per value (a header name keeps its length in any case), the blank
+/// line. The response head is serialized into a buffer of this size: as released it was
+/// [`INIT_HEADER_BUF_SIZE`] (4 KiB), a large allocation for a few hundred bytes of head on
+/// every response.
+fn resp_header_wire_len(resp: &ResponseHeader) -> usize {
+    let reason = resp.get_reason_phrase().map_or(0, str::len);
+    let headers: usize = resp
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + 2 + value.len() + 2)
+        .sum();
+    // "HTTP/1.1 " + "200" + " " + reason + CRLF, the headers, CRLF
+    9 + 3 + 1 + reason + 2 + headers + 2
+}
+
 fn http_resp_header_to_buf(
     resp: &ResponseHeader,
     buf: &mut BytesMut,
@@ -4687,7 +4703,11 @@ mod test_body_buf_release {
         assert_eq!(res, b"abc".as_slice());
         assert!(http_stream.body_reader.body_buf.is_none());
 
-        let reused = http_stream.reuse().await.unwrap().expect("connection reusable");
+        let reused = http_stream
+            .reuse()
+            .await
+            .unwrap()
+            .expect("connection reusable");
         let (_stream, prefix) = reused.into_parts();
         assert_eq!(prefix.expect("pipelined request kept").as_ref(), next);
     }
@@ -4770,5 +4790,66 @@ mod test_hold_response_header_flush {
         assert_eq!(sends.len(), 2);
         assert!(sends[1].starts_with(b"HTTP/1.1 200 OK\r\n"));
         assert!(sends[1].ends_with(WIRE_CHUNK));
+    }
+}
+
+#[cfg(test)]
+mod test_resp_header_wire_len {
+    //! The response head is serialized into a buffer of its own size (as released: 4 KiB).
+
+    use super::*;
+
+    fn serialized(resp: &ResponseHeader) -> BytesMut {
+        let mut buf = BytesMut::with_capacity(resp_header_wire_len(resp));
+        http_resp_header_to_buf(resp, &mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn wire_len_is_the_serialized_length() {
+        let mut plain = ResponseHeader::build(200, None).unwrap();
+        plain.insert_header("Content-Length", "938").unwrap();
+        let mut custom = ResponseHeader::build(418, Some(2)).unwrap();
+        custom.set_reason_phrase(Some("Short and Stout")).unwrap();
+        custom.append_header("x-Case-Kept", "a").unwrap();
+        custom.append_header("X-CASE-KEPT", "bb").unwrap();
+        custom.append_header("Server", "").unwrap();
+        let mut no_case = ResponseHeader::build_no_case(599, None).unwrap();
+        no_case.insert_header("connection", "close").unwrap();
+        let empty = ResponseHeader::build(204, None).unwrap();
+        for resp in [&plain, &custom, &no_case, &empty] {
+            let buf = serialized(resp);
+            assert_eq!(buf.len(), resp_header_wire_len(resp), "{:?}", buf.as_bstr());
+            assert_eq!(buf.capacity(), buf.len(), "no growth, no spare room");
+        }
+        assert_eq!(
+            &serialized(&custom)[..],
+            b"HTTP/1.1 418 Short and Stout\r\nx-Case-Kept: a\r\nX-CASE-KEPT: bb\r\nServer: \r\n\r\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn written_head_is_unchanged() {
+        let (stream, sends) =
+            crate::protocols::http::v1::test_util::send_log_stream(b"GET / HTTP/1.1\r\n\r\n");
+        let mut http_stream = HttpSession::new(stream);
+        http_stream.read_request().await.unwrap();
+        let mut resp = ResponseHeader::build(200, None).unwrap();
+        resp.insert_header("Content-Length", "0").unwrap();
+        http_stream
+            .write_response_header(Box::new(resp))
+            .await
+            .unwrap();
+        http_stream.finish_body().await.unwrap();
+        let sent = sends.lock().unwrap().concat();
+        let head = std::str::from_utf8(&sent).unwrap();
+        assert!(
+            head.starts_with("HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: "),
+            "{head}"
+        );
+        assert!(
+            head.ends_with("\r\nConnection: keep-alive\r\n\r\n"),
+            "{head}"
+        );
     }
 }
