@@ -58,7 +58,11 @@ pub fn format_line(fields: &[(&str, Field<'_>)], format: LogFormat) -> String {
                     s.extend(v.chars().flat_map(char::escape_default));
                     s.push('"');
                 }
-                v => {
+                // Text and counts are pushed as they are (no formatting machinery per
+                // field: this runs for every request).
+                Field::Text(v) => s.push_str(v),
+                Field::Count(n) => s.push_str(itoa::Buffer::new().format(*n)),
+                v @ Field::Usd(_) => {
                     let _ = write!(s, "{v}");
                 }
             }

@@ -108,55 +108,87 @@ impl HeadScan {
     /// Feeds bytes read for the head; `Some` once a limit is passed (the head must not be
     /// passed on).
     pub fn feed(&mut self, data: &[u8], limits: HeadLimits) -> Option<Overflow> {
-        for &b in data {
+        let mut i = 0;
+        while let Some(&b) = data.get(i) {
             if self.done {
                 return None;
             }
-            self.bytes += 1;
-            let leading_empty = self.lines == 0 && self.line_len == 0 && matches!(b, b'\r' | b'\n');
-            if self.lines == 0 && !leading_empty && self.start_len < self.start.len() {
-                self.start[self.start_len] = b;
-                self.start_len += 1;
-                if self.request_line.is_none() {
-                    self.classify();
+            if !matches!(b, b'\r' | b'\n') && (self.lines > 0 || self.start_len >= self.start.len())
+            {
+                // A run of a line's bytes past the request line's first ones, counted at
+                // once: [`step`](Self::step) would only add them up (the field count cannot
+                // change within a line, and the byte and line limits are passed in the run
+                // if they are passed at its end).
+                let run = memchr::memchr2(b'\r', b'\n', &data[i..]).unwrap_or(data.len() - i);
+                self.bytes += run;
+                self.line_len += run;
+                i += run;
+                let in_request_line = self.request_line == Some(true) && self.lines == 0;
+                if in_request_line
+                    && (self.line_len > limits.max_uri + REQUEST_LINE_SLACK
+                        || self.bytes > limits.max_bytes)
+                {
+                    return Some(Overflow::Uri);
+                }
+                if self.bytes > limits.max_bytes {
+                    return Some(Overflow::Bytes);
+                }
+                continue;
+            }
+            if let Some(o) = self.step(b, limits) {
+                return Some(o);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// One byte of the head: line ends, the request line's first bytes, the limits.
+    fn step(&mut self, b: u8, limits: HeadLimits) -> Option<Overflow> {
+        self.bytes += 1;
+        let leading_empty = self.lines == 0 && self.line_len == 0 && matches!(b, b'\r' | b'\n');
+        if self.lines == 0 && !leading_empty && self.start_len < self.start.len() {
+            self.start[self.start_len] = b;
+            self.start_len += 1;
+            if self.request_line.is_none() {
+                self.classify();
+            }
+        }
+        match b {
+            b'\n' if self.line_len == 0 => {
+                // An empty line: the end of the head (or, before the request line, an
+                // empty line RFC 9112 §2.2 lets a server ignore).
+                if self.lines > 0 || self.request_line != Some(true) {
+                    self.done = true;
                 }
             }
-            match b {
-                b'\n' if self.line_len == 0 => {
-                    // An empty line: the end of the head (or, before the request line, an
-                    // empty line RFC 9112 §2.2 lets a server ignore).
-                    if self.lines > 0 || self.request_line != Some(true) {
-                        self.done = true;
-                    }
-                }
-                b'\n' => {
-                    self.lines += 1;
-                    self.line_len = 0;
-                }
-                b'\r' => {}
-                _ => self.line_len += 1,
+            b'\n' => {
+                self.lines += 1;
+                self.line_len = 0;
             }
-            let in_request_line = self.request_line == Some(true) && self.lines == 0;
-            if in_request_line && self.line_len > limits.max_uri + REQUEST_LINE_SLACK {
-                return Some(Overflow::Uri);
-            }
-            // The first line counts as a field only when it is known not to be the request
-            // line (lenient while undecided).
-            let fields = if self.request_line == Some(false) {
-                self.lines
+            b'\r' => {}
+            _ => self.line_len += 1,
+        }
+        let in_request_line = self.request_line == Some(true) && self.lines == 0;
+        if in_request_line && self.line_len > limits.max_uri + REQUEST_LINE_SLACK {
+            return Some(Overflow::Uri);
+        }
+        // The first line counts as a field only when it is known not to be the request
+        // line (lenient while undecided).
+        let fields = if self.request_line == Some(false) {
+            self.lines
+        } else {
+            self.lines.saturating_sub(1)
+        };
+        if fields > limits.max_fields {
+            return Some(Overflow::Fields);
+        }
+        if self.bytes > limits.max_bytes {
+            return Some(if in_request_line {
+                Overflow::Uri
             } else {
-                self.lines.saturating_sub(1)
-            };
-            if fields > limits.max_fields {
-                return Some(Overflow::Fields);
-            }
-            if self.bytes > limits.max_bytes {
-                return Some(if in_request_line {
-                    Overflow::Uri
-                } else {
-                    Overflow::Bytes
-                });
-            }
+                Overflow::Bytes
+            });
         }
         None
     }
@@ -246,6 +278,99 @@ pub async fn write_refusal(mut stream: Stream, err: &GatewayError, dialect: Clie
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The byte-at-a-time scan `feed` replaced, kept as its reference.
+    fn feed_bytewise(s: &mut HeadScan, data: &[u8], limits: HeadLimits) -> Option<Overflow> {
+        for &b in data {
+            if s.done {
+                return None;
+            }
+            s.bytes += 1;
+            let leading_empty = s.lines == 0 && s.line_len == 0 && matches!(b, b'\r' | b'\n');
+            if s.lines == 0 && !leading_empty && s.start_len < s.start.len() {
+                s.start[s.start_len] = b;
+                s.start_len += 1;
+                if s.request_line.is_none() {
+                    s.classify();
+                }
+            }
+            match b {
+                b'\n' if s.line_len == 0 => {
+                    // An empty line: the end of the head (or, before the request line, an
+                    // empty line RFC 9112 §2.2 lets a server ignore).
+                    if s.lines > 0 || s.request_line != Some(true) {
+                        s.done = true;
+                    }
+                }
+                b'\n' => {
+                    s.lines += 1;
+                    s.line_len = 0;
+                }
+                b'\r' => {}
+                _ => s.line_len += 1,
+            }
+            let in_request_line = s.request_line == Some(true) && s.lines == 0;
+            if in_request_line && s.line_len > limits.max_uri + REQUEST_LINE_SLACK {
+                return Some(Overflow::Uri);
+            }
+            // The first line counts as a field only when it is known not to be the request
+            // line (lenient while undecided).
+            let fields = if s.request_line == Some(false) {
+                s.lines
+            } else {
+                s.lines.saturating_sub(1)
+            };
+            if fields > limits.max_fields {
+                return Some(Overflow::Fields);
+            }
+            if s.bytes > limits.max_bytes {
+                return Some(if in_request_line {
+                    Overflow::Uri
+                } else {
+                    Overflow::Bytes
+                });
+            }
+        }
+        None
+    }
+
+    proptest::proptest! {
+        /// Counting a line's bytes in runs answers as the byte-at-a-time scan, in any
+        /// chunking, for any limits.
+        #[test]
+        fn runs_answer_as_the_bytewise_scan(
+            parts in proptest::collection::vec(0usize..8, 0..40),
+            cuts in proptest::collection::vec(1usize..40, 1..8),
+            from_start: bool,
+            max_bytes in 1usize..300,
+            max_fields in 0usize..6,
+            max_uri in 0usize..80,
+        ) {
+            const PIECES: [&str; 8] = [
+                "POST /v1/chat/completions HTTP/1.1", "\r\n", "\n", "host: a.example",
+                "x-long-header-name-for-runs: vvvvvvvvvvvvvvvvvvvvvv", "GET", " /", "\r",
+            ];
+            let data: Vec<u8> = parts.iter().flat_map(|&p| PIECES[p].bytes()).collect();
+            let limits = HeadLimits { max_bytes, max_fields, max_uri };
+            let mut fast = HeadScan::new(from_start);
+            let mut slow = HeadScan::new(from_start);
+            let (mut rest, mut k) = (&data[..], 0);
+            let (mut got, mut want) = (None, None);
+            while !rest.is_empty() && got.is_none() && want.is_none() {
+                let n = cuts[k % cuts.len()].min(rest.len());
+                got = fast.feed(&rest[..n], limits);
+                want = feed_bytewise(&mut slow, &rest[..n], limits);
+                rest = &rest[n..];
+                k += 1;
+            }
+            proptest::prop_assert_eq!(got, want);
+            proptest::prop_assert_eq!(fast.done, slow.done);
+            proptest::prop_assert_eq!(fast.dialect(), slow.dialect());
+            if got.is_none() {
+                proptest::prop_assert_eq!((fast.bytes, fast.lines, fast.line_len), (slow.bytes, slow.lines, slow.line_len));
+            }
+        }
+    }
 
     const L: HeadLimits = HeadLimits {
         max_bytes: 200,
