@@ -130,7 +130,7 @@ const SUPPORTED: bool = cfg!(all(target_os = "linux", target_env = "gnu"));
 
 /// Gives the free pages of every malloc arena back to the OS; whether any was released.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim() -> bool {
+pub(crate) fn trim() -> bool {
     // SAFETY: `malloc_trim` takes a byte count, touches no memory of the caller's, and is
     // thread-safe (it locks each arena in turn); glibc has had it since 2.0.
     #[expect(
@@ -142,7 +142,7 @@ fn trim() -> bool {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim() -> bool {
+pub(crate) fn trim() -> bool {
     false
 }
 

@@ -129,6 +129,7 @@
 //! without a `toolChoice`, and `tool_choice` is dropped with a record.
 #![warn(missing_docs)]
 
+mod bpe;
 pub mod chat;
 pub mod continuation;
 pub mod converse;

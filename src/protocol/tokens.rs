@@ -2,9 +2,9 @@
 //! provider answers (`POST /v1/messages/count_tokens` on an OpenAI-compatible route, or
 //! when the Anthropic provider's own count failed).
 //!
-//! Text is tokenized with OpenAI's `o200k_base` BPE (GPT-4o and later; the `tiktoken-rs`
-//! crate, whose table is loaded once per process, on the first estimate, and kept). What
-//! is counted, in tokens:
+//! Text is tokenized with OpenAI's `o200k_base` BPE (GPT-4o and later), counted exactly as
+//! the `tiktoken-rs` crate counts it by a compact table built from its data ([`super::bpe`];
+//! loaded once per process, at start, and kept). What is counted, in tokens:
 //!
 //! - every system text, message text and reasoning text;
 //! - a tool call's function name and its arguments (the JSON text);
@@ -19,8 +19,6 @@
 //!   [`REPLY_PRIMING_TOKENS`] once (OpenAI's documented chat framing for o200k models).
 //!
 //! The figure is an estimate: another model's tokenizer differs, typically by 10-20 %.
-
-use tiktoken_rs::CoreBPE;
 
 use super::{Part, Request, Source};
 
@@ -65,10 +63,10 @@ pub const MESSAGE_OVERHEAD_TOKENS: u64 = 3;
 /// Framing tokens of the reply the model is primed with, counted once per request.
 pub const REPLY_PRIMING_TOKENS: u64 = 3;
 
-/// The BPE table, loaded on first use (2.2 s of CPU in a debug build, far less optimized;
-/// call from a blocking thread) and then shared for the process's life.
-fn bpe() -> &'static CoreBPE {
-    tiktoken_rs::o200k_base_singleton()
+/// Loads the `o200k_base` table now (once per process; the server does it at start, so no
+/// estimate waits for it) and returns the heap bytes it keeps.
+pub fn load() -> usize {
+    super::bpe::load()
 }
 
 /// Text is tokenized in pieces of at most this many bytes, cut before whitespace where
@@ -101,7 +99,6 @@ pub fn text_tokens(text: &str) -> u64 {
 
 /// Tokens of `text`, tokenized [`PIECE_BYTES`] at a time.
 fn piece_tokens(mut text: &str) -> u64 {
-    let bpe = bpe();
     let mut n = 0u64;
     while text.len() > PIECE_BYTES {
         let hard = floor_boundary(text, PIECE_BYTES);
@@ -109,10 +106,10 @@ fn piece_tokens(mut text: &str) -> u64 {
             .rfind(char::is_whitespace)
             .filter(|&i| i > 0)
             .unwrap_or(hard);
-        n += bpe.encode_ordinary(&text[..cut]).len() as u64;
+        n += super::bpe::count_ordinary(&text[..cut]);
         text = &text[cut..];
     }
-    n + bpe.encode_ordinary(text).len() as u64
+    n + super::bpe::count_ordinary(text)
 }
 
 /// The largest char boundary of `s` at or below `i`.
@@ -369,7 +366,7 @@ mod tests {
         // Natural text: pieces cut before whitespace count as the whole.
         let prose = "The quick brown fox jumps over the lazy dog. ".repeat(1000);
         assert!(prose.len() < EXACT_BYTES);
-        let whole = bpe().encode_ordinary(&prose).len() as u64;
+        let whole = crate::protocol::bpe::count_ordinary(&prose);
         assert_eq!(text_tokens(&prose), whole);
         // A megabyte without whitespace (quadratic for BPE in one piece): bounded time,
         // and a figure of the right size (o200k packs runs of one letter several a token).
@@ -386,7 +383,7 @@ mod tests {
         );
         // Huge prose is estimated within a few per cent.
         let huge = "The quick brown fox jumps over the lazy dog. ".repeat(20_000);
-        let exact = bpe().encode_ordinary(&huge).len() as u64;
+        let exact = crate::protocol::bpe::count_ordinary(&huge);
         let est = text_tokens(&huge);
         assert!(est.abs_diff(exact) * 100 <= exact * 2, "{est} vs {exact}");
         // Multi-byte text is cut on char boundaries.
