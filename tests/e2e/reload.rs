@@ -232,6 +232,14 @@ fn counters_with_config_label_sets_are_exported_at_zero() {
     // product would be its size); then every kind exists, at 0 where nothing was counted.
     assert!(!m.contains("sluice_tokens_total{"), "{m}");
     assert_eq!(chat_status(&sluice, "acme/chat"), 200);
+    // Metering runs when the request's log phase ends, just after the answer reached the
+    // client: wait for it rather than scrape before it.
+    let metered = r#"sluice_charge_usd_total{model="acme/chat",tenant="t"}"#;
+    assert!(eventually(Duration::from_secs(5), || sample(
+        &sluice.metrics(),
+        metered
+    )
+    .is_some()));
     let m = sluice.metrics();
     for series in [
         r#"sluice_tokens_total{kind="input",model="acme/chat",tenant="t"}"#,
