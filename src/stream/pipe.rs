@@ -584,11 +584,7 @@ impl<'r> StreamPipe<'r> {
         if self.finished() {
             return Ok(());
         }
-        let stopped = match self.protocol.as_ref() {
-            Some(t) => t.has_stop_reason(),
-            None => self.finish_seen,
-        };
-        if !stopped {
+        if !self.stopped() {
             return Err(PipeError::Framing {
                 reason: "upstream_incomplete",
                 message: format!(
@@ -647,6 +643,17 @@ impl<'r> StreamPipe<'r> {
                 .protocol
                 .as_ref()
                 .is_some_and(protocol::StreamTranslator::is_finished)
+    }
+
+    /// Whether the upstream said the answer is finished (a finish or stop reason), though its
+    /// terminator may not have come yet: what can still follow is usage and the end, no
+    /// more content, so there is nothing left to stop.
+    pub(crate) fn stopped(&self) -> bool {
+        self.finished()
+            || match self.protocol.as_ref() {
+                Some(t) => t.has_stop_reason(),
+                None => self.finish_seen,
+            }
     }
 
     /// The provider's final usage: the last reported, if the stream completed (a stream

@@ -593,8 +593,10 @@ pub(crate) async fn pump_body(
                 let end = end || matches!(stop, ReadyStop::End);
                 // A budgeted tenant's running charge is held against its budget before the
                 // output that makes it goes out (nothing to do for other tenants). Not at the
-                // end: a complete answer is billed whole, and cutting it would stop nothing.
-                if ctx.billing.budget.is_some() && !end && !pipe.finished() {
+                // end, nor once the upstream said the answer is finished (its usage may come in
+                // a read of its own before the terminator): a complete answer is billed whole,
+                // and cutting it would stop nothing.
+                if ctx.billing.budget.is_some() && !end && !pipe.stopped() {
                     if let Err(e) = super::budget::check(ctx, pipe).await {
                         break Err(e);
                     }
