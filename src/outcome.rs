@@ -70,6 +70,10 @@ pub struct Outcome {
     /// route's `display_model`, else the standard model's id; set when an attempt commits,
     /// or when a provider's own error (a 4xx about the request) is the answer.
     pub served_model: Option<String>,
+    /// How many times a client reattached to this resumable stream after its connection
+    /// dropped (`GET /v1/streams/{id}`); 0 for every other request. The ledger's
+    /// `resumptions` column.
+    pub resumptions: u32,
 }
 
 impl Outcome {
