@@ -3,7 +3,7 @@
 //! `request_id tenant key_id standard_model upstream_model provider attempts status outcome
 //! ttft_ms duration_ms bytes_out input_tokens output_tokens cached_input_tokens
 //! cache_write_tokens reasoning_tokens estimated cost_usd charge_usd client answered_model
-//! failures dialect` (the metering fields
+//! failures dialect resumptions` (the metering fields
 //! are the request's [`Metered`](crate::billing::metering::Metered); USD with 9 decimals). Bodies and
 //! keys are never logged (the key appears only as its `key_id`). `client` is the client's
 //! address ([`crate::client_ip::client_ip`]: `X-Forwarded-For` only through trusted proxies).
@@ -12,8 +12,10 @@
 //! attempts in order as `provider:reason` (the `sluice_upstream_attempts_total` outcome,
 //! e.g. `p1:status_5xx,p1:status_5xx,p2:context_length`; `-` when none). `dialect` is the
 //! client's wire API (`chat`, `messages`, `responses`; the OpenAI shape's `chat` for the model
-//! list). A request refused while decoding keeps the `model` it named in `standard_model`, and
-//! its reason is logged at info on `sluice::proxy::request`. The request's usage record
+//! list). `resumptions` is how many times the client reattached to a resumable stream
+//! ([`crate::outcome::Outcome::resumptions`]; 0 for every other request). A request refused
+//! while decoding keeps the `model` it named in `standard_model`, and its reason is logged at
+//! info on `sluice::proxy::request`. The request's usage record
 //! for the ledger ([`crate::billing::ledger::submit`]) is queued here too, from the same facts. The
 //! line's metering fields are the answer's; an attempt a hedge race cancelled is metered
 //! apart (`hedge loser metered` on `sluice::engine::hedge`, its own `hedge_cancelled` ledger
@@ -108,7 +110,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         s
     });
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let fields: [(&str, Field<'_>); 24] = [
+    let fields: [(&str, Field<'_>); 25] = [
         ("request_id", Field::Text(&ctx.request_id)),
         (
             "tenant",
@@ -160,6 +162,7 @@ pub fn record(session: &Session, error: Option<&pingora::Error>, ctx: &RequestCt
         ),
         ("failures", Field::Text(failures.as_deref().unwrap_or("-"))),
         ("dialect", Field::Text(ctx.dialect.as_str())),
+        ("resumptions", Field::Count(u64::from(o.resumptions))),
     ];
     let line = format_line(&fields, ctx.config.server.log_format);
     log::info!(target: TARGET, "{line}");
@@ -216,6 +219,7 @@ fn ledger_record(ctx: &RequestCtx, status: u16, label: &str) {
         fallback_depth: u32::try_from(ctx.fallback_depth()).unwrap_or(u32::MAX),
         attempts: u32::try_from(ctx.attempts.count).unwrap_or(u32::MAX),
         ingress: ctx.dialect.as_str().to_string(),
+        resumptions: o.resumptions,
     });
     // One row per attempt a hedge race cancelled: Sluice's estimated cost, never a charge;
     // readers count requests without these rows ([`crate::billing::ledger::HEDGE_CANCELLED`]).
@@ -259,5 +263,6 @@ fn cancelled_hedge_record(
         fallback_depth: u32::try_from(h.fallback_depth).unwrap_or(u32::MAX),
         attempts: 1,
         ingress: ctx.dialect.as_str().to_string(),
+        resumptions: 0,
     }
 }

@@ -142,6 +142,7 @@ fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
         "fallback_depth",
         "attempts",
         "ingress",
+        "resumptions",
     ];
     for r in &recs {
         let mut keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
@@ -152,6 +153,7 @@ fn every_request_leaves_one_record_read_by_sluice_usage_and_admin_usage() {
         assert_eq!(r["tenant"], "t");
         assert_eq!(r["model"], "acme/chat");
         assert_eq!(r["ingress"], "chat");
+        assert_eq!(r["resumptions"], 0, "nothing was resumed: {r}");
         assert!(
             r["virtual_key"].as_str().unwrap().starts_with("key-"),
             "{r}"
@@ -695,6 +697,31 @@ impl Postgres {
         format!("postgres://sluice@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// Runs `sql` with this server's `psql` (unaligned, tuples only); its output, or a panic
+    /// with psql's errors.
+    fn psql(&self, sql: &str) -> String {
+        let out = Command::new(self.bindir.join("psql"))
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                &self.url(),
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
@@ -719,6 +746,48 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+#[test]
+fn a_postgres_ledger_from_before_resumptions_is_migrated_in_place() {
+    let pg = Postgres::start();
+    let mock = Mock::start("{}");
+    let ledger = format!("  url: {}\n  flush_interval_ms: 50\n", pg.url());
+    // A first start creates the current schema; taking `resumptions` away again and writing
+    // a row the old way leaves what a Sluice before issue 32 left (schema version 1).
+    let mut first = Sluice::start(&ledger_config(&mock, &ledger));
+    first.kill();
+    pg.psql(
+        "ALTER TABLE usage_records DROP COLUMN resumptions; \
+         UPDATE ledger_schema SET version = 1; \
+         INSERT INTO usage_records (time_ms, request_id, tenant, virtual_key, model, provider, \
+         upstream_model, input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, \
+         reasoning_tokens, estimated, cost_usd, charge_usd, status, outcome, ttft_ms, \
+         duration_ms, fallback_depth, attempts, ingress) VALUES (1796169000000, 'old-row', 't', \
+         'key-1', 'acme/chat', 'p1', 'u', 1, 2, 0, 0, 0, false, 0, 0, 200, 'ok', 3, 4, 0, 1, 'chat')",
+    );
+    let mut sluice = Sluice::start(&ledger_config(&mock, &ledger));
+    assert!(
+        sluice.log().contains("schema migrated to version 2"),
+        "{}",
+        sluice.log()
+    );
+    assert_eq!(pg.psql("SELECT version FROM ledger_schema"), "2");
+    assert_eq!(
+        chat_with_id(&sluice, "new-row", &chat_body(false, r#"{"tokens":4}"#)),
+        200
+    );
+    let dir = sluice.dir.path().to_path_buf();
+    let recs = wait_records(&dir, &sluice.config_path, 2);
+    assert_eq!(recs.len(), 2, "{recs:#?}\n{}", sluice.log());
+    // The old row is kept, with 0 resumptions; the new one is written with the column.
+    let old = by_id(&recs, "old-row");
+    assert_eq!(
+        (&old["resumptions"], &old["output_tokens"]),
+        (&Value::from(0), &Value::from(2))
+    );
+    assert_eq!(by_id(&recs, "new-row")["resumptions"], 0);
+    sluice.kill();
 }
 
 #[test]

@@ -111,6 +111,12 @@ pub struct UsageRecord {
     pub attempts: u32,
     /// The client's wire API: `chat`, `messages` or `responses`.
     pub ingress: String,
+    /// How many times the client reattached to this resumable stream after its connection
+    /// dropped (`GET /v1/streams/{id}`, [`crate::outcome::Outcome::resumptions`]); 0 for
+    /// every other request. The generation keeps its one row however often it is resumed.
+    /// Absent in JSON written before the column existed: read as 0.
+    #[serde(default)]
+    pub resumptions: u32,
 }
 
 /// Every value of [`UsageRecord::outcome`]: the request classes of [`outcome_class`], and
@@ -388,5 +394,6 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(r.time, 1_796_169_000_123);
+        assert_eq!(r.resumptions, 0, "JSON from before the column reads as 0");
     }
 }

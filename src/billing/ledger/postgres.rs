@@ -1,6 +1,6 @@
 //! Owns the PostgreSQL backend (`ledger.url`; tokio-postgres): one ledger shared by several
 //! replicas. Same schema as [`super::sqlite`] (`BIGINT`, `DOUBLE PRECISION`, `BOOLEAN`
-//! columns), the same version table; migrations run in one transaction under an advisory
+//! columns; version 2 added `resumptions INTEGER` in place), the same version table; migrations run in one transaction under an advisory
 //! lock, so replicas starting together migrate once. A batch is one `INSERT ... SELECT FROM
 //! UNNEST(...)` (one round trip whatever its size).
 //!
@@ -20,7 +20,8 @@ use super::rows::{Filter, Param, Sink, SummaryRow, COLUMNS, SUMMARY_COLUMNS};
 use super::{LedgerError, UsageRecord};
 
 /// Schema migrations, as in [`super::sqlite`]: entry `i` brings version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &["CREATE TABLE usage_records (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE usage_records (
         id BIGSERIAL PRIMARY KEY,
         time_ms BIGINT NOT NULL,
         request_id TEXT NOT NULL,
@@ -46,7 +47,11 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE usage_records (
         ingress TEXT NOT NULL
     );
     CREATE INDEX usage_records_time ON usage_records (time_ms);
-    CREATE INDEX usage_records_tenant_time ON usage_records (tenant, time_ms);"];
+    CREATE INDEX usage_records_tenant_time ON usage_records (tenant, time_ms);",
+    // 1 → 2: resumable streams (issue 32); the rows already there were never resumed.
+    // PostgreSQL 11+ adds a column with a constant default without rewriting the table.
+    "ALTER TABLE usage_records ADD COLUMN resumptions INTEGER NOT NULL DEFAULT 0;",
+];
 
 /// The schema version this Sluice writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -339,6 +344,7 @@ impl PostgresLedger {
                     fallback_depth: u32::try_from(r.try_get::<_, i32>(19)?).unwrap_or(0),
                     attempts: u32::try_from(r.try_get::<_, i32>(20)?).unwrap_or(0),
                     ingress: r.try_get(21)?,
+                    resumptions: u32::try_from(r.try_get::<_, i32>(22)?).unwrap_or(0),
                 })
             })
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()
@@ -425,14 +431,19 @@ impl Sink for PostgresLedger {
             .map(|r| i32::try_from(r.attempts).unwrap_or(i32::MAX))
             .collect();
         let ingress = text(|r| &r.ingress);
+        let resumptions: Vec<i32> = batch
+            .iter()
+            .map(|r| i32::try_from(r.resumptions).unwrap_or(i32::MAX))
+            .collect();
         let sql = format!(
             "INSERT INTO usage_records ({COLUMNS}) SELECT * FROM UNNEST(\
              $1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], $7::TEXT[], \
              $8::BIGINT[], $9::BIGINT[], $10::BIGINT[], $11::BIGINT[], $12::BIGINT[], \
              $13::BOOLEAN[], $14::DOUBLE PRECISION[], $15::DOUBLE PRECISION[], $16::INTEGER[], \
-             $17::TEXT[], $18::BIGINT[], $19::BIGINT[], $20::INTEGER[], $21::INTEGER[], $22::TEXT[])"
+             $17::TEXT[], $18::BIGINT[], $19::BIGINT[], $20::INTEGER[], $21::INTEGER[], $22::TEXT[], \
+             $23::INTEGER[])"
         );
-        let params: [&(dyn ToSql + Sync); 22] = [
+        let params: [&(dyn ToSql + Sync); 23] = [
             &time,
             &request_id,
             &tenant,
@@ -455,6 +466,7 @@ impl Sink for PostgresLedger {
             &depth,
             &attempts,
             &ingress,
+            &resumptions,
         ];
         let (rt, client) = self.parts()?;
         let res = rt.block_on(client.execute(&sql, &params));

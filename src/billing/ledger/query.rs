@@ -139,7 +139,7 @@ fn to_csv<T: Serialize>(rows: &[T], header: &[&str]) -> String {
 }
 
 /// The field names of [`UsageRecord`], in order.
-pub const RECORD_FIELDS: [&str; 22] = [
+pub const RECORD_FIELDS: [&str; 23] = [
     "time",
     "request_id",
     "tenant",
@@ -162,6 +162,7 @@ pub const RECORD_FIELDS: [&str; 22] = [
     "fallback_depth",
     "attempts",
     "ingress",
+    "resumptions",
 ];
 
 /// The field names of [`SummaryRow`], in order.
@@ -231,6 +232,7 @@ pub fn format_records(records: &[UsageRecord], format: Format) -> String {
                 "charge_usd",
                 "ttft_ms",
                 "duration_ms",
+                "resumed",
             ];
             let rows: Vec<Vec<String>> = records
                 .iter()
@@ -250,6 +252,7 @@ pub fn format_records(records: &[UsageRecord], format: Format) -> String {
                         format!("{:.6}", r.charge_usd),
                         r.ttft_ms.map_or_else(|| "-".into(), |t| t.to_string()),
                         r.duration_ms.to_string(),
+                        r.resumptions.to_string(),
                     ]
                 })
                 .collect();
@@ -524,12 +527,16 @@ mod tests {
         let mut lines = csv.lines();
         assert_eq!(lines.next().unwrap(), RECORD_FIELDS.join(","));
         let row = lines.next().unwrap();
-        assert!(row.starts_with("2026-12-01T23:50:00.001Z,\"has,comma \"\"quoted\"\"\",t,k,m,,u,1,2,0,0,0,false,0.0,0.0,200,ok,3,4,0,1,chat"), "{row}");
+        assert!(row.starts_with("2026-12-01T23:50:00.001Z,\"has,comma \"\"quoted\"\"\",t,k,m,,u,1,2,0,0,0,false,0.0,0.0,200,ok,3,4,0,1,chat,0"), "{row}");
 
-        let table = format_records(&[rec(3)], Format::Table);
+        let mut resumed = rec(3);
+        resumed.resumptions = 2;
+        let table = format_records(&[resumed], Format::Table);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("time "), "{table}");
+        assert!(lines[0].ends_with(" resumed"), "{table}");
+        assert!(lines[2].ends_with(" 2"), "{table}");
         assert!(
             lines[2].contains(" r3 ") && lines[2].contains(" ok "),
             "{table}"

@@ -58,7 +58,7 @@ pub struct SummaryRow {
 pub const COLUMNS: &str = "time_ms, request_id, tenant, virtual_key, model, provider, \
     upstream_model, input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, \
     reasoning_tokens, estimated, cost_usd, charge_usd, status, outcome, ttft_ms, duration_ms, \
-    fallback_depth, attempts, ingress";
+    fallback_depth, attempts, ingress, resumptions";
 
 /// The summary's select list, shared by both backends (sums cast to BIGINT: PostgreSQL's
 /// `SUM(bigint)` is `numeric`). Requests are counted without the

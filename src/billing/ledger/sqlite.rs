@@ -2,14 +2,15 @@
 //! (`synchronous=NORMAL`: a committed batch survives a killed process), the schema and its
 //! migrations, batch inserts and the queries of [`super::query`].
 //!
-//! Schema (version 1; `ledger_schema(version)` holds the version, one row):
+//! Schema (version 2; `ledger_schema(version)` holds the version, one row):
 //! `usage_records(id INTEGER PRIMARY KEY, time_ms INTEGER, request_id TEXT, tenant TEXT,
 //! virtual_key TEXT, model TEXT, provider TEXT NULL, upstream_model TEXT NULL,
 //! input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, reasoning_tokens
 //! INTEGER, estimated INTEGER (0/1), cost_usd REAL, charge_usd REAL, status INTEGER,
 //! outcome TEXT, ttft_ms INTEGER NULL, duration_ms, fallback_depth, attempts INTEGER,
-//! ingress TEXT)`, indexed by `time_ms` and by `(tenant, time_ms)`. `time_ms` is unix ms
-//! (UTC) of the request's arrival.
+//! ingress TEXT, resumptions INTEGER)`, indexed by `time_ms` and by `(tenant, time_ms)`.
+//! `time_ms` is unix ms (UTC) of the request's arrival. Version 2 added `resumptions` (issue
+//! 32) in place: a version-1 ledger keeps its rows, which read 0.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,7 +22,8 @@ use super::{LedgerError, UsageRecord};
 
 /// Schema migrations: entry `i` brings the schema from version `i` to `i + 1`. Append, never
 /// edit: a ledger on disk is at some version, and each later step must run on it.
-const MIGRATIONS: &[&str] = &["CREATE TABLE usage_records (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE usage_records (
         id INTEGER PRIMARY KEY,
         time_ms INTEGER NOT NULL,
         request_id TEXT NOT NULL,
@@ -47,7 +49,11 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE usage_records (
         ingress TEXT NOT NULL
     );
     CREATE INDEX usage_records_time ON usage_records (time_ms);
-    CREATE INDEX usage_records_tenant_time ON usage_records (tenant, time_ms);"];
+    CREATE INDEX usage_records_tenant_time ON usage_records (tenant, time_ms);",
+    // 1 → 2: resumable streams (issue 32). `NOT NULL DEFAULT 0`: the rows already there
+    // were never resumed.
+    "ALTER TABLE usage_records ADD COLUMN resumptions INTEGER NOT NULL DEFAULT 0;",
+];
 
 /// The schema version this Sluice writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -267,6 +273,7 @@ impl SqliteLedger {
                     fallback_depth: u32::try_from(r.get::<_, i64>(19)?).unwrap_or(0),
                     attempts: u32::try_from(r.get::<_, i64>(20)?).unwrap_or(0),
                     ingress: r.get(21)?,
+                    resumptions: u32::try_from(r.get::<_, i64>(22)?).unwrap_or(0),
                 })
             })
             .map_err(|e| self.err(e))?;
@@ -323,7 +330,7 @@ impl Sink for SqliteLedger {
             let mut stmt = tx
                 .prepare_cached(&format!(
                     "INSERT INTO usage_records ({COLUMNS}) VALUES \
-                     (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"
+                     (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"
                 ))
                 .map_err(wrap)?;
             for r in batch {
@@ -350,6 +357,7 @@ impl Sink for SqliteLedger {
                     i64::from(r.fallback_depth),
                     i64::from(r.attempts),
                     r.ingress,
+                    i64::from(r.resumptions),
                 ])
                 .map_err(wrap)?;
             }
@@ -389,6 +397,7 @@ mod tests {
         b.tenant = "u".into();
         b.estimated = true;
         b.charge_usd = 0.25;
+        b.resumptions = 2;
         let mut c = rec(2000);
         c.input_tokens = 1 << 40;
         w.write_batch(&[a.clone(), b.clone(), c.clone()]).unwrap();
@@ -471,6 +480,50 @@ mod tests {
         assert_eq!(s.input_tokens, 1 + 9 + 1);
         assert!((s.cost_usd - 0.75).abs() < 1e-12, "{}", s.cost_usd);
         assert!((s.charge_usd - 0.75).abs() < 1e-12, "{}", s.charge_usd);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn a_version_1_ledger_is_migrated_in_place_and_its_rows_read_zero_resumptions() {
+        let path = temp("v1");
+        // A ledger written before `resumptions` existed, with one row.
+        let mut conn = Connection::open(&path).unwrap();
+        migrate_schema(&mut conn, "ledger_schema", &MIGRATIONS[..1], |_| {})
+            .unwrap()
+            .unwrap();
+        let old = rec(0);
+        let v1_columns = COLUMNS.replace(", resumptions", "");
+        conn.execute(
+            &format!(
+                "INSERT INTO usage_records ({v1_columns}) VALUES \
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, 2, 0, 0, 0, 0, 0.0, 0.0, 200, 'ok', 3, 4, 0, 1, 'chat')"
+            ),
+            rusqlite::params![
+                old.time,
+                old.request_id,
+                old.tenant,
+                old.virtual_key,
+                old.model,
+                old.provider,
+                old.upstream_model
+            ],
+        )
+        .unwrap();
+        drop(conn);
+        // A reader refuses it until a Sluice start migrates it.
+        let e = SqliteLedger::open_existing(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("schema version 1: start this Sluice once"),
+            "{e}"
+        );
+
+        let mut w = SqliteLedger::open(&path).unwrap();
+        assert_eq!(w.version().unwrap(), 2);
+        let mut resumed = rec(1);
+        resumed.resumptions = 3;
+        w.write_batch(std::slice::from_ref(&resumed)).unwrap();
+        let r = SqliteLedger::open_existing(&path).unwrap();
+        assert_eq!(r.records(&Filter::default()).unwrap(), vec![old, resumed]);
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 

@@ -324,6 +324,7 @@ pub(crate) mod tests {
             fallback_depth: 0,
             attempts: 1,
             ingress: "chat".into(),
+            resumptions: 0,
         }
     }
 
