@@ -12,7 +12,15 @@
 //!
 //! `SLUICE_BENCH_PROMPT_BYTES` (default `0,32768`): the user message of each held stream's
 //! request, bytes (0: the two-byte `hi`). `SLUICE_BENCH_PROXIES` (default `sluice,nginx`;
-//! nginx is skipped with a note when `nginx` is not on the `PATH` or in `/usr/sbin`). nginx
+//! nginx is skipped with a note when `nginx` is not on the `PATH` or in `/usr/sbin`).
+//! Two more proxies measure resumable streams (issue 32), with the same Sluice:
+//! `sluice-resumable` opts every held stream in (`x-sluice-resumable: true`: event ids, a
+//! registry entry and a replay buffer per stream), and `sluice-detached` opts in too, then
+//! drops each client after its first event, so Sluice holds N generations in their grace
+//! window (`server.resume_grace_ms: 600000` for the run) with no client attached; its row
+//! also reports the `sluice_resumable_streams` gauge, so that what is measured is what is
+//! held. `SLUICE_BENCH_STREAMS=2000 SLUICE_BENCH_PROXIES=sluice,sluice-resumable,sluice-detached`
+//! compares the three at one N. nginx
 //! runs as the load bench runs it: `worker_processes auto`, `proxy_buffering off`,
 //! `proxy_http_version 1.1`, upstream `keepalive 64`, access log off, its default
 //! `client_body_buffer_size` (a 32 KiB body goes to a temp file, as nginx does by default),
@@ -85,11 +93,20 @@ fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     let nginx = nginx_exe();
+    // The sanity pass runs the resumable variants too, so a change that breaks them fails
+    // `cargo test --benches`.
+    let default_proxies = if bench {
+        "sluice,nginx"
+    } else {
+        "sluice,sluice-resumable,sluice-detached,nginx"
+    };
     let proxies: Vec<Proxy> = std::env::var("SLUICE_BENCH_PROXIES")
-        .unwrap_or_else(|_| "sluice,nginx".into())
+        .unwrap_or_else(|_| default_proxies.into())
         .split(',')
         .filter_map(|p| match p.trim() {
             "sluice" => Some(Proxy::Sluice),
+            "sluice-resumable" => Some(Proxy::SluiceResumable),
+            "sluice-detached" => Some(Proxy::SluiceDetached),
             "nginx" if nginx.is_some() => Some(Proxy::Nginx),
             "nginx" => {
                 println!(
@@ -142,7 +159,34 @@ fn main() {
         );
     }
     println!();
-    for (n, proxy, prompt, r) in &rows {
+    print_comparisons(&rows);
+    if !failures.is_empty() {
+        eprintln!("streams_memory FAILED:\n{}", failures.join("\n"));
+        std::process::exit(1);
+    }
+}
+
+/// The ratios of the table: each resumable variant's RSS per held stream against the plain
+/// stream's, and Sluice's against nginx's, per N and prompt.
+fn print_comparisons(rows: &[(usize, Proxy, usize, Row)]) {
+    for (n, proxy, prompt, r) in rows {
+        if !matches!(proxy, Proxy::SluiceResumable | Proxy::SluiceDetached) {
+            continue;
+        }
+        let plain = rows
+            .iter()
+            .find(|(m, p, b, _)| m == n && *p == Proxy::Sluice && b == prompt);
+        if let Some((_, _, _, s)) = plain {
+            let (a, b) = (r.per_stream_kib(), s.per_stream_kib());
+            println!(
+                "N={n}, prompt {prompt} B: RSS per held {} stream / plain = {a:.1} / {b:.1} KiB ({:+.1} KiB per stream); held {}",
+                proxy.name(),
+                a - b,
+                r.held.map_or_else(|| "-".to_string(), |h| h.to_string())
+            );
+        }
+    }
+    for (n, proxy, prompt, r) in rows {
         if *proxy != Proxy::Sluice {
             continue;
         }
@@ -157,10 +201,6 @@ fn main() {
                 if a <= b { "MET" } else { "MISSED" }
             );
         }
-    }
-    if !failures.is_empty() {
-        eprintln!("streams_memory FAILED:\n{}", failures.join("\n"));
-        std::process::exit(1);
     }
 }
 
@@ -201,6 +241,9 @@ struct Row {
     rss_kib: u64,
     base_fds: usize,
     fds: usize,
+    /// Resumable streams Sluice held while sampled (`sluice_resumable_streams`), for the
+    /// resumable variants.
+    held: Option<u64>,
 }
 
 impl Row {
@@ -213,6 +256,11 @@ impl Row {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Proxy {
     Sluice,
+    /// Sluice, every stream opted in to resumption (issue 32).
+    SluiceResumable,
+    /// Sluice, every stream opted in and its client gone after the first event: the
+    /// generation held in its grace window.
+    SluiceDetached,
     Nginx,
 }
 
@@ -220,8 +268,15 @@ impl Proxy {
     fn name(self) -> &'static str {
         match self {
             Proxy::Sluice => "sluice",
+            Proxy::SluiceResumable => "sluice-resumable",
+            Proxy::SluiceDetached => "sluice-detached",
             Proxy::Nginx => "nginx",
         }
+    }
+
+    /// The streams opt in to resumption.
+    fn resumable(self) -> bool {
+        matches!(self, Proxy::SluiceResumable | Proxy::SluiceDetached)
     }
 }
 
@@ -238,6 +293,8 @@ struct Procs {
     /// The proxy (Sluice, or nginx's master; for RSS and fds, its workers are added).
     sluice: Child,
     mock: Child,
+    /// Sluice's admin listener (`None` for nginx).
+    admin: Option<std::net::SocketAddr>,
     _dir: TempDir,
 }
 
@@ -422,8 +479,14 @@ fn start(
     std::fs::create_dir_all(&dir.0).map_err(|e| e.to_string())?;
     let port = free_port();
     let admin = free_port();
+    // Detached generations stay held for the whole run.
+    let grace = if proxy == Proxy::SluiceDetached {
+        "  resume_grace_ms: 600000\n"
+    } else {
+        ""
+    };
     let cfg = format!(
-        "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 2\n\
+        "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 2\n{grace}\
          tenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\n\
          providers:\n  p1:\n    kind: openai\n    base_url: http://{mock_addr}/v1\n    api_key: sk-p1\n    health_check: {{enabled: false}}\n\
          models:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
@@ -449,6 +512,7 @@ fn start(
             Procs {
                 sluice: child,
                 mock,
+                admin: None,
                 _dir: dir,
             },
             port,
@@ -482,6 +546,7 @@ fn start(
         Procs {
             sluice,
             mock,
+            admin: Some(format!("127.0.0.1:{admin}").parse().expect("addr")),
             _dir: dir,
         },
         port,
@@ -501,8 +566,26 @@ fn wait_listening(procs: Procs, port: u16) -> Result<(Procs, std::net::SocketAdd
     Ok((procs, addr))
 }
 
+/// One sample of a Prometheus text metric from Sluice's admin listener (`GET /metrics`);
+/// `None` when it cannot be read or the series is absent.
+fn metric(admin: std::net::SocketAddr, sample: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(sample)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
 /// Opens one stream, reports it open once its head and first event arrived, then reads
-/// (and discards) until told to stop.
+/// (and discards) until told to stop; with `detach`, hangs up there instead (a resumable
+/// stream's generation is then held without its client).
 async fn hold_stream(
     addr: std::net::SocketAddr,
     request: Arc<Vec<u8>>,
@@ -510,6 +593,7 @@ async fn hold_stream(
     open: Arc<AtomicUsize>,
     failed: Arc<AtomicUsize>,
     mut stop: watch::Receiver<bool>,
+    detach: bool,
 ) {
     let permit = ramp.acquire_owned().await;
     let opened = async {
@@ -541,6 +625,9 @@ async fn hold_stream(
     buf.shrink_to_fit();
     open.fetch_add(1, Ordering::Relaxed);
     drop(permit);
+    if detach {
+        return;
+    }
     loop {
         tokio::select! {
             r = s.read(&mut buf) => match r {
@@ -584,9 +671,14 @@ fn run_one(
     let body = format!(
         r#"{{"model":"acme/chat","stream":true,"messages":[{{"role":"user","content":"{content}"}}],"mock":{{"tokens":100,"token_delay_ms":5000}}}}"#
     );
+    let opt_in = if proxy.resumable() {
+        "x-sluice-resumable: true\r\n"
+    } else {
+        ""
+    };
     let request = Arc::new(
         format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\n{opt_in}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         )
         .into_bytes(),
@@ -625,6 +717,7 @@ fn run_one(
                 open.clone(),
                 failed.clone(),
                 stop_rx.clone(),
+                proxy == Proxy::SluiceDetached,
             ))
         })
         .collect();
@@ -657,12 +750,21 @@ fn run_one(
     if let Ok(Some(status)) = procs.sluice.try_wait() {
         return Err(format!("{name} died ({status}) while holding the streams"));
     }
+    let held = if proxy.resumable() {
+        procs
+            .admin
+            .and_then(|a| metric(a, "sluice_resumable_streams"))
+            .map(|v| v as u64)
+    } else {
+        None
+    };
     let row = Row {
         open: open.load(Ordering::Relaxed),
         base_rss_kib,
         rss_kib: rss,
         base_fds,
         fds,
+        held,
     };
     println!(
         "{name} N={n} prompt={prompt} B: {} streams open ({} failed) in {ramp_took:?}; RSS {} -> {} KiB = {:.1} KiB/stream; fds {} -> {}; mock RSS {} KiB",
@@ -675,6 +777,15 @@ fn run_one(
         row.fds,
         rss_kib(procs.mock.id()),
     );
+    if let Some(h) = row.held {
+        println!("{name} N={n}: Sluice holds {h} resumable streams (sluice_resumable_streams)");
+        if proxy == Proxy::SluiceDetached && h < row.open as u64 {
+            return Err(format!(
+                "only {h} of {} detached generations held: the grace window let some go",
+                row.open
+            ));
+        }
+    }
     if std::env::var_os("SLUICE_BENCH_SMAPS").is_some() {
         print_largest_mappings(pid);
     }
