@@ -130,7 +130,8 @@ fn behavior(s: Scenario, stream: bool) -> String {
 }
 
 impl Client {
-    fn path(self) -> &'static str {
+    /// The endpoint the client posts to.
+    pub(crate) fn path(self) -> &'static str {
         match self {
             Client::Chat => "/v1/chat/completions",
             Client::Messages => "/v1/messages",
@@ -261,7 +262,8 @@ impl Client {
         b
     }
 
-    fn headers(self) -> Vec<(&'static str, String)> {
+    /// The virtual key the way the client's own SDK sends it (plus Anthropic's version).
+    pub(crate) fn headers(self) -> Vec<(&'static str, String)> {
         match self {
             Client::Messages => vec![
                 ("x-api-key", KEY.to_string()),
@@ -680,6 +682,22 @@ fn responses_stream(raw: &str, body: &[u8], out: &mut Seen) {
     assert_eq!(streamed_calls, out.tools, "{raw}");
 }
 
+/// What a `client` reassembles from the SSE body of a whole stream in its dialect (the
+/// per-dialect readers' checks included: a Responses stream's `sequence_number`s count from 0
+/// without a gap, a Messages stream's blocks start and stop in order, a Chat stream ends with
+/// `[DONE]`). Shared with `resumable.rs`, which feeds it a stream put together from a cut
+/// connection and its resumption.
+pub(crate) fn reassemble(client: Client, body: &[u8]) -> Seen {
+    let raw = String::from_utf8_lossy(body).into_owned();
+    let mut seen = Seen::default();
+    match client {
+        Client::Chat => chat_stream(&raw, body, &mut seen),
+        Client::Messages => messages_stream(&raw, body, &mut seen),
+        Client::Responses => responses_stream(&raw, body, &mut seen),
+    }
+    seen
+}
+
 /// Sends one cell's request; returns status, body and what the client reassembled.
 pub(crate) fn run_cell(
     sluice: &Sluice,
@@ -721,15 +739,13 @@ pub(crate) fn run_cell(
         (Client::Chat, false) => {
             chat_nonstream(&serde_json::from_slice(&bytes).expect("JSON"), &mut seen)
         }
-        (Client::Chat, true) => chat_stream(&raw, &bytes, &mut seen),
+        (_, true) => seen = reassemble(client, &bytes),
         (Client::Messages, false) => {
             messages_nonstream(&serde_json::from_slice(&bytes).expect("JSON"), &mut seen);
         }
-        (Client::Messages, true) => messages_stream(&raw, &bytes, &mut seen),
         (Client::Responses, false) => {
             responses_nonstream(&serde_json::from_slice(&bytes).expect("JSON"), &mut seen);
         }
-        (Client::Responses, true) => responses_stream(&raw, &bytes, &mut seen),
     }
     (status, raw, seen)
 }

@@ -1,0 +1,772 @@
+//! Resumable streams (issue 32) through real sockets: a client opts in (header
+//! `x-sluice-resumable: true`, or its model's `resumable: true`), reads a paced stream up to
+//! a random event, drops its TCP connection and resumes with `GET /v1/streams/<id>` and
+//! `Last-Event-ID`. For every client dialect on a same-dialect and a translated route, the
+//! stream put together from the cut connection and the resumption reassembles to exactly
+//! the uninterrupted stream's text and usage; every event carries `id: <stream id>:<seq>`
+//! (1, 2, … without a gap across the cut); the ledger has one row for the generation, with
+//! `resumptions = 1`; the provider saw one request. Then what surrounds it: an expired grace
+//! window (410 in the dialect, the upstream cancelled, ledger `client_abort`), a wrong key
+//! and another tenant (404, the same body), an overflowed replay buffer (the stream ended,
+//! 410), `DELETE` (204, the upstream cancelled at once), a stream read to its end (nothing
+//! held), another replica (421 naming the owner), and a stream that did not opt in (no
+//! `id:` line, no `x-sluice-stream-id`).
+//!
+//! The cut is random: the seed is printed, and `SLUICE_RESUME_SEED=<n>` replays a run.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cancellation::{
+    assert_upstream_closed_promptly, chat_records, wait_chat, MockClock, CLOSE_BOUND_MS,
+};
+use crate::dialect_matrix::{reassemble, Client, Seen};
+use crate::harness::client::{request, Response, StreamReader};
+use crate::harness::{eventually, Mock, Sluice, KEY};
+
+/// A second key of tenant `t`: the same tenant, another virtual key.
+const KEY_SAME_TENANT: &str = "sk-sluice-test-0002";
+/// A key of tenant `u`.
+const KEY_OTHER_TENANT: &str = "sk-sluice-test-0003";
+/// The gauge of resumable streams Sluice holds (attached or in their grace window).
+const HELD: &str = "sluice_resumable_streams";
+/// The answer the mock streams, one event per word (multi-byte characters included, so a
+/// cut never lands on a character boundary by luck).
+const TEXT: &str = "Résumé of the plan: streams survive the network — ünïcode ✓ 🚀, \
+    then every word of the answer arrives in order, one by one, until the very last word \
+    of this fairly long sentence.";
+/// The input tokens the mock reports.
+const PROMPT_TOKENS: u64 = 17;
+/// Per-read bound while reading a stream.
+const READ: Duration = Duration::from_secs(10);
+
+/// The config: ledger flushed every 50 ms, tenants `t` (two keys) and `u`, an OpenAI
+/// provider (Chat and Responses APIs) and an Anthropic one, and `acme/claude-resumable`, the
+/// model that opts in by itself. `server` is inserted under `server:`.
+fn config(mock: &Mock, server: &str) -> String {
+    let base = mock.base_url();
+    format!(
+        "server:\n  listen: {{listen}}\n  admin_listen: {{admin}}\n  threads: 2\n{server}\
+         ledger:\n  flush_interval_ms: 50\n\
+         tenants:\n  t: {{}}\n  u: {{}}\n\
+         virtual_keys:\n  - key: {KEY}\n    tenant: t\n  - key: {KEY_SAME_TENANT}\n    tenant: t\n  - key: {KEY_OTHER_TENANT}\n    tenant: u\n\
+         providers:\n  oa:\n    kind: openai\n    base_url: {base}\n    api_key: sk-provider-secret-oa\n    health_check: {{enabled: false}}\n\
+         \x20 claude:\n    kind: anthropic\n    base_url: {base}\n    api_key: sk-ant-provider-secret\n    health_check: {{enabled: false}}\n\
+         models:\n\
+         \x20 acme/gpt:\n    routes:\n      - provider: oa\n        upstream_model: gpt-mock-1\n\
+         \x20 acme/gpt-resp:\n    routes:\n      - provider: oa\n        upstream_model: gpt-mock-1\n        api: responses\n\
+         \x20 acme/claude:\n    default_max_tokens: 4096\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n\
+         \x20 acme/claude-resumable:\n    resumable: true\n    default_max_tokens: 4096\n    routes:\n      - provider: claude\n        upstream_model: claude-mock-1\n"
+    )
+}
+
+/// A paced answer: `TEXT`, one word every `delay_ms`.
+fn paced(delay_ms: u64) -> String {
+    json!({"text": TEXT, "token_delay_ms": delay_ms, "prompt_tokens": PROMPT_TOKENS}).to_string()
+}
+
+/// A long paced answer: `tokens` words, one every `delay_ms`.
+fn long(tokens: u64, delay_ms: u64) -> String {
+    json!({"tokens": tokens, "token_delay_ms": delay_ms, "prompt_tokens": PROMPT_TOKENS})
+        .to_string()
+}
+
+/// A streaming request body of `client` for `model`.
+fn body(client: Client, model: &str) -> String {
+    match client {
+        Client::Chat => json!({"model": model, "stream": true,
+            "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": "tell me the plan"}]}),
+        Client::Messages => json!({"model": model, "max_tokens": 2048, "stream": true,
+            "messages": [{"role": "user", "content": "tell me the plan"}]}),
+        Client::Responses => json!({"model": model, "stream": true,
+            "input": "tell me the plan"}),
+    }
+    .to_string()
+}
+
+/// The client's key headers (its own SDK's way) with `key` instead of the test key.
+fn key_headers(client: Client, key: &str) -> Vec<(&'static str, String)> {
+    client
+        .headers()
+        .into_iter()
+        .map(|(k, v)| (k, v.replace(KEY, key)))
+        .collect()
+}
+
+/// Opens a streaming request of `client` for `model`; `extra` headers on top of the key.
+fn open(
+    sluice: &Sluice,
+    client: Client,
+    model: &str,
+    extra: &[(&'static str, &str)],
+) -> StreamReader {
+    let mut owned = client.headers();
+    owned.extend(extra.iter().map(|(k, v)| (*k, (*v).to_string())));
+    let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = StreamReader::open(sluice.addr, client.path(), &headers, &body(client, model));
+    assert_eq!(r.status, 200, "{client:?} {model}: {:?}", r.headers);
+    r
+}
+
+/// The letter of the dialect in a stream id (`sc_`, `sm_`, `sr_`).
+fn letter(client: Client) -> char {
+    match client {
+        Client::Chat => 'c',
+        Client::Messages => 'm',
+        Client::Responses => 'r',
+    }
+}
+
+/// The events (blocks ended by a blank line) of SSE text, comments (`: …`) left out; the
+/// text after the last complete block is not an event yet.
+fn events_of(text: &str) -> Vec<String> {
+    let complete = text.rfind("\n\n").map_or("", |i| &text[..i]);
+    complete
+        .split("\n\n")
+        .filter(|e| !e.is_empty() && !e.lines().all(|l| l.starts_with(':')))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `id:` of an event, if it has one.
+fn event_id(event: &str) -> Option<&str> {
+    event
+        .lines()
+        .find_map(|l| l.strip_prefix("id:"))
+        .map(str::trim_start)
+}
+
+/// Asserts each of `events` carries `id: <stream_id>:<seq>` with seq `first`, `first + 1`, ….
+fn assert_ids(events: &[String], stream_id: &str, first: u64) {
+    for (i, e) in events.iter().enumerate() {
+        let want = format!("{stream_id}:{}", first + i as u64);
+        assert_eq!(event_id(e), Some(want.as_str()), "event {e:?}");
+    }
+}
+
+/// `events` as an SSE body without their `id:` lines (what the dialect readers take).
+fn without_ids(events: &[String]) -> Vec<u8> {
+    let mut out = String::new();
+    for e in events {
+        for l in e.lines().filter(|l| !l.starts_with("id:")) {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out.into_bytes()
+}
+
+/// Reads `r` until it holds `k` complete events; returns the first `k` (the bytes after them
+/// are what a client that got `k` events had not yet got).
+fn read_events(r: &mut StreamReader, k: usize) -> Vec<String> {
+    let mut text = String::new();
+    loop {
+        let events = events_of(&text);
+        if events.len() >= k {
+            return events[..k].to_vec();
+        }
+        let piece = r
+            .next_piece(READ)
+            .unwrap_or_else(|| panic!("the stream ended after {} events: {text}", events.len()));
+        text.push_str(&String::from_utf8_lossy(&piece));
+    }
+}
+
+/// `GET /v1/streams/<id>` as `client` with `key`, naming `last` (`Last-Event-ID`) when given.
+fn resume(
+    sluice: &Sluice,
+    client: Client,
+    key: &str,
+    stream_id: &str,
+    last: Option<&str>,
+) -> StreamReader {
+    let mut owned = key_headers(client, key);
+    if let Some(l) = last {
+        owned.push(("last-event-id", l.to_string()));
+    }
+    let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    StreamReader::open_raw(
+        sluice.addr,
+        "GET",
+        &format!("/v1/streams/{stream_id}"),
+        &headers,
+        b"",
+    )
+}
+
+/// A whole answer of a refused resume (or `DELETE`).
+fn whole(mut r: StreamReader) -> Response {
+    let body = r.read_to_end(READ);
+    Response {
+        status: r.status,
+        headers: r.headers.clone(),
+        body,
+    }
+}
+
+/// `DELETE /v1/streams/<id>` as `client` with `key`.
+fn delete(sluice: &Sluice, client: Client, key: &str, stream_id: &str) -> Response {
+    let owned = key_headers(client, key);
+    let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    request(
+        sluice.addr,
+        "DELETE",
+        &format!("/v1/streams/{stream_id}"),
+        &headers,
+        b"",
+    )
+}
+
+/// Asserts `r` is an error in `client`'s dialect (Anthropic's shape for Messages, OpenAI's
+/// for Chat and Responses) with `status`; its message, lowercase.
+fn assert_dialect_error(client: Client, r: &Response, status: u16) -> String {
+    assert_eq!(r.status, status, "{}", r.text());
+    let v = r.json();
+    if client == Client::Messages {
+        assert_eq!(v["type"], "error", "{v}");
+        assert!(v["error"]["type"].is_string(), "{v}");
+    } else {
+        assert!(v.get("type").is_none(), "{v}");
+        assert!(
+            v["error"]["type"].is_string() || v["error"]["code"].is_string(),
+            "{v}"
+        );
+    }
+    v["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error message: {v}"))
+        .to_lowercase()
+}
+
+/// The seed of this run's random cuts: `SLUICE_RESUME_SEED`, else the clock (printed).
+fn seeded() -> fastrand::Rng {
+    let seed = std::env::var("SLUICE_RESUME_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("resumable: random cuts with SLUICE_RESUME_SEED={seed}");
+    fastrand::Rng::with_seed(seed)
+}
+
+/// The ledger's records so far (`sluice usage --format json`).
+fn ledger(sluice: &Sluice) -> Vec<Value> {
+    crate::ledger::records(sluice.dir.path(), &sluice.config_path, &[])
+}
+
+/// Waits until the ledger has a row with `request_id`; every row with that id.
+fn ledger_rows(sluice: &Sluice, request_id: &str) -> Vec<Value> {
+    let mut rows = Vec::new();
+    let found = eventually(Duration::from_secs(10), || {
+        rows = ledger(sluice)
+            .into_iter()
+            .filter(|r| r["request_id"] == request_id)
+            .collect();
+        !rows.is_empty()
+    });
+    assert!(found, "no ledger row {request_id}: {:#?}", ledger(sluice));
+    rows
+}
+
+/// The held-streams gauge; absent counts as 0 (nothing was ever held).
+fn held(sluice: &Sluice) -> f64 {
+    sluice.metric(HELD)
+}
+
+/// One cell of the matrix: a client dialect on a model.
+struct Cell {
+    client: Client,
+    model: &'static str,
+    /// The model opts in by itself (`resumable: true`): no header, and the reference opts
+    /// out with `x-sluice-resumable: false`.
+    by_model: bool,
+    /// Resume only once the provider finished the answer (the whole rest from the buffer).
+    after_the_end: bool,
+}
+
+/// The reference: the same request, not opted in, read whole. Checks that a stream that did
+/// not opt in has no `id:` line and no `x-sluice-stream-id`; returns what the client
+/// reassembles and its number of events.
+fn reference(sluice: &Sluice, cell: &Cell, request_id: &str) -> (Seen, usize) {
+    let mut extra = vec![("x-request-id", request_id)];
+    if cell.by_model {
+        extra.push(("x-sluice-resumable", "false"));
+    }
+    let mut r = open(sluice, cell.client, cell.model, &extra);
+    assert_eq!(r.header("x-sluice-stream-id"), None, "{:?}", r.headers);
+    let body = r.read_to_end(READ);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    assert!(
+        !text.lines().any(|l| l.starts_with("id:")),
+        "a stream that did not opt in carries no id: {text}"
+    );
+    let events = events_of(&text);
+    (reassemble(cell.client, &body), events.len())
+}
+
+/// Asserts what two streams reassembled is the same answer: text, stop reason and usage.
+fn assert_same_answer(cell: &str, got: &Seen, want: &Seen) {
+    assert_eq!(got.text, want.text, "{cell}: text");
+    assert_eq!(got.text, TEXT, "{cell}: the mock's text");
+    assert_eq!(got.stop, want.stop, "{cell}: stop reason");
+    assert_eq!(
+        (got.input_tokens, got.output_tokens, got.cached_tokens),
+        (want.input_tokens, want.output_tokens, want.cached_tokens),
+        "{cell}: usage"
+    );
+    assert_eq!(
+        got.input_tokens, PROMPT_TOKENS,
+        "{cell}: the mock's input tokens"
+    );
+    assert!(got.output_tokens > 0, "{cell}: output tokens");
+    assert_eq!(got.error, None, "{cell}");
+}
+
+/// Runs one cell: the reference, then the opted-in stream cut at a random event and
+/// resumed. Returns the request id of the resumed generation.
+fn run_cell(sluice: &Sluice, mock: &Mock, cell: &Cell, rng: &mut fastrand::Rng) -> String {
+    let name = format!("{:?} on {}", cell.client, cell.model);
+    let tag = format!("{:?}-{}", cell.client, cell.model.replace('/', "-")).to_lowercase();
+    mock.set_behavior(&paced(15));
+    let (want, n) = reference(sluice, cell, &format!("ref-{tag}"));
+    assert!(n >= 4, "{name}: {n} events");
+
+    mock.reset();
+    let request_id = format!("resumed-{tag}");
+    let mut extra = vec![("x-request-id", request_id.as_str())];
+    if !cell.by_model {
+        extra.push(("x-sluice-resumable", "true"));
+    }
+    let mut r = open(sluice, cell.client, cell.model, &extra);
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .unwrap_or_else(|| panic!("{name}: no x-sluice-stream-id: {:?}", r.headers))
+        .to_string();
+    assert!(
+        stream_id.starts_with(&format!("s{}_alpha_", letter(cell.client))),
+        "{name}: {stream_id}"
+    );
+    // Up to a random event before the last one, then the connection drops.
+    let k = rng.usize(1..n);
+    eprintln!("{name}: cut after event {k} of {n}");
+    let before = read_events(&mut r, k);
+    r.close();
+    assert_ids(&before, &stream_id, 1);
+    let last = event_id(&before[k - 1]).expect("id").to_string();
+    if cell.after_the_end {
+        // The provider finishes while nobody listens: the rest comes from the buffer.
+        wait_chat(mock, 0, Duration::from_secs(10), |rec| {
+            rec["completed"] == true
+        });
+    }
+
+    let mut again = resume(sluice, cell.client, KEY, &stream_id, Some(&last));
+    if again.status != 200 {
+        panic!("{name}: resume answered {}", whole(again).text());
+    }
+    assert!(
+        again
+            .header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream")),
+        "{name}: {:?}",
+        again.headers
+    );
+    let rest_body = again.read_to_end(READ);
+    let rest = events_of(&String::from_utf8_lossy(&rest_body));
+    assert_ids(&rest, &stream_id, k as u64 + 1);
+    assert_eq!(
+        k + rest.len(),
+        n,
+        "{name}: the events before the cut and after it make the whole stream"
+    );
+    let mut all = before;
+    all.extend(rest);
+    let got = reassemble(cell.client, &without_ids(&all));
+    assert_same_answer(&name, &got, &want);
+
+    // One generation upstream, run to its end.
+    let chats = chat_records(&mock.log());
+    assert_eq!(chats.len(), 1, "{name}: {chats:#?}");
+    assert_eq!(chats[0]["completed"], true, "{name}: {:#?}", chats[0]);
+    request_id
+}
+
+#[test]
+fn every_dialect_resumes_a_dropped_stream_exactly_on_same_dialect_and_translated_routes() {
+    let mock = Mock::start("{}");
+    let sluice = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
+    let mut rng = seeded();
+    let cells = [
+        Cell {
+            client: Client::Chat,
+            model: "acme/gpt",
+            by_model: false,
+            after_the_end: false,
+        },
+        Cell {
+            client: Client::Chat,
+            model: "acme/claude",
+            by_model: false,
+            after_the_end: false,
+        },
+        Cell {
+            client: Client::Messages,
+            model: "acme/claude-resumable",
+            by_model: true,
+            after_the_end: true,
+        },
+        Cell {
+            client: Client::Messages,
+            model: "acme/gpt",
+            by_model: false,
+            after_the_end: false,
+        },
+        Cell {
+            client: Client::Responses,
+            model: "acme/gpt-resp",
+            by_model: false,
+            after_the_end: false,
+        },
+        Cell {
+            client: Client::Responses,
+            model: "acme/claude",
+            by_model: false,
+            after_the_end: false,
+        },
+        Cell {
+            client: Client::Responses,
+            model: "acme/gpt",
+            by_model: false,
+            after_the_end: true,
+        },
+    ];
+    let mut resumed = Vec::new();
+    for cell in &cells {
+        resumed.push(run_cell(&sluice, &mock, cell, &mut rng));
+    }
+    // One row per generation, with its one resumption; the references' rows say 0, and the
+    // resumes (GETs) leave none of their own.
+    for id in &resumed {
+        let rows = ledger_rows(&sluice, id);
+        assert_eq!(rows.len(), 1, "{id}: {rows:#?}");
+        assert_eq!(rows[0]["resumptions"], 1, "{id}: {:#?}", rows[0]);
+        assert_eq!(rows[0]["outcome"], "ok", "{id}: {:#?}", rows[0]);
+        assert_eq!(
+            rows[0]["input_tokens"], PROMPT_TOKENS,
+            "{id}: {:#?}",
+            rows[0]
+        );
+    }
+    let all = ledger(&sluice);
+    assert_eq!(all.len(), 2 * cells.len(), "{all:#?}");
+    for r in all.iter().filter(|r| {
+        r["request_id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("ref-"))
+    }) {
+        assert_eq!(r["resumptions"], 0, "{r:#?}");
+    }
+    let access = sluice.log();
+    for id in &resumed {
+        let line = access
+            .lines()
+            .find(|l| l.contains("sluice::access") && l.contains(&format!("request_id={id} ")))
+            .unwrap_or_else(|| panic!("no access line for {id}:\n{access}"));
+        assert!(line.ends_with("resumptions=1"), "{line}");
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
+        "{}",
+        sluice.metrics()
+    );
+}
+
+#[test]
+fn after_the_grace_window_the_upstream_is_cancelled_and_a_resume_gets_410() {
+    let mock = Mock::start(&long(400, 20));
+    let grace_ms = 800;
+    let sluice = Sluice::start(&config(
+        &mock,
+        &format!("  replica_id: alpha\n  resume_grace_ms: {grace_ms}\n"),
+    ));
+    let client = Client::Messages;
+    let mut r = open(
+        &sluice,
+        client,
+        "acme/claude",
+        &[("x-sluice-resumable", "true"), ("x-request-id", "expires")],
+    );
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    let before = read_events(&mut r, 3);
+    let clock = MockClock::read(&mock);
+    r.close();
+    let dropped = Instant::now();
+    // The generation goes on without its client (the provider keeps writing) ...
+    let written = |l: &[Value]| chat_records(l)[0]["bytes_written"].as_u64().unwrap_or(0);
+    let at_drop = written(&mock.log());
+    let log = mock.wait_log(Duration::from_secs(5), |l| written(l) > at_drop + 200);
+    assert!(written(&log) > at_drop + 200, "{log:#?}");
+    // ... until the window ends: then it is cancelled, within the usual bound after it.
+    let rec = wait_chat(&mock, 0, Duration::from_secs(10), |rec| {
+        rec["peer_closed_at_ms"].is_u64()
+    });
+    assert_eq!(rec["completed"], false, "{rec:#?}");
+    let delay = clock.delay_upper_ms(dropped, rec["peer_closed_at_ms"].as_u64().unwrap_or(0));
+    eprintln!("upstream cancelled {delay} ms (upper bound) after the client dropped");
+    assert!(
+        delay <= i64::from(grace_ms) + 1000,
+        "cancelled {delay} ms after the drop, grace {grace_ms} ms"
+    );
+    let last = event_id(&before[2]).expect("id").to_string();
+    let gone = whole(resume(&sluice, client, KEY, &stream_id, Some(&last)));
+    let message = assert_dialect_error(client, &gone, 410);
+    assert!(message.contains("expired"), "{message}");
+    let rows = ledger_rows(&sluice, "expires");
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(
+        (&rows[0]["outcome"], &rows[0]["resumptions"]),
+        (&json!("client_abort"), &json!(0)),
+        "{:#?}",
+        rows[0]
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
+        "{}",
+        sluice.metrics()
+    );
+}
+
+#[test]
+fn a_wrong_key_or_tenant_gets_404_and_the_owner_still_resumes() {
+    let mock = Mock::start(&long(60, 20));
+    let sluice = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
+    let client = Client::Chat;
+    let mut r = open(
+        &sluice,
+        client,
+        "acme/gpt",
+        &[("x-sluice-resumable", "true"), ("x-request-id", "owned")],
+    );
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    let before = read_events(&mut r, 2);
+    r.close();
+    let last = event_id(&before[1]).expect("id").to_string();
+
+    let same_tenant = whole(resume(
+        &sluice,
+        client,
+        KEY_SAME_TENANT,
+        &stream_id,
+        Some(&last),
+    ));
+    let other_tenant = whole(resume(
+        &sluice,
+        client,
+        KEY_OTHER_TENANT,
+        &stream_id,
+        Some(&last),
+    ));
+    assert_dialect_error(client, &same_tenant, 404);
+    assert_dialect_error(client, &other_tenant, 404);
+    assert_eq!(
+        same_tenant.body, other_tenant.body,
+        "the same answer for both"
+    );
+    let unknown = format!("sc_alpha_{}", "0".repeat(32));
+    assert_dialect_error(
+        client,
+        &whole(resume(&sluice, client, KEY, &unknown, None)),
+        404,
+    );
+    // Neither can cancel it either.
+    assert_eq!(
+        delete(&sluice, client, KEY_OTHER_TENANT, &stream_id).status,
+        404
+    );
+    let no_key = request(
+        sluice.addr,
+        "GET",
+        &format!("/v1/streams/{stream_id}"),
+        &[],
+        b"",
+    );
+    assert_eq!(no_key.status, 401, "{}", no_key.text());
+
+    // The owner gets the rest, and the generation is still the one and only.
+    let mut again = resume(&sluice, client, KEY, &stream_id, Some(&last));
+    assert_eq!(again.status, 200);
+    let rest = events_of(&String::from_utf8_lossy(&again.read_to_end(READ)));
+    assert_ids(&rest, &stream_id, 3);
+    let mut all = before;
+    all.extend(rest);
+    let seen = reassemble(client, &without_ids(&all));
+    let want: String = (0..60).map(|i| format!("tok{i} ")).collect();
+    assert_eq!(seen.text, want);
+    assert_eq!(chat_records(&mock.log()).len(), 1);
+    let rows = ledger_rows(&sluice, "owned");
+    assert_eq!(
+        (rows.len(), &rows[0]["resumptions"]),
+        (1, &json!(1)),
+        "{rows:#?}"
+    );
+}
+
+#[test]
+fn an_overflowed_replay_buffer_ends_the_detached_stream_and_a_resume_gets_410() {
+    // Each Chat chunk is about 200 bytes: the 8 KiB bound is passed some 40 events in.
+    let mock = Mock::start(&long(5000, 2));
+    let sluice = Sluice::start(&config(
+        &mock,
+        "  replica_id: alpha\n  resume_buffer_bytes: 8192\n  resume_grace_ms: 60000\n",
+    ));
+    let client = Client::Chat;
+    let mut r = open(
+        &sluice,
+        client,
+        "acme/gpt",
+        &[
+            ("x-sluice-resumable", "true"),
+            ("x-request-id", "overflows"),
+        ],
+    );
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    let before = read_events(&mut r, 1);
+    r.close();
+    // Long before the grace window ends, the buffer is full: the stream ends as any stream
+    // whose client left, upstream cancelled.
+    let rec = wait_chat(&mock, 0, Duration::from_secs(10), |rec| {
+        rec["peer_closed_at_ms"].is_u64()
+    });
+    assert_eq!(rec["completed"], false, "{rec:#?}");
+    let last = event_id(&before[0]).expect("id").to_string();
+    let gone = whole(resume(&sluice, client, KEY, &stream_id, Some(&last)));
+    let message = assert_dialect_error(client, &gone, 410);
+    assert!(message.contains("buffer"), "{message}");
+    let rows = ledger_rows(&sluice, "overflows");
+    assert_eq!(
+        (rows.len(), &rows[0]["resumptions"]),
+        (1, &json!(0)),
+        "{rows:#?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
+        "{}",
+        sluice.metrics()
+    );
+}
+
+#[test]
+fn delete_cancels_the_upstream_at_once_and_a_finished_reader_leaves_nothing_behind() {
+    let mock = Mock::start(&long(400, 20));
+    let sluice = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
+    let client = Client::Responses;
+    let mut r = open(
+        &sluice,
+        client,
+        "acme/gpt",
+        &[("x-sluice-resumable", "true"), ("x-request-id", "deleted")],
+    );
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    read_events(&mut r, 2);
+    r.close();
+    // The generation is held in its grace window.
+    assert!(
+        eventually(Duration::from_secs(5), || held(&sluice) == 1.0),
+        "{}",
+        sluice.metrics()
+    );
+    let clock = MockClock::read(&mock);
+    let sent = Instant::now();
+    let d = delete(&sluice, client, KEY, &stream_id);
+    assert_eq!(d.status, 204, "{}", d.text());
+    assert!(d.body.is_empty());
+    assert_upstream_closed_promptly(&mock, 0, &clock, sent, "mid_stream");
+    eprintln!("(bound {CLOSE_BOUND_MS} ms)");
+    let after = whole(resume(&sluice, client, KEY, &stream_id, None));
+    assert!(matches!(after.status, 404 | 410), "{}", after.text());
+    assert_eq!(delete(&sluice, client, KEY, &stream_id).status, 404);
+    assert!(
+        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
+        "{}",
+        sluice.metrics()
+    );
+    let rows = ledger_rows(&sluice, "deleted");
+    assert_eq!(
+        (rows.len(), &rows[0]["resumptions"]),
+        (1, &json!(0)),
+        "{rows:#?}"
+    );
+
+    // A client that read to the final event and closed: nothing is kept for it.
+    mock.set_behavior(&paced(1));
+    let mut r = open(
+        &sluice,
+        client,
+        "acme/gpt",
+        &[("x-sluice-resumable", "true")],
+    );
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    let text = String::from_utf8_lossy(&r.read_to_end(READ)).into_owned();
+    assert!(text.contains("response.completed"), "{text}");
+    r.close();
+    assert!(
+        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
+        "{}",
+        sluice.metrics()
+    );
+    let after = whole(resume(&sluice, client, KEY, &stream_id, None));
+    assert!(matches!(after.status, 404 | 410), "{}", after.text());
+}
+
+#[test]
+fn a_resume_on_another_replica_gets_421_naming_the_owner() {
+    let mock = Mock::start(&long(60, 20));
+    let a = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
+    let b = Sluice::start(&config(&mock, "  replica_id: beta\n"));
+    let client = Client::Responses;
+    let mut r = open(&a, client, "acme/claude", &[("x-sluice-resumable", "true")]);
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    assert!(stream_id.starts_with("sr_alpha_"), "{stream_id}");
+    let before = read_events(&mut r, 2);
+    r.close();
+    let last = event_id(&before[1]).expect("id").to_string();
+    let elsewhere = whole(resume(&b, client, KEY, &stream_id, Some(&last)));
+    let message = assert_dialect_error(client, &elsewhere, 421);
+    assert!(message.contains("alpha"), "{message}");
+    // Its owner still has it.
+    let mut again = resume(&a, client, KEY, &stream_id, Some(&last));
+    assert_eq!(again.status, 200);
+    let rest = events_of(&String::from_utf8_lossy(&again.read_to_end(READ)));
+    assert_ids(&rest, &stream_id, 3);
+    let mut all = before;
+    all.extend(rest);
+    let seen = reassemble(client, &without_ids(&all));
+    assert_eq!(
+        seen.text,
+        (0..60).map(|i| format!("tok{i} ")).collect::<String>()
+    );
+}
