@@ -17,9 +17,9 @@
 //! `sluice-resumable` opts every held stream in (`x-sluice-resumable: true`: event ids, a
 //! registry entry and a replay buffer per stream), and `sluice-detached` opts in too, then
 //! drops each client after its first event, so Sluice holds N generations in their grace
-//! window (`server.resume_grace_ms: 600000` for the run) with no client attached; its row
-//! also reports the `sluice_resumable_streams` gauge, so that what is measured is what is
-//! held. `SLUICE_BENCH_STREAMS=2000 SLUICE_BENCH_PROXIES=sluice,sluice-resumable,sluice-detached`
+//! window (`server.resume_grace_ms: 600000` for the run) with no client attached; both
+//! report the `sluice_resumable_streams` gauge (attached + detached), so that what is
+//! measured is what is held. `SLUICE_BENCH_STREAMS=2000 SLUICE_BENCH_PROXIES=sluice,sluice-resumable,sluice-detached`
 //! compares the three at one N. nginx
 //! runs as the load bench runs it: `worker_processes auto`, `proxy_buffering off`,
 //! `proxy_http_version 1.1`, upstream `keepalive 64`, access log off, its default
@@ -241,8 +241,8 @@ struct Row {
     rss_kib: u64,
     base_fds: usize,
     fds: usize,
-    /// Resumable streams Sluice held while sampled (`sluice_resumable_streams`), for the
-    /// resumable variants.
+    /// Resumable streams Sluice held while sampled (`sluice_resumable_streams`, attached and
+    /// detached), for the resumable variants.
     held: Option<u64>,
 }
 
@@ -751,10 +751,12 @@ fn run_one(
         return Err(format!("{name} died ({status}) while holding the streams"));
     }
     let held = if proxy.resumable() {
-        procs
-            .admin
-            .and_then(|a| metric(a, "sluice_resumable_streams"))
-            .map(|v| v as u64)
+        procs.admin.map(|a| {
+            ["attached", "detached"]
+                .iter()
+                .filter_map(|st| metric(a, &format!("sluice_resumable_streams{{state=\"{st}\"}}")))
+                .sum::<f64>() as u64
+        })
     } else {
         None
     };
