@@ -101,7 +101,7 @@ pub(crate) async fn handle(
     };
     let found = registry().find(sid, &owner);
     match (method, found) {
-        (_, Found::NotFound) => Err(not_found(sid).into()),
+        (_, Found::Unknown) => Err(not_found(sid).into()),
         ("DELETE", found) => {
             if let Found::Live(entry) = found {
                 entry.cancel();
@@ -215,6 +215,18 @@ async fn resume(
         entry.detach(reader);
         return Err(ChatError::Gone(ClientGone("writing")));
     }
+    read_on(session, ctx, entry, reader, after).await
+}
+
+/// Writes the events of `entry` after `after` as its reader `reader`, then waits for the
+/// live ones, until the stream ends (or this client drops, or another resume takes over).
+async fn read_on(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    entry: &Entry,
+    reader: u64,
+    after: u64,
+) -> Result<(), ChatError> {
     let heartbeat = ctx.config.server.default_timeouts.heartbeat;
     let beat = protocol::heartbeat(entry.dialect);
     let mut rx = entry.subscribe();

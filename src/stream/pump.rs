@@ -480,8 +480,12 @@ pub(crate) async fn pump_body(
     // Subscribed once per stream, not once per chunk: each subscription registers with
     // (and its drop unregisters from, under a lock) the shutdown channel's waiters.
     let shutdown = crate::shutdown::streams_cancelled();
-    // A resumable stream's shared state: its grace window and cancel are watched too.
-    let resumable = ctx.resumable.as_deref().map(Resumable::entry);
+    // A resumable stream's grace window and cancel are watched too: one future for the
+    // whole pump (boxed, allocated for resumable streams only).
+    let mut control = ctx
+        .resumable
+        .as_deref()
+        .map(|r| resume::writer::control(r.entry()));
     tokio::pin!(
         idle_timer,
         heartbeat_timer,
@@ -520,7 +524,7 @@ pub(crate) async fn pump_body(
                     biased;
                     () = client_gone(session), if watching => Tick::Ev(Ev::Gone),
                     r = &mut read => Tick::Ev(Ev::Chunk(r)),
-                    stop = resume::writer::control(resumable.as_deref()), if resumable.is_some() => Tick::Ev(Ev::Stopped(stop)),
+                    stop = resume::writer::stopped(&mut control), if control.is_some() => Tick::Ev(Ev::Stopped(stop)),
                     () = &mut idle_timer => Tick::Idle,
                     () = &mut first_event_timer, if waiting_first => Tick::Ev(Ev::FirstEventTimeout),
                     () = &mut max_end_timer, if max_end.is_some() => Tick::Ev(Ev::MaxDuration),
@@ -654,7 +658,15 @@ pub(crate) async fn pump_body(
                         .heartbeats_total
                         .with_label_values(&[route.provider.id.as_str()])
                         .inc();
-                    out = Bytes::from_static(protocol::heartbeat(ctx.dialect));
+                    let beat = protocol::heartbeat(ctx.dialect);
+                    match ctx.resumable.as_deref_mut() {
+                        // A keepalive is no event of the stream: not numbered, not kept.
+                        Some(r) => {
+                            Box::pin(r.heartbeat(session, beat)).await;
+                            last_write = Instant::now();
+                        }
+                        None => out = Bytes::from_static(beat),
+                    }
                 }
                 if !had_content && pipe.first_content {
                     ctx.outcome.ttft = Some(ctx.received.elapsed());

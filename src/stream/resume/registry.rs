@@ -24,7 +24,7 @@ pub(crate) enum Found {
     /// A stream of this owner that ended, and why.
     Ended(Ended),
     /// Nothing this owner may see.
-    NotFound,
+    Unknown,
 }
 
 /// A stream that ended.
@@ -72,12 +72,12 @@ impl Registry {
             return if e.owner == *owner {
                 Found::Live(e.clone())
             } else {
-                Found::NotFound
+                Found::Unknown
             };
         }
         match g.tombs.get(id) {
             Some(t) if t.owner == *owner && t.at.elapsed() < TOMBSTONE_TTL => Found::Ended(t.why),
-            _ => Found::NotFound,
+            _ => Found::Unknown,
         }
     }
 
@@ -147,20 +147,20 @@ mod tests {
         let e = entry(&b, "a");
         r.insert(e.clone());
         assert!(matches!(r.find("a", &owner("t")), Found::Live(_)));
-        assert!(matches!(r.find("a", &owner("other")), Found::NotFound));
+        assert!(matches!(r.find("a", &owner("other")), Found::Unknown));
         let other_key = Owner {
             key: [2; 32],
             tenant: "t".into(),
         };
-        assert!(matches!(r.find("a", &other_key), Found::NotFound));
-        assert!(matches!(r.find("b", &owner("t")), Found::NotFound));
+        assert!(matches!(r.find("a", &other_key), Found::Unknown));
+        assert!(matches!(r.find("b", &owner("t")), Found::Unknown));
         r.retire(&e, Ended::Expired);
         assert_eq!(r.live(), 0);
         assert!(matches!(
             r.find("a", &owner("t")),
             Found::Ended(Ended::Expired)
         ));
-        assert!(matches!(r.find("a", &other_key), Found::NotFound));
+        assert!(matches!(r.find("a", &other_key), Found::Unknown));
     }
 
     #[test]
@@ -169,7 +169,7 @@ mod tests {
         let r = Registry::default();
         r.insert(entry(&b, "a"));
         r.forget("a");
-        assert!(matches!(r.find("a", &owner("t")), Found::NotFound));
+        assert!(matches!(r.find("a", &owner("t")), Found::Unknown));
     }
 
     #[test]
@@ -182,7 +182,7 @@ mod tests {
             r.retire(&e, Ended::Overflowed);
         }
         assert_eq!(r.lock().tombs.len(), MAX_TOMBSTONES);
-        assert!(matches!(r.find("s0", &owner("t")), Found::NotFound));
+        assert!(matches!(r.find("s0", &owner("t")), Found::Unknown));
         assert!(matches!(
             r.find(&format!("s{MAX_TOMBSTONES}"), &owner("t")),
             Found::Ended(Ended::Overflowed)

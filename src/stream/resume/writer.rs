@@ -255,13 +255,26 @@ impl Resumable {
     }
 }
 
+/// The pump's watch of a resumable stream ([`control`]), made once per pump.
+pub(crate) type Control = std::pin::Pin<Box<dyn std::future::Future<Output = Stop> + Send>>;
+
+/// Resolves with [`control`]'s verdict; pending forever without one (a stream that is not
+/// resumable; the branch is disabled then).
+pub(crate) async fn stopped(control: &mut Option<Control>) -> Stop {
+    match control {
+        Some(c) => c.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Resolves when the pump must stop the stream: the grace window passed with no client
-/// attached, or `DELETE` cancelled it. Pending while a client holds it, and forever for a
-/// stream that is not resumable (`None`).
-pub(crate) async fn control(entry: Option<&Entry>) -> Stop {
-    let Some(entry) = entry else {
-        return std::future::pending().await;
-    };
+/// attached, or `DELETE` cancelled it. Pending while a client holds it.
+pub(crate) fn control(entry: Arc<Entry>) -> Control {
+    Box::pin(async move { watch(&entry).await })
+}
+
+/// [`control`]'s loop.
+async fn watch(entry: &Entry) -> Stop {
     loop {
         match entry.hold() {
             Hold::Cancelled => return Stop::Cancelled,
