@@ -76,6 +76,7 @@ fn model(n: usize, strategy: Strategy) -> Model {
         first_event_timeout: None,
         early_commit_after: None,
         continue_on_break: false,
+        resumable: false,
         report_served_model: false,
         unsupported: sluice::config::Unsupported::default(),
         default_max_tokens: 4096,

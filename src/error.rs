@@ -32,6 +32,20 @@ pub enum GatewayError {
         /// `model_not_found` or `not_found`.
         code: &'static str,
     },
+    /// 410: a resumable stream that can no longer be resumed (its grace window passed, its
+    /// replay buffer overflowed, the event named is no longer kept, or it was cancelled).
+    #[error("{message}")]
+    StreamGone {
+        /// Which, and what to do.
+        message: String,
+        /// `stream_expired`, `stream_overflowed`, `event_too_old`, `stream_cancelled`,
+        /// `stream_completed`.
+        code: &'static str,
+    },
+    /// 421: a resumable stream id of another replica (the deployment routes resumes by the
+    /// stream id's replica tag).
+    #[error("{0}")]
+    Misdirected(String),
     /// 405: wrong method for the path.
     #[error("method {0} is not allowed on this path")]
     MethodNotAllowed(String),
@@ -162,6 +176,8 @@ impl GatewayError {
             Self::BudgetExceeded { .. } => 402,
             Self::PermissionDenied(_) => 403,
             Self::NotFound { .. } => 404,
+            Self::StreamGone { .. } => 410,
+            Self::Misdirected(_) => 421,
             Self::MethodNotAllowed(_) => 405,
             Self::UpgradeRequired(_) => 426,
             Self::NotImplemented(_) => 501,
@@ -183,6 +199,8 @@ impl GatewayError {
         match self {
             Self::InvalidRequest { .. }
             | Self::NotFound { .. }
+            | Self::StreamGone { .. }
+            | Self::Misdirected(_)
             | Self::MethodNotAllowed(_)
             | Self::UpgradeRequired(_)
             | Self::NotImplemented(_)
@@ -211,7 +229,8 @@ impl GatewayError {
             Self::InvalidVirtualKey(_) => Some("invalid_api_key"),
             Self::PermissionDenied(_) => Some("model_not_allowed"),
             Self::BudgetExceeded { .. } => Some("budget_exceeded"),
-            Self::NotFound { code, .. } => Some(code),
+            Self::NotFound { code, .. } | Self::StreamGone { code, .. } => Some(code),
+            Self::Misdirected(_) => Some("misdirected_request"),
             Self::MethodNotAllowed(_) => Some("method_not_allowed"),
             Self::UpgradeRequired(_) => Some("websocket_not_supported"),
             Self::NotImplemented(_) => Some("not_implemented"),
@@ -257,6 +276,8 @@ impl GatewayError {
             Self::PermissionDenied(_) => "forbidden",
             Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::NotFound { .. } => "not_found",
+            Self::StreamGone { .. } => "stream_gone",
+            Self::Misdirected(_) => "misdirected",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::UpgradeRequired(_) => "upgrade_required",
             Self::NotImplemented(_) => "not_implemented",

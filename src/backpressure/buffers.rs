@@ -131,6 +131,22 @@ impl BufferReservation {
     }
 }
 
+impl BufferReservation {
+    /// Shrinks the reservation to `bytes` (releasing the rest; one already that small is
+    /// left as it is): for a holder whose need falls as well as grows (the replay buffer of
+    /// a resumable stream, [`crate::stream::resume`]).
+    pub fn shrink_to(&mut self, bytes: usize) {
+        let Some(extra) = self.bytes.checked_sub(bytes).filter(|e| *e > 0) else {
+            return;
+        };
+        self.held.held.fetch_sub(extra, Ordering::AcqRel);
+        self.bytes = bytes;
+        metrics()
+            .buffered_request_bytes
+            .sub(i64::try_from(extra).unwrap_or(i64::MAX));
+    }
+}
+
 impl Drop for BufferReservation {
     fn drop(&mut self) {
         if self.bytes > 0 {
@@ -174,6 +190,20 @@ mod tests {
         c.ensure(1000, 1000).unwrap();
         assert_eq!(b.held(), 1000);
         drop(c);
+        assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn a_reservation_may_shrink_and_grow_again() {
+        let b = RequestBuffers::new();
+        let mut r = b.reserve(800, 1000).unwrap();
+        r.shrink_to(300);
+        assert_eq!((r.bytes(), b.held()), (300, 300));
+        r.shrink_to(500);
+        assert_eq!(r.bytes(), 300, "shrink never grows");
+        r.ensure(1000, 1000).unwrap();
+        assert_eq!(b.held(), 1000);
+        drop(r);
         assert_eq!(b.held(), 0);
     }
 

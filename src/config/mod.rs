@@ -133,6 +133,14 @@ pub struct ServerSettings {
     pub retry: RetryPolicy,
     /// Head limits, per-IP limits, trusted proxies.
     pub edge: edge::EdgeSettings,
+    /// `server.resume_grace_ms`: how long a resumable stream's generation runs on while
+    /// no client is attached.
+    pub resume_grace: Duration,
+    /// `server.resume_buffer_bytes`: the replay buffer bound of one resumable stream, bytes.
+    pub resume_buffer_bytes: usize,
+    /// `server.replica_id`, else a random 8-hex tag drawn when the config is loaded first
+    /// (the same for the whole process, reloads included).
+    pub replica_id: String,
 }
 
 /// Per-hop timeouts of one provider.
@@ -366,6 +374,9 @@ pub struct Model {
     /// `models.<id>.continue_on_break`: a stream that breaks after text reached the client
     /// is continued on the next candidate route (see `crate::engine::continuation`).
     pub continue_on_break: bool,
+    /// `models.<id>.resumable`: this model's streams are resumable unless a request opts
+    /// out (`x-sluice-resumable: false`; see `crate::stream::resume`).
+    pub resumable: bool,
     /// `models.<id>.report_served_model`: the answer's `model` field names the serving
     /// route's public name ([`Model::served_name`]).
     pub report_served_model: bool,

@@ -332,6 +332,21 @@ pub struct ServerSection {
     /// (default: none).
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    // Resumable streams (`models.<id>.resumable`, `x-sluice-resumable`; see `crate::stream::resume`).
+    /// How long the generation of a resumable stream whose client dropped keeps running
+    /// while no client is attached, ms (default 30000; 1 to 3600000). Past it the upstream
+    /// is cancelled as for a client abort and a resume gets 410.
+    #[serde(default = "default_resume_grace_ms")]
+    pub resume_grace_ms: u64,
+    /// The replay buffer of one resumable stream, bytes of SSE events (default 1048576, 1
+    /// MiB; at least 1024), also charged to `max_buffered_request_bytes`. Past it, events a
+    /// detached client has not been sent end the stream (410 `overflowed` on resume).
+    #[serde(default = "default_resume_buffer_bytes")]
+    pub resume_buffer_bytes: usize,
+    /// This replica's tag inside every stream id, 1 to 32 characters of `[A-Za-z0-9-]`
+    /// (default: random per process start). A resume naming another replica's id gets 421.
+    #[serde(default)]
+    pub replica_id: Option<String>,
 }
 
 impl Default for ServerSection {
@@ -377,6 +392,9 @@ impl Default for ServerSection {
             max_uri_bytes: default_max_uri_bytes(),
             per_ip: None,
             trusted_proxies: Vec::new(),
+            resume_grace_ms: default_resume_grace_ms(),
+            resume_buffer_bytes: default_resume_buffer_bytes(),
+            replica_id: None,
         }
     }
 }
@@ -764,6 +782,12 @@ pub struct ModelSection {
     /// (default false; see `crate::engine::continuation`).
     #[serde(default)]
     pub continue_on_break: Option<bool>,
+    /// Opt in to resumable streams: every event of this model's streams carries an SSE
+    /// `id:`, and a client whose connection drops may resume with `GET /v1/streams/<id>`
+    /// within `server.resume_grace_ms` (default false; a request opts in or out with
+    /// `x-sluice-resumable`; see `crate::stream::resume`).
+    #[serde(default)]
+    pub resumable: Option<bool>,
     /// Opt in to naming the route that served in the answer's `model` field: the route's
     /// `display_model` when it has one, else this model's id (default false: the `model`
     /// field names the standard model that answered). The `x-sluice-served-model` header
@@ -960,6 +984,12 @@ fn default_max_buffered_bytes_per_stream() -> usize {
 }
 fn default_max_event_bytes() -> usize {
     8 * 1024 * 1024
+}
+fn default_resume_grace_ms() -> u64 {
+    30_000
+}
+fn default_resume_buffer_bytes() -> usize {
+    1 << 20
 }
 fn default_shutdown_grace_ms() -> u64 {
     30_000

@@ -311,11 +311,7 @@ pub(crate) async fn resume<'r>(
         route.provider.id, err.reason
     ));
     ctx.outcome.bytes_out += marker.len() as u64;
-    if session
-        .write_response_body(Some(marker), false)
-        .await
-        .is_err()
-    {
+    if pump::emit(session, ctx, Some(marker), false).await.is_err() {
         up.shutdown().await;
         cand.release_trial();
         count(model, "client_abort");
@@ -463,9 +459,14 @@ async fn open(
             }
         },
     );
+    // A resumable stream whose client dropped watches no connection (it waits for a resume).
+    let watching = ctx
+        .resumable
+        .as_deref()
+        .is_none_or(crate::stream::resume::writer::Resumable::watches_client);
     let opened = tokio::select! {
         r = opening => r,
-        () = client_gone(session) => return Opened::Gone(ClientGone("streaming")),
+        () = client_gone(session), if watching => return Opened::Gone(ClientGone("streaming")),
         () = crate::shutdown::streams_cancelled() => return Opened::Shutdown,
     };
     let mut up = match opened {

@@ -27,6 +27,8 @@
 //!   (`limit`, `order`, `after`); tenant-scoped, an unknown or another tenant's id is a 404
 //!   ([`crate::ingress::stored_responses`];
 //!   <https://platform.openai.com/docs/api-reference/responses/get>).
+//! - `GET /v1/streams/{id}`, `DELETE /v1/streams/{id}`: resume or cancel a resumable
+//!   stream ([`crate::ingress::streams`], [`crate::stream::resume`]).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the standard models the presented key may use,
 //!   in OpenAI's list format (<https://platform.openai.com/docs/api-reference/models/list>).
 //!
@@ -121,6 +123,14 @@ pub async fn handle(
         (p, "GET" | "DELETE") if p.starts_with("/responses/") => {
             let m = method.clone();
             crate::ingress::stored_responses::handle(gw, session, ctx, p, &m).await
+        }
+        (p, "GET" | "DELETE") if p.starts_with("/streams/") => {
+            let m = method.clone();
+            crate::ingress::streams::handle(gw, session, ctx, p, &m).await
+        }
+        (p, _) if p.starts_with("/streams/") => {
+            ctx.dialect = ClientDialect::ChatCompletions;
+            Err(GatewayError::MethodNotAllowed(method.clone()).into())
         }
         ("/models", "GET") => models(gw, session, ctx, None).await,
         (p, "GET") if p.starts_with("/models/") => {
@@ -398,7 +408,19 @@ async fn infer(
         )
     });
     ctx.admission.active = Some(ActiveStreamGuard::new(&caller.tenant));
-    let result = attempt::run(
+    if req.stream
+        && crate::stream::resume::opted_in(
+            session
+                .req_header()
+                .headers
+                .get(crate::stream::resume::RESUMABLE_HEADER)
+                .map(|v| v.as_bytes()),
+            model.resumable,
+        )
+    {
+        ctx.resumable = Some(start_resumable(gw, session, ctx, &caller));
+    }
+    let mut result = attempt::run(
         &gw.connector,
         session,
         ctx,
@@ -418,6 +440,16 @@ async fn infer(
     ctx.fill_cancelled_hedges(|| req.estimated_input_tokens());
     // Token limits learn the real usage (`ctx.outcome` is final here).
     permit.settle(crate::backpressure::Used::of(&ctx.outcome));
+    // A resumable stream: the upstream is done (released or closed); the request ends when
+    // the final event reached some client or the resume window passed, so its one ledger
+    // row has the resumptions.
+    if let Some(r) = ctx.resumable.take() {
+        let settled = Box::pin(r.settle()).await;
+        ctx.outcome.resumptions = settled.resumptions;
+        if settled.started && !settled.delivered && result.is_ok() {
+            result = Err(ClientGone("streaming"));
+        }
+    }
     // The answer was sent: a stored Responses request is queued for writing now.
     if let Some(capture) = ctx.response_capture.take() {
         if result.is_ok() && ctx.outcome.status == 200 {
@@ -430,4 +462,42 @@ async fn infer(
         }
     }
     result.map_err(ChatError::Gone)
+}
+
+/// Registers the resumable stream of a streaming request that opted in: its id (in the
+/// request's dialect, with this replica's tag), the owner (the presented key's hash and its
+/// tenant), the grace window and buffer bound of the pinned config, and the buffer's charge
+/// to the global request-buffer bound.
+fn start_resumable(
+    gw: &Gateway,
+    session: &Session,
+    ctx: &RequestCtx,
+    caller: &crate::auth::Caller,
+) -> Box<crate::stream::resume::writer::Resumable> {
+    let server = &ctx.config.server;
+    let h = &session.req_header().headers;
+    let key = crate::auth::presented_key(
+        h.get("authorization").map(|v| v.as_bytes()),
+        h.get("x-api-key").map(|v| v.as_bytes()),
+    )
+    .unwrap_or_default();
+    let id = crate::stream::resume::id::new_id(ctx.dialect, &server.replica_id);
+    log::debug!(target: "sluice::stream::resume",
+        "resumable stream opened stream_id={id} request_id={}", ctx.request_id);
+    crate::stream::resume::writer::Resumable::start(
+        id,
+        ctx.dialect,
+        crate::stream::resume::entry::Owner {
+            key: crate::auth::hash_key(&key),
+            tenant: caller.tenant.as_str().into(),
+        },
+        server.resume_grace,
+        server.resume_buffer_bytes,
+        // Nothing yet: it grows with the buffer, which never holds more than fits.
+        gw.admission
+            .buffers()
+            .reserve(0, server.max_buffered_request_bytes)
+            .unwrap_or_else(|_| unreachable!("an empty reservation always fits")),
+        server.max_buffered_request_bytes,
+    )
 }

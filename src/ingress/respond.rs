@@ -92,9 +92,17 @@ pub async fn write_error(
         extra.push(("x-sluice-attempts", ctx.attempts.count.to_string()));
     }
     if err.status() == 405 {
-        // The model list is read with GET; everything else Sluice serves takes POST.
-        let get = session.req_header().uri.path().contains("/models");
-        extra.push(("allow", if get { "GET" } else { "POST" }.to_string()));
+        // The model list is read with GET, a resumable stream with GET (or cancelled with
+        // DELETE); everything else Sluice serves takes POST.
+        let path = session.req_header().uri.path();
+        let allow = if path.contains("/models") {
+            "GET"
+        } else if path.contains("/streams/") {
+            "GET, DELETE"
+        } else {
+            "POST"
+        };
+        extra.push(("allow", allow.to_string()));
     }
     // Chat Completions clients keep the full OpenAI body (with `code`), and so do Responses
     // clients for a budget refusal; the others get their own dialect's error shape (each

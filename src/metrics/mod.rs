@@ -126,6 +126,18 @@ pub struct Metrics {
     /// text the client had (`clean`, `trimmed`, `space_added`, `refused`; see
     /// [`crate::protocol::seam`]).
     pub continuation_seams_total: IntCounterVec,
+    /// `sluice_resumable_streams{state}`: resumable streams held now, `attached` (a client
+    /// is reading) or `detached` (the generation runs on for a resume; see
+    /// [`crate::stream::resume`]).
+    pub resumable_streams: IntGaugeVec,
+    /// `sluice_stream_resumes_total{outcome}`: `GET /v1/streams/<id>` and `DELETE` answers:
+    /// `resumed`, `not_found`, `expired` (410: the window passed, the buffer overflowed or the
+    /// event named is no longer kept), `misdirected` (421: another replica's id), `cancelled`
+    /// (DELETE).
+    pub stream_resumes_total: IntCounterVec,
+    /// `sluice_resumable_buffer_bytes`: bytes of events held in the replay buffers of
+    /// resumable streams now.
+    pub resumable_buffer_bytes: IntGauge,
     /// `sluice_dropped_fields_total{client_dialect,upstream_dialect}`: members and values of
     /// translated requests left out because the target cannot carry them
     /// (`models.<id>.unsupported: drop`; each also named in the answer's
@@ -402,6 +414,20 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "sluice_stream_continuations_total",
             "Committed streams that broke with continue_on_break on, by model and outcome (continued, or why not).",
             &["model", "outcome"]
+        )?,
+        resumable_streams: register_int_gauge_vec!(
+            "sluice_resumable_streams",
+            "Resumable streams held now, by state (attached: a client reads; detached: kept for a resume).",
+            &["state"]
+        )?,
+        stream_resumes_total: register_int_counter_vec!(
+            "sluice_stream_resumes_total",
+            "Resume and cancel requests on /v1/streams, by outcome (resumed, not_found, expired, misdirected, cancelled).",
+            &["outcome"]
+        )?,
+        resumable_buffer_bytes: register_int_gauge!(
+            "sluice_resumable_buffer_bytes",
+            "Bytes of events held in the replay buffers of resumable streams now."
         )?,
         continuation_seams_total: register_int_counter_vec!(
             "sluice_continuation_seams_total",

@@ -118,6 +118,10 @@ pub struct RequestCtx {
     /// A Responses request to store once answered ([`crate::conversation::capture`]):
     /// what it brought, then what the client received.
     pub response_capture: Option<Box<crate::conversation::capture::Capture>>,
+    /// The resumable stream of a streaming request that opted in
+    /// ([`crate::stream::resume`]): every client write of the committed stream goes
+    /// through it. `None` for every other request.
+    pub resumable: Option<Box<crate::stream::resume::writer::Resumable>>,
 }
 
 impl RequestCtx {
@@ -148,6 +152,7 @@ impl RequestCtx {
             passthrough: None,
             client_ip: None,
             response_capture: None,
+            resumable: None,
         }
     }
 

@@ -366,6 +366,7 @@ mod tests {
             first_event_timeout: None,
             early_commit_after: None,
             continue_on_break: false,
+            resumable: false,
             report_served_model: false,
             unsupported: crate::config::Unsupported::Drop,
             default_max_tokens: 4096,

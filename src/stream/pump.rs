@@ -35,6 +35,10 @@ use crate::providers::encoding::ContentCoding;
 use crate::proxy::ctx::RequestCtx;
 use crate::stream::end::{Pumped, StreamError};
 use crate::stream::pipe::{PipeError, StreamPipe};
+use crate::stream::resume::{
+    self,
+    writer::{Resumable, Stop},
+};
 
 /// Shortest interval between two upstream keepalives relayed to the client of a translated
 /// stream (see [`StreamPipe::take_keepalive`]).
@@ -292,6 +296,16 @@ pub(crate) async fn stream(
             return Attempt::Final(GatewayError::Internal(e.to_string()));
         }
     };
+    if let Some(r) = ctx.resumable.as_deref_mut() {
+        if head
+            .insert_header(crate::stream::resume::STREAM_ID_HEADER, r.id())
+            .is_err()
+        {
+            up.shutdown().await;
+            return Attempt::Final(GatewayError::Internal("stream id header".into()));
+        }
+        r.commit();
+    }
     if session.req_header().version == http::Version::HTTP_10 {
         // HTTP/1.0 has no chunked encoding (RFC 9112 §7.1): the stream ends with the connection.
         head.remove_header("transfer-encoding");
@@ -300,7 +314,8 @@ pub(crate) async fn stream(
     let first = pipe.take();
     // The whole answer may already be here (`[DONE]` seen): end the response at once.
     let complete = ended || pipe.finished();
-    if complete && head.headers.get("transfer-encoding").is_some() {
+    // (Not for a resumable stream: its ids change the length.)
+    if complete && ctx.resumable.is_none() && head.headers.get("transfer-encoding").is_some() {
         // Its length is known: with `content-length` Pingora does not flush the head on its
         // own, so head and events leave in one write where they fit the connection's write
         // buffer (a short answer), else in two, instead of head, chunk and last chunk.
@@ -337,7 +352,7 @@ pub(crate) async fn stream(
     if complete {
         // Pooled before the client sees the end (see the end of phase 2).
         Box::pin(release_or_close(connector, up, peer)).await;
-        if session.write_response_body(body, true).await.is_err() {
+        if emit(session, ctx, body, true).await.is_err() {
             finish_stream(ctx, &pipe);
             return Attempt::Gone(ClientGone("streaming"));
         }
@@ -345,11 +360,7 @@ pub(crate) async fn stream(
         return Attempt::Done;
     }
     if let Some(body) = body {
-        if session
-            .write_response_body(Some(body), false)
-            .await
-            .is_err()
-        {
+        if emit(session, ctx, Some(body), false).await.is_err() {
             up.shutdown().await;
             return Attempt::Gone(ClientGone("streaming"));
         }
@@ -469,6 +480,12 @@ pub(crate) async fn pump_body(
     // Subscribed once per stream, not once per chunk: each subscription registers with
     // (and its drop unregisters from, under a lock) the shutdown channel's waiters.
     let shutdown = crate::shutdown::streams_cancelled();
+    // A resumable stream's grace window and cancel are watched too: one future for the
+    // whole pump (boxed, allocated for resumable streams only).
+    let mut control = ctx
+        .resumable
+        .as_deref()
+        .map(|r| resume::writer::control(r.entry()));
     tokio::pin!(
         idle_timer,
         heartbeat_timer,
@@ -486,12 +503,18 @@ pub(crate) async fn pump_body(
             MaxDuration,
             FirstEventTimeout,
             Shutdown,
+            Stopped(Stop),
         }
         let ev = {
             let read = up.read_response_body();
             tokio::pin!(read);
             loop {
                 let waiting_first = pipe.data_events == 0;
+                // A resumable stream whose client dropped watches no connection.
+                let watching = ctx
+                    .resumable
+                    .as_deref()
+                    .is_none_or(Resumable::watches_client);
                 enum Tick {
                     Ev(Ev),
                     Idle,
@@ -499,8 +522,9 @@ pub(crate) async fn pump_body(
                 }
                 let tick = tokio::select! {
                     biased;
-                    () = client_gone(session) => Tick::Ev(Ev::Gone),
+                    () = client_gone(session), if watching => Tick::Ev(Ev::Gone),
                     r = &mut read => Tick::Ev(Ev::Chunk(r)),
+                    stop = resume::writer::stopped(&mut control), if control.is_some() => Tick::Ev(Ev::Stopped(stop)),
                     () = &mut idle_timer => Tick::Idle,
                     () = &mut first_event_timer, if waiting_first => Tick::Ev(Ev::FirstEventTimeout),
                     () = &mut max_end_timer, if max_end.is_some() => Tick::Ev(Ev::MaxDuration),
@@ -529,7 +553,11 @@ pub(crate) async fn pump_body(
                             .inc();
                         let beat = protocol::heartbeat(ctx.dialect);
                         ctx.outcome.bytes_out += beat.len() as u64;
-                        if session
+                        if let Some(r) = ctx.resumable.as_deref_mut() {
+                            // To the original client while it holds the stream; a resume
+                            // writes its own.
+                            Box::pin(r.heartbeat(session, beat)).await;
+                        } else if session
                             .write_response_body(Some(Bytes::from_static(beat)), false)
                             .await
                             .is_err()
@@ -545,7 +573,20 @@ pub(crate) async fn pump_body(
             }
         };
         match ev {
-            Ev::Gone => return Pumped::Gone,
+            Ev::Gone => match ctx.resumable.as_deref_mut() {
+                // Detached, not ended: the generation runs on into the buffer.
+                Some(r) => {
+                    Box::pin(r.drop_session(session)).await;
+                    continue;
+                }
+                None => return Pumped::Gone,
+            },
+            Ev::Stopped(stop) => {
+                if let Some(r) = ctx.resumable.as_deref_mut() {
+                    r.stop(stop);
+                }
+                return Pumped::Gone;
+            }
             Ev::Idle => {
                 break Err(StreamError::gateway(
                     "idle_timeout",
@@ -617,7 +658,15 @@ pub(crate) async fn pump_body(
                         .heartbeats_total
                         .with_label_values(&[route.provider.id.as_str()])
                         .inc();
-                    out = Bytes::from_static(protocol::heartbeat(ctx.dialect));
+                    let beat = protocol::heartbeat(ctx.dialect);
+                    match ctx.resumable.as_deref_mut() {
+                        // A keepalive is no event of the stream: not numbered, not kept.
+                        Some(r) => {
+                            Box::pin(r.heartbeat(session, beat)).await;
+                            last_write = Instant::now();
+                        }
+                        None => out = Bytes::from_static(beat),
+                    }
                 }
                 if !had_content && pipe.first_content {
                     ctx.outcome.ttft = Some(ctx.received.elapsed());
@@ -636,11 +685,7 @@ pub(crate) async fn pump_body(
                     break Ok(body);
                 }
                 if let Some(body) = body {
-                    if session
-                        .write_response_body(Some(body), false)
-                        .await
-                        .is_err()
-                    {
+                    if emit(session, ctx, Some(body), false).await.is_err() {
                         return Pumped::Gone;
                     }
                 }
@@ -674,7 +719,7 @@ pub(crate) async fn end_cleanly(
     last: Option<Bytes>,
 ) -> Attempt {
     Box::pin(release_or_close(connector, up, peer)).await;
-    let written = session.write_response_body(last, true).await;
+    let written = emit(session, ctx, last, true).await;
     finish_stream(ctx, pipe);
     if written.is_err() {
         return Attempt::Gone(ClientGone("streaming"));
@@ -700,11 +745,7 @@ pub(crate) async fn write_pending(
         ctx.outcome.ttft = Some(ctx.received.elapsed());
     }
     ctx.outcome.bytes_out += pending.len() as u64;
-    if session
-        .write_response_body(Some(pending), false)
-        .await
-        .is_err()
-    {
+    if emit(session, ctx, Some(pending), false).await.is_err() {
         finish_stream(ctx, pipe);
         return Err(Attempt::Gone(ClientGone("streaming")));
     }
@@ -744,7 +785,7 @@ pub(crate) async fn end_with_error(
     ) {
         ctx.outcome.upstream_broke = true;
     }
-    let written = session.write_response_body(Some(ev), true).await;
+    let written = emit(session, ctx, Some(ev), true).await;
     finish_stream(ctx, pipe);
     if reason == "budget_exceeded" {
         // Metered at what the budget let through, not the batch it stopped.
@@ -758,6 +799,29 @@ pub(crate) async fn end_with_error(
         return Attempt::Gone(ClientGone("streaming"));
     }
     Attempt::Done
+}
+
+/// Writes `body` (and the end of the response when `end`) of a committed stream: every
+/// client write after the commit goes through here. A stream that did not opt in to
+/// resumption gets exactly the session's write (one branch, nothing allocated); a
+/// resumable one stamps event ids, keeps the events for a resume and writes them to the
+/// original client while it holds the stream ([`Resumable::emit`]: its drop detaches it,
+/// the stream goes on).
+///
+/// # Errors
+/// The client is gone (for a resumable stream: its replay buffer overflowed): the stream
+/// ends as a client abort.
+pub(crate) async fn emit(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    body: Option<Bytes>,
+    end: bool,
+) -> Result<(), ()> {
+    match ctx.resumable.as_deref_mut() {
+        None => session.write_response_body(body, end).await.map_err(drop),
+        // Boxed: its state is not part of every stream's future.
+        Some(r) => Box::pin(r.emit(session, body, end)).await.map_err(drop),
+    }
 }
 
 /// Where [`coalesce_ready`] stopped; handled after the gathered output is written.

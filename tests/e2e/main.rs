@@ -57,6 +57,7 @@ mod reload;
 mod responses_spec;
 mod responses_upstream;
 mod resumable;
+mod resume_smoke;
 mod retry;
 mod routing;
 mod sdk;

@@ -91,6 +91,7 @@ fn build_model(
         first_event_timeout: m.first_event_timeout_ms.map(ms),
         early_commit_after: m.early_commit_after_ms.map(ms),
         continue_on_break: m.continue_on_break.unwrap_or(false),
+        resumable: m.resumable.unwrap_or(false),
         report_served_model: m.report_served_model.unwrap_or(false),
         unsupported: m.unsupported.unwrap_or_default(),
         default_max_tokens: m.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),

@@ -105,7 +105,20 @@ pub(super) fn server_settings(
         body_read_timeout: ms(server.body_read_timeout_ms),
         retry: crate::config::RetryPolicy::from_section(&server.retry),
         edge,
+        resume_grace: ms(server.resume_grace_ms),
+        resume_buffer_bytes: server.resume_buffer_bytes,
+        replica_id: server
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| random_replica_id().to_string()),
     })
+}
+
+/// The replica tag of a config without `server.replica_id`: 8 random hex digits drawn once
+/// per process, so reloads keep the stream ids already handed out valid.
+fn random_replica_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| format!("{:08x}", fastrand::u32(..)))
 }
 
 /// The admin token from the variable `server.admin_token_env` names (`None`: no key set).
@@ -185,6 +198,29 @@ fn check_limits(server: &ServerSection, main_err: MainErr<'_>) -> Result<(), Con
             "server.max_buffered_bytes_per_stream",
             "must be at least 1024".into(),
         ));
+    }
+    if !(1..=3_600_000).contains(&server.resume_grace_ms) {
+        return Err(main_err(
+            "server.resume_grace_ms",
+            "must be between 1 and 3600000 (an hour)".into(),
+        ));
+    }
+    if server.resume_buffer_bytes < 1024 {
+        return Err(main_err(
+            "server.resume_buffer_bytes",
+            "must be at least 1024".into(),
+        ));
+    }
+    if let Some(r) = &server.replica_id {
+        if r.is_empty()
+            || r.len() > 32
+            || !r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return Err(main_err(
+                "server.replica_id",
+                format!("`{r}` is not 1 to 32 characters of A-Z, a-z, 0-9 and `-`"),
+            ));
+        }
     }
     if server.max_event_bytes < 1024 {
         return Err(main_err(
