@@ -1,7 +1,10 @@
 //! Owns the event ids of a resumable stream: the pipe's output is split at SSE event
 //! boundaries and every event that is not a comment gets `id: <stream_id>:<seq>` as its
 //! first line (seq = 1, 2, … per event). Comment-only blocks (`: keepalive`, the
-//! continuation marker) get none and are not numbered.
+//! continuation marker) get none and are not numbered. Anthropic's keepalive event
+//! (`event: ping`, relayed as the provider sends it on a same-dialect Messages stream) is no
+//! event of the answer: it repeats the last id (none before the first event) and is not
+//! kept for replay, as Sluice's own heartbeats ([`Stamper::heartbeat`]).
 //!
 //! Line endings: the pipe's output is normalized SSE (`\n`, see [`crate::sse`]), and the
 //! events Sluice writes itself end in `\n\n`; a `\r\n` line end is accepted too (the blank
@@ -109,6 +112,19 @@ impl Stamper {
     fn emit(&mut self, event: &[u8], out: &mut BytesMut, blocks: &mut Vec<Block>) {
         let start = out.len();
         let comment_only = lines(event).all(|l| l.is_empty() || l[0] == b':');
+        if !comment_only && is_ping(event) {
+            // A keepalive: the last id again, not numbered, not kept.
+            if self.seq > 0 {
+                self.id_line(self.seq, out);
+            }
+            out.extend_from_slice(event);
+            blocks.push(Block {
+                seq: None,
+                start,
+                end: out.len(),
+            });
+            return;
+        }
         if comment_only {
             out.extend_from_slice(event);
             blocks.push(Block {
@@ -170,6 +186,12 @@ fn event_end(data: &[u8]) -> Option<usize> {
         line_start = nl + 1;
     }
     None
+}
+
+/// Whether `event` is Anthropic's keepalive: its `event` field is `ping` (cheap check first).
+fn is_ping(event: &[u8]) -> bool {
+    memchr::memmem::find(event, b"ping").is_some()
+        && lines(event).any(|l| l == b"event: ping" || l == b"event:ping")
 }
 
 /// Whether `event` has a line that is an `id` field (cheap check first).
@@ -255,6 +277,25 @@ mod tests {
         let (out, blocks) = s.stamp(b"", true);
         assert_eq!(text(&out), "data: 2");
         assert_eq!(blocks[0].seq, None);
+    }
+
+    #[test]
+    fn a_relayed_ping_event_repeats_the_last_id_and_is_not_kept() {
+        let mut s = Stamper::new("s");
+        let ping = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
+        let (out, blocks) = s.stamp(ping.as_bytes(), false);
+        assert_eq!(text(&out), ping, "no id before the first event");
+        assert_eq!(blocks[0].seq, None);
+        let (out, blocks) = s.stamp(
+            format!("event: a\ndata: {{}}\n\n{ping}event: b\ndata: {{\"ping\":1}}\n\n").as_bytes(),
+            false,
+        );
+        assert_eq!(
+            text(&out),
+            format!("id: s:1\nevent: a\ndata: {{}}\n\nid: s:1\n{ping}id: s:2\nevent: b\ndata: {{\"ping\":1}}\n\n")
+        );
+        let seqs: Vec<_> = blocks.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, [Some(1), None, Some(2)]);
     }
 
     #[test]
