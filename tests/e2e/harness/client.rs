@@ -168,7 +168,8 @@ impl StreamReader {
             .iter()
             .find(|(k, _)| k == "content-length")
             .and_then(|(_, v)| v.parse().ok());
-        let done = method == "HEAD" || remaining == Some(0);
+        // No body after a HEAD, a 204 or a 304, whatever the headers (RFC 9110 6.4.1).
+        let done = method == "HEAD" || matches!(status, 204 | 304) || remaining == Some(0);
         StreamReader {
             reader,
             status,
