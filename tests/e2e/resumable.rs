@@ -39,6 +39,15 @@ const TEXT: &str = "Résumé of the plan: streams survive the network — ünïc
     of this fairly long sentence.";
 /// The input tokens the mock reports.
 const PROMPT_TOKENS: u64 = 17;
+/// The last word of [`TEXT`]: the first event that carries it is the answer's last delta,
+/// which the provider sends together with the events that end the stream.
+const LAST_WORD: &str = "sentence.";
+/// Content events a cut leaves unread before the final burst, at least: each comes
+/// [`PACE_MS`] after the one before, time for Sluice to see the client gone before it
+/// writes the final event.
+const MARGIN_EVENTS: usize = 3;
+/// The mock's delay before each word of the paced answer, ms.
+const PACE_MS: u64 = 25;
 /// Per-read bound while reading a stream.
 const READ: Duration = Duration::from_secs(10);
 
@@ -323,8 +332,9 @@ struct Cell {
 
 /// The reference: the same request, not opted in, read whole. Checks that a stream that did
 /// not opt in has no `id:` line and no `x-sluice-stream-id`; returns what the client
-/// reassembles and its number of events.
-fn reference(sluice: &Sluice, cell: &Cell, request_id: &str) -> (Seen, usize) {
+/// reassembles, its number of events (keepalives left out), and the index of its last delta
+/// among all its events (the final burst starts there).
+fn reference(sluice: &Sluice, cell: &Cell, request_id: &str) -> (Seen, usize, usize) {
     let mut extra = vec![("x-request-id", request_id)];
     if cell.by_model {
         extra.push(("x-sluice-resumable", "false"));
@@ -338,7 +348,11 @@ fn reference(sluice: &Sluice, cell: &Cell, request_id: &str) -> (Seen, usize) {
         "a stream that did not opt in carries no id: {text}"
     );
     let events = events_of(&text);
-    (reassemble(cell.client, &body), counted(&events))
+    let last_delta = events
+        .iter()
+        .position(|e| e.contains(LAST_WORD))
+        .unwrap_or_else(|| panic!("no event carries {LAST_WORD:?}: {text}"));
+    (reassemble(cell.client, &body), counted(&events), last_delta)
 }
 
 /// Asserts what two streams reassembled is the same answer: text, stop reason and usage.
@@ -364,9 +378,9 @@ fn assert_same_answer(cell: &str, got: &Seen, want: &Seen) {
 fn run_cell(sluice: &Sluice, mock: &Mock, cell: &Cell, rng: &mut fastrand::Rng) -> String {
     let name = format!("{:?} on {}", cell.client, cell.model);
     let tag = format!("{:?}-{}", cell.client, cell.model.replace('/', "-")).to_lowercase();
-    mock.set_behavior(&paced(15));
-    let (want, n) = reference(sluice, cell, &format!("ref-{tag}"));
-    assert!(n >= 4, "{name}: {n} events");
+    mock.set_behavior(&paced(PACE_MS));
+    let (want, n, last_delta) = reference(sluice, cell, &format!("ref-{tag}"));
+    assert!(last_delta > MARGIN_EVENTS + 1, "{name}: {n} events");
 
     mock.reset();
     let request_id = format!("resumed-{tag}");
@@ -383,10 +397,16 @@ fn run_cell(sluice: &Sluice, mock: &Mock, cell: &Cell, rng: &mut fastrand::Rng) 
         stream_id.starts_with(&format!("s{}_alpha_", letter(cell.client))),
         "{name}: {stream_id}"
     );
-    // Up to a random event before the last one, then the connection drops (keepalives
-    // count as events here: a cut may land right after one).
-    let k = rng.usize(1..n);
-    eprintln!("{name}: cut after event {k} of {n}");
+    // Up to a random event, then the connection drops (keepalives count as events here: a
+    // cut may land right after one). Not among the final burst: the provider sends its last
+    // delta and the events that end the stream together, so Sluice writes the final event
+    // (`[DONE]`, `message_stop`, `response.completed`) at once with them, and a stream
+    // whose final event was written ends there (the team's contract: "a client that
+    // received the final event and closed leaves nothing behind"; a client cut inside that
+    // burst cannot tell Sluice it did not receive it). The cut leaves at least
+    // `MARGIN_EVENTS` paced deltas unread before that burst.
+    let k = rng.usize(1..=last_delta - MARGIN_EVENTS);
+    eprintln!("{name}: cut after event {k} of {n} (last delta: event {last_delta})");
     let before = read_events(&mut r, k);
     r.close();
     assert_ids(&before, &stream_id, 1);
