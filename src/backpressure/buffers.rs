@@ -75,6 +75,15 @@ impl RequestBuffers {
         self.held.held.load(Ordering::Acquire)
     }
 
+    /// A reservation of nothing yet, to grow with [`BufferReservation::ensure`] (it always
+    /// fits).
+    pub fn empty(&self) -> BufferReservation {
+        BufferReservation {
+            held: self.held.clone(),
+            bytes: 0,
+        }
+    }
+
     /// Reserves `bytes` if the total stays within `max_bytes`.
     ///
     /// # Errors

@@ -494,10 +494,7 @@ fn start_resumable(
         server.resume_grace,
         server.resume_buffer_bytes,
         // Nothing yet: it grows with the buffer, which never holds more than fits.
-        gw.admission
-            .buffers()
-            .reserve(0, server.max_buffered_request_bytes)
-            .unwrap_or_else(|_| unreachable!("an empty reservation always fits")),
+        gw.admission.buffers().empty(),
         server.max_buffered_request_bytes,
     )
 }

@@ -576,6 +576,18 @@ fn init_known_series(m: &Metrics) {
     for reason in STREAM_ERROR_REASONS {
         m.stream_errors_total.with_label_values(&[reason]);
     }
+    for state in ["attached", "detached"] {
+        m.resumable_streams.with_label_values(&[state]);
+    }
+    for outcome in [
+        "resumed",
+        "not_found",
+        "expired",
+        "misdirected",
+        "cancelled",
+    ] {
+        m.stream_resumes_total.with_label_values(&[outcome]);
+    }
 }
 
 /// Every `reason` of `sluice_stream_errors_total` (the codes of the error events Sluice

@@ -644,3 +644,47 @@ fn head_timeouts_default_long_for_non_stream_short_for_streams_and_old_keys_keep
         .to_string()
         .contains("non_stream_first_byte_timeout_ms"));
 }
+
+#[test]
+fn resumable_stream_keys_load_with_defaults_and_are_checked() {
+    let c = load_str(MINIMAL).unwrap();
+    assert!(!c.models["acme/chat-small"].resumable);
+    assert_eq!(c.server.resume_grace, std::time::Duration::from_secs(30));
+    assert_eq!(c.server.resume_buffer_bytes, 1 << 20);
+    // A random tag, the same for every load of this process (reloads keep ids valid).
+    assert_eq!(c.server.replica_id.len(), 8);
+    assert_eq!(
+        load_str(MINIMAL).unwrap().server.replica_id,
+        c.server.replica_id
+    );
+    let set = MINIMAL
+        .replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            "  admin_listen: 127.0.0.1:9090\n  resume_grace_ms: 5000\n  resume_buffer_bytes: 4096\n  replica_id: eu-west-1\n",
+        )
+        .replace("  acme/chat-small:\n", "  acme/chat-small:\n    resumable: true\n");
+    let c = load_str(&set).unwrap();
+    assert!(c.models["acme/chat-small"].resumable);
+    assert_eq!(c.server.resume_grace, std::time::Duration::from_secs(5));
+    assert_eq!(c.server.resume_buffer_bytes, 4096);
+    assert_eq!(c.server.replica_id, "eu-west-1");
+    for (line, key) in [
+        ("  resume_grace_ms: 0\n", "server.resume_grace_ms"),
+        ("  resume_buffer_bytes: 100\n", "server.resume_buffer_bytes"),
+        ("  replica_id: eu_1\n", "server.replica_id"),
+        ("  replica_id: \"\"\n", "server.replica_id"),
+    ] {
+        let bad = MINIMAL.replace(
+            "  admin_listen: 127.0.0.1:9090\n",
+            &format!("  admin_listen: 127.0.0.1:9090\n{line}"),
+        );
+        let e = load_str(&bad).unwrap_err();
+        assert_eq!(e.key_path, key, "{e}");
+    }
+    let typo = MINIMAL.replace(
+        "  acme/chat-small:\n",
+        "  acme/chat-small:\n    resumeable: true\n",
+    );
+    let e = load_str(&typo).unwrap_err();
+    assert!(e.to_string().contains("resumeable"), "{e}");
+}

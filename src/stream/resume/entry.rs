@@ -150,6 +150,8 @@ struct Inner {
     resumptions: u32,
     /// The `sluice_resumable_streams` state this entry is counted in.
     counted: Option<&'static str>,
+    /// The bytes this entry counts in `sluice_resumable_buffer_bytes`.
+    gauged: usize,
 }
 
 impl Inner {
@@ -167,12 +169,22 @@ impl Inner {
         self.counted = state;
     }
 
+    /// Brings `sluice_resumable_buffer_bytes` to the buffer's bytes.
+    fn gauge_bytes(&mut self) {
+        let now = self.buf.bytes();
+        let delta =
+            i64::try_from(now).unwrap_or(i64::MAX) - i64::try_from(self.gauged).unwrap_or(i64::MAX);
+        if delta != 0 {
+            metrics().resumable_buffer_bytes.add(delta);
+        }
+        self.gauged = now;
+    }
+
     /// Charges the buffer to the global bound; past it, the events some client was sent go
     /// first.
     fn charge(&mut self, global_bound: usize) -> Result<(), Overflow> {
-        let before = self.reservation.bytes();
         let want = self.buf.bytes();
-        let res = if want <= before {
+        let res = if want <= self.reservation.bytes() {
             self.reservation.shrink_to(want);
             Ok(())
         } else if self.reservation.ensure(want, global_bound).is_ok() {
@@ -185,10 +197,7 @@ impl Inner {
                 .ensure(want, global_bound)
                 .map_err(|_| Overflow)
         };
-        let after = self.reservation.bytes();
-        metrics()
-            .resumable_buffer_bytes
-            .add(i64::try_from(after).unwrap_or(i64::MAX) - i64::try_from(before).unwrap_or(0));
+        self.gauge_bytes();
         res
     }
 }
@@ -218,6 +227,7 @@ impl Entry {
             ended: None,
             resumptions: 0,
             counted: None,
+            gauged: 0,
         };
         inner.count_as(Some("attached"));
         Self {
@@ -263,6 +273,8 @@ impl Entry {
         }
         if res.is_ok() {
             res = g.charge(self.global_bound);
+        } else {
+            g.gauge_bytes();
         }
         if last {
             g.finished = true;
@@ -334,6 +346,9 @@ impl Entry {
         }
         if g.cancelled {
             return Err(Refused::Ended(Ended::Cancelled));
+        }
+        if g.final_sent {
+            return Err(Refused::Ended(Ended::Completed));
         }
         if after > g.buf.last() {
             return Err(Refused::Unknown);
@@ -420,13 +435,11 @@ impl Entry {
             return;
         }
         g.ended = Some(why);
-        let freed = g.buf.clear();
+        g.buf.clear();
         g.reservation.shrink_to(0);
+        g.gauge_bytes();
         g.count_as(None);
         drop(g);
-        metrics()
-            .resumable_buffer_bytes
-            .sub(i64::try_from(freed).unwrap_or(i64::MAX));
         self.bump();
     }
 }
@@ -434,11 +447,9 @@ impl Entry {
 impl Drop for Entry {
     fn drop(&mut self) {
         let mut g = self.lock();
-        let freed = g.buf.clear();
+        g.buf.clear();
+        g.gauge_bytes();
         g.count_as(None);
-        metrics()
-            .resumable_buffer_bytes
-            .sub(i64::try_from(freed).unwrap_or(i64::MAX));
     }
 }
 

@@ -168,7 +168,7 @@ impl StreamReader {
             .iter()
             .find(|(k, _)| k == "content-length")
             .and_then(|(_, v)| v.parse().ok());
-        // No body after a HEAD, a 204 or a 304, whatever the headers (RFC 9110 6.4.1).
+        // A 204 or 304 has no body (RFC 9110 §15.3.5, §15.4.5), whatever its headers say.
         let done = method == "HEAD" || matches!(status, 204 | 304) || remaining == Some(0);
         StreamReader {
             reader,
