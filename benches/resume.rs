@@ -9,8 +9,9 @@
 //!    the GET to reading the first byte of a replayed event (response head included);
 //! 3. the generation ends: **live** mode (a paced answer still being generated, one token
 //!    every 10 ms) cancels it with `DELETE /v1/streams/<id>` (that latency, GET → 204, is
-//!    reported too); **finished** mode (an answer the provider finished at once, so the
-//!    whole rest comes from the buffer) reads the replay to its end, and reports that time.
+//!    reported too); **finished** mode (an answer the provider finished while the client
+//!    was away: 20 tokens 5 ms apart, the resume 250 ms after the hang-up, so the whole rest
+//!    comes from the buffer) reads the replay to its end, and reports that time.
 //!
 //! Reports p50, p99 and max per mode, in ms.
 //!
@@ -32,6 +33,10 @@ use std::time::{Duration, Instant};
 const KEY: &str = "sk-sluice-bench-0001";
 /// Events a client reads before it hangs up.
 const EVENTS_BEFORE: usize = 3;
+/// How long a finished-mode client waits after hanging up before it resumes: the answer
+/// (20 tokens, 5 ms apart) is complete by then. Its client must hang up before the end: a
+/// stream whose final event was written to its client is over (410 `stream_completed`).
+const FINISH_WAIT: Duration = Duration::from_millis(250);
 /// Per-read deadline.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -89,7 +94,8 @@ enum Mode {
     /// Still generating (a token every 10 ms): the replay, then the live rest; cancelled
     /// with `DELETE`.
     Live,
-    /// Finished by the provider before the resume: the whole rest from the buffer.
+    /// Finished by the provider before the resume (20 tokens 5 ms apart, the resume
+    /// [`FINISH_WAIT`] after the hang-up): the whole rest from the buffer.
     Finished,
 }
 
@@ -105,7 +111,7 @@ impl Mode {
     fn mock(self) -> &'static str {
         match self {
             Mode::Live => r#"{"tokens":400,"token_delay_ms":10}"#,
-            Mode::Finished => r#"{"tokens":40}"#,
+            Mode::Finished => r#"{"tokens":20,"token_delay_ms":5}"#,
         }
     }
 }
@@ -182,6 +188,9 @@ fn one(addr: SocketAddr, mode: Mode) -> Result<(Duration, Duration), String> {
         events.push_str(&String::from_utf8_lossy(&chunk));
     }
     drop(stream);
+    if mode == Mode::Finished {
+        std::thread::sleep(FINISH_WAIT);
+    }
 
     let get = format!(
         "GET /v1/streams/{id} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\nlast-event-id: {id}:1\r\n\r\n"

@@ -182,7 +182,8 @@ fn print_comparisons(rows: &[(usize, Proxy, usize, Row)]) {
                 "N={n}, prompt {prompt} B: RSS per held {} stream / plain = {a:.1} / {b:.1} KiB ({:+.1} KiB per stream); held {}",
                 proxy.name(),
                 a - b,
-                r.held.map_or_else(|| "-".to_string(), |h| h.to_string())
+                r.held
+                    .map_or_else(|| "-".to_string(), |(a, d)| format!("{a} attached, {d} detached"))
             );
         }
     }
@@ -241,9 +242,9 @@ struct Row {
     rss_kib: u64,
     base_fds: usize,
     fds: usize,
-    /// Resumable streams Sluice held while sampled (`sluice_resumable_streams`, attached and
+    /// Resumable streams Sluice held after sampling (`sluice_resumable_streams`: attached,
     /// detached), for the resumable variants.
-    held: Option<u64>,
+    held: Option<(u64, u64)>,
 }
 
 impl Row {
@@ -583,6 +584,19 @@ fn metric(admin: std::net::SocketAddr, sample: &str) -> Option<f64> {
     })
 }
 
+/// `sluice_resumable_streams` from Sluice's admin listener: (attached, detached), an absent
+/// series read as 0.
+fn held_by_state(admin: std::net::SocketAddr) -> (u64, u64) {
+    let get = |state: &str| {
+        metric(
+            admin,
+            &format!("sluice_resumable_streams{{state=\"{state}\"}}"),
+        )
+        .unwrap_or(0.0) as u64
+    };
+    (get("attached"), get("detached"))
+}
+
 /// Opens one stream, reports it open once its head and first event arrived, then reads
 /// (and discards) until told to stop; with `detach`, hangs up there instead (a resumable
 /// stream's generation is then held without its client).
@@ -739,6 +753,18 @@ fn run_one(
         std::thread::sleep(Duration::from_millis(50));
     }
     let ramp_took = started.elapsed();
+    if proxy == Proxy::SluiceDetached {
+        // Measured once Sluice saw every client go (its detached gauge), 30 s at most.
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end
+            && procs
+                .admin
+                .map(held_by_state)
+                .is_some_and(|(_, d)| d < open.load(Ordering::Relaxed) as u64)
+        {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     // Let the streams settle (each gets a token every 5 s), then sample for 6 s.
     let mut rss = 0;
     let mut fds = 0;
@@ -751,12 +777,7 @@ fn run_one(
         return Err(format!("{name} died ({status}) while holding the streams"));
     }
     let held = if proxy.resumable() {
-        procs.admin.map(|a| {
-            ["attached", "detached"]
-                .iter()
-                .filter_map(|st| metric(a, &format!("sluice_resumable_streams{{state=\"{st}\"}}")))
-                .sum::<f64>() as u64
-        })
+        procs.admin.map(held_by_state)
     } else {
         None
     };
@@ -779,11 +800,13 @@ fn run_one(
         row.fds,
         rss_kib(procs.mock.id()),
     );
-    if let Some(h) = row.held {
-        println!("{name} N={n}: Sluice holds {h} resumable streams (sluice_resumable_streams)");
-        if proxy == Proxy::SluiceDetached && h < row.open as u64 {
+    if let Some((a, d)) = row.held {
+        println!(
+            "{name} N={n}: Sluice holds {a} attached and {d} detached resumable streams (sluice_resumable_streams)"
+        );
+        if proxy == Proxy::SluiceDetached && d < row.open as u64 {
             return Err(format!(
-                "only {h} of {} detached generations held: the grace window let some go",
+                "only {d} of {} generations detached and held",
                 row.open
             ));
         }
