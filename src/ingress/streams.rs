@@ -198,6 +198,9 @@ async fn resume(
             .into())
         }
     };
+    // However this reader ends (its write fails, its task is dropped), the stream is
+    // detached from it (nothing when another took over or the stream ended).
+    let _attached = Attached { entry, reader };
     count("resumed");
     log::info!(target: "sluice::stream::resume",
         "resumable stream resumed stream_id={} after={after} reader={reader} request_id={}",
@@ -212,7 +215,6 @@ async fn resume(
         .await
         .is_err()
     {
-        entry.detach(reader);
         return Err(ChatError::Gone(ClientGone("writing")));
     }
     read_on(session, ctx, entry, reader, after).await
@@ -258,7 +260,6 @@ async fn read_on(
                 tokio::select! {
                     biased;
                     () = client_gone(session) => {
-                        entry.detach(reader);
                         return Err(ChatError::Gone(ClientGone("streaming")));
                     }
                     _ = rx.changed() => {}
@@ -270,7 +271,6 @@ async fn read_on(
                     () = tokio::time::sleep_until(wake) => {
                         let b = heartbeat_bytes(beat, &entry.id, cursor);
                         if session.write_response_body(Some(b), false).await.is_err() {
-                            entry.detach(reader);
                             return Err(ChatError::Gone(ClientGone("streaming")));
                         }
                         last_write = Instant::now();
@@ -283,7 +283,6 @@ async fn read_on(
             ctx.outcome.bytes_out += b.len() as u64;
         }
         if session.write_response_body(body, end).await.is_err() {
-            entry.detach(reader);
             return Err(ChatError::Gone(ClientGone("streaming")));
         }
         last_write = Instant::now();
@@ -293,6 +292,18 @@ async fn read_on(
             return Ok(());
         }
         cursor = last;
+    }
+}
+
+/// Detaches reader `reader` from `entry` when dropped.
+struct Attached<'e> {
+    entry: &'e Entry,
+    reader: u64,
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        self.entry.detach(self.reader);
     }
 }
 

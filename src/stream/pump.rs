@@ -546,6 +546,13 @@ pub(crate) async fn pump_body(
                             heartbeat_timer.as_mut().reset(due);
                             continue;
                         }
+                        if !watching {
+                            // A detached resumable stream: no heartbeat to nobody.
+                            heartbeat_timer
+                                .as_mut()
+                                .reset(Instant::now() + timeouts.heartbeat);
+                            continue;
+                        }
                         // Between events only: `out` is always drained after each chunk.
                         metrics()
                             .heartbeats_total

@@ -318,10 +318,10 @@ impl Entry {
     }
 
     /// Client generation `reader` is gone: the grace clock starts (nothing when another
-    /// took over meanwhile).
+    /// took over meanwhile, or the stream is over).
     pub(crate) fn detach(&self, reader: u64) {
         let mut g = self.lock();
-        if g.reader != reader || !g.attached {
+        if g.reader != reader || !g.attached || g.final_sent || g.ended.is_some() {
             return;
         }
         g.attached = false;

@@ -40,6 +40,8 @@ pub struct Resumable {
     started: bool,
     /// Why the generation stopped early, when it did.
     stopped: Option<Ended>,
+    /// [`Resumable::settle`] ran (else its drop retires the stream).
+    settled: bool,
 }
 
 /// How a resumable stream ended for the request that generated it.
@@ -82,6 +84,7 @@ impl Resumable {
             session: true,
             started: false,
             stopped: None,
+            settled: false,
         })
     }
 
@@ -199,8 +202,9 @@ impl Resumable {
     /// event reached some client, or the grace window passed with none attached, or a
     /// cancel; then retires the stream (a tombstone answers late resumes). A stream that
     /// never started is forgotten.
-    pub(crate) async fn settle(self) -> Settled {
-        let entry = self.entry;
+    pub(crate) async fn settle(mut self: Box<Self>) -> Settled {
+        self.settled = true;
+        let entry = self.entry.clone();
         if !self.started {
             registry().forget(&entry.id);
             entry.end(Ended::Cancelled);
@@ -251,6 +255,22 @@ impl Resumable {
             resumptions,
             started: true,
             delivered: why == Ended::Completed,
+        }
+    }
+}
+
+impl Drop for Resumable {
+    /// A request dropped before it settled (its task was cancelled): nothing will feed or
+    /// wait for the stream any more, so it ends now.
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        if self.started {
+            registry().retire(&self.entry, self.stopped.unwrap_or(Ended::Expired));
+        } else {
+            registry().forget(&self.entry.id);
+            self.entry.end(Ended::Cancelled);
         }
     }
 }
