@@ -133,6 +133,8 @@ pub struct ServerSettings {
     pub retry: RetryPolicy,
     /// Head limits, per-IP limits, trusted proxies.
     pub edge: edge::EdgeSettings,
+    /// Whether the Responses API's WebSocket mode is served (`server.responses_websocket`).
+    pub responses_websocket: bool,
 }
 
 /// Per-hop timeouts of one provider.

@@ -332,6 +332,11 @@ pub struct ServerSection {
     /// (default: none).
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// Serve the Responses API's WebSocket mode on `GET /v1/responses` with `Upgrade:
+    /// websocket` (default `true`); `false` answers the upgrade with 426, which sends
+    /// OpenAI's clients to plain HTTP (see [`crate::ingress::websocket`]).
+    #[serde(default = "default_true")]
+    pub responses_websocket: bool,
 }
 
 impl Default for ServerSection {
@@ -377,6 +382,7 @@ impl Default for ServerSection {
             max_uri_bytes: default_max_uri_bytes(),
             per_ip: None,
             trusted_proxies: Vec::new(),
+            responses_websocket: true,
         }
     }
 }

@@ -105,6 +105,7 @@ pub(super) fn server_settings(
         body_read_timeout: ms(server.body_read_timeout_ms),
         retry: crate::config::RetryPolicy::from_section(&server.retry),
         edge,
+        responses_websocket: server.responses_websocket,
     })
 }
 
