@@ -56,6 +56,7 @@ mod redis_limits;
 mod reload;
 mod responses_spec;
 mod responses_upstream;
+mod responses_websocket;
 mod retry;
 mod routing;
 mod sdk;
