@@ -31,13 +31,15 @@ fn open(sluice: &Sluice, key: Option<&str>) -> Result<Socket, (u16, String)> {
     let stream = TcpStream::connect(sluice.addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+        .expect("websocket test step");
     let mut req = format!("ws://{}/v1/responses", sluice.addr)
         .into_client_request()
-        .unwrap();
+        .expect("websocket test step");
     if let Some(k) = key {
-        req.headers_mut()
-            .insert("authorization", format!("Bearer {k}").parse().unwrap());
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {k}").parse().expect("websocket test step"),
+        );
     }
     match tungstenite::client::client(req, stream) {
         Ok((ws, resp)) => {
@@ -195,7 +197,7 @@ fn each_response_is_one_ledger_row_and_a_refusal_is_an_error_event() {
     send(&mut ws, &create("one"));
     let first = response(&mut ws);
     assert_eq!(
-        first.last().unwrap()["type"],
+        first.last().expect("websocket test step")["type"],
         "response.completed",
         "{first:?}"
     );
@@ -203,7 +205,7 @@ fn each_response_is_one_ledger_row_and_a_refusal_is_an_error_event() {
     send(&mut ws, &create("two"));
     let second = response(&mut ws);
     assert_eq!(
-        second.last().unwrap()["type"],
+        second.last().expect("websocket test step")["type"],
         "response.completed",
         "{second:?}"
     );
@@ -222,9 +224,9 @@ fn each_response_is_one_ledger_row_and_a_refusal_is_an_error_event() {
     assert_eq!(e["error"]["code"], "unknown_message_type", "{e}");
     assert!(e["error"]["message"]
         .as_str()
-        .unwrap()
+        .expect("websocket test step")
         .contains("session.update"));
-    ws.close(None).unwrap();
+    ws.close(None).expect("websocket test step");
     let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 3);
     let mut statuses: Vec<(String, u64)> = recs
         .iter()
@@ -237,7 +239,12 @@ fn each_response_is_one_ledger_row_and_a_refusal_is_an_error_event() {
         .collect();
     statuses.sort();
     assert_eq!(statuses.len(), 3, "{recs:#?}");
-    let socket = statuses[0].0.rsplit_once('.').unwrap().0.to_string();
+    let socket = statuses[0]
+        .0
+        .rsplit_once('.')
+        .expect("websocket test step")
+        .0
+        .to_string();
     assert_eq!(
         statuses,
         [
@@ -314,7 +321,11 @@ fn cancel_and_close_cancel_the_upstream_at_once() {
     mock.set_behavior(&json!({"text": ANSWER}).to_string());
     send(&mut ws, &create("after the cancel"));
     let evs = response(&mut ws);
-    assert_eq!(evs.last().unwrap()["type"], "response.completed", "{evs:?}");
+    assert_eq!(
+        evs.last().expect("websocket test step")["type"],
+        "response.completed",
+        "{evs:?}"
+    );
     // Closing the socket mid-response cancels it.
     mock.set_behavior(&slow.to_string());
     send(&mut ws, &create("slow two"));
@@ -337,7 +348,8 @@ fn pings_go_both_ways_and_a_silent_peer_is_closed() {
     let mock = Mock::start("{}");
     let sluice = Sluice::start(&config(&mock, "  heartbeat_interval_ms: 300\n", ""));
     let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
-    ws.send(Message::Ping("are you there".into())).unwrap();
+    ws.send(Message::Ping("are you there".into()))
+        .expect("websocket test step");
     let (mut pong, mut ping) = (false, false);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !(pong && ping) && Instant::now() < deadline {
@@ -353,7 +365,7 @@ fn pings_go_both_ways_and_a_silent_peer_is_closed() {
     let until = Instant::now() + Duration::from_millis(1200);
     ws.get_mut()
         .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
+        .expect("websocket test step");
     while Instant::now() < until {
         match ws.read() {
             Ok(Message::Ping(_)) | Err(tungstenite::Error::Io(_)) => {}
@@ -362,13 +374,14 @@ fn pings_go_both_ways_and_a_silent_peer_is_closed() {
         let _ = ws.flush();
     }
     // A peer that reads and answers nothing: a raw handshake, then silence.
-    let mut raw = TcpStream::connect(sluice.addr).unwrap();
+    let mut raw = TcpStream::connect(sluice.addr).expect("websocket test step");
     write!(
         raw,
         "GET /v1/responses HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\nconnection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
     )
-    .unwrap();
-    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    .expect("websocket test step");
+    raw.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("websocket test step");
     let t = Instant::now();
     let mut got = Vec::new();
     let _ = raw.read_to_end(&mut got);
@@ -392,14 +405,15 @@ fn bad_keys_a_disabled_mode_and_oversized_messages() {
     let mock = Mock::start("{}");
     let sluice = Sluice::start(&config(&mock, "  max_request_body_bytes: 65536\n", ""));
     for key in [Some("sk-not-a-key-0000"), None] {
-        let (status, body) = open(&sluice, key).map(|_| ()).unwrap_err();
+        let (status, body) = open(&sluice, key).map(|_| ()).expect_err("refused");
         assert_eq!(status, 401, "{body}");
         let v: Value = serde_json::from_str(&body).expect("JSON error");
         assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
     }
     let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
     let big = create(&"x".repeat(70_000));
-    ws.send(Message::text(big.to_string())).unwrap();
+    ws.send(Message::text(big.to_string()))
+        .expect("websocket test step");
     let close = loop {
         match ws.read() {
             Ok(Message::Close(c)) => break c,
@@ -411,7 +425,7 @@ fn bad_keys_a_disabled_mode_and_oversized_messages() {
     assert_eq!(mock.hits(), 0);
 
     let off = Sluice::start(&config(&mock, "  responses_websocket: false\n", ""));
-    let (status, body) = open(&off, Some(KEY)).map(|_| ()).unwrap_err();
+    let (status, body) = open(&off, Some(KEY)).map(|_| ()).expect_err("refused");
     assert_eq!(status, 426, "{body}");
     assert!(body.contains("POST /v1/responses"), "{body}");
 }

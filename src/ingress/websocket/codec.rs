@@ -1,7 +1,7 @@
 //! Owns the WebSocket framing of one socket (RFC 6455 §5): a [`tungstenite`] protocol
 //! engine driven over an in-memory pipe, so that Pingora keeps the socket. Bytes the client
 //! sent (read from the upgraded session as raw body bytes) are [`Codec::feed`]-ed in, whole
-//! messages come out of [`Codec::next`], and frames to send accumulate until the caller
+//! messages come out of [`Codec::next_message`], and frames to send accumulate until the caller
 //! takes them with [`Codec::take_output`] and writes them to the session.
 //!
 //! tungstenite does the protocol: masking (an unmasked client frame is a protocol error),
@@ -113,7 +113,7 @@ impl Codec {
     /// # Errors
     /// A [`Failure`]: the socket must end (a close frame with its code is queued when the
     /// handshake allows one; take and write the output, then drop the connection).
-    pub fn next(&mut self) -> Result<Option<Incoming>, Failure> {
+    pub fn next_message(&mut self) -> Result<Option<Incoming>, Failure> {
         loop {
             match self.ws.read() {
                 Ok(Message::Text(t)) => return Ok(Some(Incoming::Text(t))),
@@ -217,7 +217,7 @@ mod tests {
         let mut got = Vec::new();
         for b in &bytes {
             s.feed(&[*b]);
-            while let Some(m) = s.next().unwrap() {
+            while let Some(m) = s.next_message().unwrap() {
                 if let Incoming::Text(t) = m {
                     got.push(t.to_string());
                 }
@@ -234,7 +234,7 @@ mod tests {
         let bytes = client_bytes(vec![Message::text("x".repeat(2000))]);
         let mut s = Codec::new(1024);
         s.feed(&bytes);
-        assert_eq!(s.next().unwrap_err(), Failure::TooBig);
+        assert_eq!(s.next_message().unwrap_err(), Failure::TooBig);
         let out = s.take_output().unwrap();
         // A close frame (0x88) whose payload starts with 1009 (0x03F1).
         assert_eq!((out[0], out[2], out[3]), (0x88, 0x03, 0xF1));
@@ -249,7 +249,7 @@ mod tests {
         server_like.flush().unwrap();
         let mut s = Codec::new(1024);
         s.feed(&server_like.get_mut().output);
-        assert_eq!(s.next().unwrap_err(), Failure::Protocol);
+        assert_eq!(s.next_message().unwrap_err(), Failure::Protocol);
     }
 
     #[test]
@@ -260,7 +260,7 @@ mod tests {
         }))]);
         let mut s = Codec::new(1024);
         s.feed(&bytes);
-        assert!(matches!(s.next().unwrap(), Some(Incoming::Close)));
+        assert!(matches!(s.next_message().unwrap(), Some(Incoming::Close)));
         let out = s.take_output().unwrap();
         assert_eq!(out[0], 0x88);
         assert!(!s.open());

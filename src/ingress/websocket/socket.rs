@@ -157,7 +157,7 @@ impl Socket {
     /// Handles every whole message fed so far.
     fn messages(&mut self, session: &Session, socket_id: &str, max_event_bytes: usize) {
         loop {
-            match self.codec.next() {
+            match self.codec.next_message() {
                 Ok(Some(Incoming::Text(t))) => {
                     self.message(&t, session, socket_id, max_event_bytes)
                 }
