@@ -7,6 +7,10 @@
 //!   API uses for the same case) and the socket stays open. One that arrives after the
 //!   previous answer was sent but before its subrequest finished (its access line and ledger
 //!   row) waits for it (one such message at most).
+//! - **State only.** A `response.create` with `generate: false` (Codex warms its socket
+//!   with one) is answered here without a subrequest: `response.created` and
+//!   `response.completed` with no output, its input kept as the socket's conversation
+//!   ([`super::state::Conversation::prepare_only`]).
 //! - **Cancellation.** `response.cancel` (Sluice's extension) cancels the response in
 //!   flight at once (the upstream request is dropped; its ledger row is `client_abort`) and
 //!   answers an `error` event with code `response_cancelled`; the socket stays usable. A
@@ -284,6 +288,9 @@ impl Socket {
         max_event_bytes: usize,
     ) {
         let sid = stream_id(&req);
+        if req.get("generate") == Some(&Value::Bool(false)) {
+            return self.state_only(req, sid.as_deref());
+        }
         let prepared = match self.conversation.prepare(req) {
             Ok(p) => p,
             Err(r) => return self.refuse(&r, sid.as_deref()),
@@ -301,6 +308,33 @@ impl Socket {
                 },
                 sid.as_deref(),
             ),
+        }
+    }
+
+    /// Answers a `generate: false` response on the socket ([`Conversation::prepare_only`]):
+    /// `response.created` then `response.completed`, both with the state-only response.
+    fn state_only(&mut self, req: Map<String, Value>, stream_id: Option<&str>) {
+        let response = match self.conversation.prepare_only(req) {
+            Ok(r) => r,
+            Err(r) => return self.refuse(&r, stream_id),
+        };
+        for (seq, kind) in ["response.created", "response.completed"]
+            .into_iter()
+            .enumerate()
+        {
+            let mut ev = serde_json::json!({
+                "type": kind,
+                "sequence_number": seq,
+                "response": response,
+            });
+            if let Some(s) = stream_id {
+                ev["stream_id"] = s.into();
+            }
+            crate::metrics::metrics()
+                .websocket_messages_total
+                .with_label_values(&["server", kind])
+                .inc();
+            self.out.push(Utf8Bytes::from(ev.to_string()));
         }
     }
 

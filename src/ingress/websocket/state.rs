@@ -173,6 +173,7 @@ impl Conversation {
             Some(Value::String(s)) => Some(s),
             _ => None,
         };
+        req.remove("generate");
         req.insert("stream".into(), Value::Bool(true));
         let prev = req
             .get("previous_response_id")
@@ -209,6 +210,55 @@ impl Conversation {
             stream_id,
             input,
         })
+    }
+
+    /// A `response.create` with `generate: false` ("prepare request state without model
+    /// output", `openai` SDK 3.57.0; Codex sends one to warm a socket): answered on the
+    /// socket without a subrequest (nothing goes upstream, nothing is charged or recorded in
+    /// the ledger). Its input (expanded like [`Self::prepare`]'s) becomes the socket's
+    /// conversation under a new response id; returns the `response` object of its
+    /// `response.created` / `response.completed` events.
+    ///
+    /// # Errors
+    /// As [`Self::prepare`]; and `previous_response_id` of a response the socket does not
+    /// hold (`previous_response_not_found`: a state-only response is not stored).
+    pub fn prepare_only(&mut self, req: Map<String, Value>) -> Result<Value, Refusal> {
+        let model = req.get("model").cloned().unwrap_or(Value::Null);
+        let store = req.get("store").cloned().unwrap_or(Value::Bool(true));
+        let prev = req.get("previous_response_id").cloned();
+        let prepared = self.prepare(req)?;
+        let Some(input) = prepared.input else {
+            return Err(Refusal::invalid(
+                "previous_response_not_found",
+                format!(
+                    "Previous response with id '{}' not found on this socket: a response with `generate: false` continues only this socket's last response",
+                    prev.as_ref().and_then(Value::as_str).unwrap_or_default()
+                ),
+                Some("previous_response_id"),
+            ));
+        };
+        let id = format!("resp_{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        let response = serde_json::json!({
+            "id": id,
+            "object": "response",
+            "created_at": crate::conversation::now_ms() / 1000,
+            "status": "completed",
+            "model": model,
+            "output": [],
+            "previous_response_id": prev,
+            "store": store,
+            "error": null,
+            "incomplete_details": null,
+            "usage": {
+                "input_tokens": 0,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": 0,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 0,
+            },
+        });
+        self.answered(Some(input), &response);
+        Ok(response)
     }
 
     /// Records the response that answered a request sent with `input` (see
@@ -314,6 +364,29 @@ mod tests {
             (e.code, e.param),
             ("previous_response_not_found", Some("previous_response_id"))
         );
+    }
+
+    #[test]
+    fn a_state_only_response_holds_its_input_for_the_next() {
+        let mut c = Conversation::new(10_000);
+        let warm = c
+            .prepare_only(create(json!({"type":"response.create","model":"m","generate":false,"input":"tools and context"})))
+            .unwrap();
+        assert_eq!(
+            (warm["status"].clone(), warm["output"].clone()),
+            (json!("completed"), json!([]))
+        );
+        let id = warm["id"].as_str().unwrap().to_string();
+        let next = c
+            .prepare(create(json!({"type":"response.create","model":"m","previous_response_id":id,"input":"go"})))
+            .unwrap();
+        let b = body(&next);
+        assert_eq!(b["input"].as_array().unwrap().len(), 2);
+        assert!(b.get("generate").is_none());
+        let e = c
+            .prepare_only(create(json!({"type":"response.create","generate":false,"previous_response_id":"resp_elsewhere"})))
+            .unwrap_err();
+        assert_eq!(e.code, "previous_response_not_found");
     }
 
     #[test]
