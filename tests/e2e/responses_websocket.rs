@@ -336,6 +336,20 @@ fn cancel_and_close_cancel_the_upstream_at_once() {
         "the upstream of the abandoned response was closed"
     );
     assert_eq!(mock.log().len(), 3, "nothing was sent upstream again");
+    // One ledger row per response: the two cancelled ones are client aborts.
+    let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 3);
+    let mut outcomes: Vec<(String, String)> = recs
+        .iter()
+        .map(|r| {
+            let id = r["request_id"].as_str().unwrap_or_default();
+            let n = id.rsplit_once('.').map_or("", |(_, n)| n).to_string();
+            (n, r["outcome"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    outcomes.sort();
+    let want = [("1", "client_abort"), ("2", "ok"), ("3", "client_abort")]
+        .map(|(n, o)| (n.to_string(), o.to_string()));
+    assert_eq!(outcomes, want, "{recs:#?}");
     assert!(eventually(Duration::from_secs(5), || {
         sluice.metric("sluice_websocket_sessions") == 0.0
     }));

@@ -125,7 +125,14 @@ impl Codec {
                     return Ok(Some(Incoming::Close));
                 }
                 Ok(Message::Ping(_) | Message::Frame(_)) => {}
-                Err(Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // All fed bytes are parsed: an idle socket keeps no large buffer.
+                    let input = &mut self.ws.get_mut().input;
+                    if input.capacity() > 2 * READ_CHUNK {
+                        *input = BytesMut::new();
+                    }
+                    return Ok(None);
+                }
                 Err(e) => return Err(self.fail(&e)),
             }
         }

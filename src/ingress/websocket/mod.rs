@@ -65,6 +65,11 @@ pub(crate) async fn serve(
     }
     let key = handshake::check(session.req_header())?;
     authenticate(gw, session, ctx)?;
+    // An upgraded socket reads into its body buffer for as long as it is open: a small one
+    // (messages larger than a read arrive in several reads), set before the `101` makes it.
+    session
+        .downstream_session
+        .set_body_read_size(Some(socket::READ_SIZE));
     let head = handshake::accept_head(&key, &ctx.request_id)
         .map_err(|e| GatewayError::Internal(e.to_string()))?;
     session

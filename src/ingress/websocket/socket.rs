@@ -40,6 +40,9 @@ use super::turn::Turn;
 use crate::engine::attempt::ClientGone;
 use crate::proxy::ctx::RequestCtx;
 
+/// Most bytes one read of the socket takes (the size of the body buffer an open socket keeps).
+pub const READ_SIZE: usize = 4096;
+
 /// Counts an open session in `sluice_websocket_sessions` while alive.
 struct Open;
 
