@@ -443,3 +443,44 @@ fn bad_keys_a_disabled_mode_and_oversized_messages() {
     assert_eq!(status, 426, "{body}");
     assert!(body.contains("POST /v1/responses"), "{body}");
 }
+
+/// On SIGTERM an idle socket is closed with 1001 (going away) at its next heartbeat, and
+/// Sluice exits without waiting out the shutdown grace period for it.
+#[test]
+fn shutdown_closes_idle_sockets_with_1001() {
+    let mock = Mock::start(&json!({"text": ANSWER}).to_string());
+    let mut sluice = Sluice::start(&config(
+        &mock,
+        "  heartbeat_interval_ms: 300\n  shutdown_grace_ms: 20000\n",
+        "",
+    ));
+    let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
+    send(&mut ws, &create("before the shutdown"));
+    let evs = response(&mut ws);
+    assert_eq!(evs.last().expect("events")["type"], "response.completed");
+    let term = Instant::now();
+    sluice.signal("TERM");
+    let close = loop {
+        match ws.read() {
+            Ok(Message::Close(c)) => break c,
+            Ok(_) => {}
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    };
+    assert_eq!(close.map(|c| c.code), Some(CloseCode::Away));
+    assert!(
+        term.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        term.elapsed()
+    );
+    drop(ws);
+    let status = sluice
+        .wait_exit(Duration::from_secs(10))
+        .expect("sluice exits once the socket is closed");
+    assert!(status.success(), "{status}");
+    assert!(
+        term.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        term.elapsed()
+    );
+}
