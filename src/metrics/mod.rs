@@ -526,6 +526,16 @@ fn init_known_series(m: &Metrics) {
     for result in ["ok", "error"] {
         m.config_reloads_total.with_label_values(&[result]);
     }
+    for kind in [
+        "response.create",
+        "response.cancel",
+        "unknown",
+        "binary",
+        "invalid",
+    ] {
+        m.websocket_messages_total
+            .with_label_values(&["client", kind]);
+    }
     for reason in [
         "queue_full",
         "queue_timeout",

@@ -302,6 +302,8 @@ fn cancel_and_close_cancel_the_upstream_at_once() {
     send(&mut ws, &create("too soon"));
     let mut refused = false;
     let mut cancelled = false;
+    let clock = crate::cancellation::MockClock::read(&mock);
+    let cancel_sent = Instant::now();
     send(&mut ws, &json!({"type": "response.cancel"}));
     let deadline = Instant::now() + Duration::from_secs(5);
     while !(refused && cancelled) && Instant::now() < deadline {
@@ -317,6 +319,11 @@ fn cancel_and_close_cancel_the_upstream_at_once() {
         closed_early(&mock, 0),
         "the upstream of the cancelled response was closed"
     );
+    // At once: within the bound the HTTP path's cancellation is held to.
+    let closed_at = call(&mock, 0)["peer_closed_at_ms"].as_u64().unwrap_or(0);
+    let delay = clock.delay_upper_ms(cancel_sent, closed_at);
+    eprintln!("response.cancel -> upstream closed: at most {delay} ms");
+    assert!(delay <= crate::cancellation::CLOSE_BOUND_MS, "{delay} ms");
     // The socket still serves.
     mock.set_behavior(&json!({"text": ANSWER}).to_string());
     send(&mut ws, &create("after the cancel"));
@@ -330,12 +337,22 @@ fn cancel_and_close_cancel_the_upstream_at_once() {
     mock.set_behavior(&slow.to_string());
     send(&mut ws, &create("slow two"));
     while event(&mut ws)["type"] != "response.output_text.delta" {}
+    let clock = crate::cancellation::MockClock::read(&mock);
+    let dropped = Instant::now();
     drop(ws);
     assert!(
         closed_early(&mock, 2),
         "the upstream of the abandoned response was closed"
     );
-    assert_eq!(mock.log().len(), 3, "nothing was sent upstream again");
+    let closed_at = call(&mock, 2)["peer_closed_at_ms"].as_u64().unwrap_or(0);
+    let delay = clock.delay_upper_ms(dropped, closed_at);
+    eprintln!("socket closed -> upstream closed: at most {delay} ms");
+    assert!(delay <= crate::cancellation::CLOSE_BOUND_MS, "{delay} ms");
+    assert_eq!(
+        crate::cancellation::chat_records(&mock.log()).len(),
+        3,
+        "nothing was sent upstream again"
+    );
     // One ledger row per response: the two cancelled ones are client aborts.
     let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 3);
     let mut outcomes: Vec<(String, String)> = recs
