@@ -227,7 +227,7 @@ fn each_response_is_one_ledger_row_and_a_refusal_is_an_error_event() {
         .expect("websocket test step")
         .contains("session.update"));
     ws.close(None).expect("websocket test step");
-    let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 3);
+    let recs = ledger_rows(&sluice, 3);
     let mut statuses: Vec<(String, u64)> = recs
         .iter()
         .map(|r| {
@@ -254,6 +254,18 @@ fn each_response_is_one_ledger_row_and_a_refusal_is_an_error_event() {
         ]
     );
     assert_eq!(mock.hits(), 2, "the refused response never went upstream");
+}
+
+/// The ledger's rows once it holds `n` (20 s at most: the ledger flushes every 200 ms, and
+/// each look runs `sluice usage`, slow on a loaded machine).
+fn ledger_rows(sluice: &Sluice, n: usize) -> Vec<Value> {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, n);
+        if recs.len() >= n || Instant::now() > end {
+            return recs;
+        }
+    }
 }
 
 /// The mock's log record of the `n`th model call (0-based), once it has one.
@@ -354,7 +366,7 @@ fn cancel_and_close_cancel_the_upstream_at_once() {
         "nothing was sent upstream again"
     );
     // One ledger row per response: the two cancelled ones are client aborts.
-    let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, 3);
+    let recs = ledger_rows(&sluice, 3);
     let mut outcomes: Vec<(String, String)> = recs
         .iter()
         .map(|r| {
