@@ -267,6 +267,14 @@ impl Turn {
                     .ok()
                     .and_then(|mut v| v.get_mut("response").map(Value::take));
             }
+            // The client has its final event (the end of the body may come in a later task):
+            // its next `response.create` may come at once, and waits for this one's end.
+            if matches!(
+                kind,
+                "response.completed" | "response.incomplete" | "response.failed"
+            ) {
+                self.answered = true;
+            }
             let bytes = match &self.stream_id {
                 Some(id) => frames::with_stream_id(&data, id),
                 None => data.into_owned(),
