@@ -9,7 +9,8 @@
 //!
 //! The subrequest inherits the upgrade request's head; [`rewrite_head`] (called from
 //! `early_request_filter`, which knows it by its [`TurnCtx`]) makes it `POST /v1/responses`
-//! with the body's `Content-Length` and no upgrade or content-coding headers. Its output is
+//! with the body's `Content-Length`, no upgrade or content-coding headers, and
+//! `x-sluice-resumable: false` (a socket's response is never a resumable stream). Its output is
 //! read here: a 2xx `text/event-stream` answer becomes one text frame per SSE event (the
 //! event's `data`, heartbeat comments dropped); any other answer becomes one `error` event
 //! ([`super::frames::http_error`]).
@@ -45,7 +46,7 @@ pub struct TurnCtx {
 }
 
 /// Headers of the upgrade request that a `POST` must not carry.
-const DROPPED: [&str; 11] = [
+const DROPPED: [&str; 10] = [
     "upgrade",
     "connection",
     "sec-websocket-key",
@@ -55,7 +56,6 @@ const DROPPED: [&str; 11] = [
     "accept-encoding",
     "content-encoding",
     "transfer-encoding",
-    "x-sluice-resumable",
     "last-event-id",
 ];
 
@@ -84,6 +84,9 @@ pub fn rewrite_head(session: &mut Session, ctx: &mut RequestCtx) -> pingora::Res
     req.insert_header("content-type", "application/json")?;
     req.insert_header("content-length", len.to_string())?;
     req.insert_header("accept", "text/event-stream")?;
+    // Never a resumable stream (issue 32's `x-sluice-resumable` opts a request out where its
+    // model opted in): a socket's response ends with the socket, or on `response.cancel`.
+    req.insert_header("x-sluice-resumable", "false")?;
     Ok(true)
 }
 
