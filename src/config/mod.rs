@@ -141,6 +141,8 @@ pub struct ServerSettings {
     /// `server.replica_id`, else a random 8-hex tag drawn when the config is loaded first
     /// (the same for the whole process, reloads included).
     pub replica_id: String,
+    /// Whether the Responses API's WebSocket mode is served (`server.responses_websocket`).
+    pub responses_websocket: bool,
 }
 
 /// Per-hop timeouts of one provider.

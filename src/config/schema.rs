@@ -347,6 +347,11 @@ pub struct ServerSection {
     /// (default: random per process start). A resume naming another replica's id gets 421.
     #[serde(default)]
     pub replica_id: Option<String>,
+    /// Serve the Responses API's WebSocket mode on `GET /v1/responses` with `Upgrade:
+    /// websocket` (default `true`); `false` answers the upgrade with 426, which sends
+    /// OpenAI's clients to plain HTTP (see [`crate::ingress::websocket`]).
+    #[serde(default = "default_true")]
+    pub responses_websocket: bool,
 }
 
 impl Default for ServerSection {
@@ -395,6 +400,7 @@ impl Default for ServerSection {
             resume_grace_ms: default_resume_grace_ms(),
             resume_buffer_bytes: default_resume_buffer_bytes(),
             replica_id: None,
+            responses_websocket: true,
         }
     }
 }

@@ -175,7 +175,7 @@ fn stateless(body: &[u8]) -> bool {
 
 /// The request's own input as items: a string is one user message; an item without `type`
 /// (the easy message form) is a `message`.
-fn own_items(input: Option<&Value>) -> Vec<Value> {
+pub(crate) fn own_items(input: Option<&Value>) -> Vec<Value> {
     match input {
         Some(Value::String(s)) => {
             let mut m = Map::new();

@@ -10,13 +10,14 @@
 //!   (<https://docs.anthropic.com/en/api/messages-count-tokens>), answered by the Anthropic
 //!   provider of the route or estimated locally ([`crate::ingress::count_tokens`]).
 //! - `POST /v1/responses`: OpenAI Responses, streaming or not
-//!   (<https://platform.openai.com/docs/api-reference/responses/create>); a WebSocket
-//!   upgrade of it gets 426 (its WebSocket mode is not served). With the response store on
+//!   (<https://platform.openai.com/docs/api-reference/responses/create>). With the response store on
 //!   (`response_store:`, default), `store` (default `true`) keeps the answer,
 //!   `previous_response_id` continues a stored conversation and `item_reference` inputs name
 //!   stored items, all by the tenant of the virtual key ([`crate::conversation`]);
 //!   `conversation` (the Conversations API) is a 400. With it off, `store: true`,
 //!   `previous_response_id` and `item_reference` are 400s naming the field.
+//! - `GET /v1/responses` with `Upgrade: websocket`: the Responses API's WebSocket mode
+//!   ([`crate::ingress::websocket`]; 426 with `server.responses_websocket: false`).
 //! - `POST /v1/responses/input_tokens`: the Responses API's token count, the provider's own
 //!   on a route with `api: responses`, else estimated locally
 //!   ([`crate::ingress::count_tokens`]).
@@ -64,20 +65,12 @@ pub async fn handle(
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
     let path = path.strip_prefix("/v1").unwrap_or(&path);
-    let websocket = session
-        .req_header()
-        .headers
-        .get("upgrade")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    let websocket = crate::ingress::websocket::wants_websocket(session.req_header());
     let result = match (path, method.as_str()) {
-        // The Responses API's WebSocket mode is not served: 426 sends its clients to plain
-        // HTTP at once (a 405 has them retry the upgrade for seconds).
+        // The Responses API's WebSocket mode (426 when it is off: its clients then fall back
+        // to plain HTTP at once; a 405 would have them retry the upgrade for seconds).
         ("/responses", _) if websocket => {
-            ctx.dialect = ClientDialect::Responses;
-            Err(GatewayError::UpgradeRequired(
-                "the Responses API's WebSocket mode is not supported here; use HTTP: POST /v1/responses".into(),
-            )
-            .into())
+            Box::pin(crate::ingress::websocket::serve(gw, session, ctx)).await
         }
         ("/chat/completions", "POST") => {
             infer(gw, session, ctx, ClientDialect::ChatCompletions).await

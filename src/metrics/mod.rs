@@ -190,6 +190,14 @@ pub struct Metrics {
     /// `sluice_response_store_bytes{tenant}`: bytes of stored Responses (their
     /// `size_bytes`, [`crate::conversation`]) per tenant, as of the last write or sweep.
     pub response_store_bytes: IntGaugeVec,
+    /// `sluice_websocket_sessions`: Responses WebSocket sessions open now
+    /// ([`crate::ingress::websocket`]).
+    pub websocket_sessions: IntGauge,
+    /// `sluice_websocket_messages_total{direction,type}`: messages on Responses WebSockets:
+    /// `direction` `client` (`type` `response.create`, `response.cancel`, `unknown`,
+    /// `binary`, `invalid`) or `server` (`type` the event's, one of the Responses stream's
+    /// event types, else `other`).
+    pub websocket_messages_total: IntCounterVec,
     /// `sluice_response_store_evictions_total{reason}`: stored responses removed by
     /// retention (`age`: older than `response_store.max_age_secs`; `bytes`: the tenant was
     /// over `response_store.max_bytes_per_tenant`).
@@ -504,6 +512,15 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "Bytes of stored Responses API responses per tenant (response_store), as of the last write or sweep.",
             &["tenant"]
         )?,
+        websocket_sessions: register_int_gauge!(
+            "sluice_websocket_sessions",
+            "Responses WebSocket sessions open now."
+        )?,
+        websocket_messages_total: register_int_counter_vec!(
+            "sluice_websocket_messages_total",
+            "Messages on Responses WebSockets by direction (client, server) and type.",
+            &["direction", "type"]
+        )?,
         response_store_evictions_total: register_int_counter_vec!(
             "sluice_response_store_evictions_total",
             "Stored responses removed by retention, by reason (age, bytes).",
@@ -534,6 +551,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
 fn init_known_series(m: &Metrics) {
     for result in ["ok", "error"] {
         m.config_reloads_total.with_label_values(&[result]);
+    }
+    for kind in [
+        "response.create",
+        "response.cancel",
+        "unknown",
+        "binary",
+        "invalid",
+    ] {
+        m.websocket_messages_total
+            .with_label_values(&["client", kind]);
     }
     for reason in [
         "queue_full",

@@ -11,7 +11,7 @@
 //! | phase | does | owner |
 //! |---|---|---|
 //! | `new_ctx` | end the head deadline; pin the config snapshot, start the clock | [`crate::edge::connection`], [`ctx`] |
-//! | `early_request_filter` | request id, downstream write timeout | [`ctx`] |
+//! | `early_request_filter` | request id, downstream write timeout; a WebSocket response's subrequest head | [`ctx`], [`crate::ingress::websocket`] |
 //! | `request_filter` | head limits and per-IP rate; a passthrough route's request goes on to the native path; else route the path; auth; body; plan; the attempt loop (LLM endpoints), or the token count | [`crate::edge::screen`], [`crate::passthrough`], [`crate::ingress::endpoints`], [`crate::engine::attempt`], [`crate::ingress::count_tokens`] |
 //! | `upstream_peer`, `fail_to_connect`, `error_while_proxy`, `upstream_request_filter`, `request_body_filter`, `response_filter` | passthrough requests only (Pingora's native path, with their own [`crate::passthrough::PassCtx`]): upstream selection, forwarding headers, body limits | [`crate::passthrough::serve`] |
 //! | `fail_to_proxy` | OpenAI-style JSON for anything that escaped (plain text for passthrough) | [`crate::ingress::respond`], [`crate::passthrough::serve`] |
@@ -59,6 +59,8 @@ impl ProxyHttp for Gateway {
                 .get("x-request-id")
                 .map(|v| v.as_bytes()),
         );
+        // A Responses WebSocket's response: its inherited upgrade head becomes its POST.
+        crate::ingress::websocket::rewrite_head(session, ctx)?;
         session.set_write_timeout(Some(ctx.config.server.downstream_write_timeout));
         // An idle keep-alive connection is closed after this long (Pingora's default keeps it
         // forever, which lets idle clients pin file descriptors).
@@ -66,6 +68,11 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(Some(DOWNSTREAM_KEEPALIVE_S));
         }
         Ok(())
+    }
+
+    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &Box<RequestCtx>) -> bool {
+        // A Responses WebSocket runs each response as a subrequest of its upgrade request.
+        crate::ingress::websocket::wants_websocket(session.req_header())
     }
 
     async fn request_filter(

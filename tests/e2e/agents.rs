@@ -533,6 +533,63 @@ fn codex_runs_a_tool_loop_on_every_provider_kind() {
     });
 }
 
+/// Codex as shipped with its provider marked `supports_websockets = true` (its
+/// `OpenAI-Beta: responses_websockets=…` transport): it opens a Responses WebSocket on
+/// Sluice and runs the whole tool loop over it, each model call a `response.create` on the
+/// socket (access lines `<socket id>.<n>`; the socket's own line has status 101), on every
+/// provider kind.
+#[test]
+fn codex_runs_a_tool_loop_over_the_responses_websocket_mode_on_every_provider_kind() {
+    let codex = npm_bin("codex");
+    let config = format!("{}supports_websockets = true\n", codex_config());
+    on_every_kind("codex (websocket)", &|sluice| {
+        let work = TempDir::new("codex-work");
+        let home = TempDir::new("codex-home");
+        let run = run_isolated(
+            sluice,
+            work.path(),
+            &codex,
+            &[
+                "exec".into(),
+                "--skip-git-repo-check".into(),
+                "--disable".into(),
+                "plugins".into(),
+                "--color".into(),
+                "never".into(),
+                PROMPT.into(),
+            ],
+            &[
+                ("CODEX_HOME", home.path().display().to_string()),
+                ("SLUICE_KEY", KEY.into()),
+            ],
+            &[(home.path().join("config.toml"), config.clone())],
+        );
+        let log = sluice.log();
+        let sockets: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("sluice::access") && l.contains(" status=101 "))
+            .filter_map(|l| l.split("request_id=").nth(1))
+            .filter_map(|r| r.split_whitespace().next())
+            .collect();
+        assert!(
+            !sockets.is_empty(),
+            "codex did not open a WebSocket:\n{log}"
+        );
+        // Its model calls, one response after another on a socket (not over HTTP).
+        assert!(
+            sockets
+                .iter()
+                .any(|s| log.contains(&format!("request_id={s}.2 "))),
+            "codex's model calls were not responses on its socket:\n{log}"
+        );
+        assert!(
+            !log.contains(" status=4"),
+            "a response on the socket was refused:\n{log}"
+        );
+        run
+    });
+}
+
 /// The reasoning items (`encrypted_content`, summary text) of a logged Responses request's
 /// `input`, in order.
 fn reasoning_items(call: &serde_json::Value) -> Vec<(String, String)> {

@@ -826,13 +826,17 @@ fn no_key_in_the_log_even_at_trace_level() {
     assert!(!log.contains(KEY), "virtual key in the trace log");
 }
 
-/// The Responses API's WebSocket mode (issue 29, item 5) is not served: the upgrade gets a
-/// 426 in OpenAI's error shape at once, so the client falls back to HTTP; HTTP still works
-/// on the same path.
+/// With the Responses API's WebSocket mode off (`server.responses_websocket: false`; issue
+/// 29, item 5; the mode itself is `responses_websocket.rs`), the upgrade gets a 426 in
+/// OpenAI's error shape at once, so the client falls back to HTTP; HTTP still works on the
+/// same path.
 #[test]
-fn a_websocket_upgrade_of_the_responses_api_is_a_426() {
+fn a_websocket_upgrade_of_the_responses_api_is_a_426_when_the_mode_is_off() {
     let mock = Mock::start("{}");
-    let sluice = Sluice::start(&basic_config(&mock.base_url(), ""));
+    let sluice = Sluice::start(&basic_config(
+        &mock.base_url(),
+        "  responses_websocket: false\n",
+    ));
     let auth = bearer();
     let t = Instant::now();
     let r = request(

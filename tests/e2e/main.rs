@@ -58,6 +58,7 @@ mod responses_spec;
 mod responses_upstream;
 mod resumable;
 mod resume_smoke;
+mod responses_websocket;
 mod retry;
 mod routing;
 mod sdk;

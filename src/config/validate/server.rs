@@ -111,6 +111,7 @@ pub(super) fn server_settings(
             .replica_id
             .clone()
             .unwrap_or_else(|| random_replica_id().to_string()),
+        responses_websocket: server.responses_websocket,
     })
 }
 

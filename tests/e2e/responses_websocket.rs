@@ -1,0 +1,515 @@
+//! The Responses API's WebSocket mode on `GET /v1/responses` (issue 32, part 2): the
+//! official `openai` SDK's `client.responses.connect()` driving several responses on one
+//! socket with incremental input and `previous_response_id`, `store: false`, on every
+//! provider kind, the events equal to the HTTP stream's; one ledger row per response;
+//! limits as `error` events on a socket that stays open; cancellation by `response.cancel`
+//! and by closing the socket (the mock sees its connection closed); heartbeats both ways;
+//! 426 with the mode off, 401 for a bad key, 1009 for an oversized message.
+//!
+//! The edge cases use tungstenite's client over a plain loopback socket; the SDK case runs
+//! `tests/sdk/responses_websocket_client.py` with the interpreter `crate::sdk::python` finds.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tungstenite::client::IntoClientRequest;
+use tungstenite::protocol::frame::coding::CloseCode;
+use tungstenite::{Message, WebSocket};
+
+use crate::harness::{basic_config, eventually, Mock, Sluice, KEY};
+use crate::provider_battery::{self as battery, Rig, MODEL};
+
+/// The mock's answer in these tests.
+const ANSWER: &str = "websocket answer from the mock";
+
+type Socket = WebSocket<TcpStream>;
+
+/// Opens a Responses WebSocket with `key`; the refused handshake's status and body.
+fn open(sluice: &Sluice, key: Option<&str>) -> Result<Socket, (u16, String)> {
+    let stream = TcpStream::connect(sluice.addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("websocket test step");
+    let mut req = format!("ws://{}/v1/responses", sluice.addr)
+        .into_client_request()
+        .expect("websocket test step");
+    if let Some(k) = key {
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {k}").parse().expect("websocket test step"),
+        );
+    }
+    match tungstenite::client::client(req, stream) {
+        Ok((ws, resp)) => {
+            assert_eq!(resp.status(), 101);
+            Ok(ws)
+        }
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => Err((
+            r.status().as_u16(),
+            String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned(),
+        )),
+        Err(e) => panic!("handshake: {e}"),
+    }
+}
+
+fn send(ws: &mut Socket, v: &Value) {
+    ws.send(Message::text(v.to_string())).expect("send");
+}
+
+/// The next event (text frames only; control frames are handled by tungstenite).
+fn event(ws: &mut Socket) -> Value {
+    loop {
+        match ws.read().expect("read an event") {
+            Message::Text(t) => return serde_json::from_str(&t).expect("JSON event"),
+            Message::Close(c) => panic!("closed: {c:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// Events up to and including the response's final one (or an `error`).
+fn response(ws: &mut Socket) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let ev = event(ws);
+        let end = matches!(
+            ev["type"].as_str(),
+            Some("response.completed" | "response.incomplete" | "response.failed" | "error")
+        );
+        out.push(ev);
+        if end {
+            return out;
+        }
+    }
+}
+
+fn create(input: &str) -> Value {
+    json!({"type":"response.create","model":"acme/chat","store":false,
+           "input":[{"role":"user","content":input}]})
+}
+
+/// The config of most cases: [`basic_config`] with `server` lines and `tenants.t` limits.
+fn config(mock: &Mock, server: &str, tenant: &str) -> String {
+    basic_config(&mock.base_url(), server).replace("  t: {}", &format!("  t: {{{tenant}}}"))
+}
+
+/// The SDK's run on one rig: three responses on a socket, then the first over HTTP.
+fn sdk_run(rig: &Rig) -> Result<String, String> {
+    let mut behavior = rig.base.clone();
+    behavior["text"] = json!(ANSWER);
+    rig.mock.set_behavior(&behavior.to_string());
+    rig.mock.reset();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/sdk/responses_websocket_client.py"
+    );
+    let base = format!("http://{}/v1", rig.sluice.addr);
+    let (ok, out) = crate::sdk::run_python(&[script, &base, KEY, MODEL], Duration::from_secs(60));
+    if !ok {
+        return Err(format!("the client failed:\n{out}"));
+    }
+    let line = out.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("{e}: {out}"))?;
+    let turns = v["turns"].as_array().cloned().unwrap_or_default();
+    let mut problems = Vec::new();
+    if turns.len() != 3 {
+        problems.push(format!("{} turns", turns.len()));
+    }
+    for (i, t) in turns.iter().enumerate() {
+        if t["text"] != ANSWER || t["status"] != "completed" {
+            problems.push(format!("turn {i}: {t}"));
+        }
+        // The same events as the HTTP stream's, in the same order, with the same text.
+        if t["types"] != v["http"]["types"] || t["deltas"] != v["http"]["deltas"] {
+            problems.push(format!("turn {i} differs from HTTP: {t} vs {}", v["http"]));
+        }
+    }
+    let calls = rig.model_calls();
+    if calls.len() != 4 {
+        problems.push(format!(
+            "{} model calls (3 on the socket, 1 over HTTP)",
+            calls.len()
+        ));
+    } else {
+        // The third response's request carries the whole conversation, held by the socket
+        // (`store: false`: nobody else has it).
+        let third = calls[2]["body"].as_str().unwrap_or_default();
+        for want in [
+            "first-turn question",
+            "second-turn question",
+            "third-turn question",
+        ] {
+            if !third.contains(want) {
+                problems.push(format!("the third call lacks `{want}`: {third}"));
+            }
+        }
+        if third.matches(ANSWER).count() < 2 {
+            problems.push(format!("the third call lacks the two answers: {third}"));
+        }
+        let first = calls[0]["body"].as_str().unwrap_or_default();
+        if first.contains("second-turn") {
+            problems.push(format!("the first call has later input: {first}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(format!("{} turns", turns.len()))
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// The official SDK's WebSocket mode on every provider kind.
+#[test]
+fn the_openai_sdk_runs_several_responses_on_one_socket_on_every_provider_kind() {
+    type MakeRig = fn() -> Rig;
+    let kinds: [(&str, MakeRig); 10] = [
+        ("openai", battery::openai_rig),
+        ("openai-responses", battery::openai_responses_rig),
+        ("anthropic", battery::anthropic_rig),
+        ("azure-openai", battery::azure_openai_rig),
+        ("azure-responses", battery::azure_responses_rig),
+        ("gemini", battery::gemini_rig),
+        ("bedrock-claude", battery::bedrock_claude_rig),
+        ("bedrock-converse", battery::bedrock_converse_rig),
+        ("vertex-claude", battery::vertex_claude_rig),
+        ("vertex-gemini", battery::vertex_gemini_rig),
+    ];
+    let mut failures = Vec::new();
+    for (kind, make) in kinds {
+        let rig = make();
+        if let Err(e) = sdk_run(&rig) {
+            failures.push(format!("=== {kind}:\n{e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Each response is one request of the HTTP path: one ledger row each (ids
+/// `<socket id>.<n>`), and a refusal by the tenant's rate limit is an `error` event with
+/// the HTTP status and `Retry-After`, after which the socket still serves.
+#[test]
+fn each_response_is_one_ledger_row_and_a_refusal_is_an_error_event() {
+    let mock = Mock::start(&json!({"text": ANSWER}).to_string());
+    let sluice = Sluice::start(&config(&mock, "", "requests_per_minute: 2"));
+    let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
+    send(&mut ws, &create("one"));
+    let first = response(&mut ws);
+    assert_eq!(
+        first.last().expect("websocket test step")["type"],
+        "response.completed",
+        "{first:?}"
+    );
+    // Sent at once after the answer: it waits for the previous subrequest if need be.
+    send(&mut ws, &create("two"));
+    let second = response(&mut ws);
+    assert_eq!(
+        second.last().expect("websocket test step")["type"],
+        "response.completed",
+        "{second:?}"
+    );
+    send(&mut ws, &create("three"));
+    let refused = response(&mut ws);
+    let e = &refused[0];
+    assert_eq!(
+        (e["type"].as_str(), e["status"].as_u64()),
+        (Some("error"), Some(429)),
+        "{e}"
+    );
+    assert!(e["error"]["headers"]["retry-after"].is_string(), "{e}");
+    // The socket stays open: an unknown message is answered, naming its type.
+    send(&mut ws, &json!({"type": "session.update"}));
+    let e = event(&mut ws);
+    assert_eq!(e["error"]["code"], "unknown_message_type", "{e}");
+    assert!(e["error"]["message"]
+        .as_str()
+        .expect("websocket test step")
+        .contains("session.update"));
+    ws.close(None).expect("websocket test step");
+    let recs = ledger_rows(&sluice, 3);
+    let mut statuses: Vec<(String, u64)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["request_id"].as_str().unwrap_or_default().to_string(),
+                r["status"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    statuses.sort();
+    assert_eq!(statuses.len(), 3, "{recs:#?}");
+    let socket = statuses[0]
+        .0
+        .rsplit_once('.')
+        .expect("websocket test step")
+        .0
+        .to_string();
+    assert_eq!(
+        statuses,
+        [
+            (format!("{socket}.1"), 200),
+            (format!("{socket}.2"), 200),
+            (format!("{socket}.3"), 429)
+        ]
+    );
+    assert_eq!(mock.hits(), 2, "the refused response never went upstream");
+}
+
+/// The ledger's rows once it holds `n` (20 s at most: the ledger flushes every 200 ms, and
+/// each look runs `sluice usage`, slow on a loaded machine).
+fn ledger_rows(sluice: &Sluice, n: usize) -> Vec<Value> {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let recs = crate::ledger::wait_records(sluice.dir.path(), &sluice.config_path, n);
+        if recs.len() >= n || Instant::now() > end {
+            return recs;
+        }
+    }
+}
+
+/// The mock's log record of the `n`th model call (0-based), once it has one.
+fn call(mock: &Mock, n: usize) -> Value {
+    let mut rec = Value::Null;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let calls: Vec<Value> = mock
+                .log()
+                .into_iter()
+                .filter(|r| {
+                    r["path"]
+                        .as_str()
+                        .is_some_and(|p| p.contains("/chat/completions"))
+                })
+                .collect();
+            rec = calls.get(n).cloned().unwrap_or(Value::Null);
+            !rec.is_null()
+        }),
+        "no call {n}"
+    );
+    rec
+}
+
+/// Whether the mock saw the `n`th model call's connection closed before it finished.
+fn closed_early(mock: &Mock, n: usize) -> bool {
+    eventually(Duration::from_secs(5), || {
+        call(mock, n)["peer_closed_at_ms"].is_u64()
+    })
+}
+
+/// `response.cancel` (Sluice's extension) cancels the response in flight at once, answers
+/// `response_cancelled`, and the socket serves the next response; a second create while one
+/// is in flight is refused without disturbing it; closing the socket mid-response cancels
+/// the upstream request too.
+#[test]
+fn cancel_and_close_cancel_the_upstream_at_once() {
+    let slow =
+        json!({"text": "one two three four five six seven eight nine ten", "token_delay_ms": 400});
+    let mock = Mock::start(&slow.to_string());
+    let sluice = Sluice::start(&config(&mock, "", ""));
+    let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
+    send(&mut ws, &create("slow one"));
+    while event(&mut ws)["type"] != "response.output_text.delta" {}
+    // A second response while one streams: refused, the first goes on.
+    send(&mut ws, &create("too soon"));
+    let mut refused = false;
+    let mut cancelled = false;
+    let clock = crate::cancellation::MockClock::read(&mock);
+    let cancel_sent = Instant::now();
+    send(&mut ws, &json!({"type": "response.cancel"}));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(refused && cancelled) && Instant::now() < deadline {
+        let e = event(&mut ws);
+        match e["error"]["code"].as_str() {
+            Some("conversation_already_has_active_response") => refused = true,
+            Some("response_cancelled") => cancelled = true,
+            _ => assert_ne!(e["type"], "response.completed", "not cancelled: {e}"),
+        }
+    }
+    assert!(refused && cancelled);
+    assert!(
+        closed_early(&mock, 0),
+        "the upstream of the cancelled response was closed"
+    );
+    // At once: within the bound the HTTP path's cancellation is held to.
+    let closed_at = call(&mock, 0)["peer_closed_at_ms"].as_u64().unwrap_or(0);
+    let delay = clock.delay_upper_ms(cancel_sent, closed_at);
+    eprintln!("response.cancel -> upstream closed: at most {delay} ms");
+    assert!(delay <= crate::cancellation::CLOSE_BOUND_MS, "{delay} ms");
+    // The socket still serves.
+    mock.set_behavior(&json!({"text": ANSWER}).to_string());
+    send(&mut ws, &create("after the cancel"));
+    let evs = response(&mut ws);
+    assert_eq!(
+        evs.last().expect("websocket test step")["type"],
+        "response.completed",
+        "{evs:?}"
+    );
+    // Closing the socket mid-response cancels it.
+    mock.set_behavior(&slow.to_string());
+    send(&mut ws, &create("slow two"));
+    while event(&mut ws)["type"] != "response.output_text.delta" {}
+    let clock = crate::cancellation::MockClock::read(&mock);
+    let dropped = Instant::now();
+    drop(ws);
+    assert!(
+        closed_early(&mock, 2),
+        "the upstream of the abandoned response was closed"
+    );
+    let closed_at = call(&mock, 2)["peer_closed_at_ms"].as_u64().unwrap_or(0);
+    let delay = clock.delay_upper_ms(dropped, closed_at);
+    eprintln!("socket closed -> upstream closed: at most {delay} ms");
+    assert!(delay <= crate::cancellation::CLOSE_BOUND_MS, "{delay} ms");
+    assert_eq!(
+        crate::cancellation::chat_records(&mock.log()).len(),
+        3,
+        "nothing was sent upstream again"
+    );
+    // One ledger row per response: the two cancelled ones are client aborts.
+    let recs = ledger_rows(&sluice, 3);
+    let mut outcomes: Vec<(String, String)> = recs
+        .iter()
+        .map(|r| {
+            let id = r["request_id"].as_str().unwrap_or_default();
+            let n = id.rsplit_once('.').map_or("", |(_, n)| n).to_string();
+            (n, r["outcome"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    outcomes.sort();
+    let want = [("1", "client_abort"), ("2", "ok"), ("3", "client_abort")]
+        .map(|(n, o)| (n.to_string(), o.to_string()));
+    assert_eq!(outcomes, want, "{recs:#?}");
+    assert!(eventually(Duration::from_secs(5), || {
+        sluice.metric("sluice_websocket_sessions") == 0.0
+    }));
+}
+
+/// Heartbeats: a client ping gets its pong; the server pings every
+/// `server.heartbeat_interval_ms`; a peer that answers nothing is closed (1011).
+#[test]
+fn pings_go_both_ways_and_a_silent_peer_is_closed() {
+    let mock = Mock::start("{}");
+    let sluice = Sluice::start(&config(&mock, "  heartbeat_interval_ms: 300\n", ""));
+    let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
+    ws.send(Message::Ping("are you there".into()))
+        .expect("websocket test step");
+    let (mut pong, mut ping) = (false, false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(pong && ping) && Instant::now() < deadline {
+        match ws.read().expect("read") {
+            Message::Pong(p) => pong = p.as_ref() == b"are you there",
+            // tungstenite answers it (on its next read or write).
+            Message::Ping(_) => ping = true,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(pong && ping, "pong {pong}, ping {ping}");
+    // Answered pings keep the socket open past several intervals.
+    let until = Instant::now() + Duration::from_millis(1200);
+    ws.get_mut()
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("websocket test step");
+    while Instant::now() < until {
+        match ws.read() {
+            Ok(Message::Ping(_)) | Err(tungstenite::Error::Io(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+        let _ = ws.flush();
+    }
+    // A peer that reads and answers nothing: a raw handshake, then silence.
+    let mut raw = TcpStream::connect(sluice.addr).expect("websocket test step");
+    write!(
+        raw,
+        "GET /v1/responses HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\nconnection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    .expect("websocket test step");
+    raw.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("websocket test step");
+    let t = Instant::now();
+    let mut got = Vec::new();
+    let _ = raw.read_to_end(&mut got);
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "closed within a few intervals"
+    );
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 101"), "{text}");
+    // The last frame is a close with 1011 (0x03F3).
+    let close = got
+        .windows(4)
+        .rposition(|w| w[0] == 0x88 && w[2] == 0x03 && w[3] == 0xF3);
+    assert!(close.is_some(), "{got:?}");
+}
+
+/// Refusals before the upgrade: 401 in OpenAI's shape for a bad or missing key, 426 with the
+/// mode off (the SDKs then use HTTP); after it, an oversized message closes with 1009.
+#[test]
+fn bad_keys_a_disabled_mode_and_oversized_messages() {
+    let mock = Mock::start("{}");
+    let sluice = Sluice::start(&config(&mock, "  max_request_body_bytes: 65536\n", ""));
+    for key in [Some("sk-not-a-key-0000"), None] {
+        let (status, body) = open(&sluice, key).map(|_| ()).expect_err("refused");
+        assert_eq!(status, 401, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON error");
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+    }
+    let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
+    let big = create(&"x".repeat(70_000));
+    ws.send(Message::text(big.to_string()))
+        .expect("websocket test step");
+    let close = loop {
+        match ws.read() {
+            Ok(Message::Close(c)) => break c,
+            Ok(_) => {}
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    };
+    assert_eq!(close.map(|c| c.code), Some(CloseCode::Size));
+    assert_eq!(mock.hits(), 0);
+
+    let off = Sluice::start(&config(&mock, "  responses_websocket: false\n", ""));
+    let (status, body) = open(&off, Some(KEY)).map(|_| ()).expect_err("refused");
+    assert_eq!(status, 426, "{body}");
+    assert!(body.contains("POST /v1/responses"), "{body}");
+}
+
+/// On SIGTERM an idle socket is closed with 1001 (going away) at its next heartbeat, and
+/// Sluice exits without waiting out the shutdown grace period for it.
+#[test]
+fn shutdown_closes_idle_sockets_with_1001() {
+    let mock = Mock::start(&json!({"text": ANSWER}).to_string());
+    let mut sluice = Sluice::start(&config(
+        &mock,
+        "  heartbeat_interval_ms: 300\n  shutdown_grace_ms: 20000\n",
+        "",
+    ));
+    let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
+    send(&mut ws, &create("before the shutdown"));
+    let evs = response(&mut ws);
+    assert_eq!(evs.last().expect("events")["type"], "response.completed");
+    let term = Instant::now();
+    sluice.signal("TERM");
+    let close = loop {
+        match ws.read() {
+            Ok(Message::Close(c)) => break c,
+            Ok(_) => {}
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    };
+    assert_eq!(close.map(|c| c.code), Some(CloseCode::Away));
+    assert!(
+        term.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        term.elapsed()
+    );
+    drop(ws);
+    let status = sluice
+        .wait_exit(Duration::from_secs(10))
+        .expect("sluice exits once the socket is closed");
+    assert!(status.success(), "{status}");
+    assert!(
+        term.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        term.elapsed()
+    );
+}
