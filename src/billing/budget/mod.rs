@@ -494,8 +494,7 @@ impl Budgets {
                                 tenant,
                                 &budget,
                                 &periods,
-                                member.clone(),
-                                amount,
+                                vec![(member.clone(), amount)],
                                 0,
                             );
                         }
@@ -740,9 +739,6 @@ impl Reservation {
         if self.budget.hard {
             charge = charge.min(self.held());
         }
-        for mut g in std::mem::take(&mut self.grown) {
-            g.finish(0);
-        }
         self.finish(charge);
         to_usd(charge)
     }
@@ -765,9 +761,49 @@ impl Reservation {
         self.settle(charge_usd)
     }
 
+    /// Releases the hold and its growths and adds `charge`, here and in Redis. The growths
+    /// are released in the same settlement script as the charge (one per period set), so
+    /// another replica never sees their money free before the charge is counted.
     fn finish(&mut self, charge: i64) {
         if self.done {
             return;
+        }
+        let mut holds = Vec::new();
+        let mut redis = None;
+        for mut g in std::mem::take(&mut self.grown) {
+            let Some((r, hold)) = g.finish_local(0) else {
+                continue;
+            };
+            if g.periods == self.periods {
+                holds.push(hold);
+                redis = Some(r);
+            } else {
+                // Grown in a later day or month: its hold lives under that period's keys.
+                shared::settle(r, &g.tenant, &g.budget, &g.periods, vec![hold], 0);
+            }
+        }
+        if let Some((r, hold)) = self.finish_local(charge) {
+            holds.push(hold);
+            redis = Some(r);
+        }
+        if let Some(redis) = redis {
+            shared::settle(
+                redis,
+                &self.tenant,
+                &self.budget,
+                &self.periods,
+                holds,
+                charge,
+            );
+        }
+        set_gauges(&self.tenant, &self.budget, &self.state);
+    }
+
+    /// Releases this hold (not its growths) and adds `charge` in this process's figures;
+    /// returns the backend and the `(member, nano-USD)` hold to release in Redis, if any.
+    fn finish_local(&mut self, charge: i64) -> Option<(Arc<SharedRedis>, (String, i64))> {
+        if self.done {
+            return None;
         }
         self.done = true;
         {
@@ -788,18 +824,9 @@ impl Reservation {
                 }
             }
         }
-        if let Some((redis, member)) = self.remote.take() {
-            shared::settle(
-                redis,
-                &self.tenant,
-                &self.budget,
-                &self.periods,
-                member,
-                self.amount,
-                charge,
-            );
-        }
-        set_gauges(&self.tenant, &self.budget, &self.state);
+        self.remote
+            .take()
+            .map(|(redis, member)| (redis, (member, self.amount)))
     }
 }
 

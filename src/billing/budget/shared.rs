@@ -90,18 +90,23 @@ return out
 ";
 
 /// The settlement. `KEYS`: per window its `spent`, `reserved` and `holds` keys. `ARGV[1]` the
-/// hold's member (`<request id>:<nano-USD>`), `ARGV[2]` its amount, `ARGV[3]` the charge
-/// (nano-USD). Releases the hold where Redis still has it (an expired or never-held one
-/// releases nothing) and adds the charge. Returns 1.
+/// charge (nano-USD), then per hold of the request its member (`<request id>:<nano-USD>`) and
+/// amount. Releases every hold Redis still has (an expired or never-held one releases nothing)
+/// and adds the charge, in one script: a request's holds (its reservation and the growths of a
+/// stream or a hard settlement) are never released before its charge is added, so no other
+/// replica's reservation can take money between the two. Returns 1.
 pub const SETTLE_LUA: &str = r"
-local member, amount, charge = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local charge = tonumber(ARGV[1])
+local holds = (#ARGV - 1) / 2
 for i = 1, #KEYS / 3 do
   local sk, rk, hk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  if redis.call('ZREM', hk, member) == 1 then
-    local left = redis.call('DECRBY', rk, amount)
-    if left < 0 then redis.call('SET', rk, 0) end
-  end
   if charge > 0 then redis.call('INCRBY', sk, charge) end
+  for j = 1, holds do
+    if redis.call('ZREM', hk, ARGV[2 * j]) == 1 then
+      local left = redis.call('DECRBY', rk, tonumber(ARGV[2 * j + 1]))
+      if left < 0 then redis.call('SET', rk, 0) end
+    end
+  end
 end
 return 1
 ";
@@ -211,8 +216,9 @@ pub async fn reserve(
     })
 }
 
-/// Sends a settlement (release `amount` held as `member` in `periods`, add `charge`) in a
-/// spawned task, bounded by one second. A failed write is counted in
+/// Sends a settlement (release every hold of `holds`, `(member, nano-USD)` pairs, in
+/// `periods`, and add `charge`) in a spawned task, bounded by one second. One script does
+/// both ([`SETTLE_LUA`]). A failed write is counted in
 /// `sluice_ratelimit_backend_errors_total{kind="budget_settle"}` and logged (its charge is
 /// then missing from Redis, still in the ledger).
 pub fn settle(
@@ -220,8 +226,7 @@ pub fn settle(
     tenant: &str,
     budget: &BudgetSection,
     periods: &[Period; 3],
-    member: String,
-    amount: i64,
+    holds: Vec<(String, i64)>,
     charge: i64,
 ) {
     let Some(settings) = redis.settings() else {
@@ -241,9 +246,10 @@ pub fn settle(
             for k in &keys {
                 inv.key(k);
             }
-            inv.arg(format!("{member}:{amount}"))
-                .arg(amount)
-                .arg(charge);
+            inv.arg(charge);
+            for (member, amount) in &holds {
+                inv.arg(format!("{member}:{amount}")).arg(*amount);
+            }
             let _: i64 = inv.invoke_async(&mut conn).await?;
             Ok::<_, BackendError>(())
         };
