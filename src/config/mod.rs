@@ -138,6 +138,9 @@ pub struct ServerSettings {
     pub resume_grace: Duration,
     /// `server.resume_buffer_bytes`: the replay buffer bound of one resumable stream, bytes.
     pub resume_buffer_bytes: usize,
+    /// `server.resume_linger_bytes`: the tail of a completed resumable stream kept
+    /// replayable for `resume_grace`, bytes (0: none).
+    pub resume_linger_bytes: usize,
     /// `server.replica_id`, else a random 8-hex tag drawn when the config is loaded first
     /// (the same for the whole process, reloads included).
     pub replica_id: String,

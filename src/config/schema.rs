@@ -343,6 +343,13 @@ pub struct ServerSection {
     /// detached client has not been sent end the stream (410 `overflowed` on resume).
     #[serde(default = "default_resume_buffer_bytes")]
     pub resume_buffer_bytes: usize,
+    /// After a resumable stream's final event was written, its last events up to this many
+    /// bytes (always the final event) stay replayable for `resume_grace_ms`, for a client
+    /// whose connection died before it read them (default 65536; 0 ends the stream at the
+    /// final write; at most `resume_buffer_bytes`, which also caps the default). Charged to
+    /// `max_buffered_request_bytes`.
+    #[serde(default)]
+    pub resume_linger_bytes: Option<usize>,
     /// This replica's tag inside every stream id, 1 to 32 characters of `[A-Za-z0-9-]`
     /// (default: random per process start). A resume naming another replica's id gets 421.
     #[serde(default)]
@@ -399,6 +406,7 @@ impl Default for ServerSection {
             trusted_proxies: Vec::new(),
             resume_grace_ms: default_resume_grace_ms(),
             resume_buffer_bytes: default_resume_buffer_bytes(),
+            resume_linger_bytes: None,
             replica_id: None,
             responses_websocket: true,
         }

@@ -484,10 +484,13 @@ fn start_resumable(
             key: crate::auth::hash_key(&key),
             tenant: caller.tenant.as_str().into(),
         },
-        server.resume_grace,
-        server.resume_buffer_bytes,
+        crate::stream::resume::entry::Limits {
+            grace: server.resume_grace,
+            buffer_bytes: server.resume_buffer_bytes,
+            linger_bytes: server.resume_linger_bytes,
+            global_bound: server.max_buffered_request_bytes,
+        },
         // Nothing yet: it grows with the buffer, which never holds more than fits.
         gw.admission.buffers().empty(),
-        server.max_buffered_request_bytes,
     )
 }

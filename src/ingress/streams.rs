@@ -12,7 +12,10 @@
 //! resumed (saying which: `stream_expired`, `stream_overflowed`, `stream_cancelled`,
 //! `stream_completed`, `event_too_old`), 421 for another replica's id (naming it), 400 for a
 //! `Last-Event-ID` of another stream or of an event not sent yet. The resume itself writes
-//! no ledger row: the generation's request has the only one, with its `resumptions`.
+//! no ledger row: the generation's request has the only one, with its `resumptions`. A
+//! stream whose final event was written stays resumable for the grace window for the events
+//! of its kept tail (`server.resume_linger_bytes`): such a replay is counted as `replayed`
+//! in `sluice_stream_resumes_total`, not in the row (written when the final event was).
 
 use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
@@ -201,9 +204,12 @@ async fn resume(
     // However this reader ends (its write fails, its task is dropped), the stream is
     // detached from it (nothing when another took over or the stream ended).
     let _attached = Attached { entry, reader };
-    count("resumed");
+    // A completed stream's kept tail: its ledger row is written already (this resume is
+    // counted here and logged, not in its `resumptions`).
+    let replay = entry.lingering();
+    count(if replay { "replayed" } else { "resumed" });
     log::info!(target: "sluice::stream::resume",
-        "resumable stream resumed stream_id={} after={after} reader={reader} request_id={}",
+        "resumable stream resumed stream_id={} after={after} reader={reader} completed={replay} request_id={}",
         entry.id, ctx.request_id
     );
     let head = sse_head(ctx, &entry.id).map_err(|e| GatewayError::Internal(e.to_string()))?;

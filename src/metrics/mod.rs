@@ -127,11 +127,12 @@ pub struct Metrics {
     /// [`crate::protocol::seam`]).
     pub continuation_seams_total: IntCounterVec,
     /// `sluice_resumable_streams{state}`: resumable streams held now, `attached` (a client
-    /// is reading) or `detached` (the generation runs on for a resume; see
+    /// is reading), `detached` (the generation runs on for a resume) or `completed` (the
+    /// final event was written; its tail stays replayable for the grace window; see
     /// [`crate::stream::resume`]).
     pub resumable_streams: IntGaugeVec,
     /// `sluice_stream_resumes_total{outcome}`: `GET /v1/streams/<id>` and `DELETE` answers:
-    /// `resumed`, `not_found`, `expired` (410: the window passed, the buffer overflowed or the
+    /// `resumed`, `replayed` (the kept tail of a completed stream), `not_found`, `expired` (410: the window passed, the buffer overflowed or the
     /// event named is no longer kept), `misdirected` (421: another replica's id), `cancelled`
     /// (DELETE).
     pub stream_resumes_total: IntCounterVec,
@@ -425,12 +426,12 @@ fn build() -> Result<Metrics, prometheus::Error> {
         )?,
         resumable_streams: register_int_gauge_vec!(
             "sluice_resumable_streams",
-            "Resumable streams held now, by state (attached: a client reads; detached: kept for a resume).",
+            "Resumable streams held now, by state (attached: a client reads; detached: kept for a resume; completed: its tail kept for a client that lost it).",
             &["state"]
         )?,
         stream_resumes_total: register_int_counter_vec!(
             "sluice_stream_resumes_total",
-            "Resume and cancel requests on /v1/streams, by outcome (resumed, not_found, expired, misdirected, cancelled).",
+            "Resume and cancel requests on /v1/streams, by outcome (resumed, replayed, not_found, expired, misdirected, cancelled).",
             &["outcome"]
         )?,
         resumable_buffer_bytes: register_int_gauge!(
@@ -603,11 +604,12 @@ fn init_known_series(m: &Metrics) {
     for reason in STREAM_ERROR_REASONS {
         m.stream_errors_total.with_label_values(&[reason]);
     }
-    for state in ["attached", "detached"] {
+    for state in ["attached", "detached", "completed"] {
         m.resumable_streams.with_label_values(&[state]);
     }
     for outcome in [
         "resumed",
+        "replayed",
         "not_found",
         "expired",
         "misdirected",

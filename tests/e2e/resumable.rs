@@ -42,10 +42,6 @@ const PROMPT_TOKENS: u64 = 17;
 /// The last word of [`TEXT`]: the first event that carries it is the answer's last delta,
 /// which the provider sends together with the events that end the stream.
 const LAST_WORD: &str = "sentence.";
-/// Content events a cut leaves unread before the final burst, at least: each comes
-/// [`PACE_MS`] after the one before, time for Sluice to see the client gone before it
-/// writes the final event.
-const MARGIN_EVENTS: usize = 3;
 /// The mock's delay before each word of the paced answer, ms.
 const PACE_MS: u64 = 25;
 /// Per-read bound while reading a stream.
@@ -375,12 +371,12 @@ fn assert_same_answer(cell: &str, got: &Seen, want: &Seen) {
 
 /// Runs one cell: the reference, then the opted-in stream cut at a random event and
 /// resumed. Returns the request id of the resumed generation.
-fn run_cell(sluice: &Sluice, mock: &Mock, cell: &Cell, rng: &mut fastrand::Rng) -> String {
+fn run_cell(sluice: &Sluice, mock: &Mock, cell: &Cell, rng: &mut fastrand::Rng) -> (String, bool) {
     let name = format!("{:?} on {}", cell.client, cell.model);
     let tag = format!("{:?}-{}", cell.client, cell.model.replace('/', "-")).to_lowercase();
     mock.set_behavior(&paced(PACE_MS));
     let (want, n, last_delta) = reference(sluice, cell, &format!("ref-{tag}"));
-    assert!(last_delta > MARGIN_EVENTS + 1, "{name}: {n} events");
+    assert!(last_delta > 2, "{name}: {n} events");
 
     mock.reset();
     let request_id = format!("resumed-{tag}");
@@ -398,15 +394,14 @@ fn run_cell(sluice: &Sluice, mock: &Mock, cell: &Cell, rng: &mut fastrand::Rng) 
         "{name}: {stream_id}"
     );
     // Up to a random event, then the connection drops (keepalives count as events here: a
-    // cut may land right after one). Not among the final burst: the provider sends its last
-    // delta and the events that end the stream together, so Sluice writes the final event
-    // (`[DONE]`, `message_stop`, `response.completed`) at once with them, and a stream
-    // whose final event was written ends there (the team's contract: "a client that
-    // received the final event and closed leaves nothing behind"; a client cut inside that
-    // burst cannot tell Sluice it did not receive it). The cut leaves at least
-    // `MARGIN_EVENTS` paced deltas unread before that burst.
-    let k = rng.usize(1..=last_delta - MARGIN_EVENTS);
+    // cut may land right after one). Any event but the last: the cut may land inside the
+    // final burst (the provider sends its last delta and the events that end the stream
+    // together, so Sluice writes the final event at once with them, and the client's drop
+    // comes after that write). Then the generation is over and its row written; the resume
+    // replays the completed stream's kept tail (`server.resume_linger_bytes`).
+    let k = rng.usize(1..n);
     eprintln!("{name}: cut after event {k} of {n} (last delta: event {last_delta})");
+    let replays_before = sluice.metric("sluice_stream_resumes_total{outcome=\"replayed\"}");
     let before = read_events(&mut r, k);
     r.close();
     assert_ids(&before, &stream_id, 1);
@@ -447,7 +442,17 @@ fn run_cell(sluice: &Sluice, mock: &Mock, cell: &Cell, rng: &mut fastrand::Rng) 
     let chats = chat_records(&mock.log());
     assert_eq!(chats.len(), 1, "{name}: {chats:#?}");
     assert_eq!(chats[0]["completed"], true, "{name}: {:#?}", chats[0]);
-    request_id
+    let replayed =
+        sluice.metric("sluice_stream_resumes_total{outcome=\"replayed\"}") > replays_before;
+    eprintln!(
+        "{name}: resumed {}",
+        if replayed {
+            "the completed stream's tail"
+        } else {
+            "the live stream"
+        }
+    );
+    (request_id, replayed)
 }
 
 #[test]
@@ -503,12 +508,14 @@ fn every_dialect_resumes_a_dropped_stream_exactly_on_same_dialect_and_translated
     for cell in &cells {
         resumed.push(run_cell(&sluice, &mock, cell, &mut rng));
     }
-    // One row per generation, with its one resumption; the references' rows say 0, and the
-    // resumes (GETs) leave none of their own.
-    for id in &resumed {
+    // One row per generation, with its one resumption (none when the resume replayed the
+    // tail of a stream completed before it: the row was written at the final write); the
+    // references' rows say 0, and the resumes (GETs) leave none of their own.
+    for (id, replayed) in &resumed {
         let rows = ledger_rows(&sluice, id);
         assert_eq!(rows.len(), 1, "{id}: {rows:#?}");
-        assert_eq!(rows[0]["resumptions"], 1, "{id}: {:#?}", rows[0]);
+        let want = if *replayed { 0 } else { 1 };
+        assert_eq!(rows[0]["resumptions"], want, "{id}: {:#?}", rows[0]);
         assert_eq!(rows[0]["outcome"], "ok", "{id}: {:#?}", rows[0]);
         assert_eq!(
             rows[0]["input_tokens"], PROMPT_TOKENS,
@@ -526,12 +533,13 @@ fn every_dialect_resumes_a_dropped_stream_exactly_on_same_dialect_and_translated
         assert_eq!(r["resumptions"], 0, "{r:#?}");
     }
     let access = sluice.log();
-    for id in &resumed {
+    for (id, replayed) in &resumed {
         let line = access
             .lines()
             .find(|l| l.contains("sluice::access") && l.contains(&format!("request_id={id} ")))
             .unwrap_or_else(|| panic!("no access line for {id}:\n{access}"));
-        assert!(line.ends_with("resumptions=1"), "{line}");
+        let want = if *replayed { 0 } else { 1 };
+        assert!(line.ends_with(&format!("resumptions={want}")), "{line}");
     }
     assert!(
         eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
@@ -770,7 +778,9 @@ fn delete_cancels_the_upstream_at_once_and_a_finished_reader_leaves_nothing_behi
         "{rows:#?}"
     );
 
-    // A client that read to the final event and closed: nothing is kept for it.
+    // A client that read to the final event and closed: no generation is held for it (only
+    // the completed stream's tail, for the grace window), and a resume naming the final
+    // event is told the stream completed.
     mock.set_behavior(&paced(1));
     let mut r = open(
         &sluice,
@@ -790,8 +800,10 @@ fn delete_cancels_the_upstream_at_once_and_a_finished_reader_leaves_nothing_behi
         "{}",
         sluice.metrics()
     );
-    let after = whole(resume(&sluice, client, KEY, &stream_id, None));
-    assert!(matches!(after.status, 404 | 410), "{}", after.text());
+    let events = events_of(&text);
+    let final_id = event_id(events.last().expect("events")).expect("id");
+    let after = whole(resume(&sluice, client, KEY, &stream_id, Some(final_id)));
+    assert_dialect_error(client, &after, 410, Some("stream_completed"));
 }
 
 #[test]
@@ -824,4 +836,130 @@ fn a_resume_on_another_replica_gets_421_naming_the_owner() {
         seen.text,
         (0..60).map(|i| format!("tok{i} ")).collect::<String>()
     );
+}
+
+#[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "four dialect cells, the window's end, and the tail switched off, in order"
+)]
+fn a_client_cut_inside_the_final_burst_replays_the_kept_tail_until_the_window_passes() {
+    // The whole answer at once: Sluice writes every event, the final one included, while
+    // the client has read one. The generation is over (its row written) before the client
+    // notices its connection is gone.
+    let mock = Mock::start(&paced(0));
+    let grace_ms = 1500;
+    let sluice = Sluice::start(&config(
+        &mock,
+        &format!("  replica_id: alpha\n  resume_grace_ms: {grace_ms}\n"),
+    ));
+    let cells = [
+        (Client::Chat, "acme/gpt"),
+        (Client::Messages, "acme/claude"),
+        (Client::Responses, "acme/gpt-resp"),
+        (Client::Responses, "acme/claude"),
+    ];
+    let mut kept = Vec::new();
+    for (i, (client, model)) in cells.into_iter().enumerate() {
+        let name = format!("{client:?} on {model}");
+        let cell = Cell {
+            client,
+            model,
+            by_model: false,
+            after_the_end: false,
+        };
+        let (want, n, _) = reference(&sluice, &cell, &format!("burst-ref-{i}"));
+        let request_id = format!("burst-{i}");
+        let mut r = open(
+            &sluice,
+            client,
+            model,
+            &[
+                ("x-sluice-resumable", "true"),
+                ("x-request-id", &request_id),
+            ],
+        );
+        let stream_id = r
+            .header("x-sluice-stream-id")
+            .expect("stream id")
+            .to_string();
+        let before = read_events(&mut r, 1);
+        let rows = ledger_rows(&sluice, &request_id);
+        assert_eq!(
+            (&rows[0]["outcome"], &rows[0]["resumptions"]),
+            (&json!("ok"), &json!(0)),
+            "{name}: the generation completed while its client held the connection: {:#?}",
+            rows[0]
+        );
+        r.close();
+        let first = event_id(&before[0]).expect("id").to_string();
+        let mut again = resume(&sluice, client, KEY, &stream_id, Some(&first));
+        if again.status != 200 {
+            panic!("{name}: resume answered {}", whole(again).text());
+        }
+        let rest = events_of(&String::from_utf8_lossy(&again.read_to_end(READ)));
+        assert_ids(&rest, &stream_id, 2);
+        assert_eq!(counted(&before) + counted(&rest), n, "{name}");
+        let mut all = before;
+        all.extend(rest);
+        assert_same_answer(&name, &reassemble(client, &without_ids(&all)), &want);
+        // Naming the final event: nothing after it.
+        let final_id = event_id(all.last().expect("events"))
+            .expect("id")
+            .to_string();
+        let done = whole(resume(&sluice, client, KEY, &stream_id, Some(&final_id)));
+        assert_dialect_error(client, &done, 410, Some("stream_completed"));
+        // Another key of the tenant still sees nothing.
+        let other = whole(resume(
+            &sluice,
+            client,
+            KEY_SAME_TENANT,
+            &stream_id,
+            Some(&first),
+        ));
+        assert_dialect_error(client, &other, 404, None);
+        kept.push((client, stream_id, first));
+    }
+    assert_eq!(
+        sluice.metric("sluice_stream_resumes_total{outcome=\"replayed\"}"),
+        cells.len() as f64
+    );
+    assert_eq!(held(&sluice), 0.0, "no generation is held");
+    // The window passes: the tails are dropped, their memory returned, and a resume is told
+    // the stream completed.
+    assert!(
+        eventually(Duration::from_millis(grace_ms + 3000), || {
+            sluice.gauge(&format!("{HELD}{{state=\"completed\"}}")) == 0.0
+                && sluice.gauge("sluice_resumable_buffer_bytes") == 0.0
+        }),
+        "{}",
+        sluice.metrics()
+    );
+    for (client, stream_id, first) in &kept {
+        let late = whole(resume(&sluice, *client, KEY, stream_id, Some(first)));
+        assert_dialect_error(*client, &late, 410, Some("stream_completed"));
+    }
+
+    // With `resume_linger_bytes: 0` nothing is kept past the final write.
+    let off = Sluice::start(&config(
+        &mock,
+        "  replica_id: alpha\n  resume_linger_bytes: 0\n",
+    ));
+    let mut r = open(
+        &off,
+        Client::Chat,
+        "acme/gpt",
+        &[("x-sluice-resumable", "true"), ("x-request-id", "no-tail")],
+    );
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    let before = read_events(&mut r, 1);
+    ledger_rows(&off, "no-tail");
+    r.close();
+    let first = event_id(&before[0]).expect("id");
+    let late = whole(resume(&off, Client::Chat, KEY, &stream_id, Some(first)));
+    assert_dialect_error(Client::Chat, &late, 410, Some("stream_completed"));
+    assert_eq!(off.gauge("sluice_resumable_buffer_bytes"), 0.0);
 }

@@ -108,14 +108,19 @@ fn a_dropped_chat_stream_resumes_where_it_left_off() {
     assert!(eventually(Duration::from_secs(3), || sluice
         .metric("sluice_stream_resumes_total{outcome=\"resumed\"}")
         == 1.0));
-    // The stream is over: nothing is held, and a late resume is told it completed.
-    assert!(eventually(Duration::from_secs(3), || sluice
-        .gauge("sluice_resumable_buffer_bytes")
-        == 0.0));
+    // The stream is over: no generation is held, only its tail (kept for the grace window
+    // for a client that lost it unread), and a resume naming the final event is told the
+    // stream completed.
+    assert!(eventually(Duration::from_secs(3), || {
+        sluice.gauge("sluice_resumable_streams{state=\"attached\"}") == 0.0
+            && sluice.gauge("sluice_resumable_streams{state=\"detached\"}") == 0.0
+            && sluice.gauge("sluice_resumable_streams{state=\"completed\"}") == 1.0
+    }));
+    let final_id = event_id(after.last().expect("events")).expect("an id");
     let late = crate::harness::get(
         sluice.addr,
         &format!("/v1/streams/{sid}"),
-        &[("authorization", &auth)],
+        &[("authorization", &auth), ("last-event-id", final_id)],
     );
     assert_eq!(late.status, 410, "{}", late.text());
     assert_eq!(late.json()["error"]["code"], "stream_completed");

@@ -13,6 +13,10 @@ use crate::secret::Secret;
 /// Shortest accepted admin token, characters.
 const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 
+/// `server.resume_linger_bytes` when not set (or `resume_buffer_bytes`, if smaller): 64 KiB,
+/// more than a client's socket buffers usually hold unread when its connection dies.
+const DEFAULT_RESUME_LINGER_BYTES: usize = 64 << 10;
+
 /// A located error in the main file: `(key path, message)`.
 type MainErr<'a> = &'a dyn Fn(&str, String) -> ConfigError;
 
@@ -107,6 +111,9 @@ pub(super) fn server_settings(
         edge,
         resume_grace: ms(server.resume_grace_ms),
         resume_buffer_bytes: server.resume_buffer_bytes,
+        resume_linger_bytes: server
+            .resume_linger_bytes
+            .unwrap_or(DEFAULT_RESUME_LINGER_BYTES.min(server.resume_buffer_bytes)),
         replica_id: server
             .replica_id
             .clone()
@@ -210,6 +217,18 @@ fn check_limits(server: &ServerSection, main_err: MainErr<'_>) -> Result<(), Con
         return Err(main_err(
             "server.resume_buffer_bytes",
             "must be at least 1024".into(),
+        ));
+    }
+    if server
+        .resume_linger_bytes
+        .is_some_and(|b| b > server.resume_buffer_bytes)
+    {
+        return Err(main_err(
+            "server.resume_linger_bytes",
+            format!(
+                "must be at most server.resume_buffer_bytes ({})",
+                server.resume_buffer_bytes
+            ),
         ));
     }
     if let Some(r) = &server.replica_id {

@@ -651,6 +651,7 @@ fn resumable_stream_keys_load_with_defaults_and_are_checked() {
     assert!(!c.models["acme/chat-small"].resumable);
     assert_eq!(c.server.resume_grace, std::time::Duration::from_secs(30));
     assert_eq!(c.server.resume_buffer_bytes, 1 << 20);
+    assert_eq!(c.server.resume_linger_bytes, 64 << 10);
     // A random tag, the same for every load of this process (reloads keep ids valid).
     assert_eq!(c.server.replica_id.len(), 8);
     assert_eq!(
@@ -667,10 +668,21 @@ fn resumable_stream_keys_load_with_defaults_and_are_checked() {
     assert!(c.models["acme/chat-small"].resumable);
     assert_eq!(c.server.resume_grace, std::time::Duration::from_secs(5));
     assert_eq!(c.server.resume_buffer_bytes, 4096);
+    // The default tail is capped by the buffer.
+    assert_eq!(c.server.resume_linger_bytes, 4096);
     assert_eq!(c.server.replica_id, "eu-west-1");
+    let off = MINIMAL.replace(
+        "  admin_listen: 127.0.0.1:9090\n",
+        "  admin_listen: 127.0.0.1:9090\n  resume_linger_bytes: 0\n",
+    );
+    assert_eq!(load_str(&off).unwrap().server.resume_linger_bytes, 0);
     for (line, key) in [
         ("  resume_grace_ms: 0\n", "server.resume_grace_ms"),
         ("  resume_buffer_bytes: 100\n", "server.resume_buffer_bytes"),
+        (
+            "  resume_linger_bytes: 2000000\n",
+            "server.resume_linger_bytes",
+        ),
         ("  replica_id: eu_1\n", "server.replica_id"),
         ("  replica_id: \"\"\n", "server.replica_id"),
     ] {

@@ -109,6 +109,16 @@ impl ReplayBuffer {
         Ok(self.events.iter().skip(skip))
     }
 
+    /// Keeps the newest events within `bytes` (always the last one), dropping the oldest:
+    /// the tail of a completed stream that stays replayable.
+    pub(crate) fn keep_tail(&mut self, bytes: usize) {
+        while self.bytes > bytes && self.events.len() > 1 {
+            if let Some((_, e)) = self.events.pop_front() {
+                self.bytes -= e.len();
+            }
+        }
+    }
+
     /// Drops every event (the stream is over); returns the bytes freed.
     pub(crate) fn clear(&mut self) -> usize {
         let b = self.bytes;
@@ -140,6 +150,20 @@ mod tests {
         assert_eq!(seqs(&b, 3), [4, 5]);
         assert!(seqs(&b, 5).is_empty());
         assert_eq!((b.bytes(), b.last()), (50, 5));
+    }
+
+    #[test]
+    fn a_kept_tail_holds_the_newest_events_and_always_the_last() {
+        let mut b = ReplayBuffer::new(1000);
+        for s in 1..=5 {
+            b.push(s, ev(10), s).unwrap();
+        }
+        b.keep_tail(25);
+        assert_eq!(seqs(&b, 3), [4, 5]);
+        assert_eq!(b.after(2).err(), Some(TooOld { oldest: 4 }));
+        b.keep_tail(0);
+        assert_eq!(seqs(&b, 4), [5]);
+        assert_eq!(b.bytes(), 10);
     }
 
     #[test]

@@ -27,6 +27,20 @@ pub(crate) struct Owner {
     pub(crate) tenant: Box<str>,
 }
 
+/// The bounds of one resumable stream (from `server.*`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// `resume_grace_ms`: how long the stream waits for a client, and how long a completed
+    /// stream's tail stays replayable.
+    pub(crate) grace: Duration,
+    /// `resume_buffer_bytes`: the replay buffer's bound.
+    pub(crate) buffer_bytes: usize,
+    /// `resume_linger_bytes`: the tail of a completed stream kept replayable (0: none).
+    pub(crate) linger_bytes: usize,
+    /// `max_buffered_request_bytes`: the global bound the buffer is charged to.
+    pub(crate) global_bound: usize,
+}
+
 /// Why a stream can no longer be resumed (the 410's `code` and message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ended {
@@ -56,7 +70,7 @@ impl Ended {
     /// What the 410 says.
     pub(crate) fn message(self) -> &'static str {
         match self {
-            Self::Completed => "the stream completed and its final event was delivered; it can no longer be resumed",
+            Self::Completed => "the stream completed and its final event was delivered; no event after the one named is kept to resume",
             Self::Expired => "the stream's resume window expired: no client reconnected within server.resume_grace_ms and its generation was cancelled",
             Self::Shutdown => "the stream ended when the gateway shut down; it can no longer be resumed",
             Self::Overflowed => "the stream's replay buffer overflowed (server.resume_buffer_bytes) while no client read it; its generation was cancelled",
@@ -112,10 +126,8 @@ pub(crate) struct Entry {
     pub(crate) dialect: ClientDialect,
     /// Who may resume it.
     pub(crate) owner: Owner,
-    /// `server.resume_grace_ms`.
-    grace: Duration,
-    /// `server.max_buffered_request_bytes`: the global bound the buffer is charged to.
-    global_bound: usize,
+    /// Its bounds.
+    limits: Limits,
     inner: Mutex<Inner>,
     /// Bumped on every change readers care about (events, the end, a takeover).
     changed: watch::Sender<u64>,
@@ -144,6 +156,9 @@ struct Inner {
     final_sent: bool,
     /// `DELETE` asked for the end.
     cancelled: bool,
+    /// Completed, its tail kept replayable for a client that lost the final events
+    /// (`Inner::linger`).
+    lingering: bool,
     /// Set once nothing more can be resumed.
     ended: Option<Ended>,
     /// Resumes that took the stream.
@@ -180,6 +195,22 @@ impl Inner {
         self.gauged = now;
     }
 
+    /// The final event reached a client: the newest events within `linger_bytes`
+    /// (`server.resume_linger_bytes`; always the final one) stay replayable, for a client
+    /// whose connection died before it read them, until [`Entry::end`] (the generation ends
+    /// it after the grace window). Nothing is kept with a tail of 0.
+    fn linger(&mut self, linger_bytes: usize) {
+        if linger_bytes == 0 || self.ended.is_some() {
+            return;
+        }
+        self.buf.keep_tail(linger_bytes);
+        let want = self.buf.bytes();
+        self.reservation.shrink_to(want);
+        self.gauge_bytes();
+        self.lingering = true;
+        self.count_as(Some("completed"));
+    }
+
     /// Charges the buffer to the global bound; past it, the events some client was sent go
     /// first.
     fn charge(&mut self, global_bound: usize) -> Result<(), Overflow> {
@@ -204,18 +235,16 @@ impl Inner {
 
 impl Entry {
     /// A stream held by its original request; `reservation` is its (empty) charge to the
-    /// global request-buffer bound `global_bound`.
+    /// global request-buffer bound `limits.global_bound`.
     pub(crate) fn new(
         id: String,
         dialect: ClientDialect,
         owner: Owner,
-        grace: Duration,
-        buffer_bytes: usize,
+        limits: Limits,
         reservation: BufferReservation,
-        global_bound: usize,
     ) -> Self {
         let mut inner = Inner {
-            buf: ReplayBuffer::new(buffer_bytes),
+            buf: ReplayBuffer::new(limits.buffer_bytes),
             reservation,
             sent: 0,
             reader: 0,
@@ -224,6 +253,7 @@ impl Entry {
             finished: false,
             final_sent: false,
             cancelled: false,
+            lingering: false,
             ended: None,
             resumptions: 0,
             counted: None,
@@ -234,8 +264,7 @@ impl Entry {
             id: id.into_boxed_str(),
             dialect,
             owner,
-            grace,
-            global_bound,
+            limits,
             inner: Mutex::new(inner),
             changed: watch::Sender::new(0),
             wake: Notify::new(),
@@ -272,7 +301,7 @@ impl Entry {
             }
         }
         if res.is_ok() {
-            res = g.charge(self.global_bound);
+            res = g.charge(self.limits.global_bound);
         } else {
             g.gauge_bytes();
         }
@@ -303,9 +332,14 @@ impl Entry {
         }
         g.sent = g.sent.max(seq);
         let sent = g.sent;
-        let res = g.buf.trim(sent).and_then(|()| g.charge(self.global_bound));
+        let res = g
+            .buf
+            .trim(sent)
+            .and_then(|()| g.charge(self.limits.global_bound));
         if end && g.finished && g.sent >= g.buf.last() {
             g.final_sent = true;
+            // In the same step, so no resume sees the stream completed but not kept.
+            g.linger(self.limits.linger_bytes);
             drop(g);
             self.wake.notify_one();
         }
@@ -325,7 +359,7 @@ impl Entry {
             return;
         }
         g.attached = false;
-        g.deadline = Some(Instant::now() + self.grace);
+        g.deadline = Some(Instant::now() + self.limits.grace);
         if g.ended.is_none() {
             g.count_as(Some("detached"));
         }
@@ -347,11 +381,15 @@ impl Entry {
         if g.cancelled {
             return Err(Refused::Ended(Ended::Cancelled));
         }
-        if g.final_sent {
+        if g.final_sent && !g.lingering {
             return Err(Refused::Ended(Ended::Completed));
         }
         if after > g.buf.last() {
             return Err(Refused::Unknown);
+        }
+        if g.lingering && after == g.buf.last() {
+            // The client has every event.
+            return Err(Refused::Ended(Ended::Completed));
         }
         if let Err(t) = g.buf.after(after) {
             return Err(Refused::TooOld(t));
@@ -360,7 +398,9 @@ impl Entry {
         g.attached = true;
         g.deadline = None;
         g.resumptions = g.resumptions.saturating_add(1);
-        g.count_as(Some("attached"));
+        if !g.lingering {
+            g.count_as(Some("attached"));
+        }
         let reader = g.reader;
         drop(g);
         self.wake.notify_one();
@@ -413,6 +453,17 @@ impl Entry {
         }
     }
 
+    /// Whether a resume now would replay a completed stream's kept tail (the final event
+    /// was written with `server.resume_linger_bytes` above 0, and the stream not ended).
+    pub(crate) fn lingering(&self) -> bool {
+        self.lock().lingering
+    }
+
+    /// The grace window (`server.resume_grace_ms`).
+    pub(crate) fn grace(&self) -> Duration {
+        self.limits.grace
+    }
+
     /// Whether the final event reached a client.
     pub(crate) fn final_sent(&self) -> bool {
         self.lock().final_sent
@@ -459,6 +510,15 @@ mod tests {
     use crate::backpressure::RequestBuffers;
     use crate::stream::resume::stamp::Stamper;
 
+    fn limits(grace: Duration, bound: usize, linger: usize, global: usize) -> Limits {
+        Limits {
+            grace,
+            buffer_bytes: bound,
+            linger_bytes: linger,
+            global_bound: global,
+        }
+    }
+
     fn entry(buffers: &RequestBuffers, bound: usize, global: usize) -> Entry {
         Entry::new(
             "sc_r_00".into(),
@@ -467,10 +527,8 @@ mod tests {
                 key: [0; 32],
                 tenant: "t".into(),
             },
-            Duration::from_secs(30),
-            bound,
+            limits(Duration::from_secs(30), bound, 0, global),
             buffers.reserve(0, global).unwrap(),
-            global,
         )
     }
 
@@ -510,6 +568,57 @@ mod tests {
         assert!(buffers.held() > 0);
         e.end(Ended::Completed);
         assert_eq!(buffers.held(), 0);
+        assert_eq!(e.take_over(0), Err(Refused::Ended(Ended::Completed)));
+    }
+
+    #[tokio::test]
+    async fn a_completed_stream_replays_its_kept_tail_then_ends() {
+        let buffers = RequestBuffers::new();
+        let e = Entry::new(
+            "sc_r_02".into(),
+            ClientDialect::ChatCompletions,
+            Owner {
+                key: [0; 32],
+                tenant: "t".into(),
+            },
+            // A tail of the last two events (23 and 28 bytes).
+            limits(Duration::from_secs(30), 1 << 20, 60, 1 << 30),
+            buffers.reserve(0, 1 << 30).unwrap(),
+        );
+        let mut s = Stamper::new(&e.id);
+        push(&e, &mut s, b"data: 1\n\ndata: 2\n\ndata: 3\n\n", false).unwrap();
+        push(&e, &mut s, b"data: [DONE]\n\n", true).unwrap();
+        // Written to the original client, which then lost its connection unread.
+        e.sent(0, 4, true).unwrap();
+        assert!(e.final_sent());
+        assert!(e.lingering());
+        assert_eq!(buffers.held(), 51);
+        assert!(matches!(e.take_over(1), Err(Refused::TooOld(_))));
+        assert_eq!(e.take_over(4), Err(Refused::Ended(Ended::Completed)));
+        assert_eq!(e.take_over(9), Err(Refused::Unknown));
+        let r = e.take_over(2).unwrap();
+        let Next::Events(ev, last) = e.next(r, 2) else {
+            panic!()
+        };
+        assert_eq!(last, 4);
+        assert_eq!(&ev[0][..], b"id: sc_r_02:3\ndata: 3\n\n");
+        assert_eq!(&ev[1][..], b"id: sc_r_02:4\ndata: [DONE]\n\n");
+        assert!(matches!(e.next(r, 4), Next::End));
+        // A second client may replay it too, until the stream is ended.
+        assert!(e.take_over(3).is_ok());
+        e.end(Ended::Completed);
+        assert_eq!(buffers.held(), 0);
+        assert_eq!(e.take_over(3), Err(Refused::Ended(Ended::Completed)));
+    }
+
+    #[tokio::test]
+    async fn without_a_tail_a_completed_stream_is_not_kept() {
+        let buffers = RequestBuffers::new();
+        let e = entry(&buffers, 1 << 20, 1 << 30);
+        let mut s = Stamper::new(&e.id);
+        push(&e, &mut s, b"data: [DONE]\n\n", true).unwrap();
+        e.sent(0, 1, true).unwrap();
+        assert!(e.final_sent() && !e.lingering());
         assert_eq!(e.take_over(0), Err(Refused::Ended(Ended::Completed)));
     }
 
@@ -562,10 +671,8 @@ mod tests {
                 key: [0; 32],
                 tenant: "t".into(),
             },
-            Duration::from_millis(1),
-            1024,
+            limits(Duration::from_millis(1), 1024, 0, 1 << 20),
             buffers.reserve(0, 1 << 20).unwrap(),
-            1 << 20,
         );
         assert_eq!(e.hold(), Hold::Held);
         e.detach(0);

@@ -133,10 +133,13 @@ mod tests {
             id.into(),
             ClientDialect::Messages,
             owner("t"),
-            Duration::from_secs(1),
-            1024,
+            super::super::entry::Limits {
+                grace: Duration::from_secs(1),
+                buffer_bytes: 1024,
+                linger_bytes: 0,
+                global_bound: 1 << 20,
+            },
             b.reserve(0, 1 << 20).unwrap(),
-            1 << 20,
         ))
     }
 

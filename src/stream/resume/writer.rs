@@ -14,7 +14,7 @@ use pingora::proxy::Session;
 use tokio::time::sleep_until;
 
 use super::buffer::Overflow;
-use super::entry::{Ended, Entry, Hold, Owner};
+use super::entry::{Ended, Entry, Hold, Limits, Owner};
 use super::registry::registry;
 use super::stamp::Stamper;
 use crate::backpressure::BufferReservation;
@@ -56,27 +56,17 @@ pub(crate) struct Settled {
 }
 
 impl Resumable {
-    /// Registers a new resumable stream `id` of `dialect` for `owner`, its buffer bounded
-    /// by `buffer_bytes` and charged (through `reservation`) to `global_bound`.
+    /// Registers a new resumable stream `id` of `dialect` for `owner`, within `limits`, its
+    /// buffer charged through `reservation` to `limits.global_bound`.
     pub(crate) fn start(
         id: String,
         dialect: ClientDialect,
         owner: Owner,
-        grace: std::time::Duration,
-        buffer_bytes: usize,
+        limits: Limits,
         reservation: BufferReservation,
-        global_bound: usize,
     ) -> Box<Self> {
         let stamper = Stamper::new(&id);
-        let entry = Arc::new(Entry::new(
-            id,
-            dialect,
-            owner,
-            grace,
-            buffer_bytes,
-            reservation,
-            global_bound,
-        ));
+        let entry = Arc::new(Entry::new(id, dialect, owner, limits, reservation));
         registry().insert(entry.clone());
         Box::new(Self {
             entry,
@@ -200,8 +190,11 @@ impl Resumable {
 
     /// After the generation ended (its upstream released or closed): waits until the final
     /// event reached some client, or the grace window passed with none attached, or a
-    /// cancel; then retires the stream (a tombstone answers late resumes). A stream that
-    /// never started is forgotten.
+    /// cancel; then retires the stream (a tombstone answers late resumes). A stream whose
+    /// final event was written keeps its tail (`server.resume_linger_bytes`) replayable for
+    /// the grace window first, as the client it was written to may have lost it unread; the
+    /// wait is not this request's, so its ledger row is written now. A stream that never
+    /// started is forgotten.
     pub(crate) async fn settle(mut self: Box<Self>) -> Settled {
         self.settled = true;
         let entry = self.entry.clone();
@@ -250,7 +243,18 @@ impl Resumable {
                 "resumable stream ended undelivered stream_id={} reason={} resumptions={resumptions}",
                 entry.id, why.code()),
         }
-        registry().retire(&entry, why);
+        if why == Ended::Completed && entry.lingering() {
+            let kept = entry.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(kept.grace()) => {}
+                    () = crate::shutdown::streams_cancelled() => {}
+                }
+                registry().retire(&kept, Ended::Completed);
+            });
+        } else {
+            registry().retire(&entry, why);
+        }
         Settled {
             resumptions,
             started: true,
