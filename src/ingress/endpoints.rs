@@ -439,6 +439,11 @@ async fn infer(
     if let Some(r) = ctx.resumable.take() {
         let settled = Box::pin(r.settle()).await;
         ctx.outcome.resumptions = settled.resumptions;
+        // What the original client was written: the event ids in, what it missed out.
+        ctx.outcome.bytes_out = ctx
+            .outcome
+            .bytes_out
+            .saturating_add_signed(settled.bytes_out_adjust);
         if settled.started && !settled.delivered && result.is_ok() {
             result = Err(ClientGone("streaming"));
         }

@@ -786,15 +786,31 @@ fn delete_cancels_the_upstream_at_once_and_a_finished_reader_leaves_nothing_behi
         &sluice,
         client,
         "acme/gpt",
-        &[("x-sluice-resumable", "true")],
+        &[
+            ("x-sluice-resumable", "true"),
+            ("x-request-id", "read-to-end"),
+        ],
     );
     let stream_id = r
         .header("x-sluice-stream-id")
         .expect("stream id")
         .to_string();
-    let text = String::from_utf8_lossy(&r.read_to_end(READ)).into_owned();
+    let body = r.read_to_end(READ);
+    let text = String::from_utf8_lossy(&body).into_owned();
     assert!(text.contains("response.completed"), "{text}");
     r.close();
+    // `bytes_out` is what the client got, the event ids included.
+    ledger_rows(&sluice, "read-to-end");
+    let access = sluice.log();
+    let line = access
+        .lines()
+        .find(|l| l.contains("sluice::access") && l.contains("request_id=read-to-end "))
+        .unwrap_or_else(|| panic!("no access line:\n{access}"));
+    assert!(
+        line.contains(&format!(" bytes_out={} ", body.len())),
+        "{} bytes read: {line}",
+        body.len()
+    );
     assert!(
         eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
         "{}",

@@ -42,6 +42,10 @@ pub struct Resumable {
     stopped: Option<Ended>,
     /// [`Resumable::settle`] ran (else its drop retires the stream).
     settled: bool,
+    /// Bytes written to the original client minus the bytes handed to [`Resumable::emit`]
+    /// and [`Resumable::heartbeat`] (which the pump counts in `bytes_out` as written): the
+    /// event ids added, less what a detached client was not sent.
+    written_adjust: i64,
 }
 
 /// How a resumable stream ended for the request that generated it.
@@ -53,6 +57,9 @@ pub(crate) struct Settled {
     pub(crate) started: bool,
     /// The final event reached some client (else the client of the request is gone).
     pub(crate) delivered: bool,
+    /// To add to the request's `bytes_out` (counted as the pump handed bytes over): the
+    /// event ids written, less what the original client was not sent after it left.
+    pub(crate) bytes_out_adjust: i64,
 }
 
 impl Resumable {
@@ -75,6 +82,7 @@ impl Resumable {
             started: false,
             stopped: None,
             settled: false,
+            written_adjust: 0,
         })
     }
 
@@ -120,6 +128,7 @@ impl Resumable {
         body: Option<Bytes>,
         end: bool,
     ) -> Result<(), Overflow> {
+        let given = len_i64(body.as_ref().map_or(0, Bytes::len));
         let (out, blocks) = self.stamper.stamp(body.as_deref().unwrap_or_default(), end);
         let appended = self.entry.append(&out, &blocks, end);
         if self.session && !self.entry.holds(0) {
@@ -127,16 +136,21 @@ impl Resumable {
             self.drop_session(session).await;
         }
         if !self.session || (out.is_empty() && !end) {
+            self.written_adjust -= given;
             return self.overflowed(appended);
         }
+        let stamped = len_i64(out.len());
         let body = (!out.is_empty()).then_some(out);
         match session.write_response_body(body, end).await {
             // Sent: what overflowed before the write may fit now.
-            Ok(()) => self
-                .entry
-                .sent(0, self.stamper.last_seq(), end)
-                .map_err(|o| self.overflow(o)),
+            Ok(()) => {
+                self.written_adjust += stamped - given;
+                self.entry
+                    .sent(0, self.stamper.last_seq(), end)
+                    .map_err(|o| self.overflow(o))
+            }
             Err(_) => {
+                self.written_adjust -= given;
                 self.drop_session(session).await;
                 self.overflowed(appended)
             }
@@ -162,16 +176,22 @@ impl Resumable {
         if self.session && !self.entry.holds(0) {
             self.drop_session(session).await;
         }
+        let given = len_i64(beat.len());
         if !self.session {
+            self.written_adjust -= given;
             return;
         }
         let beat = self.stamper.heartbeat(beat);
+        let stamped = len_i64(beat.len());
         if session
             .write_response_body(Some(beat), false)
             .await
             .is_err()
         {
+            self.written_adjust -= given;
             self.drop_session(session).await;
+        } else {
+            self.written_adjust += stamped - given;
         }
     }
 
@@ -205,6 +225,7 @@ impl Resumable {
                 resumptions: 0,
                 started: false,
                 delivered: false,
+                bytes_out_adjust: self.written_adjust,
             };
         }
         let shutdown = crate::shutdown::streams_cancelled();
@@ -259,8 +280,14 @@ impl Resumable {
             resumptions,
             started: true,
             delivered: why == Ended::Completed,
+            bytes_out_adjust: self.written_adjust,
         }
     }
+}
+
+/// `n` as `i64` (saturating).
+fn len_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl Drop for Resumable {
