@@ -146,6 +146,8 @@ pub struct ServerSettings {
     pub replica_id: String,
     /// Whether the Responses API's WebSocket mode is served (`server.responses_websocket`).
     pub responses_websocket: bool,
+    /// `server.responses_websocket_max_sessions`: most WebSocket sessions open at once.
+    pub responses_websocket_max_sessions: usize,
 }
 
 /// Per-hop timeouts of one provider.

@@ -359,6 +359,11 @@ pub struct ServerSection {
     /// OpenAI's clients to plain HTTP (see [`crate::ingress::websocket`]).
     #[serde(default = "default_true")]
     pub responses_websocket: bool,
+    /// Most Responses WebSocket sessions open at once, process-wide (default 10000; at
+    /// least 1). An upgrade past it gets 503 `websocket_sessions` with `Retry-After`, before
+    /// the `101`; sessions open already are kept.
+    #[serde(default = "default_responses_websocket_max_sessions")]
+    pub responses_websocket_max_sessions: usize,
 }
 
 impl Default for ServerSection {
@@ -409,6 +414,7 @@ impl Default for ServerSection {
             resume_linger_bytes: None,
             replica_id: None,
             responses_websocket: true,
+            responses_websocket_max_sessions: default_responses_websocket_max_sessions(),
         }
     }
 }
@@ -1001,6 +1007,9 @@ fn default_max_event_bytes() -> usize {
 }
 fn default_resume_grace_ms() -> u64 {
     30_000
+}
+fn default_responses_websocket_max_sessions() -> usize {
+    10_000
 }
 fn default_resume_buffer_bytes() -> usize {
     1 << 20

@@ -513,3 +513,58 @@ fn shutdown_closes_idle_sockets_with_1001() {
         term.elapsed()
     );
 }
+
+/// Past `server.responses_websocket_max_sessions` an upgrade gets 503 with `Retry-After`
+/// (before the `101`, in OpenAI's shape); a closed session frees its place.
+#[test]
+fn sessions_past_the_cap_get_503_with_retry_after() {
+    let mock = Mock::start(&json!({"text": ANSWER}).to_string());
+    let sluice = Sluice::start(&config(
+        &mock,
+        "  responses_websocket_max_sessions: 2\n",
+        "",
+    ));
+    let mut first = open(&sluice, Some(KEY)).expect("upgrade");
+    let second = open(&sluice, Some(KEY)).expect("upgrade");
+    let auth = format!("Bearer {KEY}");
+    let upgrade = [
+        ("authorization", auth.as_str()),
+        ("connection", "Upgrade"),
+        ("upgrade", "websocket"),
+        ("sec-websocket-version", "13"),
+        ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    let refused =
+        crate::harness::client::request(sluice.addr, "GET", "/v1/responses", &upgrade, b"");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        refused.header("retry-after"),
+        Some("1"),
+        "{:?}",
+        refused.headers
+    );
+    let v = refused.json();
+    assert_eq!(v["error"]["code"], "websocket_sessions", "{v}");
+    assert!(
+        sluice.metric("sluice_rejected_total{reason=\"websocket_sessions\"}") >= 1.0,
+        "{}",
+        sluice.metrics()
+    );
+    // The open ones still serve.
+    send(&mut first, &create("hello"));
+    let events = response(&mut first);
+    assert_eq!(
+        events.last().map(|e| e["type"].clone()),
+        Some(json!("response.completed")),
+        "{events:#?}"
+    );
+    drop(second);
+    assert!(
+        eventually(Duration::from_secs(5), || sluice
+            .gauge("sluice_websocket_sessions")
+            == 1.0),
+        "{}",
+        sluice.metrics()
+    );
+    open(&sluice, Some(KEY)).expect("a freed place is taken");
+}

@@ -119,6 +119,7 @@ pub(super) fn server_settings(
             .clone()
             .unwrap_or_else(|| random_replica_id().to_string()),
         responses_websocket: server.responses_websocket,
+        responses_websocket_max_sessions: server.responses_websocket_max_sessions,
     })
 }
 
@@ -217,6 +218,12 @@ fn check_limits(server: &ServerSection, main_err: MainErr<'_>) -> Result<(), Con
         return Err(main_err(
             "server.resume_buffer_bytes",
             "must be at least 1024".into(),
+        ));
+    }
+    if server.responses_websocket_max_sessions == 0 {
+        return Err(main_err(
+            "server.responses_websocket_max_sessions",
+            "must be at least 1 (server.responses_websocket: false turns the mode off)".into(),
         ));
     }
     if server

@@ -18,6 +18,9 @@
 //! Before the upgrade the virtual key is checked as for HTTP (401 in OpenAI's shape) and a
 //! malformed handshake is a 400; with `server.responses_websocket: false` (or over HTTP/2,
 //! which has no `Upgrade`) the answer is 426, which sends OpenAI's clients to plain HTTP.
+//! Past `server.responses_websocket_max_sessions` sessions open at once an upgrade gets 503
+//! (`websocket_sessions`, with `Retry-After`); each session's memory is bounded
+//! ([`socket`]), so this bounds the mode's.
 
 pub mod codec;
 pub mod frames;
@@ -43,7 +46,8 @@ pub use turn::rewrite_head;
 ///
 /// # Errors
 /// A [`ChatError`] written as an HTTP answer before the upgrade (426 when the mode is off
-/// or the connection is HTTP/2; 400 for a malformed handshake; 401 for the key), or
+/// or the connection is HTTP/2; 400 for a malformed handshake; 401 for the key; 503 with
+/// `Retry-After` past `server.responses_websocket_max_sessions`), or
 /// [`ClientGone`] when the client left before the `101` was written.
 pub(crate) async fn serve(
     gw: &Gateway,
@@ -65,6 +69,21 @@ pub(crate) async fn serve(
     }
     let key = handshake::check(session.req_header())?;
     authenticate(gw, session, ctx)?;
+    let max = ctx.config.server.responses_websocket_max_sessions;
+    let Some(open) = socket::Open::try_new(max) else {
+        crate::metrics::metrics()
+            .rejected_total
+            .with_label_values(&["websocket_sessions"])
+            .inc();
+        return Err(GatewayError::Overloaded {
+            message: format!(
+                "this gateway holds its most WebSocket sessions ({max}, server.responses_websocket_max_sessions); retry later or use HTTP: POST /v1/responses"
+            ),
+            reason: "websocket_sessions",
+            retry_after: std::time::Duration::from_secs(1),
+        }
+        .into());
+    };
     // An upgraded socket reads into its body buffer for as long as it is open: a small one
     // (messages larger than a read arrive in several reads), set before the `101` makes it.
     session
@@ -76,5 +95,7 @@ pub(crate) async fn serve(
         .write_response_header(Box::new(head), false)
         .await
         .map_err(|_| ChatError::Gone(ClientGone("writing")))?;
-    socket::run(session, ctx).await.map_err(ChatError::Gone)
+    socket::run(session, ctx, open)
+        .await
+        .map_err(ChatError::Gone)
 }

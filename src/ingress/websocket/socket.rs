@@ -25,6 +25,7 @@
 //!   channels hold at most 4 tasks, and the socket writes each batch of frames before it
 //!   reads more of the response (a slow client slows the upstream, as over HTTP).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use pingora::protocols::http::HttpTask;
@@ -43,18 +44,28 @@ use crate::proxy::ctx::RequestCtx;
 /// Most bytes one read of the socket takes (the size of the body buffer an open socket keeps).
 pub const READ_SIZE: usize = 4096;
 
-/// Counts an open session in `sluice_websocket_sessions` while alive.
-struct Open;
+/// Sessions open now, process-wide (`server.responses_websocket_max_sessions` bounds it).
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// One open session: counted in [`OPEN`] and `sluice_websocket_sessions` while alive.
+#[derive(Debug)]
+pub struct Open(());
 
 impl Open {
-    fn new() -> Self {
+    /// A session, if fewer than `max` are open.
+    pub fn try_new(max: usize) -> Option<Self> {
+        OPEN.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()?;
         crate::metrics::metrics().websocket_sessions.inc();
-        Self
+        Some(Self(()))
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
+        OPEN.fetch_sub(1, Ordering::AcqRel);
         crate::metrics::metrics().websocket_sessions.dec();
     }
 }
@@ -82,13 +93,16 @@ struct Socket {
     awaiting_pong: bool,
 }
 
-/// Runs an upgraded socket until it closes.
+/// Runs an upgraded socket until it closes; `_open` is its place among the open sessions.
 ///
 /// # Errors
 /// [`ClientGone`] when a write to the client fails (the response in flight, if any, is
 /// cancelled).
-pub async fn run(session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ClientGone> {
-    let _open = Open::new();
+pub async fn run(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    _open: Open,
+) -> Result<(), ClientGone> {
     let server = &ctx.config.server;
     let max_event_bytes = server.max_event_bytes;
     let interval = server
