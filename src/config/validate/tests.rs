@@ -683,6 +683,10 @@ fn resumable_stream_keys_load_with_defaults_and_are_checked() {
             "  resume_linger_bytes: 2000000\n",
             "server.resume_linger_bytes",
         ),
+        (
+            "  responses_websocket_max_sessions: 0\n",
+            "server.responses_websocket_max_sessions",
+        ),
         ("  replica_id: eu_1\n", "server.replica_id"),
         ("  replica_id: \"\"\n", "server.replica_id"),
     ] {
