@@ -22,6 +22,9 @@ use crate::live::ConfigHandle;
 
 static CANCEL: LazyLock<watch::Sender<bool>> = LazyLock::new(|| watch::channel(false).0);
 
+/// Set when shutdown starts (before the grace period).
+static STARTED: LazyLock<watch::Sender<bool>> = LazyLock::new(|| watch::channel(false).0);
+
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts one downstream request while it is alive (held in the request context).
@@ -89,6 +92,15 @@ fn run_hooks(hooks: &[ExitHook]) {
     }
 }
 
+/// Resolves once shutdown started (SIGTERM/SIGQUIT, or a graceful upgrade's handover; pends
+/// forever before that). Work that only serves requests this process can no longer accept
+/// (a resumable stream no client reads: its resume would reach the next process) ends here
+/// rather than at the end of the grace period.
+pub async fn started() {
+    let mut rx = STARTED.subscribe();
+    let _ = rx.wait_for(|v| *v).await;
+}
+
 /// Resolves once the shutdown grace period is over (pends forever before that).
 pub async fn streams_cancelled() {
     let mut rx = CANCEL.subscribe();
@@ -143,6 +155,7 @@ impl BackgroundService for StreamShutdown {
         if shutdown.changed().await.is_err() {
             return;
         }
+        STARTED.send_replace(true);
         let grace = self.config.snapshot().server.shutdown_grace;
         log::info!(
             "shutting down: open streams have {} ms to finish",

@@ -979,3 +979,50 @@ fn a_client_cut_inside_the_final_burst_replays_the_kept_tail_until_the_window_pa
     assert_dialect_error(Client::Chat, &late, 410, Some("stream_completed"));
     assert_eq!(off.gauge("sluice_resumable_buffer_bytes"), 0.0);
 }
+
+#[test]
+fn at_shutdown_a_stream_no_client_reads_is_cancelled_at_once() {
+    // A long generation whose client dropped: no resume can reach this process once it shuts
+    // down, so its generation ends then, not at the end of the grace period.
+    let mock = Mock::start(&long(400, 20));
+    let mut sluice = Sluice::start(&config(
+        &mock,
+        "  replica_id: alpha\n  shutdown_grace_ms: 20000\n",
+    ));
+    let mut r = open(
+        &sluice,
+        Client::Chat,
+        "acme/gpt",
+        &[
+            ("x-sluice-resumable", "true"),
+            ("x-request-id", "at-shutdown"),
+        ],
+    );
+    read_events(&mut r, 2);
+    r.close();
+    assert!(
+        eventually(Duration::from_secs(5), || sluice
+            .gauge(&format!("{HELD}{{state=\"detached\"}}"))
+            == 1.0),
+        "{}",
+        sluice.metrics()
+    );
+    let term = Instant::now();
+    sluice.signal("TERM");
+    let rec = wait_chat(&mock, 0, Duration::from_secs(10), |rec| {
+        rec["peer_closed_at_ms"].is_u64()
+    });
+    assert_eq!(rec["completed"], false, "{rec:#?}");
+    let status = sluice
+        .wait_exit(Duration::from_secs(10))
+        .expect("sluice exits once the detached stream ended");
+    assert!(status.success(), "{status}");
+    eprintln!("exited {:?} after SIGTERM", term.elapsed());
+    assert!(
+        term.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        term.elapsed()
+    );
+    let rows = ledger_rows(&sluice, "at-shutdown");
+    assert_eq!(rows[0]["outcome"], "client_abort", "{:#?}", rows[0]);
+}

@@ -27,6 +27,9 @@ pub(crate) enum Stop {
     Expired,
     /// `DELETE /v1/streams/<id>`.
     Cancelled,
+    /// The process is shutting down with no client attached: a resume would reach the next
+    /// process.
+    Shutdown,
 }
 
 /// The original request's handle on its resumable stream.
@@ -112,6 +115,7 @@ impl Resumable {
         self.stopped = Some(match why {
             Stop::Expired => Ended::Expired,
             Stop::Cancelled => Ended::Cancelled,
+            Stop::Shutdown => Ended::Shutdown,
         });
     }
 
@@ -253,6 +257,8 @@ impl Resumable {
                     () = entry.wake.notified() => {}
                     () = sleep_until(d) => {}
                     () = &mut shutdown => break Ended::Shutdown,
+                    // No client, and none can come back to this process.
+                    () = crate::shutdown::started() => break Ended::Shutdown,
                 },
             }
         };
@@ -269,7 +275,7 @@ impl Resumable {
             tokio::spawn(async move {
                 tokio::select! {
                     () = tokio::time::sleep(kept.grace()) => {}
-                    () = crate::shutdown::streams_cancelled() => {}
+                    () = crate::shutdown::started() => {}
                 }
                 registry().retire(&kept, Ended::Completed);
             });
@@ -339,6 +345,11 @@ async fn watch(entry: &Entry) -> Stop {
                 tokio::select! {
                     () = entry.wake.notified() => {}
                     () = sleep_until(d) => {}
+                    () = crate::shutdown::started() => {
+                        log::info!(target: "sluice::stream::resume",
+                            "resumable stream ended at shutdown stream_id={}: no client attached", entry.id);
+                        return Stop::Shutdown;
+                    }
                 }
             }
         }
