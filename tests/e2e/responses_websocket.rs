@@ -4,7 +4,8 @@
 //! provider kind, the events equal to the HTTP stream's; one ledger row per response;
 //! limits as `error` events on a socket that stays open; cancellation by `response.cancel`
 //! and by closing the socket (the mock sees its connection closed); heartbeats both ways;
-//! 426 with the mode off, 401 for a bad key, 1009 for an oversized message.
+//! 426 with the mode off, 401 for a bad key, 1009 for an oversized message; 503 past the
+//! session cap; `wss://` on the TLS listener.
 //!
 //! The edge cases use tungstenite's client over a plain loopback socket; the SDK case runs
 //! `tests/sdk/responses_websocket_client.py` with the interpreter `crate::sdk::python` finds.
@@ -54,12 +55,12 @@ fn open(sluice: &Sluice, key: Option<&str>) -> Result<Socket, (u16, String)> {
     }
 }
 
-fn send(ws: &mut Socket, v: &Value) {
+fn send<S: Read + Write>(ws: &mut WebSocket<S>, v: &Value) {
     ws.send(Message::text(v.to_string())).expect("send");
 }
 
 /// The next event (text frames only; control frames are handled by tungstenite).
-fn event(ws: &mut Socket) -> Value {
+fn event<S: Read + Write>(ws: &mut WebSocket<S>) -> Value {
     loop {
         match ws.read().expect("read an event") {
             Message::Text(t) => return serde_json::from_str(&t).expect("JSON event"),
@@ -70,7 +71,7 @@ fn event(ws: &mut Socket) -> Value {
 }
 
 /// Events up to and including the response's final one (or an `error`).
-fn response(ws: &mut Socket) -> Vec<Value> {
+fn response<S: Read + Write>(ws: &mut WebSocket<S>) -> Vec<Value> {
     let mut out = Vec::new();
     loop {
         let ev = event(ws);
@@ -567,4 +568,50 @@ fn sessions_past_the_cap_get_503_with_retry_after() {
         sluice.metrics()
     );
     open(&sluice, Some(KEY)).expect("a freed place is taken");
+}
+
+/// `wss://` on the TLS listener: a client whose TLS handshake chose `http/1.1` gets the same
+/// mode as over `ws://`.
+#[test]
+fn wss_on_the_tls_listener_serves_the_same_mode() {
+    let mock = Mock::start(&json!({"text": ANSWER}).to_string());
+    let pki = crate::harness::tls::Pki::new();
+    pki.issue("a", &["a.test"]);
+    let server = format!(
+        "  tls_listen: {{tls_listen}}\n  tls:\n    certificates:\n      - {{cert_path: {}, key_path: {}, server_names: [a.test]}}\n",
+        pki.path("a", "pem").display(),
+        pki.path("a", "key").display(),
+    );
+    let sluice = Sluice::start(&config(&mock, &server, ""));
+    let tls = pki.client(&[b"http/1.1"], &[&tokio_rustls::rustls::version::TLS13]);
+    let name = "a.test".try_into().expect("server name");
+    let conn = tokio_rustls::rustls::ClientConnection::new(tls, name).expect("tls client");
+    let tcp = TcpStream::connect(sluice.tls_addr).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("websocket test step");
+    let stream = tokio_rustls::rustls::StreamOwned::new(conn, tcp);
+    let mut req = "wss://a.test/v1/responses"
+        .into_client_request()
+        .expect("websocket test step");
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {KEY}")
+            .parse()
+            .expect("websocket test step"),
+    );
+    let (mut ws, head) = tungstenite::client::client(req, stream).expect("upgrade over TLS");
+    assert_eq!(head.status(), 101);
+    for input in ["first over TLS", "second over TLS"] {
+        send(&mut ws, &create(input));
+        let events = response(&mut ws);
+        let last = events.last().expect("events");
+        assert_eq!(last["type"], "response.completed", "{events:#?}");
+        let text: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        assert_eq!(text, ANSWER, "{events:#?}");
+    }
+    ws.close(None).expect("close");
 }
