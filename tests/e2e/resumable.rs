@@ -116,6 +116,27 @@ fn open(
     r
 }
 
+/// Opens a streaming request opted in by header with `request_id`; the reader and its
+/// stream id.
+fn open_resumable(
+    sluice: &Sluice,
+    client: Client,
+    model: &str,
+    request_id: &str,
+) -> (StreamReader, String) {
+    let r = open(
+        sluice,
+        client,
+        model,
+        &[("x-sluice-resumable", "true"), ("x-request-id", request_id)],
+    );
+    let stream_id = r
+        .header("x-sluice-stream-id")
+        .expect("stream id")
+        .to_string();
+    (r, stream_id)
+}
+
 /// The letter of the dialect in a stream id (`sc_`, `sm_`, `sr_`).
 fn letter(client: Client) -> char {
     match client {
@@ -557,16 +578,7 @@ fn after_the_grace_window_the_upstream_is_cancelled_and_a_resume_gets_410() {
         &format!("  replica_id: alpha\n  resume_grace_ms: {grace_ms}\n"),
     ));
     let client = Client::Messages;
-    let mut r = open(
-        &sluice,
-        client,
-        "acme/claude",
-        &[("x-sluice-resumable", "true"), ("x-request-id", "expires")],
-    );
-    let stream_id = r
-        .header("x-sluice-stream-id")
-        .expect("stream id")
-        .to_string();
+    let (mut r, stream_id) = open_resumable(&sluice, client, "acme/claude", "expires");
     let before = read_events(&mut r, 3);
     let clock = MockClock::read(&mock);
     r.close();
@@ -611,16 +623,7 @@ fn a_wrong_key_or_tenant_gets_404_and_the_owner_still_resumes() {
     let mock = Mock::start(&long(60, 20));
     let sluice = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
     let client = Client::Chat;
-    let mut r = open(
-        &sluice,
-        client,
-        "acme/gpt",
-        &[("x-sluice-resumable", "true"), ("x-request-id", "owned")],
-    );
-    let stream_id = r
-        .header("x-sluice-stream-id")
-        .expect("stream id")
-        .to_string();
+    let (mut r, stream_id) = open_resumable(&sluice, client, "acme/gpt", "owned");
     let before = read_events(&mut r, 2);
     r.close();
     let last = event_id(&before[1]).expect("id").to_string();
@@ -737,16 +740,7 @@ fn delete_cancels_the_upstream_at_once_and_a_finished_reader_leaves_nothing_behi
     let mock = Mock::start(&long(400, 20));
     let sluice = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
     let client = Client::Responses;
-    let mut r = open(
-        &sluice,
-        client,
-        "acme/gpt",
-        &[("x-sluice-resumable", "true"), ("x-request-id", "deleted")],
-    );
-    let stream_id = r
-        .header("x-sluice-stream-id")
-        .expect("stream id")
-        .to_string();
+    let (mut r, stream_id) = open_resumable(&sluice, client, "acme/gpt", "deleted");
     read_events(&mut r, 2);
     r.close();
     // The generation is held in its grace window.
@@ -961,16 +955,7 @@ fn a_client_cut_inside_the_final_burst_replays_the_kept_tail_until_the_window_pa
         &mock,
         "  replica_id: alpha\n  resume_linger_bytes: 0\n",
     ));
-    let mut r = open(
-        &off,
-        Client::Chat,
-        "acme/gpt",
-        &[("x-sluice-resumable", "true"), ("x-request-id", "no-tail")],
-    );
-    let stream_id = r
-        .header("x-sluice-stream-id")
-        .expect("stream id")
-        .to_string();
+    let (mut r, stream_id) = open_resumable(&off, Client::Chat, "acme/gpt", "no-tail");
     let before = read_events(&mut r, 1);
     ledger_rows(&off, "no-tail");
     r.close();

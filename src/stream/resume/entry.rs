@@ -519,17 +519,23 @@ mod tests {
         }
     }
 
-    fn entry(buffers: &RequestBuffers, bound: usize, global: usize) -> Entry {
+    /// A Chat stream `id` within `limits`, charged to `buffers`.
+    fn entry_with(buffers: &RequestBuffers, id: &str, limits: Limits) -> Entry {
         Entry::new(
-            "sc_r_00".into(),
+            id.into(),
             ClientDialect::ChatCompletions,
             Owner {
                 key: [0; 32],
                 tenant: "t".into(),
             },
-            limits(Duration::from_secs(30), bound, 0, global),
-            buffers.reserve(0, global).unwrap(),
+            limits,
+            buffers.reserve(0, limits.global_bound).unwrap(),
         )
+    }
+
+    fn entry(buffers: &RequestBuffers, bound: usize, global: usize) -> Entry {
+        let l = limits(Duration::from_secs(30), bound, 0, global);
+        entry_with(buffers, "sc_r_00", l)
     }
 
     fn push(e: &Entry, s: &mut Stamper, data: &[u8], last: bool) -> Result<(), Overflow> {
@@ -574,17 +580,9 @@ mod tests {
     #[tokio::test]
     async fn a_completed_stream_replays_its_kept_tail_then_ends() {
         let buffers = RequestBuffers::new();
-        let e = Entry::new(
-            "sc_r_02".into(),
-            ClientDialect::ChatCompletions,
-            Owner {
-                key: [0; 32],
-                tenant: "t".into(),
-            },
-            // A tail of the last two events (23 and 28 bytes).
-            limits(Duration::from_secs(30), 1 << 20, 60, 1 << 30),
-            buffers.reserve(0, 1 << 30).unwrap(),
-        );
+        // A tail of the last two events (23 and 28 bytes).
+        let l = limits(Duration::from_secs(30), 1 << 20, 60, 1 << 30);
+        let e = entry_with(&buffers, "sc_r_02", l);
         let mut s = Stamper::new(&e.id);
         push(&e, &mut s, b"data: 1\n\ndata: 2\n\ndata: 3\n\n", false).unwrap();
         push(&e, &mut s, b"data: [DONE]\n\n", true).unwrap();
@@ -664,16 +662,8 @@ mod tests {
     #[tokio::test]
     async fn the_grace_clock_runs_only_while_detached() {
         let buffers = RequestBuffers::new();
-        let e = Entry::new(
-            "sc_r_01".into(),
-            ClientDialect::ChatCompletions,
-            Owner {
-                key: [0; 32],
-                tenant: "t".into(),
-            },
-            limits(Duration::from_millis(1), 1024, 0, 1 << 20),
-            buffers.reserve(0, 1 << 20).unwrap(),
-        );
+        let l = limits(Duration::from_millis(1), 1024, 0, 1 << 20);
+        let e = entry_with(&buffers, "sc_r_01", l);
         assert_eq!(e.hold(), Hold::Held);
         e.detach(0);
         tokio::time::sleep(Duration::from_millis(5)).await;
