@@ -849,10 +849,6 @@ fn a_resume_on_another_replica_gets_421_naming_the_owner() {
 }
 
 #[test]
-#[expect(
-    clippy::too_many_lines,
-    reason = "four dialect cells, the window's end, and the tail switched off, in order"
-)]
 fn a_client_cut_inside_the_final_burst_replays_the_kept_tail_until_the_window_passes() {
     // The whole answer at once: Sluice writes every event, the final one included, while
     // the client has read one. The generation is over (its row written) before the client
