@@ -21,6 +21,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/mod.rs"]
+#[expect(dead_code, reason = "this bench shares the port helper only")]
+mod common;
+
+use common::free_port;
+
 const KEY: &str = "sk-sluice-bench-fallback";
 
 /// A child process killed on drop.
@@ -30,23 +36,6 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// A free loopback port not handed out before in this process (two ports bound, released
-/// and bound again can come back equal, and Sluice refuses `listen == admin_listen`).
-fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().expect("ports");
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
     }
 }
 

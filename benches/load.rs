@@ -24,12 +24,17 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+#[path = "common/mod.rs"]
+#[expect(dead_code, reason = "this bench shares the port helper only")]
+mod common;
 #[path = "load/cost.rs"]
 mod cost;
 #[path = "load/edge.rs"]
 mod edge;
 #[path = "load/pingora.rs"]
 mod pingora;
+
+use common::free_port;
 
 /// The virtual key in the generated Sluice config.
 const KEY: &str = "sk-sluice-load-0001";
@@ -185,24 +190,6 @@ impl Drop for Proc {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// A free loopback port (bind :0, read, release; the small race is retried by callers).
-/// A free loopback port not handed out before in this process (two ports bound, released
-/// and bound again can come back equal, and Sluice refuses `listen == admin_listen`).
-fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().expect("ports");
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
     }
 }
 

@@ -21,6 +21,9 @@ use std::time::Duration;
 
 #[path = "replicas/client.rs"]
 mod client;
+#[path = "common/mod.rs"]
+#[expect(dead_code, reason = "this bench shares the port helper only")]
+mod common;
 #[path = "replicas/procs.rs"]
 mod procs;
 #[path = "replicas/report.rs"]

@@ -27,10 +27,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const KEY: &str = "sk-sluice-bench-0001";
+#[path = "common/mod.rs"]
+#[expect(dead_code, reason = "the RSS helpers are the memory benches'")]
+mod common;
+
+use common::KEY;
 /// Events a client reads before it hangs up.
 const EVENTS_BEFORE: usize = 3;
 /// How long a finished-mode client waits after hanging up before it resumes: the answer
@@ -47,7 +51,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if bench { 500 } else { 20 });
-    let procs = match Procs::start() {
+    let (procs, addr) = match common::start("resume", "{}", "", Command::new(common::SLUICE)) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("resume bench: {e}");
@@ -57,7 +61,7 @@ fn main() {
     let mut failures = Vec::new();
     let mut report = Vec::new();
     for mode in [Mode::Live, Mode::Finished] {
-        match run(&procs, mode, resumes) {
+        match run(addr, mode, resumes) {
             Ok(r) => report.push((mode, r)),
             Err(e) => failures.push(format!("{mode:?}: {e}")),
         }
@@ -138,10 +142,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn run(procs: &Procs, mode: Mode, resumes: usize) -> Result<Latencies, String> {
+fn run(addr: SocketAddr, mode: Mode, resumes: usize) -> Result<Latencies, String> {
     // Warm up: pools, lazy statics.
     for _ in 0..5 {
-        one(procs.addr, mode)?;
+        one(addr, mode)?;
     }
     let mut out = Latencies {
         first_byte: Vec::with_capacity(resumes),
@@ -149,7 +153,7 @@ fn run(procs: &Procs, mode: Mode, resumes: usize) -> Result<Latencies, String> {
     };
     let started = Instant::now();
     for _ in 0..resumes {
-        let (first, after) = one(procs.addr, mode)?;
+        let (first, after) = one(addr, mode)?;
         out.first_byte.push(ms(first));
         out.after.push(ms(after));
     }
@@ -295,95 +299,5 @@ impl Http {
             .map_err(|e| format!("read chunk: {e}"))?;
         buf.truncate(size);
         Ok(Some(buf))
-    }
-}
-
-/// The mock and Sluice, killed on drop.
-struct Procs {
-    sluice: Child,
-    mock: Child,
-    addr: SocketAddr,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        let _ = self.sluice.kill();
-        let _ = self.sluice.wait();
-        let _ = self.mock.kill();
-        let _ = self.mock.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-impl Procs {
-    fn start() -> Result<Procs, String> {
-        let mut mock = Command::new(env!("CARGO_BIN_EXE_sluice-mock-upstream"))
-            .args(["--listen", "127.0.0.1:0", "--behavior", "{}"])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("spawn mock: {e}"))?;
-        let mut line = String::new();
-        BufReader::new(mock.stdout.take().ok_or("mock stdout")?)
-            .read_line(&mut line)
-            .map_err(|e| format!("mock address: {e}"))?;
-        let mock_addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .ok_or_else(|| format!("unexpected mock output {line:?}"))?
-            .to_string();
-        let dir = std::env::temp_dir().join(format!(
-            "sluice-bench-resume-{}-{}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let (port, admin) = loop {
-            let (a, b) = (free_port(), free_port());
-            if a != b {
-                break (a, b);
-            }
-        };
-        let cfg = format!(
-            "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 2\n\
-             tenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\n\
-             providers:\n  p1:\n    kind: openai\n    base_url: http://{mock_addr}/v1\n    api_key: sk-p1\n    health_check: {{enabled: false}}\n\
-             models:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
-        );
-        let path = dir.join("sluice.yaml");
-        std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
-        let sluice = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .current_dir(&dir)
-            .arg("-c")
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("spawn sluice: {e}"))?;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let procs = Procs {
-            sluice,
-            mock,
-            addr,
-            dir,
-        };
-        let end = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if Instant::now() > end {
-                return Err("sluice did not start listening".into());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(procs)
     }
 }

@@ -51,7 +51,6 @@
 //! the upstream body buffer) plus Sluice's stream future; a long prompt's body is released
 //! at the commit, and what it still adds is glibc's heap keeping the freed buffers.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -62,7 +61,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
 
-const KEY: &str = "sk-sluice-bench-0001";
+#[path = "common/mod.rs"]
+#[expect(
+    dead_code,
+    reason = "this bench starts nginx too: it starts its own processes"
+)]
+mod common;
+
+use common::{free_port, rss_kib, TempDir, KEY};
+
 /// Streams being opened at once during the ramp.
 const RAMP_CONCURRENCY: usize = 200;
 /// Deadline for opening all streams of one N.
@@ -318,43 +325,6 @@ impl Drop for Procs {
     }
 }
 
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A free loopback port not handed out before in this process (two ports bound, released
-/// and bound again can come back equal, and Sluice refuses `listen == admin_listen`).
-fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().expect("ports");
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
-
-/// Resident set size of a live process, KiB. Panics when the process is gone or a zombie
-/// (no `VmRSS`): a dead Sluice must fail the bench, not report 0 KiB per stream.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("process {pid} is gone (no VmRSS in /proc/{pid}/status)"))
-}
-
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
@@ -389,13 +359,7 @@ fn tree_rss_kib(pid: u32) -> u64 {
 
 /// A child's RSS, 0 once it is gone (a worker that exited between the scan and the read).
 fn child_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    common::vm_rss_kib(pid).unwrap_or(0)
 }
 
 /// Open fds of `pid` and its children.
@@ -456,28 +420,8 @@ fn start(
     n: usize,
     nofile: u64,
 ) -> Result<(Procs, std::net::SocketAddr), String> {
-    let mut mock = Command::new(env!("CARGO_BIN_EXE_sluice-mock-upstream"))
-        .args(["--listen", "127.0.0.1:0", "--behavior", "{}"])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("spawn mock: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(mock.stdout.take().ok_or("mock stdout")?)
-        .read_line(&mut line)
-        .map_err(|e| format!("mock address: {e}"))?;
-    let mock_addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .ok_or_else(|| format!("unexpected mock output {line:?}"))?
-        .to_string();
-    let dir = TempDir(std::env::temp_dir().join(format!(
-        "sluice-bench-{}-{}",
-        std::process::id(),
-        fastrand::u64(..)
-    )));
-    std::fs::create_dir_all(&dir.0).map_err(|e| e.to_string())?;
+    let (mock, mock_addr) = common::start_mock("{}")?;
+    let dir = TempDir::new("memory")?;
     let port = free_port();
     let admin = free_port();
     // Detached generations stay held for the whole run.
@@ -486,12 +430,7 @@ fn start(
     } else {
         ""
     };
-    let cfg = format!(
-        "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 2\n{grace}\
-         tenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\n\
-         providers:\n  p1:\n    kind: openai\n    base_url: http://{mock_addr}/v1\n    api_key: sk-p1\n    health_check: {{enabled: false}}\n\
-         models:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
-    );
+    let cfg = common::sluice_config(port, admin, &mock_addr, grace);
     if proxy == Proxy::Nginx {
         let exe = nginx.ok_or("no nginx")?;
         let conf = dir.0.join("nginx.conf");
@@ -528,21 +467,13 @@ fn start(
     let mut cmd = match words.next() {
         Some(w) => {
             let mut c = Command::new(w);
-            c.args(words).arg(env!("CARGO_BIN_EXE_sluice"));
+            c.args(words).arg(common::SLUICE);
             c
         }
-        None => Command::new(env!("CARGO_BIN_EXE_sluice")),
+        None => Command::new(common::SLUICE),
     };
-    let sluice = cmd
-        .current_dir(&dir.0)
-        .process_group(0)
-        .arg("-c")
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("spawn sluice: {e}"))?;
+    cmd.process_group(0);
+    let sluice = common::spawn_sluice(cmd, &dir.0, &path)?;
     wait_listening(
         Procs {
             sluice,
@@ -557,13 +488,8 @@ fn start(
 /// Waits (20 s at most) until the proxy of `procs` accepts on `port`.
 fn wait_listening(procs: Procs, port: u16) -> Result<(Procs, std::net::SocketAddr), String> {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let end = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        if Instant::now() > end {
-            return Err("the proxy did not start listening".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_listening(addr, Duration::from_secs(20))
+        .map_err(|_| "the proxy did not start listening".to_string())?;
     Ok((procs, addr))
 }
 

@@ -16,50 +16,18 @@
 //! Without `--bench` (`cargo test --benches`) it is a sanity pass with 20 sockets. Figures
 //! are in `benches/README.md`; everything runs on 127.0.0.1.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tungstenite::client::IntoClientRequest;
 use tungstenite::{Message, WebSocket};
 
-const KEY: &str = "sk-sluice-bench-0001";
+#[path = "common/mod.rs"]
+mod common;
 
-struct Procs {
-    sluice: Child,
-    mock: Child,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        let _ = self.sluice.kill();
-        let _ = self.mock.kill();
-        let _ = self.sluice.wait();
-        let _ = self.mock.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// Resident set size of a live process, KiB (panics when it is gone).
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("process {pid} is gone"))
-}
+use common::{rss_kib, KEY};
 
 /// The median of 5 RSS samples over 2.5 s, KiB.
 fn settled_rss_kib(pid: u32) -> u64 {
@@ -73,56 +41,17 @@ fn settled_rss_kib(pid: u32) -> u64 {
     s[2]
 }
 
-fn start() -> (Procs, std::net::SocketAddr) {
-    let mut mock = Command::new(env!("CARGO_BIN_EXE_sluice-mock-upstream"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--behavior",
-            r#"{"text":"an idle socket's one answer"}"#,
-        ])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn the mock");
-    let mut line = String::new();
-    BufReader::new(mock.stdout.take().expect("mock stdout"))
-        .read_line(&mut line)
-        .expect("mock address");
-    let mock_addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("`listening on ADDR`")
-        .to_string();
-    let dir = std::env::temp_dir().join(format!("sluice-bench-ws-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let (port, admin) = (free_port(), free_port());
-    let cfg = format!(
-        "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 2\n  heartbeat_interval_ms: 600000\n\
-         tenants:\n  t: {{}}\nvirtual_keys:\n  - key: {KEY}\n    tenant: t\n\
-         providers:\n  p1:\n    kind: openai\n    base_url: http://{mock_addr}/v1\n    api_key: sk-p1\n    health_check: {{enabled: false}}\n\
-         models:\n  acme/chat:\n    routes:\n      - provider: p1\n        upstream_model: mock-small-v1\n",
-    );
-    let path = dir.join("sluice.yaml");
-    std::fs::write(&path, cfg).expect("config");
-    let sluice = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(&dir)
-        .process_group(0)
-        .arg("-c")
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn sluice");
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let end = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(Instant::now() < end, "sluice did not start listening");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (Procs { sluice, mock, dir }, addr)
+/// The mock and Sluice (heartbeats every 10 minutes), Sluice in its own process group.
+fn start() -> (common::Procs, std::net::SocketAddr) {
+    let mut cmd = Command::new(common::SLUICE);
+    cmd.process_group(0);
+    common::start(
+        "ws",
+        r#"{"text":"an idle socket's one answer"}"#,
+        "  heartbeat_interval_ms: 600000\n",
+        cmd,
+    )
+    .expect("start the mock and sluice")
 }
 
 /// Opens a socket and runs one response on it to its `response.completed`.

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::free_port;
+
 /// A scratch folder, removed on drop unless `REPLICAS_KEEP_TMP=1`.
 pub(crate) struct TempDir {
     pub(crate) path: PathBuf,
@@ -80,22 +82,6 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.halt();
-    }
-}
-
-/// A free loopback port not handed out before in this process.
-pub(crate) fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().expect("ports");
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
     }
 }
 

@@ -787,6 +787,36 @@ fn a_postgres_ledger_from_before_resumptions_is_migrated_in_place() {
         (&Value::from(0), &Value::from(2))
     );
     assert_eq!(by_id(&recs, "new-row")["resumptions"], 0);
+    // The summary sums `resumptions` (a BIGINT sum, as every other count): a row as a
+    // generation resumed twice leaves it.
+    pg.psql(
+        "INSERT INTO usage_records (time_ms, request_id, tenant, virtual_key, model, provider, \
+         upstream_model, input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, \
+         reasoning_tokens, estimated, cost_usd, charge_usd, status, outcome, ttft_ms, \
+         duration_ms, fallback_depth, attempts, ingress, resumptions) VALUES (1796169001000, \
+         'resumed-row', 't', 'key-1', 'acme/chat', 'p1', 'u', 1, 2, 0, 0, 0, false, 0, 0, 200, \
+         'ok', 3, 4, 0, 1, 'chat', 2)",
+    );
+    let sum = records(&dir, &sluice.config_path, &["--summary"]);
+    assert_eq!(sum.len(), 1, "{sum:#?}");
+    assert_eq!(
+        (&sum[0]["requests"], &sum[0]["resumptions"]),
+        (&Value::from(3), &Value::from(2)),
+        "{sum:#?}"
+    );
+    let csv = usage(&dir, &sluice.config_path, &["--summary", "--format", "csv"]);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].ends_with(",charge_usd,resumptions"), "{csv}");
+    assert!(
+        lines[1].starts_with("t,acme/chat,3,") && lines[1].ends_with(",2"),
+        "{csv}"
+    );
+    let table = usage(&dir, &sluice.config_path, &["--summary"]);
+    assert!(
+        table.lines().next().unwrap().ends_with(" resumptions"),
+        "{table}"
+    );
+    assert!(table.lines().nth(2).unwrap().ends_with(" 2"), "{table}");
     sluice.kill();
 }
 

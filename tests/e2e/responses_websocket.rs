@@ -19,6 +19,7 @@ use tungstenite::client::IntoClientRequest;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};
 
+use crate::harness::client::post_json;
 use crate::harness::{basic_config, eventually, Mock, Sluice, KEY};
 use crate::provider_battery::{self as battery, Rig, MODEL};
 
@@ -267,6 +268,192 @@ fn ledger_rows(sluice: &Sluice, n: usize) -> Vec<Value> {
             return recs;
         }
     }
+}
+
+/// A refusal as the HTTP path answers it: `POST /v1/responses` with the body of a socket's
+/// `response.create` (`create` without its `type`, as a stream), shaped as the `error` event
+/// it is on a socket: the status, the JSON body's `error`, its `Retry-After` as
+/// `error.headers`.
+fn http_refusal(sluice: &Sluice, create: &Value) -> Value {
+    let mut body = create.clone();
+    if let Some(o) = body.as_object_mut() {
+        o.remove("type");
+        o.insert("stream".into(), true.into());
+    }
+    let r = post_json(
+        sluice.addr,
+        "/v1/responses",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        &body.to_string(),
+    );
+    assert!(r.status >= 400, "not refused over HTTP: {}", r.text());
+    let mut error = r.json()["error"].clone();
+    if let Some(after) = r.header("retry-after") {
+        error["headers"] = json!({ "retry-after": after });
+    }
+    json!({"type": "error", "status": r.status, "error": error})
+}
+
+/// Sends `create` on `ws`: its answer, asserted to be one `error` event with `status` and
+/// to equal the HTTP path's answer to the same request ([`http_refusal`]).
+fn refused_as_over_http(sluice: &Sluice, ws: &mut Socket, create: &Value, status: u64) -> Value {
+    send(ws, create);
+    let mut refused = response(ws);
+    assert_eq!(refused.len(), 1, "only the error event: {refused:?}");
+    let e = refused.remove(0);
+    assert_eq!(
+        (e["type"].as_str(), e["status"].as_u64()),
+        (Some("error"), Some(status)),
+        "{e}"
+    );
+    assert_eq!(e, http_refusal(sluice, create), "the socket's vs HTTP's");
+    e
+}
+
+/// Sends `create` on `ws` and reads its events up to its `response.completed`.
+fn completes(ws: &mut Socket, create: &Value) {
+    send(ws, create);
+    let evs = response(ws);
+    assert_eq!(
+        evs.last().expect("events")["type"],
+        "response.completed",
+        "{evs:?}"
+    );
+}
+
+/// The ledger rows with `status` once there are `n` rows in all, split into the socket's
+/// (ids `<socket id>.<n>`) and the HTTP path's, each without what differs between two
+/// requests by nature (id, time, durations).
+fn refusal_rows(sluice: &Sluice, n: usize, status: u16) -> (Vec<Value>, Vec<Value>) {
+    let recs = ledger_rows(sluice, n);
+    assert_eq!(recs.len(), n, "{recs:#?}");
+    let (mut socket, mut http) = (Vec::new(), Vec::new());
+    for r in recs.iter().filter(|r| r["status"] == status) {
+        let id = r["request_id"].as_str().unwrap_or_default();
+        let on_socket = id
+            .rsplit_once('.')
+            .is_some_and(|(_, n)| n.parse::<u32>().is_ok());
+        let mut row = r.clone();
+        for k in ["request_id", "time", "ttft_ms", "duration_ms"] {
+            row.as_object_mut().map(|o| o.remove(k));
+        }
+        if on_socket { &mut socket } else { &mut http }.push(row);
+    }
+    (socket, http)
+}
+
+/// A tenant whose budget is spent gets, for a `response.create`, the `error` event of the
+/// HTTP path's 402 (`insufficient_quota` / `budget_exceeded`, the same message), recorded in
+/// the ledger as the HTTP refusal is (`rejected`, 402, no charge, no provider); the socket
+/// stays open and serves a create that fits what is left.
+#[test]
+fn a_spent_budget_is_the_http_paths_402_as_an_error_event() {
+    // Input free, an output token 0.01 USD, the mock answers 5 tokens: a response with
+    // `max_output_tokens: 5` reserves 0.06 USD and is charged 0.05.
+    let mock = Mock::start(r#"{"tokens": 5}"#);
+    let yaml = config(&mock, "", "budget: {daily_usd: 0.1}").replace(
+        "  acme/chat:\n",
+        "  acme/chat:\n    input_usd_per_mtok: 0\n    output_usd_per_mtok: 10000\n",
+    );
+    let sluice = Sluice::start(&yaml);
+    let mut ws = open(&sluice, Some(KEY)).expect("upgrade");
+    let mut five = create("spend");
+    five["max_output_tokens"] = json!(5);
+    completes(&mut ws, &five);
+    // Settled: 0.05 spent + 0.06 reserved > 0.1.
+    assert!(eventually(Duration::from_secs(5), || {
+        sluice
+            .metric_opt("sluice_budget_remaining_usd{tenant=\"t\",window=\"daily\"}")
+            .is_some_and(|left| (left - 0.05).abs() < 1e-6)
+    }));
+    // Refused, over HTTP the same way.
+    let e = refused_as_over_http(&sluice, &mut ws, &five, 402);
+    assert_eq!(e["error"]["type"], "insufficient_quota", "{e}");
+    assert_eq!(e["error"]["code"], "budget_exceeded", "{e}");
+    assert_eq!(mock.hits(), 1, "no refusal went upstream");
+    // The socket still serves: one token reserves 0.012 of the 0.05 left.
+    mock.set_behavior(r#"{"tokens": 1}"#);
+    let mut one = create("fits");
+    one["max_output_tokens"] = json!(1);
+    completes(&mut ws, &one);
+    ws.close(None).expect("close");
+    assert_eq!(mock.hits(), 2);
+    assert_eq!(
+        sluice.metric("sluice_rejected_total{reason=\"budget_exceeded\"}"),
+        2.0
+    );
+    // Both refusals in the ledger alike: `rejected`, 402, nothing charged, no provider.
+    let (socket, http) = refusal_rows(&sluice, 4, 402);
+    assert_eq!((socket.len(), http.len()), (1, 1), "{socket:?} {http:?}");
+    assert_eq!(socket[0], http[0], "the socket's row vs the HTTP path's");
+    let row = &socket[0];
+    assert_eq!(
+        (row["outcome"].as_str(), row["charge_usd"].as_f64()),
+        (Some("rejected"), Some(0.0)),
+        "{row}"
+    );
+    assert!(row["provider"].is_null(), "{row}");
+}
+
+/// A tenant at its `max_concurrent_streams` gets, for a `response.create` on a second
+/// socket, the `error` event of the HTTP path's 429 (`tenant_concurrency`, `Retry-After`),
+/// recorded as the HTTP refusal is: the tenant-wide slot is taken before the body is read,
+/// so neither names a model and both are in the access log only (as the ledger's module
+/// doc says of requests that name no model), with the same fields; the first socket's
+/// response goes on, and the second socket serves once it has ended.
+#[test]
+fn a_tenant_at_its_concurrency_limit_is_refused_on_another_socket_as_over_http() {
+    let slow =
+        json!({"text": "one two three four five six seven eight nine ten", "token_delay_ms": 300});
+    let mock = Mock::start(&slow.to_string());
+    let sluice = Sluice::start(&config(&mock, "", "max_concurrent_streams: 1"));
+    let mut holder = open(&sluice, Some(KEY)).expect("upgrade");
+    send(&mut holder, &create("holds the slot"));
+    while event(&mut holder)["type"] != "response.output_text.delta" {}
+    let mut other = open(&sluice, Some(KEY)).expect("a second socket");
+    // Refused, over HTTP the same way while the slot is still held.
+    let e = refused_as_over_http(&sluice, &mut other, &create("second"), 429);
+    assert_eq!(e["error"]["code"], "tenant_concurrency", "{e}");
+    assert_eq!(e["error"]["headers"]["retry-after"], "1", "{e}");
+    let rest = response(&mut holder);
+    assert_eq!(
+        rest.last().expect("events")["type"],
+        "response.completed",
+        "the held response went on: {rest:?}"
+    );
+    mock.set_behavior(&json!({"text": ANSWER}).to_string());
+    // The slot is released as the held response's subrequest ends, which writes its ledger
+    // row.
+    assert_eq!(ledger_rows(&sluice, 1).len(), 1);
+    completes(&mut other, &create("after the first ended"));
+    holder.close(None).expect("close");
+    other.close(None).expect("close");
+    assert_eq!(
+        sluice.metric("sluice_rejected_total{reason=\"tenant_concurrency\"}"),
+        2.0
+    );
+    let recs = ledger_rows(&sluice, 2);
+    assert_eq!(recs.len(), 2, "{recs:#?}");
+    assert!(recs.iter().all(|r| r["status"] == 200), "{recs:#?}");
+    // The two refusals' access lines: the same but for the request id (the socket's is
+    // `<socket id>.<n>`) and the duration.
+    let log = sluice.log();
+    let refusals: Vec<String> = log
+        .lines()
+        .filter(|l| l.contains("sluice::access") && l.contains(" outcome=tenant_concurrency "))
+        .map(|l| {
+            l.split_once(" request_id=")
+                .map_or("", |(_, rest)| rest)
+                .split(' ')
+                .skip(1)
+                .filter(|f| !f.starts_with("client=") && !f.starts_with("duration_ms="))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert_eq!(refusals.len(), 2, "{log}");
+    assert_eq!(refusals[0], refusals[1], "socket vs HTTP");
+    assert!(refusals[0].contains(" status=429 "), "{}", refusals[0]);
 }
 
 /// The mock's log record of the `n`th model call (0-based), once it has one.

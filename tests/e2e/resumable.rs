@@ -553,6 +553,19 @@ fn every_dialect_resumes_a_dropped_stream_exactly_on_same_dialect_and_translated
     }) {
         assert_eq!(r["resumptions"], 0, "{r:#?}");
     }
+    // `--summary` sums them per tenant × model, as the rows say.
+    let summary = crate::ledger::records(sluice.dir.path(), &sluice.config_path, &["--summary"]);
+    let mut total = 0;
+    for s in &summary {
+        let want: u64 = all
+            .iter()
+            .filter(|r| r["tenant"] == s["tenant"] && r["model"] == s["model"])
+            .map(|r| r["resumptions"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(s["resumptions"], want, "{s:#?}");
+        total += want;
+    }
+    assert_eq!(total, resumed.len() as u64, "{summary:#?}");
     let access = sluice.log();
     for (id, replayed) in &resumed {
         let line = access

@@ -8,7 +8,7 @@
 //! | this file | the record (its field names are a contract), the outcome classes, the settings, the process-wide writer handle |
 //! | [`writer`] | the bounded queue and the background thread that writes batches |
 //! | [`sqlite`], [`postgres`] | the two backends: schema with a version table, migrations, batch insert, queries |
-//! | [`query`] | filters, the per tenant × model summary, the `table`/`json`/`csv` formats, `GET /admin/usage` |
+//! | [`query`] | filters, the per tenant × model summary (request counts; token, money and resumption sums), the `table`/`json`/`csv` formats, `GET /admin/usage` |
 //!
 //! **Never blocks a request.** [`record`] builds the record and `try_send`s it into a bounded
 //! queue (`ledger.queue_capacity`); a full queue drops the record, counts it in

@@ -381,6 +381,7 @@ impl PostgresLedger {
                     estimated_requests: u(r.try_get(8)?),
                     cost_usd: r.try_get(9)?,
                     charge_usd: r.try_get(10)?,
+                    resumptions: u(r.try_get(11)?),
                 })
             })
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()

@@ -1,6 +1,11 @@
 //! Owns reading the ledger: the filter both `sluice usage` and `GET /admin/usage` take, the
 //! per tenant × model summary, the output formats, and the admin endpoint's request handling.
 //!
+//! The summary ([`SummaryRow`], fields [`SUMMARY_FIELDS`] in every format): `tenant`,
+//! `model`, `requests`, the sums of each token class, `estimated_requests`, `cost_usd`,
+//! `charge_usd`, and `resumptions` (the sum of the records' `resumptions`: how many times
+//! clients reattached to the group's resumable streams).
+//!
 //! Filters: `since` (inclusive) and `until` (exclusive) are a date `YYYY-MM-DD` (UTC midnight)
 //! or an RFC 3339 timestamp (`2026-12-01T10:00:00Z`, any offset); `tenant` and `model` match
 //! exactly. Records come oldest first.
@@ -166,7 +171,7 @@ pub const RECORD_FIELDS: [&str; 23] = [
 ];
 
 /// The field names of [`SummaryRow`], in order.
-pub const SUMMARY_FIELDS: [&str; 11] = [
+pub const SUMMARY_FIELDS: [&str; 12] = [
     "tenant",
     "model",
     "requests",
@@ -178,6 +183,7 @@ pub const SUMMARY_FIELDS: [&str; 11] = [
     "estimated_requests",
     "cost_usd",
     "charge_usd",
+    "resumptions",
 ];
 
 /// Aligned text columns: a header, a rule, the rows.
@@ -282,6 +288,7 @@ pub fn format_summary(rows: &[SummaryRow], format: Format) -> String {
                         r.estimated_requests.to_string(),
                         format!("{:.6}", r.cost_usd),
                         format!("{:.6}", r.charge_usd),
+                        r.resumptions.to_string(),
                     ]
                 })
                 .collect();
@@ -557,17 +564,30 @@ mod tests {
             estimated_requests: 1,
             cost_usd: 0.5,
             charge_usd: 1.25,
+            resumptions: 7,
         };
         let csv = format_summary(std::slice::from_ref(&row), Format::Csv);
         assert_eq!(
             csv,
-            format!("{}\nt,m,2,3,4,0,0,0,1,0.5,1.25\n", SUMMARY_FIELDS.join(","))
+            format!(
+                "{}\nt,m,2,3,4,0,0,0,1,0.5,1.25,7\n",
+                SUMMARY_FIELDS.join(",")
+            )
         );
-        let json: Vec<SummaryRow> =
-            serde_json::from_str(&format_summary(std::slice::from_ref(&row), Format::Json))
-                .unwrap();
+        assert!(SUMMARY_FIELDS.ends_with(&["charge_usd", "resumptions"]));
+        let text = format_summary(std::slice::from_ref(&row), Format::Json);
+        let json: Vec<SummaryRow> = serde_json::from_str(&text).unwrap();
         assert_eq!(json, vec![row.clone()]);
-        assert!(format_summary(&[row], Format::Table).contains("1.250000"));
+        assert!(text.contains("\"resumptions\": 7"), "{text}");
+        // A summary printed before the sum existed reads 0.
+        let old: Vec<SummaryRow> =
+            serde_json::from_str(&text.replace(",\n    \"resumptions\": 7", "")).unwrap();
+        assert_eq!(old[0].resumptions, 0);
+        let table = format_summary(&[row], Format::Table);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].ends_with(" resumptions"), "{table}");
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert!(cells.ends_with(&["1.250000", "7"]), "{table}");
     }
 
     #[test]

@@ -51,6 +51,11 @@ pub struct SummaryRow {
     pub cost_usd: f64,
     /// Sum of `charge_usd`.
     pub charge_usd: f64,
+    /// Sum of `resumptions`: how many times clients reattached to this group's resumable
+    /// streams (`GET /v1/streams/{id}`). Absent in JSON written before the sum existed:
+    /// read as 0.
+    #[serde(default)]
+    pub resumptions: u64,
 }
 
 /// The record columns, in the order of [`UsageRecord`]'s fields (`time` is stored as
@@ -70,7 +75,7 @@ pub const SUMMARY_COLUMNS: &str = "tenant, model, \
     CAST(SUM(cached_input_tokens) AS BIGINT), CAST(SUM(cache_write_tokens) AS BIGINT), \
     CAST(SUM(reasoning_tokens) AS BIGINT), \
     CAST(SUM(CASE WHEN estimated AND outcome NOT IN ('hedge_cancelled', 'count_tokens') THEN 1 ELSE 0 END) AS BIGINT), \
-    SUM(cost_usd), SUM(charge_usd)";
+    SUM(cost_usd), SUM(charge_usd), CAST(SUM(resumptions) AS BIGINT)";
 
 /// A bound parameter of a filter.
 #[derive(Debug, Clone, PartialEq, Eq)]

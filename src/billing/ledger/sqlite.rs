@@ -304,6 +304,7 @@ impl SqliteLedger {
                     estimated_requests: uint(r.get(8)?),
                     cost_usd: r.get(9)?,
                     charge_usd: r.get(10)?,
+                    resumptions: uint(r.get(11)?),
                 })
             })
             .map_err(|e| self.err(e))?;
@@ -400,6 +401,7 @@ mod tests {
         b.resumptions = 2;
         let mut c = rec(2000);
         c.input_tokens = 1 << 40;
+        c.resumptions = 3;
         w.write_batch(&[a.clone(), b.clone(), c.clone()]).unwrap();
 
         let r = SqliteLedger::open_existing(&path).unwrap();
@@ -441,6 +443,14 @@ mod tests {
         assert_eq!(sums[1].estimated_requests, 1);
         assert!((sums[1].charge_usd - 0.25).abs() < 1e-12);
         assert_eq!(sums[1].output_tokens, 2);
+        // Resumptions add up per group: t has a (0) and c (3), u has b (2).
+        assert_eq!((sums[0].resumptions, sums[1].resumptions), (3, 2));
+        let t_only = Filter {
+            tenant: Some("t".into()),
+            until: Some(c.time),
+            ..Filter::default()
+        };
+        assert_eq!(r.summary(&t_only).unwrap()[0].resumptions, 0);
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
