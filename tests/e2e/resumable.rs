@@ -565,7 +565,9 @@ fn every_dialect_resumes_a_dropped_stream_exactly_on_same_dialect_and_translated
         assert_eq!(s["resumptions"], want, "{s:#?}");
         total += want;
     }
-    assert_eq!(total, resumed.len() as u64, "{summary:#?}");
+    // A replay of a completed stream's tail is not in its row (written before it).
+    let live = resumed.iter().filter(|(_, replayed)| !replayed).count();
+    assert_eq!(total, live as u64, "{summary:#?}");
     let access = sluice.log();
     for (id, replayed) in &resumed {
         let line = access
