@@ -11,7 +11,11 @@
 //!    every 10 ms) cancels it with `DELETE /v1/streams/<id>` (that latency, GET → 204, is
 //!    reported too); **finished** mode (an answer the provider finished while the client
 //!    was away: 20 tokens 5 ms apart, the resume 250 ms after the hang-up, so the whole rest
-//!    comes from the buffer) reads the replay to its end, and reports that time.
+//!    comes from the buffer) reads the replay to its end, and reports that time;
+//!    **completed** mode (an answer written whole, final event included, to a client that
+//!    read 3 events and then lost its connection: the generation is over and its row
+//!    written; the resume replays the completed stream's kept tail,
+//!    `server.resume_linger_bytes`) does the same.
 //!
 //! Reports p50, p99 and max per mode, in ms.
 //!
@@ -37,9 +41,9 @@ mod common;
 use common::KEY;
 /// Events a client reads before it hangs up.
 const EVENTS_BEFORE: usize = 3;
-/// How long a finished-mode client waits after hanging up before it resumes: the answer
-/// (20 tokens, 5 ms apart) is complete by then. Its client must hang up before the end: a
-/// stream whose final event was written to its client is over (410 `stream_completed`).
+/// How long a finished-mode client waits after hanging up before it resumes (the answer,
+/// 20 tokens 5 ms apart, is complete by then), and a completed-mode client before it hangs
+/// up (Sluice has written the whole answer to its socket by then).
 const FINISH_WAIT: Duration = Duration::from_millis(250);
 /// Per-read deadline.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,7 +64,7 @@ fn main() {
     };
     let mut failures = Vec::new();
     let mut report = Vec::new();
-    for mode in [Mode::Live, Mode::Finished] {
+    for mode in [Mode::Live, Mode::Finished, Mode::Completed] {
         match run(addr, mode, resumes) {
             Ok(r) => report.push((mode, r)),
             Err(e) => failures.push(format!("{mode:?}: {e}")),
@@ -72,7 +76,7 @@ fn main() {
     for (mode, r) in &report {
         let (then, after) = match mode {
             Mode::Live => ("DELETE → 204", &r.after),
-            Mode::Finished => ("GET → whole replay", &r.after),
+            Mode::Finished | Mode::Completed => ("GET → whole replay", &r.after),
         };
         println!(
             "| {} | {} | {:.3} ms | {:.3} ms | {:.3} ms | {then} | {:.3} ms | {:.3} ms |",
@@ -101,6 +105,9 @@ enum Mode {
     /// Finished by the provider before the resume (20 tokens 5 ms apart, the resume
     /// [`FINISH_WAIT`] after the hang-up): the whole rest from the buffer.
     Finished,
+    /// Written whole to a client that read 3 events, then hung up: the kept tail of a
+    /// completed stream.
+    Completed,
 }
 
 impl Mode {
@@ -108,6 +115,7 @@ impl Mode {
         match self {
             Mode::Live => "live generation",
             Mode::Finished => "finished generation",
+            Mode::Completed => "completed stream (kept tail)",
         }
     }
 
@@ -116,6 +124,7 @@ impl Mode {
         match self {
             Mode::Live => r#"{"tokens":400,"token_delay_ms":10}"#,
             Mode::Finished => r#"{"tokens":20,"token_delay_ms":5}"#,
+            Mode::Completed => r#"{"tokens":20,"token_delay_ms":0}"#,
         }
     }
 }
@@ -191,6 +200,10 @@ fn one(addr: SocketAddr, mode: Mode) -> Result<(Duration, Duration), String> {
         let chunk = stream.chunk()?.ok_or("the stream ended early")?;
         events.push_str(&String::from_utf8_lossy(&chunk));
     }
+    if mode == Mode::Completed {
+        // Still connected while Sluice writes the rest, the final event included.
+        std::thread::sleep(FINISH_WAIT);
+    }
     drop(stream);
     if mode == Mode::Finished {
         std::thread::sleep(FINISH_WAIT);
@@ -225,7 +238,7 @@ fn one(addr: SocketAddr, mode: Mode) -> Result<(Duration, Duration), String> {
             }
             t.elapsed()
         }
-        Mode::Finished => {
+        Mode::Finished | Mode::Completed => {
             let mut rest = text.into_owned();
             while let Some(c) = again.chunk()? {
                 rest.push_str(&String::from_utf8_lossy(&c));
