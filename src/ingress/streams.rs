@@ -108,6 +108,10 @@ pub(crate) async fn handle(
         ("DELETE", found) => {
             if let Found::Live(entry) = found {
                 entry.cancel();
+                if entry.lingering() {
+                    // A completed stream's kept tail: nothing runs to end it, free it now.
+                    registry().retire(&entry, Ended::Cancelled);
+                }
                 log::info!(target: "sluice::stream::resume",
                     "resumable stream cancelled stream_id={sid} request_id={}", ctx.request_id);
             }

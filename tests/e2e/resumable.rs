@@ -941,6 +941,16 @@ fn a_client_cut_inside_the_final_burst_replays_the_kept_tail_until_the_window_pa
         assert_dialect_error(client, &other, 404, None);
         kept.push((client, stream_id, first));
     }
+    // `DELETE` frees a kept tail at once.
+    let (client, stream_id, first) = kept.pop().expect("cells");
+    let before = sluice.gauge(&format!("{HELD}{{state=\"completed\"}}"));
+    assert_eq!(delete(&sluice, client, KEY, &stream_id).status, 204);
+    assert_eq!(
+        sluice.gauge(&format!("{HELD}{{state=\"completed\"}}")),
+        before - 1.0
+    );
+    let gone = whole(resume(&sluice, client, KEY, &stream_id, Some(&first)));
+    assert_dialect_error(client, &gone, 410, Some("stream_cancelled"));
     assert_eq!(
         sluice.metric("sluice_stream_resumes_total{outcome=\"replayed\"}"),
         cells.len() as f64
@@ -960,8 +970,12 @@ fn a_client_cut_inside_the_final_burst_replays_the_kept_tail_until_the_window_pa
         let late = whole(resume(&sluice, *client, KEY, stream_id, Some(first)));
         assert_dialect_error(*client, &late, 410, Some("stream_completed"));
     }
+}
 
+#[test]
+fn without_a_kept_tail_a_completed_stream_is_freed_at_the_final_write() {
     // With `resume_linger_bytes: 0` nothing is kept past the final write.
+    let mock = Mock::start(&paced(0));
     let off = Sluice::start(&config(
         &mock,
         "  replica_id: alpha\n  resume_linger_bytes: 0\n",
