@@ -869,7 +869,8 @@ fn a_client_cut_inside_the_final_burst_replays_the_kept_tail_until_the_window_pa
     // the client has read one. The generation is over (its row written) before the client
     // notices its connection is gone.
     let mock = Mock::start(&paced(0));
-    let grace_ms = 1500;
+    // Long enough for a loaded machine to read the ledger row and resume within it.
+    let grace_ms = 5000;
     let sluice = Sluice::start(&config(
         &mock,
         &format!("  replica_id: alpha\n  resume_grace_ms: {grace_ms}\n"),
