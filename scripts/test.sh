@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 export SLUICE_PYTHON="$PWD/.venv/bin/python"
 cargo build --locked --bins
+# The API docs build without a warning (a broken intra-doc link fails here).
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace --document-private-items
 # Unit, e2e and fuzz (quick round) tests. The fuzz budget below is not applied here.
 SLUICE_FUZZ_SECS=0 cargo test --locked --workspace --lib --bins --tests -- --test-threads "${SLUICE_TEST_THREADS:-4}"
 bash scripts/test-vendor.sh # The patched Pingora crates' own tests and each patch's test (vendor/README.md).

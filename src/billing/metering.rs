@@ -26,7 +26,7 @@
 //!   [`Config::warnings`](crate::config::Config::warnings));
 //! * route prices absent: 0 (as for `lowest_cost` routing).
 //!
-//! Classes priced (canonical [`Usage`](crate::protocol::Usage), where input includes the
+//! Classes priced (canonical [`crate::protocol::Usage`], where input includes the
 //! cache): uncached input × input price + cache reads × cached price + cache writes × cache
 //! write price + output × output price. Reasoning tokens are part of the output (priced as
 //! output) and recorded separately. Amounts are `f64` USD rounded to the nano-dollar
@@ -41,7 +41,7 @@
 //! the same provider usage get the same [`Metered`] (one code path prices both). A stream
 //! that ended without its final usage (client abort, upstream break, a provider that omits
 //! it) is `estimated`: input from the admission estimate (canonical request →
-//! [`tokens::estimate_input_tokens`](crate::protocol::tokens::estimate_input_tokens)),
+//! [`crate::protocol::tokens::estimate_input_tokens`]),
 //! output the larger of what the provider reported so far and the tokenizer count of the
 //! text streamed.
 //!

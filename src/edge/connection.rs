@@ -62,7 +62,7 @@
 //! `ServerApp` of an `HttpServerApp`, with `h2c` on in the proxy's server options): one task
 //! per stream, streams answered in parallel, bounded by Pingora's defaults (100 concurrent
 //! streams, 64 KiB of decoded headers), idle connections closed after
-//! [`super::DOWNSTREAM_KEEPALIVE_S`]. Each stream runs the same [`Gateway`] phases as an
+//! [`crate::proxy::DOWNSTREAM_KEEPALIVE_S`]. Each stream runs the same [`Gateway`] phases as an
 //! HTTP/1 request; the HTTP/2 session strips the HTTP/1 framing headers (`Transfer-Encoding`,
 //! `Connection`, `Keep-Alive`) Sluice's answer heads carry, sends each body write as its own
 //! DATA frame (waiting for flow-control credit: the backpressure point, as a socket write is

@@ -5,7 +5,7 @@
 //! and is committed to the client; the other is cancelled at once (its future dropped, so
 //! its upstream connection is closed before the winner's first byte is written).
 //!
-//! What "ready" means is [`crate::engine::attempt::prepare`]'s: for a stream, the first upstream
+//! What "ready" means is [`crate::engine::open::prepare`]'s: for a stream, the first upstream
 //! SSE data event is held; for a non-streaming answer, its 2xx response head has arrived
 //! (providers send it when the answer is ready), and the body is read after the race.
 //!

@@ -6,7 +6,7 @@
 //!
 //! The routes themselves are validated by [`crate::config::passthrough`]; the LLM API never
 //! goes through here (its paths are never passthrough, see
-//! [`is_api_path`](crate::config::passthrough::is_api_path)).
+//! [`crate::config::passthrough::is_api_path`]).
 //!
 //! A reload keeps the [`Route`] (so its balancer and the health of its upstreams) of every
 //! route whose settings did not change; a changed or new route starts with every upstream

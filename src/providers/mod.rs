@@ -119,7 +119,7 @@ pub struct Target {
     /// Path prefix (e.g. `/v1`).
     pub base_path: String,
     /// The provider's current bearer token, when its credential is one exchanged at run
-    /// time ([`Provider::bearer`]): sent as `Authorization: Bearer`.
+    /// time ([`token::TokenCache::bearer`]): sent as `Authorization: Bearer`.
     pub bearer: Option<Arc<Secret>>,
 }
 

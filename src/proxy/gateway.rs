@@ -15,7 +15,7 @@ pub const DOWNSTREAM_KEEPALIVE_S: u64 = 75;
 pub struct Gateway {
     /// Live configuration (hot-reloaded).
     pub config: Arc<ConfigHandle>,
-    /// The upstream connector: one per process (it owns the connection pools; [`pool`]).
+    /// The upstream connector: one per process (it owns the connection pools; [`crate::engine::pool`]).
     pub connector: Connector,
     /// Admission control: global concurrency, queue, tenant limits.
     pub admission: Arc<Admission>,

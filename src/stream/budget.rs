@@ -1,7 +1,7 @@
 //! Owns a committed stream's running charge against the tenant's budget: after every batch of
 //! upstream events (before their output is written), the charge so far is priced at the
 //! standard model's sell prices and held against the request's budget reservation, which
-//! grows while the budget has room ([`Reservation::grow`]); when it has none, the stream ends
+//! grows while the budget has room ([`crate::billing::budget::Reservation::grow`]); when it has none, the stream ends
 //! with the budget error event in the client's dialect (`code: budget_exceeded`; Anthropic's
 //! `billing_error`, OpenAI's `insufficient_quota`), and the batch that would have passed the
 //! budget is not written.
@@ -17,7 +17,6 @@
 //! budget held (`Billing::budget_output_tokens`): the batch that was not delivered is not
 //! charged, and the end-of-stream estimate (the tokenizer's count of the text) cannot charge
 //! more than the running measure let through.
-//! [`Reservation::grow`]: crate::billing::budget::Reservation::grow
 
 use crate::billing::metering::Prices;
 use crate::proxy::ctx::RequestCtx;

@@ -10,7 +10,8 @@
 //! | [`sqlite`], [`postgres`] | the two backends: schema with a version table, migrations, batch insert, queries |
 //! | [`query`] | filters, the per tenant × model summary (request counts; token, money and resumption sums), the `table`/`json`/`csv` formats, `GET /admin/usage` |
 //!
-//! **Never blocks a request.** [`record`] builds the record and `try_send`s it into a bounded
+//! **Never blocks a request.** The proxy builds the record and [`writer::Handle::submit`]
+//! `try_send`s it into a bounded
 //! queue (`ledger.queue_capacity`); a full queue drops the record, counts it in
 //! `sluice_ledger_dropped_total` and logs (at most one warning per 10 s). A background thread
 //! drains the queue every `ledger.flush_interval_ms` (default 200 ms) and writes everything

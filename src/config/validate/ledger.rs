@@ -67,7 +67,7 @@ pub(super) fn ledger_settings(
     })
 }
 
-/// Reads only the `ledger:` section of `path` (see [`Config::load_ledger`]).
+/// Reads only the `ledger:` section of `path` (see [`crate::config::Config::load_ledger`]).
 pub(in crate::config) fn load_ledger(
     path: &Path,
 ) -> Result<crate::config::ledger::LedgerSettings, ConfigError> {
