@@ -72,6 +72,16 @@ pub async fn handle(
         ("/responses", _) if websocket => {
             Box::pin(crate::ingress::websocket::serve(gw, session, ctx)).await
         }
+        // A retry of a resumable stream's request with `Last-Event-ID`: its resume.
+        ("/chat/completions" | "/messages" | "/responses", "POST")
+            if let Some(sid) = crate::ingress::streams::named_by_post(session) =>
+        {
+            let dialect = dialect_of(path);
+            Box::pin(crate::ingress::streams::resume_post(
+                gw, session, ctx, dialect, &sid,
+            ))
+            .await
+        }
         ("/chat/completions", "POST") => {
             infer(gw, session, ctx, ClientDialect::ChatCompletions).await
         }

@@ -6,6 +6,9 @@
 //!   as the stream's reader (a resume takes the stream over from a reader still attached;
 //!   its drop detaches it again and restarts the grace clock).
 //! - `DELETE /v1/streams/{id}`: 204, and the generation is cancelled at once.
+//! - a `POST` on an inference endpoint whose `Last-Event-ID` names one of Sluice's stream
+//!   ids (a client library retrying the request): its body is dropped and it is answered
+//!   as the `GET` ([`resume_post`]).
 //!
 //! Errors are in the stream's dialect (the letter in its id): 404 for an unknown id and
 //! for another key's or tenant's (the same body), 410 for a stream that can no longer be
@@ -125,6 +128,47 @@ pub(crate) async fn handle(
             Box::pin(resume(session, ctx, &entry, after)).await
         }
     }
+}
+
+/// The id of one of Sluice's streams a `POST` names in `Last-Event-ID` (`<stream id>:<n>`),
+/// if it does. A client library that reconnects by sending the same request again with the
+/// header (`@microsoft/fetch-event-source` and its kin, the way to stream SSE from a `POST`
+/// in a browser) asks for the resume of that stream, not a new generation.
+pub(crate) fn named_by_post(session: &Session) -> Option<String> {
+    let v = session.req_header().headers.get("last-event-id")?;
+    let s = std::str::from_utf8(v.as_bytes()).ok()?.trim();
+    let (sid, _) = s.rsplit_once(':')?;
+    id::parse(sid)?;
+    Some(sid.to_string())
+}
+
+/// A `POST` on an inference endpoint of `dialect` whose `Last-Event-ID` names stream `sid`
+/// ([`named_by_post`]): its body is read and dropped (it never starts a generation), then
+/// it is answered exactly as `GET /v1/streams/<sid>` with that header.
+///
+/// # Errors
+/// 400 when the stream is of another API than the endpoint, else as [`handle`].
+pub(crate) async fn resume_post(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    dialect: ClientDialect,
+    sid: &str,
+) -> Result<(), ChatError> {
+    ctx.dialect = dialect;
+    if id::parse(sid).is_some_and(|p| p.dialect != dialect) {
+        return Err(GatewayError::invalid(
+            format!("`Last-Event-ID` names stream `{sid}`, which is not of this endpoint's API"),
+            Some("last_event_id"),
+        )
+        .into());
+    }
+    if session.drain_request_body().await.is_err() {
+        return Err(ChatError::Gone(ClientGone("reading")));
+    }
+    log::debug!(target: "sluice::stream::resume",
+        "a POST with Last-Event-ID resumes stream_id={sid} request_id={}", ctx.request_id);
+    handle(gw, session, ctx, &format!("/streams/{sid}"), "GET").await
 }
 
 /// The event the client names (`Last-Event-ID`, else `?last_event_id=`; 0: none).

@@ -1037,3 +1037,74 @@ fn at_shutdown_a_stream_no_client_reads_is_cancelled_at_once() {
     let rows = ledger_rows(&sluice, "at-shutdown");
     assert_eq!(rows[0]["outcome"], "client_abort", "{:#?}", rows[0]);
 }
+
+#[test]
+fn the_same_post_again_with_last_event_id_resumes_instead_of_generating_again() {
+    // `@microsoft/fetch-event-source` and its kin reconnect a POST stream by sending the same
+    // request again with `Last-Event-ID`: that is the resume, never a second generation.
+    let mock = Mock::start(&long(60, 20));
+    let sluice = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
+    let client = Client::Chat;
+    let (mut r, stream_id) = open_resumable(&sluice, client, "acme/gpt", "posted");
+    let before = read_events(&mut r, 3);
+    r.close();
+    let last = event_id(&before[2]).expect("id").to_string();
+    let mut again = open(
+        &sluice,
+        client,
+        "acme/gpt",
+        &[("x-sluice-resumable", "true"), ("last-event-id", &last)],
+    );
+    assert_eq!(again.header("x-sluice-stream-id"), Some(stream_id.as_str()));
+    let rest = events_of(&String::from_utf8_lossy(&again.read_to_end(READ)));
+    assert_ids(&rest, &stream_id, 4);
+    assert!(
+        rest.last().is_some_and(|e| e.ends_with("data: [DONE]")),
+        "{rest:?}"
+    );
+    let mut all = before;
+    all.extend(rest);
+    let got = reassemble(client, &without_ids(&all));
+    assert!(
+        got.text.starts_with("tok0 ") && got.error.is_none(),
+        "{got:?}"
+    );
+    let chats = chat_records(&mock.log());
+    assert_eq!(chats.len(), 1, "one generation: {chats:#?}");
+    let rows = ledger_rows(&sluice, "posted");
+    assert_eq!(rows[0]["resumptions"], 1, "{:#?}", rows[0]);
+
+    // The stream of another API named on this endpoint: 400, nothing generated.
+    let (mut m, messages_id) = open_resumable(&sluice, Client::Messages, "acme/claude", "m");
+    let first = read_events(&mut m, 1);
+    m.close();
+    let named = event_id(&first[0]).expect("id").to_string();
+    let wrong = whole(open_raw_post(&sluice, client, &named));
+    assert_dialect_error(client, &wrong, 400, None);
+    assert_eq!(
+        delete(&sluice, Client::Messages, KEY, &messages_id).status,
+        204
+    );
+    // A `Last-Event-ID` that is not one of Sluice's ids is an ordinary request.
+    let plain = whole(open_raw_post(&sluice, client, "42"));
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    assert_eq!(
+        chat_records(&mock.log()).len(),
+        3,
+        "the Messages stream and this one"
+    );
+}
+
+/// The streaming request of `client` on `acme/gpt` with `Last-Event-ID: last`, whatever
+/// its status.
+fn open_raw_post(sluice: &Sluice, client: Client, last: &str) -> StreamReader {
+    let mut owned = client.headers();
+    owned.push(("last-event-id", last.to_string()));
+    let headers: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    StreamReader::open(
+        sluice.addr,
+        client.path(),
+        &headers,
+        &body(client, "acme/gpt"),
+    )
+}
