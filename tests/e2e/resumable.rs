@@ -1108,3 +1108,71 @@ fn open_raw_post(sluice: &Sluice, client: Client, last: &str) -> StreamReader {
         &body(client, "acme/gpt"),
     )
 }
+
+#[test]
+fn fetch_event_source_reconnects_through_a_cut_network_and_gets_the_whole_answer_once() {
+    // The real library (tests/agents, pinned), through a relay that cuts its first
+    // connection after 3 events: it reconnects by itself (the same POST with `last-event-id`).
+    let mock = Mock::start(&long(60, 20));
+    let sluice = Sluice::start(&config(&mock, "  replica_id: alpha\n"));
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/agents/fetch_event_source.mjs");
+    let out = std::process::Command::new("node")
+        .arg(&script)
+        .args([&sluice.addr.to_string(), KEY, "acme/gpt", "3"])
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(run["connections"], 2, "one cut, one reconnect: {run}");
+    assert_eq!(run["errors"], 1, "{run}");
+    let ids: Vec<&str> = run["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let stream_id = ids[0].rsplit_once(':').expect("an event id").0;
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            *id,
+            format!("{stream_id}:{}", i + 1),
+            "no gap, no repeat: {ids:?}"
+        );
+    }
+    let data: Vec<&str> = run["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{data:?}");
+    let text: String = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    let want: String = (0..60).map(|i| format!("tok{i} ")).collect();
+    assert_eq!(text, want);
+    // One generation, one row, one resumption.
+    assert_eq!(chat_records(&mock.log()).len(), 1, "{:#?}", mock.log());
+    let rows = {
+        let mut rows = Vec::new();
+        assert!(eventually(Duration::from_secs(5), || {
+            rows = ledger(&sluice);
+            !rows.is_empty()
+        }));
+        rows
+    };
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows[0]["resumptions"], 1, "{:#?}", rows[0]);
+}
