@@ -336,6 +336,15 @@ fn held(sluice: &Sluice) -> f64 {
         .sum()
 }
 
+/// Asserts that within 5 s Sluice holds no generation for a resume (attached or detached).
+fn assert_nothing_held(sluice: &Sluice) {
+    assert!(
+        eventually(Duration::from_secs(5), || held(sluice) == 0.0),
+        "{}",
+        sluice.metrics()
+    );
+}
+
 /// One cell of the matrix: a client dialect on a model.
 struct Cell {
     client: Client,
@@ -577,11 +586,7 @@ fn every_dialect_resumes_a_dropped_stream_exactly_on_same_dialect_and_translated
         let want = if *replayed { 0 } else { 1 };
         assert!(line.ends_with(&format!("resumptions={want}")), "{line}");
     }
-    assert!(
-        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
-        "{}",
-        sluice.metrics()
-    );
+    assert_nothing_held(&sluice);
 }
 
 #[test]
@@ -626,11 +631,7 @@ fn after_the_grace_window_the_upstream_is_cancelled_and_a_resume_gets_410() {
         "{:#?}",
         rows[0]
     );
-    assert!(
-        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
-        "{}",
-        sluice.metrics()
-    );
+    assert_nothing_held(&sluice);
 }
 
 #[test]
@@ -743,11 +744,7 @@ fn an_overflowed_replay_buffer_ends_the_detached_stream_and_a_resume_gets_410() 
         (1, &json!(0)),
         "{rows:#?}"
     );
-    assert!(
-        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
-        "{}",
-        sluice.metrics()
-    );
+    assert_nothing_held(&sluice);
 }
 
 #[test]
@@ -775,11 +772,7 @@ fn delete_cancels_the_upstream_at_once_and_a_finished_reader_leaves_nothing_behi
     assert!(matches!(after.status, 404 | 410), "{}", after.text());
     // DELETE is idempotent: again, 204.
     assert_eq!(delete(&sluice, client, KEY, &stream_id).status, 204);
-    assert!(
-        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
-        "{}",
-        sluice.metrics()
-    );
+    assert_nothing_held(&sluice);
     let rows = ledger_rows(&sluice, "deleted");
     assert_eq!(
         (rows.len(), &rows[0]["resumptions"]),
@@ -820,11 +813,7 @@ fn delete_cancels_the_upstream_at_once_and_a_finished_reader_leaves_nothing_behi
         "{} bytes read: {line}",
         body.len()
     );
-    assert!(
-        eventually(Duration::from_secs(5), || held(&sluice) == 0.0),
-        "{}",
-        sluice.metrics()
-    );
+    assert_nothing_held(&sluice);
     let events = events_of(&text);
     let final_id = event_id(events.last().expect("events")).expect("id");
     let after = whole(resume(&sluice, client, KEY, &stream_id, Some(final_id)));
