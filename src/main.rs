@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sluice::cli::{Args, Command, KeyAction, NewKey};
-use sluice::config::Config;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -34,7 +33,9 @@ fn main() -> ExitCode {
     }
     // Before the config is read: the default global cap is derived from the raised limit.
     let nofile = sluice::fd_limit::raise_nofile_limit();
-    let cfg = match Config::load(std::path::Path::new(&args.conf)) {
+    // With the fingerprint of the files it was read from: the reloader compares against it.
+    let (loaded_from, cfg) = sluice::reload::load(std::path::Path::new(&args.conf));
+    let cfg = match cfg {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sluice: config error: {e}");
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
         cfg.server.max_concurrent_upstream_requests
     );
     let pid_file = cfg.server.pid_file.clone();
-    match sluice::server::build(cfg, &args) {
+    match sluice::server::build(cfg, loaded_from, &args) {
         Ok(server) => {
             // With -d Pingora writes it after the fork; in the foreground Sluice does, so
             // that `sluice reload` finds this process (`sluice::pid_file`).

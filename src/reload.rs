@@ -45,6 +45,9 @@ const DEBOUNCE: Duration = Duration::from_millis(250);
 /// Longest wait from the first file event to the reload check, however busy the folder.
 const DEBOUNCE_MAX: Duration = Duration::from_millis(1000);
 
+/// How many times [`load`] reads the config while its inputs keep changing under it.
+const LOAD_TRIES: u32 = 5;
+
 /// The config's inputs on disk: a fingerprint of what the config is made of and the folders
 /// whose changes may alter it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +89,39 @@ fn hash_file(h: &mut Sha256, file: &Path) -> Option<Vec<u8>> {
             h.update(format!("error: {}", e.kind()).as_bytes());
             None
         }
+    }
+}
+
+/// Loads the config at `path` together with the fingerprint of the inputs it was loaded from.
+///
+/// The fingerprint is read before and after the load; when they differ, a writer changed the
+/// files during the load (`std::fs::write` and most editors truncate, then write, so a reader
+/// can see either state), and the load is repeated, at most [`LOAD_TRIES`] times. A
+/// fingerprint that never settles is returned as read before the last load, so that the
+/// next change event reloads again rather than being taken for "unchanged".
+///
+/// # Errors
+/// The load's [`ConfigError`], returned inside the tuple with the fingerprint of the inputs
+/// that were rejected (a rejected file is not retried until it changes).
+pub fn load(path: &Path) -> ([u8; 32], Result<Config, ConfigError>) {
+    load_with(path, Config::load)
+}
+
+/// [`load`] with the reading of the config given (tests make a writer land inside it).
+fn load_with(
+    path: &Path,
+    mut read: impl FnMut(&Path) -> Result<Config, ConfigError>,
+) -> ([u8; 32], Result<Config, ConfigError>) {
+    let mut before = inputs(path).fingerprint;
+    let mut tries = 1;
+    loop {
+        let loaded = read(path);
+        let after = inputs(path).fingerprint;
+        if after == before || tries == LOAD_TRIES {
+            return (before, loaded);
+        }
+        before = after;
+        tries += 1;
     }
 }
 
@@ -212,9 +248,15 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// Reloads `path` into `handle`; the running config was loaded from `path` just now.
-    pub fn new(path: PathBuf, handle: Arc<ConfigHandle>, admission: Arc<Admission>) -> Self {
-        let last = Mutex::new(inputs(&path).fingerprint);
+    /// Reloads `path` into `handle`; the running config was loaded from `path` by [`load`],
+    /// which returned `loaded_from`, the fingerprint of the inputs it was read from.
+    pub fn new(
+        path: PathBuf,
+        loaded_from: [u8; 32],
+        handle: Arc<ConfigHandle>,
+        admission: Arc<Admission>,
+    ) -> Self {
+        let last = Mutex::new(loaded_from);
         Self {
             path,
             handle,
@@ -244,22 +286,18 @@ impl Reloader {
     /// did not (nothing is loaded, nothing counted).
     pub fn reload_if_changed(&self, trigger: Trigger) -> Option<Result<(), ConfigError>> {
         let now = inputs(&self.path).fingerprint;
-        {
-            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            if *last == now {
-                match trigger {
-                    Trigger::Signal => log::info!(
-                        "SIGHUP: {} and its includes are unchanged since the last reload; nothing to do",
-                        self.path.display()
-                    ),
-                    Trigger::FileChange => log::debug!(
-                        "a watched folder changed, but {} and its includes did not",
-                        self.path.display()
-                    ),
-                }
-                return None;
+        if *self.last.lock().unwrap_or_else(|e| e.into_inner()) == now {
+            match trigger {
+                Trigger::Signal => log::info!(
+                    "SIGHUP: {} and its includes are unchanged since the last reload; nothing to do",
+                    self.path.display()
+                ),
+                Trigger::FileChange => log::debug!(
+                    "a watched folder changed, but {} and its includes did not",
+                    self.path.display()
+                ),
             }
-            *last = now;
+            return None;
         }
         match trigger {
             Trigger::Signal => log::info!("SIGHUP: reloading {}", self.path.display()),
@@ -270,12 +308,15 @@ impl Reloader {
         Some(self.reload())
     }
 
-    /// Loads, validates and swaps in the config; on error keeps the old one.
+    /// Loads, validates and swaps in the config; on error keeps the old one. Either way the
+    /// inputs it read are remembered, so that the same files are not loaded again.
     ///
     /// # Errors
     /// The [`ConfigError`] of the rejected file (already logged and counted).
     pub fn reload(&self) -> Result<(), ConfigError> {
-        match Config::load(&self.path) {
+        let (read, loaded) = load(&self.path);
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = read;
+        match loaded {
             Ok(new) => {
                 let old = self.handle.snapshot();
                 let restart: Vec<&str> = [
@@ -558,5 +599,52 @@ mod tests {
         assert_ne!(third, second);
         std::fs::write(&main, "include: [conf.d/*.yaml]\nserver: {threads: 1}\n").expect("write");
         assert_ne!(inputs(&main).fingerprint, third);
+    }
+
+    /// A write that lands while the config is read (after the fingerprint was taken) is
+    /// read again, so the fingerprint returned is that of the config returned: without
+    /// this, one edit during a reload was reloaded twice (the file seemed to change again).
+    #[test]
+    fn load_returns_the_fingerprint_of_what_it_loaded_when_a_write_lands_during_the_read() {
+        let d = dir("race");
+        let main = d.0.join("sluice.yaml");
+        let text = |threads: usize| {
+            format!(
+                "server: {{threads: {threads}}}\nproviders: {{demo: {{kind: demo}}}}\n\
+                 models: {{demo/echo: {{routes: [{{provider: demo, upstream_model: e}}]}}}}\n\
+                 tenants: {{t: {{}}}}\nvirtual_keys: [{{key: sk-test-0001, tenant: t}}]\n"
+            )
+        };
+        let fingerprint_of = |threads: usize| {
+            std::fs::write(&main, text(threads)).expect("write");
+            inputs(&main).fingerprint
+        };
+        let (one, two) = (fingerprint_of(1), fingerprint_of(2));
+
+        std::fs::write(&main, text(1)).expect("write");
+        let mut reads = 0;
+        let (read, loaded) = load_with(&main, |p| {
+            reads += 1;
+            if reads == 1 {
+                std::fs::write(p, text(2)).expect("write");
+            }
+            Config::load(p)
+        });
+        assert_eq!(loaded.expect("loads").server.threads, 2);
+        assert_eq!(read, two);
+        assert_eq!(reads, 2, "read again once the fingerprint settled");
+
+        // A file that never settles: the fingerprint returned is one read before the last
+        // load, never the current one, so the next change event reloads again.
+        std::fs::write(&main, text(1)).expect("write");
+        let mut n = 0;
+        let (read, _) = load_with(&main, |p| {
+            n += 1;
+            std::fs::write(p, text(1 + n % 2)).expect("write");
+            Config::load(p)
+        });
+        assert_eq!(n, LOAD_TRIES as usize);
+        assert_ne!(read, inputs(&main).fingerprint);
+        assert!(read == one || read == two);
     }
 }

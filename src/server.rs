@@ -145,7 +145,8 @@ fn http_server_options() -> HttpServerOptions {
     o
 }
 
-/// Builds the server; `run_forever` it next.
+/// Builds the server from `cfg`, loaded by [`crate::reload::load`] from the files whose
+/// fingerprint is `loaded_from`; `run_forever` it next.
 ///
 /// # Errors
 /// [`StartError`] when a listener cannot be bound (first, before anything else is opened),
@@ -154,7 +155,7 @@ fn http_server_options() -> HttpServerOptions {
     clippy::too_many_lines,
     reason = "the assembly of every service, in start order, read top to bottom"
 )]
-pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
+pub fn build(cfg: Config, loaded_from: [u8; 32], args: &Args) -> Result<Server, StartError> {
     if let Err(e) = crate::reload::catch_early_sighup() {
         log::warn!("cannot install the early SIGHUP handler: {e}");
     }
@@ -245,7 +246,7 @@ pub fn build(cfg: Config, args: &Args) -> Result<Server, StartError> {
     ));
     server.add_service(background_service(
         "sluice config reload",
-        Reloader::new(path, handle.clone(), admission)
+        Reloader::new(path, loaded_from, handle.clone(), admission)
             .with_certificates(certificates)
             .with_passthrough(passthrough.clone()),
     ));
