@@ -63,6 +63,14 @@ fn chat(sluice: &Sluice, tenant: usize, model: usize) -> u16 {
     .status
 }
 
+/// The sum of every `sluice_charge_usd_total` series in a scrape, USD.
+fn charge_sum(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("sluice_charge_usd_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// `utime + stime` of `pid`, clock ticks (fields 14 and 15 of `/proc/PID/stat`, counted
 /// after the command name's closing parenthesis).
 fn cpu_ticks(pid: u32) -> u64 {
@@ -172,8 +180,24 @@ fn label_sets_past_the_cap_are_recorded_under_the_overflow_tenant() {
         2,
         "  metrics_max_series_per_family: 2\n",
     ));
+    // A pair's series is taken by its first *recorded* charge, and a charge is recorded after
+    // the answer went out: wait for each before the next request, or a later pair can be
+    // recorded first and take the place (as seen under CI load).
+    let mut charged = 0.0;
     for (t, m) in [(0, 0), (1, 0), (2, 0), (3, 1), (0, 0)] {
         assert_eq!(chat(&sluice, t, m), 200, "t{t:04}\n{}", sluice.log());
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let now = charge_sum(&sluice.metrics());
+                let more = now > charged;
+                if more {
+                    charged = now;
+                }
+                more
+            }),
+            "t{t:04}'s charge never recorded:\n{}",
+            sluice.metrics()
+        );
     }
     // The access line records a request's series after its answer went out: wait for the
     // last request's (tenant t0000's second charge).
