@@ -17,7 +17,7 @@ use sluice_mock_upstream::sigv4::{
 };
 
 use crate::harness::client::{post_json, sse_events, sse_text, StreamReader};
-use crate::harness::{eventually, Mock, Sluice, TempDir, KEY};
+use crate::harness::{Mock, Sluice, TempDir, KEY};
 
 /// The Bedrock model id every route uses; its `:` travels as `%3A`.
 pub(crate) const BEDROCK_MODEL: &str = "us.anthropic.claude-sonnet-4-6-v1:0";
@@ -255,18 +255,7 @@ pub(crate) fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String 
 
 /// The JSON access-log record of request `id`.
 pub(crate) fn access(sluice: &Sluice, id: &str) -> Value {
-    let needle = format!("\"request_id\":\"{id}\"");
-    let mut found = None;
-    let ok = eventually(Duration::from_secs(5), || {
-        found = sluice
-            .log()
-            .lines()
-            .find(|l| l.contains(&needle) && l.contains("\"outcome\""))
-            .and_then(|l| l.find('{').map(|i| l[i..].to_string()));
-        found.is_some()
-    });
-    assert!(ok, "no access line for {id}:\n{}", sluice.log());
-    serde_json::from_str(&found.unwrap_or_default()).expect("access line JSON")
+    sluice.access_record(id)
 }
 
 pub(crate) fn header(rec: &Value, name: &str) -> Option<String> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::client::{post_json, sse_events, sse_text, StreamReader};
-use crate::harness::{eventually, Mock, Sluice, KEY};
+use crate::harness::{Mock, Sluice, KEY};
 
 /// The provider key both cloud kinds are configured with (and the mock accepts).
 const CLOUD_KEY: &str = "cloud-key-7f3a";
@@ -214,18 +214,7 @@ pub(crate) fn echoed_models(client: Client, stream: bool, bytes: &[u8]) -> Vec<S
 
 /// The JSON access-log record of request `id`.
 pub(crate) fn access(sluice: &Sluice, id: &str) -> Value {
-    let needle = format!("\"request_id\":\"{id}\"");
-    let mut found = None;
-    let ok = eventually(Duration::from_secs(5), || {
-        found = sluice
-            .log()
-            .lines()
-            .find(|l| l.contains(&needle) && l.contains("\"outcome\""))
-            .and_then(|l| l.find('{').map(|i| l[i..].to_string()));
-        found.is_some()
-    });
-    assert!(ok, "no access line for {id}:\n{}", sluice.log());
-    serde_json::from_str(&found.unwrap_or_default()).expect("access line JSON")
+    sluice.access_record(id)
 }
 
 pub(crate) fn num(rec: &Value, key: &str) -> u64 {

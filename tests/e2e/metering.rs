@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::harness::client::{post_json, sse_events, StreamReader};
-use crate::harness::{eventually, Mock, Sluice, KEY};
+use crate::harness::{Mock, Sluice, KEY};
 
 /// Prompt tokens the mock reports, of which `CACHED` were read from its prompt cache and
 /// (Anthropic only) `WRITTEN` written to it.
@@ -114,18 +114,7 @@ fn send(sluice: &Sluice, client: Client, body: &Value, stream: bool, id: &str) -
 /// The JSON access-log record of request `id` (waits for it: the line is written when
 /// Pingora finishes the request).
 fn access(sluice: &Sluice, id: &str) -> Value {
-    let needle = format!("\"request_id\":\"{id}\"");
-    let mut found = None;
-    let ok = eventually(Duration::from_secs(5), || {
-        found = sluice
-            .log()
-            .lines()
-            .find(|l| l.contains(&needle))
-            .and_then(|l| l.find('{').map(|i| l[i..].to_string()));
-        found.is_some()
-    });
-    assert!(ok, "no access line for {id}:\n{}", sluice.log());
-    serde_json::from_str(&found.unwrap_or_default()).expect("access line JSON")
+    sluice.access_record(id)
 }
 
 fn num(rec: &Value, key: &str) -> u64 {

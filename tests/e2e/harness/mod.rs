@@ -310,9 +310,31 @@ impl Sluice {
         false
     }
 
-    /// The process log so far.
+    /// The process log so far, in whole lines: a line still being written (the logger may
+    /// write one line in several writes) is left for a later read, so that a test never
+    /// finds a record with its later fields missing.
     pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+        let mut text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        text.truncate(text.rfind('\n').map_or(0, |i| i + 1));
+        text
+    }
+
+    /// The JSON access-log record of request `id` (its `x-request-id`), waiting up to 5 s
+    /// for it: the line is written when Pingora finishes the request. A line still being
+    /// written (no closing newline yet, so not yet JSON) is waited for, not parsed half.
+    pub(crate) fn access_record(&self, id: &str) -> serde_json::Value {
+        let needle = format!("\"request_id\":\"{id}\"");
+        let mut found = None;
+        let ok = eventually(Duration::from_secs(5), || {
+            found = self
+                .log()
+                .lines()
+                .filter(|l| l.contains(&needle) && l.contains("\"outcome\""))
+                .find_map(|l| serde_json::from_str(&l[l.find('{')?..]).ok());
+            found.is_some()
+        });
+        assert!(ok, "no access line for {id}:\n{}", self.log());
+        found.unwrap_or_default()
     }
 
     /// `GET /metrics` text.
