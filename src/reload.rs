@@ -104,15 +104,16 @@ fn hash_file(h: &mut Sha256, file: &Path) -> Option<Vec<u8>> {
 /// The load's [`ConfigError`], returned inside the tuple with the fingerprint of the inputs
 /// that were rejected (a rejected file is not retried until it changes).
 pub fn load(path: &Path) -> ([u8; 32], Result<Config, ConfigError>) {
-    load_with(path, Config::load)
+    load_with(path, inputs(path).fingerprint, Config::load)
 }
 
-/// [`load`] with the reading of the config given (tests make a writer land inside it).
+/// [`load`] from inputs whose fingerprint was just read as `before`, with the reading of the
+/// config given (tests make a writer land inside it).
 fn load_with(
     path: &Path,
+    mut before: [u8; 32],
     mut read: impl FnMut(&Path) -> Result<Config, ConfigError>,
 ) -> ([u8; 32], Result<Config, ConfigError>) {
-    let mut before = inputs(path).fingerprint;
     let mut tries = 1;
     loop {
         let loaded = read(path);
@@ -305,16 +306,19 @@ impl Reloader {
                 log::info!("config file changed: reloading {}", self.path.display());
             }
         }
-        Some(self.reload())
+        Some(self.apply(load_with(&self.path, now, Config::load)))
     }
 
-    /// Loads, validates and swaps in the config; on error keeps the old one. Either way the
-    /// inputs it read are remembered, so that the same files are not loaded again.
+    /// Swaps in `loaded` (loaded and validated by [`load_with`]), or keeps the old config
+    /// when it was rejected. Either way the inputs `read` are remembered, so that the same
+    /// files are not loaded again.
     ///
     /// # Errors
-    /// The [`ConfigError`] of the rejected file (already logged and counted).
-    pub fn reload(&self) -> Result<(), ConfigError> {
-        let (read, loaded) = load(&self.path);
+    /// The [`ConfigError`] of the rejected file (logged and counted here).
+    fn apply(
+        &self,
+        (read, loaded): ([u8; 32], Result<Config, ConfigError>),
+    ) -> Result<(), ConfigError> {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = read;
         match loaded {
             Ok(new) => {
@@ -623,7 +627,7 @@ mod tests {
 
         std::fs::write(&main, text(1)).expect("write");
         let mut reads = 0;
-        let (read, loaded) = load_with(&main, |p| {
+        let (read, loaded) = load_with(&main, inputs(&main).fingerprint, |p| {
             reads += 1;
             if reads == 1 {
                 std::fs::write(p, text(2)).expect("write");
@@ -638,7 +642,7 @@ mod tests {
         // load, never the current one, so the next change event reloads again.
         std::fs::write(&main, text(1)).expect("write");
         let mut n = 0;
-        let (read, _) = load_with(&main, |p| {
+        let (read, _) = load_with(&main, inputs(&main).fingerprint, |p| {
             n += 1;
             std::fs::write(p, text(1 + n % 2)).expect("write");
             Config::load(p)

@@ -78,7 +78,24 @@ pub(crate) async fn handle(
     path: &str,
     method: &str,
 ) -> Result<(), ChatError> {
-    let sid = path.trim_start_matches("/streams/");
+    serve(
+        gw,
+        session,
+        ctx,
+        path.trim_start_matches("/streams/"),
+        method,
+    )
+    .await
+}
+
+/// [`handle`] for stream `sid`.
+async fn serve(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    sid: &str,
+    method: &str,
+) -> Result<(), ChatError> {
     let parsed = id::parse(sid);
     // The stream's dialect (its id says it) for every answer, errors included.
     ctx.dialect = parsed.map_or(ClientDialect::ChatCompletions, |p| p.dialect);
@@ -168,7 +185,7 @@ pub(crate) async fn resume_post(
     }
     log::debug!(target: "sluice::stream::resume",
         "a POST with Last-Event-ID resumes stream_id={sid} request_id={}", ctx.request_id);
-    handle(gw, session, ctx, &format!("/streams/{sid}"), "GET").await
+    serve(gw, session, ctx, sid, "GET").await
 }
 
 /// The event the client names (`Last-Event-ID`, else `?last_event_id=`; 0: none).
