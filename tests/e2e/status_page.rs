@@ -136,8 +136,9 @@ fn status_page_in_chromium_shows_the_traffic_sent() {
         assert_eq!(s.status, 200);
         while s.next_piece(Duration::from_secs(5)).is_some() {}
     }
-    // One stream held open (100 tokens, 100 ms apart: 10 s) while the page is loaded.
-    let mut held = sluice.chat_stream(&body(true, r#"{"tokens":100,"token_delay_ms":100}"#));
+    // One stream held open while the page is loaded: 600 tokens 100 ms apart (60 s), far
+    // longer than the page may take to load under load (the client drops it below).
+    let mut held = sluice.chat_stream(&body(true, r#"{"tokens":600,"token_delay_ms":100}"#));
     assert_eq!(held.status, 200);
     assert!(held.next_piece(Duration::from_secs(5)).is_some());
 
