@@ -284,7 +284,9 @@ impl Reloader {
     }
 
     /// Reloads when the config's inputs changed since the last attempt; `None` when they
-    /// did not (nothing is loaded, nothing counted).
+    /// did not (nothing is loaded, nothing counted). Calls are made one at a time, by the
+    /// reloader's one task (signals and file events alike): the fingerprint is compared
+    /// before the load and stored after it.
     pub fn reload_if_changed(&self, trigger: Trigger) -> Option<Result<(), ConfigError>> {
         let now = inputs(&self.path).fingerprint;
         if *self.last.lock().unwrap_or_else(|e| e.into_inner()) == now {

@@ -253,11 +253,6 @@ pub(crate) fn answer_text(client: Client, stream: bool, bytes: &[u8]) -> String 
     }
 }
 
-/// The JSON access-log record of request `id`.
-pub(crate) fn access(sluice: &Sluice, id: &str) -> Value {
-    sluice.access_record(id)
-}
-
 pub(crate) fn header(rec: &Value, name: &str) -> Option<String> {
     rec["all_headers"]
         .as_array()
@@ -377,7 +372,7 @@ fn every_client_dialect_gets_bedrock_answers_signed_streamed_or_not() {
             );
 
             // Metered from the answer's usage: 21 prompt tokens, one per word.
-            let a = access(&s.sluice, &id);
+            let a = s.sluice.access_record(&id);
             assert_eq!(a["provider"], "br", "{cell}: {a}");
             assert_eq!(
                 a["input_tokens"].to_string().trim_matches('"'),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sluice_mock_upstream::sigv4::MOCK_AWS_ACCESS_KEY_ID;
 
-use crate::bedrock::{access, answer_text, data, header, send, Client};
+use crate::bedrock::{answer_text, data, header, send, Client};
 use crate::harness::client::StreamReader;
 use crate::harness::{Mock, Sluice, TempDir, KEY};
 
@@ -175,7 +175,7 @@ fn every_client_dialect_gets_converse_answers_signed_streamed_or_not() {
             }
 
             // Metered from Bedrock's usage: 21 prompt tokens (6 read from the cache).
-            let a = access(&s.sluice, &id);
+            let a = s.sluice.access_record(&id);
             assert_eq!(a["provider"], "br", "{cell}: {a}");
             assert_eq!(num(&a, "input_tokens"), "21", "{cell}: {a}");
             assert_eq!(num(&a, "cached_input_tokens"), "6", "{cell}: {a}");

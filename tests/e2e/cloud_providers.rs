@@ -212,11 +212,6 @@ pub(crate) fn echoed_models(client: Client, stream: bool, bytes: &[u8]) -> Vec<S
         .collect()
 }
 
-/// The JSON access-log record of request `id`.
-pub(crate) fn access(sluice: &Sluice, id: &str) -> Value {
-    sluice.access_record(id)
-}
-
 pub(crate) fn num(rec: &Value, key: &str) -> u64 {
     rec[key]
         .as_str()
@@ -327,7 +322,7 @@ fn both_kinds_answer_chat_and_messages_clients_streamed_or_not_with_the_model_ec
                 }
 
                 // Metered from the provider's own usage.
-                let a = access(&sluice, &id);
+                let a = sluice.access_record(&id);
                 assert_eq!(a["outcome"], "ok", "{cell}: {a}");
                 assert_eq!(num(&a, "input_tokens"), 21, "{cell}: {a}");
                 assert_eq!(num(&a, "cached_input_tokens"), 5, "{cell}: {a}");
@@ -647,7 +642,7 @@ fn gemini_reasoning_and_usage_classes_are_metered() {
             &id,
         );
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
-        let a = access(&sluice, &id);
+        let a = sluice.access_record(&id);
         assert_eq!(num(&a, "input_tokens"), 40, "{a}");
         assert_eq!(num(&a, "cached_input_tokens"), 8, "{a}");
         // Output = candidates + thoughts (3 reasoning words), reasoning apart.

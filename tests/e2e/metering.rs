@@ -111,12 +111,6 @@ fn send(sluice: &Sluice, client: Client, body: &Value, stream: bool, id: &str) -
     }
 }
 
-/// The JSON access-log record of request `id` (waits for it: the line is written when
-/// Pingora finishes the request).
-fn access(sluice: &Sluice, id: &str) -> Value {
-    sluice.access_record(id)
-}
-
 fn num(rec: &Value, key: &str) -> u64 {
     rec[key]
         .as_str()
@@ -165,7 +159,7 @@ fn every_ingress_and_provider_records_the_providers_usage_exactly_streamed_or_no
                 let body = client.body(model, stream, "hello there", true);
                 let (status, bytes) = send(&sluice, client, &body, stream, &id);
                 assert_eq!(status, 200, "{cell}: {}", String::from_utf8_lossy(&bytes));
-                let rec = access(&sluice, &id);
+                let rec = sluice.access_record(&id);
                 assert_eq!(rec["outcome"], "ok", "{cell}: {rec}");
                 assert_eq!(num(&rec, "input_tokens"), PROMPT, "{cell}: {rec}");
                 assert_eq!(num(&rec, "cached_input_tokens"), CACHED, "{cell}: {rec}");
@@ -283,7 +277,7 @@ fn include_usage_is_asked_for_upstream_and_its_chunk_reaches_only_clients_that_a
         );
         assert_eq!(v["choices"].as_array().map(Vec::len), Some(1), "{d}");
     }
-    let rec = access(&sluice, "strip-1");
+    let rec = sluice.access_record("strip-1");
     assert_eq!(num(&rec, "input_tokens"), PROMPT, "{rec}");
     assert_eq!(num(&rec, "cached_input_tokens"), CACHED, "{rec}");
     assert_eq!(num(&rec, "output_tokens"), TOKENS, "{rec}");
@@ -309,7 +303,7 @@ fn include_usage_is_asked_for_upstream_and_its_chunk_reaches_only_clients_that_a
         u["usage"]["prompt_tokens_details"]["cached_tokens"], CACHED,
         "{u}"
     );
-    let rec = access(&sluice, "strip-2");
+    let rec = sluice.access_record("strip-2");
     assert_eq!(num(&rec, "input_tokens"), PROMPT, "{rec}");
     assert_eq!(num(&rec, "output_tokens"), TOKENS, "{rec}");
 }
@@ -336,7 +330,7 @@ fn a_provider_with_stream_usage_off_is_never_sent_stream_options_and_is_estimate
             serde_json::from_str(log[0]["body"].as_str().expect("body")).expect("json");
         assert!(sent.get("stream_options").is_none(), "{client:?}: {sent}");
         assert_eq!(sent["stream"], true, "{sent}");
-        let rec = access(&sluice, id);
+        let rec = sluice.access_record(id);
         assert_eq!(rec["estimated"], "true", "{client:?}: {rec}");
         // Common words, one token each for o200k_base too.
         let out = num(&rec, "output_tokens");
@@ -397,7 +391,7 @@ fn a_stream_without_usage_is_estimated_on_client_abort_and_on_upstream_break() {
             }
         }
         r.close();
-        let rec = access(&sluice, &id);
+        let rec = sluice.access_record(&id);
         assert_eq!(rec["outcome"], "client_abort", "{rec}");
         assert_eq!(rec["estimated"], "true", "{rec}");
         let out = num(&rec, "output_tokens");
@@ -428,7 +422,7 @@ fn a_stream_without_usage_is_estimated_on_client_abort_and_on_upstream_break() {
             &id,
         );
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
-        let rec = access(&sluice, &id);
+        let rec = sluice.access_record(&id);
         assert_eq!(rec["outcome"], "stream_error", "{rec}");
         assert_eq!(rec["estimated"], "true", "{rec}");
         let out = num(&rec, "output_tokens");

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::cloud_providers::{access, answer_text, data, echoed_models, num, send, Client};
+use crate::cloud_providers::{answer_text, data, echoed_models, num, send, Client};
 use crate::harness::client::StreamReader;
 use crate::harness::{Mock, Sluice, TempDir, KEY};
 
@@ -323,7 +323,7 @@ fn claude_and_gemini_on_vertex_answer_chat_and_messages_clients_with_a_bearer_to
                     assert!(sent.get("model").is_none(), "{cell}: {sent}");
                 }
 
-                let a = access(&r.sluice, &id);
+                let a = r.sluice.access_record(&id);
                 assert_eq!(a["outcome"], "ok", "{cell}: {a}");
                 assert_eq!(a["provider"], "vx", "{cell}: {a}");
                 assert_eq!(num(&a, "input_tokens"), 17, "{cell}: {a}");
@@ -535,7 +535,7 @@ fn a_failing_token_endpoint_is_a_provider_failure_and_the_request_falls_back() {
         .metric("sluice_provider_token_fetches_total{provider=\"vx-broken\",result=\"error\"}");
     assert!(failed >= 1.0, "{failed}");
     assert!(log.iter().all(|rec| rec["status"] == 503), "{log:?}");
-    let a = access(&r.sluice, "vx-notoken-5");
+    let a = r.sluice.access_record("vx-notoken-5");
     assert_eq!(a["outcome"], "ok", "{a}");
     let text = r.sluice.log();
     assert!(
