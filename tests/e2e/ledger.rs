@@ -47,12 +47,17 @@ pub(crate) fn records(cwd: &Path, config: &Path, args: &[&str]) -> Vec<Value> {
         .expect("one JSON array")
 }
 
-/// Polls the ledger until it holds `n` records (bounded); returns them.
+/// Polls the ledger until it holds `n` records (bounded: 15 s); returns them.
+///
+/// The deadline is checked against when a read *began*: a machine that stalls (CI) may
+/// spend the whole wait inside one slow `sluice usage` run that began before the writer's
+/// flush, and the last read must begin after the deadline, never only end after it.
 pub(crate) fn wait_records(cwd: &Path, config: &Path, n: usize) -> Vec<Value> {
-    let end = Instant::now() + Duration::from_secs(5);
+    let end = Instant::now() + Duration::from_secs(15);
     loop {
+        let began = Instant::now();
         let r = records(cwd, config, &[]);
-        if r.len() >= n || Instant::now() > end {
+        if r.len() >= n || began > end {
             return r;
         }
         std::thread::sleep(Duration::from_millis(50));

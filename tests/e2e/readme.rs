@@ -624,17 +624,26 @@ fn the_graceful_upgrade_drop_in_commands_hand_the_listener_over_and_move_the_pid
         let cmd = cmd
             .replace("/usr/bin/sluice", env!("CARGO_BIN_EXE_sluice"))
             .replace("/etc/sluice/sluice.yaml", &cfg_path.to_string_lossy());
+        // Its output goes to a file, kept for the failure message only: a pipe would keep
+        // the test waiting for as long as a forked daemon held it open.
+        let out_path = error_log.with_extension("cmd-output");
+        let out = std::fs::File::create(&out_path).expect("command output file");
         let status = Command::new("sh")
             .arg("-c")
             .arg(&cmd)
             .env("MAINPID", mainpid)
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(out.try_clone().expect("dup"))
+            .stderr(out)
             .status()
             .expect("sh");
-        assert!(status.success(), "`{cmd}` exited {status:?}");
+        assert!(
+            status.success(),
+            "`{cmd}` exited {status:?}\n--- its output ---\n{}\n--- the daemons' error log ---\n{}",
+            std::fs::read_to_string(&out_path).unwrap_or_default(),
+            std::fs::read_to_string(&error_log).unwrap_or_default()
+        );
     };
     let read_pid =
         || -> Option<u32> { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() };
